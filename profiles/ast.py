@@ -1,0 +1,237 @@
+"""Typed representation of profiles (LANGUAGE.md §2-§4).
+
+Nodes are frozen dataclasses: hashable, so identical filters and predicates
+compare equal and can be stored once in the pool (profile sharing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+Scalar = Union[str, int, float, bool]
+
+# --------------------------------------------------------------------- filters
+
+
+@dataclass(frozen=True, slots=True)
+class Cmp:
+    """`attr op value` with op in = != < <= > >=."""
+
+    attr: str
+    op: str
+    value: Scalar
+
+
+@dataclass(frozen=True, slots=True)
+class In:
+    attr: str
+    values: tuple[Scalar, ...]
+    negated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Between:
+    attr: str
+    low: Scalar
+    high: Scalar
+
+
+@dataclass(frozen=True, slots=True)
+class Exists:
+    attr: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartsWith:
+    attr: str
+    prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class And:
+    items: tuple[Filter, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Or:
+    items: tuple[Filter, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Not:
+    item: Filter
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    """`true` (matches every event) or `false`."""
+
+    value: bool
+
+
+Predicate = Union[Cmp, In, Between, Exists, StartsWith]
+Filter = Union[Predicate, And, Or, Not, Const]
+
+# ---------------------------------------------------------------- composites
+
+Duration = float  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    name: str
+    expr: Expr
+    negated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    components: tuple[Component, ...]
+    within: Duration | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class All:
+    components: tuple[Component, ...]
+    within: Duration | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf:
+    components: tuple[Component, ...]
+    within: Duration | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Absent:
+    filter: Filter
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """A daily time event at hour:minute (service time zone)."""
+
+    hour: int
+    minute: int
+
+    @property
+    def text(self) -> str:
+        return f"{self.hour:02d}:{self.minute:02d}"
+
+
+Composite = Union[Seq, All, AnyOf]
+Expr = Union[Filter, Composite, Absent, Clock]
+
+# --------------------------------------------------------------------- where
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """`name.attr` in a where clause."""
+
+    name: str
+    attr: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lit:
+    value: Scalar
+
+
+@dataclass(frozen=True, slots=True)
+class Arith:
+    op: str  # + - * /
+    left: Term
+    right: Term
+
+
+Term = Union[Ref, Lit, Arith]
+
+
+@dataclass(frozen=True, slots=True)
+class WCmp:
+    op: str
+    left: Term
+    right: Term
+
+
+@dataclass(frozen=True, slots=True)
+class WAnd:
+    items: tuple[Cond, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WOr:
+    items: tuple[Cond, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WNot:
+    item: Cond
+
+
+Cond = Union[WCmp, WAnd, WOr, WNot]
+
+# ------------------------------------------------------------------- profile
+
+SelectKind = Literal["first", "last", "each", "nth"]
+ConsumeKind = Literal["unique", "shared"]
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    kind: SelectKind = "first"
+    n: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    id: str
+    expr: Expr
+    within: Duration | None = None
+    per: tuple[str, ...] = ()
+    where: Cond | None = None
+    select: Selection = field(default_factory=Selection)
+    consume: ConsumeKind = "unique"
+    once: bool = False
+    subscriber: str | None = None
+    source: str = ""
+
+    @property
+    def is_filter(self) -> bool:
+        return is_filter(self.expr)
+
+
+def is_filter(expr: object) -> bool:
+    return isinstance(expr, (Cmp, In, Between, Exists, StartsWith, And, Or, Not, Const))
+
+
+def refs_of(node: object) -> set[str]:
+    """Component names a where condition or term mentions."""
+    if isinstance(node, Ref):
+        return {node.name}
+    if isinstance(node, Lit):
+        return set()
+    if isinstance(node, (Arith, WCmp)):
+        return refs_of(node.left) | refs_of(node.right)
+    if isinstance(node, (WAnd, WOr)):
+        out: set[str] = set()
+        for item in node.items:
+            out |= refs_of(item)
+        return out
+    if isinstance(node, WNot):
+        return refs_of(node.item)
+    raise TypeError(node)
+
+
+def conjuncts(cond: Cond | None) -> list[Cond]:
+    """Top-level `and` parts of a where clause (each checked as soon as it can be)."""
+    if cond is None:
+        return []
+    if isinstance(cond, WAnd):
+        out: list[Cond] = []
+        for item in cond.items:
+            out.extend(conjuncts(item))
+        return out
+    return [cond]

@@ -1,0 +1,119 @@
+"""Events (LANGUAGE.md §1): flat JSON objects with a `ts`, an optional `id` and scalar attributes."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from profiles.errors import EventError
+
+Scalar = str | int | float | bool
+
+
+@dataclass(slots=True)
+class Event:
+    """One event. `attrs` excludes `id` and `ts`; absent (`null`) attributes are simply missing."""
+
+    id: str
+    ts: float
+    attrs: dict[str, Scalar] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "ts": self.ts, **self.attrs}
+
+
+def parse_ts(value: Any) -> float:
+    """RFC 3339 with a zone offset, or epoch seconds, to float epoch seconds."""
+    if isinstance(value, bool):
+        raise ValueError("ts must be an RFC 3339 string or a number of epoch seconds, not a boolean")
+    if isinstance(value, (int, float)):
+        ts = float(value)
+        if not math.isfinite(ts):
+            raise ValueError("ts must be a finite number")
+        return ts
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            dt = datetime.fromisoformat(text.replace("z", "Z"))
+        except ValueError:
+            raise ValueError(f"ts {value!r} is not an RFC 3339 time (e.g. 2024-03-01T22:15:00Z)") from None
+        if dt.tzinfo is None:
+            raise ValueError(f"ts {value!r} has no zone offset (add Z or e.g. +01:00)")
+        return dt.timestamp()
+    raise ValueError(f"ts must be an RFC 3339 string or epoch seconds, got {type(value).__name__}")
+
+
+def event_from_obj(obj: Any, default_id: str) -> Event:
+    """Validate a decoded JSON object; raise ValueError naming the offending key."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"an event must be a JSON object, got {type(obj).__name__}")
+    if "ts" not in obj or obj["ts"] is None:
+        raise ValueError("missing required key 'ts'")
+    ts = parse_ts(obj["ts"])
+    ev_id = obj.get("id")
+    if ev_id is None:
+        ev_id = default_id
+    elif not isinstance(ev_id, str):
+        raise ValueError(f"key 'id' must be a string, got {type(ev_id).__name__}")
+    attrs: dict[str, Scalar] = {}
+    for key, value in obj.items():
+        if key == "ts" or key == "id" or value is None:
+            continue
+        if isinstance(value, (dict, list)):
+            raise ValueError(
+                f"key {key!r} holds a nested {'object' if isinstance(value, dict) else 'array'}; "
+                f"events are flat (flatten it, e.g. {key}.x)"
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"key {key!r} is not a finite number")
+        attrs[key] = value
+    return Event(ev_id, ts, attrs)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_event_line(line: str, lineno: int) -> Event:
+    try:
+        obj = json.loads(line, parse_constant=_reject_constant)
+        return event_from_obj(obj, f"#{lineno}")
+    except json.JSONDecodeError as e:
+        raise EventError(f"invalid JSON: {e.msg} at column {e.colno}", f"line {lineno}") from None
+    except ValueError as e:
+        raise EventError(str(e), f"line {lineno}") from None
+
+
+def iter_event_lines(lines: Iterable[str]) -> Iterator[Event | EventError]:
+    """Events of a JSON-lines stream (blank lines skipped); bad lines come back as EventError."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield parse_event_line(line, lineno)
+        except EventError as e:
+            yield e
+
+
+def read_events(lines: Iterable[str], max_errors: int = 20) -> list[Event]:
+    """All events of a stream, or EventErrors for (up to `max_errors`) bad lines."""
+    from profiles.errors import ManyErrors
+
+    events: list[Event] = []
+    errors: list[EventError] = []
+    for item in iter_event_lines(lines):
+        if isinstance(item, EventError):
+            errors.append(item)
+            if len(errors) >= max_errors:
+                break
+        else:
+            events.append(item)
+    if errors:
+        if len(errors) == 1:
+            raise errors[0]
+        raise ManyErrors(list(errors))
+    return events

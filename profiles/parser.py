@@ -1,0 +1,455 @@
+"""Parse profile expressions (LANGUAGE.md §2-§4) into `profiles.ast` and validate them.
+
+Parsing is LALR via lark, so syntax errors come with a position and the
+tokens that were expected. Semantic rules that make a profile unusable
+(unbounded state, unknown names, ...) are checked here, at parse time, so the
+engine never sees an invalid profile.
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+import functools
+import re
+from dataclasses import replace
+from importlib.resources import files
+from typing import Any
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+
+from profiles.ast import (
+    Absent,
+    All,
+    And,
+    AnyOf,
+    Arith,
+    Between,
+    Clock,
+    Cmp,
+    Component,
+    Const,
+    Exists,
+    Expr,
+    In,
+    Lit,
+    Not,
+    Or,
+    Profile,
+    Ref,
+    Selection,
+    Seq,
+    StartsWith,
+    WAnd,
+    WCmp,
+    WNot,
+    WOr,
+    is_filter,
+    refs_of,
+)
+from profiles.errors import ProfileError
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+_TOKEN_NAMES = {
+    "LPAR": '"("', "RPAR": '")"', "COMMA": '","', "COLON": '":"', "CMP": "a comparison operator",
+    "STRING": "a string", "NUMBER": "a number", "INT": "an integer", "NAME": "a name",
+    "DURATION": "a duration such as 30m", "ADDOP": '"+" or "-"', "MULOP": '"*" or "/"',
+    "$END": "end of profile",
+}
+
+
+@functools.cache
+def _lark() -> Lark:
+    grammar = files("profiles").joinpath("grammar.lark").read_text()
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+def parse_duration(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text.strip())
+    if not m:
+        raise ValueError(f"bad duration {text!r} (expected e.g. 500ms, 30s, 10m, 1.5h, 2d)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _describe(name: str) -> str:
+    if name in _TOKEN_NAMES:
+        return _TOKEN_NAMES[name]
+    if name.isupper() and name.isalpha():
+        return f'"{name.lower()}"'
+    return name
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, node: Any) -> None:
+        self.message = message
+        meta = getattr(node, "meta", None)
+        if isinstance(node, Token):
+            self.line, self.column = node.line, node.column
+        elif meta is not None and not getattr(meta, "empty", True):
+            self.line, self.column = meta.line, meta.column
+        else:
+            self.line = self.column = None
+
+
+def _literal(tok: Token) -> Any:
+    if tok.type == "STRING":
+        return pyast.literal_eval(tok.value)
+    if tok.type == "TRUE":
+        return True
+    if tok.type == "FALSE":
+        return False
+    text = tok.value
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    return float(text)
+
+
+@v_args(tree=True)
+class _Build(Transformer):
+    """Tree -> AST. Composite nodes are returned as (node, meta) pairs where positions matter."""
+
+    # ---- filters
+    def f_true(self, t: Tree) -> Const:
+        return Const(True)
+
+    def f_false(self, t: Tree) -> Const:
+        return Const(False)
+
+    def attr(self, t: Tree) -> str:
+        return str(t.children[0])
+
+    def literal(self, t: Tree) -> Any:
+        return _literal(t.children[0])
+
+    def literals(self, t: Tree) -> tuple:
+        return tuple(t.children)
+
+    def f_cmp(self, t: Tree) -> Cmp:
+        attr, op, value = t.children
+        if isinstance(value, bool) and op not in ("=", "!="):
+            raise _Fail(f"booleans compare only with = and != (got {op})", t)
+        return Cmp(attr, str(op), value)
+
+    def f_in(self, t: Tree) -> In:
+        return In(t.children[0], t.children[2])
+
+    def f_not_in(self, t: Tree) -> In:
+        return In(t.children[0], t.children[3], negated=True)
+
+    def f_between(self, t: Tree) -> Between:
+        attr, _, low, _, high = t.children
+        if isinstance(low, bool) or isinstance(high, bool):
+            raise _Fail("between needs numbers or strings, not booleans", t)
+        if isinstance(low, str) != isinstance(high, str):
+            raise _Fail("between needs two numbers or two strings", t)
+        return Between(attr, low, high)
+
+    def f_exists(self, t: Tree) -> Exists:
+        return Exists(t.children[0])
+
+    def f_starts(self, t: Tree) -> StartsWith:
+        return StartsWith(t.children[0], _literal(t.children[3]))
+
+    def f_not(self, t: Tree) -> Not:
+        return Not(t.children[1])
+
+    def or_f(self, t: Tree) -> Or:
+        return Or(tuple(c for c in t.children if not isinstance(c, Token)))
+
+    def and_f(self, t: Tree) -> And:
+        return And(tuple(c for c in t.children if not isinstance(c, Token)))
+
+    # ---- where
+    def w_ref(self, t: Tree) -> Ref:
+        tok = t.children[0]
+        name, dot, attr = str(tok).partition(".")
+        if not dot:
+            raise _Fail(f"{tok} is not a reference; write name.attribute, e.g. a.{tok}", tok)
+        return Ref(name, attr)
+
+    def w_lit(self, t: Tree) -> Lit:
+        return Lit(_literal(t.children[0]))
+
+    def a_bin(self, t: Tree) -> Arith:
+        left, op, right = t.children
+        return Arith(str(op), left, right)
+
+    def a_neg(self, t: Tree) -> Arith:
+        op, operand = t.children
+        return Arith(str(op), Lit(0), operand)
+
+    def w_cmp(self, t: Tree) -> WCmp:
+        left, op, right = t.children
+        return WCmp(str(op), left, right)
+
+    def w_not(self, t: Tree) -> WNot:
+        return WNot(t.children[1])
+
+    def w_or(self, t: Tree) -> WOr:
+        return WOr(tuple(c for c in t.children if not isinstance(c, Token)))
+
+    def w_and(self, t: Tree) -> WAnd:
+        return WAnd(tuple(c for c in t.children if not isinstance(c, Token)))
+
+
+_BUILD = _Build()
+
+
+class _Converter:
+    """Walks the composite part of the tree, naming components and checking nesting rules."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.names: dict[str, Any] = {}  # name -> tree/token (for positions)
+        self.primitive: set[str] = set()
+        self.negated: set[str] = set()
+        self.has_clock = False
+
+    def claim(self, name: str, where: Any) -> None:
+        if name in self.names:
+            raise _Fail(f"duplicate component name {name!r}", where)
+        self.names[name] = where
+
+    def expr(self, node: Any, *, top: bool) -> Expr:
+        if isinstance(node, Tree) and node.data in ("seq", "all", "any", "absent", "repeat", "clock"):
+            return self.composite(node, top=top)
+        return _BUILD.transform(node) if isinstance(node, Tree) else node
+
+    def composite(self, t: Tree, *, top: bool, name: str | None = None) -> Expr:
+        kind = t.data
+        if kind == "absent":
+            if not top:
+                raise _Fail("absent(...) is allowed only as the whole profile, not nested", t)
+            return Absent(_BUILD.transform(t.children[1]))
+        if kind == "clock":
+            if top:
+                raise _Fail('clock(...) is usable only as a component, e.g. seq(n: clock("22:00"), ...)', t)
+            text = pyast.literal_eval(t.children[1].value)
+            m = re.fullmatch(r"([01]\d|2[0-3]):([0-5]\d)", text)
+            if not m:
+                raise _Fail(f'clock needs a time "HH:MM" (00:00 to 23:59), got {text!r}', t.children[1])
+            self.has_clock = True
+            return Clock(int(m.group(1)), int(m.group(2)))
+        if kind == "repeat":
+            f = _BUILD.transform(t.children[1])
+            n = int(t.children[2])
+            if n < 1:
+                raise _Fail("repeat needs a count of at least 1", t.children[2])
+            base = name if name else "r"
+            comps = []
+            for i in range(1, n + 1):
+                self.position += 1
+                cname = f"{base}{i}"
+                self.claim(cname, t)
+                self.primitive.add(cname)
+                comps.append(Component(cname, f))
+            return Seq(tuple(comps))
+        comps = []
+        for child in t.children[1].children:
+            comps.append(self.component(child))
+        if kind == "any":
+            for c in comps:
+                if c.negated:
+                    raise _Fail(f"negated component {c.name!r} makes no sense in any(...)", t)
+            return AnyOf(tuple(comps))
+        if not any(not c.negated for c in comps):
+            raise _Fail(f"{kind}(...) needs at least one positive component", t)
+        if not top:
+            for i, c in enumerate(comps):
+                if c.negated and kind == "seq":
+                    if i == 0 or all(x.negated for x in comps[:i]) or all(x.negated for x in comps[i:]):
+                        raise _Fail(
+                            f"leading or trailing negation ({c.name!r}) is supported only at the top level",
+                            t,
+                        )
+        if kind == "seq":
+            return Seq(tuple(comps))
+        return All(tuple(comps))
+
+    def component(self, t: Tree) -> Component:
+        self.position += 1
+        pos = self.position
+        if t.data == "named":
+            name_tok, cexpr = t.children[0], t.children[1]
+            negated = False
+        elif t.data == "negated":
+            name_tok, cexpr = t.children[1], t.children[2]
+            negated = True
+        else:
+            name_tok, cexpr = None, t.children[0]
+            negated = False
+        inner = cexpr.children[0]
+        within = None
+        if len(cexpr.children) > 1:
+            within = parse_duration(str(cexpr.children[1].children[1]))
+        name = str(name_tok) if name_tok is not None else f"c{pos}"
+        if name_tok is not None and "." in name:
+            raise _Fail(f"component name {name!r} must not contain a dot", name_tok)
+        if isinstance(inner, Tree) and inner.data in ("seq", "all", "any", "absent", "repeat", "clock"):
+            is_repeat = inner.data == "repeat"
+            if not is_repeat and inner.data != "clock":
+                self.claim(name, name_tok or t)
+            expr = self.composite(inner, top=False, name=str(name_tok) if name_tok is not None else None)
+            if isinstance(expr, Clock):
+                self.claim(name, name_tok or t)
+                self.primitive.add(name)
+                if within is not None:
+                    raise _Fail("a clock component cannot have its own within", t)
+            elif within is not None:
+                expr = replace(expr, within=within)
+            if negated:
+                if not isinstance(expr, Clock):
+                    raise _Fail("a negated component must be a filter", t)
+            if is_repeat:
+                # repeat binds r1..rN itself; the wrapper has no name of its own
+                return Component(f"#repeat{pos}", expr, negated)
+            if negated:
+                self.negated.add(name)
+            return Component(name, expr, negated)
+        self.claim(name, name_tok or t)
+        self.primitive.add(name)
+        if negated:
+            self.negated.add(name)
+        return Component(name, _BUILD.transform(inner) if isinstance(inner, Tree) else inner, negated)
+
+
+def parse_profile(text: str, profile_id: str = "?", subscriber: str | None = None) -> Profile:
+    """Parse and validate one profile expression; raise ProfileError naming id, line and column."""
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text, profile_id) from None
+    except LarkError as e:  # pragma: no cover - lark internal
+        raise ProfileError(f"cannot parse: {e}", profile_id) from None
+    try:
+        return _build_profile(tree, text, profile_id, subscriber)
+    except _Fail as f:
+        raise ProfileError(f.message, profile_id, f.line, f.column) from None
+    except VisitError as v:
+        orig = v.orig_exc
+        if isinstance(orig, _Fail):
+            raise ProfileError(orig.message, profile_id, orig.line, orig.column) from None
+        if isinstance(orig, (ValueError, SyntaxError)):
+            raise ProfileError(str(orig), profile_id) from None
+        raise
+    except (ValueError, SyntaxError) as e:
+        raise ProfileError(str(e), profile_id) from None
+
+
+def _syntax_error(e: UnexpectedInput, text: str, profile_id: str) -> ProfileError:
+    line, column = getattr(e, "line", None), getattr(e, "column", None)
+    if isinstance(e, UnexpectedEOF) or line in (None, -1):
+        lines = text.splitlines() or [""]
+        line, column = len(lines), len(lines[-1]) + 1
+        what = "unexpected end of profile"
+    elif isinstance(e, UnexpectedCharacters):
+        what = f"unexpected character {text[e.pos_in_stream]!r}" if e.pos_in_stream < len(text) else "unexpected input"
+    else:
+        tok = getattr(e, "token", None)
+        what = f"unexpected {tok.value!r}" if tok is not None and tok.value else "unexpected end of profile"
+    expected = sorted({_describe(x) for x in (getattr(e, "expected", None) or getattr(e, "allowed", None) or [])})
+    return ProfileError(what, profile_id, line, column, expected[:12])
+
+
+def _build_profile(tree: Tree, text: str, profile_id: str, subscriber: str | None) -> Profile:
+    expr_tree, *clauses = tree.children
+    conv = _Converter()
+    expr = conv.expr(expr_tree, top=True)
+    if is_filter(expr):
+        conv.primitive.add("e")
+        conv.names["e"] = expr_tree
+    seen: dict[str, Any] = {}
+    within = None
+    per: tuple[str, ...] = ()
+    where = None
+    select = Selection()
+    consume = "unique"
+    once = False
+    for c in clauses:
+        key = c.data
+        if key in seen:
+            raise _Fail(f"clause {key[2:]!r} given twice", c)
+        seen[key] = c
+        if key == "c_within":
+            within = parse_duration(str(c.children[1]))
+        elif key == "c_per":
+            per = tuple(str(x) for x in c.children[1:])
+            if len(set(per)) != len(per):
+                raise _Fail("per names an attribute twice", c)
+        elif key == "c_where":
+            where = _BUILD.transform(c.children[1])
+        elif key == "c_select":
+            kind = str(c.children[1])
+            n = 1
+            if kind == "nth":
+                n = int(c.children[2])
+                if n < 1:
+                    raise _Fail("nth needs a count of at least 1", c.children[2])
+            select = Selection(kind, n)  # type: ignore[arg-type]
+        elif key == "c_consume":
+            consume = str(c.children[1])
+        elif key == "c_once":
+            once = True
+
+    if is_filter(expr):
+        for bad in ("c_within", "c_per", "c_where"):
+            if bad in seen:
+                raise _Fail(
+                    f"a bare filter cannot take {bad[2:]!r}; wrap it, e.g. seq(e: ...) {bad[2:]} ...",
+                    seen[bad],
+                )
+    if isinstance(expr, (Seq, All, AnyOf)) and within is None and (expr.within is not None):
+        pass
+    if isinstance(expr, Absent):
+        if within is None:
+            raise _Fail("absent(...) needs within (how long the silence must last)", expr_tree)
+        conv.primitive.add("last")
+    needs_window = select.kind == "each" and isinstance(expr, (Seq, All))
+    if needs_window and within is None:
+        raise _Fail(
+            "select each needs within: without a window the partial matches are unbounded", seen["c_select"]
+        )
+    if conv.has_clock and per:
+        raise _Fail("a profile with a clock component cannot use per (clock events have no attributes)", seen["c_per"])
+    if isinstance(expr, Seq):
+        comps = expr.components
+        if comps[0].negated and within is None:
+            raise _Fail(f"leading negation {comps[0].name!r} needs within", expr_tree)
+        if comps[-1].negated and within is None:
+            raise _Fail(f"trailing negation {comps[-1].name!r} needs within", expr_tree)
+    if where is not None:
+        for name in sorted(refs_of(where)):
+            if name not in conv.names:
+                known = ", ".join(sorted(conv.primitive)) or "none"
+                raise _Fail(f"where refers to unknown component {name!r} (known: {known})", seen["c_where"])
+            if name not in conv.primitive:
+                raise _Fail(
+                    f"where refers to {name!r}, a nested composite; refer to its primitive components",
+                    seen["c_where"],
+                )
+    if isinstance(expr, Seq | All | AnyOf):
+        expr = replace(expr, within=within)
+    return Profile(
+        id=profile_id,
+        expr=expr,
+        within=within,
+        per=per,
+        where=where,
+        select=select,
+        consume=consume,  # type: ignore[arg-type]
+        once=once,
+        subscriber=subscriber,
+        source=text,
+    )
+
+
+def parse_filter(text: str) -> Any:
+    """Parse a bare filter (used by tests and tools)."""
+    p = parse_profile(text, "filter")
+    if not p.is_filter:
+        raise ProfileError("not a filter", "filter")
+    return p.expr
+
+
+__all__ = ["parse_profile", "parse_filter", "parse_duration", "And", "Or", "Not"]

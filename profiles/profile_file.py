@@ -1,0 +1,152 @@
+"""The profile file (LANGUAGE.md §7): YAML or JSON with `profiles` and optional `subscribers`.
+
+Every problem is collected (`ens check` prints them all); a file with any
+problem is rejected as a whole by `load_profile_file`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from profiles.ast import Profile
+from profiles.errors import ENSError, ManyErrors, ProfileError
+from profiles.parser import parse_profile
+
+
+@dataclass
+class ProfileSet:
+    profiles: list[Profile] = field(default_factory=list)
+    subscribers: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _node_get(node: yaml.Node, key: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return v
+    return None
+
+
+def _expr_line(node: yaml.Node | None) -> int | None:
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
+        line += 1
+    return line
+
+
+def validate_subscriber(sub: Any, where: str) -> dict[str, Any]:
+    if not isinstance(sub, dict) or not isinstance(sub.get("id"), str) or not sub["id"]:
+        raise ProfileError("a subscriber needs a string id", None, file_line=None) from None
+    channels = sub.get("channels", [])
+    if not isinstance(channels, list):
+        raise ProfileError(f"subscriber {sub['id']!r}: channels must be a list")
+    for ch in channels:
+        if not isinstance(ch, dict) or not ({"email", "webhook"} & set(ch)):
+            raise ProfileError(
+                f"subscriber {sub['id']!r}: each channel is {{email: ADDRESS}} or {{webhook: URL}}, got {ch!r}"
+            )
+        if "email" in ch and (not isinstance(ch["email"], str) or "@" not in ch["email"]):
+            raise ProfileError(f"subscriber {sub['id']!r}: {ch['email']!r} is not an email address")
+        if "webhook" in ch and (
+            not isinstance(ch["webhook"], str) or not ch["webhook"].startswith(("http://", "https://"))
+        ):
+            raise ProfileError(f"subscriber {sub['id']!r}: webhook {ch['webhook']!r} is not an http(s) URL")
+    return sub
+
+
+def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[ProfileSet, list[ENSError]]:
+    """Parse a whole file; return the valid profiles and every problem found."""
+    errors: list[ENSError] = []
+    out = ProfileSet()
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return out, [ProfileError(f"{name}: not valid YAML/JSON{where}: {getattr(e, 'problem', e)}")]
+    if data is None:
+        data = {}
+    if isinstance(data, list):  # a bare list of profiles is accepted too
+        data = {"profiles": data}
+        root = yaml.MappingNode("tag:yaml.org,2002:map", [(yaml.ScalarNode("", "profiles"), root)])
+    if not isinstance(data, dict):
+        return out, [ProfileError(f"{name}: expected a mapping with 'profiles' (and optional 'subscribers')")]
+    unknown = set(data) - {"profiles", "subscribers"}
+    if unknown:
+        errors.append(ProfileError(f"{name}: unknown top-level keys {sorted(unknown)}"))
+    plist = data.get("profiles") or []
+    pnodes = _node_get(root, "profiles")
+    pnode_items = pnodes.value if isinstance(pnodes, yaml.SequenceNode) else []
+    if not isinstance(plist, list):
+        errors.append(ProfileError(f"{name}: 'profiles' must be a list"))
+        plist = []
+    seen: set[str] = set()
+    for i, item in enumerate(plist):
+        node = pnode_items[i] if i < len(pnode_items) else None
+        file_line = node.start_mark.line + 1 if node is not None else None
+        if not isinstance(item, dict):
+            errors.append(ProfileError(f"profile #{i + 1} must be a mapping with id and expr", file_line=file_line))
+            continue
+        pid = item.get("id")
+        if not isinstance(pid, (str, int)) or pid == "":
+            errors.append(ProfileError(f"profile #{i + 1} has no id", file_line=file_line))
+            continue
+        pid = str(pid)
+        if pid in seen:
+            errors.append(ProfileError("duplicate profile id", pid, file_line=file_line))
+            continue
+        seen.add(pid)
+        expr = item.get("expr")
+        if not isinstance(expr, str) or not expr.strip():
+            errors.append(ProfileError("missing expr", pid, file_line=file_line))
+            continue
+        extra = set(item) - {"id", "expr", "subscriber", "description"}
+        if extra:
+            errors.append(ProfileError(f"unknown keys {sorted(extra)}", pid, file_line=file_line))
+            continue
+        sub = item.get("subscriber")
+        try:
+            out.profiles.append(parse_profile(expr, pid, str(sub) if sub is not None else None))
+        except ProfileError as e:
+            expr_node = _node_get(node, "expr") if node is not None else None
+            errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
+    subs = data.get("subscribers") or []
+    if not isinstance(subs, list):
+        errors.append(ProfileError(f"{name}: 'subscribers' must be a list"))
+        subs = []
+    sub_ids: set[str] = set()
+    for sub in subs:
+        try:
+            out.subscribers.append(validate_subscriber(sub, name))
+            sub_ids.add(sub["id"])
+        except ProfileError as e:
+            errors.append(e)
+    if subs:
+        for p in out.profiles:
+            if p.subscriber is not None and p.subscriber not in sub_ids:
+                errors.append(ProfileError(f"unknown subscriber {p.subscriber!r}", p.id))
+    return out, errors
+
+
+def read_profile_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise ENSError(f"cannot read profile file {path}: {e.strerror}") from None
+
+
+def load_profile_file(path: str | Path) -> ProfileSet:
+    """Load a profile file or raise (every problem at once)."""
+    pset, errors = parse_profile_document(read_profile_text(path), str(path))
+    if errors:
+        if len(errors) == 1:
+            raise errors[0]
+        raise ManyErrors(errors)
+    return pset
