@@ -7,9 +7,9 @@ compare equal and can be stored once in the pool (profile sharing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
-Scalar = Union[str, int, float, bool]
+Scalar = str | int | float | bool
 
 # --------------------------------------------------------------------- filters
 
@@ -70,8 +70,8 @@ class Const:
     value: bool
 
 
-Predicate = Union[Cmp, In, Between, Exists, StartsWith]
-Filter = Union[Predicate, And, Or, Not, Const]
+Predicate = Cmp | In | Between | Exists | StartsWith
+Filter = Predicate | And | Or | Not | Const
 
 # ---------------------------------------------------------------- composites
 
@@ -120,8 +120,8 @@ class Clock:
         return f"{self.hour:02d}:{self.minute:02d}"
 
 
-Composite = Union[Seq, All, AnyOf]
-Expr = Union[Filter, Composite, Absent, Clock]
+Composite = Seq | All | AnyOf
+Expr = Filter | Composite | Absent | Clock
 
 # --------------------------------------------------------------------- where
 
@@ -146,7 +146,7 @@ class Arith:
     right: Term
 
 
-Term = Union[Ref, Lit, Arith]
+Term = Ref | Lit | Arith
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +171,7 @@ class WNot:
     item: Cond
 
 
-Cond = Union[WCmp, WAnd, WOr, WNot]
+Cond = WCmp | WAnd | WOr | WNot
 
 # ------------------------------------------------------------------- profile
 

@@ -16,7 +16,13 @@ from importlib.resources import files
 from typing import Any
 
 from lark import Lark, Token, Transformer, Tree, v_args
-from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+from lark.exceptions import (
+    LarkError,
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    VisitError,
+)
 
 from profiles.ast import (
     Absent,

@@ -1,0 +1,184 @@
+"""The `ens` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from profiles.errors import ENSError, ManyErrors
+
+app = typer.Typer(
+    help="ENS: event notification service for facility management (single-step composite event filtering).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a user error (no traceback) and return the exit to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def report_errors(err: ENSError) -> typer.Exit:
+    if isinstance(err, ManyErrors):
+        for e in err.errors:
+            typer.echo(f"error: {e}", err=True)
+        typer.echo(f"{len(err.errors)} problems", err=True)
+        return typer.Exit(2)
+    return fail(str(err))
+
+
+def _open_text(path: str):  # noqa: ANN202 - file-like
+    if path == "-":
+        return sys.stdin
+    import gzip
+
+    p = Path(path)
+    if not p.exists():
+        raise ENSError(f"no such file: {path}")
+    if path.endswith(".gz"):
+        return gzip.open(p, "rt", encoding="utf-8")
+    return p.open(encoding="utf-8")
+
+
+def parse_time_arg(text: str | None) -> float | None:
+    if text is None:
+        return None
+    from profiles.events import parse_ts
+
+    try:
+        return parse_ts(float(text))
+    except ValueError:
+        pass
+    try:
+        return parse_ts(text)
+    except ValueError as e:
+        raise ENSError(f"--until: {e}") from None
+
+
+def write_lines(records: list[dict], out: str | None) -> None:
+    """Write JSON lines atomically: a failed run never leaves a half-written result."""
+    text = "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in records)
+    if out is None or out == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    target = Path(out)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=".ens-")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, target)
+
+
+@app.command()
+def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")]) -> None:
+    """Validate a profile file and print every problem, not just the first."""
+    from profiles.profile_file import parse_profile_document, read_profile_text
+
+    try:
+        pset, errors = parse_profile_document(read_profile_text(profiles), str(profiles))
+    except ENSError as e:
+        raise fail(str(e)) from None
+    for e in errors:
+        typer.echo(f"error: {e}", err=True)
+    if errors:
+        typer.echo(f"{profiles}: {len(errors)} problem(s), {len(pset.profiles)} valid profile(s)", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
+
+
+def load_inputs(profiles: Path, events: str):  # noqa: ANN201
+    from profiles.events import read_events
+    from profiles.profile_file import load_profile_file
+
+    pset = load_profile_file(profiles)
+    with _open_text(events) as fh:
+        evs = read_events(fh)
+    return pset, evs
+
+
+def make_engine(engine: str, profiles, tz: str, variant: str | None = None):  # noqa: ANN001, ANN201
+    if engine == "single-step":
+        from filters.engine import Engine
+
+        if variant:
+            return Engine(profiles, tz=tz, variant=variant)  # type: ignore[call-arg]
+        return Engine(profiles, tz=tz)
+    if engine == "two-step":
+        from filters.twostep import TwoStepEngine  # type: ignore[import-not-found]
+
+        return TwoStepEngine(profiles, tz=tz)
+    raise ENSError(f"unknown engine {engine!r} (single-step or two-step)")
+
+
+@app.command()
+def replay(
+    profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")],
+    events: Annotated[str, typer.Argument(help="JSON-lines event file, '-' for stdin (.gz allowed).")],
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Write notifications here (default stdout).")] = None,
+    until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")] = None,
+    engine: Annotated[str, typer.Option(help="single-step (CompAS) or two-step (baseline).")] = "single-step",
+    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+) -> None:
+    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
+    from ens.replay import replay as run
+
+    try:
+        end = parse_time_arg(until)
+        pset, evs = load_inputs(profiles, events)
+        eng = make_engine(engine, pset.profiles, tz)
+        notes = run(pset.profiles, evs, end, engine=eng)
+        write_lines([n.to_json() for n in notes], out)
+    except ENSError as e:
+        raise report_errors(e) from None
+
+
+@app.command()
+def explain(
+    profiles: Annotated[Path, typer.Argument(help="Profile file.")],
+    events: Annotated[str, typer.Argument(help="JSON-lines event file ('-' for stdin).")],
+    profile: Annotated[str, typer.Option("--profile", "-p", help="The profile to explain.")],
+    until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339).")] = None,
+    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+) -> None:
+    """Show, event by event, what a profile's partial matches do and why it fired or did not."""
+    from ens.explain import explain as run
+
+    try:
+        end = parse_time_arg(until)
+        pset, evs = load_inputs(profiles, events)
+        if profile not in {p.id for p in pset.profiles}:
+            raise ENSError(f"no profile {profile!r} in {profiles}")
+        run(pset.profiles, evs, profile, end, tz=tz, echo=typer.echo)
+    except ENSError as e:
+        raise report_errors(e) from None
+
+
+# ---- sub-commands contributed by other modules (mounted here, one line each)
+def _mount() -> None:
+    from ens.commands import bench
+
+    app.add_typer(bench.app, name="bench")
+
+
+_mount()
+
+
+def main() -> None:
+    try:
+        app()
+    except ENSError as e:  # last line of defence: user errors never show a traceback
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

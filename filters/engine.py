@@ -1,0 +1,991 @@
+"""The single-step composite engine (CompAS).
+
+Only the components that can *start* a profile sit in the primitive pool
+permanently. When a partial match (PM) advances, the components it now waits
+for are inserted as *auxiliary profiles*: the component's filter plus the
+partition's values (`per`) and the where-equalities bound so far, as indexed
+equality predicates. The PM's window end goes into the temporal pool as a
+*terminator*. When the last component's event is filtered, the pool hands it
+straight to the waiting PM and the notification is produced in the same
+step — there is no separate composite pool.
+
+The engine is pure: no I/O and no clock. Time advances with the events and
+with `advance()`. Semantics: LANGUAGE.md and docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from filters.compile import norm
+from filters.notification import Notification
+from filters.pattern import Pattern
+from filters.pool import PrimitivePool
+from filters.temporal import CLOCK, TIMER, TemporalPool
+from profiles.ast import Absent, Clock, Profile
+from profiles.events import Event
+
+Tracer = Callable[[str, str, str], None]  # (profile id, action, detail)
+
+_INF = float("inf")
+
+
+class _B:
+    """A bound event: its arrival number fixes the total order."""
+
+    __slots__ = ("seq", "ev")
+
+    def __init__(self, seq: int, ev: Event) -> None:
+        self.seq = seq
+        self.ev = ev
+
+
+class _PM:
+    """A partial match: bound events per positive leaf, the mask of bound leaves."""
+
+    __slots__ = ("mask", "binds", "counts", "negc", "handle", "regs", "alive", "part", "deadline")
+
+    def __init__(self, n: int, part: _Partition) -> None:
+        self.mask = 0
+        self.binds: list[_B | None] = [None] * n
+        self.counts: dict[int, int] | None = None
+        self.negc: list[tuple[int, _B]] | None = None  # negation candidates awaiting later bindings
+        self.handle: tuple | None = None  # temporal-pool entry
+        self.regs: tuple = ()  # auxiliary registrations held
+        self.alive = True
+        self.part = part
+        self.deadline: float | None = None
+
+    def copy(self) -> _PM:
+        pm = _PM.__new__(_PM)
+        pm.mask = self.mask
+        pm.binds = list(self.binds)
+        pm.counts = dict(self.counts) if self.counts else None
+        pm.negc = list(self.negc) if self.negc else None
+        pm.handle = None
+        pm.regs = ()
+        pm.alive = True
+        pm.part = self.part
+        pm.deadline = None
+        return pm
+
+    def order_key(self) -> tuple:
+        return tuple(b.seq if b is not None else _INF for b in self.binds)
+
+    def seqs(self) -> set[int]:
+        return {b.seq for b in self.binds if b is not None}
+
+    def first_ts(self) -> float:
+        return min(b.ev.ts for b in self.binds if b is not None)
+
+
+class _Partition:
+    __slots__ = ("key", "values", "pms", "regs", "starts", "starts_ts", "history", "handle")
+
+    def __init__(self, key: tuple, values: dict[str, Any] | None) -> None:
+        self.key = key
+        self.values = values
+        self.pms: list[_PM] = []
+        self.regs: dict[tuple, int] = {}  # (leaf, eqs) -> number of PMs waiting on it
+        self.starts = 0  # nth: starting events counted while no PM exists
+        self.starts_ts = 0.0
+        self.history: list[tuple[int, float, int, _B]] = []  # leading negations seen
+        self.handle: tuple | None = None
+
+    def empty(self) -> bool:
+        return not (self.pms or self.history or self.starts)
+
+
+# ---------------------------------------------------------------- runtimes
+
+
+class _Runtime:
+    """One profile's state inside the engine."""
+
+    def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
+        self.engine = engine
+        self.profile = profile
+        self.idx = idx
+        self.active = True
+
+    def start_registrations(self) -> Iterable[tuple[Any, int]]:
+        return ()
+
+    def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        raise NotImplementedError
+
+    def on_timer(self, when: float, payload: Any) -> None:
+        pass
+
+    def activate(self, now: float | None) -> None:
+        pass
+
+    def live(self) -> tuple[int, int]:
+        """(partial matches, partitions) held."""
+        return (0, 0)
+
+    def report(self, ts: float, events: dict[str, Event], partition: dict[str, Any] | None) -> None:
+        eng = self.engine
+        eng._nseq += 1
+        eng._out.append(
+            Notification(self.profile.id, ts, events, partition, eng._nseq, self.profile.subscriber)
+        )
+        if eng.tracer is not None:
+            eng._trace(self.profile.id, "reported", _fmt(events) + f" at {ts:g}")
+        if self.profile.once:
+            eng._deactivate(self)
+
+    def partition_of(self, attrs: dict[str, Any]) -> tuple[tuple, dict[str, Any] | None] | None:
+        per = self.profile.per
+        if not per:
+            return (), None
+        vals = []
+        for a in per:
+            v = attrs.get(a)
+            if v is None:
+                return None
+            vals.append(norm(v))
+        return tuple(vals), {a: attrs[a] for a in per}
+
+
+def _num(ts: float) -> str:
+    return f"{ts:.3f}".rstrip("0").rstrip(".")
+
+
+def _fmt(events: dict[str, Event]) -> str:
+    return "{" + ", ".join(f"{k}: {v.id}" for k, v in events.items()) + "}"
+
+
+class _FilterRuntime(_Runtime):
+    def start_registrations(self) -> Iterable[tuple[Any, int]]:
+        return [(self.profile.expr, 0)]
+
+    def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        self.report(ev.ts, {"e": ev}, None)
+
+
+class _AbsentRuntime(_Runtime):
+    """absent(F) within T: one notification per silence, re-armed by the next F event."""
+
+    def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
+        super().__init__(engine, profile, idx)
+        assert isinstance(profile.expr, Absent)
+        self.window = float(profile.within or 0.0)
+        self.parts: dict[tuple, list[Any]] = {}  # key -> [last event | None, handle, values]
+
+    def start_registrations(self) -> Iterable[tuple[Any, int]]:
+        return [(self.profile.expr.filter, 0)]  # type: ignore[union-attr]
+
+    def activate(self, now: float | None) -> None:
+        if not self.profile.per and now is not None and () not in self.parts:
+            self._arm((), None, None, now)
+
+    def _arm(self, key: tuple, values: dict[str, Any] | None, last: Event | None, at: float) -> None:
+        st = self.parts.get(key)
+        if st is not None:
+            self.engine.timers.discard(st[1])
+        handle = self.engine.timers.add(at + self.window, TIMER, (self, key))
+        self.parts[key] = [last, handle, values]
+
+    def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        part = self.partition_of(ev.attrs)
+        if part is None:
+            return
+        key, values = part
+        if self.engine.tracer is not None:
+            self.engine._trace(self.profile.id, "restarted", f"silence timer by {ev.id} until ts={_num(ev.ts + self.window)}")
+        self._arm(key, values, ev, ev.ts)
+
+    def on_timer(self, when: float, key: Any) -> None:
+        st = self.parts.pop(key, None)
+        if st is None:
+            return
+        last, _, values = st
+        self.report(when, {"last": last} if last is not None else {}, values)
+
+    def live(self) -> tuple[int, int]:
+        return (len(self.parts), len(self.parts))
+
+
+class _CompositeRuntime(_Runtime):
+    def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
+        super().__init__(engine, profile, idx)
+        self.pat = Pattern.build(profile)
+        self.n = len(self.pat.leaves)
+        self.kind = profile.select.kind
+        self.nth = profile.select.n
+        self.unique = profile.consume == "unique"
+        self.window = profile.within
+        self.parts: dict[tuple, _Partition] = {}
+        self.pm_count = 0
+        pat = self.pat
+        self.start = pat.info(0).enabled
+        self.start_set = frozenset(self.start)
+        self.leading = frozenset(pat.leading)
+        self.clock_leaves = [lf for lf in pat.leaves if lf.clock is not None]
+        self.neg_conjs = {
+            i: [c for c in pat.conjs if i in c.neg] for i, lf in enumerate(pat.leaves) if lf.negated
+        }
+        self.names = [lf.name for lf in pat.leaves]
+
+    # --------------------------------------------------------- registrations
+    def start_registrations(self) -> Iterable[tuple[Any, int]]:
+        out = []
+        for i in self.start:
+            lf = self.pat.leaves[i]
+            if lf.clock is None:
+                out.append((lf.filter, i))
+        for i in self.pat.leading:
+            out.append((self.pat.leaves[i].filter, i))
+        return out
+
+    def _wanted(self, pm: _PM) -> tuple:
+        """Auxiliary registrations (leaf, eqs) this PM needs in its partition."""
+        pat = self.pat
+        mi = pat.info(pm.mask)
+        leaves = list(mi.enabled)
+        if self.kind == "last" and pm.mask:
+            newest = self._newest(pm)
+            if newest is not None and newest not in leaves:
+                leaves.append(newest)
+            for j in mi.all_bound:
+                if j not in leaves:
+                    leaves.append(j)
+        leaves.extend(mi.negations)
+        out = []
+        eqb = pat.eq_bindings
+        for i in leaves:
+            if pat.leaves[i].clock is not None:
+                continue
+            eqs: tuple = ()
+            rules = eqb.get(i)
+            if rules:
+                vals = []
+                ok = True
+                for attr, other, oattr in rules:
+                    b = pm.binds[other]
+                    if b is None:
+                        continue
+                    v = b.ev.attrs.get(oattr)
+                    if v is None:
+                        ok = False
+                        break
+                    vals.append((attr, v))
+                if not ok:
+                    continue
+                eqs = tuple(vals)
+            out.append((i, eqs))
+        return tuple(out)
+
+    def _sync(self, pm: _PM) -> None:
+        """Make the pool hold exactly the auxiliary profiles this PM waits on."""
+        new = self._wanted(pm) if pm.alive else ()
+        old = pm.regs
+        if new == old:
+            return
+        part = pm.part
+        for key in old:
+            if key not in new:
+                self._unreg(part, key)
+        for key in new:
+            if key not in old:
+                self._reg(part, key)
+        pm.regs = new
+
+    def _reg(self, part: _Partition, key: tuple) -> None:
+        n = part.regs.get(key, 0)
+        part.regs[key] = n + 1
+        if n == 0:
+            leaf, eqs = key
+            self.engine.pool.add(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+
+    def _unreg(self, part: _Partition, key: tuple) -> None:
+        n = part.regs[key] - 1
+        if n:
+            part.regs[key] = n
+            return
+        del part.regs[key]
+        leaf, eqs = key
+        self.engine.pool.remove(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+
+    def _eqs(self, part: _Partition, eqs: tuple) -> tuple:
+        if part.values:
+            return tuple(part.values.items()) + eqs
+        return eqs
+
+    # -------------------------------------------------------------- helpers
+    def _newest(self, pm: _PM) -> int | None:
+        best, bseq = None, -1
+        for i, b in enumerate(pm.binds):
+            if b is not None and b.seq > bseq:
+                best, bseq = i, b.seq
+        return best
+
+    def _bindings(self, pm: _PM, extra: dict[int, _B] | None = None) -> dict[str, dict[str, Any]]:
+        names = self.names
+        out = {names[i]: b.ev.attrs for i, b in enumerate(pm.binds) if b is not None}
+        if extra:
+            for i, b in extra.items():
+                out[names[i]] = b.ev.attrs
+        return out
+
+    def _events(self, pm: _PM) -> dict[str, Event]:
+        names = self.names
+        return {names[i]: b.ev for i, b in enumerate(pm.binds) if b is not None}
+
+    def _trace(self, action: str, detail: str) -> None:
+        self.engine._trace(self.profile.id, action, detail)
+
+    def _desc(self, pm: _PM) -> str:
+        return _fmt(self._events(pm)) + (f" in {pm.part.values}" if pm.part.values else "")
+
+    def _neg_blocks(self, cands: list[tuple[int, _B]], binds: dict[str, dict[str, Any]], final: bool) -> tuple[bool, list]:
+        """Re-check pending negation candidates after a binding: (blocked?, still pending)."""
+        pending = []
+        for x, b in cands:
+            verdict = self._neg_verdict(x, b, binds, final)
+            if verdict is True:
+                return True, []
+            if verdict is None:
+                pending.append((x, b))
+        return False, pending
+
+    def _neg_verdict(self, x: int, b: _B, binds: dict[str, dict[str, Any]], final: bool) -> bool | None:
+        """Does negation event b (leaf x) kill, given bindings? None: not decidable yet."""
+        conjs = self.neg_conjs[x]
+        if not conjs:
+            return True
+        binds = dict(binds)
+        binds[self.names[x]] = b.ev.attrs
+        undecided = False
+        for c in conjs:
+            if not final and not all(r in binds for r in c.refs):
+                undecided = True
+                continue
+            if not c.fn(binds):
+                return False
+        return None if undecided else True
+
+    # ----------------------------------------------------------------- bind
+    def _try_bind(self, pm: _PM, leaf: int, b: _B, replace: bool = False) -> _PM | None:
+        """The PM with `leaf` bound to b, or None when where/negations forbid it."""
+        pat = self.pat
+        base_mask = pm.mask & ~(1 << leaf) if replace else pm.mask
+        conjs = pat.bind_conjs(base_mask, leaf)
+        new_mask = base_mask | 1 << leaf
+        complete = pat.info(pat.clear_losing_alternatives(new_mask)).complete
+        if conjs or pm.negc or (complete and (self.leading or pat.conjs)):
+            binds = self._bindings(pm, {leaf: b})
+            for c in conjs:
+                if not c.fn(binds):
+                    return None
+            negc = pm.negc
+            if negc:
+                blocked, pending = self._neg_blocks(negc, binds, final=complete and not pat.trailing)
+                if blocked:
+                    return None
+            else:
+                pending = None
+            if complete and not pat.trailing:
+                # conjuncts that never became checkable (e.g. across any-alternatives) see absent values
+                done = new_mask
+                for c in pat.conjs:
+                    if not c.neg and c.mask & done != c.mask and not c.fn(binds):
+                        return None
+                if self.leading and self._leading_blocks(pm, leaf, b, binds):
+                    return None
+        else:
+            pending = pm.negc
+        new = pm.copy()
+        new.binds[leaf] = b
+        new.mask = pat.clear_losing_alternatives(new_mask)
+        if new.mask != new_mask:
+            for i in range(self.n):
+                if not new.mask >> i & 1:
+                    new.binds[i] = None
+        new.negc = pending or None
+        if new.counts and leaf in new.counts:
+            del new.counts[leaf]
+        return new
+
+    def _leading_blocks(self, pm: _PM, leaf: int, b: _B, binds: dict[str, dict[str, Any]]) -> bool:
+        hist = pm.part.history
+        if not hist:
+            return False
+        first_seq = min([x.seq for x in pm.binds if x is not None] + [b.seq])
+        lo = b.ev.ts - (self.window or 0.0)
+        for hseq, hts, x, hb in hist:
+            if hts >= lo and hseq < first_seq and self._neg_verdict(x, hb, binds, final=True):
+                return True
+        return False
+
+    # ---------------------------------------------------------------- event
+    def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        part_kv = self.partition_of(ev.attrs)
+        if part_kv is None:
+            return
+        key, values = part_kv
+        part = self.parts.get(key)
+        pat = self.pat
+        b = _B(seq, ev)
+        pos = [i for i in leaves if not pat.leaves[i].negated]
+        neg = [i for i in leaves if pat.leaves[i].negated]
+        tracing = self.engine.tracer is not None
+        completions: list[tuple[_PM, _PM | None]] = []  # (completed state, PM it came from)
+        touched: set[int] = set()
+        consumed = False
+
+        if part is not None and part.pms and pos:
+            kind = self.kind
+            for pm in list(part.pms):
+                if not pm.alive:
+                    continue
+                mi = pat.info(pm.mask)
+                cands = [i for i in pos if i in mi.enabled_set]
+                if kind == "each":
+                    groups: set[int] = set()
+                    for i in cands:
+                        g = mi.any_groups.get(i, -1)
+                        if g != -1 and g in groups:
+                            continue
+                        new = self._try_bind(pm, i, b)
+                        if new is None:
+                            continue
+                        if g != -1:
+                            groups.add(g)
+                        touched.add(id(pm))
+                        if pat.info(new.mask).complete and not pat.trailing:
+                            completions.append((new, pm))
+                        else:
+                            self._add_pm(part, new)
+                            if tracing:
+                                self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
+                    continue
+                done = False
+                for i in cands:
+                    if kind == "nth":
+                        cnt = (pm.counts or {}).get(i, 0) + 1
+                        if cnt < self.nth:
+                            if self._try_bind(pm, i, b) is None:
+                                continue
+                            if pm.counts is None:
+                                pm.counts = {}
+                            pm.counts[i] = cnt
+                            touched.add(id(pm))
+                            if tracing:
+                                self._trace("counted", f"{ev.id} as {self.names[i]} #{cnt} of {self.nth} for {self._desc(pm)}")
+                            done = True
+                            break
+                    new = self._try_bind(pm, i, b)
+                    if new is None:
+                        if tracing:
+                            self._trace("ignored", f"{ev.id} for {self._desc(pm)}: where/negation not satisfied")
+                        continue
+                    touched.add(id(pm))
+                    self._advance(pm, new, completions, tracing, ev)
+                    done = True
+                    break
+                if done:
+                    continue
+                if kind == "last" and pm.mask:
+                    repl = [self._newest(pm)] + list(mi.all_bound)
+                    for i in pos:
+                        if i in repl:
+                            new = self._try_bind(pm, i, b, replace=True)
+                            if new is None:
+                                continue
+                            touched.add(id(pm))
+                            if tracing:
+                                self._trace("replaced", f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}")
+                            self._advance(pm, new, completions, tracing, ev, replaced=True)
+                            break
+                elif tracing and any(pm.binds[i] is not None and i not in self.start_set for i in pos):
+                    self._trace("ignored", f"{ev.id} as a duplicate for {self._desc(pm)}")
+
+        if completions:
+            consumed = self._complete(part, completions, ev.ts)  # type: ignore[arg-type]
+            if not self.active:
+                return
+
+        if neg and part is not None and part.pms:
+            for pm in list(part.pms):
+                if pm.alive and id(pm) not in touched:
+                    self._negate(pm, neg, b)
+
+        if not consumed and self.active:
+            starts = [i for i in pos if i in self.start_set]
+            if starts:
+                if part is None:
+                    part = self.parts.get(key)
+                    if part is None:
+                        part = self.parts[key] = _Partition(key, values)
+                self._open(part, starts, b)
+                if not self.active:
+                    return
+
+        if neg and self.leading:
+            lead = [i for i in neg if i in self.leading]
+            if lead:
+                if part is None:
+                    part = self.parts.get(key)
+                    if part is None:
+                        part = self.parts[key] = _Partition(key, values)
+                for i in lead:
+                    part.history.append((seq, ev.ts, i, b))
+        if part is not None:
+            self._tidy(part, ev.ts)
+
+    def _advance(self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False) -> None:
+        """Apply an in-place change (first/last/nth) or record a completion."""
+        pat = self.pat
+        if pat.info(new.mask).complete and not pat.trailing:
+            completions.append((new, pm))
+            return
+        if tracing and not replaced:
+            self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)}")
+        pm.mask, pm.binds, pm.counts, pm.negc = new.mask, new.binds, new.counts, new.negc
+        self._changed(pm)
+
+    def _complete(self, part: _Partition, completions: list[tuple[_PM, _PM | None]], ts: float) -> bool:
+        """Report completed matches; under unique the earliest wins and its events are consumed."""
+        completions.sort(key=lambda c: c[0].order_key())
+        if self.unique:
+            new, src = completions[0]
+            if src is not None and self.kind != "each":
+                self._drop(src, "completed")
+            self._consume(part, new.seqs())
+            self.report(ts, self._events(new), part.values)
+            return True
+        for new, _src in completions:
+            self.report(ts, self._events(new), part.values)
+            if not self.active:
+                break
+        return False
+
+    def _consume(self, part: _Partition, seqs: set[int]) -> None:
+        for pm in list(part.pms):
+            if pm.alive and any(b is not None and b.seq in seqs for b in pm.binds):
+                self._drop(pm, "consumed")
+
+    def _negate(self, pm: _PM, neg: list[int], b: _B) -> None:
+        mi = self.pat.info(pm.mask)
+        for x in neg:
+            if x not in mi.negations_set:
+                continue
+            binds = self._bindings(pm)
+            verdict = self._neg_verdict(x, b, binds, final=False)
+            if verdict is False:
+                continue
+            if verdict is None:
+                if pm.negc is None:
+                    pm.negc = []
+                pm.negc.append((x, b))
+                continue
+            node = self.pat.leaves[x].node
+            if node == 0 or self.kind == "each":
+                self._drop(pm, f"killed by {self.names[x]} = {b.ev.id}")
+                return
+            self._reset(pm, node, f"killed by {self.names[x]} = {b.ev.id}")
+            return
+
+    def _open(self, part: _Partition, starts: list[int], b: _B) -> None:
+        kind = self.kind
+        tracing = self.engine.tracer is not None
+        if kind != "each" and part.pms:
+            if tracing:
+                self._trace("ignored", f"{b.ev.id}: a partial match already exists ({self._desc(part.pms[0])})")
+            return
+        if kind == "nth":
+            if not part.starts:
+                part.starts_ts = b.ev.ts
+            part.starts += 1
+            if part.starts < self.nth:
+                if tracing:
+                    self._trace("counted", f"{b.ev.id} as starting event #{part.starts} of {self.nth}")
+                return
+            part.starts = 0
+        empty = _PM(self.n, part)
+        completions: list[tuple[_PM, _PM | None]] = []
+        groups: set[int] = set()
+        mi = self.pat.info(0)
+        for i in starts:
+            g = mi.any_groups.get(i, -1)
+            if g != -1 and g in groups:
+                continue
+            new = self._try_bind(empty, i, b)
+            if new is None:
+                if tracing:
+                    self._trace("ignored", f"{b.ev.id} cannot start: where/negation not satisfied")
+                continue
+            if g != -1:
+                groups.add(g)
+            if self.pat.info(new.mask).complete and not self.pat.trailing:
+                completions.append((new, None))
+            else:
+                self._add_pm(part, new)
+                if tracing:
+                    self._trace("opened", self._desc(new))
+            if kind != "each":
+                break
+        if completions:
+            self._complete(part, completions, b.ev.ts)
+
+    # ------------------------------------------------------------ lifecycle
+    def _add_pm(self, part: _Partition, pm: _PM) -> None:
+        part.pms.append(pm)
+        self.pm_count += 1
+        self.engine.live_pms += 1
+        self._changed(pm)
+
+    def _changed(self, pm: _PM) -> None:
+        """Recompute the PM's terminator and auxiliary profiles after its state changed."""
+        pat = self.pat
+        d = None
+        if self.window is not None:
+            d = pm.first_ts() + self.window
+        mi = pat.info(pm.mask)
+        for nid in mi.started_nodes:
+            node = pat.nodes[nid]
+            lo = min(b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1)
+            nd = lo + node.within  # type: ignore[operator]
+            if d is None or nd < d:
+                d = nd
+        if d != pm.deadline or pm.handle is None:
+            timers = self.engine.timers
+            timers.discard(pm.handle)
+            pm.deadline = d
+            pm.handle = timers.add(d, TIMER, (self, pm)) if d is not None else None
+        self._sync(pm)
+
+    def _drop(self, pm: _PM, why: str) -> None:
+        """Remove a PM; `why` is "completed", "consumed", "expired" or "killed by ..."."""
+        if not pm.alive:
+            return
+        if self.engine.tracer is not None and why != "completed":
+            action, _, detail = why.partition(" ")
+            self._trace(action, self._desc(pm) + (f" ({why})" if detail else ""))
+        pm.alive = False
+        self.engine.timers.discard(pm.handle)
+        pm.handle = None
+        self._sync(pm)
+        part = pm.part
+        part.pms.remove(pm)
+        self.pm_count -= 1
+        self.engine.live_pms -= 1
+
+    def _reset(self, pm: _PM, nid: int, why: str) -> None:
+        """A nested node expired or was killed: forget its bindings, keep the rest."""
+        leaves = self.pat.nodes[nid].leaves
+        pm.mask &= ~leaves
+        for i in range(self.n):
+            if leaves >> i & 1:
+                pm.binds[i] = None
+                if pm.counts:
+                    pm.counts.pop(i, None)
+        pm.negc = None
+        if not pm.mask:
+            self._drop(pm, why)
+            return
+        if self.engine.tracer is not None:
+            self._trace("reset", f"nested part of {self._desc(pm)} ({why})")
+        self._changed(pm)
+
+    def on_timer(self, when: float, payload: Any) -> None:
+        if isinstance(payload, _Partition):
+            part = payload
+            part.handle = None
+            self._tidy(part, when, fired=True)
+            return
+        pm: _PM = payload
+        if not pm.alive:
+            return
+        pm.handle = None
+        pat = self.pat
+        part = pm.part
+        if self.window is not None and pm.first_ts() + self.window <= when:
+            if pat.trailing and pat.info(pm.mask).complete:
+                if pm.negc:
+                    blocked, _ = self._neg_blocks(pm.negc, self._bindings(pm), final=True)
+                    if blocked:
+                        self._drop(pm, "killed by a negation")
+                        self._tidy(part, when)
+                        return
+                events = self._events(pm)
+                self._drop(pm, "completed")
+                if self.unique:
+                    self._consume(part, pm.seqs())
+                self.report(when, events, part.values)
+            else:
+                self._drop(pm, "expired")
+            if self.active:
+                self._tidy(part, when)
+            return
+        # a nested window ended
+        mi = pat.info(pm.mask)
+        for nid in mi.started_nodes:
+            node = pat.nodes[nid]
+            lo = min(b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1)
+            if lo + node.within <= when:  # type: ignore[operator]
+                if self.kind == "each":
+                    self._drop(pm, "expired")
+                    break
+                self._reset(pm, nid, "nested window ended")
+                if not pm.alive:
+                    break
+        if pm.alive:
+            self._changed(pm)
+        self._tidy(part, when)
+
+    def _tidy(self, part: _Partition, now: float, fired: bool = False) -> None:
+        """Forget partition state the windows no longer need; drop empty partitions."""
+        w = self.window
+        if part.history and w is not None:
+            lo = now - w
+            h = part.history
+            k = 0
+            while k < len(h) and (h[k][1] < lo or (fired and h[k][1] <= lo)):
+                k += 1
+            if k:
+                del h[:k]
+        if part.starts and w is not None and (part.starts_ts + w < now or (fired and part.starts_ts + w <= now)):
+            part.starts = 0
+        if part.empty():
+            if self.parts.get(part.key) is part:
+                del self.parts[part.key]
+            self.engine.timers.discard(part.handle)
+            part.handle = None
+            return
+        if not part.pms and w is not None and part.handle is None:
+            # only history / counters left: come back when they are stale
+            t = min([h[1] for h in part.history] + ([part.starts_ts] if part.starts else [])) + w
+            part.handle = self.engine.timers.add(t, TIMER, (self, part))
+
+    def on_clock(self, ev: Event, seq: int, clock: Clock) -> None:
+        leaves = [lf.idx for lf in self.clock_leaves if lf.clock == clock]
+        if leaves:
+            self.on_event(ev, seq, leaves)
+
+    def live(self) -> tuple[int, int]:
+        return (self.pm_count, len(self.parts))
+
+    def clear(self) -> None:
+        for part in list(self.parts.values()):
+            for pm in list(part.pms):
+                pm.alive = False
+                self.engine.timers.discard(pm.handle)
+                self._sync(pm)
+            self.engine.timers.discard(part.handle)
+        self.engine.live_pms -= self.pm_count
+        self.pm_count = 0
+        self.parts.clear()
+
+
+# ------------------------------------------------------------------ engine
+
+
+class Engine:
+    """Deterministic event filtering: add/remove profiles, process events, advance time, take notifications.
+
+    >>> eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
+    >>> eng.process(Event("a1", 0.0, {"k": "A"})); eng.process(Event("b1", 5.0, {"k": "B"}))
+    >>> [n.to_json() for n in eng.take_notifications()]
+    [{'profile': 'p', 'ts': 5.0, 'events': {'a': 'a1', 'b': 'b1'}}]
+    """
+
+    def __init__(self, profiles: Iterable[Profile] = (), *, tz: str = "UTC") -> None:
+        self.pool = PrimitivePool()
+        self.timers = TemporalPool()
+        self.tz = ZoneInfo(tz)
+        self.now: float | None = None
+        self.tracer: Tracer | None = None
+        self.trace_only: str | None = None
+        self.live_pms = 0
+        self._rts: dict[int, _Runtime] = {}
+        self._by_id: dict[str, _Runtime] = {}
+        self._next_idx = 0
+        self._seq = 0
+        self._nseq = 0
+        self._out: list[Notification] = []
+        self._clocks: dict[Clock, tuple | None] = {}  # clock -> its scheduled temporal entry
+        self._clock_users: dict[Clock, dict[int, _CompositeRuntime]] = {}
+        for p in profiles:
+            self.add_profile(p)
+
+    # ------------------------------------------------------------ profiles
+    def add_profile(self, profile: Profile) -> None:
+        if profile.id in self._by_id:
+            raise ValueError(f"profile {profile.id!r} is already active")
+        idx = self._next_idx
+        self._next_idx += 1
+        rt: _Runtime
+        if profile.is_filter:
+            rt = _FilterRuntime(self, profile, idx)
+        elif isinstance(profile.expr, Absent):
+            rt = _AbsentRuntime(self, profile, idx)
+        else:
+            rt = _CompositeRuntime(self, profile, idx)
+        self._rts[idx] = rt
+        self._by_id[profile.id] = rt
+        for f, leaf in rt.start_registrations():
+            self.pool.add(f, (idx, leaf))
+        if isinstance(rt, _CompositeRuntime):
+            for lf in rt.clock_leaves:
+                self._clock_users.setdefault(lf.clock, {})[idx] = rt  # type: ignore[index]
+                if lf.clock not in self._clocks:
+                    self._clocks[lf.clock] = None  # type: ignore[index]
+                    if self.now is not None:
+                        self._schedule_clock(lf.clock, self.now)  # type: ignore[arg-type]
+        rt.activate(self.now)
+
+    def remove_profile(self, profile_id: str) -> None:
+        rt = self._by_id.get(profile_id)
+        if rt is None:
+            raise KeyError(f"no active profile {profile_id!r}")
+        self._deactivate(rt)
+
+    def _deactivate(self, rt: _Runtime) -> None:
+        if not rt.active:
+            return
+        rt.active = False
+        del self._by_id[rt.profile.id]
+        del self._rts[rt.idx]
+        for f, leaf in rt.start_registrations():
+            self.pool.remove(f, (rt.idx, leaf))
+        if isinstance(rt, _CompositeRuntime):
+            rt.clear()
+            for lf in rt.clock_leaves:
+                users = self._clock_users.get(lf.clock)  # type: ignore[arg-type]
+                if users is not None:
+                    users.pop(rt.idx, None)
+                    if not users:
+                        del self._clock_users[lf.clock]  # type: ignore[arg-type]
+                        self.timers.discard(self._clocks.pop(lf.clock, None))  # type: ignore[arg-type]
+        elif isinstance(rt, _AbsentRuntime):
+            for st in rt.parts.values():
+                self.timers.discard(st[1])
+            rt.parts.clear()
+
+    @property
+    def profiles(self) -> list[Profile]:
+        return [rt.profile for rt in self._rts.values()]
+
+    # ---------------------------------------------------------------- time
+    def _start(self, t: float) -> None:
+        self.now = t
+        for clock in self._clocks:
+            self._schedule_clock(clock, t)
+        for rt in list(self._rts.values()):
+            rt.activate(t)
+
+    def _schedule_clock(self, clock: Clock, after: float) -> None:
+        """Schedule the first occurrence of `clock` at or after `after`."""
+        local = dt.datetime.fromtimestamp(after, self.tz)
+        cand = local.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
+        if cand.timestamp() < after:
+            cand = (local + dt.timedelta(days=1)).replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
+        self._clocks[clock] = self.timers.add(cand.timestamp(), CLOCK, clock)
+
+    def advance(self, now: float, *, inclusive: bool = False) -> None:
+        """Move engine time to `now`: fire clocks at <= now and timers at < now (<= now if inclusive)."""
+        if self.now is None:
+            self._start(now)
+        timers = self.timers
+        while True:
+            item = timers.pop_due(now, inclusive)
+            if item is None:
+                break
+            when, kind, _, payload = item
+            if when > self.now:  # type: ignore[operator]
+                self.now = when
+            if kind == CLOCK:
+                self._fire_clock(payload, when)
+            else:
+                rt, arg = payload
+                if rt.active:
+                    rt.on_timer(when, arg)
+        if now > self.now:  # type: ignore[operator]
+            self.now = now
+
+    def _fire_clock(self, clock: Clock, when: float) -> None:
+        self._clocks[clock] = None
+        utc = dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ev = Event(f"clock:{utc}", when, {})
+        self._seq += 1
+        seq = self._seq
+        for idx in sorted(self._clock_users.get(clock, {})):
+            rt = self._rts.get(idx)
+            if rt is not None and isinstance(rt, _CompositeRuntime):
+                if self.tracer is not None:
+                    self._current = ev
+                rt.on_clock(ev, seq, clock)
+        if clock in self._clock_users:
+            self._schedule_clock(clock, when + 60.0)
+
+    # --------------------------------------------------------------- events
+    def process(self, event: Event) -> None:
+        """Filter one event (after firing everything that is due before it)."""
+        ts = event.ts
+        if self.now is None or ts > self.now or self.timers:
+            self.advance(ts)
+        self._seq += 1
+        seq = self._seq
+        if self.tracer is not None:
+            self._current = event
+        entries = self.pool.match(event.attrs)
+        if not entries:
+            return
+        if len(entries) == 1 and len(entries[0].owners) == 1:
+            (idx, leaf), = entries[0].owners
+            rt = self._rts.get(idx)
+            if rt is not None:
+                rt.on_event(event, seq, [leaf])
+            return
+        hits: dict[int, list[int]] = {}
+        for entry in entries:
+            for idx, leaf in entry.owners:
+                lst = hits.get(idx)
+                if lst is None:
+                    hits[idx] = [leaf]
+                elif leaf not in lst:
+                    lst.append(leaf)
+        for idx in sorted(hits):
+            rt = self._rts.get(idx)
+            if rt is not None and rt.active:
+                leaves = hits[idx]
+                if len(leaves) > 1:
+                    leaves.sort()
+                rt.on_event(event, seq, leaves)
+
+    def finish(self, until: float | None = None) -> None:
+        """End of a replay: fire everything due up to `until` (default: the last event's time)."""
+        end = until if until is not None else self.now
+        if end is not None:
+            self.advance(end, inclusive=True)
+
+    def take_notifications(self) -> list[Notification]:
+        out, self._out = self._out, []
+        return out
+
+    # ---------------------------------------------------------------- stats
+    def stats(self) -> dict[str, int]:
+        pms = parts = 0
+        for rt in self._rts.values():
+            a, b = rt.live()
+            pms += a
+            parts += b
+        return {
+            "profiles": len(self._rts),
+            "partial_matches": pms,
+            "partitions": parts,
+            "pool_filters": len(self.pool),
+            "pool_owners": self.pool.owner_count,
+            "timers": len(self.timers),
+        }
+
+    def _trace(self, profile_id: str, action: str, detail: str) -> None:
+        if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):
+            self.tracer(profile_id, action, detail)
+

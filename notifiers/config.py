@@ -1,0 +1,178 @@
+"""Notifier configuration: SMTP, webhooks, retry policy, digest and worker tuning.
+
+Load order: defaults < YAML/JSON file (``ENS_NOTIFIERS_CONFIG`` or an explicit path) < env vars,
+so a deployment can keep a file and still inject secrets such as ``ENS_SMTP_PASSWORD`` from env.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+_DEFAULT_PORTS = {"starttls": 587, "tls": 465, "none": 25}
+
+
+class SmtpConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = "localhost"
+    port: int | None = Field(default=None, description="default: 587 starttls, 465 tls, 25 none")
+    security: Literal["starttls", "tls", "none"] = "starttls"
+    username: str | None = None
+    password: SecretStr | None = None
+    sender: str = "ens@localhost"
+    timeout: float = Field(default=10.0, gt=0)
+    ca_file: str | None = Field(default=None, description="extra CA bundle, e.g. a private relay")
+    verify: bool = True
+
+    @field_validator("security", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @property
+    def effective_port(self) -> int:
+        return self.port or _DEFAULT_PORTS[self.security]
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return _ssl_context(self.ca_file, self.verify)
+
+
+class WebhookConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    connect_timeout: float = Field(default=5.0, gt=0)
+    timeout: float = Field(default=10.0, gt=0, description="read/write timeout")
+    ca_file: str | None = None
+    verify: bool = True
+    user_agent: str = "ens-notifier/0.1"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return _ssl_context(self.ca_file, self.verify)
+
+
+class RetryPolicy(BaseModel):
+    """Exponential backoff with full jitter: a failed attempt k waits U(0, min(cap, base*2^(k-1)))."""
+
+    model_config = ConfigDict(extra="forbid")
+    base: float = Field(default=1.0, gt=0)
+    cap: float = Field(default=300.0, gt=0)
+    max_attempts: int = Field(default=8, ge=1)
+    max_retry_after: float = Field(
+        default=3600.0, ge=0, description="upper bound on a receiver's Retry-After"
+    )
+
+    def delay(
+        self, attempts: int, retry_after: float | None = None, rng: random.Random | None = None
+    ) -> float:
+        """Seconds to wait after ``attempts`` failed attempts; a Retry-After answer wins."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
+        ceiling = min(self.cap, self.base * 2 ** max(attempts - 1, 0))
+        return (rng or random).uniform(0, ceiling)
+
+
+class WorkerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    consumer: str = Field(
+        default_factory=socket.gethostname,
+        description="consumer name in the group; keep it stable so a restart re-claims its work",
+    )
+    batch: int = Field(default=64, ge=1)
+    concurrency: int = Field(default=8, ge=1)
+    poll: float = Field(default=1.0, gt=0, description="longest idle wait between polls")
+    lease: float = Field(
+        default=120.0, gt=0, description="a taken delivery is retried by anyone after this"
+    )
+    claim_idle: float = Field(
+        default=60.0, ge=0, description="take over other consumers' entries idle this long"
+    )
+    delivered_ttl: int = Field(default=7 * 86400, ge=1, description="idempotency memory")
+    digest_max: int = Field(default=200, ge=1, description="most notifications in one digest")
+    outbox_retention: float = Field(
+        default=86400.0,
+        ge=0,
+        description="drop acknowledged outbox entries older than this; 0 = keep",
+    )
+
+
+class NotifierConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    smtp: SmtpConfig = Field(default_factory=SmtpConfig)
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    digest: float = Field(default=0.0, ge=0, description="default digest window (s); 0 = off")
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, base: Mapping[str, Any] | None = None
+    ) -> NotifierConfig:
+        """``base`` (e.g. a parsed file) overridden by the ``ENS_*`` variables in `ENV_VARS`."""
+        env = os.environ if env is None else env
+        data: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items() if isinstance(v, dict)}
+        data.update({k: v for k, v in (base or {}).items() if not isinstance(v, dict)})
+        for var, path in ENV_VARS.items():
+            value = env.get(var)
+            if value is None or value == "":
+                continue
+            if len(path) == 1:
+                data[path[0]] = value
+            else:
+                data.setdefault(path[0], {})[path[1]] = value
+        return cls.model_validate(data)
+
+    @classmethod
+    def load(
+        cls, path: str | Path | None = None, env: Mapping[str, str] | None = None
+    ) -> NotifierConfig:
+        env = os.environ if env is None else env
+        path = path or env.get("ENS_NOTIFIERS_CONFIG") or None
+        base = yaml.safe_load(Path(path).read_text()) if path else None
+        return cls.from_env(env, base or {})
+
+
+ENV_VARS: dict[str, tuple[str, ...]] = {
+    "ENS_SMTP_HOST": ("smtp", "host"),
+    "ENS_SMTP_PORT": ("smtp", "port"),
+    "ENS_SMTP_SECURITY": ("smtp", "security"),
+    "ENS_SMTP_USER": ("smtp", "username"),
+    "ENS_SMTP_PASSWORD": ("smtp", "password"),
+    "ENS_SMTP_FROM": ("smtp", "sender"),
+    "ENS_SMTP_TIMEOUT": ("smtp", "timeout"),
+    "ENS_SMTP_CA_FILE": ("smtp", "ca_file"),
+    "ENS_SMTP_VERIFY": ("smtp", "verify"),
+    "ENS_WEBHOOK_CONNECT_TIMEOUT": ("webhook", "connect_timeout"),
+    "ENS_WEBHOOK_TIMEOUT": ("webhook", "timeout"),
+    "ENS_WEBHOOK_CA_FILE": ("webhook", "ca_file"),
+    "ENS_WEBHOOK_VERIFY": ("webhook", "verify"),
+    "ENS_RETRY_BASE": ("retry", "base"),
+    "ENS_RETRY_CAP": ("retry", "cap"),
+    "ENS_RETRY_MAX_ATTEMPTS": ("retry", "max_attempts"),
+    "ENS_RETRY_MAX_RETRY_AFTER": ("retry", "max_retry_after"),
+    "ENS_DIGEST_SECONDS": ("digest",),
+    "ENS_WORKER_NAME": ("worker", "consumer"),
+    "ENS_WORKER_BATCH": ("worker", "batch"),
+    "ENS_WORKER_CONCURRENCY": ("worker", "concurrency"),
+    "ENS_WORKER_POLL": ("worker", "poll"),
+    "ENS_WORKER_LEASE": ("worker", "lease"),
+    "ENS_WORKER_CLAIM_IDLE": ("worker", "claim_idle"),
+    "ENS_DELIVERED_TTL": ("worker", "delivered_ttl"),
+    "ENS_OUTBOX_RETENTION": ("worker", "outbox_retention"),
+}
+
+
+def _ssl_context(ca_file: str | None, verify: bool) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    if ca_file:
+        ctx.load_verify_locations(cafile=ca_file)
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx

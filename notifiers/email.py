@@ -1,0 +1,197 @@
+"""E-mail rendering (single notification and digest) and SMTP sending.
+
+Mails are multipart/alternative: a plain-text part that reads well in any client and an HTML
+part with the same content (every value HTML-escaped: event attributes come from sensors and
+users). Message-IDs are derived from the delivery key, so a re-sent mail after a crash carries
+the same Message-ID and mail clients can fold the duplicate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import smtplib
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import formatdate
+from typing import Any
+
+from notifiers.attempt import Attempt
+from notifiers.config import SmtpConfig
+
+Notification = Mapping[str, Any]
+
+
+def _clean(value: Any) -> str:
+    """One line of text: header values must not contain line breaks."""
+    return " ".join(str(value).split())
+
+
+def fmt_ts(ts: Any, seconds: bool = True) -> str:
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        fmt = "%Y-%m-%d %H:%M:%S UTC" if seconds else "%Y-%m-%d %H:%M UTC"
+        return datetime.fromtimestamp(ts, UTC).strftime(fmt)
+    return "?" if ts is None else str(ts)
+
+
+def _partition(n: Notification) -> str:
+    part = n.get("partition") or {}
+    return ", ".join(f"{k} {v}" for k, v in part.items()) if isinstance(part, Mapping) else ""
+
+
+def subject_for(n: Notification) -> str:
+    """e.g. ``[ENS] p4 matched at 2024-03-01 22:10 UTC (room 101)``."""
+    where = _partition(n)
+    subject = f"[ENS] {n.get('profile')} matched at {fmt_ts(n.get('ts'), seconds=False)}"
+    return _clean(f"{subject} ({where})" if where else subject)
+
+
+def digest_subject(ns: Sequence[Notification]) -> str:
+    counts: dict[str, int] = {}
+    for n in ns:
+        counts[str(n.get("profile"))] = counts.get(str(n.get("profile")), 0) + 1
+    profiles = ", ".join(f"{p} ×{c}" if c > 1 else p for p, c in counts.items())
+    tss = [n["ts"] for n in ns if isinstance(n.get("ts"), (int, float))]
+    span = f" {fmt_ts(min(tss), False)} – {fmt_ts(max(tss), False)}" if tss else ""
+    return _clean(f"[ENS] {len(ns)} notifications ({profiles}){span}")
+
+
+def _event_lines(n: Notification) -> list[str]:
+    lines = []
+    for name, ev in (n.get("events") or {}).items():
+        ev = ev if isinstance(ev, Mapping) else {"id": ev}
+        lines.append(f"  {name}: event {ev.get('id', '?')} at {fmt_ts(ev.get('ts'))}")
+        lines += [f"      {k} = {v}" for k, v in ev.items() if k not in ("id", "ts")]
+    return lines
+
+
+def text_section(n: Notification) -> str:
+    lines = [f"Profile {n.get('profile')} matched at {fmt_ts(n.get('ts'))}."]
+    if where := _partition(n):
+        lines.append(f"Partition: {where}")
+    if n.get("subscriber"):
+        lines.append(f"Subscriber: {n.get('subscriber')}")
+    lines.append(f"Notification id: {n.get('id')}")
+    lines += ["", "Events:", *_event_lines(n)]
+    return "\n".join(lines)
+
+
+def html_section(n: Notification) -> str:
+    e = html.escape
+    out = [
+        f"<h2>Profile <code>{e(str(n.get('profile')))}</code> matched at "
+        f"{e(fmt_ts(n.get('ts')))}</h2>",
+        "<p>",
+    ]
+    if where := _partition(n):
+        out.append(f"Partition: <b>{e(where)}</b><br>")
+    if n.get("subscriber"):
+        out.append(f"Subscriber: {e(str(n.get('subscriber')))}<br>")
+    out.append(f"Notification id: <code>{e(str(n.get('id')))}</code></p>")
+    out.append('<table border="1" cellpadding="4" cellspacing="0">')
+    out.append("<tr><th>component</th><th>event</th><th>time</th><th>attributes</th></tr>")
+    for name, ev in (n.get("events") or {}).items():
+        ev = ev if isinstance(ev, Mapping) else {"id": ev}
+        attrs = "<br>".join(
+            f"{e(str(k))} = {e(str(v))}" for k, v in ev.items() if k not in ("id", "ts")
+        )
+        out.append(
+            f"<tr><td>{e(str(name))}</td><td>{e(str(ev.get('id', '?')))}</td>"
+            f"<td>{e(fmt_ts(ev.get('ts')))}</td><td>{attrs}</td></tr>"
+        )
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _html_doc(title: str, sections: Sequence[str]) -> str:
+    body = "\n<hr>\n".join(sections)
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"</head><body>\n{body}\n</body></html>\n"
+    )
+
+
+def _message(
+    subject: str, sender: str, to: str, text: str, html_doc: str, key: str
+) -> EmailMessage:
+    msg = EmailMessage()
+    msg["Subject"] = subject
+    msg["From"] = sender
+    msg["To"] = to
+    msg["Date"] = formatdate(usegmt=True)
+    domain = sender.rpartition("@")[2] or "ens.local"
+    msg["Message-ID"] = f"<ens.{hashlib.sha256(key.encode()).hexdigest()[:32]}@{domain}>"
+    msg.set_content(text)
+    msg.add_alternative(html_doc, subtype="html")
+    return msg
+
+
+def build_message(n: Notification, sender: str, to: str, key: str | None = None) -> EmailMessage:
+    """One notification; ``key`` (the delivery key) makes the Message-ID stable across resends."""
+    subject = subject_for(n)
+    text = text_section(n) + "\n\n-- \nENS event notification service\n"
+    return _message(
+        subject, sender, to, text, _html_doc(subject, [html_section(n)]), key or str(n.get("id"))
+    )
+
+
+def build_digest(ns: Sequence[Notification], sender: str, to: str) -> EmailMessage:
+    """Several notifications for one recipient in one mail, oldest first."""
+    subject = digest_subject(ns)
+    head = f"{len(ns)} notifications:"
+    text = "\n\n".join([head, *(f"--- {i}.\n{text_section(n)}" for i, n in enumerate(ns, 1))])
+    key = "digest:" + ",".join(str(n.get("id")) for n in ns)
+    sections = [f"<p>{html.escape(head)}</p>", *(html_section(n) for n in ns)]
+    return _message(subject, sender, to, text + "\n", _html_doc(subject, sections), key)
+
+
+def _smtp_attempt(exc: Exception) -> Attempt:
+    """4xx replies and network trouble are worth retrying; 5xx replies are final."""
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        codes = [code for code, _ in exc.recipients.values()]
+        error = "recipients refused: " + "; ".join(
+            f"{r} {c} {m.decode(errors='replace') if isinstance(m, bytes) else m}"
+            for r, (c, m) in exc.recipients.items()
+        )
+        return Attempt.retry(error) if all(400 <= c < 500 for c in codes) else Attempt.fatal(error)
+    if isinstance(exc, smtplib.SMTPResponseException):
+        msg = exc.smtp_error
+        text = msg.decode(errors="replace") if isinstance(msg, bytes) else str(msg)
+        error = f"SMTP {exc.smtp_code} {text}"
+        return Attempt.retry(error) if 400 <= exc.smtp_code < 500 else Attempt.fatal(error)
+    if isinstance(exc, smtplib.SMTPNotSupportedError):
+        return Attempt.fatal(f"SMTP server does not support it: {exc}")
+    if isinstance(exc, ValueError):
+        return Attempt.fatal(f"cannot build the mail: {exc}")
+    return Attempt.retry(f"{type(exc).__name__}: {exc}")
+
+
+class SmtpSender:
+    """Sends one message per SMTP session: simple, and a broken session never leaks into the next."""
+
+    def __init__(self, config: SmtpConfig | None = None) -> None:
+        self.config = config or SmtpConfig()
+
+    def send(self, msg: EmailMessage) -> Attempt:
+        c = self.config
+        try:
+            if c.security == "tls":
+                smtp: smtplib.SMTP = smtplib.SMTP_SSL(
+                    c.host, c.effective_port, timeout=c.timeout, context=c.ssl_context()
+                )
+            else:
+                smtp = smtplib.SMTP(c.host, c.effective_port, timeout=c.timeout)
+            with smtp:
+                smtp.ehlo()
+                if c.security == "starttls":
+                    # never fall back to plain text when STARTTLS is asked for
+                    smtp.starttls(context=c.ssl_context())
+                    smtp.ehlo()
+                if c.username:
+                    password = c.password.get_secret_value() if c.password else ""
+                    smtp.login(c.username, password)
+                smtp.send_message(msg)
+        except (OSError, ValueError) as exc:  # smtplib.SMTPException is an OSError
+            return _smtp_attempt(exc)
+        return Attempt.success(f"SMTP {c.host}:{c.effective_port}")

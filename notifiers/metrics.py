@@ -1,0 +1,36 @@
+"""Prometheus metrics of delivery, in a registry of their own.
+
+A separate `REGISTRY` keeps the worker importable many times in one process (tests, service)
+without "duplicated timeseries" errors; the service exposes it with
+``prometheus_client.generate_latest(REGISTRY)`` or ``make_asgi_app(REGISTRY)``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+REGISTRY = CollectorRegistry()
+
+#: outcome: delivered | retry | dead | digested | skipped
+DELIVERIES = Counter(
+    "ens_deliveries",
+    "Delivery outcomes per channel kind (email, webhook).",
+    ["channel", "outcome"],
+    registry=REGISTRY,
+)
+
+LATENCY = Histogram(
+    "ens_delivery_latency_seconds",
+    "Time from the outbox write to the successful delivery, retries included.",
+    ["channel"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600),
+    registry=REGISTRY,
+)
+
+ATTEMPT_SECONDS = Histogram(
+    "ens_delivery_attempt_seconds",
+    "Duration of one delivery attempt (HTTP request or SMTP session).",
+    ["channel"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)

