@@ -16,6 +16,7 @@ with `advance()`. Semantics: LANGUAGE.md and docs/semantics.md.
 from __future__ import annotations
 
 import datetime as dt
+import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -213,14 +214,27 @@ class _AbsentRuntime(_Runtime):
 class _CompositeRuntime(_Runtime):
     def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
         super().__init__(engine, profile, idx)
-        self.pat = Pattern.build(profile)
-        self.n = len(self.pat.leaves)
         self.kind = profile.select.kind
         self.nth = profile.select.n
         self.unique = profile.consume == "unique"
         self.window = profile.within
         self.parts: dict[tuple, _Partition] = {}
         self.pm_count = 0
+        self._derive()
+
+    _DERIVED = ("pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Snapshots keep the state, not the compiled tables (they are rebuilt from the profile)."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._derive()
+
+    def _derive(self) -> None:
+        self.pat = Pattern.build(self.profile)
+        self.n = len(self.pat.leaves)
         pat = self.pat
         self.start = pat.info(0).enabled
         self.start_set = frozenset(self.start)
@@ -984,6 +998,38 @@ class Engine:
             "pool_owners": self.pool.owner_count,
             "timers": len(self.timers),
         }
+
+    # ------------------------------------------------------------ snapshots
+    def snapshot(self) -> bytes:
+        """The whole engine state (partial matches, timers, profiles) as bytes."""
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def restore(data: bytes) -> Engine:
+        """An engine from `snapshot()`; the primitive pool is rebuilt from the state."""
+        eng = pickle.loads(data)  # noqa: S301 - our own snapshot
+        if not isinstance(eng, Engine):
+            raise TypeError("not an engine snapshot")
+        return eng
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["pool"]
+        state["tracer"] = None
+        state["tz"] = self.tz.key
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.tz = ZoneInfo(state["tz"])
+        self.pool = PrimitivePool()
+        for rt in self._rts.values():
+            for f, leaf in rt.start_registrations():
+                self.pool.add(f, (rt.idx, leaf))
+            if isinstance(rt, _CompositeRuntime):
+                for part in rt.parts.values():
+                    for (leaf, eqs), _n in part.regs.items():
+                        self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), rt._eqs(part, eqs))
 
     def _trace(self, profile_id: str, action: str, detail: str) -> None:
         if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):
