@@ -1,0 +1,136 @@
+"""The profile language: parsing, positions in errors, semantic validation, fuzzing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from profiles.ast import All, AnyOf, Clock, Seq
+from profiles.errors import ProfileError
+from profiles.parser import parse_duration, parse_profile
+from profiles.profile_file import parse_profile_document
+
+
+def err(text: str) -> ProfileError:
+    with pytest.raises(ProfileError) as e:
+        parse_profile(text, "p1")
+    return e.value
+
+
+def test_every_clause_and_operator_parses() -> None:
+    p = parse_profile(
+        'seq(a: k = "A" and v between 1 and 2, not x: k = "X", b: any(c: k = "C", d: k = "D"),'
+        ' all(e: k in ("E", "F"), f: name starts with "lab-" or s exists)) '
+        "within 1.5h per room, building where e.v > a.v * 2 - 1 and (c.z != 'q' or d.z = 3) "
+        "select nth 2 consume shared once",
+        "p1",
+    )
+    assert isinstance(p.expr, Seq) and p.within == 5400.0
+    assert p.per == ("room", "building") and p.select.kind == "nth" and p.select.n == 2
+    assert p.consume == "shared" and p.once
+    kinds = [type(c.expr).__name__ for c in p.expr.components]
+    assert kinds == ["And", "Cmp", "AnyOf", "All"]
+    assert p.expr.components[1].negated
+
+
+def test_repeat_and_clock_and_unnamed_components() -> None:
+    p = parse_profile('repeat(kind = "door", 3) within 10m per door', "r")
+    assert [c.name for c in p.expr.components] == ["r1", "r2", "r3"]
+    p = parse_profile('seq(n: clock("22:00"), k = "A", any(k = "B", k = "C")) within 8h', "c")
+    assert p.expr.components[0].expr == Clock(22, 0)
+    assert [c.name for c in p.expr.components][1:] == ["c2", "c3"]
+    inner = p.expr.components[2].expr
+    assert isinstance(inner, AnyOf) and [c.name for c in inner.components] == ["c4", "c5"]
+
+
+def test_nested_within_is_kept() -> None:
+    p = parse_profile('all(seq(a: k = "A", b: k = "B") within 5s, c: k = "C") within 20s', "n")
+    assert isinstance(p.expr, All) and p.expr.components[0].expr.within == 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "line", "column"),
+    [
+        ('seq(a: k = , b: k = "B") within 1s', "expected", 1, 12),
+        ('seq(a: k = "A",\n    b: k = "B"\n  within 1s', "expected", 3, 3),
+        ('seq(a: k = "A", b: k = "B") select each', "needs within", 1, 29),
+        ('all(a: k = "A", b: k = "B") select each', "needs within", None, None),
+        ('seq(n: clock("22:00"), b: k = "B") within 1h per room', "cannot use per", None, None),
+        ('seq(a: k = "A", b: k = "B") within 1s where c.v = 1', "unknown component 'c'", None, None),
+        ('seq(a: k = "A", a: k = "B") within 1s', "duplicate component name 'a'", None, None),
+        ('seq(not a: k = "A", not b: k = "B") within 1s', "at least one positive", None, None),
+        ('seq(a: k = "A", absent(k = "B")) within 1s', "only as the whole profile", None, None),
+        ('absent(k = "A")', "needs within", None, None),
+        ('seq(not m: k = "M", f: k = "F")', "needs within", None, None),
+        ('seq(a: k = "A", not x: k = "X")', "needs within", None, None),
+        ('clock("22:00")', "only as a component", None, None),
+        ('seq(n: clock("25:00"), a: k = "A")', "HH:MM", None, None),
+        ('k = "A" within 5m', "bare filter", None, None),
+        ('seq(a: k = "A", b: k = "B") within 1s within 2s', "twice", None, None),
+        ('seq(a: k = "A", b: k = "B") where a.v = b', "name.attribute", None, None),
+        ("flag > true", "booleans compare only", None, None),
+    ],
+)
+def test_errors_name_what_and_where(text: str, message: str, line: int | None, column: int | None) -> None:
+    e = err(text)
+    assert message in str(e)
+    assert "p1" in str(e)
+    if line is not None:
+        assert (e.line, e.column) == (line, column)
+
+
+def test_syntax_error_lists_expected_tokens() -> None:
+    e = err('seq(a: k = "A" b: k = "B")')
+    assert e.line == 1 and e.column == 16
+    assert '","' in str(e) and '")"' in str(e)
+
+
+def test_check_collects_every_problem_with_file_lines() -> None:
+    doc = """profiles:
+  - id: good
+    expr: k = "A"
+  - id: bad1
+    expr: |
+      seq(a: k = "A",
+          b: k = ) within 1s
+  - id: bad2
+    expr: 'seq(a: k = "A") select each'
+  - id: good
+    expr: k = "B"
+"""
+    pset, errors = parse_profile_document(doc)
+    assert [p.id for p in pset.profiles] == ["good"]
+    text = [str(e) for e in errors]
+    assert len(errors) == 3
+    assert "bad1" in text[0] and "line 2, column 12" in text[0] and "file line 7" in text[0]
+    assert "bad2" in text[1] and "within" in text[1]
+    assert "duplicate profile id" in text[2]
+
+
+def test_invalid_yaml_is_reported_with_its_position() -> None:
+    _, errors = parse_profile_document("profiles:\n  - id: x\n    expr: seq(a: k = 1)\n")
+    assert len(errors) == 1 and "line 3" in str(errors[0])
+
+
+def test_durations() -> None:
+    assert parse_duration("500ms") == 0.5
+    assert parse_duration("1.5h") == 5400.0
+    assert parse_duration("2d") == 172800.0
+
+
+TOKENS = [
+    "seq", "all", "any", "absent", "repeat", "clock", "(", ")", ",", ":", "not", "and", "or",
+    "within", "per", "where", "select", "first", "each", "nth", "consume", "unique", "once",
+    "=", "<", ">=", "in", "between", "exists", "starts", "with", "a", "b.v", '"x"', "3", "1.5",
+    "10m", "true", "+", "*", "'q'", '"22:00"', "\n", "#", "\\", "é", "{", "@",
+]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.text(max_size=60), st.lists(st.sampled_from(TOKENS), max_size=25).map(" ".join)))
+def test_fuzz_parser_raises_only_its_own_error(text: str) -> None:
+    try:
+        parse_profile(text, "fuzz")
+    except ProfileError as e:
+        assert "fuzz" in str(e)
