@@ -17,6 +17,7 @@ from tests.helpers_notifiers import (
     MailSink,
     drive,
     fast_config,
+    free_port,
     notification,
     redis_server,
     self_signed_cert,
@@ -159,8 +160,6 @@ def test_smtp_4xx_is_retried_and_5xx_dead_lettered(r, sink, smtp_port):
 
 
 def test_smtp_server_down_is_retried_until_it_comes_up(r, sink):
-    from tests.helpers_notifiers import free_port
-
     port = free_port()
     subscribe(r)
     store.enqueue(r, notification("n1"))
