@@ -19,10 +19,11 @@ and deletes auxiliary profiles all the time.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedKeyList, SortedList
 
 from filters.compile import Check, compile_filter, norm
 from profiles.ast import And, Between, Cmp, Exists, Filter, In, Or, StartsWith
@@ -47,16 +48,121 @@ class Entry:
 
 
 class Clause:
-    __slots__ = ("entry", "check", "access")
+    """A conjunction: indexed under its access predicates, `check` tests the rest."""
 
-    def __init__(self, entry: Entry, check: Check | None, access: tuple | None) -> None:
+    __slots__ = ("entry", "check", "access", "thr")
+
+    def __init__(self, entry: Entry, check: Check | None, access: tuple | None, thr: Any = None) -> None:
         self.entry = entry
         self.check = check
         self.access = access
+        self.thr = thr
+
+
+def _thr(c: Clause) -> Any:
+    return c.thr
+
+
+_BIG = 1024  # above this many thresholds a range switches from a plain sorted list to SortedKeyList
+
+
+class _Range:
+    """Clauses of one bucket with a range on one attribute, sorted by threshold.
+
+    Small ranges are two parallel plain lists searched with `bisect` (fastest
+    in CPython); big ones become a SortedKeyList so insert and delete stay
+    O(log n).
+    """
+
+    __slots__ = ("attr", "op", "kind", "keys", "items", "big")
+
+    def __init__(self, attr: str, op: str, kind: str) -> None:
+        self.attr, self.op, self.kind = attr, op, kind
+        self.keys: list[Any] = []
+        self.items: list[Clause] = []
+        self.big: SortedKeyList | None = None
+
+    def __len__(self) -> int:
+        return len(self.big) if self.big is not None else len(self.items)
+
+    def add(self, clause: Clause) -> None:
+        if self.big is not None:
+            self.big.add(clause)
+            return
+        i = bisect_right(self.keys, clause.thr)
+        self.keys.insert(i, clause.thr)
+        self.items.insert(i, clause)
+        if len(self.items) > _BIG:
+            self.big = SortedKeyList(self.items, key=_thr)
+            self.keys, self.items = [], []
+
+    def remove(self, clause: Clause) -> None:
+        if self.big is not None:
+            self.big.remove(clause)
+            return
+        i = bisect_left(self.keys, clause.thr)
+        while self.items[i] is not clause:
+            i += 1
+        del self.keys[i]
+        del self.items[i]
+
+    def collect(self, v: Any, out: list[Clause]) -> None:
+        op = self.op
+        big = self.big
+        if big is None:
+            keys, items = self.keys, self.items
+            if op == ">":  # threshold < v
+                out.extend(items[: bisect_left(keys, v)])
+            elif op == ">=":  # threshold <= v
+                out.extend(items[: bisect_right(keys, v)])
+            elif op == "<":  # threshold > v
+                out.extend(items[bisect_right(keys, v) :])
+            else:  # "<=": threshold >= v
+                out.extend(items[bisect_left(keys, v) :])
+        elif op == ">":
+            out.extend(big.islice(0, big.bisect_key_left(v)))
+        elif op == ">=":
+            out.extend(big.islice(0, big.bisect_key_right(v)))
+        elif op == "<":
+            out.extend(big.islice(big.bisect_key_right(v)))
+        else:
+            out.extend(big.islice(big.bisect_key_left(v)))
+
+
+class _Bucket:
+    """Clauses sharing one combination of equality values, plus at most one range each.
+
+    The range thresholds are kept sorted, so an event's value selects the
+    satisfied ones by binary search instead of testing them one by one.
+    """
+
+    __slots__ = ("plain", "ranges")
+
+    def __init__(self) -> None:
+        self.plain: dict[Clause, None] = {}
+        self.ranges: dict[tuple[str, str, str], _Range] = {}
+
+    def collect(self, attrs: dict[str, Any], out: list[Clause]) -> None:
+        if self.plain:
+            out.extend(self.plain)
+        for r in self.ranges.values():
+            v = attrs.get(r.attr)
+            if v is None:
+                continue
+            cls = v.__class__
+            if r.kind == "s":
+                if cls is not str:
+                    continue
+            elif cls is not int and cls is not float:
+                continue
+            r.collect(v, out)
+
+    def empty(self) -> bool:
+        return not (self.plain or self.ranges)
 
 
 class _Node:
-    """An access predicate stored once, pointing at every clause that uses it."""
+    """A non-equality access predicate stored once, pointing at every clause that uses it."""
 
     __slots__ = ("clauses", "high")
 
@@ -66,12 +172,11 @@ class _Node:
 
 
 class _AttrIndex:
-    """All access predicates over one attribute."""
+    """Access predicates over one attribute for clauses without any equality."""
 
-    __slots__ = ("eq", "exists", "prefix", "prefix_lens", "ranges", "between", "nodes")
+    __slots__ = ("exists", "prefix", "prefix_lens", "ranges", "between", "nodes")
 
     def __init__(self) -> None:
-        self.eq: dict[Any, _Node] = {}
         self.exists: _Node | None = None
         self.prefix: dict[str, _Node] = {}
         self.prefix_lens: dict[int, int] = {}
@@ -81,12 +186,9 @@ class _AttrIndex:
         self.nodes: dict[int, _Node] = {}
 
     def empty(self) -> bool:
-        return not (self.eq or self.exists or self.prefix or self.nodes)
+        return not (self.exists or self.prefix or self.nodes)
 
     def collect(self, v: Any, out: list[Clause]) -> None:
-        node = self.eq.get(norm(v))
-        if node is not None:
-            out.extend(node.clauses)
         if self.exists is not None:
             out.extend(self.exists.clauses)
         cls = v.__class__
@@ -132,22 +234,20 @@ def _kind(v: Any) -> str:
     return "s" if isinstance(v, str) else "n"
 
 
-def _rank(p: Any, idx: dict[str, _AttrIndex]) -> float | None:
-    """Lower is better as an access predicate; None when not indexable."""
-    if isinstance(p, Cmp):
-        if p.op == "=":
-            ix = idx.get(p.attr)
-            node = ix.eq.get(norm(p.value)) if ix is not None else None
-            return 0.0 + (len(node.clauses) / 1e6 if node is not None else 0.0)
-        if p.op in ("<", "<=", ">", ">=") and not isinstance(p.value, bool):
-            return 4.0
-        return None
+def _is_range(p: Any) -> bool:
+    return isinstance(p, Cmp) and p.op in ("<", "<=", ">", ">=") and not isinstance(p.value, bool)
+
+
+def _rank(p: Any) -> float | None:
+    """For clauses without equality: lower is a better access predicate; None = not indexable."""
     if isinstance(p, In):
-        return None if p.negated or not p.values else 1.0 + len(p.values) / 100
+        return None if p.negated or not p.values else 1.0
     if isinstance(p, StartsWith):
         return 2.0
     if isinstance(p, Between):
         return 3.0
+    if _is_range(p):
+        return 4.0
     if isinstance(p, Exists):
         return 5.0
     return None
@@ -162,31 +262,13 @@ def _conjuncts(f: Filter) -> list[Filter]:
     return [f]
 
 
-def _eq_check(eqs: Eqs, base: Check | None) -> Check:
-    if len(eqs) == 1 and base is None:
-        ((attr, key),) = eqs
-
-        def check1(a: dict[str, Any]) -> bool:
-            v = a.get(attr)
-            return v is not None and norm(v) == key
-
-        return check1
-
-    def check(a: dict[str, Any]) -> bool:
-        for attr, key in eqs:
-            v = a.get(attr)
-            if v is None or norm(v) != key:
-                return False
-        return base is None or base(a)
-
-    return check
-
-
 class PrimitivePool:
     """Filters -> owners, with sublinear insert, delete and match."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Filter, Eqs], Entry] = {}
+        # equality schema (attribute names) -> equality values -> bucket
+        self._schemas: dict[tuple[str, ...], dict[Any, _Bucket]] = {}
         self._idx: dict[str, _AttrIndex] = {}
         self._scan: dict[Clause, None] = {}
         self._ids = itertools.count()
@@ -231,7 +313,8 @@ class PrimitivePool:
             for clause in entry.clauses:
                 self._remove_clause(clause)
 
-    def _split(self, f: Filter) -> list[list[Filter]]:
+    @staticmethod
+    def _split(f: Filter) -> list[list[Filter]]:
         if isinstance(f, Or) and len(f.items) <= _MAX_SPLIT:
             out: list[list[Filter]] = []
             for item in f.items:
@@ -242,49 +325,81 @@ class PrimitivePool:
         return [_conjuncts(f)]
 
     def _insert_clause(self, entry: Entry, parts: list[Filter], eqs: Eqs) -> None:
-        best, best_rank = None, None
+        # 1. all equalities (the filter's own and those bound by the engine) form the access key
+        eq: dict[str, Any] = {}
+        used: set[int] = set()
+        conflict = False
+        for a, k in eqs:
+            if a in eq and eq[a] != k:
+                conflict = True
+            eq[a] = k
         for i, p in enumerate(parts):
-            r = _rank(p, self._idx)
-            if r is not None and (best_rank is None or r < best_rank):
-                best, best_rank = i, r
+            if isinstance(p, Cmp) and p.op == "=":
+                k = norm(p.value)
+                if p.attr in eq and eq[p.attr] != k:
+                    conflict = True
+                eq[p.attr] = k
+                used.add(i)
+        if conflict:  # a = 1 and a = 2: can never match; keep it scanned so it stays correct
+            eq, used = {}, set()
         access: tuple | None = None
-        eq_rest = eqs
-        if eqs:
-            # a bound equality is usually the most selective predicate (e.g. room = "101")
-            ranks = []
-            for j, (attr, key) in enumerate(eqs):
-                ix = self._idx.get(attr)
-                node = ix.eq.get(key) if ix is not None else None
-                ranks.append((len(node.clauses) if node is not None else 0, j))
-            size, j = min(ranks)
-            if best_rank is None or best_rank >= 1.0 or size == 0:
-                attr, key = eqs[j]
-                access = ("eq", attr, key)
-                eq_rest = eqs[:j] + eqs[j + 1 :]
-                best = None
-        if access is None and best is not None:
-            access = self._access_of(parts[best])
-        rest = [p for i, p in enumerate(parts) if i != best]
-        base = None
+        thr = None
+        if eq:
+            schema = tuple(sorted(eq))
+            values = eq[schema[0]] if len(schema) == 1 else tuple(eq[a] for a in schema)
+            rng = next((i for i, p in enumerate(parts) if i not in used and _is_range(p)), None)
+            if rng is not None:
+                p = parts[rng]
+                used.add(rng)
+                access = ("eqs", schema, values, (p.attr, p.op, _kind(p.value)))
+                thr = p.value
+            else:
+                access = ("eqs", schema, values, None)
+        else:
+            best, best_rank = None, None
+            for i, p in enumerate(parts):
+                r = _rank(p)
+                if r is not None and (best_rank is None or r < best_rank):
+                    best, best_rank = i, r
+            if best is not None:
+                access = self._access_of(parts[best])
+                used.add(best)
+        rest = [p for i, p in enumerate(parts) if i not in used]
+        if conflict:
+            rest = list(parts) + [Cmp(a, "=", k[1] if isinstance(k, tuple) else k) for a, k in eqs]
+        check = None
         if rest:
-            base = compile_filter(rest[0] if len(rest) == 1 else And(tuple(rest)))
-            if base.__name__ == "_always":
-                base = None
-        check = _eq_check(eq_rest, base) if eq_rest else base
-        clause = Clause(entry, check, access)
+            check = compile_filter(rest[0] if len(rest) == 1 else And(tuple(rest)))
+            if check.__name__ == "_always":
+                check = None
+        clause = Clause(entry, check, access, thr)
         entry.clauses.append(clause)
         if access is None:
             self._scan[clause] = None
-            return
-        for key in self._keys_of(access):
-            self._node_for(key, create=True).clauses[clause] = None
+        elif access[0] == "eqs":
+            bucket = self._schemas.setdefault(access[1], {}).get(access[2])
+            if bucket is None:
+                bucket = self._schemas[access[1]][access[2]] = _Bucket()
+            if access[3] is None:
+                bucket.plain[clause] = None
+            else:
+                rng = bucket.ranges.get(access[3])
+                if rng is None:
+                    rng = bucket.ranges[access[3]] = _Range(*access[3])
+                rng.add(clause)
+        elif access[0] == "in":
+            for k in dict.fromkeys(access[2]):
+                bucket = self._schemas.setdefault((access[1],), {}).get(k)
+                if bucket is None:
+                    bucket = self._schemas[(access[1],)][k] = _Bucket()
+                bucket.plain[clause] = None
+        else:
+            node = self._node_for(access, create=True)
+            assert node is not None
+            node.clauses[clause] = None
 
     @staticmethod
     def _access_of(p: Filter) -> tuple:
-        if isinstance(p, Cmp):
-            if p.op == "=":
-                return ("eq", p.attr, norm(p.value))
-            return ("range", p.attr, p.op, p.value)
         if isinstance(p, In):
             return ("in", p.attr, tuple(norm(v) for v in p.values))
         if isinstance(p, StartsWith):
@@ -293,15 +408,8 @@ class PrimitivePool:
             return ("between", p.attr, p.low, p.high)
         if isinstance(p, Exists):
             return ("exists", p.attr)
-        raise TypeError(p)
-
-    @staticmethod
-    def _keys_of(access: tuple) -> Iterable[tuple]:
-        if access[0] == "in":
-            for k in dict.fromkeys(access[2]):
-                yield ("eq", access[1], k)
-        else:
-            yield access
+        assert isinstance(p, Cmp)
+        return ("range", p.attr, p.op, p.value)
 
     def _node_for(self, key: tuple, create: bool) -> _Node | None:
         kind, attr = key[0], key[1]
@@ -310,11 +418,6 @@ class PrimitivePool:
             if not create:
                 return None
             ix = self._idx[attr] = _AttrIndex()
-        if kind == "eq":
-            node = ix.eq.get(key[2])
-            if node is None and create:
-                node = ix.eq[key[2]] = _Node()
-            return node
         if kind == "exists":
             if ix.exists is None and create:
                 ix.exists = _Node()
@@ -326,7 +429,6 @@ class PrimitivePool:
                 n = len(key[2])
                 ix.prefix_lens[n] = ix.prefix_lens.get(n, 0) + 1
             return node
-        # range / between: look the node up through a per-index dict keyed by the predicate
         nodes_by_key = self._range_ids.setdefault(attr, {})
         nid = nodes_by_key.get(key)
         if nid is not None:
@@ -347,22 +449,40 @@ class PrimitivePool:
         return node
 
     def _remove_clause(self, clause: Clause) -> None:
-        if clause.access is None:
+        access = clause.access
+        if access is None:
             del self._scan[clause]
             return
-        for key in self._keys_of(clause.access):
-            node = self._node_for(key, create=False)
-            assert node is not None
-            del node.clauses[clause]
-            if not node.clauses:
-                self._drop_node(key)
+        if access[0] in ("eqs", "in"):
+            if access[0] == "eqs":
+                targets = [(access[1], access[2])]
+            else:
+                targets = [((access[1],), k) for k in dict.fromkeys(access[2])]
+            for schema, values in targets:
+                table = self._schemas[schema]
+                bucket = table[values]
+                if access[0] == "eqs" and access[3] is not None:
+                    sl = bucket.ranges[access[3]]
+                    sl.remove(clause)
+                    if not sl:
+                        del bucket.ranges[access[3]]
+                else:
+                    del bucket.plain[clause]
+                if bucket.empty():
+                    del table[values]
+                    if not table:
+                        del self._schemas[schema]
+            return
+        node = self._node_for(access, create=False)
+        assert node is not None
+        del node.clauses[clause]
+        if not node.clauses:
+            self._drop_node(access)
 
     def _drop_node(self, key: tuple) -> None:
         kind, attr = key[0], key[1]
         ix = self._idx[attr]
-        if kind == "eq":
-            del ix.eq[key[2]]
-        elif kind == "exists":
+        if kind == "exists":
             ix.exists = None
         elif kind == "prefix":
             del ix.prefix[key[2]]
@@ -385,21 +505,37 @@ class PrimitivePool:
                     del ix.between[_kind(key[2])]
         if ix.empty():
             del self._idx[attr]
+            self._range_ids.pop(attr, None)
 
     # ------------------------------------------------------------------ match
     def match(self, attrs: dict[str, Any]) -> list[Entry]:
         """Every stored filter that `attrs` satisfies (each once)."""
         cands: list[Clause] = []
+        for schema, table in self._schemas.items():
+            if len(schema) == 1:
+                v = attrs.get(schema[0])
+                if v is None:
+                    continue
+                bucket = table.get(v if v.__class__ is not bool else (bool, v))
+            else:
+                vals = []
+                for a in schema:
+                    v = attrs.get(a)
+                    if v is None:
+                        break
+                    vals.append(v if v.__class__ is not bool else (bool, v))
+                else:
+                    bucket = table.get(tuple(vals))
+                    if bucket is not None:
+                        bucket.collect(attrs, cands)
+                continue
+            if bucket is not None:
+                bucket.collect(attrs, cands)
         idx = self._idx
-        if len(idx) < len(attrs):
+        if idx:
             for attr, ix in idx.items():
                 v = attrs.get(attr)
                 if v is not None:
-                    ix.collect(v, cands)
-        else:
-            for attr, v in attrs.items():
-                ix = idx.get(attr)
-                if ix is not None:
                     ix.collect(v, cands)
         if self._scan:
             cands.extend(self._scan)

@@ -54,7 +54,7 @@ def test_pool_matches_direct_evaluation_under_inserts_and_deletes(ops, evs) -> N
         for _ in range(live[(f, owner, eqs)]):
             pool.remove(f, owner, eqs)
     assert len(pool) == 0 and pool.owner_count == 0
-    assert pool._idx == {} and not pool._scan
+    assert pool._idx == {} and pool._schemas == {} and not pool._scan
 
 
 def test_identical_filters_are_stored_once_with_every_owner() -> None:
@@ -73,8 +73,8 @@ def test_shared_access_predicate_points_to_every_filter() -> None:
     pool = PrimitivePool()
     pool.add(parse_filter('room = "101" and value > 3'), 1)
     pool.add(parse_filter('room = "101" and value < 3'), 2)
-    ix = pool._idx["room"]
-    assert len(ix.eq["101"].clauses) == 2
+    bucket = pool._schemas[("room",)]["101"]  # one bucket for room = "101", sorted by threshold
+    assert sum(len(sl) for sl in bucket.ranges.values()) == 2
     assert pool.owners({"room": "101", "value": 5}) == [1]
     assert pool.owners({"room": "101", "value": 1}) == [2]
     assert pool.owners({"room": 101, "value": 1}) == []  # "101" and 101 differ
