@@ -165,8 +165,10 @@ def explain(
 # ---- sub-commands contributed by other modules (mounted here, one line each)
 def _mount() -> None:
     from ens.commands import bench
+    from notifiers import cli as notifiers_cli
 
     app.add_typer(bench.app, name="bench")
+    app.add_typer(notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters.")
 
 
 _mount()
