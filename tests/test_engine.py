@@ -1,0 +1,128 @@
+"""Engine properties beyond the conformance cases: bounded state, API, snapshots, explain."""
+
+from __future__ import annotations
+
+import random
+
+from filters.engine import Engine
+from profiles.events import Event
+from profiles.parser import parse_profile
+
+
+def test_a_million_events_keep_state_bounded_by_the_window() -> None:
+    """1,000,000 events through a windowed `each` profile: live state follows the window, not the stream."""
+    profile = parse_profile(
+        'seq(a: k = "A", not x: k = "X", b: k = "B") within 10s per sensor '
+        "where b.v > a.v select each consume shared",
+        "p",
+    )
+    eng = Engine([profile])
+    rng = random.Random(3)
+    kinds = ["A", "B", "X", "Y"]
+    rate = 20.0  # events per second of event time, over 8 sensors
+    max_pms = max_timers = max_pool = 0
+    notes = 0
+    for i in range(1_000_000):
+        eng.process(Event(f"e{i}", i / rate, {"k": rng.choice(kinds), "sensor": i % 8, "v": rng.randrange(100)}))
+        if i % 5000 == 0:
+            st = eng.stats()
+            max_pms = max(max_pms, st["partial_matches"])
+            max_timers = max(max_timers, st["timers"])
+            max_pool = max(max_pool, st["pool_filters"])
+            notes += len(eng.take_notifications())
+    notes += len(eng.take_notifications())
+    # at most one PM per A event inside one window (10 s x 20/s x 1/4 A's = 50), plus slack
+    assert max_pms <= 80, max_pms
+    assert max_timers <= max_pms + 8
+    assert max_pool <= 1 + 8 * 2  # the start filter + per sensor: B and X auxiliaries
+    assert notes > 10_000  # it did match all along
+    eng.finish(eng.now + 11)  # past the last window: everything expires
+    st = eng.stats()
+    assert st["partial_matches"] == 0 and st["timers"] == 0 and st["partitions"] == 0
+    assert st["pool_filters"] == 1  # only the permanent start filter remains
+
+
+def _events(spec: str) -> list[Event]:
+    out = []
+    for i, item in enumerate(spec.split()):
+        k, ts = item.split("@")
+        out.append(Event(f"{k.lower()}{i}", float(ts), {"k": k}))
+    return out
+
+
+def test_auxiliary_profiles_come_and_go_with_partial_matches() -> None:
+    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B", c: k = "C") within 10s per r', "p")])
+    assert eng.stats()["pool_filters"] == 1  # only the starting component
+    eng.process(Event("a1", 0, {"k": "A", "r": 1}))
+    st = eng.stats()
+    assert st["pool_filters"] == 2 and st["timers"] == 1  # auxiliary b for r=1, and its terminator
+    aux = [e for e in eng.pool.entries() if e.eqs]
+    assert aux and aux[0].eqs == (("r", 1),)  # the partition value is an indexed predicate
+    eng.process(Event("b1", 1, {"k": "B", "r": 1}))
+    assert {e.filter.value for e in eng.pool.entries() if e.eqs} == {"C"}
+    eng.process(Event("c1", 2, {"k": "C", "r": 1}))
+    assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1", "c": "c1"}]
+    st = eng.stats()
+    assert st["pool_filters"] == 1 and st["partial_matches"] == 0 and st["timers"] == 0
+
+
+def test_events_not_awaited_never_reach_the_profile() -> None:
+    """Single step: a B with no waiting A is filtered out by the pool itself."""
+    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
+    assert eng.pool.match({"k": "B"}) == []
+    eng.process(Event("a1", 0, {"k": "A"}))
+    assert len(eng.pool.match({"k": "B"})) == 1
+
+
+def test_where_equality_becomes_an_indexed_predicate() -> None:
+    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s where b.room = a.room', "p")])
+    eng.process(Event("a1", 0, {"k": "A", "room": "101"}))
+    aux = [e for e in eng.pool.entries() if e.eqs]
+    assert aux[0].eqs == (("room", "101"),)
+    eng.process(Event("b0", 1, {"k": "B", "room": "102"}))
+    eng.process(Event("b1", 2, {"k": "B", "room": "101"}))
+    assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1"}]
+
+
+def test_add_and_remove_profiles_while_running() -> None:
+    eng = Engine()
+    eng.process(Event("x", 0, {"k": "A"}))
+    eng.add_profile(parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p"))
+    eng.process(Event("a1", 1, {"k": "A"}))
+    eng.remove_profile("p")
+    eng.process(Event("b1", 2, {"k": "B"}))
+    assert eng.take_notifications() == []
+    st = eng.stats()
+    assert st["pool_filters"] == 0 and st["timers"] == 0 and st["partial_matches"] == 0
+
+
+def test_snapshot_restores_partial_matches_timers_and_pool() -> None:
+    profiles = [
+        parse_profile('seq(a: k = "A", not x: k = "X") within 10s per r', "trail"),
+        parse_profile('seq(a: k = "A", b: k = "B") within 10s select each per r', "each"),
+        parse_profile("absent(true) within 5s per r", "silent"),
+        parse_profile('seq(n: clock("00:01"), a: k = "A") within 1h', "clock"),
+    ]
+    stream = [Event(f"e{i}", float(i), {"k": k, "r": i % 2}) for i, k in enumerate("AABXABBAXB")]
+    ref = Engine(profiles)
+    for ev in stream:
+        ref.process(ev)
+    ref.finish(200.0)
+    expected = [n.to_json() for n in ref.take_notifications()]
+    eng = Engine(profiles)
+    for ev in stream[:5]:
+        eng.process(ev)
+    got = [n.to_json() for n in eng.take_notifications()]
+    eng = Engine.restore(eng.snapshot())
+    for ev in stream[5:]:
+        eng.process(ev)
+    eng.finish(200.0)
+    got += [n.to_json() for n in eng.take_notifications()]
+    assert got == expected and len(expected) > 3
+
+
+def test_late_event_is_processed_not_dropped() -> None:
+    eng = Engine([parse_profile('k = "A"', "f")])
+    eng.process(Event("a2", 10, {"k": "A"}))
+    eng.process(Event("a1", 5, {"k": "A"}))
+    assert [n.to_json()["events"]["e"] for n in eng.take_notifications()] == ["a2", "a1"]
