@@ -35,6 +35,10 @@ from profiles.ast import (
 
 _NUM = (int, float)
 
+# Mask tables depend only on a pattern's shape (node kinds, negations, windows),
+# not on its filters: profiles of one shape share them.
+_SHAPE_TABLES: dict[tuple, tuple[dict[int, MaskInfo], dict[int, int]]] = {}
+
 
 @dataclass(slots=True)
 class Leaf:
@@ -158,6 +162,8 @@ class Pattern:
     by_name: dict[str, int] = field(default_factory=dict)
     eq_bindings: dict[int, list[tuple[str, int, str]]] = field(default_factory=dict)
     _masks: dict[int, MaskInfo] = field(default_factory=dict)
+    _cleared: dict[int, int] = field(default_factory=dict)
+    has_any: bool = False
     _bind_conjs: dict[tuple[int, int], list[Conj]] = field(default_factory=dict)
 
     @classmethod
@@ -181,6 +187,17 @@ class Pattern:
                 else:
                     break
             p.trailing.reverse()
+        shape = (
+            tuple(
+                (n.kind, n.within is not None, n.parent,
+                 tuple((k, j, k == "leaf" and p.leaves[j].negated) for k, j in n.children))
+                for n in p.nodes
+            ),
+            tuple(p.leading),
+            tuple(p.trailing),
+        )
+        p._masks, p._cleared = _SHAPE_TABLES.setdefault(shape, ({}, {}))
+        p.has_any = any(n.kind == "any" for n in p.nodes)
         for c in conjuncts(profile.where):
             refs = frozenset(refs_of(c))
             mask = 0
@@ -317,6 +334,14 @@ class Pattern:
 
     def clear_losing_alternatives(self, mask: int) -> int:
         """After a binding, drop bindings of alternatives of any-nodes that just completed."""
+        if not self.has_any:
+            return mask
+        out = self._cleared.get(mask)
+        if out is None:
+            out = self._cleared[mask] = self._clear(mask)
+        return out
+
+    def _clear(self, mask: int) -> int:
         for node in self.nodes:
             if node.kind != "any" or not mask & node.leaves:
                 continue

@@ -6,8 +6,23 @@ compare equal and can be stored once in the pool (profile sharing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
+
+
+def _cached_hash(self: object) -> int:
+    """Hash once, then reuse: the pool hashes filters on every auxiliary insert and delete."""
+    h = self._h  # type: ignore[attr-defined]
+    if not h:
+        h = hash((type(self).__name__, *(getattr(self, f.name) for f in fields(self) if f.compare))) or 1  # type: ignore[arg-type]
+        object.__setattr__(self, "_h", h)
+    return h
+
+
+def _reduce(self: object) -> tuple:
+    """Pickle by constructor arguments: a cached hash must not travel to another process."""
+    return (type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init))
+
 
 Scalar = str | int | float | bool
 
@@ -21,6 +36,9 @@ class Cmp:
     attr: str
     op: str
     value: Scalar
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +46,9 @@ class In:
     attr: str
     values: tuple[Scalar, ...]
     negated: bool = False
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,32 +56,50 @@ class Between:
     attr: str
     low: Scalar
     high: Scalar
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class Exists:
     attr: str
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class StartsWith:
     attr: str
     prefix: str
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class And:
     items: tuple[Filter, ...]
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class Or:
     items: tuple[Filter, ...]
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class Not:
     item: Filter
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +107,9 @@ class Const:
     """`true` (matches every event) or `false`."""
 
     value: bool
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 Predicate = Cmp | In | Between | Exists | StartsWith
@@ -83,29 +125,44 @@ class Component:
     name: str
     expr: Expr
     negated: bool = False
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class Seq:
     components: tuple[Component, ...]
     within: Duration | None = None
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class All:
     components: tuple[Component, ...]
     within: Duration | None = None
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class AnyOf:
     components: tuple[Component, ...]
     within: Duration | None = None
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class Absent:
     filter: Filter
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +175,9 @@ class Clock:
     @property
     def text(self) -> str:
         return f"{self.hour:02d}:{self.minute:02d}"
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 Composite = Seq | All | AnyOf
@@ -132,11 +192,17 @@ class Ref:
 
     name: str
     attr: str
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class Lit:
     value: Scalar
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +210,9 @@ class Arith:
     op: str  # + - * /
     left: Term
     right: Term
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 Term = Ref | Lit | Arith
@@ -154,21 +223,33 @@ class WCmp:
     op: str
     left: Term
     right: Term
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class WAnd:
     items: tuple[Cond, ...]
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class WOr:
     items: tuple[Cond, ...]
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
 class WNot:
     item: Cond
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 Cond = WCmp | WAnd | WOr | WNot
@@ -183,6 +264,9 @@ ConsumeKind = Literal["unique", "shared"]
 class Selection:
     kind: SelectKind = "first"
     n: int = 1
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +285,9 @@ class Profile:
     @property
     def is_filter(self) -> bool:
         return is_filter(self.expr)
+    _h: int = field(default=0, init=False, compare=False, repr=False)
+    __hash__ = _cached_hash
+    __reduce__ = _reduce
 
 
 def is_filter(expr: object) -> bool:

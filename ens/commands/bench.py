@@ -19,3 +19,17 @@ def pool_cmd(
     from bench.pool import run
 
     run([int(s) for s in sizes.split(",")], events, naive_max, out, seed)
+
+
+@app.command("composite")
+def composite_cmd(
+    composites: int = typer.Option(10000, help="Composite seq profiles."),
+    primitives: int = typer.Option(10000, help="Primitive profiles."),
+    rounds: int = typer.Option(15, help="Measurement rounds (medians are reported)."),
+    batch: int = typer.Option(2000, help="Events per round and kind."),
+    seed: int = typer.Option(7),
+) -> None:
+    """Single-step claim: the last event of a composite costs about a primitive event."""
+    from bench.composite import run
+
+    run(composites, primitives, rounds, batch, seed)
