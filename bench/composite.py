@@ -18,77 +18,85 @@ from profiles.parser import parse_profile
 PARAMS = {"first/unique": "", "each/shared": " select each consume shared"}
 
 
-def _engine(n_comp: int, n_prim: int, params: str) -> Engine:
+def _engine(n_comp: int, n_prim: int, params: str, variant: str = "dynamic") -> Engine:
     profiles = [parse_profile(f'kind = "P" and x = {i}', f"prim{i}") for i in range(n_prim)]
     profiles += [
         parse_profile(f'seq(a: kind = "A" and x = {i}, b: kind = "B" and x = {i}) within 1h{params}', f"comp{i}")
         for i in range(n_comp)
     ]
-    return Engine(profiles)
+    return Engine(profiles, variant=variant)
 
 
-def _time(eng: Engine, events: list[Event]) -> tuple[float, int]:
-    n = 0
-    t0 = time.perf_counter()
-    for ev in events:
-        eng.process(ev)
-        n += len(eng.take_notifications())
-    return (time.perf_counter() - t0) / len(events) * 1e6, n
-
-
-def measure(n_comp: int, n_prim: int, label: str, rounds: int, batch: int, seed: int) -> dict:
+def measure(
+    n_comp: int, n_prim: int, label: str, rounds: int, batch: int, seed: int, variant: str = "dynamic"
+) -> dict:
+    """Per-event times; primitive and completing events alternate so both see the same machine load."""
     params = PARAMS[label]
-    eng = _engine(n_comp, n_prim, params)
+    eng = _engine(n_comp, n_prim, params, variant)
     gc.collect()
     gc.freeze()
     rng = random.Random(seed)
+    clock = time.perf_counter_ns
     t = 0.0
-    prim_us, last_us, first_us = [], [], []
+    prim: list[int] = []
+    last: list[int] = []
+    first: list[int] = []
     notes_last = notes_prim = 0
+    t_all0 = time.perf_counter()
+    n_all = 0
     for _ in range(rounds):
         ids = rng.sample(range(n_comp), batch)
         t += 1
-        starts = [Event(f"a{t}-{i}", t, {"kind": "A", "x": i}) for i in ids]
-        us, _ = _time(eng, starts)
-        first_us.append(us)
+        for i in ids:
+            ev = Event(f"a{t}-{i}", t, {"kind": "A", "x": i})
+            t0 = clock()
+            eng.process(ev)
+            first.append(clock() - t0)
+        eng.take_notifications()
         t += 1
-        prims = [Event(f"p{t}-{i}", t, {"kind": "P", "x": rng.randrange(n_prim)}) for i in ids]
-        us, n = _time(eng, prims)
-        prim_us.append(us)
-        notes_prim += n
-        t += 1
-        lasts = [Event(f"b{t}-{i}", t, {"kind": "B", "x": i}) for i in ids]
-        us, n = _time(eng, lasts)
-        last_us.append(us)
-        notes_last += n
+        for i in ids:
+            p_ev = Event(f"p{t}-{i}", t, {"kind": "P", "x": rng.randrange(n_prim)})
+            b_ev = Event(f"b{t}-{i}", t, {"kind": "B", "x": i})
+            t0 = clock()
+            eng.process(p_ev)
+            prim.append(clock() - t0)
+            notes_prim += len(eng.take_notifications())
+            t0 = clock()
+            eng.process(b_ev)
+            last.append(clock() - t0)
+            notes_last += len(eng.take_notifications())
+        n_all += 3 * batch
+    elapsed = time.perf_counter() - t_all0
     gc.unfreeze()
-    med = sorted
-    p = med(prim_us)[len(prim_us) // 2]
-    last = med(last_us)[len(last_us) // 2]
-    first = med(first_us)[len(first_us) // 2]
-    stream_us = (sum(prim_us) + sum(last_us) + sum(first_us)) / (3 * rounds)
+
+    def med(xs: list[int]) -> float:
+        return sorted(xs)[len(xs) // 2] / 1000
+
+    p, b, a = med(prim), med(last), med(first)
     return {
         "params": label,
+        "variant": variant,
         "composites": n_comp,
         "primitives": n_prim,
         "primitive_us": round(p, 2),
-        "first_component_us": round(first, 2),
-        "last_component_us": round(last, 2),
-        "ratio_last_vs_primitive": round(last / p, 2),
-        "notifications_per_last_event": round(notes_last / (rounds * batch), 2),
-        "notifications_per_primitive_event": round(notes_prim / (rounds * batch), 2),
-        "stream_events_per_s": round(1e6 / stream_us),
+        "first_component_us": round(a, 2),
+        "last_component_us": round(b, 2),
+        "ratio_last_vs_primitive": round(b / p, 2),
+        "notifications_per_last_event": round(notes_last / len(last), 2),
+        "notifications_per_primitive_event": round(notes_prim / len(prim), 2),
+        "stream_events_per_s": round(n_all / elapsed),
     }
 
 
-def run(n_comp: int, n_prim: int, rounds: int, batch: int, seed: int) -> list[dict]:
+def run(n_comp: int, n_prim: int, rounds: int, batch: int, seed: int, variants: list[str]) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
     rows = []
     for label in PARAMS:
-        with Console(stderr=True).status(f"{label}: {n_comp:,} composites + {n_prim:,} primitives…"):
-            rows.append(measure(n_comp, n_prim, label, rounds, batch, seed))
+        for variant in variants:
+            with Console(stderr=True).status(f"{label} {variant}: {n_comp:,} composites + {n_prim:,} primitives…"):
+                rows.append(measure(n_comp, n_prim, label, rounds, batch, seed, variant))
     table = Table(title="last event of a composite vs a primitive event (medians, same run)")
     for key in rows[0]:
         table.add_column(key.replace("_", " "), justify="right")

@@ -109,10 +109,12 @@ def make_engine(engine: str, profiles, tz: str, variant: str | None = None):  # 
     if engine == "single-step":
         from filters.engine import Engine
 
-        if variant:
-            return Engine(profiles, tz=tz, variant=variant)  # type: ignore[call-arg]
-        return Engine(profiles, tz=tz)
+        if variant and variant not in Engine.VARIANTS:
+            raise ENSError(f"unknown variant {variant!r} (one of {', '.join(Engine.VARIANTS)})")
+        return Engine(profiles, tz=tz, variant=variant or "dynamic")
     if engine == "two-step":
+        if variant:
+            raise ENSError("--variant applies to the single-step engine only")
         from filters.twostep import TwoStepEngine  # type: ignore[import-not-found]
 
         return TwoStepEngine(profiles, tz=tz)
@@ -126,6 +128,10 @@ def replay(
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write notifications here (default stdout).")] = None,
     until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")] = None,
     engine: Annotated[str, typer.Option(help="single-step (CompAS) or two-step (baseline).")] = "single-step",
+    variant: Annotated[
+        str | None,
+        typer.Option(help="Single-step variant: dynamic (insert/delete auxiliary profiles), marking, references."),
+    ] = None,
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
 ) -> None:
     """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
@@ -134,7 +140,7 @@ def replay(
     try:
         end = parse_time_arg(until)
         pset, evs = load_inputs(profiles, events)
-        eng = make_engine(engine, pset.profiles, tz)
+        eng = make_engine(engine, pset.profiles, tz, variant)
         notes = run(pset.profiles, evs, end, engine=eng)
         write_lines([n.to_json() for n in notes], out)
     except ENSError as e:

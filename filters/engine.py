@@ -84,13 +84,14 @@ class _PM:
 
 
 class _Partition:
-    __slots__ = ("key", "values", "pms", "regs", "starts", "starts_ts", "history", "handle")
+    __slots__ = ("key", "values", "pms", "regs", "held", "starts", "starts_ts", "history", "handle")
 
     def __init__(self, key: tuple, values: dict[str, Any] | None) -> None:
         self.key = key
         self.values = values
         self.pms: list[_PM] = []
         self.regs: dict[tuple, int] = {}  # (leaf, eqs) -> number of PMs waiting on it
+        self.held: set[tuple] = set()  # marking/references: auxiliary profiles kept in the pool
         self.starts = 0  # nth: starting events counted while no PM exists
         self.starts_ts = 0.0
         self.history: list[tuple[int, float, int, _B]] = []  # leading negations seen
@@ -98,6 +99,9 @@ class _Partition:
 
     def empty(self) -> bool:
         return not (self.pms or self.history or self.starts)
+
+    def idle(self) -> bool:
+        return not (self.pms or self.history or self.starts or self.held)
 
 
 # ---------------------------------------------------------------- runtimes
@@ -222,7 +226,9 @@ class _CompositeRuntime(_Runtime):
         self.pm_count = 0
         self._derive()
 
-    _DERIVED = ("pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names")
+    _DERIVED = (
+        "pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast",
+    )
 
     def __getstate__(self) -> dict[str, Any]:
         """Snapshots keep the state, not the compiled tables (they are rebuilt from the profile)."""
@@ -244,6 +250,12 @@ class _CompositeRuntime(_Runtime):
             i: [c for c in pat.conjs if i in c.neg] for i, lf in enumerate(pat.leaves) if lf.negated
         }
         self.names = [lf.name for lf in pat.leaves]
+        self.neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
+        self.simple = not pat.conjs and not pat.leading  # no where, no history: binding needs no checks
+        # first/last over positives only, no any/trailing: the fast path's exact domain
+        self.fast = (
+            self.simple and not self.neg_set and not pat.has_any and self.kind in ("first", "last")
+        )
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> Iterable[tuple[Any, int]]:
@@ -312,9 +324,17 @@ class _CompositeRuntime(_Runtime):
     def _reg(self, part: _Partition, key: tuple) -> None:
         n = part.regs.get(key, 0)
         part.regs[key] = n + 1
-        if n == 0:
-            leaf, eqs = key
-            self.engine.pool.add(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+        if n:
+            return
+        variant = self.engine.variant
+        if variant == "marking":
+            if key in part.held:
+                return  # already in the pool, unmarked: marking it is the count above
+            part.held.add(key)
+        elif variant == "references":
+            part.held.add(key)
+        leaf, eqs = key
+        self.engine.pool.add(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
 
     def _unreg(self, part: _Partition, key: tuple) -> None:
         n = part.regs[key] - 1
@@ -322,8 +342,26 @@ class _CompositeRuntime(_Runtime):
             part.regs[key] = n
             return
         del part.regs[key]
+        variant = self.engine.variant
+        if variant == "marking":
+            return  # stays in the pool, unmarked, until the partition is released
         leaf, eqs = key
-        self.engine.pool.remove(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+        self.engine.pool.remove(
+            self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs), keep=variant == "references"
+        )
+
+    def _release(self, part: _Partition) -> None:
+        """Marking/references variants: take a released partition's auxiliary profiles out of the pool."""
+        pool = self.engine.pool
+        for key in part.held:
+            leaf, eqs = key
+            f, owner, full = self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs)
+            if self.engine.variant == "marking":
+                if key not in part.regs:
+                    pool.remove(f, owner, full)
+            elif key not in part.regs:
+                pool.purge(f, full)
+        part.held.clear()
 
     def _eqs(self, part: _Partition, eqs: tuple) -> tuple:
         if part.values:
@@ -388,8 +426,15 @@ class _CompositeRuntime(_Runtime):
         """The PM with `leaf` bound to b, or None when where/negations forbid it."""
         pat = self.pat
         base_mask = pm.mask & ~(1 << leaf) if replace else pm.mask
-        conjs = pat.bind_conjs(base_mask, leaf)
         new_mask = base_mask | 1 << leaf
+        if self.simple and not pm.negc and not pat.has_any:
+            new = pm.copy()
+            new.binds[leaf] = b
+            new.mask = new_mask
+            if new.counts and leaf in new.counts:
+                del new.counts[leaf]
+            return new
+        conjs = pat.bind_conjs(base_mask, leaf) if pat.conjs else ()
         complete = pat.info(pat.clear_losing_alternatives(new_mask)).complete
         if conjs or pm.negc or (complete and (self.leading or pat.conjs)):
             binds = self._bindings(pm, {leaf: b})
@@ -443,10 +488,16 @@ class _CompositeRuntime(_Runtime):
             return
         key, values = part_kv
         part = self.parts.get(key)
+        if self.fast and part is not None and len(part.pms) == 1 and self.engine.tracer is None:
+            if self._fast_step(part, part.pms[0], ev, seq, leaves):
+                return
         pat = self.pat
         b = _B(seq, ev)
-        pos = [i for i in leaves if not pat.leaves[i].negated]
-        neg = [i for i in leaves if pat.leaves[i].negated]
+        if self.neg_set:
+            pos = [i for i in leaves if i not in self.neg_set]
+            neg = [i for i in leaves if i in self.neg_set]
+        else:
+            pos, neg = leaves, ()
         tracing = self.engine.tracer is not None
         completions: list[tuple[_PM, _PM | None]] = []  # (completed state, PM it came from)
         touched: set[int] = set()
@@ -552,6 +603,50 @@ class _CompositeRuntime(_Runtime):
         if part is not None:
             self._tidy(part, ev.ts)
 
+    def _fast_step(self, part: _Partition, pm: _PM, ev: Event, seq: int, leaves: list[int]) -> bool:
+        """The common case in one place: a single PM (first/last) extended or completed by the event.
+
+        Same semantics as the general path; returns False to hand anything
+        else (replacements, duplicates under last) to it.
+        """
+        pat = self.pat
+        enabled = pat.info(pm.mask).enabled_set
+        for i in leaves:
+            if i in enabled:
+                break
+        else:
+            return self.kind == "first"  # a duplicate: ignored (and a PM exists, so nothing opens)
+        b = _B(seq, ev)
+        new_mask = pm.mask | 1 << i
+        if not pat.info(new_mask).complete:
+            pm.binds[i] = b
+            pm.mask = new_mask
+            self._changed(pm)
+            return True
+        names = self.names
+        events = {}
+        for j, x in enumerate(pm.binds):
+            if j == i:
+                events[names[j]] = ev
+            elif x is not None:
+                events[names[j]] = x.ev
+        if self.unique:
+            pm.alive = False
+            eng = self.engine
+            if eng.variant == "dynamic":
+                eng.timers.discard(pm.handle)
+                pm.handle = None
+            self._sync(pm)
+            part.pms.clear()
+            self.pm_count -= 1
+            eng.live_pms -= 1
+            self.report(ev.ts, events, part.values)
+            if self.active:
+                self._tidy(part, ev.ts)
+        else:
+            self.report(ev.ts, events, part.values)
+        return True
+
     def _advance(self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False) -> None:
         """Apply an in-place change (first/last/nth) or record a completion."""
         pat = self.pat
@@ -565,7 +660,8 @@ class _CompositeRuntime(_Runtime):
 
     def _complete(self, part: _Partition, completions: list[tuple[_PM, _PM | None]], ts: float) -> bool:
         """Report completed matches; under unique the earliest wins and its events are consumed."""
-        completions.sort(key=lambda c: c[0].order_key())
+        if len(completions) > 1:
+            completions.sort(key=lambda c: c[0].order_key())
         if self.unique:
             new, src = completions[0]
             if src is not None and self.kind != "each":
@@ -580,6 +676,8 @@ class _CompositeRuntime(_Runtime):
         return False
 
     def _consume(self, part: _Partition, seqs: set[int]) -> None:
+        if not part.pms:
+            return
         for pm in list(part.pms):
             if pm.alive and any(b is not None and b.seq in seqs for b in pm.binds):
                 self._drop(pm, "consumed")
@@ -682,8 +780,9 @@ class _CompositeRuntime(_Runtime):
             action, _, detail = why.partition(" ")
             self._trace(action, self._desc(pm) + (f" ({why})" if detail else ""))
         pm.alive = False
-        self.engine.timers.discard(pm.handle)
-        pm.handle = None
+        if self.engine.variant == "dynamic":
+            self.engine.timers.discard(pm.handle)
+            pm.handle = None
         self._sync(pm)
         part = pm.part
         part.pms.remove(pm)
@@ -767,6 +866,15 @@ class _CompositeRuntime(_Runtime):
         if part.starts and w is not None and (part.starts_ts + w < now or (fired and part.starts_ts + w <= now)):
             part.starts = 0
         if part.empty():
+            if part.held:
+                if not part.key:
+                    return  # no per: one partition, its few auxiliary profiles simply stay marked off
+                if not fired:
+                    # keep the partition's auxiliary profiles (marked off) for a window, then release
+                    if part.handle is None:
+                        part.handle = self.engine.timers.add(now + (w or 0.0), TIMER, (self, part))
+                    return
+                self._release(part)
             if self.parts.get(part.key) is part:
                 del self.parts[part.key]
             self.engine.timers.discard(part.handle)
@@ -791,6 +899,7 @@ class _CompositeRuntime(_Runtime):
                 pm.alive = False
                 self.engine.timers.discard(pm.handle)
                 self._sync(pm)
+            self._release(part)
             self.engine.timers.discard(part.handle)
         self.engine.live_pms -= self.pm_count
         self.pm_count = 0
@@ -809,7 +918,12 @@ class Engine:
     [{'profile': 'p', 'ts': 5.0, 'events': {'a': 'a1', 'b': 'b1'}}]
     """
 
-    def __init__(self, profiles: Iterable[Profile] = (), *, tz: str = "UTC") -> None:
+    VARIANTS = ("dynamic", "marking", "references")
+
+    def __init__(self, profiles: Iterable[Profile] = (), *, tz: str = "UTC", variant: str = "dynamic") -> None:
+        if variant not in self.VARIANTS:
+            raise ValueError(f"unknown variant {variant!r} (one of {', '.join(self.VARIANTS)})")
+        self.variant = variant
         self.pool = PrimitivePool()
         self.timers = TemporalPool()
         self.tz = ZoneInfo(tz)
@@ -942,8 +1056,10 @@ class Engine:
     def process(self, event: Event) -> None:
         """Filter one event (after firing everything that is due before it)."""
         ts = event.ts
-        if self.now is None or ts > self.now or self.timers:
+        if self.now is None or self.timers.due(ts):
             self.advance(ts)
+        elif ts > self.now:
+            self.now = ts
         self._seq += 1
         seq = self._seq
         if self.tracer is not None:
@@ -1028,6 +1144,7 @@ class Engine:
                 self.pool.add(f, (rt.idx, leaf))
             if isinstance(rt, _CompositeRuntime):
                 for part in rt.parts.values():
+                    part.held = set(part.regs) if self.variant != "dynamic" else set()
                     for (leaf, eqs), _n in part.regs.items():
                         self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), rt._eqs(part, eqs))
 

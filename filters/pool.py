@@ -296,8 +296,13 @@ class PrimitivePool:
             self.owner_count += 1
         return entry
 
-    def remove(self, f: Filter, owner: Hashable, eqs: Eqs = ()) -> None:
-        """Drop one reference of `owner` to `f`; the filter goes when its last owner does."""
+    def remove(self, f: Filter, owner: Hashable, eqs: Eqs = (), *, keep: bool = False) -> None:
+        """Drop one reference of `owner` to `f`; the filter goes when its last owner does.
+
+        With `keep`, a filter left without owners stays indexed (it matches, and
+        reports nobody) so that re-adding it is a reference update only; `purge`
+        removes it for good.
+        """
         eqs = tuple((a, norm(v)) for a, v in eqs)
         entry = self._entries.get((f, eqs))
         if entry is None or owner not in entry.owners:
@@ -308,10 +313,20 @@ class PrimitivePool:
             return
         del entry.owners[owner]
         self.owner_count -= 1
-        if not entry.owners:
-            del self._entries[entry.key]
-            for clause in entry.clauses:
-                self._remove_clause(clause)
+        if not entry.owners and not keep:
+            self._drop_entry(entry)
+
+    def purge(self, f: Filter, eqs: Eqs = ()) -> None:
+        """Remove a kept filter that has no owners left."""
+        eqs = tuple((a, norm(v)) for a, v in eqs)
+        entry = self._entries.get((f, eqs))
+        if entry is not None and not entry.owners:
+            self._drop_entry(entry)
+
+    def _drop_entry(self, entry: Entry) -> None:
+        del self._entries[entry.key]
+        for clause in entry.clauses:
+            self._remove_clause(clause)
 
     @staticmethod
     def _split(f: Filter) -> list[list[Filter]]:

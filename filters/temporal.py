@@ -48,5 +48,10 @@ class TemporalPool:
             return item
         return None
 
+    def due(self, now: float) -> bool:
+        """Is anything due at `now` (cheap check before `pop_due`)?"""
+        items = self._items
+        return bool(items) and items[0][0] <= now
+
     def next_time(self) -> float | None:
         return self._items[0][0] if self._items else None

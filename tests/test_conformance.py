@@ -12,7 +12,7 @@ from ens.cli import app
 from tests.conftest import CONFORMANCE, canon, load_case
 
 CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted((Path(__file__).parent / "cases").glob("*.yaml"))
-ENGINES = ["single-step"]
+ENGINES = ["single-step", "single-step:marking", "single-step:references"]
 
 runner = CliRunner()
 
@@ -22,7 +22,8 @@ runner = CliRunner()
 def test_case(path: Path, engine: str, case_files) -> None:
     case = load_case(path)
     prof, evs = case_files(case)
-    args = ["replay", str(prof), str(evs), "--engine", engine]
+    name, _, variant = engine.partition(":")
+    args = ["replay", str(prof), str(evs), "--engine", name] + (["--variant", variant] if variant else [])
     if "until" in case:
         args += ["--until", str(case["until"])]
     result = runner.invoke(app, args)

@@ -28,8 +28,9 @@ def composite_cmd(
     rounds: int = typer.Option(15, help="Measurement rounds (medians are reported)."),
     batch: int = typer.Option(2000, help="Events per round and kind."),
     seed: int = typer.Option(7),
+    variants: str = typer.Option("dynamic,marking,references", help="Single-step variants to measure."),
 ) -> None:
     """Single-step claim: the last event of a composite costs about a primitive event."""
     from bench.composite import run
 
-    run(composites, primitives, rounds, batch, seed)
+    run(composites, primitives, rounds, batch, seed, variants.split(","))
