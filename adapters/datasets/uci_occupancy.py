@@ -1,0 +1,129 @@
+"""UCI Occupancy Detection (Candanedo & Feldheim 2016): one office room, one row a minute, Feb 2015.
+
+Files as stored: ``datatest.txt``, ``datatraining.txt``, ``datatest2.txt`` (plain CSV, LF).
+Quirks handled here:
+
+* the header has **7** quoted names but rows have **8** fields: the first field is an R row id
+  (``"1"``, or from ``"140"`` in datatest.txt). It is dropped; a row of 7 fields is read too;
+* ``date`` is quoted in two files and unquoted in ``datatest2.txt``; the csv module reads both;
+* times are local wall-clock times without a zone (the README states none; the office is in
+  Mons, Belgium). ``tz`` defaults to UTC; pass ``tz="Europe/Brussels"`` (CET in February) for
+  real instants. Event ids use the wall-clock stamp, so they do not depend on ``tz``.
+
+A path that is a directory reads every ``*.txt`` file in it and merges them by time (datatest
+is the earliest period, then datatraining, then datatest2; they do not overlap).
+
+Events per row (building ``uci-office``, room ``office``), in this order:
+
+===============  ==============  =======  ==================================================
+column           kind            unit     value
+===============  ==============  =======  ==================================================
+Temperature      temperature     °C       float
+Humidity         humidity        %        float (relative humidity)
+Light            light           lux      float
+CO2              co2             ppm      float
+HumidityRatio    humidity_ratio  kg/kg    float (derived from temperature and humidity)
+Occupancy        occupancy       –        int 0/1 (ground truth from photos)
+===============  ==============  =======  ==================================================
+
+Id ``uci-occupancy:office:co2:20150204T175100``, sensor ``uci-occupancy-office-co2``. Suspect
+rules: see :mod:`adapters.datasets.common` (no reading in the published files is suspect).
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+from collections.abc import Iterable, Iterator
+from datetime import datetime, tzinfo
+from itertools import islice
+from pathlib import Path
+
+from adapters.datasets.common import (
+    Channel,
+    DatasetError,
+    Event,
+    WideTable,
+    count_lines,
+    local_ts,
+    open_text,
+    resolve_files,
+    resolve_tz,
+    select_channels,
+    stamp,
+)
+
+NAME = "uci-occupancy"
+DESCRIPTION = (
+    "UCI Occupancy Detection: one office (Mons, BE), temperature, humidity, light, CO2, "
+    "humidity ratio and 0/1 occupancy every minute, 2-18 Feb 2015 (20,560 rows)"
+)
+BUILDING = "uci-office"
+ROOM = "office"
+SUFFIXES = (".txt", ".txt.gz", ".txt.xz", ".csv", ".csv.gz", ".csv.xz")
+CHANNELS = [
+    Channel("Temperature", ROOM, "temperature", "temperature", "°C"),
+    Channel("Humidity", ROOM, "humidity", "humidity", "%"),
+    Channel("Light", ROOM, "light", "light", "lux"),
+    Channel("CO2", ROOM, "co2", "co2", "ppm"),
+    Channel("HumidityRatio", ROOM, "humidity_ratio", "humidity_ratio", "kg/kg"),
+    Channel("Occupancy", ROOM, "occupancy", "occupancy", None, integer=True),
+]
+ROOMS = (ROOM,)
+KINDS = tuple(c.kind for c in CHANNELS)
+
+
+def _read_file(path: Path, table: WideTable, tz: tzinfo) -> Iterator[Event]:
+    with open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header or "date" not in header:
+            raise DatasetError(f"{path}: not a UCI occupancy file (no 'date' column in header)")
+        missing = [c.column for c in table.channels if c.column not in header]
+        if missing:
+            raise DatasetError(f"{path}: header lacks column(s) {', '.join(missing)}")
+        width = len(header)
+        date_at = header.index("date")
+        cols = [header.index(c.column) for c in table.channels]
+        for row in reader:
+            if not row:
+                continue
+            if len(row) == width + 1:  # leading R row id: the header names one column fewer
+                row = row[1:]
+            elif len(row) != width:
+                raise DatasetError(
+                    f"{path}:{reader.line_num}: {len(row)} fields, expected {width} or {width + 1}"
+                )
+            try:
+                dt = datetime.fromisoformat(row[date_at].strip())
+                yield from table.events(local_ts(dt, tz), stamp(dt), [row[i] for i in cols])
+            except ValueError as e:
+                raise DatasetError(f"{path}:{reader.line_num}: {e}") from None
+
+
+def iter_events(
+    path: Path | str,
+    *,
+    rooms: Iterable[str] | None = None,
+    kinds: Iterable[str] | None = None,
+    limit: int | None = None,
+    tz: str | tzinfo = "UTC",
+) -> Iterator[Event]:
+    """Events of one occupancy file, or of all files in a directory merged by time."""
+    files = resolve_files(Path(path), SUFFIXES, "UCI occupancy")
+    table = WideTable(NAME, BUILDING, select_channels(CHANNELS, rooms, kinds, str(path)))
+    zone = resolve_tz(tz)
+    events = heapq.merge(*(_read_file(f, table, zone) for f in files), key=lambda e: e["ts"])
+    return events if limit is None else islice(events, limit)
+
+
+def estimate_events(
+    path: Path | str,
+    *,
+    rooms: Iterable[str] | None = None,
+    kinds: Iterable[str] | None = None,
+) -> int | None:
+    """Rows × selected columns (for progress bars)."""
+    files = resolve_files(Path(path), SUFFIXES, "UCI occupancy")
+    channels = select_channels(CHANNELS, rooms, kinds, str(path))
+    return sum(max(count_lines(f) - 1, 0) for f in files) * len(channels)
