@@ -1,0 +1,13 @@
+"""``python -m adapters.service serve ...``: the service commands without the main CLI."""
+
+from __future__ import annotations
+
+import typer
+
+from adapters.service.cli import register
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+register(app)
+
+if __name__ == "__main__":
+    app()

