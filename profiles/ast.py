@@ -10,13 +10,43 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 
+def _hkey(v: object) -> object:
+    if v.__class__ is bool:
+        return ("bool", v)
+    if isinstance(v, tuple):
+        return tuple(_hkey(x) for x in v)
+    return v
+
+
+def _same(a: object, b: object) -> bool:
+    """Equality of field values as the language sees it: `0 = false` is not `0 = 0`."""
+    if a.__class__ is bool or b.__class__ is bool:
+        return a.__class__ is b.__class__ and a == b
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
 def _cached_hash(self: object) -> int:
     """Hash once, then reuse: the pool hashes filters on every auxiliary insert and delete."""
     h = self._h  # type: ignore[attr-defined]
     if not h:
-        h = hash((type(self).__name__, *(getattr(self, f.name) for f in fields(self) if f.compare))) or 1  # type: ignore[arg-type]
+        vals = (_hkey(getattr(self, f.name)) for f in fields(self) if f.compare)  # type: ignore[arg-type]
+        h = hash((type(self).__name__, *vals)) or 1
         object.__setattr__(self, "_h", h)
     return h
+
+
+def _typed_eq(self: object, other: object) -> bool:
+    if self is other:
+        return True
+    if type(self) is not type(other):
+        return NotImplemented  # type: ignore[return-value]
+    return all(
+        _same(getattr(self, f.name), getattr(other, f.name))
+        for f in fields(self)  # type: ignore[arg-type]
+        if f.compare
+    )
 
 
 def _reduce(self: object) -> tuple:
@@ -38,6 +68,7 @@ class Cmp:
     value: Scalar
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -48,6 +79,7 @@ class In:
     negated: bool = False
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -58,6 +90,7 @@ class Between:
     high: Scalar
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -66,6 +99,7 @@ class Exists:
     attr: str
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -75,6 +109,7 @@ class StartsWith:
     prefix: str
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -83,6 +118,7 @@ class And:
     items: tuple[Filter, ...]
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -91,6 +127,7 @@ class Or:
     items: tuple[Filter, ...]
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -99,6 +136,7 @@ class Not:
     item: Filter
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -109,6 +147,7 @@ class Const:
     value: bool
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -127,6 +166,7 @@ class Component:
     negated: bool = False
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -136,6 +176,7 @@ class Seq:
     within: Duration | None = None
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -145,6 +186,7 @@ class All:
     within: Duration | None = None
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -154,6 +196,7 @@ class AnyOf:
     within: Duration | None = None
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -162,6 +205,7 @@ class Absent:
     filter: Filter
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -177,6 +221,7 @@ class Clock:
         return f"{self.hour:02d}:{self.minute:02d}"
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -194,6 +239,7 @@ class Ref:
     attr: str
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -202,6 +248,7 @@ class Lit:
     value: Scalar
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -212,6 +259,7 @@ class Arith:
     right: Term
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -225,6 +273,7 @@ class WCmp:
     right: Term
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -233,6 +282,7 @@ class WAnd:
     items: tuple[Cond, ...]
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -241,6 +291,7 @@ class WOr:
     items: tuple[Cond, ...]
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -249,6 +300,7 @@ class WNot:
     item: Cond
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -266,6 +318,7 @@ class Selection:
     n: int = 1
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 
@@ -287,6 +340,7 @@ class Profile:
         return is_filter(self.expr)
     _h: int = field(default=0, init=False, compare=False, repr=False)
     __hash__ = _cached_hash
+    __eq__ = _typed_eq
     __reduce__ = _reduce
 
 

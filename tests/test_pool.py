@@ -99,3 +99,15 @@ def test_remove_unknown_owner_is_an_error() -> None:
         pass
     else:
         raise AssertionError("expected KeyError")
+
+
+def test_false_and_zero_are_different_filters() -> None:
+    """`a = 0` and `a = false` must not be shared (Python says 0 == False)."""
+    pool = PrimitivePool()
+    pool.add(parse_filter("a = 0"), "zero")
+    pool.add(parse_filter("a = false"), "false")
+    assert len(pool) == 2
+    assert pool.owners({"a": 0}) == ["zero"]
+    assert pool.owners({"a": False}) == ["false"]
+    assert parse_filter("a = 0") != parse_filter("a = false")
+    assert parse_filter("a = 1") == parse_filter("a = 1.0")  # numbers compare numerically
