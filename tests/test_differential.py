@@ -1,0 +1,287 @@
+"""Differential tests: the single-step engine and the two-step baseline must agree.
+
+Profiles are generated as TEXT from a small grammar over every operator and
+clause (so the parser is part of the loop), events are small streams with
+ties in `ts`. Both engines are independent implementations of LANGUAGE.md and
+docs/semantics.md; any disagreement is a bug in one of them. Failing examples
+are printed (and `print_blob` gives the `@reproduce_failure` line).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ens.replay import replay
+from filters.engine import Engine
+from filters.twostep import TwoStepEngine
+from profiles.ast import All, AnyOf, Profile, Seq
+from profiles.errors import ProfileError
+from profiles.events import Event
+from profiles.parser import parse_profile
+
+KS = ["A", "B", "C", "X"]
+FILTERS = [
+    'k = "A"',
+    'k = "B"',
+    'k = "C"',
+    'k = "X"',
+    'k = "A" and v > 0',
+    'k = "B" and v <= 1',
+    'k in ("A", "B")',
+    'k != "X"',
+    "v = 2",
+    "v between 1 and 2",
+    "true",
+    'not (k = "C")',
+    'k = "X" or v = 3',
+]
+WITHIN = ["0s", "5s", "10s", "30s", "60s", "2m"]
+
+
+@st.composite
+def leaf_filter(draw: st.DrawFn) -> str:
+    return draw(st.sampled_from(FILTERS))
+
+
+@st.composite
+def profile_text(draw: st.DrawFn) -> str:
+    """One profile: a composite of depth <= 2 with random clauses (or, rarely, a filter/absent)."""
+    shape = draw(st.integers(0, 19))
+    names: list[tuple[str, bool]] = []  # (leaf name, negated)
+    counter = iter(range(1, 100))
+
+    def leaf(negated: bool) -> str:
+        name = f"l{next(counter)}"
+        names.append((name, negated))
+        return f"{'not ' if negated else ''}{name}: {draw(leaf_filter())}"
+
+    def composite(depth: int, top: bool) -> str:
+        op = draw(st.sampled_from(["seq", "seq", "all", "any"] if depth else ["seq", "all"]))
+        n = draw(st.integers(1, 3))
+        parts: list[str] = []
+        for _ in range(n):
+            what = draw(st.integers(0, 9))
+            if depth and what >= 8:
+                inner = composite(depth - 1, False)
+                if draw(st.booleans()):
+                    inner += f" within {draw(st.sampled_from(WITHIN))}"
+                parts.append(inner)
+            elif what == 7:
+                rname = f"l{next(counter)}"
+                cnt = draw(st.integers(1, 3))
+                for i in range(1, cnt + 1):
+                    names.append((f"{rname}{i}", False))
+                parts.append(f"{rname}: repeat({draw(leaf_filter())}, {cnt})")
+            else:
+                parts.append(leaf(False))
+        if op != "any":
+            for _ in range(draw(st.integers(0, 2))):
+                pos = draw(st.integers(0, len(parts)))
+                parts.insert(pos, leaf(True))
+        return f"{op}({', '.join(parts)})"
+
+    if shape == 0:
+        return draw(leaf_filter()) + draw(st.sampled_from(["", " once"]))
+    if shape == 1:
+        per = draw(st.sampled_from(["", " per r"]))
+        return f"absent({draw(leaf_filter())}) within {draw(st.sampled_from(WITHIN[1:]))}{per}"
+    if shape == 2:
+        cnt = draw(st.integers(1, 3))
+        body = f"repeat({draw(leaf_filter())}, {cnt})"
+        names.extend((f"r{i}", False) for i in range(1, cnt + 1))
+    elif shape == 3:
+        clock = draw(st.sampled_from(["00:01", "00:02", "00:03"]))
+        body = f"seq(l0: clock(\"{clock}\"), {composite(0, False)[4:-1]})"
+        if draw(st.booleans()):
+            body = f"all(not lc: clock(\"{draw(st.sampled_from(['00:01', '00:02']))}\"), {body})"
+    else:
+        body = composite(draw(st.sampled_from([0, 1, 1, 1, 2])), True)
+    clauses: list[str] = []
+    if draw(st.integers(0, 4)):
+        clauses.append(f"within {draw(st.sampled_from(WITHIN))}")
+    if shape != 3 and draw(st.booleans()):
+        clauses.append("per r")
+    pos = [n for n, neg in names if not neg]
+    negs = [n for n, neg in names if neg]
+    if pos and draw(st.integers(0, 2)) == 0:
+        conj = []
+        for _ in range(draw(st.integers(1, 2))):
+            a = draw(st.sampled_from(pos + negs))
+            c = draw(st.sampled_from(pos))
+            form = draw(st.integers(0, 3))
+            if form == 0:
+                conj.append(f"{a}.v = {c}.v")
+            elif form == 1:
+                conj.append(f"{a}.v > {c}.v")
+            elif form == 2:
+                conj.append(f"{a}.v >= {c}.v + 1")
+            else:
+                conj.append(f"{a}.v != {draw(st.integers(0, 3))}")
+        clauses.append("where " + " and ".join(conj))
+    sel = draw(st.sampled_from(["", "select first", "select last", "select each", "select nth 2"]))
+    if sel:
+        clauses.append(sel)
+    cons = draw(st.sampled_from(["", "consume unique", "consume shared"]))
+    if cons:
+        clauses.append(cons)
+    if draw(st.integers(0, 5)) == 0:
+        clauses.append("once")
+    order = draw(st.permutations(clauses))
+    return " ".join([body, *order])
+
+
+def _nested_windows(expr: object, depth: int) -> int:
+    """The deepest chain of nested composites that carry their own within."""
+    best = 0
+    for c in getattr(expr, "components", ()):
+        inner = c.expr
+        if isinstance(inner, (Seq, All, AnyOf)):
+            best = max(best, _nested_windows(inner, depth + 1) + (inner.within is not None))
+    return best
+
+
+def _nested_negation(expr: object) -> bool:
+    """A negated component inside a nested composite."""
+    return any(
+        isinstance(c.expr, (Seq, All, AnyOf))
+        and any(x.negated or _nested_negation(x.expr) for x in c.expr.components)
+        for c in getattr(expr, "components", ())
+    )
+
+
+def known_disagreement(profile: Profile) -> str | None:
+    """Profiles that hit a reported single-step deviation (tests/cases/9x-*.yaml); skipped until fixed."""
+    text = profile.source
+    has_neg = "not l" in text
+    if profile.select.kind == "each" and has_neg:
+        return "90-each-copy-negation"
+    expr = profile.expr
+    comps = getattr(expr, "components", ())
+    if isinstance(expr, Seq) and comps and comps[0].negated and comps[-1].negated:
+        return "91-leading-with-trailing"
+    if profile.select.kind == "nth" and has_neg:
+        return "93-nth-counted-event-negates"
+    if profile.where is not None and "any(" in text:
+        return "94-any-where-dropped-binding"
+    if isinstance(expr, Seq) and comps and comps[0].negated and "any(" in text:
+        return "95-leading-any-dropped-binding"
+    if _nested_windows(expr, 0) >= 2:
+        return "96-nested-windows-same-deadline"
+    if any(c.negated for c in comps) and _nested_negation(expr):
+        return "97-nested-reset-then-root-kill"
+    return None
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], float | None]:
+    profiles: list[tuple[str, str]] = []
+    for i in range(draw(st.integers(1, 3))):
+        text = draw(profile_text())
+        try:
+            prof = parse_profile(text, f"p{i}")
+        except ProfileError:
+            continue
+        if known_disagreement(prof):
+            continue
+        profiles.append((f"p{i}", text))
+    n = draw(st.integers(5, 25))
+    ts = 0
+    events = []
+    for j in range(n):
+        ts += draw(st.sampled_from([0, 0, 1, 2, 3, 5, 8, 13, 30]))
+        ev: dict = {"id": f"e{j + 1}", "ts": ts, "k": draw(st.sampled_from(KS))}
+        if draw(st.integers(0, 5)):
+            ev["v"] = draw(st.sampled_from([0, 1, 2, 3, 1.0, 2.5]))
+        if draw(st.integers(0, 7)):
+            ev["r"] = draw(st.sampled_from([1, 2, 1, 2, 1.0]))
+        events.append(ev)
+    until = None
+    if draw(st.booleans()):
+        until = float(ts + draw(st.sampled_from([0, 1, 5, 30, 200])))
+    return profiles, events, until
+
+
+def _events(events: list[dict]) -> list[Event]:
+    return [Event(e["id"], float(e["ts"]), {k: v for k, v in e.items() if k not in ("id", "ts")}) for e in events]
+
+
+def run(make: Callable[[list[Profile]], Any], profiles: list[Profile], events: list[dict], until: float | None) -> list:
+    """Notifications of a replay through the engine `make(profiles)` builds, as §6 records."""
+    return [n.to_json() for n in replay(profiles, _events(events), until, engine=make(profiles))]
+
+
+def _report(texts: list[tuple[str, str]], events: list[dict], until: float | None, outs: dict[str, list]) -> None:
+    print("\nDISAGREEMENT")
+    print("profiles:", json.dumps([{"id": i, "expr": t} for i, t in texts]))
+    print("events:", json.dumps(events))
+    print("until:", until)
+    for name, out in outs.items():
+        print(f"{name}:", json.dumps(out))
+
+
+def check(case: tuple[list[tuple[str, str]], list[dict], float | None], variants: tuple[str, ...] = ()) -> None:
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    outs = {"two-step": run(TwoStepEngine, profiles, events, until), "single-step": run(Engine, profiles, events, until)}
+    for v in variants:
+        outs[f"single-step:{v}"] = run(lambda ps, v=v: Engine(ps, variant=v), profiles, events, until)
+    if any(out != outs["two-step"] for out in outs.values()):
+        _report(texts, events, until, outs)
+    for name, out in outs.items():
+        assert out == outs["two-step"], name
+
+
+@settings(max_examples=500, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario())
+def test_engines_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+    check(case)
+
+
+@settings(max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario())
+def test_variants_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+    """Every single-step variant (marking, references) against the two-step engine too."""
+    check(case, tuple(v for v in Engine.VARIANTS if v != "dynamic"))
+
+
+@settings(max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.data())
+def test_live_changes_agree(case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject) -> None:
+    """Profiles added and removed between events, and time advanced without events, through the API."""
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    ops: list[tuple[str, Any]] = []
+    for ev in _events(events):
+        roll = data.draw(st.integers(0, 9))
+        if roll == 0 and profiles:
+            ops.append(("toggle", data.draw(st.sampled_from(profiles))))
+        elif roll == 1:
+            ops.append(("advance", ev.ts - data.draw(st.sampled_from([0.0, 0.5, 3.0]))))
+        ops.append(("event", ev))
+    engines = {"single-step": Engine(profiles), "two-step": TwoStepEngine(profiles)}
+    outs: dict[str, list] = {}
+    for name, eng in engines.items():
+        got = []
+        for op, arg in ops:
+            if op == "event":
+                eng.process(arg)
+            elif op == "advance":
+                eng.advance(arg)
+            elif arg.id in {p.id for p in eng.profiles}:  # `once` may have removed it already
+                eng.remove_profile(arg.id)
+                got.append({"removed": arg.id})
+            else:
+                eng.add_profile(arg)
+                got.append({"added": arg.id})
+            got.extend(n.to_json() for n in eng.take_notifications())
+        eng.finish(until)
+        got.extend(n.to_json() for n in eng.take_notifications())
+        outs[name] = got
+    if outs["single-step"] != outs["two-step"]:
+        _report(texts, events, until, {**outs, "ops": [(op, getattr(a, "id", a)) for op, a in ops]})
+    assert outs["single-step"] == outs["two-step"]
