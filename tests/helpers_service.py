@@ -99,14 +99,25 @@ class Service:
         env.pop(rs.ENV_URL, None)
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh)
-        wait_for(self.healthy, timeout, f"service on port {self.port} healthy (log: {self.log})")
-        if self.redis_url:  # a dead predecessor's heartbeat stays fresh for a few seconds
-            r = redis.Redis.from_url(self.redis_url, decode_responses=True)
-            mine = f"|{self.proc.pid}|" if self.proc else ""
-            wait_for(lambda: mine in ((rs.worker_status(r) or {}).get("holder") or ""), timeout,
-                     "this process's engine worker running")
-            r.close()
+        try:
+            wait_for(self.healthy, timeout,
+                     f"service on port {self.port} healthy (log: {self.log})")
+            if self.redis_url:  # a dead predecessor's heartbeat stays fresh for a few seconds
+                r = redis.Redis.from_url(self.redis_url, decode_responses=True)
+                mine = f"|{self.proc.pid}|"
+                wait_for(lambda: mine in ((rs.worker_status(r) or {}).get("holder") or ""),
+                         timeout, "this process's engine worker running")
+                r.close()
+        except BaseException:
+            self.kill()
+            raise
         return self
+
+    def kill(self) -> None:
+        """SIGKILL if still running (test clean-up after a failure)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
 
     def healthy(self) -> bool:
         assert self.proc is not None

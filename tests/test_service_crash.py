@@ -72,32 +72,35 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         key = rs.add_gateway(r, "crash-gw")
         args = ("--reorder-seconds", "0.3")
         svc = Service(url, log, *args).start()
-        last = 0.0
-        kills = 0
-        for i, batch in enumerate(batches):
-            last = post_batch(svc, key, batch, last)
-            if i in (len(batches) // 3, len(batches) // 3 + 1):
-                # SIGKILL right after a 202: these events are durable but not committed.
-                assert svc.stop(signal.SIGKILL) == -signal.SIGKILL
-                kills += 1
-                svc = Service(url, log, *args).start()
-            else:
-                time.sleep(rnd.uniform(0, 0.03))
-        assert kills == 2
+        try:
+            last = 0.0
+            kills = 0
+            for i, batch in enumerate(batches):
+                last = post_batch(svc, key, batch, last)
+                if i in (len(batches) // 3, len(batches) // 3 + 1):
+                    # SIGKILL right after a 202: these events are durable but not committed.
+                    assert svc.stop(signal.SIGKILL) == -signal.SIGKILL
+                    kills += 1
+                    svc = Service(url, log, *args).start()
+                else:
+                    time.sleep(rnd.uniform(0, 0.03))
+            assert kills == 2
 
-        def settled() -> bool:
-            st = rs.worker_status(r)
-            return bool(
-                st and st["stats"].get("total_events") == N_EVENTS
-                and st["stats"].get("buffered") == 0
-                and st["stats"].get("pending_notifications") == 0
-                and rs.ingest_backlog(r)[0] == 0
-            )
+            def settled() -> bool:
+                st = rs.worker_status(r)
+                return bool(
+                    st and st["stats"].get("total_events") == N_EVENTS
+                    and st["stats"].get("buffered") == 0
+                    and st["stats"].get("pending_notifications") == 0
+                    and rs.ingest_backlog(r)[0] == 0
+                )
 
-        wait_for(settled, 20, "every event processed and committed")
-        got = outbox(r)
-        assert svc.stop() == 0
-        r.close()
+            wait_for(settled, 20, "every event processed and committed")
+            got = outbox(r)
+            assert svc.stop() == 0
+        finally:
+            svc.kill()
+            r.close()
 
     profiles = [parse_profile(expr, pid) for pid, expr in PROFILES.items()]
     want = [n.to_json() for n in replay(profiles, [event_from_obj(e, "") for e in events])]
