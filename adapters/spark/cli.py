@@ -1,0 +1,283 @@
+"""`ens spark ...`: the batch jobs on the command line (mounted by ens/cli.py as `spark`).
+
+Every command prints what it did as `spark: ...` lines on stderr and exits
+with status 2 and one-line messages for bad input (profiles, events, paths),
+without leaving partial output.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from profiles.errors import ENSError, ManyErrors
+
+app = typer.Typer(
+    help="Spark batch jobs: index large profile sets, replay feeds in parallel, filter statistics.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+Master = Annotated[
+    str, typer.Option("--master", help="Spark master (local[2], local[*], spark://...).")
+]
+Work = Annotated[
+    str | None,
+    typer.Option("--work", help="Directory for intermediate tables (default: next to --out)."),
+]
+
+
+def _logger() -> Callable[[str], None]:
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        typer.echo(f"spark: [{time.perf_counter() - t0:6.1f}s] {msg}", err=True)
+
+    return log
+
+
+def _user_error(e: BaseException) -> str | None:
+    """The message of a user error, also when it was raised inside a Spark task."""
+    from adapters.datasets.common import DatasetError
+
+    if isinstance(e, (ENSError, DatasetError)):
+        return str(e)
+    text = str(e)
+    for name in ("DatasetError", "ENSError", "EventError", "ProfileError"):
+        marker = f"{name}: "
+        if marker in text:
+            return text.split(marker)[-1].strip().splitlines()[0]
+    return None
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """User errors (also from inside Spark tasks) become `error:` lines and exit status 2."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except ManyErrors as e:
+        for err in e.errors:
+            typer.echo(f"error: {err}", err=True)
+        typer.echo(f"{len(e.errors)} problems", err=True)
+        raise typer.Exit(2) from None
+    except Exception as e:  # noqa: BLE001 - sorted into user errors and failures below
+        msg = _user_error(e)
+        if msg is None:
+            raise
+        typer.echo(f"error: {msg}", err=True)
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def _session(master: str) -> Iterator[Any]:
+    """The active session (tests share one), or a new one that is stopped afterwards."""
+    from pyspark.sql import SparkSession
+
+    from adapters.spark.session import get_spark
+
+    existing = SparkSession.getActiveSession()
+    spark = existing or get_spark(master)
+    try:
+        yield spark
+    finally:
+        if existing is None:
+            spark.stop()
+
+
+def _load_profiles(
+    profiles: Path | None, index: Path | None, log: Callable[[str], None]
+) -> list[Any]:
+    from profiles.profile_file import load_profile_file
+
+    if (profiles is None) == (index is None):
+        raise ENSError("give the profiles as --profiles FILE or --index INDEX (one of them)")
+    if index is not None:
+        from adapters.spark.index import load_index
+
+        t = time.perf_counter()
+        ps = load_index(index)
+        log(f"loaded {len(ps)} profiles from index {index} in {time.perf_counter() - t:.2f}s")
+        return ps
+    ps = load_profile_file(profiles)  # type: ignore[arg-type]
+    log(f"{len(ps.profiles)} profiles from {profiles}")
+    return ps.profiles
+
+
+def _check_feed(feed: str, fmt: str | None, formats: tuple[str, ...]) -> None:
+    """Fail before Spark starts (~10 s) when the arguments cannot work."""
+    if not Path(feed).exists():
+        raise ENSError(f"no such file: {feed}")
+    if fmt is not None and fmt not in formats:
+        raise ENSError(f"unknown output format {fmt!r} ({' or '.join(formats)})")
+
+
+def _until(text: str | None) -> float | None:
+    from profiles.events import parse_ts
+
+    if text is None:
+        return None
+    try:
+        return parse_ts(float(text))
+    except ValueError:
+        pass
+    try:
+        return parse_ts(text)
+    except ValueError as e:
+        raise ENSError(f"--until: {e}") from None
+
+
+def _source(
+    spark: Any, feed: str, key: str, dataset: str | None, rooms: str | None, fmt: str | None
+):  # noqa: ANN202
+    from adapters.spark.feed import read_dataset, read_feed
+
+    if dataset is not None:
+        room_list = [r for r in rooms.split(",") if r] if rooms else None
+        return lambda plan=None: read_dataset(spark, dataset, feed, key, plan, room_list)
+    if rooms:
+        raise ENSError("--rooms applies to --dataset only")
+    return lambda plan=None: read_feed(spark, feed, key, plan, fmt)
+
+
+@app.command()
+def index(
+    profiles: Annotated[
+        str, typer.Argument(help="Profiles: JSON lines {id, expr, subscriber}, Parquet, or YAML.")
+    ],
+    out: Annotated[str, typer.Option("--out", "-o", help="Index snapshot directory to write.")],
+    errors: Annotated[
+        str | None,
+        typer.Option(
+            "--errors", help="Write bad profiles here (JSON lines {id, error, line, column})."
+        ),
+    ] = None,
+    master: Master = "local[2]",
+) -> None:
+    """Parse and validate a large profile set in parallel into an index snapshot (loads without parsing)."""
+    from adapters.spark.index import index_job
+
+    log = _logger()
+    with _errors():
+        if not Path(profiles).exists():
+            raise ENSError(f"no such file: {profiles}")
+        with _session(master) as spark:
+            log(f"indexing {profiles} on {master}")
+            m = index_job(spark, profiles, out, errors=errors, log=log)
+    c = m["counts"]
+    if c["errors"]:
+        where = f"; see {errors}" if errors else "; use --errors FILE to see them"
+        log(f"{c['errors']} bad profile(s) not indexed{where}")
+    typer.echo(f"{out}: {c['profiles']} profiles indexed, {c['errors']} rejected")
+
+
+@app.command()
+def replay(
+    feed: Annotated[
+        str,
+        typer.Argument(
+            help="Events: JSON lines, CSV or Parquet (.gz ok); with --dataset its path."
+        ),
+    ],
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="Notifications file (jsonl) or directory (parquet).")
+    ],
+    profiles: Annotated[
+        Path | None, typer.Option("--profiles", "-p", help="Profile file (YAML or JSON).")
+    ] = None,
+    index: Annotated[
+        Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
+    ] = None,
+    key: Annotated[
+        str, typer.Option("--key", help="Partition attribute: per-key profiles run in parallel.")
+    ] = "building",
+    fmt: Annotated[str, typer.Option("--format", help="Output: jsonl or parquet.")] = "jsonl",
+    until: Annotated[
+        str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
+    ] = None,
+    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Read FEED with a data-set adapter (keti, ...).")
+    ] = None,
+    rooms: Annotated[
+        str | None, typer.Option("--rooms", help="Data set: only these rooms (comma-separated).")
+    ] = None,
+    input_format: Annotated[
+        str | None, typer.Option("--input-format", help="jsonl, csv or parquet (default: by name).")
+    ] = None,
+    master: Master = "local[2]",
+    work: Work = None,
+) -> None:
+    """Replay a feed through the profiles; output identical to `ens replay` (same order)."""
+    from adapters.spark.replay import replay_job
+
+    log = _logger()
+    with _errors():
+        ps = _load_profiles(profiles, index, log)
+        end = _until(until)
+        _check_feed(feed, fmt, ("jsonl", "parquet"))
+        with _session(master) as spark:
+            src = _source(spark, feed, key, dataset, rooms, input_format)
+            log(f"replaying {feed} by {key} on {master}")
+            st = replay_job(
+                spark, ps, src, out, key=key, fmt=fmt, until=end, tz=tz, work=work, log=log
+            )
+    typer.echo(f"{out}: {st.notifications} notifications from {st.events} events")
+
+
+@app.command()
+def stats(
+    feed: Annotated[
+        str, typer.Argument(help="Events: JSON lines, CSV or Parquet; with --dataset its path.")
+    ],
+    out: Annotated[str, typer.Option("--out", "-o", help="Statistics JSON to write.")],
+    profiles: Annotated[
+        Path | None, typer.Option("--profiles", "-p", help="Profile file (YAML or JSON).")
+    ] = None,
+    index: Annotated[
+        Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Read FEED with a data-set adapter (keti, ...).")
+    ] = None,
+    rooms: Annotated[
+        str | None, typer.Option("--rooms", help="Data set: only these rooms (comma-separated).")
+    ] = None,
+    input_format: Annotated[
+        str | None, typer.Option("--input-format", help="jsonl, csv or parquet (default: by name).")
+    ] = None,
+    master: Master = "local[2]",
+    work: Work = None,
+) -> None:
+    """Count, per profile component, the matching events: number, rate per hour, selectivity."""
+    from adapters.spark.stats import stats_job
+
+    log = _logger()
+    with _errors():
+        ps = _load_profiles(profiles, index, log)
+        _check_feed(feed, None, ())
+        with _session(master) as spark:
+            src = _source(spark, feed, "building", dataset, rooms, input_format)
+            name = f"{dataset}:{feed}" if dataset else feed
+            doc = stats_job(spark, ps, src, out, name=name, work=work, log=log)
+    typer.echo(f"{out}: {len(doc['filters'])} filters over {doc['events']} events")
+
+
+def main() -> None:  # pragma: no cover - `python -m adapters.spark.cli` before the lead mounts it
+    try:
+        app()
+    except ENSError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
