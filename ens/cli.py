@@ -175,6 +175,9 @@ def _mount() -> None:
 
     app.add_typer(bench.app, name="bench")
     app.add_typer(notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters.")
+    from adapters.service.cli import register
+
+    register(app)  # serve, post, profile, subscriber, gateway; `notifications tail`
 
 
 _mount()

@@ -1,0 +1,110 @@
+"""The command line: exit status 2 and a clear message for user errors, no partial output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ens.cli import app
+
+runner = CliRunner()
+EXAMPLES = Path(__file__).parents[1] / "examples" / "quickstart"
+
+
+def test_replay_example_writes_notifications(tmp_path: Path) -> None:
+    out = tmp_path / "n.jsonl"
+    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"), "--out", str(out)])
+    assert r.exit_code == 0, r.stderr
+    notes = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {"profile": "break-in", "ts": 1709331000.0, "events": {"w": "w1", "p": "p1"},
+            "partition": {"room": "101"}} in notes
+
+
+def test_check_prints_every_problem(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(
+        "profiles:\n"
+        "  - {id: a, expr: 'k = '}\n"
+        "  - {id: b, expr: 'seq(x: k = 1, y: k = 2) select each'}\n"
+        "  - {id: c, expr: 'k = 3'}\n"
+    )
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 2
+    assert "profile 'a'" in r.stderr and "profile 'b'" in r.stderr and "within" in r.stderr
+    assert "1 valid profile" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_check_ok() -> None:
+    r = runner.invoke(app, ["check", str(EXAMPLES / "profiles.yaml")])
+    assert r.exit_code == 0 and "4 profiles OK" in r.stdout
+
+
+def test_bad_event_lines_are_named_and_nothing_is_written(tmp_path: Path) -> None:
+    ev = tmp_path / "e.jsonl"
+    ev.write_text('{"ts": 1, "k": "A"}\n{"ts": "yesterday"}\nnot json\n{"k": "A"}\n')
+    out = tmp_path / "out.jsonl"
+    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(ev), "--out", str(out)])
+    assert r.exit_code == 2
+    for needle in ("line 2", "RFC 3339", "line 3", "invalid JSON", "line 4", "missing required key 'ts'"):
+        assert needle in r.stderr
+    assert not out.exists()
+
+
+def test_missing_file_and_bad_until(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["replay", str(tmp_path / "nope.yaml"), "-"])
+    assert r.exit_code == 2 and "nope.yaml" in r.stderr
+    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"), "--until", "soon"])
+    assert r.exit_code == 2 and "--until" in r.stderr
+
+
+def test_until_accepts_rfc3339_and_fires_timers() -> None:
+    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"),
+                            "--until", "2024-03-02T01:00:00Z"])
+    assert r.exit_code == 0
+    silent = [json.loads(x) for x in r.stdout.splitlines() if '"silent-sensor"' in x]
+    # every sensor falls silent before 01:00; h-lab twice (h2 at 23:00 re-armed it after 22:35)
+    got = sorted((n["partition"]["sensor"], n["ts"]) for n in silent)
+    assert [s for s, _ in got] == ["h-lab", "h-lab", "p-101", "t-101", "t-lab", "w-101"]
+
+
+def test_replay_reads_stdin() -> None:
+    text = (EXAMPLES / "events.jsonl").read_text()
+    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), "-"], input=text)
+    assert r.exit_code == 0 and '"break-in"' in r.stdout
+
+
+def test_explain_tells_the_story() -> None:
+    r = runner.invoke(app, ["explain", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"),
+                            "--profile", "break-in"])
+    assert r.exit_code == 0, r.stderr
+    out = r.stdout
+    assert "w1 @ 2024-03-01 22:01:00" in out and "opened    {w: w1}" in out
+    assert "reported  {w: w1, p: p1}" in out
+    assert "1 notification(s)" in out
+
+
+def test_explain_shows_expiry_kill_and_duplicates(tmp_path: Path) -> None:
+    prof = tmp_path / "p.yaml"
+    prof.write_text("profiles:\n  - {id: nb, expr: 'seq(a: k = \"A\", not x: k = \"X\", b: k = \"B\") within 10s'}\n")
+    ev = tmp_path / "e.jsonl"
+    ev.write_text("".join(json.dumps(e) + "\n" for e in [
+        {"id": "a1", "ts": 0, "k": "A"}, {"id": "a2", "ts": 1, "k": "A"}, {"id": "x1", "ts": 2, "k": "X"},
+        {"id": "a3", "ts": 3, "k": "A"}, {"id": "b0", "ts": 30, "k": "B"},
+    ]))
+    r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "nb"])
+    out = r.stdout
+    assert "ignored   a2: a partial match already exists" in out
+    assert "killed    {a: a1} (killed by x = x1)" in out
+    assert "expired   {a: a3}" in out
+    assert "0 notification(s)" in out
+
+
+def test_unknown_engine_and_variant() -> None:
+    args = ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")]
+    r = runner.invoke(app, [*args, "--engine", "fast"])
+    assert r.exit_code == 2 and "unknown engine" in r.stderr
+    r = runner.invoke(app, [*args, "--variant", "magic"])
+    assert r.exit_code == 2 and "unknown variant" in r.stderr
