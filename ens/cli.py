@@ -170,10 +170,13 @@ def explain(
 
 # ---- sub-commands contributed by other modules (mounted here, one line each)
 def _mount() -> None:
-    from ens.commands import bench
+    from adapters.spark import cli as spark_cli
+    from ens.commands import bench, data
     from notifiers import cli as notifiers_cli
 
     app.add_typer(bench.app, name="bench")
+    app.add_typer(data.app, name="data")
+    app.add_typer(spark_cli.app, name="spark")
     app.add_typer(notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters.")
     from adapters.service.cli import register
 
