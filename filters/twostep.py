@@ -183,6 +183,7 @@ class _Pattern:
                     self.trailing.append(c.idx)  # type: ignore[union-attr]
                 else:
                     break
+        self.flat = root.kind != "any" and len(self.nodes) == 1 and not self.neg
         self.timed = [n for n in self.nodes if n.within is not None and n is not root]
         # where: conjuncts over positives are checked when their last leaf binds; those with a
         # negated leaf decide whether that negation kills; those that can never be fully bound
@@ -242,6 +243,21 @@ class _Pattern:
                 nxt = next((p for p in node.children[i + 1 :] if p in node.pos), None)
                 node.negs.append((c, prev, nxt))  # type: ignore[arg-type]
         return node
+
+    def done(self, binds: list) -> bool:
+        """Is the root complete? (A flat pattern of positive leaves needs no tree walk.)"""
+        if self.flat:
+            return None not in binds
+        return _done(self.root, binds)
+
+    def enabled(self, binds: list) -> list[int]:
+        if self.flat:
+            if self.root.kind == "seq":
+                return [binds.index(None)] if None in binds else []
+            return [i for i, b in enumerate(binds) if b is None]
+        out: list[int] = []
+        _enabled(self.root, binds, out)
+        return out
 
     def exclusive(self, i: int, j: int) -> bool:
         """Are leaves i and j in different alternatives of one any (never both bound)?"""
@@ -449,6 +465,10 @@ class _CompositeRuntime(_Runtime):
         self.window = profile.within
         self.parts: dict[tuple, _Part] = {}
         self.has_trailing = bool(self.pat.trailing)
+        self.openers = self.pat.starts | frozenset(self.pat.leading)
+        self.fast = (
+            self.pat.flat and self.pat.root.kind == "seq" and self.kind == "first" and profile.where is None
+        )
 
     def filters(self) -> Iterable[tuple[Any, int]]:
         return ((lf.filter, lf.idx) for lf in self.pat.leaves if lf.clock is None)
@@ -490,7 +510,7 @@ class _CompositeRuntime(_Runtime):
 
     def _complete(self, binds: list) -> bool:
         """A match to report now (a trailing negation makes the PM wait instead)."""
-        return not self.has_trailing and _done(self.pat.root, binds)
+        return not self.has_trailing and self.pat.done(binds)
 
     def _try(self, part: _Part, pm: _PM | None, leaf: int, b: B) -> list | None:
         """`pm`'s bindings with `leaf` bound to `b` (replacing a binding under `last`),
@@ -526,7 +546,7 @@ class _CompositeRuntime(_Runtime):
             for x, xb in pm.cands:
                 if self._neg_verdict(x, xb, binds) is True:
                     return None
-        if _done(pat.root, binds):
+        if pat.done(binds):
             env = None
             for c, poss, excl in pat.late_conj:
                 if excl or not all(full[i] is not None for i in poss):
@@ -571,7 +591,7 @@ class _CompositeRuntime(_Runtime):
 
     def _set(self, pm: _PM, binds: list) -> None:
         pm.binds = binds
-        pm.waiting = self.has_trailing and _done(self.pat.root, binds)
+        pm.waiting = self.has_trailing and self.pat.done(binds)
         self._sync(pm)
 
     def _drop(self, pm: _PM) -> None:
@@ -602,36 +622,71 @@ class _CompositeRuntime(_Runtime):
 
     # ------------------------------------------------------------- events
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
-        got = self.partition(ev.attrs)
-        if got is None:
-            return
-        key, values = got
+        if self.profile.per:
+            got = self.partition(ev.attrs)
+            if got is None:
+                return
+            key, values = got
+        else:
+            key, values = (), None
         part = self.parts.get(key)
-        pat = self.pat
         if part is None:
-            if not any(i in pat.starts or i in pat.leading for i in leaves):
+            if self.openers.isdisjoint(leaves):
                 return  # nothing waits for it and nothing can start: the evaluator drops it
             part = self.parts[key] = _Part(key, values)
         b: B = (seq, ev)
-        lists = part.lists
-        lo = ev.ts - self.window if self.window is not None else None
-        for i in leaves:
-            lst = lists.get(i)
-            if lst is None:
-                lst = lists[i] = deque()
-            lst.append(b)
-            if lo is not None:
+        if self.window is not None:
+            # binding lists: the events matched per component inside the window (read by
+            # leading negations; nothing else needs past events, events bind on arrival)
+            lists = part.lists
+            lo = ev.ts - self.window
+            for i in leaves:
+                lst = lists.get(i)
+                if lst is None:
+                    lst = lists[i] = deque()
+                lst.append(b)
                 while lst[0][1].ts < lo:
                     lst.popleft()
-        self._step(part, b, leaves)
-        if self.active:
+        if self.fast:
+            self._step_fast(part, b, leaves)
+        else:
+            self._step(part, b, leaves)
+        if self.active and not part.pms:
             self._tidy(part)
+
+    def _step_fast(self, part: _Part, b: B, leaves: list[int]) -> None:
+        """`_step` for the common shape: a flat seq of positive filters, select first, no where
+        (at most one PM, no negations, no candidates). Checked against `_step` by the tests."""
+        pms = part.pms
+        if pms:
+            pm = pms[0]
+            binds = pm.binds
+            i = binds.index(None)
+            if i not in leaves:
+                return
+            nb = binds.copy()
+            nb[i] = b
+            if None in nb:
+                self._set(pm, nb)
+                return
+            if self.unique:
+                self._drop(pm)
+                part.pms = []
+            self.report(b[1].ts, self._events(nb), part.values)
+            return
+        if 0 in leaves:
+            nb = [None] * len(self.pat.leaves)
+            nb[0] = b
+            self._open(part, nb, b)
 
     def _step(self, part: _Part, b: B, leaves: list[int]) -> None:
         pat = self.pat
         kind = self.kind
-        pos = [i for i in leaves if i not in pat.neg]
-        neg = [i for i in leaves if i in pat.neg]
+        if pat.neg:
+            pos = [i for i in leaves if i not in pat.neg]
+            neg = [i for i in leaves if i in pat.neg]
+        else:
+            pos, neg = leaves, []
         touched: set[int] = set()
         completions: list[tuple[tuple, list]] = []
         fresh: list[_PM] = []
@@ -640,9 +695,8 @@ class _CompositeRuntime(_Runtime):
             for pm in part.pms:
                 if not pm.alive:
                     continue
-                en: list[int] = []
-                _enabled(pat.root, pm.binds, en)
-                hit = sorted(i for i in en if i in pos)
+                en = pat.enabled(pm.binds)
+                hit = [i for i in en if i in pos]  # enabled leaves come in written order
                 if kind == "each":
                     alts: set[int] = set()  # of one any's alternative leaves, the first that binds
                     for i in hit:
@@ -697,7 +751,8 @@ class _CompositeRuntime(_Runtime):
         # 2. complete
         consumed = False
         if completions:
-            completions.sort(key=lambda c: c[0])
+            if len(completions) > 1:
+                completions.sort(key=lambda c: c[0])
             if self.unique:
                 _, nb = completions[0]
                 used = {v[0] for v in nb if v is not None}
@@ -718,7 +773,8 @@ class _CompositeRuntime(_Runtime):
             for pm in part.pms:
                 if pm.alive and id(pm) not in touched:
                     self._negate(pm, neg, b)
-        part.pms = [pm for pm in part.pms if pm.alive] + [pm for pm in fresh if pm.alive]
+        if fresh or not all(pm.alive for pm in part.pms):
+            part.pms = [pm for pm in part.pms if pm.alive] + [pm for pm in fresh if pm.alive]
         # 4. open
         if consumed or not pos:
             return
@@ -1015,15 +1071,33 @@ class TwoStepEngine:
             self.advance(event.ts)
         self._seq += 1
         seq = self._seq
+        entries = self.pool.match(event.attrs)
+        rts = self._rts
+        if len(entries) == 1:
+            # owners are registered once, when the profile is added, so they are in profile
+            # order already (a profile's leaves on one filter are adjacent); copied because a
+            # `once` profile leaves the pool while we walk them
+            owners = list(entries[0].owners)
+            i, n = 0, len(owners)
+            while i < n:
+                idx, leaf = owners[i]
+                i += 1
+                leaves = [leaf]
+                while i < n and owners[i][0] == idx:
+                    leaves.append(owners[i][1])
+                    i += 1
+                rt = rts.get(idx)
+                if rt is not None and rt.active:
+                    rt.on_event(event, seq, leaves)
+            return
         hits: dict[int, list[int]] = {}
-        for entry in self.pool.match(event.attrs):
+        for entry in entries:
             for idx, leaf in entry.owners:
                 lst = hits.get(idx)
                 if lst is None:
                     hits[idx] = [leaf]
                 elif leaf not in lst:
                     lst.append(leaf)
-        rts = self._rts
         for idx in sorted(hits):
             rt = rts.get(idx)
             if rt is not None and rt.active:

@@ -34,3 +34,17 @@ def composite_cmd(
     from bench.composite import run
 
     run(composites, primitives, rounds, batch, seed, variants.split(","))
+
+
+@app.command("paper")
+def paper_cmd(
+    out: str = typer.Option("bench/results/paper", help="Directory for CSV and PNG output."),
+    quick: bool = typer.Option(False, "--quick", help="Reduced sizes (about 1-2 minutes)."),
+    seed: int = typer.Option(7),
+    docs_img: str = typer.Option("", help="Also copy the PNG plots here (e.g. docs/img)."),
+) -> None:
+    """The CompAS experiments, single-step (every variant) vs two-step: composition order,
+    number of profiles, profile cardinality; unique pairs and all pairs (docs/paper.md)."""
+    from bench.paper import run
+
+    run(out, quick, seed, docs_img or None)
