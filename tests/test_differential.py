@@ -165,15 +165,15 @@ def known_disagreement(profile: Profile) -> str | None:
     if isinstance(expr, Seq) and comps and comps[0].negated and comps[-1].negated:
         return "91-leading-with-trailing"
     if profile.select.kind == "nth" and has_neg:
-        return "93-nth-counted-event-negates"
+        return "92-nth-counted-event-negates"
     if profile.where is not None and "any(" in text:
-        return "94-any-where-dropped-binding"
+        return "93-any-where-dropped-binding"
     if isinstance(expr, Seq) and comps and comps[0].negated and "any(" in text:
-        return "95-leading-any-dropped-binding"
+        return "94-leading-any-dropped-binding"
     if _nested_windows(expr, 0) >= 2:
-        return "96-nested-windows-same-deadline"
+        return "95-nested-windows-same-deadline"
     if any(c.negated for c in comps) and _nested_negation(expr):
-        return "97-nested-reset-then-root-kill"
+        return "96-nested-reset-then-root-kill"
     return None
 
 
