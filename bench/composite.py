@@ -41,6 +41,8 @@ def measure(
     prim: list[int] = []
     last: list[int] = []
     first: list[int] = []
+    prim_f: list[int] = []  # the filtering step alone (pool match) for the same events
+    last_f: list[int] = []
     notes_last = notes_prim = 0
     t_all0 = time.perf_counter()
     n_all = 0
@@ -57,6 +59,12 @@ def measure(
         for i in ids:
             p_ev = Event(f"p{t}-{i}", t, {"kind": "P", "x": rng.randrange(n_prim)})
             b_ev = Event(f"b{t}-{i}", t, {"kind": "B", "x": i})
+            t0 = clock()
+            eng.pool.match(p_ev.attrs)
+            prim_f.append(clock() - t0)
+            t0 = clock()
+            eng.pool.match(b_ev.attrs)
+            last_f.append(clock() - t0)
             t0 = clock()
             eng.process(p_ev)
             prim.append(clock() - t0)
@@ -82,6 +90,7 @@ def measure(
         "first_component_us": round(a, 2),
         "last_component_us": round(b, 2),
         "ratio_last_vs_primitive": round(b / p, 2),
+        "filter_only_ratio": round(med(last_f) / med(prim_f), 2),
         "notifications_per_last_event": round(notes_last / len(last), 2),
         "notifications_per_primitive_event": round(notes_prim / len(prim), 2),
         "stream_events_per_s": round(n_all / elapsed),

@@ -227,7 +227,7 @@ class _CompositeRuntime(_Runtime):
         self._derive()
 
     _DERIVED = (
-        "pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast",
+        "pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
     )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -253,9 +253,9 @@ class _CompositeRuntime(_Runtime):
         self.neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
         self.simple = not pat.conjs and not pat.leading  # no where, no history: binding needs no checks
         # first/last over positives only, no any/trailing: the fast path's exact domain
-        self.fast = (
-            self.simple and not self.neg_set and not pat.has_any and self.kind in ("first", "last")
-        )
+        plain = self.simple and not self.neg_set and not pat.has_any
+        self.fast = plain and self.kind in ("first", "last")
+        self.fast_each = plain and self.kind == "each"
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> Iterable[tuple[Any, int]]:
@@ -488,8 +488,12 @@ class _CompositeRuntime(_Runtime):
             return
         key, values = part_kv
         part = self.parts.get(key)
-        if self.fast and part is not None and len(part.pms) == 1 and self.engine.tracer is None:
-            if self._fast_step(part, part.pms[0], ev, seq, leaves):
+        if part is not None and part.pms and self.engine.tracer is None:
+            if self.fast and len(part.pms) == 1:
+                if self._fast_step(part, part.pms[0], ev, seq, leaves):
+                    return
+            elif self.fast_each:
+                self._fast_each(part, ev, seq, leaves)
                 return
         pat = self.pat
         b = _B(seq, ev)
@@ -646,6 +650,52 @@ class _CompositeRuntime(_Runtime):
         else:
             self.report(ev.ts, events, part.values)
         return True
+
+    def _fast_each(self, part: _Partition, ev: Event, seq: int, leaves: list[int]) -> None:
+        """`select each` without where/negations/any: the general path's steps, minus its bookkeeping."""
+        pat = self.pat
+        info = pat.info
+        b = _B(seq, ev)
+        done: list[tuple[tuple, _PM, int]] = []  # (order key, PM, leaf) completed by this event
+        for pm in list(part.pms):
+            enabled = info(pm.mask).enabled_set
+            for i in leaves:
+                if i not in enabled:
+                    continue
+                new_mask = pm.mask | 1 << i
+                if info(new_mask).complete:
+                    key = tuple(seq if j == i else (x.seq if x is not None else _INF) for j, x in enumerate(pm.binds))
+                    done.append((key, pm, i))
+                else:
+                    new = pm.copy()
+                    new.binds[i] = b
+                    new.mask = new_mask
+                    self._add_pm(part, new)
+        consumed = False
+        if done:
+            done.sort(key=lambda d: d[0])
+            names = self.names
+            for key, pm, i in done[:1] if self.unique else done:
+                events = {}
+                for j, x in enumerate(pm.binds):
+                    if j == i:
+                        events[names[j]] = ev
+                    elif x is not None:
+                        events[names[j]] = x.ev
+                if self.unique:
+                    used = {k for k in key if k != _INF}
+                    self._consume(part, used)
+                    consumed = True
+                self.report(ev.ts, events, part.values)
+                if not self.active:
+                    return
+        if not consumed:
+            starts = [i for i in leaves if i in self.start_set]
+            if starts:
+                self._open(part, starts, b)
+                if not self.active:
+                    return
+        self._tidy(part, ev.ts)
 
     def _advance(self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False) -> None:
         """Apply an in-place change (first/last/nth) or record a completion."""

@@ -30,6 +30,7 @@ from profiles.ast import And, Between, Cmp, Exists, Filter, In, Or, StartsWith
 
 Eqs = tuple[tuple[str, Any], ...]  # extra `attr = value` predicates bound by the engine
 
+_MAX_PLANS = 100_000
 _MAX_SPLIT = 32  # a top-level `or` with more branches is kept as one scanned clause
 _INF = float("inf")
 
@@ -273,6 +274,9 @@ class PrimitivePool:
         self._scan: dict[Clause, None] = {}
         self._ids = itertools.count()
         self._range_ids: dict[str, dict[tuple, int]] = {}  # attr -> range predicate -> node id
+        # (filter, bound attribute names) -> how its clauses are indexed: auxiliary profiles
+        # differ only in bound values, so they are inserted without planning again
+        self._plans: dict[tuple, list[tuple]] = {}
         self.owner_count = 0
 
     def __len__(self) -> int:
@@ -282,14 +286,22 @@ class PrimitivePool:
     # ----------------------------------------------------------- insert/delete
     def add(self, f: Filter, owner: Hashable, eqs: Eqs = ()) -> Entry:
         """Subscribe `owner` to `f` (and the bound equalities `eqs`). Re-adding counts a reference."""
-        eqs = tuple((a, norm(v)) for a, v in eqs)
+        if eqs:
+            eqs = tuple([(a, (bool, v) if v.__class__ is bool else v) for a, v in eqs])
         key = (f, eqs)
         entry = self._entries.get(key)
         if entry is None:
             entry = Entry(key, f, eqs)
             self._entries[key] = entry
-            for parts in self._split(f):
-                self._insert_clause(entry, parts, eqs)
+            pkey = (f, tuple(a for a, _ in eqs))
+            plans = self._plans.get(pkey)
+            if plans is not None:
+                for plan in plans:
+                    self._from_plan(entry, plan, eqs)
+            else:
+                made = [self._insert_clause(entry, parts, eqs) for parts in self._split(f)]
+                if all(m is not None for m in made) and len(self._plans) < _MAX_PLANS:
+                    self._plans[pkey] = made  # type: ignore[assignment]
         prev = entry.owners.get(owner, 0)
         entry.owners[owner] = prev + 1
         if prev == 0:
@@ -303,7 +315,8 @@ class PrimitivePool:
         reports nobody) so that re-adding it is a reference update only; `purge`
         removes it for good.
         """
-        eqs = tuple((a, norm(v)) for a, v in eqs)
+        if eqs:
+            eqs = tuple([(a, (bool, v) if v.__class__ is bool else v) for a, v in eqs])
         entry = self._entries.get((f, eqs))
         if entry is None or owner not in entry.owners:
             raise KeyError(f"{owner!r} is not subscribed to this filter")
@@ -318,7 +331,8 @@ class PrimitivePool:
 
     def purge(self, f: Filter, eqs: Eqs = ()) -> None:
         """Remove a kept filter that has no owners left."""
-        eqs = tuple((a, norm(v)) for a, v in eqs)
+        if eqs:
+            eqs = tuple([(a, (bool, v) if v.__class__ is bool else v) for a, v in eqs])
         entry = self._entries.get((f, eqs))
         if entry is not None and not entry.owners:
             self._drop_entry(entry)
@@ -339,8 +353,9 @@ class PrimitivePool:
             return out
         return [_conjuncts(f)]
 
-    def _insert_clause(self, entry: Entry, parts: list[Filter], eqs: Eqs) -> None:
-        # 1. all equalities (the filter's own and those bound by the engine) form the access key
+    def _insert_clause(self, entry: Entry, parts: list[Filter], eqs: Eqs) -> tuple | None:
+        """Choose the clause's access predicates and index it; return a reusable plan (or None)."""
+        # all equalities (the filter's own and those bound by the engine) form the access key
         eq: dict[str, Any] = {}
         used: set[int] = set()
         conflict = False
@@ -388,13 +403,39 @@ class PrimitivePool:
             if check.__name__ == "_always":
                 check = None
         clause = Clause(entry, check, access, thr)
-        entry.clauses.append(clause)
+        self._index(clause)
+        if conflict or (eqs and any(isinstance(p, Cmp) and p.op == "=" and p.attr in dict(eqs) for p in parts)):
+            return None
+        if access is not None and access[0] == "eqs":
+            positions = {a: j for j, (a, _) in enumerate(eqs)}
+            sources = tuple((True, positions[a]) if a in positions else (False, eq[a]) for a in access[1])
+            return ("eqs", access[1], sources, access[3], thr, check)
+        if eqs:
+            return None
+        return ("static", access, thr, check)
+
+    def _from_plan(self, entry: Entry, plan: tuple, eqs: Eqs) -> None:
+        """Insert a clause whose indexing was planned before for the same filter and bound attributes."""
+        if plan[0] == "static":
+            _, access, thr, check = plan
+        else:
+            _, schema, sources, rng, thr, check = plan
+            vals = tuple(eqs[v][1] if bound else v for bound, v in sources)
+            access = ("eqs", schema, vals[0] if len(vals) == 1 else vals, rng)
+        self._index(Clause(entry, check, access, thr))
+
+    def _index(self, clause: Clause) -> None:
+        access = clause.access
+        clause.entry.clauses.append(clause)
         if access is None:
             self._scan[clause] = None
         elif access[0] == "eqs":
-            bucket = self._schemas.setdefault(access[1], {}).get(access[2])
+            table = self._schemas.get(access[1])
+            if table is None:
+                table = self._schemas[access[1]] = {}
+            bucket = table.get(access[2])
             if bucket is None:
-                bucket = self._schemas[access[1]][access[2]] = _Bucket()
+                bucket = table[access[2]] = _Bucket()
             if access[3] is None:
                 bucket.plain[clause] = None
             else:
