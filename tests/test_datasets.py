@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from adapters.datasets import DATASETS, DatasetError, get_adapter, iter_dataset, keti
 from adapters.datasets.common import is_suspect, parse_number, resolve_tz
 from adapters.datasets.uci_sml2010 import parse_datetime, parse_header
-from ens.commands.data import app
+from ens.commands.data import _batches, app
 from profiles.events import parse_event_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -505,6 +505,13 @@ def test_cli_convert_plain_file(tmp_path: Path) -> None:
     res = runner.invoke(app, ["convert", "uci-occupancy", str(OCC), "-o", str(out), "-n", "10"])
     assert res.exit_code == 0, res.stderr
     assert len(out.read_text().splitlines()) == 10
+
+
+def test_cli_batch_encoder_equals_json_dumps_even_for_tricky_strings() -> None:
+    evs = list(iter_dataset("uci-sml2010", SML, limit=5000))
+    evs += [{"id": "a},{b", "ts": 1.0}, {"id": "x", "ts": 2.0, "room": "},{", "unit": "°C"}]
+    text = "".join(_batches(iter(evs)))
+    assert text == "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in evs)
 
 
 @pytest.mark.parametrize(
