@@ -170,6 +170,7 @@ def explain(
 
 # ---- sub-commands contributed by other modules (mounted here, one line each)
 def _mount() -> None:
+    from adapters.generate import cli as generate_cli
     from adapters.spark import cli as spark_cli
     from ens.commands import bench, data
     from notifiers import cli as notifiers_cli
@@ -177,6 +178,7 @@ def _mount() -> None:
     app.add_typer(bench.app, name="bench")
     app.add_typer(data.app, name="data")
     app.add_typer(spark_cli.app, name="spark")
+    app.add_typer(generate_cli.app, name="generate")
     app.add_typer(notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters.")
     from adapters.service.cli import register
 
