@@ -95,11 +95,14 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
 
 
-def load_inputs(profiles: Path, events: str):  # noqa: ANN201
+def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201
+    """The profile file (all problems at once) and, if given, the events."""
     from profiles.events import read_events
     from profiles.profile_file import load_profile_file
 
     pset = load_profile_file(profiles)
+    if events is None:
+        return pset, []
     with _open_text(events) as fh:
         evs = read_events(fh)
     return pset, evs
@@ -123,10 +126,19 @@ def make_engine(engine: str, profiles, tz: str, variant: str | None = None):  # 
 
 @app.command()
 def replay(
-    profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")],
-    events: Annotated[str, typer.Argument(help="JSON-lines event file, '-' for stdin (.gz allowed).")],
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="PROFILES EVENTS: a profile file (YAML or JSON) and a JSON-lines event file "
+            "('-' for stdin, .gz allowed); with --index only EVENTS.",
+            metavar="[PROFILES] EVENTS",
+        ),
+    ],
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write notifications here (default stdout).")] = None,
     until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")] = None,
+    index: Annotated[
+        Path | None, typer.Option(help="Load the profiles from an `ens spark index` snapshot instead (no parsing).")
+    ] = None,
     engine: Annotated[str, typer.Option(help="single-step (CompAS) or two-step (baseline).")] = "single-step",
     variant: Annotated[
         str | None,
@@ -136,12 +148,27 @@ def replay(
 ) -> None:
     """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
     from ens.replay import replay as run
+    from profiles.events import read_events
 
     try:
         end = parse_time_arg(until)
-        pset, evs = load_inputs(profiles, events)
-        eng = make_engine(engine, pset.profiles, tz, variant)
-        notes = run(pset.profiles, evs, end, engine=eng)
+        if index is not None:
+            if len(paths) != 1:
+                raise ENSError("with --index give only the EVENTS file")
+            from adapters.spark.index import load_index
+
+            profiles = load_index(index)
+            events = paths[0]
+        else:
+            if len(paths) != 2:
+                raise ENSError("give PROFILES and EVENTS (or --index INDEX and EVENTS)")
+            pset, _ = load_inputs(Path(paths[0]), None)
+            profiles = pset.profiles
+            events = paths[1]
+        with _open_text(events) as fh:
+            evs = read_events(fh)
+        eng = make_engine(engine, profiles, tz, variant)
+        notes = run(profiles, evs, end, engine=eng)
         write_lines([n.to_json() for n in notes], out)
     except ENSError as e:
         raise report_errors(e) from None
