@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/ens replay examples/quickstart/profiles.yaml examples/quickstart/events.jsonl
+	$(VENV)/bin/ens demo
 
 test: $(STAMP)
 	$(PY) -m ruff check .

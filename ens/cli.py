@@ -199,9 +199,10 @@ def explain(
 def _mount() -> None:
     from adapters.generate import cli as generate_cli
     from adapters.spark import cli as spark_cli
-    from ens.commands import bench, data
+    from ens.commands import bench, data, demo
     from notifiers import cli as notifiers_cli
 
+    app.command("demo")(demo.demo)
     app.add_typer(bench.app, name="bench")
     app.add_typer(data.app, name="data")
     app.add_typer(spark_cli.app, name="spark")
