@@ -454,8 +454,9 @@ class _CompositeRuntime(_Runtime):
                 for c in pat.conjs:
                     if not c.neg and c.mask & done != c.mask and not c.fn(binds):
                         return None
-                if self.leading and self._leading_blocks(pm, leaf, b, binds):
-                    return None
+            if complete and self.leading and self._leading_blocks(pm, leaf, b, binds):
+                # the last positive is bound: the leading window [last.ts - T, first) is known
+                return None
         else:
             pending = pm.negc
         new = pm.copy()
