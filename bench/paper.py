@@ -116,9 +116,11 @@ def measure_best(eng: dict, profiles: list[Profile], events: list[Event], repeat
     """Every engine `repeats` times, interleaved (the machine is shared and noisy); per engine
     the run with the lowest CPU time is kept."""
     best: dict[str, dict] = {}
-    for rep in range(repeats):
+    rep = 0
+    while rep < repeats:
+        rep += 1
         for name, make in eng.items():
-            progress(f"{label}, {name} ({rep + 1}/{repeats})")
+            progress(f"{label}, {name} ({rep}/{repeats})")
             r = measure(make, profiles, events)
             if name not in best or r["cpu_us"] < best[name]["cpu_us"]:
                 best[name] = r
@@ -350,15 +352,19 @@ def run(out: str, quick: bool, seed: int, docs_img: str | None = None) -> list[d
         cards, cgroups = [2, 3, 4, 6, 8], 100
     rows: list[dict] = []
     t0 = time.perf_counter()
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    log = (dest / "progress.log").open("w")
     with console.status("…") as status:
         def progress(msg: str) -> None:
-            status.update(f"[{time.perf_counter() - t0:,.0f} s] {msg}")
+            line = f"[{time.perf_counter() - t0:,.0f} s] {msg}"
+            status.update(line)
+            print(line, file=log, flush=True)  # the full run is long; follow it with tail -f
 
         rows += exp_order(n, groups, seed, eng, progress, repeats, all_max)
         rows += exp_profiles(counts, n_start, g_b, seed, eng, progress, repeats)
         rows += exp_cardinality(n, cards, cgroups, seed, eng, progress, repeats)
-    dest = Path(out)
-    dest.mkdir(parents=True, exist_ok=True)
+    log.close()
     with (dest / "paper.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
