@@ -227,8 +227,11 @@ def replay(
         with _session(master) as spark:
             src = _source(spark, feed, key, dataset, rooms, input_format)
             log(f"replaying {feed} by {key} on {master}")
+            ds = None
+            if dataset is not None:
+                ds = (dataset, feed, [r for r in rooms.split(",") if r] if rooms else None)
             st = replay_job(
-                spark, ps, src, out, key=key, fmt=fmt, until=end, tz=tz, work=work, log=log
+                spark, ps, src, out, key=key, fmt=fmt, until=end, tz=tz, work=work, dataset=ds, log=log
             )
     typer.echo(f"{out}: {st.notifications} notifications from {st.events} events")
 

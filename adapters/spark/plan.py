@@ -24,7 +24,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filters.pool import PrimitivePool
-from profiles.ast import Absent, All, AnyOf, Clock, Component, Filter, Profile, Seq, is_filter
+from profiles.ast import (
+    Absent,
+    All,
+    AnyOf,
+    Clock,
+    Component,
+    Const,
+    Filter,
+    Profile,
+    Seq,
+    is_filter,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +108,15 @@ class Relevance:
     def __init__(self, profiles: Iterable[Profile]) -> None:
         self.pool = PrimitivePool()
         self.empty = True
+        self.always = False  # a `true` leaf (absent(true) ...): every event is relevant
         for p in profiles:
             for lf in leaves(p):
                 self.pool.add(lf.filter, 0)
                 self.empty = False
+                self.always |= lf.filter == Const(True)
 
     def __call__(self, attrs: dict[str, Any]) -> bool:
-        return not self.empty and bool(self.pool.match(attrs))
+        return self.always or (not self.empty and bool(self.pool.match(attrs)))
 
 
 def route_key(value: Any) -> str | None:

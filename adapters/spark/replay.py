@@ -192,14 +192,16 @@ def replay_job(
     until: float | None = None,
     tz: str = "UTC",
     work: str | None = None,
+    dataset: tuple[str, str, list[str] | None] | None = None,
     log: Log = lambda _m: None,
 ) -> ReplayStats:
-    """Run the three stages; the output appears (atomically renamed) only if all succeed."""
-    from pyspark.sql import functions as F
+    """Run the three stages; the output appears (atomically renamed) only if all succeed.
 
-    from adapters.spark.feed import USE_GLOBAL, USE_KEYED, USE_STATELESS
+    `dataset` = (name, path, rooms) of the data set `source` reads: with
+    `key="room"` and per-room files the keyed engines run where the files are
+    read (`fused`), skipping the parse table and the shuffle.
+    """
     from adapters.spark.plan import make_plan
-    from adapters.spark.slices import end_of, run_stream
 
     if fmt not in ("jsonl", "parquet"):
         raise ENSError(f"unknown output format {fmt!r} (jsonl or parquet)")
@@ -207,60 +209,29 @@ def replay_job(
     plan = make_plan(profiles, key)
     log(f"plan: {plan.summary()}")
     target = Path(out)
-    work_dir = Path(
-        tempfile.mkdtemp(
-            prefix=".ens-spark-", dir=work or (target.parent if str(target.parent) else ".")
-        )
-    )
+    parent = work or (target.parent if str(target.parent) else ".")
+    work_dir = Path(tempfile.mkdtemp(prefix=".ens-spark-", dir=parent))
     try:
-        t = time.perf_counter()
-        parsed_path = str(work_dir / "events")
-        source(plan).write.option("compression", "zstd").parquet(parsed_path)
-        parsed = spark.read.parquet(parsed_path)
-        stats.events, first, last, stats.keys = check_events(parsed)
-        t = _timed(stats, "parse", t)
-        log(f"parsed {stats.events} events in {stats.seconds['parse']:.1f}s")
+        files = None
+        if dataset is not None and key == "room" and plan.keyed:
+            from adapters.spark.fused import room_files
 
-        end = (
-            end_of(until, last)
-            if last is not None
-            else ((until, True) if until is not None else None)
-        )
-        ev = parsed.where("err is null")
-        stages: list[DataFrame] = []
-        if plan.stateless:
-            rows = ev.where(F.col("use").bitwiseAND(USE_STATELESS) != 0).select(
-                "arrival", "ts", "blob"
-            )
-            stages.append(rows.mapInArrow(_stateless_task(plan, tz), NOTE_DDL))
-        if plan.keyed and end is not None:
-            rows = ev.where(F.col("use").bitwiseAND(USE_KEYED) != 0).select(
-                "route", "arrival", "ts", "blob"
-            )
-            rows = rows.repartition("route").sortWithinPartitions("route", "ts", "arrival")
-            stages.append(rows.mapInArrow(_keyed_task(plan, end, tz), NOTE_DDL))
-        if plan.global_ and first is not None:
-            rows = ev.where(F.col("use").bitwiseAND(USE_GLOBAL) != 0).select(
-                "arrival", "ts", "blob"
-            )
-            rows = rows.repartition(1).sortWithinPartitions("ts", "arrival")
-            stages.append(rows.mapInArrow(_global_task(plan, end, first, tz), NOTE_DDL))  # type: ignore[arg-type]
-        elif plan.global_ and end is not None:  # no events, only --until: timers of an empty stream
-            tagged = list(run_stream(plan.global_, plan.positions, [], end, None, tz))
-            if tagged:
-                stages.append(spark.createDataFrame(_note_batch(tagged).to_pylist(), NOTE_DDL))
+            files = room_files(*dataset)
+        if files is not None:
+            stages = _fused_stages(spark, plan, dataset, files, work_dir, until, tz, stats, log)  # type: ignore[arg-type]
+        else:
+            stages = _generic_stages(spark, plan, source, work_dir, until, tz, stats, log)
+        t = time.perf_counter()
         notes_path = str(work_dir / "notes")
         if stages:
             notes = stages[0]
-            for s in stages[1:]:
-                notes = notes.unionByName(s)
+            for st in stages[1:]:
+                notes = notes.unionByName(st)
             notes.write.parquet(notes_path)
         else:
             spark.createDataFrame([], NOTE_DDL).write.parquet(notes_path)
         t = _timed(stats, "engines", t)
-        log(
-            f"engines: {plan.summary()}, {stats.keys} key value(s), {stats.seconds['engines']:.1f}s"
-        )
+        log(f"engines: {stats.keys} {key} value(s) in parallel, {stats.seconds['engines']:.1f}s")
 
         # one sorted partition: no sampling job, and the JSON lines come out as one part file
         ordered = spark.read.parquet(notes_path).repartition(1).sortWithinPartitions("dkey")
@@ -272,6 +243,120 @@ def replay_job(
         return stats
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _end(until: float | None, last: float | None) -> tuple[float, bool] | None:
+    from adapters.spark.slices import end_of
+
+    if last is not None:
+        return end_of(until, last)
+    return (until, True) if until is not None else None
+
+
+def _shared_stages(
+    spark: SparkSession,
+    plan: Plan,
+    ev: DataFrame,
+    first: tuple[float, int] | None,
+    end: tuple[float, bool] | None,
+    tz: str,
+    keyed: bool,
+) -> list[DataFrame]:
+    """Stateless, (generic) keyed and global stages over a table of parsed events."""
+    from pyspark.sql import functions as F
+
+    from adapters.spark.feed import USE_GLOBAL, USE_KEYED, USE_STATELESS
+    from adapters.spark.slices import run_stream
+
+    def use(bit: int) -> DataFrame:
+        return ev.where(F.col("use").bitwiseAND(bit) != 0)
+
+    stages: list[DataFrame] = []
+    if plan.stateless:
+        rows = use(USE_STATELESS).select("arrival", "ts", "blob")
+        stages.append(rows.mapInArrow(_stateless_task(plan, tz), NOTE_DDL))
+    if keyed and plan.keyed and end is not None:
+        rows = use(USE_KEYED).select("route", "arrival", "ts", "blob")
+        rows = rows.repartition("route").sortWithinPartitions("route", "ts", "arrival")
+        stages.append(rows.mapInArrow(_keyed_task(plan, end, tz), NOTE_DDL))
+    if plan.global_ and first is not None:
+        rows = use(USE_GLOBAL).select("arrival", "ts", "blob")
+        rows = rows.repartition(1).sortWithinPartitions("ts", "arrival")
+        stages.append(rows.mapInArrow(_global_task(plan, end, first, tz), NOTE_DDL))  # type: ignore[arg-type]
+    elif plan.global_ and end is not None:  # no events, only --until: timers of an empty stream
+        tagged = list(run_stream(plan.global_, plan.positions, [], end, None, tz))
+        if tagged:
+            stages.append(spark.createDataFrame(_note_batch(tagged).to_pylist(), NOTE_DDL))
+    return stages
+
+
+def _generic_stages(
+    spark: SparkSession,
+    plan: Plan,
+    source: Source,
+    work_dir: Path,
+    until: float | None,
+    tz: str,
+    stats: ReplayStats,
+    log: Log,
+) -> list[DataFrame]:
+    t = time.perf_counter()
+    parsed_path = str(work_dir / "events")
+    source(plan).write.option("compression", "zstd").parquet(parsed_path)
+    parsed = spark.read.parquet(parsed_path)
+    stats.events, first, last, stats.keys = check_events(parsed)
+    _timed(stats, "parse", t)
+    log(f"parsed {stats.events} events in {stats.seconds['parse']:.1f}s")
+    return _shared_stages(
+        spark, plan, parsed.where("err is null"), first, _end(until, last), tz, keyed=True
+    )
+
+
+def _fused_stages(
+    spark: SparkSession,
+    plan: Plan,
+    dataset: tuple[str, str, list[str] | None],
+    files: dict[str, list[tuple[int, str]]],
+    work_dir: Path,
+    until: float | None,
+    tz: str,
+    stats: ReplayStats,
+    log: Log,
+) -> list[DataFrame]:
+    import pyarrow.parquet as pq
+
+    from adapters.spark.feed import EVENT_DDL
+    from adapters.spark.fused import finish_task, fused_frame
+
+    t = time.perf_counter()
+    path = work_dir / "fused"
+    fused_frame(spark, dataset[0], dataset[1], plan, files, tz).write.partitionBy("kind").parquet(
+        str(path)
+    )
+
+    def part(kind: str, ddl: str) -> DataFrame:
+        p = path / f"kind={kind}"
+        return spark.read.parquet(str(p)) if p.exists() else spark.createDataFrame([], ddl)
+
+    st = pq.read_table(path / "kind=stat").to_pylist() if (path / "kind=stat").exists() else []
+    stats.events = sum(r["n"] for r in st)
+    stats.keys = len(files)
+    first = min(((r["ts"], r["arrival"]) for r in st), default=None)
+    last = max((r["last"] for r in st), default=None)
+    _timed(stats, "parse", t)
+    log(
+        f"read {stats.events} events, keyed engines ran per {plan.key} while reading ({stats.seconds['parse']:.1f}s)"
+    )
+    end = _end(until, last)
+    ev = part("event", EVENT_DDL)
+    stages = _shared_stages(spark, plan, ev, first, end, tz, keyed=False)
+    notes = part("note", NOTE_DDL).select(*[c.split()[0] for c in NOTE_DDL.split(", ")])
+    stages.append(notes)
+    if end is not None:
+        stages.append(
+            part("state", "blob binary").select("blob").mapInArrow(finish_task(end), NOTE_DDL)
+        )
+    return stages
 
 
 def _write(ordered: DataFrame, target: Path, fmt: str, work_dir: Path) -> int:

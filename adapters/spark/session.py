@@ -56,6 +56,8 @@ def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -
         .config("spark.sql.shuffle.partitions", parts)
         .config("spark.default.parallelism", parts)
         .config("spark.sql.files.maxPartitionBytes", "32m")
+        # tasks are CPU-bound Python: keep one per slot, never merge them into fewer
+        .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
         .config("spark.driver.memory", memory)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
