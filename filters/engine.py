@@ -526,10 +526,11 @@ class _CompositeRuntime(_Runtime):
                             continue
                         if g != -1:
                             groups.add(g)
-                        touched.add(id(pm))
                         if pat.info(new.mask).complete and not pat.trailing:
+                            touched.add(id(pm))  # completed by the event
                             completions.append((new, pm))
                         else:
+                            touched.add(id(new))  # the copy holds the event; the original does not
                             self._add_pm(part, new)
                             if tracing:
                                 self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
@@ -543,8 +544,7 @@ class _CompositeRuntime(_Runtime):
                                 continue
                             if pm.counts is None:
                                 pm.counts = {}
-                            pm.counts[i] = cnt
-                            touched.add(id(pm))
+                            pm.counts[i] = cnt  # counted, not bound: negations still apply
                             if tracing:
                                 self._trace("counted", f"{ev.id} as {self.names[i]} #{cnt} of {self.nth} for {self._desc(pm)}")
                             done = True

@@ -708,8 +708,8 @@ class _CompositeRuntime(_Runtime):
                             continue
                         if alt is not None:
                             alts.add(alt)
-                        touched.add(id(pm))  # the original keeps waiting, exempt like under first
                         if self._complete(nb):
+                            touched.add(id(pm))  # completed by the event: exempt from it
                             completions.append((self._key(nb), nb))
                         else:
                             cp = pm.copy(nb)
