@@ -435,7 +435,8 @@ class _CompositeRuntime(_Runtime):
                 del new.counts[leaf]
             return new
         conjs = pat.bind_conjs(base_mask, leaf) if pat.conjs else ()
-        complete = pat.info(pat.clear_losing_alternatives(new_mask)).complete
+        cleared = pat.clear_losing_alternatives(new_mask)
+        complete = pat.info(cleared).complete
         if conjs or pm.negc or (complete and (self.leading or pat.conjs)):
             binds = self._bindings(pm, {leaf: b})
             for c in conjs:
@@ -449,10 +450,14 @@ class _CompositeRuntime(_Runtime):
             else:
                 pending = None
             if complete and not pat.trailing:
-                # conjuncts that never became checkable (e.g. across any-alternatives) see absent values
-                done = new_mask
+                # conjuncts not fully bound in the final match (across any-alternatives, or
+                # mentioning a binding the winning alternative dropped) see absent values
+                final = binds
+                if cleared != new_mask:
+                    names = self.names
+                    final = {n: a for n, a in binds.items() if cleared >> names.index(n) & 1}
                 for c in pat.conjs:
-                    if not c.neg and c.mask & done != c.mask and not c.fn(binds):
+                    if not c.neg and c.mask & cleared != c.mask and not c.fn(final):
                         return None
             if complete and self.leading and self._leading_blocks(pm, leaf, b, binds):
                 # the last positive is bound: the leading window [last.ts - T, first) is known
