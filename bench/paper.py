@@ -266,14 +266,16 @@ def _plot(rows: list[dict], exp: str, x: str, ys: list[str], title: str, path: P
             ax = axes[row][col]
             for name in dict.fromkeys(r["engine"] for r in sel):
                 pts = sorted((r[x], r[y]) for r in sel
-                             if r["engine"] == name and r["mode"] == mode and (sv is None or r[split] == sv))
+                             if r["engine"] == name and r["mode"] == mode and (sv is None or r[split] == sv)
+                             and r[y] > 0)  # log scale: no matches, no composite response
                 style = "--" if name == "two-step" else "-"
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=name)
             if logx:
                 ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel(x)
-            ax.set_ylabel(y.replace("_us", " (µs)").replace("_", " "))
+            label = {"cpu_us": "response, CPU (µs/event)", "composition_us": "composition, wall (µs/event)"}
+            ax.set_ylabel(label.get(y, y.replace("_us", " (µs, wall)").replace("_", " ")))
             ax.set_title(f"{mode}" + (f", {sv:,} {split}" if sv is not None else ""), fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
@@ -303,6 +305,35 @@ def _ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
+def plot_all(rows: list[dict], dest: Path, docs_img: str | None) -> None:
+    plots = {
+        "paper_order.png": ("order", "groups", ["cpu_us", "z_response_us", "composite_response_us"],
+                            "(a) composition order: response time per event vs number of groups", None, True),
+        "paper_profiles.png": ("profiles", "profiles", ["cpu_us", "composite_response_us"],
+                               "(b) response time vs number of profiles", "groups", False),
+        "paper_cardinality.png": ("cardinality", "cardinality", ["cpu_us", "composition_us"],
+                                  "(c) response and composition time vs profile cardinality", None, False),
+    }
+    for fname, (exp, x, ys, title, split, logx) in plots.items():
+        _plot(rows, exp, x, ys, title, dest / fname, split, logx)
+        if docs_img:
+            Path(docs_img).mkdir(parents=True, exist_ok=True)
+            shutil.copy(dest / fname, Path(docs_img) / fname)
+
+
+def replot(out: str, docs_img: str | None) -> None:
+    """Plots and the summary table again from `paper.csv` (no measuring)."""
+    from rich.console import Console
+
+    rows: list[dict] = []
+    with (Path(out) / "paper.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            rows.append({k: (v if k in ("experiment", "mode", "engine") else float(v) if "." in v else int(v))
+                         for k, v in r.items()})
+    plot_all(rows, Path(out), docs_img)
+    Console(width=200).print(summary_table(rows, 0))
+
+
 def summary_table(rows: list[dict], seconds: float) -> Any:
     """One row per measurement point: CPU µs per event for every engine, and the ratios
     two-step / single-step (best variant) for CPU time per event, for the events that close
@@ -311,7 +342,8 @@ def summary_table(rows: list[dict], seconds: float) -> Any:
 
     names = list(dict.fromkeys(r["engine"] for r in rows))
     singles = [n for n in names if n != "two-step"]
-    table = Table(title=f"µs per event (CPU) and two-step / best single-step — {seconds:,.0f} s")
+    title = "µs per event (CPU) and two-step / best single-step" + (f" — {seconds:,.0f} s" if seconds else "")
+    table = Table(title=title)
     for col in ["exp.", "mode", "groups", "profiles", "card.", "notes"]:
         table.add_column(col, justify="right")
     for n in names:
@@ -374,18 +406,6 @@ def run(out: str, quick: bool, seed: int, docs_img: str | None = None) -> list[d
         w = csv.DictWriter(fh, fieldnames=list(ratios[0]))
         w.writeheader()
         w.writerows(ratios)
-    plots = {
-        "paper_order.png": ("order", "groups", ["response_us", "z_response_us", "composite_response_us"],
-                            "(a) composition order: response time per event vs number of groups", None, True),
-        "paper_profiles.png": ("profiles", "profiles", ["response_us", "composite_response_us"],
-                               "(b) response time vs number of profiles", "groups", False),
-        "paper_cardinality.png": ("cardinality", "cardinality", ["response_us", "composition_us"],
-                                  "(c) response and composition time vs profile cardinality", None, False),
-    }
-    for fname, (exp, x, ys, title, split, logx) in plots.items():
-        _plot(rows, exp, x, ys, title, dest / fname, split, logx)
-        if docs_img:
-            Path(docs_img).mkdir(parents=True, exist_ok=True)
-            shutil.copy(dest / fname, Path(docs_img) / fname)
+    plot_all(rows, dest, docs_img)
     Console(width=200).print(summary_table(rows, time.perf_counter() - t0))
     return rows

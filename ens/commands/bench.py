@@ -42,9 +42,13 @@ def paper_cmd(
     quick: bool = typer.Option(False, "--quick", help="Reduced sizes (about 1-2 minutes)."),
     seed: int = typer.Option(7),
     docs_img: str = typer.Option("", help="Also copy the PNG plots here (e.g. docs/img)."),
+    replot: bool = typer.Option(False, "--replot", help="Only redraw plots and table from OUT/paper.csv."),
 ) -> None:
     """The CompAS experiments, single-step (every variant) vs two-step: composition order,
     number of profiles, profile cardinality; unique pairs and all pairs (docs/paper.md)."""
-    from bench.paper import run
+    from bench import paper
 
-    run(out, quick, seed, docs_img or None)
+    if replot:
+        paper.replot(out, docs_img or None)
+    else:
+        paper.run(out, quick, seed, docs_img or None)
