@@ -480,7 +480,8 @@ class _CompositeRuntime(_Runtime):
         hist = pm.part.history
         if not hist:
             return False
-        first_seq = min([x.seq for x in pm.binds if x is not None] + [b.seq])
+        # `leaf` is being bound (or re-bound under `last`): its old event does not count
+        first_seq = min([x.seq for j, x in enumerate(pm.binds) if x is not None and j != leaf] + [b.seq])
         lo = b.ev.ts - (self.window or 0.0)
         for hseq, hts, x, hb in hist:
             if hts >= lo and hseq < first_seq and self._neg_verdict(x, hb, binds, final=True):
