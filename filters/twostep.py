@@ -190,7 +190,7 @@ class _Pattern:
         # (two alternatives of one any) are evaluated at completion
         self.pos_conj: dict[int, list[tuple[Cond, tuple[int, ...]]]] = {}
         self.neg_conj: dict[int, list[tuple[Cond, tuple[int, ...]]]] = {}
-        # at completion, conjuncts never checked are evaluated with unbound references absent
+        # at completion every conjunct is evaluated on the final match, unbound references absent
         self.late_conj: list[tuple[Cond, tuple[int, ...], bool]] = []
         self.const_conj: list[Cond] = []
         for c in conjuncts(profile.where):
@@ -519,10 +519,7 @@ class _CompositeRuntime(_Runtime):
         pat = self.pat
         binds = list(pm.binds) if pm is not None else [None] * len(pat.leaves)
         binds[leaf] = b
-        full = binds
         for a in pat.leaves[leaf].anys:
-            if binds is full:
-                binds = list(full)
             if _done(a, binds):
                 for alt in a.pos:
                     if alt.__class__ is _Leaf:
@@ -547,11 +544,9 @@ class _CompositeRuntime(_Runtime):
                 if self._neg_verdict(x, xb, binds) is True:
                     return None
         if pat.done(binds):
-            env = None
-            for c, poss, excl in pat.late_conj:
-                if excl or not all(full[i] is not None for i in poss):
-                    if env is None:
-                        env = self._env(binds)
+            if pat.late_conj:  # where holds on the final match (dropped bindings are absent)
+                env = self._env(binds)
+                for c, _, _ in pat.late_conj:
                     if not _holds(c, env):
                         return None
             if pat.leading and self._leading_blocks(part, binds):
