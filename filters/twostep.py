@@ -4,11 +4,12 @@ Step 1 filters every event against *all* component filters of every profile
 (every leaf, positive and negated), which stay in the primitive pool for the
 profile's whole life. Step 2 hands the matches to a separate composite pool:
 per profile and partition it keeps *binding lists* (the events matched per
-component, pruned by the window) and the partial matches (PMs), and evaluates
-the composites. Nothing flows back into the primitive pool, so an event that
-matches a component is evaluated for every profile that has that component,
-whether or not a partial match waits for it: the cost the single-step engine
-avoids.
+component inside the window; profiles without a window keep none, nothing
+could prune them and events bind on arrival) and the partial matches (PMs),
+and evaluates the composites. Nothing flows back into the primitive pool, so
+an event that matches a component is evaluated for every profile that has
+that component, whether or not a partial match waits for it: the cost the
+single-step engine avoids.
 
 Written from LANGUAGE.md and docs/semantics.md only (not from filters/engine.py)
 so that the differential tests compare two independent readings.
