@@ -895,10 +895,12 @@ class _CompositeRuntime(_Runtime):
             return
         # a nested window ended
         mi = pat.info(pm.mask)
-        for nid in mi.started_nodes:
+        for nid in mi.started_nodes:  # outermost first
             node = pat.nodes[nid]
-            lo = min(b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1)
-            if lo + node.within <= when:  # type: ignore[operator]
+            stamps = [b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1]
+            if not stamps:
+                continue  # an enclosing nested node ending at the same time already reset it
+            if min(stamps) + node.within <= when:  # type: ignore[operator]
                 if self.kind == "each":
                     self._drop(pm, "expired")
                     break
