@@ -459,7 +459,7 @@ class _CompositeRuntime(_Runtime):
                 for c in pat.conjs:
                     if not c.neg and c.mask & cleared != c.mask and not c.fn(final):
                         return None
-            if complete and self.leading and self._leading_blocks(pm, leaf, b, binds):
+            if complete and self.leading and self._leading_blocks(pm, leaf, b, binds, cleared):
                 # the last positive is bound: the leading window [last.ts - T, first) is known
                 return None
         else:
@@ -476,12 +476,22 @@ class _CompositeRuntime(_Runtime):
             del new.counts[leaf]
         return new
 
-    def _leading_blocks(self, pm: _PM, leaf: int, b: _B, binds: dict[str, dict[str, Any]]) -> bool:
+    def _leading_blocks(
+        self, pm: _PM, leaf: int, b: _B, binds: dict[str, dict[str, Any]], final: int = -1
+    ) -> bool:
+        """Is there a leading-negation event before the match's first event, inside the window?
+
+        `final` is the mask of the match's leaves (bindings of a losing any-alternative are
+        not part of it); `leaf` is being bound (or re-bound under `last`), so its old event
+        does not count.
+        """
         hist = pm.part.history
         if not hist:
             return False
-        # `leaf` is being bound (or re-bound under `last`): its old event does not count
-        first_seq = min([x.seq for j, x in enumerate(pm.binds) if x is not None and j != leaf] + [b.seq])
+        first_seq = min(
+            [x.seq for j, x in enumerate(pm.binds) if x is not None and j != leaf and final >> j & 1]
+            + [b.seq]
+        )
         lo = b.ev.ts - (self.window or 0.0)
         for hseq, hts, x, hb in hist:
             if hts >= lo and hseq < first_seq and self._neg_verdict(x, hb, binds, final=True):
@@ -758,7 +768,10 @@ class _CompositeRuntime(_Runtime):
                 self._drop(pm, f"killed by {self.names[x]} = {b.ev.id}")
                 return
             self._reset(pm, node, f"killed by {self.names[x]} = {b.ev.id}")
-            return
+            if not pm.alive:
+                return
+            # the reset PM may still be inside another negation's scope (e.g. the root's)
+            mi = self.pat.info(pm.mask)
 
     def _open(self, part: _Partition, starts: list[int], b: _B) -> None:
         kind = self.kind
