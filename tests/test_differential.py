@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ens.replay import replay
 from filters.engine import Engine
 from filters.twostep import TwoStepEngine
-from profiles.ast import All, AnyOf, Profile, Seq
+from profiles.ast import Profile
 from profiles.errors import ProfileError
 from profiles.events import Event
 from profiles.parser import parse_profile
@@ -135,48 +135,14 @@ def profile_text(draw: st.DrawFn) -> str:
     return " ".join([body, *order])
 
 
-def _nested_windows(expr: object, depth: int) -> int:
-    """The deepest chain of nested composites that carry their own within."""
-    best = 0
-    for c in getattr(expr, "components", ()):
-        inner = c.expr
-        if isinstance(inner, (Seq, All, AnyOf)):
-            best = max(best, _nested_windows(inner, depth + 1) + (inner.within is not None))
-    return best
-
-
-def _nested_negation(expr: object) -> bool:
-    """A negated component inside a nested composite."""
-    return any(
-        isinstance(c.expr, (Seq, All, AnyOf))
-        and any(x.negated or _nested_negation(x.expr) for x in c.expr.components)
-        for c in getattr(expr, "components", ())
-    )
-
-
-def known_disagreement(profile: Profile) -> str | None:
-    """Profiles that hit a reported single-step deviation (tests/cases/9x-*.yaml); skipped until fixed."""
-    expr = profile.expr
-    comps = getattr(expr, "components", ())
-    if isinstance(expr, Seq) and comps and comps[0].negated and "any(" in profile.source:
-        return "90-leading-any-dropped-binding"
-    if _nested_windows(expr, 0) >= 2:
-        return "91-nested-windows-same-deadline"
-    if any(c.negated for c in comps) and _nested_negation(expr):
-        return "92-nested-reset-then-root-kill"
-    return None
-
-
 @st.composite
 def scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], float | None]:
     profiles: list[tuple[str, str]] = []
     for i in range(draw(st.integers(1, 3))):
         text = draw(profile_text())
         try:
-            prof = parse_profile(text, f"p{i}")
+            parse_profile(text, f"p{i}")
         except ProfileError:
-            continue
-        if known_disagreement(prof):
             continue
         profiles.append((f"p{i}", text))
     n = draw(st.integers(5, 25))
