@@ -25,7 +25,7 @@ import json, resource, sys, time
 from adapters.spark.index import load_index
 t = time.perf_counter()
 ps = load_index(sys.argv[1])
-print(json.dumps({"seconds": time.perf_counter() - t, "profiles": len(ps),
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": time.process_time(), "profiles": len(ps),
                   "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 PARSE = """
@@ -41,8 +41,8 @@ with open(sys.argv[1]) as fh:
             ps.append(parse_profile(r["expr"], r["id"], r.get("subscriber")))
         except ProfileError:
             bad += 1
-print(json.dumps({"seconds": time.perf_counter() - t, "profiles": len(ps), "errors": bad,
-                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": time.process_time(), "profiles": len(ps),
+                  "errors": bad, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -75,9 +75,13 @@ def main() -> None:
     t = time.perf_counter()
     spark = get_spark(args.master)
     res["spark_start_s"] = round(time.perf_counter() - t, 2)
-    t = time.perf_counter()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from spark_replay import tree_cpu
+
+    t, c = time.perf_counter(), tree_cpu()
     m = index_job(spark, str(src), str(d / "index"), errors=str(d / "errors.jsonl"), log=print)
     res["index_s"] = round(time.perf_counter() - t, 2)
+    res["index_cpu_s"] = round(tree_cpu() - c, 2)
     res["manifest"] = m["counts"]
     spark.stop()
     res["snapshot_mb"] = round(sum(f.stat().st_size for f in (d / "index").rglob("*") if f.is_file()) / 2**20, 1)

@@ -33,6 +33,34 @@ def sha(path: Path) -> str:
     return h.hexdigest()
 
 
+def tree_cpu(root: int | None = None) -> float:
+    """CPU seconds of this process and every live descendant (JVM, Python workers), Linux /proc.
+
+    The machine these figures come from is shared, so wall time alone says
+    little; CPU time does not depend on what else runs.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)] = int(f[1])
+        cpu[int(d.name)] = sum(int(x) for x in f[11:15]) / tick  # utime stime cutime cstime
+    me, total = root or os.getpid(), 0.0
+    for pid in cpu:
+        p = pid
+        while p > 1 and p != me:
+            p = parent.get(p, 0)
+        if p == me:
+            total += cpu[pid]
+    return total
+
+
 def local(data: str, rooms: list[str], out: Path) -> dict:
     from adapters.datasets import iter_dataset
     from filters.engine import Engine
@@ -43,7 +71,7 @@ def local(data: str, rooms: list[str], out: Path) -> dict:
     eng = Engine(ps)
     notes = []
     n = 0
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for obj in iter_dataset("keti", data, rooms=rooms):
         eng.process(event_from_obj(obj, ""))
         n += 1
@@ -55,7 +83,8 @@ def local(data: str, rooms: list[str], out: Path) -> dict:
     with out.open("w") as fh:
         for x in notes:
             fh.write(json.dumps(x.to_json(), separators=(", ", ": ")) + "\n")
-    return {"seconds": round(time.perf_counter() - t, 2), "events": n, "notifications": len(notes)}
+    return {"seconds": round(time.perf_counter() - t, 2), "cpu_s": round(time.process_time() - c, 2), "events": n,
+            "notifications": len(notes)}
 
 
 def spark_warm(spark, data: str, rooms: list[str], out: Path, fused: bool) -> dict:  # noqa: ANN001
@@ -64,20 +93,28 @@ def spark_warm(spark, data: str, rooms: list[str], out: Path, fused: bool) -> di
     from profiles.profile_file import load_profile_file
 
     ps = load_profile_file(PROFILES).profiles
-    t = time.perf_counter()
+    t, c = time.perf_counter(), tree_cpu()
     src = lambda plan: read_dataset(spark, "keti", data, "room", plan, rooms)  # noqa: E731
     st = replay_job(spark, ps, src, str(out), key="room", dataset=("keti", data, rooms) if fused else None)
-    return {"seconds": round(time.perf_counter() - t, 2), "events": st.events, "notifications": st.notifications,
-            "stages": st.seconds}
+    return {"seconds": round(time.perf_counter() - t, 2), "cpu_s": round(tree_cpu() - c, 2), "events": st.events,
+            "notifications": st.notifications, "stages": st.seconds}
 
 
 def spark_cold(data: str, rooms: list[str], out: Path, master: str) -> dict:
     cmd = [sys.executable, "-m", "adapters.spark.cli", "replay", "--dataset", "keti", data, "--rooms", ",".join(rooms),
            "--profiles", PROFILES, "--key", "room", "--out", str(out), "--master", master]
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    log = [ln for ln in p.stderr.splitlines() if ln.startswith("spark:")]
-    return {"seconds": round(time.perf_counter() - t, 2), "command": " ".join(cmd[1:]), "log": log}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cpu = 0.0
+    while p.poll() is None:  # the process tree's CPU, sampled: its JVM is not reaped by us
+        cpu = max(cpu, tree_cpu(p.pid))
+        time.sleep(1)
+    err = p.stderr.read() if p.stderr else ""
+    if p.returncode:
+        raise RuntimeError(err)
+    log = [ln for ln in err.splitlines() if ln.startswith("spark:")]
+    return {"seconds": round(time.perf_counter() - t, 2), "cpu_s": round(cpu, 2), "command": " ".join(cmd[1:]),
+            "log": log}
 
 
 def main() -> None:
@@ -86,6 +123,7 @@ def main() -> None:
     ap.add_argument("--rooms", default="5,10,25", help="room counts (first N rooms by name)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--cold", action="store_true", help="run the CLI in a subprocess (JVM start included)")
+    ap.add_argument("--no-local", action="store_true", help="reuse the last local output")
     ap.add_argument("--generic", action="store_true", help="also time the generic path (parse table + shuffle)")
     ap.add_argument("--out", default="bench/results/spark_replay.json")
     args = ap.parse_args()
@@ -101,7 +139,8 @@ def main() -> None:
         d = Path("bench/results")
         lo, so = d / f"keti-{n}-local.jsonl", d / f"keti-{n}-spark.jsonl"
         rec: dict = {"rooms": n, "master": args.master, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
-        rec["local"] = local(args.data, rooms, lo)
+        if not args.no_local:
+            rec["local"] = local(args.data, rooms, lo)
         if args.cold:
             rec["spark_cli"] = spark_cold(args.data, rooms, so, args.master)
         else:

@@ -19,7 +19,7 @@ of `slices` do not depend on when a timer fires, only on its deadline.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,17 +133,3 @@ def route_key(value: Any) -> str | None:
         f = float(value)
         return "n" + (repr(f) if math.isfinite(f) else str(f))
     return "s" + str(value)
-
-
-def iter_groups(rows: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, list[Any]]]:
-    """Consecutive runs of equal keys (rows sorted by key)."""
-    cur: str | None = None
-    bucket: list[Any] = []
-    for k, row in rows:
-        if k != cur and bucket:
-            yield cur, bucket  # type: ignore[misc]
-            bucket = []
-        cur = k
-        bucket.append(row)
-    if bucket:
-        yield cur, bucket  # type: ignore[misc]

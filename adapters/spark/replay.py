@@ -12,6 +12,9 @@ Stages (each a Spark job; see `plan` for who runs where, `slices` for the order)
    its detection key;
 3. *merge*: notifications sorted by detection key and written as JSON lines
    (one file, byte-identical to `ens replay --out`) or Parquet.
+
+A data set stored per room, replayed `--key room`, skips stage 1 for the
+keyed profiles: each room's engine runs where its files are read (`fused`).
 """
 
 from __future__ import annotations

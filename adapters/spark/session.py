@@ -26,7 +26,7 @@ def local_cores(master: str) -> int:
         return 1
     if master.startswith("local["):
         n = master[6:].split(",")[0].rstrip("]")
-        return os.cpu_count() or 2 if n == "*" else max(1, int(n))
+        return (os.cpu_count() or 2) if n == "*" else max(1, int(n))
     return 8
 
 
@@ -77,9 +77,7 @@ def spread(df: DataFrame, path: str) -> DataFrame:
     Python work per row (parsing) dominates these jobs, so a one-partition
     input would leave every core but one idle; small inputs are not worth a shuffle.
     """
-    from pathlib import Path as _P
-
-    p = _P(path)
+    p = Path(path)
     size = (
         p.stat().st_size
         if p.is_file()
@@ -108,12 +106,3 @@ def ddl_fields(ddl: str) -> list[tuple[str, Any]]:
         name, typ = item.split()
         out.append((name, types[typ]))
     return out
-
-
-def stop_spark() -> None:
-    """Stop the active session (CLI commands end with it; tests share one session)."""
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
