@@ -500,10 +500,13 @@ class _CompositeRuntime(_Runtime):
 
     # ---------------------------------------------------------------- event
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
-        part_kv = self.partition_of(ev.attrs)
-        if part_kv is None:
-            return
-        key, values = part_kv
+        if self.profile.per:
+            part_kv = self.partition_of(ev.attrs)
+            if part_kv is None:
+                return
+            key, values = part_kv
+        else:
+            key, values = (), None
         part = self.parts.get(key)
         if part is not None and part.pms and self.engine.tracer is None:
             if self.fast and len(part.pms) == 1:
@@ -543,7 +546,8 @@ class _CompositeRuntime(_Runtime):
                         if g != -1:
                             groups.add(g)
                         if pat.info(new.mask).complete and not pat.trailing:
-                            touched.add(id(pm))  # completed by the event
+                            # completed: the waiting original is not exempt from the event's
+                            # negations (it lies between this PM's events and any later one)
                             completions.append((new, pm))
                         else:
                             touched.add(id(new))  # the copy holds the event; the original does not
@@ -570,8 +574,8 @@ class _CompositeRuntime(_Runtime):
                         if tracing:
                             self._trace("ignored", f"{ev.id} for {self._desc(pm)}: where/negation not satisfied")
                         continue
-                    touched.add(id(pm))
-                    self._advance(pm, new, completions, tracing, ev)
+                    if not self._advance(pm, new, completions, tracing, ev):
+                        touched.add(id(pm))
                     done = True
                     break
                 if done:
@@ -583,10 +587,10 @@ class _CompositeRuntime(_Runtime):
                             new = self._try_bind(pm, i, b, replace=True)
                             if new is None:
                                 continue
-                            touched.add(id(pm))
                             if tracing:
                                 self._trace("replaced", f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}")
-                            self._advance(pm, new, completions, tracing, ev, replaced=True)
+                            if not self._advance(pm, new, completions, tracing, ev, replaced=True):
+                                touched.add(id(pm))
                             break
                 elif tracing and any(pm.binds[i] is not None and i not in self.start_set for i in pos):
                     self._trace("ignored", f"{ev.id} as a duplicate for {self._desc(pm)}")
@@ -637,10 +641,9 @@ class _CompositeRuntime(_Runtime):
                 break
         else:
             return self.kind == "first"  # a duplicate: ignored (and a PM exists, so nothing opens)
-        b = _B(seq, ev)
         new_mask = pm.mask | 1 << i
         if not pat.info(new_mask).complete:
-            pm.binds[i] = b
+            pm.binds[i] = _B(seq, ev)
             pm.mask = new_mask
             self._changed(pm)
             return True
@@ -652,15 +655,15 @@ class _CompositeRuntime(_Runtime):
             elif x is not None:
                 events[names[j]] = x.ev
         if self.unique:
-            pm.alive = False
-            eng = self.engine
-            if eng.variant == "dynamic":
-                eng.timers.discard(pm.handle)
-                pm.handle = None
-            self._sync(pm)
+            pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
+            pm.handle = None
+            if pm.regs:
+                for key in pm.regs:
+                    self._unreg(part, key)
+                pm.regs = ()
             part.pms.clear()
             self.pm_count -= 1
-            eng.live_pms -= 1
+            self.engine.live_pms -= 1
             self.report(ev.ts, events, part.values)
             if self.active:
                 self._tidy(part, ev.ts)
@@ -673,7 +676,7 @@ class _CompositeRuntime(_Runtime):
         pat = self.pat
         info = pat.info
         b = _B(seq, ev)
-        done: list[tuple[tuple, _PM, int]] = []  # (order key, PM, leaf) completed by this event
+        done: list[tuple[_PM, int]] = []  # (PM, leaf) completed by this event
         for pm in list(part.pms):
             enabled = info(pm.mask).enabled_set
             for i in leaves:
@@ -681,8 +684,7 @@ class _CompositeRuntime(_Runtime):
                     continue
                 new_mask = pm.mask | 1 << i
                 if info(new_mask).complete:
-                    key = tuple(seq if j == i else (x.seq if x is not None else _INF) for j, x in enumerate(pm.binds))
-                    done.append((key, pm, i))
+                    done.append((pm, i))
                 else:
                     new = pm.copy()
                     new.binds[i] = b
@@ -690,9 +692,12 @@ class _CompositeRuntime(_Runtime):
                     self._add_pm(part, new)
         consumed = False
         if done:
-            done.sort(key=lambda d: d[0])
+            if len(done) > 1:  # report in the order of the matches' events (their order keys)
+                done.sort(key=lambda d: tuple(
+                    seq if j == d[1] else (x.seq if x is not None else _INF) for j, x in enumerate(d[0].binds)
+                ))
             names = self.names
-            for key, pm, i in done[:1] if self.unique else done:
+            for pm, i in done[:1] if self.unique else done:
                 events = {}
                 for j, x in enumerate(pm.binds):
                     if j == i:
@@ -700,7 +705,8 @@ class _CompositeRuntime(_Runtime):
                     elif x is not None:
                         events[names[j]] = x.ev
                 if self.unique:
-                    used = {k for k in key if k != _INF}
+                    used = {x.seq for x in pm.binds if x is not None}
+                    used.add(seq)
                     self._consume(part, used)
                     consumed = True
                 self.report(ev.ts, events, part.values)
@@ -714,16 +720,22 @@ class _CompositeRuntime(_Runtime):
                     return
         self._tidy(part, ev.ts)
 
-    def _advance(self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False) -> None:
-        """Apply an in-place change (first/last/nth) or record a completion."""
+    def _advance(self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False) -> bool:
+        """Apply an in-place change (first/last/nth) or record a completion (returns True).
+
+        An extended PM is exempt from the event's negations (the event closed their
+        scope); a completed one stays as it was, and under `shared` keeps waiting with
+        the event between its events and any later duplicate, so they apply to it.
+        """
         pat = self.pat
         if pat.info(new.mask).complete and not pat.trailing:
             completions.append((new, pm))
-            return
+            return True
         if tracing and not replaced:
             self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)}")
         pm.mask, pm.binds, pm.counts, pm.negc = new.mask, new.binds, new.counts, new.negc
         self._changed(pm)
+        return False
 
     def _complete(self, part: _Partition, completions: list[tuple[_PM, _PM | None]], ts: float) -> bool:
         """Report completed matches; under unique the earliest wins and its events are consumed."""
@@ -850,9 +862,10 @@ class _CompositeRuntime(_Runtime):
             action, _, detail = why.partition(" ")
             self._trace(action, self._desc(pm) + (f" ({why})" if detail else ""))
         pm.alive = False
-        if self.engine.variant == "dynamic":
-            self.engine.timers.discard(pm.handle)
-            pm.handle = None
+        # The terminator is not taken out of the temporal pool: it fires as a no-op at its
+        # deadline. A sorted-list delete per completed match costs more than the no-op, and
+        # dead entries are bounded by the window like live ones.
+        pm.handle = None
         self._sync(pm)
         part = pm.part
         part.pms.remove(pm)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from profiles.events import Event
@@ -24,7 +24,6 @@ class Notification:
     partition: dict[str, Any] | None = None
     seq: int = 0
     subscriber: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The §6 output record of `ens replay`."""

@@ -704,8 +704,7 @@ class _CompositeRuntime(_Runtime):
                             continue
                         if alt is not None:
                             alts.add(alt)
-                        if self._complete(nb):
-                            touched.add(id(pm))  # completed by the event: exempt from it
+                        if self._complete(nb):  # the original waits on: not exempt from the event
                             completions.append((self._key(nb), nb))
                         else:
                             cp = pm.copy(nb)
@@ -737,12 +736,12 @@ class _CompositeRuntime(_Runtime):
                         nb = self._replace(part, pm, b, pos)
                 if nb is None:
                     continue
-                touched.add(id(pm))
                 if self._complete(nb):
                     completions.append((self._key(nb), nb))
                     if self.unique:
                         self._drop(pm)  # the PM became the match (even if an any dropped events)
                 else:
+                    touched.add(id(pm))  # extended: the event closed its negations' scope
                     self._set(pm, nb)
         # 2. complete
         consumed = False
