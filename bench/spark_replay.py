@@ -117,6 +117,32 @@ def spark_cold(data: str, rooms: list[str], out: Path, master: str) -> dict:
             "log": log}
 
 
+def plot(results: list[dict], png: Path) -> None:
+    """Seconds vs rooms: local replay, Spark CLI (wall), Spark CPU; the latest figures per room count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loc = {r["rooms"]: r["local"] for r in results if "local" in r}
+    cli = {r["rooms"]: r["spark_cli"] for r in results if "spark_cli" in r}
+    last = {n: {"local": loc[n], "spark_cli": cli[n]} for n in loc if n in cli}
+    rooms = sorted(last)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot(rooms, [last[n]["local"]["seconds"] for n in rooms], "o-", label="local replay (1 core)")
+    ax.plot(rooms, [last[n]["spark_cli"]["seconds"] for n in rooms], "s-", label="ens spark replay, wall (local[2])")
+    ax.plot(rooms, [last[n]["spark_cli"]["cpu_s"] for n in rooms], "s:", label="ens spark replay, CPU s")
+    ax.set_xlabel("KETI rooms replayed")
+    ax.set_ylabel("seconds")
+    ax.set_title("KETI replay: Spark vs one local engine (identical output)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="../shared/data/keti")
@@ -126,7 +152,11 @@ def main() -> None:
     ap.add_argument("--no-local", action="store_true", help="reuse the last local output")
     ap.add_argument("--generic", action="store_true", help="also time the generic path (parse table + shuffle)")
     ap.add_argument("--out", default="bench/results/spark_replay.json")
+    ap.add_argument("--plot", default=None, help="only draw this PNG from the results in --out")
     args = ap.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.out).read_text()), Path(args.plot))
+        return
 
     from adapters.datasets.keti import list_rooms
 

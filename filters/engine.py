@@ -115,6 +115,8 @@ class _Runtime:
         self.profile = profile
         self.idx = idx
         self.active = True
+        self.per = profile.per
+        self.pid, self.subscriber, self.once = profile.id, profile.subscriber, profile.once
 
     def start_registrations(self) -> Iterable[tuple[Any, int]]:
         return ()
@@ -135,12 +137,10 @@ class _Runtime:
     def report(self, ts: float, events: dict[str, Event], partition: dict[str, Any] | None) -> None:
         eng = self.engine
         eng._nseq += 1
-        eng._out.append(
-            Notification(self.profile.id, ts, events, partition, eng._nseq, self.profile.subscriber)
-        )
+        eng._out.append(Notification(self.pid, ts, events, partition, eng._nseq, self.subscriber))
         if eng.tracer is not None:
-            eng._trace(self.profile.id, "reported", _fmt(events) + f" at {ts:g}")
-        if self.profile.once:
+            eng._trace(self.pid, "reported", _fmt(events) + f" at {ts:g}")
+        if self.once:
             eng._deactivate(self)
 
     def partition_of(self, attrs: dict[str, Any]) -> tuple[tuple, dict[str, Any] | None] | None:
@@ -500,7 +500,7 @@ class _CompositeRuntime(_Runtime):
 
     # ---------------------------------------------------------------- event
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
-        if self.profile.per:
+        if self.per:
             part_kv = self.partition_of(ev.attrs)
             if part_kv is None:
                 return
@@ -632,28 +632,29 @@ class _CompositeRuntime(_Runtime):
         """The common case in one place: a single PM (first/last) extended or completed by the event.
 
         Same semantics as the general path; returns False to hand anything
-        else (replacements, duplicates under last) to it.
+        else (replacements, duplicates under last) to it. This is the step
+        that makes the last event of a composite cost about a primitive one.
         """
-        pat = self.pat
-        enabled = pat.info(pm.mask).enabled_set
+        tr = self.pat._trans.get(pm.mask)
+        if tr is None:
+            tr = self.pat.transitions(pm.mask)
         for i in leaves:
-            if i in enabled:
+            t = tr.get(i)
+            if t is not None:
                 break
         else:
             return self.kind == "first"  # a duplicate: ignored (and a PM exists, so nothing opens)
-        new_mask = pm.mask | 1 << i
-        if not pat.info(new_mask).complete:
+        new_mask, order = t
+        if order is None:
             pm.binds[i] = _B(seq, ev)
             pm.mask = new_mask
             self._changed(pm)
             return True
+        binds = pm.binds
         names = self.names
         events = {}
-        for j, x in enumerate(pm.binds):
-            if j == i:
-                events[names[j]] = ev
-            elif x is not None:
-                events[names[j]] = x.ev
+        for j in order:  # a loop, not a comprehension: no closure cells on 3.11
+            events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
             pm.handle = None
@@ -665,8 +666,12 @@ class _CompositeRuntime(_Runtime):
             self.pm_count -= 1
             self.engine.live_pms -= 1
             self.report(ev.ts, events, part.values)
-            if self.active:
+            if not self.active:
+                return True
+            if part.history or part.starts or part.handle is not None or (part.held and part.key):
                 self._tidy(part, ev.ts)
+            elif not part.held and self.parts.get(part.key) is part:  # `_tidy`'s usual outcome
+                del self.parts[part.key]
         else:
             self.report(ev.ts, events, part.values)
         return True

@@ -37,7 +37,7 @@ _NUM = (int, float)
 
 # Mask tables depend only on a pattern's shape (node kinds, negations, windows),
 # not on its filters: profiles of one shape share them.
-_SHAPE_TABLES: dict[tuple, tuple[dict[int, MaskInfo], dict[int, int]]] = {}
+_SHAPE_TABLES: dict[tuple, tuple[dict[int, MaskInfo], dict[int, int], dict[int, dict]]] = {}
 
 
 @dataclass(slots=True)
@@ -163,6 +163,7 @@ class Pattern:
     eq_bindings: dict[int, list[tuple[str, int, str]]] = field(default_factory=dict)
     _masks: dict[int, MaskInfo] = field(default_factory=dict)
     _cleared: dict[int, int] = field(default_factory=dict)
+    _trans: dict[int, dict[int, tuple[int, tuple[int, ...] | None]]] = field(default_factory=dict)
     has_any: bool = False
     _bind_conjs: dict[tuple[int, int], list[Conj]] = field(default_factory=dict)
 
@@ -196,7 +197,7 @@ class Pattern:
             tuple(p.leading),
             tuple(p.trailing),
         )
-        p._masks, p._cleared = _SHAPE_TABLES.setdefault(shape, ({}, {}))
+        p._masks, p._cleared, p._trans = _SHAPE_TABLES.setdefault(shape, ({}, {}, {}))
         p.has_any = any(n.kind == "any" for n in p.nodes)
         for c in conjuncts(profile.where):
             refs = frozenset(refs_of(c))
@@ -242,6 +243,21 @@ class Pattern:
         if mi is None:
             mi = self._masks[mask] = self._compute(mask)
         return mi
+
+    def transitions(self, mask: int) -> dict[int, tuple[int, tuple[int, ...] | None]]:
+        """Enabled leaf -> (next mask, the complete match's leaves in written order, or None).
+
+        The engine's fast path (no where, negations or any) in one lookup; shared by shape.
+        """
+        tr = self._trans.get(mask)
+        if tr is None:
+            tr = {}
+            for i in self.info(mask).enabled:
+                nm = mask | 1 << i
+                done = tuple(j for j in range(len(self.leaves)) if nm >> j & 1)
+                tr[i] = (nm, done if self.info(nm).complete else None)
+            self._trans[mask] = tr
+        return tr
 
     def _complete(self, kind: str, i: int, mask: int) -> bool:
         if kind == "leaf":

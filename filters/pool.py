@@ -509,6 +509,15 @@ class PrimitivePool:
         if access is None:
             del self._scan[clause]
             return
+        if access[0] == "eqs" and access[3] is None:  # the auxiliary profile's usual shape
+            table = self._schemas[access[1]]
+            bucket = table[access[2]]
+            del bucket.plain[clause]
+            if not bucket.plain and not bucket.ranges:
+                del table[access[2]]
+                if not table:
+                    del self._schemas[access[1]]
+            return
         if access[0] in ("eqs", "in"):
             if access[0] == "eqs":
                 targets = [(access[1], access[2])]

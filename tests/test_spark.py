@@ -169,6 +169,53 @@ def test_index_round_trip_and_errors(spark, tmp_path: Path) -> None:
     assert read_manifest(tmp_path / "idx")["counts"]["filters"] < manifest["counts"]["filter_uses"]
 
 
+def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeypatch) -> None:
+    """`ens serve --index`: the snapshot's profiles are imported into Redis and run unparsed."""
+    import redis
+
+    from adapters.service import redis_store as rs
+    from adapters.service.worker import EngineWorker, WorkerConfig
+    from adapters.spark.index import index_job
+    from tests.helpers_service import outbox, redis_server
+
+    recs = [{"id": f"r{i}", "expr": f'seq(a: kind = "door" and room = "{i}", b: kind = "motion") '
+             "within 1m per room"} for i in range(150)]
+    src = tmp_path / "profiles.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    index_job(spark, str(src), str(tmp_path / "idx"))
+    with redis_server(tmp_path) as url:
+        rt = redis.Redis.from_url(url, decode_responses=True)
+        rb = redis.Redis.from_url(url)
+        rs.put_profile(rt, "r7", 'kind = "stored first"')  # a stored definition wins over the index
+        parsed: list[str] = []
+        real = rs.validate_profile
+
+        def spy(r, pid, expr, sub=None):  # noqa: ANN001, ANN202
+            parsed.append(pid)
+            return real(r, pid, expr, sub)
+
+        monkeypatch.setattr(rs, "validate_profile", spy)
+        cfg = WorkerConfig(name="w", clock="event", reorder_seconds=0, block=0, index=str(tmp_path / "idx"))
+        w = EngineWorker(rb, cfg)
+        w.start()
+        assert parsed == ["r7"]  # only the profile whose stored text differs from the index
+        stored = {p["id"]: p for p in rs.list_profiles(rt)}
+        assert len(stored) == 150 and stored["r7"]["expr"] == 'kind = "stored first"'
+        assert stored["r3"]["expr"] == recs[3]["expr"]
+        assert len(w.defs) == 150 and w.engine.stats()["profiles"] == 150
+        assert not rt.exists(rs.JOURNAL)  # the bulk start was snapshotted, not journalled
+        for i, ev in enumerate([{"kind": "door", "room": "3"}, {"kind": "motion", "room": "3"}]):
+            rt.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps({"id": f"e{i}", "ts": 100.0 + i, **ev}),
+                                rs.INGEST_GATEWAY: "test"})
+        for _ in range(5):
+            w.step(block=0, now=200.0)
+        w.snapshot()
+        notes = outbox(rt)
+        assert [(n["profile"], n["events"]["b"]["id"]) for n in notes] == [("r3", "e1")]
+        rt.close()
+        rb.close()
+
+
 # ------------------------------------------------------------ replay
 
 

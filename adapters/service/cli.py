@@ -107,6 +107,11 @@ def serve(
         bool,
         typer.Option("--reset-admin-token", help="Issue a new admin token (printed once) first."),
     ] = False,
+    index: Annotated[
+        Path | None,
+        typer.Option(help="An `ens spark index` snapshot: its profiles are imported (ids not stored "
+                          "yet) and activated without parsing."),
+    ] = None,
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
     from adapters.service.server import ServeConfig, run
@@ -120,6 +125,10 @@ def serve(
     )
     if worker_name:
         wcfg.name = worker_name
+    if index is not None:
+        if not (index / "manifest.json").is_file():
+            raise _fail(f"--index {index}: not an `ens spark index` snapshot (no manifest.json)")
+        wcfg.index = str(index)
     if reset_admin_token:
         st = _Store(redis_url, data_dir)
         token = rs.reset_admin_token(st.r)

@@ -226,6 +226,30 @@ def put_profile(
     return rec, old is None
 
 
+def import_profiles(r: redis.Redis, profiles: list[Profile], batch: int = 10_000) -> tuple[int, int]:
+    """Store already-parsed profiles (an `ens spark index` snapshot) whose ids are not stored yet.
+
+    Returns (imported, already there). Stored profiles win: an id the service already has
+    keeps its definition. `created` follows the snapshot's order, so a fresh worker activates
+    them in that order. No control entries: the worker reconciles with the hash at start.
+    """
+    now = time.time()
+    imported = kept = 0
+    for lo in range(0, len(profiles), batch):
+        chunk = profiles[lo:lo + batch]
+        with r.pipeline(transaction=False) as p:
+            for k, prof in enumerate(chunk):
+                rec = {"id": prof.id, "expr": prof.source, "subscriber": prof.subscriber,
+                       "created": now + (lo + k) * 1e-6, "updated": now}
+                p.hsetnx(PROFILES, prof.id, dumps(rec))
+            for added in p.execute():
+                if added:
+                    imported += 1
+                else:
+                    kept += 1
+    return imported, kept
+
+
 def get_profile(r: redis.Redis, pid: str) -> dict[str, Any] | None:
     raw = r.hget(PROFILES, pid)
     return None if raw is None else json.loads(text(raw))

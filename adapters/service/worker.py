@@ -95,6 +95,7 @@ class WorkerConfig:
     lock_ttl: float = 15.0
     heartbeat_interval: float = 1.0
     status_interval: float = 10.0  # the "worker: N events, ..." log line
+    index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
 
 
 class _Held(NamedTuple):
@@ -140,6 +141,8 @@ class EngineWorker:
 
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
+        self._preparsed: dict[str, Any] = {}
+        self._bulk = False
         self.engine = Engine(tz=self.cfg.tz)
         self.epoch = secrets.token_hex(4)
         self.defs: dict[str, list[Any]] = {}  # id -> [expr, subscriber] as applied
@@ -250,8 +253,10 @@ class EngineWorker:
             if "BUSYGROUP" not in str(exc):
                 raise
         pel = self._pending_entries()
-        fed = self._replay(pel)
-        self._reconcile()
+        self._preparsed = self._load_index() if self.cfg.index else {}
+        fed = self._replay(pel)  # journalled profile changes use the index too
+        bulk = self._reconcile()
+        self._preparsed = {}
         now = time.time()
         reread = 0
         for eid, fields in pel:
@@ -263,6 +268,8 @@ class EngineWorker:
                 reread += 1
         if reread:
             log.info("re-read %d pending ingest entries after the journal", reread)
+        if bulk:  # many profiles changed: snapshot now rather than journal them
+            self.snapshot()
         self.started = True
         self._heartbeat(force=True)
 
@@ -323,28 +330,52 @@ class EngineWorker:
                      len(entries), len(fed))
         return fed
 
-    def _reconcile(self) -> None:
-        """Make the engine's profiles those of ``ens:profiles`` (changes made while down)."""
+    def _reconcile(self) -> bool:
+        """Make the engine's profiles those of ``ens:profiles`` (changes made while down).
+
+        Returns True when many profiles changed (a first start on a large set).
+        """
         last = self.r.xrevrange(rs.CONTROL, count=1)
         ctl = rs.text(last[0][0]) if last else "0-0"
         stored = rs.list_profiles(self.r)
         want = {p["id"]: p for p in stored}
+        self._bulk = len(stored) > 100  # one summary line instead of a line per profile
+        changed = 0
         for pid in list(self.defs):
             if pid not in want:
                 self._apply(pid, None)
+                changed += 1
         for p in stored:
-            self._apply(p["id"], p)
+            changed += self._apply(p["id"], p)
+        self._bulk = False
+        if changed:
+            log.info("profiles: %d active after %d change(s) made while the engine was down",
+                     len(self.defs), changed)
         if rs.parse_id(ctl) > rs.parse_id(self.control_id):
             self.control_id = ctl
+        return changed > 100
+
+    def _load_index(self) -> dict[str, Any]:
+        """Profiles of the index snapshot by id; those not in ``ens:profiles`` are imported."""
+        from adapters.spark.index import load_index
+
+        t = time.perf_counter()
+        profiles = load_index(self.cfg.index)  # type: ignore[arg-type]
+        imported, kept = rs.import_profiles(self.r, profiles)
+        log.info("index %s: %d profiles loaded in %.1f s; %d imported into ens:profiles, %d already there",
+                 self.cfg.index, len(profiles), time.perf_counter() - t, imported, kept)
+        return {p.id: p for p in profiles}
 
     # ------------------------------------------------------------------ profiles
-    def _apply(self, pid: str, rec: dict[str, Any] | None) -> None:
+    def _apply(self, pid: str, rec: dict[str, Any] | None) -> bool:
         """Apply the stored definition of one profile (None: deleted), logging the input."""
         expr = rec["expr"] if rec else None
         sub = rec.get("subscriber") if rec else None
         if self._set_def(pid, expr, sub):
             self._input(["c", pid, expr, sub])
             self.changed = True
+            return True
+        return False
 
     def _set_def(self, pid: str, expr: str | None, sub: str | None) -> bool:
         have = self.defs.get(pid)
@@ -353,20 +384,23 @@ class EngineWorker:
                 return False
             self._remove(pid)
             del self.defs[pid]
-            log.info("profile %s removed", pid)
+            log.log(logging.DEBUG if self._bulk else logging.INFO, "profile %s removed", pid)
             return True
         if have == [expr, sub]:
             return False
-        try:
-            profile = rs.validate_profile(None, pid, expr, sub)
-        except ProfileError as exc:  # the API validates; this is a hand-edited hash
-            log.error("ignoring invalid stored profile %s: %s", pid, exc)
-            return False
+        profile = self._preparsed.pop(pid, None)
+        if profile is None or profile.source != expr or profile.subscriber != sub:
+            try:  # not from the index (or changed since): parse
+                profile = rs.validate_profile(None, pid, expr, sub)
+            except ProfileError as exc:  # the API validates; this is a hand-edited hash
+                log.error("ignoring invalid stored profile %s: %s", pid, exc)
+                return False
         if have is not None:
             self._remove(pid)
         self.engine.add_profile(profile)
         self.defs[pid] = [expr, sub]
-        log.info("profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
+        log.log(logging.DEBUG if self._bulk else logging.INFO,
+                "profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
         return True
 
     def _remove(self, pid: str) -> None:
