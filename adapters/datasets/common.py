@@ -40,11 +40,13 @@ plausible on its own, and spotting it needs history, which is the filters' job, 
 from __future__ import annotations
 
 import gzip
+import heapq
 import lzma
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from itertools import islice
 from pathlib import Path
 from typing import IO, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -279,3 +281,38 @@ def count_lines(path: Path) -> int:
     """Line count of a (possibly compressed) file; used for progress-bar totals."""
     with open_binary(path) as f:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+class WideFormat(NamedTuple):
+    """A data set stored as wide tables (one row per time, one column per channel): the UCI files."""
+
+    name: str
+    building: str
+    label: str  # in error messages: "UCI occupancy", ...
+    suffixes: tuple[str, ...]
+    channels: list[Channel]
+    read_file: Callable[[Path, WideTable, tzinfo], Iterator[Event]]
+
+    def iter_events(
+        self,
+        path: Path | str,
+        *,
+        rooms: Iterable[str] | None = None,
+        kinds: Iterable[str] | None = None,
+        limit: int | None = None,
+        tz: str | tzinfo = "UTC",
+    ) -> Iterator[Event]:
+        """Events of one file, or of every file in a directory merged by time."""
+        files = resolve_files(Path(path), self.suffixes, self.label)
+        table = WideTable(self.name, self.building, select_channels(self.channels, rooms, kinds, str(path)))
+        zone = resolve_tz(tz)
+        events = heapq.merge(*(self.read_file(f, table, zone) for f in files), key=lambda e: e["ts"])
+        return events if limit is None else islice(events, limit)
+
+    def estimate_events(
+        self, path: Path | str, *, rooms: Iterable[str] | None = None, kinds: Iterable[str] | None = None
+    ) -> int:
+        """Rows × selected columns (for progress bars)."""
+        files = resolve_files(Path(path), self.suffixes, self.label)
+        channels = select_channels(self.channels, rooms, kinds, str(path))
+        return sum(max(count_lines(f) - 1, 0) for f in files) * len(channels)

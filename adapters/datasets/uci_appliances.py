@@ -44,23 +44,18 @@ rules: see :mod:`adapters.datasets.common`; ``outside``/``weather`` use the outd
 from __future__ import annotations
 
 import csv
-import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, tzinfo
-from itertools import islice
 from pathlib import Path
 
 from adapters.datasets.common import (
     Channel,
     DatasetError,
     Event,
+    WideFormat,
     WideTable,
-    count_lines,
     local_ts,
     open_text,
-    resolve_files,
-    resolve_tz,
-    select_channels,
     stamp,
 )
 
@@ -125,29 +120,6 @@ def _read_file(path: Path, table: WideTable, tz: tzinfo) -> Iterator[Event]:
                 raise DatasetError(f"{path}:{reader.line_num}: {e}") from None
 
 
-def iter_events(
-    path: Path | str,
-    *,
-    rooms: Iterable[str] | None = None,
-    kinds: Iterable[str] | None = None,
-    limit: int | None = None,
-    tz: str | tzinfo = "UTC",
-) -> Iterator[Event]:
-    """Events of the appliances CSV (or of every CSV in a directory, merged by time)."""
-    files = resolve_files(Path(path), SUFFIXES, "UCI appliances")
-    table = WideTable(NAME, BUILDING, select_channels(CHANNELS, rooms, kinds, str(path)))
-    zone = resolve_tz(tz)
-    events = heapq.merge(*(_read_file(f, table, zone) for f in files), key=lambda e: e["ts"])
-    return events if limit is None else islice(events, limit)
-
-
-def estimate_events(
-    path: Path | str,
-    *,
-    rooms: Iterable[str] | None = None,
-    kinds: Iterable[str] | None = None,
-) -> int | None:
-    """Rows × selected columns (for progress bars)."""
-    files = resolve_files(Path(path), SUFFIXES, "UCI appliances")
-    channels = select_channels(CHANNELS, rooms, kinds, str(path))
-    return sum(max(count_lines(f) - 1, 0) for f in files) * len(channels)
+FORMAT = WideFormat(NAME, BUILDING, "UCI appliances", SUFFIXES, CHANNELS, _read_file)
+iter_events = FORMAT.iter_events
+estimate_events = FORMAT.estimate_events
