@@ -25,7 +25,7 @@ from filters.compile import norm
 from filters.notification import Notification
 from filters.pattern import Pattern
 from filters.pool import PrimitivePool
-from filters.temporal import CLOCK, TIMER, TemporalPool
+from filters.temporal import TIMER, TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
 from profiles.events import Event
 
@@ -999,7 +999,7 @@ class _CompositeRuntime(_Runtime):
 # ------------------------------------------------------------------ engine
 
 
-class Engine:
+class Engine(TimeDriven):
     """Deterministic event filtering: add/remove profiles, process events, advance time, take notifications.
 
     >>> eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
@@ -1097,35 +1097,6 @@ class Engine:
             self._schedule_clock(clock, t)
         for rt in list(self._rts.values()):
             rt.activate(t)
-
-    def _schedule_clock(self, clock: Clock, after: float) -> None:
-        """Schedule the first occurrence of `clock` at or after `after`."""
-        local = dt.datetime.fromtimestamp(after, self.tz)
-        cand = local.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
-        if cand.timestamp() < after:
-            cand = (local + dt.timedelta(days=1)).replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
-        self._clocks[clock] = self.timers.add(cand.timestamp(), CLOCK, clock)
-
-    def advance(self, now: float, *, inclusive: bool = False) -> None:
-        """Move engine time to `now`: fire clocks at <= now and timers at < now (<= now if inclusive)."""
-        if self.now is None:
-            self._start(now)
-        timers = self.timers
-        while True:
-            item = timers.pop_due(now, inclusive)
-            if item is None:
-                break
-            when, kind, _, payload = item
-            if when > self.now:  # type: ignore[operator]
-                self.now = when
-            if kind == CLOCK:
-                self._fire_clock(payload, when)
-            else:
-                rt, arg = payload
-                if rt.active:
-                    rt.on_timer(when, arg)
-        if now > self.now:  # type: ignore[operator]
-            self.now = now
 
     def _fire_clock(self, clock: Clock, when: float) -> None:
         self._clocks[clock] = None

@@ -7,6 +7,7 @@ passed in; nothing here reads a clock.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 from typing import Any
 
@@ -55,3 +56,52 @@ class TemporalPool:
 
     def next_time(self) -> float | None:
         return self._items[0][0] if self._items else None
+
+
+class TimeDriven:
+    """Engine time for both engines: fire what the temporal pool holds, in order, as time passes.
+
+    The engine supplies `now`, `timers`, `tz`, `_clocks`, `_start` (first time seen) and
+    `_fire_clock` (deliver one clock event); timer payloads are `(runtime, arg)`.
+    """
+
+    now: float | None
+    timers: TemporalPool
+    tz: dt.tzinfo
+    _clocks: dict[Any, Any]
+
+    def _start(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _fire_clock(self, clock: Any, when: float) -> None:
+        raise NotImplementedError
+
+    def _schedule_clock(self, clock: Any, after: float) -> None:
+        """Schedule the first occurrence of `clock` (hour, minute in `tz`) at or after `after`."""
+        local = dt.datetime.fromtimestamp(after, self.tz)
+        at = local.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
+        if at.timestamp() < after:
+            nxt = local + dt.timedelta(days=1)
+            at = nxt.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
+        self._clocks[clock] = self.timers.add(at.timestamp(), CLOCK, clock)
+
+    def advance(self, now: float, *, inclusive: bool = False) -> None:
+        """Move time to `now`: fire clocks at <= now and timers at < now (<= now if inclusive)."""
+        if self.now is None:
+            self._start(now)
+        timers = self.timers
+        while True:
+            item = timers.pop_due(now, inclusive)
+            if item is None:
+                break
+            when, kind, _, payload = item
+            if when > self.now:  # type: ignore[operator]
+                self.now = when
+            if kind == CLOCK:
+                self._fire_clock(payload, when)
+            else:
+                rt, arg = payload
+                if rt.active:
+                    rt.on_timer(when, arg)
+        if now > self.now:  # type: ignore[operator]
+            self.now = now

@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo
 from filters.compile import compare, norm
 from filters.notification import Notification
 from filters.pool import PrimitivePool
-from filters.temporal import CLOCK, TemporalPool
+from filters.temporal import TemporalPool, TimeDriven
 from profiles.ast import (
     Absent,
     All,
@@ -929,7 +929,7 @@ class _CompositeRuntime(_Runtime):
 
 
 # ------------------------------------------------------------------ engine
-class TwoStepEngine:
+class TwoStepEngine(TimeDriven):
     """Same interface as `filters.engine.Engine`; primitive filtering, then composite evaluation.
 
     >>> from profiles.parser import parse_profile
@@ -1017,35 +1017,6 @@ class TwoStepEngine:
             self._schedule_clock(clock, t)
         for rt in list(self._rts.values()):
             rt.activate(t)
-
-    def _schedule_clock(self, clock: Clock, after: float) -> None:
-        """The first occurrence of `clock` at or after `after` (service time zone)."""
-        local = dt.datetime.fromtimestamp(after, self.tz)
-        at = local.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
-        if at.timestamp() < after:
-            nxt = local + dt.timedelta(days=1)
-            at = nxt.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
-        self._clocks[clock] = self.timers.add(at.timestamp(), CLOCK, clock)
-
-    def advance(self, now: float, *, inclusive: bool = False) -> None:
-        """Move time to `now`: clock events at <= now, timers at < now (<= now if inclusive)."""
-        if self.now is None:
-            self._start(now)
-        while True:
-            item = self.timers.pop_due(now, inclusive)
-            if item is None:
-                break
-            when, kind, _, payload = item
-            if when > self.now:  # type: ignore[operator]
-                self.now = when
-            if kind == CLOCK:
-                self._fire_clock(payload, when)
-            else:
-                rt, arg = payload
-                if rt.active:
-                    rt.on_timer(when, arg)
-        if now > self.now:  # type: ignore[operator]
-            self.now = now
 
     def _fire_clock(self, clock: Clock, when: float) -> None:
         self._clocks[clock] = None

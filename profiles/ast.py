@@ -7,7 +7,9 @@ compare equal and can be stored once in the pool (profile sharing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Literal, TypeVar
+
+_T = TypeVar("_T")
 
 
 def _hkey(v: object) -> object:
@@ -54,101 +56,76 @@ def _reduce(self: object) -> tuple:
     return (type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init))
 
 
+def _node(cls: type[_T]) -> type[_T]:
+    """A node class: frozen and slotted, its hash computed once, equality type-aware (`0` is not
+    `false`), pickled by constructor arguments (the cached hash must not travel)."""
+    cls.__annotations__["_h"] = "int"
+    cls._h = field(default=0, init=False, compare=False, repr=False)  # type: ignore[attr-defined]
+    cls.__hash__ = _cached_hash  # type: ignore[assignment]
+    cls.__eq__ = _typed_eq  # type: ignore[assignment,method-assign]
+    cls.__reduce__ = _reduce  # type: ignore[assignment,method-assign]
+    return dataclass(frozen=True, slots=True)(cls)
+
+
 Scalar = str | int | float | bool
 
 # --------------------------------------------------------------------- filters
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Cmp:
     """`attr op value` with op in = != < <= > >=."""
 
     attr: str
     op: str
     value: Scalar
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class In:
     attr: str
     values: tuple[Scalar, ...]
     negated: bool = False
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Between:
     attr: str
     low: Scalar
     high: Scalar
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Exists:
     attr: str
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class StartsWith:
     attr: str
     prefix: str
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class And:
     items: tuple[Filter, ...]
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Or:
     items: tuple[Filter, ...]
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Not:
     item: Filter
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Const:
     """`true` (matches every event) or `false`."""
 
     value: bool
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
 Predicate = Cmp | In | Between | Exists | StartsWith
@@ -159,57 +136,37 @@ Filter = Predicate | And | Or | Not | Const
 Duration = float  # seconds
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Component:
     name: str
     expr: Expr
     negated: bool = False
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Seq:
     components: tuple[Component, ...]
     within: Duration | None = None
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class All:
     components: tuple[Component, ...]
     within: Duration | None = None
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class AnyOf:
     components: tuple[Component, ...]
     within: Duration | None = None
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Absent:
     filter: Filter
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Clock:
     """A daily time event at hour:minute (service time zone)."""
 
@@ -219,10 +176,6 @@ class Clock:
     @property
     def text(self) -> str:
         return f"{self.hour:02d}:{self.minute:02d}"
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
 Composite = Seq | All | AnyOf
@@ -231,77 +184,49 @@ Expr = Filter | Composite | Absent | Clock
 # --------------------------------------------------------------------- where
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Ref:
     """`name.attr` in a where clause."""
 
     name: str
     attr: str
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Lit:
     value: Scalar
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Arith:
     op: str  # + - * /
     left: Term
     right: Term
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
 Term = Ref | Lit | Arith
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class WCmp:
     op: str
     left: Term
     right: Term
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class WAnd:
     items: tuple[Cond, ...]
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class WOr:
     items: tuple[Cond, ...]
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class WNot:
     item: Cond
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
 Cond = WCmp | WAnd | WOr | WNot
@@ -312,17 +237,13 @@ SelectKind = Literal["first", "last", "each", "nth"]
 ConsumeKind = Literal["unique", "shared"]
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Selection:
     kind: SelectKind = "first"
     n: int = 1
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
-@dataclass(frozen=True, slots=True)
+@_node
 class Profile:
     id: str
     expr: Expr
@@ -338,10 +259,6 @@ class Profile:
     @property
     def is_filter(self) -> bool:
         return is_filter(self.expr)
-    _h: int = field(default=0, init=False, compare=False, repr=False)
-    __hash__ = _cached_hash
-    __eq__ = _typed_eq
-    __reduce__ = _reduce
 
 
 def is_filter(expr: object) -> bool:
