@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo
 from filters.compile import norm
 from filters.notification import Notification
 from filters.pattern import Pattern
-from filters.pool import PrimitivePool
+from filters.pool import PrimitivePool, owners_by_profile
 from filters.temporal import TIMER, TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
 from profiles.events import Event
@@ -1134,27 +1134,10 @@ class Engine(TimeDriven):
             if rt is not None:
                 rt.on_event(event, seq, [leaf])
             return
-        hits: dict[int, list[int]] = {}
-        for entry in entries:
-            for idx, leaf in entry.owners:
-                lst = hits.get(idx)
-                if lst is None:
-                    hits[idx] = [leaf]
-                elif leaf not in lst:
-                    lst.append(leaf)
-        for idx in sorted(hits):
+        for idx, leaves in owners_by_profile(entries):
             rt = self._rts.get(idx)
             if rt is not None and rt.active:
-                leaves = hits[idx]
-                if len(leaves) > 1:
-                    leaves.sort()
                 rt.on_event(event, seq, leaves)
-
-    def finish(self, until: float | None = None) -> None:
-        """End of a replay: fire everything due up to `until` (default: the last event's time)."""
-        end = until if until is not None else self.now
-        if end is not None:
-            self.advance(end, inclusive=True)
 
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []

@@ -628,3 +628,26 @@ class PrimitivePool:
 
     def entries(self) -> Iterable[Entry]:
         return self._entries.values()
+
+
+def owners_by_profile(entries: list[Entry]) -> list[tuple[int, list[int]]]:
+    """Owners `(profile index, leaf)` of matched entries as (index, sorted leaves), in index order.
+
+    Both engines hand an event to each profile once, with every leaf it matched, in profile
+    order (the order notifications of one event come out in).
+    """
+    hits: dict[int, list[int]] = {}
+    for entry in entries:
+        for idx, leaf in entry.owners:
+            lst = hits.get(idx)
+            if lst is None:
+                hits[idx] = [leaf]
+            elif leaf not in lst:
+                lst.append(leaf)
+    out = []
+    for idx in sorted(hits):
+        leaves = hits[idx]
+        if len(leaves) > 1:
+            leaves.sort()
+        out.append((idx, leaves))
+    return out

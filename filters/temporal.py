@@ -105,3 +105,9 @@ class TimeDriven:
                     rt.on_timer(when, arg)
         if now > self.now:  # type: ignore[operator]
             self.now = now
+
+    def finish(self, until: float | None = None) -> None:
+        """End of a replay: fire everything due up to `until` (default: the last event's time)."""
+        end = until if until is not None else self.now
+        if end is not None:
+            self.advance(end, inclusive=True)

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 
 from filters.compile import compare, norm
 from filters.notification import Notification
-from filters.pool import PrimitivePool
+from filters.pool import PrimitivePool, owners_by_profile
 from filters.temporal import TemporalPool, TimeDriven
 from profiles.ast import (
     Absent,
@@ -1056,27 +1056,10 @@ class TwoStepEngine(TimeDriven):
                 if rt is not None and rt.active:
                     rt.on_event(event, seq, leaves)
             return
-        hits: dict[int, list[int]] = {}
-        for entry in entries:
-            for idx, leaf in entry.owners:
-                lst = hits.get(idx)
-                if lst is None:
-                    hits[idx] = [leaf]
-                elif leaf not in lst:
-                    lst.append(leaf)
-        for idx in sorted(hits):
+        for idx, leaves in owners_by_profile(entries):
             rt = rts.get(idx)
             if rt is not None and rt.active:
-                leaves = hits[idx]
-                if len(leaves) > 1:
-                    leaves.sort()
                 rt.on_event(event, seq, leaves)
-
-    def finish(self, until: float | None = None) -> None:
-        """End of a replay: fire everything due up to `until` (default: the last event's time)."""
-        end = until if until is not None else self.now
-        if end is not None:
-            self.advance(end, inclusive=True)
 
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []
