@@ -32,6 +32,21 @@ Work = Annotated[
     str | None,
     typer.Option("--work", help="Directory for intermediate tables (default: next to --out)."),
 ]
+ProfilesOpt = Annotated[
+    Path | None, typer.Option("--profiles", "-p", help="Profile file (YAML or JSON).")
+]
+IndexOpt = Annotated[
+    Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
+]
+DatasetOpt = Annotated[
+    str | None, typer.Option("--dataset", help="Read FEED with a data-set adapter (keti, ...).")
+]
+RoomsOpt = Annotated[
+    str | None, typer.Option("--rooms", help="Data set: only these rooms (comma-separated).")
+]
+InputFormatOpt = Annotated[
+    str | None, typer.Option("--input-format", help="jsonl, csv or parquet (default: by name).")
+]
 
 
 def _logger() -> Callable[[str], None]:
@@ -190,12 +205,8 @@ def replay(
     out: Annotated[
         str, typer.Option("--out", "-o", help="Notifications file (jsonl) or directory (parquet).")
     ],
-    profiles: Annotated[
-        Path | None, typer.Option("--profiles", "-p", help="Profile file (YAML or JSON).")
-    ] = None,
-    index: Annotated[
-        Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
-    ] = None,
+    profiles: ProfilesOpt = None,
+    index: IndexOpt = None,
     key: Annotated[
         str, typer.Option("--key", help="Partition attribute: per-key profiles run in parallel.")
     ] = "building",
@@ -204,15 +215,9 @@ def replay(
         str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
     ] = None,
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
-    dataset: Annotated[
-        str | None, typer.Option("--dataset", help="Read FEED with a data-set adapter (keti, ...).")
-    ] = None,
-    rooms: Annotated[
-        str | None, typer.Option("--rooms", help="Data set: only these rooms (comma-separated).")
-    ] = None,
-    input_format: Annotated[
-        str | None, typer.Option("--input-format", help="jsonl, csv or parquet (default: by name).")
-    ] = None,
+    dataset: DatasetOpt = None,
+    rooms: RoomsOpt = None,
+    input_format: InputFormatOpt = None,
     master: Master = "local[2]",
     work: Work = None,
 ) -> None:
@@ -242,21 +247,11 @@ def stats(
         str, typer.Argument(help="Events: JSON lines, CSV or Parquet; with --dataset its path.")
     ],
     out: Annotated[str, typer.Option("--out", "-o", help="Statistics JSON to write.")],
-    profiles: Annotated[
-        Path | None, typer.Option("--profiles", "-p", help="Profile file (YAML or JSON).")
-    ] = None,
-    index: Annotated[
-        Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
-    ] = None,
-    dataset: Annotated[
-        str | None, typer.Option("--dataset", help="Read FEED with a data-set adapter (keti, ...).")
-    ] = None,
-    rooms: Annotated[
-        str | None, typer.Option("--rooms", help="Data set: only these rooms (comma-separated).")
-    ] = None,
-    input_format: Annotated[
-        str | None, typer.Option("--input-format", help="jsonl, csv or parquet (default: by name).")
-    ] = None,
+    profiles: ProfilesOpt = None,
+    index: IndexOpt = None,
+    dataset: DatasetOpt = None,
+    rooms: RoomsOpt = None,
+    input_format: InputFormatOpt = None,
     master: Master = "local[2]",
     work: Work = None,
 ) -> None:
