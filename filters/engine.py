@@ -449,9 +449,10 @@ class _CompositeRuntime(_Runtime):
                     return None
             else:
                 pending = None
-            if complete and not pat.trailing:
+            if complete:
                 # conjuncts not fully bound in the final match (across any-alternatives, or
-                # mentioning a binding the winning alternative dropped) see absent values
+                # mentioning a binding the winning alternative dropped) see absent values;
+                # with a trailing negation too: its positives are final once all are bound
                 final = binds
                 if cleared != new_mask:
                     names = self.names

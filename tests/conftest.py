@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import settings
+
+# The suite draws the same examples on every run, so CI cannot fail by chance;
+# `make fuzz` (HYPOTHESIS_PROFILE=explore) draws new ones to hunt for disagreements.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 HERE = Path(__file__).parent
 CONFORMANCE = HERE / "conformance"
