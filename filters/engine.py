@@ -1118,7 +1118,7 @@ class Engine(TimeDriven):
     def process(self, event: Event) -> None:
         """Filter one event (after firing everything that is due before it)."""
         ts = event.ts
-        if self.now is None or self.timers.due(ts):
+        if self.now is None or self.timers.head <= ts:
             self.advance(ts)
         elif ts > self.now:
             self.now = ts

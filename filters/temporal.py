@@ -13,49 +13,75 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+_INF = float("inf")
 CLOCK = 0  # a clock event at t is processed before any event with ts >= t
 TIMER = 1  # a timer with deadline d fires once time passes d (d < ts of the next event)
 
 
 class TemporalPool:
-    __slots__ = ("_items", "_tie")
+    """Deadlines in time order; `head` (the earliest, inf if none) is what every event checks."""
+
+    __slots__ = ("_items", "_tie", "head")
 
     def __init__(self) -> None:
         self._items: SortedList = SortedList()
         self._tie = itertools.count()
+        self.head = _INF
 
     def __len__(self) -> int:
         return len(self._items)
 
+    def __getstate__(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        # (instance dict of a subclass, slots), pickle's own form for slotted classes
+        return getattr(self, "__dict__", None), {"_items": self._items, "_tie": self._tie}
+
+    def __setstate__(self, state: tuple[dict[str, Any] | None, dict[str, Any]]) -> None:
+        inst, slots = state
+        if inst:
+            self.__dict__.update(inst)
+        for k, v in slots.items():
+            setattr(self, k, v)
+        self._reset_head()  # not stored: snapshots from before it existed restore too
+
+    def _reset_head(self) -> None:
+        items = self._items
+        self.head = items[0][0] if items else _INF
+
+    def _insert(self, item: tuple) -> tuple:
+        self._items.add(item)
+        if item[0] < self.head:
+            self.head = item[0]
+        return item
+
     def add(self, when: float, kind: int, payload: Any) -> tuple:
         """Schedule `payload`; the returned handle removes it again."""
-        item = (when, kind, next(self._tie), payload)
-        self._items.add(item)
-        return item
+        return self._insert((when, kind, next(self._tie), payload))
 
     def discard(self, handle: tuple | None) -> None:
         if handle is not None:
             self._items.discard(handle)
+            if handle[0] <= self.head:
+                self._reset_head()
 
     def pop_due(self, now: float, inclusive: bool) -> tuple | None:
         """The next entry due at `now`: clocks at <= now, timers at < now (<= now if inclusive)."""
-        items = self._items
-        if not items:
+        if self.head > now:
             return None
+        items = self._items
         item = items[0]
         when, kind = item[0], item[1]
         if when < now or (when == now and (inclusive or kind == CLOCK)):
             items.pop(0)
+            self._reset_head()
             return item
         return None
 
     def due(self, now: float) -> bool:
         """Is anything due at `now` (cheap check before `pop_due`)?"""
-        items = self._items
-        return bool(items) and items[0][0] <= now
+        return self.head <= now
 
     def next_time(self) -> float | None:
-        return self._items[0][0] if self._items else None
+        return self.head if self._items else None
 
 
 class TimeDriven:

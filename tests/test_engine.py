@@ -131,3 +131,29 @@ def test_late_event_is_processed_not_dropped() -> None:
     eng.process(Event("a2", 10, {"k": "A"}))
     eng.process(Event("a1", 5, {"k": "A"}))
     assert [n.to_json()["events"]["e"] for n in eng.take_notifications()] == ["a2", "a1"]
+
+
+def test_temporal_pool_head_survives_pickling_and_old_snapshots() -> None:
+    """`head` (the earliest deadline every event checks) is derived, so it is rebuilt on load,
+    also from snapshots written before it existed (no `head` in their state)."""
+    import itertools
+    import pickle
+
+    from sortedcontainers import SortedList
+
+    from filters.temporal import TIMER, TemporalPool
+
+    pool = TemporalPool()
+    assert pool.head == float("inf") and not pool.due(1e18)
+    h5 = pool.add(5.0, TIMER, "five")
+    pool.add(9.0, TIMER, "nine")
+    pool.add(7.0, TIMER, "seven")
+    assert pool.head == 5.0
+    pool.discard(h5)
+    assert pool.head == 7.0
+    copy = pickle.loads(pickle.dumps(pool))
+    assert copy.head == 7.0 and copy.pop_due(8.0, False)[3] == "seven" and copy.head == 9.0
+    old = TemporalPool.__new__(TemporalPool)
+    old.__setstate__((None, {"_items": SortedList([(3.0, TIMER, 0, "x")]), "_tie": itertools.count(1)}))
+    assert old.head == 3.0 and old.due(3.0) and not old.due(2.9)
+    assert old.pop_due(3.0, True)[3] == "x" and old.head == float("inf")

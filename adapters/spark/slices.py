@@ -63,9 +63,7 @@ class StepTimers(TemporalPool):
 
     def add(self, when: float, kind: int, payload: Any) -> tuple:
         owner = -1 if kind == CLOCK else self.positions[payload[0].profile.id]
-        item = (when, kind, (self.step, self.sub, owner, next(self._tie)), payload)
-        self._items.add(item)
-        return item
+        return self._insert((when, kind, (self.step, self.sub, owner, next(self._tie)), payload))
 
     def pop_due(self, now: float, inclusive: bool) -> tuple | None:
         item = super().pop_due(now, inclusive)
