@@ -16,8 +16,9 @@ with `advance()`. Semantics: LANGUAGE.md and docs/semantics.md.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -134,6 +135,10 @@ class _Runtime:
         """(partial matches, partitions) held."""
         return (0, 0)
 
+    def fresh(self) -> bool:
+        """Holds nothing but its profile: a snapshot stores the profile only (see Engine)."""
+        return False
+
     def report(self, ts: float, events: dict[str, Event], partition: dict[str, Any] | None) -> None:
         eng = self.engine
         eng._nseq += 1
@@ -170,6 +175,9 @@ class _FilterRuntime(_Runtime):
 
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
         self.report(ev.ts, {"e": ev}, None)
+
+    def fresh(self) -> bool:
+        return True
 
 
 class _AbsentRuntime(_Runtime):
@@ -213,6 +221,9 @@ class _AbsentRuntime(_Runtime):
 
     def live(self) -> tuple[int, int]:
         return (len(self.parts), len(self.parts))
+
+    def fresh(self) -> bool:
+        return not self.parts  # quiet: no timer armed (activation is not replayed on restore)
 
 
 class _CompositeRuntime(_Runtime):
@@ -984,6 +995,9 @@ class _CompositeRuntime(_Runtime):
     def live(self) -> tuple[int, int]:
         return (self.pm_count, len(self.parts))
 
+    def fresh(self) -> bool:
+        return not self.parts and not self.pm_count and not self.clock_leaves
+
     def clear(self) -> None:
         for part in list(self.parts.values()):
             for pm in list(part.pms):
@@ -998,6 +1012,25 @@ class _CompositeRuntime(_Runtime):
 
 
 # ------------------------------------------------------------------ engine
+
+
+class _ProfileRefPickler(pickle.Pickler):
+    """Stores profiles as references to their id."""
+
+    def persistent_id(self, obj: Any) -> str | None:
+        return obj.id if obj.__class__ is Profile else None
+
+
+class _ProfileRefUnpickler(pickle.Unpickler):
+    def __init__(self, f: io.BytesIO, profiles: Mapping[str, Profile]) -> None:
+        super().__init__(f)
+        self.profiles = profiles
+
+    def persistent_load(self, pid: Any) -> Profile:
+        try:
+            return self.profiles[pid]
+        except KeyError:
+            raise KeyError(f"the snapshot refers to profile {pid!r}, which was not supplied") from None
 
 
 class Engine(TimeDriven):
@@ -1039,13 +1072,7 @@ class Engine(TimeDriven):
             raise ValueError(f"profile {profile.id!r} is already active")
         idx = self._next_idx
         self._next_idx += 1
-        rt: _Runtime
-        if profile.is_filter:
-            rt = _FilterRuntime(self, profile, idx)
-        elif isinstance(profile.expr, Absent):
-            rt = _AbsentRuntime(self, profile, idx)
-        else:
-            rt = _CompositeRuntime(self, profile, idx)
+        rt = self._runtime(profile, idx)
         self._rts[idx] = rt
         self._by_id[profile.id] = rt
         for f, leaf in rt.start_registrations():
@@ -1058,6 +1085,13 @@ class Engine(TimeDriven):
                     if self.now is not None:
                         self._schedule_clock(lf.clock, self.now)  # type: ignore[arg-type]
         rt.activate(self.now)
+
+    def _runtime(self, profile: Profile, idx: int) -> _Runtime:
+        if profile.is_filter:
+            return _FilterRuntime(self, profile, idx)
+        if isinstance(profile.expr, Absent):
+            return _AbsentRuntime(self, profile, idx)
+        return _CompositeRuntime(self, profile, idx)
 
     def remove_profile(self, profile_id: str) -> None:
         rt = self._by_id.get(profile_id)
@@ -1161,28 +1195,48 @@ class Engine(TimeDriven):
         }
 
     # ------------------------------------------------------------ snapshots
-    def snapshot(self) -> bytes:
-        """The whole engine state (partial matches, timers, profiles) as bytes."""
-        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+    def snapshot(self, *, profiles_apart: bool = False) -> bytes:
+        """The whole engine state (partial matches, timers, profiles) as bytes.
+
+        With `profiles_apart` the profiles are referred to by id and not stored (they do not
+        change between snapshots; with 10^6 profiles they are most of the bytes): `restore`
+        then needs them passed in.
+        """
+        buf = io.BytesIO()
+        (_ProfileRefPickler if profiles_apart else pickle.Pickler)(buf, pickle.HIGHEST_PROTOCOL).dump(self)
+        return buf.getvalue()
 
     @staticmethod
-    def restore(data: bytes) -> Engine:
-        """An engine from `snapshot()`; the primitive pool is rebuilt from the state."""
-        eng = pickle.loads(data)  # noqa: S301 - our own snapshot
+    def restore(data: bytes, profiles: Mapping[str, Profile] | None = None) -> Engine:
+        """An engine from `snapshot()`; the primitive pool is rebuilt from the state.
+
+        `profiles` (id -> profile) resolves the references of a `profiles_apart` snapshot.
+        """
+        eng = _ProfileRefUnpickler(io.BytesIO(data), profiles or {}).load()
         if not isinstance(eng, Engine):
             raise TypeError("not an engine snapshot")
         return eng
 
     def __getstate__(self) -> dict[str, Any]:
+        """The state without what can be rebuilt: the pool, and runtimes that hold only a profile
+        (most of them, with many profiles: a snapshot then costs what is in flight)."""
         state = self.__dict__.copy()
         del state["pool"]
+        del state["_by_id"]
         state["tracer"] = None
         state["tz"] = self.tz.key
+        state["_rts"] = {idx: rt for idx, rt in self._rts.items() if not rt.fresh()}
+        state["_fresh"] = [(idx, rt.profile) for idx, rt in self._rts.items() if rt.fresh()]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        fresh = state.pop("_fresh", ())
         self.__dict__.update(state)
         self.tz = ZoneInfo(state["tz"])
+        for idx, profile in fresh:
+            self._rts[idx] = self._runtime(profile, idx)
+        self._rts = dict(sorted(self._rts.items()))
+        self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
         self.pool = PrimitivePool()
         for rt in self._rts.values():
             for f, leaf in rt.start_registrations():

@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ens.replay import replay
+from ens.replay import order_events, replay
 from filters.engine import Engine
 from filters.twostep import TwoStepEngine
 from profiles.ast import Profile
@@ -241,3 +241,39 @@ def test_live_changes_agree(case: tuple[list[tuple[str, str]], list[dict], float
     if outs["single-step"] != outs["two-step"]:
         _report(texts, events, until, {**outs, "ops": [(op, getattr(a, "id", a)) for op, a in ops]})
     assert outs["single-step"] == outs["two-step"]
+
+
+@settings(max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.data())
+def test_snapshot_anywhere_changes_nothing(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
+) -> None:
+    """Snapshot and restore between any two events (whole, or with the profiles apart as the
+    service stores them): the notifications are those of the uninterrupted engine."""
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    evs = order_events(_events(events))
+    cut = data.draw(st.integers(0, len(evs)), label="cut")
+    apart = data.draw(st.booleans(), label="profiles_apart")
+    variant = data.draw(st.sampled_from(Engine.VARIANTS), label="variant")
+
+    def finish(eng: Engine, out: list) -> list:
+        if until is not None or eng.now is not None:
+            eng.finish(until)
+        out.extend(eng.take_notifications())
+        return [(n.ts, n.seq, json.dumps(n.to_json(), sort_keys=True)) for n in out]
+
+    whole = Engine(profiles, variant=variant)
+    for ev in evs:
+        whole.process(ev)
+    want = finish(whole, [])
+    eng = Engine(profiles, variant=variant)
+    out: list = []
+    for ev in evs[:cut]:
+        eng.process(ev)
+    out.extend(eng.take_notifications())
+    snap = eng.snapshot(profiles_apart=apart)
+    eng = Engine.restore(snap, {p.id: p for p in profiles} if apart else None)
+    for ev in evs[cut:]:
+        eng.process(ev)
+    assert finish(eng, out) == want

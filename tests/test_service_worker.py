@@ -234,3 +234,64 @@ def test_wall_clock_fires_timers_without_events(rb: redis.Redis, rt: redis.Redis
     w.snapshot()
     notes = outbox(rt)
     assert [(n["profile"], n["partition"]) for n in notes] == [("quiet", {"sensor": "t1"})]
+
+
+def test_checkpoint_keeps_profiles_apart_and_reads_old_checkpoints(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    """Profiles live in ens:checkpoint:profiles, written when they change, not in every snapshot;
+    a checkpoint of the previous format (profiles inside) still restores and is converted."""
+    from filters.engine import Engine
+
+    events = make_events(120, seed=5)
+    # A version-2 checkpoint, as the previous release wrote it, in the middle of a stream.
+    old_profiles = [parse_profile(expr, pid) for pid, expr in PROFILES.items()]
+    eng = Engine(old_profiles)
+    for e in events[:60]:
+        eng.process(event_from_obj(e, ""))
+    eng.take_notifications()
+    meta = {"version": 2, "epoch": "old", "last_id": "0-0", "control_id": "0-0",
+            "profiles": {pid: [expr, None] for pid, expr in PROFILES.items()}, "buffer": [],
+            "max_ts": events[59]["ts"], "floor": None, "arrival": 60, "totals": {}}
+    rb.hset(rs.CHECKPOINT, mapping={"engine": eng.snapshot(), "meta": json.dumps(meta)})
+    for pid, expr in PROFILES.items():
+        rs.put_profile(rt, pid, expr)
+
+    w = EngineWorker(rb, config(reorder_seconds=0))
+    w.start()
+    clock = [time.time()]
+    ingest(rb, events[60:])
+    drain(w, clock)
+    w.snapshot()
+    stored = rb.hgetall(rs.CHECKPOINT_PROFILES)
+    assert sorted(k.decode() for k in stored) == sorted(PROFILES)
+    snap, meta3 = rs.load_checkpoint(rb)
+    assert meta3["version"] == 3 and "profiles" not in meta3
+    assert b"seq(" not in snap and b"within 30s" not in snap  # no profile text in the state
+
+    # Only what changed is rewritten: a new profile adds one entry, the others stay as they were.
+    rs.put_profile(rt, "probe", 'kind = "probe"')
+    drain(w, clock)
+    w.snapshot()
+    after = rb.hgetall(rs.CHECKPOINT_PROFILES)
+    assert set(after) == set(stored) | {b"probe"} and all(after[k] == v for k, v in stored.items())
+
+    # A successor restores from the new format and goes on where it stopped.
+    rb.delete(rs.ENGINE_LOCK)
+    w2 = EngineWorker(rb, config(reorder_seconds=0))
+    w2.start()
+    assert sorted(w2.defs) == sorted([*PROFILES, "probe"])
+    assert sorted(p.id for p in w2.engine.profiles) == sorted([*PROFILES, "probe"])
+    ingest(rb, [{"id": "p1", "ts": events[-1]["ts"] + 1, "kind": "probe"}])
+    drain(w2, clock)
+    w2.snapshot()
+    assert [n["events"]["e"]["id"] for n in outbox(rt) if n["profile"] == "probe"] == ["p1"]
+    # the outbox holds what the stream's second half produced on top of the restored state:
+    # a local replay of the whole stream minus what the old engine reported before it stopped
+    whole = [n.to_json() for n in replay(old_profiles, [event_from_obj(e, "") for e in events])]
+    first = Engine(old_profiles)
+    for e in events[:60]:
+        first.process(event_from_obj(e, ""))
+    before = canon([n.to_json() for n in first.take_notifications()])
+    got = [n for n in replay_records(outbox(rt)) if n["profile"] != "probe"]
+    assert got and canon(got) + before == canon(whole)

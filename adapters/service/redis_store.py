@@ -7,8 +7,9 @@ Keys (the outbox and subscriber keys are `notifiers.store`'s)
 ``ens:gateways``        hash; gateway name -> ``{"sha256", "created", "revoked"}``
 ``ens:ingest``          stream; ``e`` = event JSON (validated, as received), ``g`` = gateway
 ``ens-engine``          consumer group of the engine worker on ``ens:ingest``
-``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot()` bytes, ``meta`` = JSON (last
-                        ingest id covered, reorder buffer, profile definitions, epoch, counters)
+``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot(profiles_apart=True)` bytes, ``meta``
+                        = JSON (last ingest id covered, reorder buffer, epoch, counters)
+``ens:checkpoint:profiles``  hash; id -> pickled profile as applied at the checkpoint
 ``ens:engine:journal``  stream; ``ops`` = JSON list of engine inputs since the previous entry
                         (``["e", ingest id]``, ``["a", t]``, ``["c", id, expr, subscriber]``),
                         ``n`` = notifications written with it, ``ctl`` = control stream id
@@ -50,6 +51,7 @@ INGEST_EVENT = "e"
 INGEST_GATEWAY = "g"
 ENGINE_GROUP = "ens-engine"
 CHECKPOINT = "ens:checkpoint"
+CHECKPOINT_PROFILES = "ens:checkpoint:profiles"  # id -> pickled Profile, as of the checkpoint
 JOURNAL = "ens:engine:journal"
 ENGINE_LOCK = "ens:engine:lock"
 ENGINE_STATUS = "ens:engine:status"

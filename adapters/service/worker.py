@@ -40,6 +40,7 @@ import heapq
 import json
 import logging
 import os
+import pickle
 import secrets
 import socket
 import threading
@@ -55,6 +56,7 @@ from adapters.service import redis_store as rs
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers import store
+from profiles.ast import Profile
 from profiles.errors import ProfileError
 from profiles.events import Event, event_from_obj
 
@@ -146,6 +148,8 @@ class EngineWorker:
         self.engine = Engine(tz=self.cfg.tz)
         self.epoch = secrets.token_hex(4)
         self.defs: dict[str, list[Any]] = {}  # id -> [expr, subscriber] as applied
+        self.def_profiles: dict[str, Profile] = {}  # id -> the parsed profile of defs
+        self.dirty: set[str] = set()  # ids whose definition changed since the last snapshot
         self.last_id = "0-0"  # last ingest entry read into engine or buffer
         self.control_id = "0-0"
         self.buffer: list[_Held] = []
@@ -166,11 +170,10 @@ class EngineWorker:
 
     def _meta(self) -> dict[str, Any]:
         return {
-            "version": 2,
+            "version": 3,  # 3: profiles in ens:checkpoint:profiles, not in meta or the engine
             "epoch": self.epoch,
             "last_id": self.last_id,
             "control_id": self.control_id,
-            "profiles": self.defs,
             "buffer": [[h.entry, h.arrival, h.wall, h.event.to_json()] for h in self.buffer],
             "max_ts": self.max_ts if self.max_ts != float("-inf") else None,
             "floor": self.floor if self.floor != float("-inf") else None,
@@ -187,11 +190,21 @@ class EngineWorker:
             log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
             return True
         snap, meta = cp
-        self.engine = Engine.restore(snap)
+        if meta.get("version", 2) >= 3:
+            stored = self.r.hgetall(rs.CHECKPOINT_PROFILES)
+            self.def_profiles = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
+            self.engine = Engine.restore(snap, self.def_profiles)
+            self.defs = {pid: [p.source, p.subscriber] for pid, p in self.def_profiles.items()}
+        else:  # a checkpoint with the profiles inside: the next snapshot moves them out
+            self.engine = Engine.restore(snap)
+            self.defs = meta["profiles"]
+            active = {p.id: p for p in self.engine.profiles}
+            for pid, (expr, sub) in self.defs.items():
+                self.def_profiles[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
+            self.dirty = set(self.defs)
         self.epoch = meta["epoch"]
         self.last_id = meta["last_id"]
         self.control_id = meta["control_id"]
-        self.defs = meta["profiles"]
         self.max_ts = meta["max_ts"] if meta.get("max_ts") is not None else float("-inf")
         self.floor = meta["floor"] if meta.get("floor") is not None else float("-inf")
         self.arrival = meta["arrival"]
@@ -384,6 +397,8 @@ class EngineWorker:
                 return False
             self._remove(pid)
             del self.defs[pid]
+            del self.def_profiles[pid]
+            self.dirty.add(pid)
             log.log(logging.DEBUG if self._bulk else logging.INFO, "profile %s removed", pid)
             return True
         if have == [expr, sub]:
@@ -399,6 +414,8 @@ class EngineWorker:
             self._remove(pid)
         self.engine.add_profile(profile)
         self.defs[pid] = [expr, sub]
+        self.def_profiles[pid] = profile
+        self.dirty.add(pid)
         log.log(logging.DEBUG if self._bulk else logging.INFO,
                 "profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
         return True
@@ -609,7 +626,8 @@ class EngineWorker:
         t0 = time.perf_counter()
         self.pending.extend(self.engine.take_notifications())
         records = [self.record(n) for n in self.pending]
-        snap = self.engine.snapshot()
+        snap = self.engine.snapshot(profiles_apart=True)
+        changed = {pid: self.def_profiles.get(pid) for pid in self.dirty}
         meta_obj = self._meta()
         meta_obj["totals"]["notifications"] += len(records)  # written by this transaction
         meta = rs.dumps(meta_obj)
@@ -618,6 +636,11 @@ class EngineWorker:
         def write(p: Any) -> None:
             for rec in records:
                 store.enqueue(p, rec)
+            for pid, prof in changed.items():  # only what changed: 10^6 profiles are not rewritten
+                if prof is None:
+                    p.hdel(rs.CHECKPOINT_PROFILES, pid)
+                else:
+                    p.hset(rs.CHECKPOINT_PROFILES, pid, pickle.dumps(prof, pickle.HIGHEST_PROTOCOL))
             p.hset(rs.CHECKPOINT, mapping={"engine": snap, "meta": meta})
             p.delete(rs.JOURNAL)
             for i in range(0, len(unacked), 10_000):
@@ -629,6 +652,7 @@ class EngineWorker:
         self._published(records)
         self.inputs.clear()
         self.unacked.clear()
+        self.dirty.clear()
         self.since_snapshot = 0
         self.changed = False
         self.last_commit = self.last_snapshot = time.monotonic()
