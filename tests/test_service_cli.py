@@ -205,3 +205,11 @@ def test_embedded_redis_in_the_data_dir(tmp_path: Path) -> None:
     finally:
         assert svc.stop(signal.SIGTERM) == 0
     assert "stopped" in (tmp_path / "serve.log").read_text()
+
+
+def test_serve_rejects_an_index_that_is_not_one(tmp_path: Path) -> None:
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["serve", "--index", str(tmp_path)])
+    assert res.exit_code == 2
+    assert "not an `ens spark index` snapshot" in res.output and str(tmp_path) in res.output
