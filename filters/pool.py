@@ -509,40 +509,35 @@ class PrimitivePool:
         if access is None:
             del self._scan[clause]
             return
-        if access[0] == "eqs" and access[3] is None:  # the auxiliary profile's usual shape
-            table = self._schemas[access[1]]
-            bucket = table[access[2]]
-            del bucket.plain[clause]
-            if not bucket.plain and not bucket.ranges:
-                del table[access[2]]
-                if not table:
-                    del self._schemas[access[1]]
+        kind = access[0]
+        if kind == "eqs":  # one bucket (the auxiliary profiles' shape): no list of targets
+            self._unbucket(clause, access[1], access[2], access[3])
             return
-        if access[0] in ("eqs", "in"):
-            if access[0] == "eqs":
-                targets = [(access[1], access[2])]
-            else:
-                targets = [((access[1],), k) for k in dict.fromkeys(access[2])]
-            for schema, values in targets:
-                table = self._schemas[schema]
-                bucket = table[values]
-                if access[0] == "eqs" and access[3] is not None:
-                    sl = bucket.ranges[access[3]]
-                    sl.remove(clause)
-                    if not sl:
-                        del bucket.ranges[access[3]]
-                else:
-                    del bucket.plain[clause]
-                if bucket.empty():
-                    del table[values]
-                    if not table:
-                        del self._schemas[schema]
+        if kind == "in":
+            for k in dict.fromkeys(access[2]):
+                self._unbucket(clause, (access[1],), k, None)
             return
         node = self._node_for(access, create=False)
         assert node is not None
         del node.clauses[clause]
         if not node.clauses:
             self._drop_node(access)
+
+    def _unbucket(self, clause: Clause, schema: tuple[str, ...], values: Any, rng: tuple | None) -> None:
+        """Take `clause` out of one equality bucket (its range `rng`, or its plain set)."""
+        table = self._schemas[schema]
+        bucket = table[values]
+        if rng is None:
+            del bucket.plain[clause]
+        else:
+            sl = bucket.ranges[rng]
+            sl.remove(clause)
+            if not sl:
+                del bucket.ranges[rng]
+        if bucket.empty():
+            del table[values]
+            if not table:
+                del self._schemas[schema]
 
     def _drop_node(self, key: tuple) -> None:
         kind, attr = key[0], key[1]
