@@ -149,7 +149,7 @@ class _Runtime:
             eng._deactivate(self)
 
     def partition_of(self, attrs: dict[str, Any]) -> tuple[tuple, dict[str, Any] | None] | None:
-        per = self.profile.per
+        per = self.per
         if not per:
             return (), None
         vals = []
@@ -193,7 +193,7 @@ class _AbsentRuntime(_Runtime):
         return [(self.profile.expr.filter, 0)]  # type: ignore[union-attr]
 
     def activate(self, now: float | None) -> None:
-        if not self.profile.per and now is not None and () not in self.parts:
+        if not self.per and now is not None and () not in self.parts:
             self._arm((), None, None, now)
 
     def _arm(self, key: tuple, values: dict[str, Any] | None, last: Event | None, at: float) -> None:
@@ -647,9 +647,7 @@ class _CompositeRuntime(_Runtime):
         else (replacements, duplicates under last) to it. This is the step
         that makes the last event of a composite cost about a primitive one.
         """
-        tr = self.pat._trans.get(pm.mask)
-        if tr is None:
-            tr = self.pat.transitions(pm.mask)
+        tr = self.pat.transitions(pm.mask)
         for i in leaves:
             t = tr.get(i)
             if t is not None:
@@ -662,11 +660,7 @@ class _CompositeRuntime(_Runtime):
             pm.mask = new_mask
             self._changed(pm)
             return True
-        binds = pm.binds
-        names = self.names
-        events = {}
-        for j in order:  # a loop, not a comprehension: no closure cells on 3.11
-            events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
+        events = self._match_events(pm, i, ev, order)
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
             pm.handle = None
@@ -678,30 +672,35 @@ class _CompositeRuntime(_Runtime):
             self.pm_count -= 1
             self.engine.live_pms -= 1
             self.report(ev.ts, events, part.values)
-            if not self.active:
-                return True
-            if part.history or part.starts or part.handle is not None or (part.held and part.key):
+            if self.active:
                 self._tidy(part, ev.ts)
-            elif not part.held and self.parts.get(part.key) is part:  # `_tidy`'s usual outcome
-                del self.parts[part.key]
         else:
             self.report(ev.ts, events, part.values)
         return True
 
+    def _match_events(self, pm: _PM, i: int, ev: Event, order: tuple[int, ...]) -> dict[str, Event]:
+        """The events of the match `ev` completes by binding leaf `i` (`order`: its leaves)."""
+        binds = pm.binds
+        names = self.names
+        events = {}
+        for j in order:  # a loop, not a comprehension: no closure cells on 3.11
+            events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
+        return events
+
     def _fast_each(self, part: _Partition, ev: Event, seq: int, leaves: list[int]) -> None:
         """`select each` without where/negations/any: the general path's steps, minus its bookkeeping."""
         pat = self.pat
-        info = pat.info
         b = _B(seq, ev)
-        done: list[tuple[_PM, int]] = []  # (PM, leaf) completed by this event
+        done: list[tuple[_PM, int, tuple[int, ...]]] = []  # (PM, leaf, match leaves) completed by this event
         for pm in list(part.pms):
-            enabled = info(pm.mask).enabled_set
+            tr = pat.transitions(pm.mask)
             for i in leaves:
-                if i not in enabled:
+                t = tr.get(i)
+                if t is None:
                     continue
-                new_mask = pm.mask | 1 << i
-                if info(new_mask).complete:
-                    done.append((pm, i))
+                new_mask, order = t
+                if order is not None:
+                    done.append((pm, i, order))
                 else:
                     new = pm.copy()
                     new.binds[i] = b
@@ -713,14 +712,8 @@ class _CompositeRuntime(_Runtime):
                 done.sort(key=lambda d: tuple(
                     seq if j == d[1] else (x.seq if x is not None else _INF) for j, x in enumerate(d[0].binds)
                 ))
-            names = self.names
-            for pm, i in done[:1] if self.unique else done:
-                events = {}
-                for j, x in enumerate(pm.binds):
-                    if j == i:
-                        events[names[j]] = ev
-                    elif x is not None:
-                        events[names[j]] = x.ev
+            for pm, i, order in done[:1] if self.unique else done:
+                events = self._match_events(pm, i, ev, order)
                 if self.unique:
                     used = {x.seq for x in pm.binds if x is not None}
                     used.add(seq)
@@ -967,7 +960,7 @@ class _CompositeRuntime(_Runtime):
                 del h[:k]
         if part.starts and w is not None and (part.starts_ts + w < now or (fired and part.starts_ts + w <= now)):
             part.starts = 0
-        if part.empty():
+        if not (part.pms or part.history or part.starts):  # `part.empty()`, inline: after every match
             if part.held:
                 if not part.key:
                     return  # no per: one partition, its few auxiliary profiles simply stay marked off
@@ -979,8 +972,9 @@ class _CompositeRuntime(_Runtime):
                 self._release(part)
             if self.parts.get(part.key) is part:
                 del self.parts[part.key]
-            self.engine.timers.discard(part.handle)
-            part.handle = None
+            if part.handle is not None:
+                self.engine.timers.discard(part.handle)
+                part.handle = None
             return
         if not part.pms and w is not None and part.handle is None:
             # only history / counters left: come back when they are stale
@@ -1225,8 +1219,14 @@ class Engine(TimeDriven):
         del state["_by_id"]
         state["tracer"] = None
         state["tz"] = self.tz.key
-        state["_rts"] = {idx: rt for idx, rt in self._rts.items() if not rt.fresh()}
-        state["_fresh"] = [(idx, rt.profile) for idx, rt in self._rts.items() if rt.fresh()]
+        kept: dict[int, _Runtime] = {}
+        fresh: list[tuple[int, Profile]] = []
+        for idx, rt in self._rts.items():
+            if rt.fresh():
+                fresh.append((idx, rt.profile))
+            else:
+                kept[idx] = rt
+        state["_rts"], state["_fresh"] = kept, fresh
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
