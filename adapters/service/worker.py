@@ -144,11 +144,11 @@ class EngineWorker:
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
         self._preparsed: dict[str, Any] = {}
-        self._bulk = False
         self.engine = Engine(tz=self.cfg.tz)
         self.epoch = secrets.token_hex(4)
-        self.defs: dict[str, list[Any]] = {}  # id -> [expr, subscriber] as applied
-        self.def_profiles: dict[str, Profile] = {}  # id -> the parsed profile of defs
+        # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
+        # kept after a `once` profile fired, so that it is not activated again
+        self.defs: dict[str, Profile] = {}
         self.dirty: set[str] = set()  # ids whose definition changed since the last snapshot
         self.last_id = "0-0"  # last ingest entry read into engine or buffer
         self.control_id = "0-0"
@@ -192,15 +192,13 @@ class EngineWorker:
         snap, meta = cp
         if meta.get("version", 2) >= 3:
             stored = self.r.hgetall(rs.CHECKPOINT_PROFILES)
-            self.def_profiles = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
-            self.engine = Engine.restore(snap, self.def_profiles)
-            self.defs = {pid: [p.source, p.subscriber] for pid, p in self.def_profiles.items()}
+            self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
+            self.engine = Engine.restore(snap, self.defs)
         else:  # a checkpoint with the profiles inside: the next snapshot moves them out
             self.engine = Engine.restore(snap)
-            self.defs = meta["profiles"]
             active = {p.id: p for p in self.engine.profiles}
-            for pid, (expr, sub) in self.defs.items():
-                self.def_profiles[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
+            for pid, (expr, sub) in meta["profiles"].items():
+                self.defs[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
             self.dirty = set(self.defs)
         self.epoch = meta["epoch"]
         self.last_id = meta["last_id"]
@@ -352,15 +350,14 @@ class EngineWorker:
         ctl = rs.text(last[0][0]) if last else "0-0"
         stored = rs.list_profiles(self.r)
         want = {p["id"]: p for p in stored}
-        self._bulk = len(stored) > 100  # one summary line instead of a line per profile
+        quiet = len(stored) > 100  # one summary line instead of a line per profile
         changed = 0
         for pid in list(self.defs):
             if pid not in want:
-                self._apply(pid, None)
+                self._apply(pid, None, quiet)
                 changed += 1
         for p in stored:
-            changed += self._apply(p["id"], p)
-        self._bulk = False
+            changed += self._apply(p["id"], p, quiet)
         if changed:
             log.info("profiles: %d active after %d change(s) made while the engine was down",
                      len(self.defs), changed)
@@ -380,28 +377,29 @@ class EngineWorker:
         return {p.id: p for p in profiles}
 
     # ------------------------------------------------------------------ profiles
-    def _apply(self, pid: str, rec: dict[str, Any] | None) -> bool:
+    def _apply(self, pid: str, rec: dict[str, Any] | None, quiet: bool = False) -> bool:
         """Apply the stored definition of one profile (None: deleted), logging the input."""
         expr = rec["expr"] if rec else None
         sub = rec.get("subscriber") if rec else None
-        if self._set_def(pid, expr, sub):
+        if self._set_def(pid, expr, sub, quiet):
             self._input(["c", pid, expr, sub])
             self.changed = True
             return True
         return False
 
-    def _set_def(self, pid: str, expr: str | None, sub: str | None) -> bool:
+    def _set_def(self, pid: str, expr: str | None, sub: str | None, quiet: bool = False) -> bool:
+        """Make `pid` the stored definition; `quiet` logs it at DEBUG (bulk starts)."""
+        level = logging.DEBUG if quiet else logging.INFO
         have = self.defs.get(pid)
         if expr is None:
             if have is None:
                 return False
             self._remove(pid)
             del self.defs[pid]
-            del self.def_profiles[pid]
             self.dirty.add(pid)
-            log.log(logging.DEBUG if self._bulk else logging.INFO, "profile %s removed", pid)
+            log.log(level, "profile %s removed", pid)
             return True
-        if have == [expr, sub]:
+        if have is not None and have.source == expr and have.subscriber == sub:
             return False
         profile = self._preparsed.pop(pid, None)
         if profile is None or profile.source != expr or profile.subscriber != sub:
@@ -413,11 +411,9 @@ class EngineWorker:
         if have is not None:
             self._remove(pid)
         self.engine.add_profile(profile)
-        self.defs[pid] = [expr, sub]
-        self.def_profiles[pid] = profile
+        self.defs[pid] = profile
         self.dirty.add(pid)
-        log.log(logging.DEBUG if self._bulk else logging.INFO,
-                "profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
+        log.log(level, "profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
         return True
 
     def _remove(self, pid: str) -> None:
@@ -627,7 +623,7 @@ class EngineWorker:
         self.pending.extend(self.engine.take_notifications())
         records = [self.record(n) for n in self.pending]
         snap = self.engine.snapshot(profiles_apart=True)
-        changed = {pid: self.def_profiles.get(pid) for pid in self.dirty}
+        changed = {pid: self.defs.get(pid) for pid in self.dirty}
         meta_obj = self._meta()
         meta_obj["totals"]["notifications"] += len(records)  # written by this transaction
         meta = rs.dumps(meta_obj)
