@@ -8,17 +8,16 @@ status 2 and a one-line message.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
-import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from itertools import islice
-from typing import IO, Annotated
+from typing import Annotated
 
 import typer
 
+from adapters.files import atomic_text
 from adapters.generate.facility import INCIDENT_TYPES, generate_facility
 
 app = typer.Typer(
@@ -49,12 +48,6 @@ def _blocks(records: list[dict]) -> Iterator[tuple[str, int]]:
         yield "".join(encode(r) + "\n" for r in block), len(block)
 
 
-def _open(path: str) -> IO[str]:
-    if path.endswith(".gz"):
-        return gzip.open(path, "wt", encoding="utf-8", compresslevel=6)
-    return open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the caller
-
-
 def write_jsonl(records: list[dict], out: str, progress: bool = False) -> None:
     """JSON lines to `out` ('-': stdout); files atomically, with a progress bar on stderr."""
     if out == "-":
@@ -66,7 +59,6 @@ def write_jsonl(records: list[dict], out: str, progress: bool = False) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    part = out + ".part"
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -74,17 +66,11 @@ def write_jsonl(records: list[dict], out: str, progress: bool = False) -> None:
         console=Console(stderr=True),
         disable=not progress,
     )
-    try:
-        with _open(part) as fh, bar:
-            task = bar.add_task(f"events -> {out}", total=len(records))
-            for text, n in _blocks(records):
-                fh.write(text)
-                bar.advance(task, n)
-        os.replace(part, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(part)
-        raise
+    with atomic_text(out) as fh, bar:
+        task = bar.add_task(f"events -> {out}", total=len(records))
+        for text, n in _blocks(records):
+            fh.write(text)
+            bar.advance(task, n)
 
 
 @app.command("facility")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import os
 import sys
@@ -11,11 +10,12 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import IO, Annotated
+from typing import Annotated
 
 import typer
 
 from adapters.datasets import DATASETS, DatasetError, Event, get_adapter
+from adapters.files import atomic_text
 
 app = typer.Typer(
     help="Building sensor data sets (KETI, UCI): list them, convert them to ENS events as JSON "
@@ -66,13 +66,6 @@ def _batches(events: Iterator[Event]) -> Iterator[str]:
         yield text
 
 
-def _open_out(path: str, gzipped: bool) -> IO[str]:
-    """Level 3: on event JSON about 2.5x faster than gzip's default 6, for ~35 % more bytes."""
-    if gzipped:
-        return gzip.open(path, "wt", encoding="utf-8", compresslevel=3)
-    return open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the caller
-
-
 def _write_stdout(events: Iterator[Event]) -> int:
     n = 0
     try:
@@ -98,7 +91,6 @@ def _write_file(events: Iterator[Event], out: str, total: int | None) -> int:
         TimeRemainingColumn,
     )
 
-    part = out + ".part"
     n = 0
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -109,19 +101,14 @@ def _write_file(events: Iterator[Event], out: str, total: int | None) -> int:
         console=Console(stderr=True),
         transient=False,
     )
-    try:
-        with _open_out(part, out.endswith(".gz")) as f, progress:
-            task = progress.add_task(f"events -> {out}", total=total)
-            for block in _batches(events):
-                f.write(block)
-                k = block.count("\n")
-                n += k
-                progress.advance(task, k)
-        os.replace(part, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(part)
-        raise
+    # gzip level 3: on event JSON about 2.5x faster than the default 6, for ~35 % more bytes
+    with atomic_text(out, compresslevel=3) as f, progress:
+        task = progress.add_task(f"events -> {out}", total=total)
+        for block in _batches(events):
+            f.write(block)
+            k = block.count("\n")
+            n += k
+            progress.advance(task, k)
     return n
 
 
