@@ -212,6 +212,26 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
         w.snapshot()
         notes = outbox(rt)
         assert [(n["profile"], n["events"]["b"]["id"]) for n in notes] == [("r3", "e1")]
+        w._release(keys=[rs.ENGINE_LOCK], args=[w.holder])
+
+        # a restart with the same index: the checkpoint holds every profile, nothing is loaded
+        import adapters.spark.index as spark_index
+
+        loads: list[str] = []
+        real_load = spark_index.load_index
+        monkeypatch.setattr(spark_index, "load_index", lambda p: loads.append(str(p)) or real_load(p))
+        w2 = EngineWorker(rb, cfg)
+        w2.start()
+        assert loads == [] and parsed == ["r7"] and len(w2.defs) == 150
+        w2._release(keys=[rs.ENGINE_LOCK], args=[w2.holder])
+
+        # the checkpoint lost: the stored profiles come back from the index, loaded on demand
+        rt.delete(rs.CHECKPOINT, rs.CHECKPOINT_PROFILES, rs.JOURNAL)
+        w3 = EngineWorker(rb, cfg)
+        w3.start()
+        assert loads == [str(tmp_path / "idx")] and parsed == ["r7", "r7"]
+        assert w3.engine.stats()["profiles"] == 150
+        assert len(rt.hkeys(rs.INDEX_IMPORTED)) == 1  # one import, recorded once
         rt.close()
         rb.close()
 

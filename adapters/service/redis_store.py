@@ -56,6 +56,7 @@ JOURNAL = "ens:engine:journal"
 ENGINE_LOCK = "ens:engine:lock"
 ENGINE_STATUS = "ens:engine:status"
 ADMIN = "ens:admin"
+INDEX_IMPORTED = "ens:index:imported"  # manifest fingerprint -> when an `ens serve --index` imported it
 
 CONTROL_MAXLEN = 10_000  # the hash is the truth; the stream only needs to cover a short outage
 ENV_URL = "ENS_REDIS_URL"
@@ -250,6 +251,11 @@ def import_profiles(r: redis.Redis, profiles: list[Profile], batch: int = 10_000
                 else:
                     kept += 1
     return imported, kept
+
+
+def index_fingerprint(path: str | Path) -> str:
+    """An index snapshot's identity: the hash of its manifest (a rebuilt index has a new one)."""
+    return hashlib.sha256((Path(path) / "manifest.json").read_bytes()).hexdigest()
 
 
 def get_profile(r: redis.Redis, pid: str) -> dict[str, Any] | None:

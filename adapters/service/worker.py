@@ -143,7 +143,7 @@ class EngineWorker:
 
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
-        self._preparsed: dict[str, Any] = {}
+        self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
         self.engine = Engine(tz=self.cfg.tz)
         self.epoch = secrets.token_hex(4)
         # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
@@ -264,7 +264,9 @@ class EngineWorker:
             if "BUSYGROUP" not in str(exc):
                 raise
         pel = self._pending_entries()
-        self._preparsed = self._load_index() if self.cfg.index else {}
+        # None: the index is loaded when a profile needs it (an index imported before, whose
+        # profiles the checkpoint usually holds already, costs nothing at a restart)
+        self._preparsed = self._import_index() if self.cfg.index else {}
         fed = self._replay(pel)  # journalled profile changes use the index too
         bulk = self._reconcile()
         self._preparsed = {}
@@ -365,15 +367,31 @@ class EngineWorker:
             self.control_id = ctl
         return changed > 100
 
+    def _import_index(self) -> dict[str, Any] | None:
+        """Import the index snapshot's profiles missing from ``ens:profiles``, once per snapshot.
+
+        Returns its profiles by id, or None when this very snapshot (same manifest) was
+        imported by an earlier start: it is then loaded only if a profile needs it.
+        """
+        fp = rs.index_fingerprint(self.cfg.index)  # type: ignore[arg-type]
+        if self.r.hexists(rs.INDEX_IMPORTED, fp):
+            log.info("index %s: imported by an earlier start (manifest %s); not loaded again unless "
+                     "a profile needs it", self.cfg.index, fp[:12])
+            return None
+        profiles = self._load_index()
+        imported, kept = rs.import_profiles(self.r, list(profiles.values()))
+        self.r.hset(rs.INDEX_IMPORTED, fp, json.dumps(
+            {"path": str(self.cfg.index), "profiles": len(profiles), "imported": imported, "at": time.time()}
+        ))
+        log.info("index %s: %d imported into ens:profiles, %d already there", self.cfg.index, imported, kept)
+        return profiles
+
     def _load_index(self) -> dict[str, Any]:
-        """Profiles of the index snapshot by id; those not in ``ens:profiles`` are imported."""
         from adapters.spark.index import load_index
 
         t = time.perf_counter()
         profiles = load_index(self.cfg.index)  # type: ignore[arg-type]
-        imported, kept = rs.import_profiles(self.r, profiles)
-        log.info("index %s: %d profiles loaded in %.1f s; %d imported into ens:profiles, %d already there",
-                 self.cfg.index, len(profiles), time.perf_counter() - t, imported, kept)
+        log.info("index %s: %d profiles loaded in %.1f s", self.cfg.index, len(profiles), time.perf_counter() - t)
         return {p.id: p for p in profiles}
 
     # ------------------------------------------------------------------ profiles
@@ -401,6 +419,8 @@ class EngineWorker:
             return True
         if have is not None and have.source == expr and have.subscriber == sub:
             return False
+        if self._preparsed is None:  # an index imported earlier: needed after all
+            self._preparsed = self._load_index()
         profile = self._preparsed.pop(pid, None)
         if profile is None or profile.source != expr or profile.subscriber != sub:
             try:  # not from the index (or changed since): parse
