@@ -108,3 +108,26 @@ def test_unknown_engine_and_variant() -> None:
     assert r.exit_code == 2 and "unknown engine" in r.stderr
     r = runner.invoke(app, [*args, "--variant", "magic"])
     assert r.exit_code == 2 and "unknown variant" in r.stderr
+
+
+def test_explain_shows_extended_duplicates_and_consumed(tmp_path: Path) -> None:
+    prof = tmp_path / "p.yaml"
+    prof.write_text(
+        "profiles:\n"
+        "  - {id: fu, expr: 'seq(a: k = \"A\", b: k = \"B\", c: k = \"C\") within 10s'}\n"
+        "  - {id: eu, expr: 'seq(a: k = \"A\", b: k = \"B\", c: k = \"C\") within 10s select each'}\n"
+    )
+    ev = tmp_path / "e.jsonl"
+    ev.write_text("".join(json.dumps({"id": i, "ts": t, "k": i[0].upper()}) + "\n" for i, t in [
+        ("a1", 0), ("a2", 1), ("b1", 2), ("b2", 3), ("c1", 4),
+    ]))
+    out = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "fu"]).stdout
+    assert "extended  {a: a1} -> {a: a1, b: b1}" in out
+    # b2 never reaches the profile (the pool no longer awaits b): explain still says why
+    assert "ignored   b2 as a duplicate of b for {a: a1, b: b1}" in out
+    assert "reported  {a: a1, b: b1, c: c1}" in out
+    out = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "eu"]).stdout
+    assert "extended  {a: a2} -> {a: a2, b: b2} (branch)" in out
+    assert "consumed  {a: a1, b: b2}" in out and "consumed  {a: a2, b: b1}" in out
+    assert "consumed  {a: a2, b: b2}" not in out  # holds no event of the reported match
+    assert "reported  {a: a1, b: b1, c: c1}" in out
