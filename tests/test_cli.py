@@ -131,3 +131,12 @@ def test_explain_shows_extended_duplicates_and_consumed(tmp_path: Path) -> None:
     assert "consumed  {a: a1, b: b2}" in out and "consumed  {a: a2, b: b1}" in out
     assert "consumed  {a: a2, b: b2}" not in out  # holds no event of the reported match
     assert "reported  {a: a1, b: b1, c: c1}" in out
+
+
+def test_python_dash_m_ens_runs_the_cli() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ens", "check", str(EXAMPLES / "profiles.yaml")],
+                       capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=60)
+    assert r.returncode == 0 and "4 profiles OK" in r.stdout, r.stderr
