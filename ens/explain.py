@@ -61,12 +61,15 @@ def explain(
 
     def flush(header: str) -> None:
         nonlocal reported
+        notes = iter(eng.take_notifications())  # only this profile's, in the order reported
         if lines:
             echo(header)
             for line in lines:
-                echo(line)
                 if line.lstrip().startswith("reported"):
                     reported += 1
+                    # the engine's trace gives the time as %g (1.70933e+09): show it in full
+                    line = line.rsplit(" at ", 1)[0] + f" at {_when(next(notes).ts)}"
+                echo(line)
             lines.clear()
 
     for ev in order_events(events):

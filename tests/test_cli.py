@@ -82,7 +82,7 @@ def test_explain_tells_the_story() -> None:
     assert r.exit_code == 0, r.stderr
     out = r.stdout
     assert "w1 @ 2024-03-01 22:01:00" in out and "opened    {w: w1}" in out
-    assert "reported  {w: w1, p: p1}" in out
+    assert "reported  {w: w1, p: p1} at 2024-03-01 22:10:00.000Z (ts=1709331000)" in out
     assert "1 notification(s)" in out
 
 
