@@ -140,3 +140,16 @@ def test_python_dash_m_ens_runs_the_cli() -> None:
     r = subprocess.run([sys.executable, "-m", "ens", "check", str(EXAMPLES / "profiles.yaml")],
                        capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=60)
     assert r.returncode == 0 and "4 profiles OK" in r.stdout, r.stderr
+
+
+def test_readme_explain_example_is_the_real_output() -> None:
+    """The README's `ens explain` walkthrough shows exactly what the command prints."""
+    root = Path(__file__).parents[1]
+    ex = root / "examples" / "explain"
+    r = runner.invoke(app, ["explain", str(ex / "fire.yaml"), str(ex / "fire.jsonl"), "--profile", "fire"])
+    assert r.exit_code == 0, r.stderr
+    readme = (root / "README.md").read_text()
+    shown = readme.split("examples/explain/fire.jsonl --profile fire\n", 1)[1].split("```", 1)[0]
+    assert r.stdout == shown
+    for action in ("opened", "ignored", "extended", "reported", "killed", "expired"):
+        assert f"    {action} " in shown
