@@ -82,7 +82,7 @@ def test_explain_tells_the_story() -> None:
     assert r.exit_code == 0, r.stderr
     out = r.stdout
     assert "w1 @ 2024-03-01 22:01:00" in out and "opened    {w: w1}" in out
-    assert "reported  {w: w1, p: p1}" in out
+    assert "reported  {w: w1, p: p1} at 2024-03-01 22:10:00.000Z (ts=1709331000)" in out
     assert "1 notification(s)" in out
 
 
@@ -108,3 +108,48 @@ def test_unknown_engine_and_variant() -> None:
     assert r.exit_code == 2 and "unknown engine" in r.stderr
     r = runner.invoke(app, [*args, "--variant", "magic"])
     assert r.exit_code == 2 and "unknown variant" in r.stderr
+
+
+def test_explain_shows_extended_duplicates_and_consumed(tmp_path: Path) -> None:
+    prof = tmp_path / "p.yaml"
+    prof.write_text(
+        "profiles:\n"
+        "  - {id: fu, expr: 'seq(a: k = \"A\", b: k = \"B\", c: k = \"C\") within 10s'}\n"
+        "  - {id: eu, expr: 'seq(a: k = \"A\", b: k = \"B\", c: k = \"C\") within 10s select each'}\n"
+    )
+    ev = tmp_path / "e.jsonl"
+    ev.write_text("".join(json.dumps({"id": i, "ts": t, "k": i[0].upper()}) + "\n" for i, t in [
+        ("a1", 0), ("a2", 1), ("b1", 2), ("b2", 3), ("c1", 4),
+    ]))
+    out = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "fu"]).stdout
+    assert "extended  {a: a1} -> {a: a1, b: b1}" in out
+    # b2 never reaches the profile (the pool no longer awaits b): explain still says why
+    assert "ignored   b2 as a duplicate of b for {a: a1, b: b1}" in out
+    assert "reported  {a: a1, b: b1, c: c1}" in out
+    out = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "eu"]).stdout
+    assert "extended  {a: a2} -> {a: a2, b: b2} (branch)" in out
+    assert "consumed  {a: a1, b: b2}" in out and "consumed  {a: a2, b: b1}" in out
+    assert "consumed  {a: a2, b: b2}" not in out  # holds no event of the reported match
+    assert "reported  {a: a1, b: b1, c: c1}" in out
+
+
+def test_python_dash_m_ens_runs_the_cli() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ens", "check", str(EXAMPLES / "profiles.yaml")],
+                       capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=60)
+    assert r.returncode == 0 and "4 profiles OK" in r.stdout, r.stderr
+
+
+def test_readme_explain_example_is_the_real_output() -> None:
+    """The README's `ens explain` walkthrough shows exactly what the command prints."""
+    root = Path(__file__).parents[1]
+    ex = root / "examples" / "explain"
+    r = runner.invoke(app, ["explain", str(ex / "fire.yaml"), str(ex / "fire.jsonl"), "--profile", "fire"])
+    assert r.exit_code == 0, r.stderr
+    readme = (root / "README.md").read_text()
+    shown = readme.split("examples/explain/fire.jsonl --profile fire\n", 1)[1].split("```", 1)[0]
+    assert r.stdout == shown
+    for action in ("opened", "ignored", "extended", "reported", "killed", "expired"):
+        assert f"    {action} " in shown

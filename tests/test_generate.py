@@ -130,3 +130,14 @@ def test_cli_writes_feed_and_truth(tmp_path: Path) -> None:
     assert [json.loads(x) for x in truth.read_text().splitlines()] == records
     bad = CliRunner().invoke(app, ["facility", "--step", "900"])
     assert bad.exit_code == 2 and "step_s" in bad.output
+
+
+def test_reading_rules_ignore_readings_the_adapters_flag_suspect() -> None:
+    """On the real KETI excerpt the facility profiles do not report sensor errors (579.27 °C in
+    room 419, flagged `suspect` by the adapter) as a temperature rise or a hot night."""
+    from adapters.datasets import iter_dataset
+
+    keti = PROFILE_FILE.parents[1] / "data" / "keti"
+    events = list(iter_dataset("keti", keti, rooms=["419"], kinds=["temperature"]))
+    assert sum(1 for e in events if e.get("suspect")) > 100
+    assert notify(events) == []
