@@ -6,35 +6,13 @@ import datetime as dt
 from collections.abc import Callable, Iterable
 
 from ens.replay import order_events
-from filters.compile import evaluate
-from filters.engine import Engine, _CompositeRuntime
+from filters.engine import Engine
 from profiles.ast import Profile
 from profiles.events import Event
 
 
 def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" + f" (ts={ts:.3f})".replace(".000)", ")")
-
-
-def _duplicate(eng: Engine, profile_id: str, ev: Event) -> str | None:
-    """Why an event the profile did not react to was not even awaited: it matches a component
-    that a partial match of its partition has bound already. Single step, the pool then no
-    longer holds that component's auxiliary profile, so the engine never sees the duplicate."""
-    rt = eng._by_id.get(profile_id)
-    if not isinstance(rt, _CompositeRuntime) or not rt.active:
-        return None
-    part_kv = rt.partition_of(ev.attrs)
-    part = rt.parts.get(part_kv[0]) if part_kv is not None else None
-    if part is None:
-        return None
-    for pm in part.pms:
-        if not pm.alive:
-            continue
-        for i, b in enumerate(pm.binds):
-            leaf = rt.pat.leaves[i]
-            if b is not None and b.ev is not ev and leaf.clock is None and evaluate(leaf.filter, ev.attrs):
-                return f"{ev.id} as a duplicate of {leaf.name} for {rt._desc(pm)} (not awaited any more)"
-    return None
 
 
 def explain(
@@ -67,7 +45,7 @@ def explain(
             for line in lines:
                 if line.lstrip().startswith("reported"):
                     reported += 1
-                    # the engine's trace gives the time as %g (1.70933e+09): show it in full
+                    # the engine's trace gives the time in seconds: show it as the other lines do
                     line = line.rsplit(" at ", 1)[0] + f" at {_when(next(notes).ts)}"
                 echo(line)
             lines.clear()
@@ -76,8 +54,9 @@ def explain(
         eng.advance(ev.ts)
         flush(f"  time passes to {_when(ev.ts)}")
         eng.process(ev)
-        if not lines and (dup := _duplicate(eng, profile_id, ev)) is not None:
-            trace(profile_id, "ignored", dup)
+        if not lines and (dup := eng.bound_duplicate(profile_id, ev)) is not None:
+            # single step, a duplicate of a bound component is not awaited: the profile never saw it
+            trace(profile_id, "ignored", f"{ev.id} as a duplicate of {dup} (not awaited any more)")
         attrs = ", ".join(f"{k}={v!r}" for k, v in ev.attrs.items())
         flush(f"{ev.id} @ {_when(ev.ts)}: {attrs}")
     if eng.now is not None or until is not None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from filters.compile import norm
+from filters.compile import evaluate, norm
 from filters.notification import Notification
 from filters.pattern import Pattern
 from filters.pool import PrimitivePool, owners_by_profile
@@ -144,7 +144,7 @@ class _Runtime:
         eng._nseq += 1
         eng._out.append(Notification(self.pid, ts, events, partition, eng._nseq, self.subscriber))
         if eng.tracer is not None:
-            eng._trace(self.pid, "reported", _fmt(events) + f" at {ts:g}")
+            eng._trace(self.pid, "reported", _fmt(events) + f" at {_num(ts)}")
         if self.once:
             eng._deactivate(self)
 
@@ -986,6 +986,25 @@ class _CompositeRuntime(_Runtime):
         if leaves:
             self.on_event(ev, seq, leaves)
 
+    def bound_duplicate(self, ev: Event) -> str | None:
+        """The partial match for which `ev` repeats an already bound component, described.
+
+        Such an event never reaches the profile: the pool holds auxiliary profiles only
+        for the components still awaited. `ens explain` asks, to say why nothing happened.
+        """
+        part_kv = self.partition_of(ev.attrs)
+        part = self.parts.get(part_kv[0]) if part_kv is not None else None
+        if part is None:
+            return None
+        for pm in part.pms:
+            if not pm.alive:
+                continue
+            for i, b in enumerate(pm.binds):
+                leaf = self.pat.leaves[i]
+                if b is not None and b.ev is not ev and leaf.clock is None and evaluate(leaf.filter, ev.attrs):
+                    return f"{leaf.name} for {self._desc(pm)}"
+        return None
+
     def live(self) -> tuple[int, int]:
         return (self.pm_count, len(self.parts))
 
@@ -1167,6 +1186,11 @@ class Engine(TimeDriven):
             rt = self._rts.get(idx)
             if rt is not None and rt.active:
                 rt.on_event(event, seq, leaves)
+
+    def bound_duplicate(self, profile_id: str, event: Event) -> str | None:
+        """Which bound component of which partial match `event` duplicates (see `ens explain`)."""
+        rt = self._by_id.get(profile_id)
+        return rt.bound_duplicate(event) if isinstance(rt, _CompositeRuntime) and rt.active else None
 
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []
