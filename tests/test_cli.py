@@ -108,3 +108,13 @@ def test_unknown_engine_and_variant() -> None:
     assert r.exit_code == 2 and "unknown engine" in r.stderr
     r = runner.invoke(app, [*args, "--variant", "magic"])
     assert r.exit_code == 2 and "unknown variant" in r.stderr
+
+
+def test_python_dash_m_ens_runs_the_cli() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ens", "check", str(EXAMPLES / "profiles.yaml")],
+                       capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "4 profiles OK" in r.stdout
