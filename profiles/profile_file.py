@@ -137,7 +137,9 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
 
 def read_profile_text(path: str | Path) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ENSError(f"{path}: not UTF-8 text (a profile file is YAML or JSON in UTF-8)") from None
     except OSError as e:
         raise ENSError(f"cannot read profile file {path}: {e.strerror}") from None
 

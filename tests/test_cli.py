@@ -118,3 +118,28 @@ def test_python_dash_m_ens_runs_the_cli() -> None:
                        capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120)
     assert r.returncode == 0, r.stderr
     assert "4 profiles OK" in r.stdout
+
+
+def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) -> None:
+    """Directories, non-UTF-8 files, corrupt .gz and a bad --out: exit 2, a message, no traceback."""
+    prof, evs = str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")
+    binary = tmp_path / "binary"
+    binary.write_bytes(b'{"ts": 1, "k": "\xff\xfe"}\n')
+    badgz = tmp_path / "e.jsonl.gz"
+    badgz.write_bytes(b"not gzip")
+    cases = [
+        (["replay", prof, str(tmp_path)], "is a directory"),
+        (["replay", prof, str(binary)], "not UTF-8"),
+        (["replay", str(binary), evs], "not UTF-8"),
+        (["check", str(binary)], "not UTF-8"),
+        (["replay", prof, str(badgz)], "cannot read event file"),
+        (["explain", prof, str(binary), "-p", "hot"], "not UTF-8"),
+        (["replay", prof, evs, "--out", str(tmp_path)], "is a directory"),
+        (["replay", prof, evs, "--out", str(tmp_path / "no" / "such" / "dir.jsonl")], "cannot write --out"),
+    ]
+    for args, needle in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert needle in r.stderr, (args, r.stderr)
+        assert isinstance(r.exception, SystemExit) and "Traceback" not in r.output, (args, r.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "e.jsonl.gz"]  # no temp file left
