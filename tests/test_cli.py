@@ -33,6 +33,9 @@ def test_check_prints_every_problem(tmp_path: Path) -> None:
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 2
     assert "profile 'a'" in r.stderr and "profile 'b'" in r.stderr and "within" in r.stderr
+    # each problem names where (line and column in the expression, line in the file) and what was expected
+    assert "profile 'a': line 1, column 3 (file line 2): unexpected end of profile; expected" in r.stderr
+    assert "(file line 3)" in r.stderr
     assert "1 valid profile" in r.stderr
     assert "Traceback" not in r.stderr
 

@@ -56,6 +56,7 @@ def test_nested_within_is_kept() -> None:
         ('seq(a: k = "A",\n    b: k = "B"\n  within 1s', "expected", 3, 3),
         ('seq(a: k = "A", b: k = "B") select each', "needs within", 1, 29),
         ('all(a: k = "A", b: k = "B") select each', "needs within", None, None),
+        ('repeat(k = "A", 3) select each', "needs within", 1, 20),
         ('seq(n: clock("22:00"), b: k = "B") within 1h per room', "cannot use per", None, None),
         ('seq(a: k = "A", b: k = "B") within 1s where c.v = 1', "unknown component 'c'", None, None),
         ('seq(a: k = "A", a: k = "B") within 1s', "duplicate component name 'a'", None, None),
