@@ -166,7 +166,12 @@ def replay(
     engine: Annotated[str, typer.Option(help="single-step (CompAS) or two-step (baseline).")] = "single-step",
     variant: Annotated[
         str | None,
-        typer.Option(help="Single-step variant: dynamic (insert/delete auxiliary profiles), marking, references."),
+        typer.Option(
+            help="Single-step variant (how auxiliary profiles are kept; same output): dynamic (default: "
+            "inserted and deleted as partial matches need them), marking (kept in the pool and "
+            "marked/unmarked until the partition empties), references (kept, only their owner "
+            "references change). Not with --engine two-step."
+        ),
     ] = None,
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
 ) -> None:

@@ -13,9 +13,12 @@ def pool_cmd(
     events: int = typer.Option(20000, help="Events per measurement."),
     naive_max: int = typer.Option(100000, help="Skip naive evaluation above this many profiles (it is linear)."),
     out: str = typer.Option("bench/results", help="Directory for CSV and PNG output."),
-    seed: int = typer.Option(7),
+    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
 ) -> None:
-    """Primitive pool: events/s and µs/event at growing profile counts vs naive evaluation."""
+    """Primitive pool: events/s and µs/event at growing profile counts vs naive evaluation.
+
+    Also insert, delete and re-insert cost and memory per profile; writes pool.csv and pool.png to OUT. Recorded results: docs/benchmarks.md.
+    """
     from bench.pool import run
 
     run([int(s) for s in sizes.split(",")], events, naive_max, out, seed)
@@ -27,7 +30,7 @@ def composite_cmd(
     primitives: int = typer.Option(10000, help="Primitive profiles."),
     rounds: int = typer.Option(15, help="Measurement rounds (medians are reported)."),
     batch: int = typer.Option(2000, help="Events per round and kind."),
-    seed: int = typer.Option(7),
+    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
     variants: str = typer.Option("dynamic,marking,references", help="Single-step variants to measure."),
 ) -> None:
     """Single-step claim: the last event of a composite costs about a primitive event."""
@@ -39,13 +42,15 @@ def composite_cmd(
 @app.command("paper")
 def paper_cmd(
     out: str = typer.Option("bench/results/paper", help="Directory for CSV and PNG output."),
-    quick: bool = typer.Option(False, "--quick", help="Reduced sizes (about 1-2 minutes)."),
-    seed: int = typer.Option(7),
+    quick: bool = typer.Option(False, "--quick", help="Reduced sizes: 1,000 profiles, fewer points (about a minute)."),
+    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
     docs_img: str = typer.Option("", help="Also copy the PNG plots here (e.g. docs/img)."),
     replot: bool = typer.Option(False, "--replot", help="Only redraw plots and table from OUT/paper.csv."),
 ) -> None:
-    """The CompAS experiments, single-step (every variant) vs two-step: composition order,
-    number of profiles, profile cardinality; unique pairs and all pairs (docs/paper.md)."""
+    """The CompAS experiments, single-step (every variant) vs two-step (docs/paper.md).
+
+    Composition order, number of profiles and profile cardinality, each with unique pairs and all pairs; writes paper.csv, paper_ratios.csv and three PNG plots to OUT. The full run takes 20-30 minutes; --quick about one.
+    """
     from bench import paper
 
     if replot:
