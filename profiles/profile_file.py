@@ -104,6 +104,10 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
             continue
         seen.add(pid)
         expr = item.get("expr")
+        if expr is not None and not isinstance(expr, str):
+            errors.append(ProfileError(f"expr must be a string, got {type(expr).__name__} {expr!r}",
+                                       pid, file_line=file_line))
+            continue
         if not isinstance(expr, str) or not expr.strip():
             errors.append(ProfileError("missing expr", pid, file_line=file_line))
             continue

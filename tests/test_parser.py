@@ -109,6 +109,17 @@ def test_check_collects_every_problem_with_file_lines() -> None:
     assert "duplicate profile id" in text[2]
 
 
+def test_profile_entries_of_the_wrong_shape_are_named() -> None:
+    doc = "profiles:\n  - {id: a, expr: 3}\n  - {id: b}\n  - {id: c, expr: 'k = 1', colour: red}\n  - k = 1\n"
+    _, errors = parse_profile_document(doc)
+    text = [str(e) for e in errors]
+    assert len(text) == 4
+    assert "'a'" in text[0] and "expr must be a string, got int" in text[0] and "file line 2" in text[0]
+    assert "'b'" in text[1] and "missing expr" in text[1]
+    assert "'c'" in text[2] and "unknown keys ['colour']" in text[2]
+    assert "profile #4 must be a mapping" in text[3]
+
+
 def test_invalid_yaml_is_reported_with_its_position() -> None:
     _, errors = parse_profile_document("profiles:\n  - id: x\n    expr: seq(a: k = 1)\n")
     assert len(errors) == 1 and "line 3" in str(errors[0])
