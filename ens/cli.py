@@ -82,6 +82,17 @@ def parse_time_arg(text: str | None) -> float | None:
         raise ENSError(f"--until: {e}") from None
 
 
+def check_tz(tz: str) -> str:
+    """The --tz option: an IANA time zone name, or a user error."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ENSError(f"--tz: unknown time zone {tz!r} (an IANA name such as UTC or Europe/Berlin)") from None
+    return tz
+
+
 def write_lines(records: list[dict], out: str | None) -> None:
     """Write JSON lines atomically: a failed run never leaves a half-written result."""
     text = "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in records)
@@ -180,6 +191,7 @@ def replay(
 
     try:
         end = parse_time_arg(until)
+        check_tz(tz)
         if index is not None:
             if len(paths) != 1:
                 raise ENSError("with --index give only the EVENTS file")
@@ -214,6 +226,7 @@ def explain(
 
     try:
         end = parse_time_arg(until)
+        check_tz(tz)
         pset, evs = load_inputs(profiles, events)
         if profile not in {p.id for p in pset.profiles}:
             raise ENSError(f"no profile {profile!r} in {profiles}")

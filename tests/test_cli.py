@@ -124,7 +124,7 @@ def test_python_dash_m_ens_runs_the_cli() -> None:
 
 
 def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) -> None:
-    """Directories, non-UTF-8 files, corrupt .gz and a bad --out: exit 2, a message, no traceback."""
+    """Directories, non-UTF-8 files, corrupt .gz, a bad --out or --tz: exit 2, a message, no traceback."""
     prof, evs = str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")
     binary = tmp_path / "binary"
     binary.write_bytes(b'{"ts": 1, "k": "\xff\xfe"}\n')
@@ -139,6 +139,8 @@ def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) ->
         (["explain", prof, str(binary), "-p", "hot"], "not UTF-8"),
         (["replay", prof, evs, "--out", str(tmp_path)], "is a directory"),
         (["replay", prof, evs, "--out", str(tmp_path / "no" / "such" / "dir.jsonl")], "cannot write --out"),
+        (["replay", prof, evs, "--tz", "Mars/Olympus"], "unknown time zone"),
+        (["explain", prof, evs, "-p", "hot", "--tz", "Nope"], "unknown time zone"),
     ]
     for args, needle in cases:
         r = runner.invoke(app, args)
