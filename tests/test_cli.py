@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -148,3 +149,17 @@ def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) ->
         assert needle in r.stderr, (args, r.stderr)
         assert isinstance(r.exception, SystemExit) and "Traceback" not in r.output, (args, r.exception)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "e.jsonl.gz"]  # no temp file left
+
+
+def test_bench_arguments_are_checked_before_measuring(tmp_path: Path) -> None:
+    for args, needle in [
+        (["bench", "pool", "--sizes", "abc"], "--sizes"),
+        (["bench", "pool", "--sizes", "0"], "at least 1"),
+        (["bench", "pool", "--events", "0"], "--events"),
+        (["bench", "paper", "--replot", "--out", str(tmp_path)], "paper.csv"),
+    ]:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        flat = re.sub(r"[\s│╭╮╰╯─]", "", r.output)  # rich draws the message in a wrapped box
+        assert needle.replace(" ", "") in flat, (args, r.output)
+        assert "Traceback" not in r.output

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import typer
 
+
+def _counts(text: str) -> list[int]:
+    """--sizes: positive integers, comma-separated."""
+    try:
+        sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: give profile counts as integers, e.g. 1000,10000", param_hint="--sizes") from None
+    if not sizes or min(sizes) < 1:
+        raise typer.BadParameter(f"{text!r}: every profile count must be at least 1", param_hint="--sizes")
+    return sizes
+
+
 app = typer.Typer(help="Benchmarks: print figures and compare against a baseline measured in the same run.", no_args_is_help=True)
 
 
@@ -21,7 +33,10 @@ def pool_cmd(
     """
     from bench.pool import run
 
-    run([int(s) for s in sizes.split(",")], events, naive_max, out, seed)
+    counts = _counts(sizes)
+    if events < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--events")
+    run(counts, events, naive_max, out, seed)
 
 
 @app.command("composite")
@@ -54,6 +69,11 @@ def paper_cmd(
     from bench import paper
 
     if replot:
+        from pathlib import Path
+
+        if not (Path(out) / "paper.csv").is_file():
+            raise typer.BadParameter(f"no {Path(out) / 'paper.csv'} to replot (run without --replot first)",
+                                     param_hint="--out")
         paper.replot(out, docs_img or None)
     else:
         paper.run(out, quick, seed, docs_img or None)
