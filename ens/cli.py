@@ -44,9 +44,27 @@ def _open_text(path: str):  # noqa: ANN202 - file-like
     p = Path(path)
     if not p.exists():
         raise ENSError(f"no such file: {path}")
-    if path.endswith(".gz"):
-        return gzip.open(p, "rt", encoding="utf-8")
-    return p.open(encoding="utf-8")
+    if p.is_dir():
+        raise ENSError(f"{path} is a directory, not an event file")
+    try:
+        if path.endswith(".gz"):
+            return gzip.open(p, "rt", encoding="utf-8")
+        return p.open(encoding="utf-8")
+    except OSError as e:
+        raise ENSError(f"cannot read event file {path}: {e.strerror or e}") from None
+
+
+def read_event_file(path: str) -> list:  # list[Event]
+    """Every event of a JSON-lines file ('-' for stdin, .gz allowed); unreadable input is a user error."""
+    from profiles.events import read_events
+
+    try:
+        with _open_text(path) as fh:
+            return read_events(fh)
+    except UnicodeDecodeError:
+        raise ENSError(f"{path}: not UTF-8 text (events are JSON lines in UTF-8)") from None
+    except (OSError, EOFError) as e:  # a corrupt or truncated .gz
+        raise ENSError(f"cannot read event file {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def parse_time_arg(text: str | None) -> float | None:
@@ -64,6 +82,17 @@ def parse_time_arg(text: str | None) -> float | None:
         raise ENSError(f"--until: {e}") from None
 
 
+def check_tz(tz: str) -> str:
+    """The --tz option: an IANA time zone name, or a user error."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ENSError(f"--tz: unknown time zone {tz!r} (an IANA name such as UTC or Europe/Berlin)") from None
+    return tz
+
+
 def write_lines(records: list[dict], out: str | None) -> None:
     """Write JSON lines atomically: a failed run never leaves a half-written result."""
     text = "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in records)
@@ -72,10 +101,19 @@ def write_lines(records: list[dict], out: str | None) -> None:
         sys.stdout.flush()
         return
     target = Path(out)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=".ens-")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, target)
+    if target.is_dir():
+        raise ENSError(f"--out {out} is a directory; give a file name")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".ens-")
+    except OSError as e:
+        raise ENSError(f"cannot write --out {out}: {e.strerror or e} ({target.parent})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise ENSError(f"cannot write --out {out}: {e.strerror or e}") from None
 
 
 @app.command()
@@ -97,15 +135,12 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
 
 def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201
     """The profile file (all problems at once) and, if given, the events."""
-    from profiles.events import read_events
     from profiles.profile_file import load_profile_file
 
     pset = load_profile_file(profiles)
     if events is None:
         return pset, []
-    with _open_text(events) as fh:
-        evs = read_events(fh)
-    return pset, evs
+    return pset, read_event_file(events)
 
 
 def make_engine(engine: str, profiles, tz: str, variant: str | None = None):  # noqa: ANN001, ANN201
@@ -142,16 +177,21 @@ def replay(
     engine: Annotated[str, typer.Option(help="single-step (CompAS) or two-step (baseline).")] = "single-step",
     variant: Annotated[
         str | None,
-        typer.Option(help="Single-step variant: dynamic (insert/delete auxiliary profiles), marking, references."),
+        typer.Option(
+            help="Single-step variant (how auxiliary profiles are kept; same output): dynamic (default: "
+            "inserted and deleted as partial matches need them), marking (kept in the pool and "
+            "marked/unmarked until the partition empties), references (kept, only their owner "
+            "references change). Not with --engine two-step."
+        ),
     ] = None,
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
 ) -> None:
     """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
     from ens.replay import replay as run
-    from profiles.events import read_events
 
     try:
         end = parse_time_arg(until)
+        check_tz(tz)
         if index is not None:
             if len(paths) != 1:
                 raise ENSError("with --index give only the EVENTS file")
@@ -165,8 +205,7 @@ def replay(
             pset, _ = load_inputs(Path(paths[0]), None)
             profiles = pset.profiles
             events = paths[1]
-        with _open_text(events) as fh:
-            evs = read_events(fh)
+        evs = read_event_file(events)
         eng = make_engine(engine, profiles, tz, variant)
         notes = run(profiles, evs, end, engine=eng)
         write_lines([n.to_json() for n in notes], out)
@@ -187,6 +226,7 @@ def explain(
 
     try:
         end = parse_time_arg(until)
+        check_tz(tz)
         pset, evs = load_inputs(profiles, events)
         if profile not in {p.id for p in pset.profiles}:
             raise ENSError(f"no profile {profile!r} in {profiles}")

@@ -104,6 +104,10 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
             continue
         seen.add(pid)
         expr = item.get("expr")
+        if expr is not None and not isinstance(expr, str):
+            errors.append(ProfileError(f"expr must be a string, got {type(expr).__name__} {expr!r}",
+                                       pid, file_line=file_line))
+            continue
         if not isinstance(expr, str) or not expr.strip():
             errors.append(ProfileError("missing expr", pid, file_line=file_line))
             continue
@@ -137,7 +141,9 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
 
 def read_profile_text(path: str | Path) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ENSError(f"{path}: not UTF-8 text (a profile file is YAML or JSON in UTF-8)") from None
     except OSError as e:
         raise ENSError(f"cannot read profile file {path}: {e.strerror}") from None
 

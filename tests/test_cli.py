@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -33,6 +34,9 @@ def test_check_prints_every_problem(tmp_path: Path) -> None:
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 2
     assert "profile 'a'" in r.stderr and "profile 'b'" in r.stderr and "within" in r.stderr
+    # each problem names where (line and column in the expression, line in the file) and what was expected
+    assert "profile 'a': line 1, column 3 (file line 2): unexpected end of profile; expected" in r.stderr
+    assert "(file line 3)" in r.stderr
     assert "1 valid profile" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -153,3 +157,44 @@ def test_readme_explain_example_is_the_real_output() -> None:
     assert r.stdout == shown
     for action in ("opened", "ignored", "extended", "reported", "killed", "expired"):
         assert f"    {action} " in shown
+
+
+def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) -> None:
+    """Directories, non-UTF-8 files, corrupt .gz, a bad --out or --tz: exit 2, a message, no traceback."""
+    prof, evs = str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")
+    binary = tmp_path / "binary"
+    binary.write_bytes(b'{"ts": 1, "k": "\xff\xfe"}\n')
+    badgz = tmp_path / "e.jsonl.gz"
+    badgz.write_bytes(b"not gzip")
+    cases = [
+        (["replay", prof, str(tmp_path)], "is a directory"),
+        (["replay", prof, str(binary)], "not UTF-8"),
+        (["replay", str(binary), evs], "not UTF-8"),
+        (["check", str(binary)], "not UTF-8"),
+        (["replay", prof, str(badgz)], "cannot read event file"),
+        (["explain", prof, str(binary), "-p", "hot"], "not UTF-8"),
+        (["replay", prof, evs, "--out", str(tmp_path)], "is a directory"),
+        (["replay", prof, evs, "--out", str(tmp_path / "no" / "such" / "dir.jsonl")], "cannot write --out"),
+        (["replay", prof, evs, "--tz", "Mars/Olympus"], "unknown time zone"),
+        (["explain", prof, evs, "-p", "hot", "--tz", "Nope"], "unknown time zone"),
+    ]
+    for args, needle in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert needle in r.stderr, (args, r.stderr)
+        assert isinstance(r.exception, SystemExit) and "Traceback" not in r.output, (args, r.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "e.jsonl.gz"]  # no temp file left
+
+
+def test_bench_arguments_are_checked_before_measuring(tmp_path: Path) -> None:
+    for args, needle in [
+        (["bench", "pool", "--sizes", "abc"], "--sizes"),
+        (["bench", "pool", "--sizes", "0"], "at least 1"),
+        (["bench", "pool", "--events", "0"], "--events"),
+        (["bench", "paper", "--replot", "--out", str(tmp_path)], "paper.csv"),
+    ]:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        flat = re.sub(r"[\s│╭╮╰╯─]", "", r.output)  # rich draws the message in a wrapped box
+        assert needle.replace(" ", "") in flat, (args, r.output)
+        assert "Traceback" not in r.output

@@ -68,3 +68,24 @@ def test_matches_completed_by_one_event_come_in_bound_event_order(engine: str, c
         assert result.exit_code == 0, result.stderr
         got = [json.loads(line) for line in result.stdout.splitlines()]
         assert [n["events"] for n in got if n["profile"] == "es"] == events, stem
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
+def test_every_engine_writes_identical_output(path: Path, case_files) -> None:
+    """LANGUAGE.md §7: the output is identical whichever engine or option is chosen — byte for
+    byte, including the order of notifications with the same ts (test_case compares multisets)."""
+    case = load_case(path)
+    if "expect_error" in case:
+        pytest.skip("error case")
+    prof, evs = case_files(case)
+    outs = {}
+    for engine in ENGINES:
+        name, _, variant = engine.partition(":")
+        args = ["replay", str(prof), str(evs), "--engine", name] + (["--variant", variant] if variant else [])
+        if "until" in case:
+            args += ["--until", str(case["until"])]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        outs[engine] = result.stdout
+    for engine, out in outs.items():
+        assert out == outs["two-step"], engine

@@ -56,6 +56,7 @@ def test_nested_within_is_kept() -> None:
         ('seq(a: k = "A",\n    b: k = "B"\n  within 1s', "expected", 3, 3),
         ('seq(a: k = "A", b: k = "B") select each', "needs within", 1, 29),
         ('all(a: k = "A", b: k = "B") select each', "needs within", None, None),
+        ('repeat(k = "A", 3) select each', "needs within", 1, 20),
         ('seq(n: clock("22:00"), b: k = "B") within 1h per room', "cannot use per", None, None),
         ('seq(a: k = "A", b: k = "B") within 1s where c.v = 1', "unknown component 'c'", None, None),
         ('seq(a: k = "A", a: k = "B") within 1s', "duplicate component name 'a'", None, None),
@@ -106,6 +107,17 @@ def test_check_collects_every_problem_with_file_lines() -> None:
     assert "bad1" in text[0] and "line 2, column 12" in text[0] and "file line 7" in text[0]
     assert "bad2" in text[1] and "within" in text[1]
     assert "duplicate profile id" in text[2]
+
+
+def test_profile_entries_of_the_wrong_shape_are_named() -> None:
+    doc = "profiles:\n  - {id: a, expr: 3}\n  - {id: b}\n  - {id: c, expr: 'k = 1', colour: red}\n  - k = 1\n"
+    _, errors = parse_profile_document(doc)
+    text = [str(e) for e in errors]
+    assert len(text) == 4
+    assert "'a'" in text[0] and "expr must be a string, got int" in text[0] and "file line 2" in text[0]
+    assert "'b'" in text[1] and "missing expr" in text[1]
+    assert "'c'" in text[2] and "unknown keys ['colour']" in text[2]
+    assert "profile #4 must be a mapping" in text[3]
 
 
 def test_invalid_yaml_is_reported_with_its_position() -> None:

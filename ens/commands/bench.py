@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import typer
 
+
+def _counts(text: str) -> list[int]:
+    """--sizes: positive integers, comma-separated."""
+    try:
+        sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: give profile counts as integers, e.g. 1000,10000", param_hint="--sizes") from None
+    if not sizes or min(sizes) < 1:
+        raise typer.BadParameter(f"{text!r}: every profile count must be at least 1", param_hint="--sizes")
+    return sizes
+
+
 app = typer.Typer(help="Benchmarks: print figures and compare against a baseline measured in the same run.", no_args_is_help=True)
 
 
@@ -13,12 +25,18 @@ def pool_cmd(
     events: int = typer.Option(20000, help="Events per measurement."),
     naive_max: int = typer.Option(100000, help="Skip naive evaluation above this many profiles (it is linear)."),
     out: str = typer.Option("bench/results", help="Directory for CSV and PNG output."),
-    seed: int = typer.Option(7),
+    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
 ) -> None:
-    """Primitive pool: events/s and µs/event at growing profile counts vs naive evaluation."""
+    """Primitive pool: events/s and µs/event at growing profile counts vs naive evaluation.
+
+    Also insert, delete and re-insert cost and memory per profile; writes pool.csv and pool.png to OUT. Recorded results: docs/benchmarks.md.
+    """
     from bench.pool import run
 
-    run([int(s) for s in sizes.split(",")], events, naive_max, out, seed)
+    counts = _counts(sizes)
+    if events < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--events")
+    run(counts, events, naive_max, out, seed)
 
 
 @app.command("composite")
@@ -27,7 +45,7 @@ def composite_cmd(
     primitives: int = typer.Option(10000, help="Primitive profiles."),
     rounds: int = typer.Option(15, help="Measurement rounds (medians are reported)."),
     batch: int = typer.Option(2000, help="Events per round and kind."),
-    seed: int = typer.Option(7),
+    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
     variants: str = typer.Option("dynamic,marking,references", help="Single-step variants to measure."),
 ) -> None:
     """Single-step claim: the last event of a composite costs about a primitive event."""
@@ -39,16 +57,23 @@ def composite_cmd(
 @app.command("paper")
 def paper_cmd(
     out: str = typer.Option("bench/results/paper", help="Directory for CSV and PNG output."),
-    quick: bool = typer.Option(False, "--quick", help="Reduced sizes (about 1-2 minutes)."),
-    seed: int = typer.Option(7),
+    quick: bool = typer.Option(False, "--quick", help="Reduced sizes: 1,000 profiles, fewer points (about a minute)."),
+    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
     docs_img: str = typer.Option("", help="Also copy the PNG plots here (e.g. docs/img)."),
     replot: bool = typer.Option(False, "--replot", help="Only redraw plots and table from OUT/paper.csv."),
 ) -> None:
-    """The CompAS experiments, single-step (every variant) vs two-step: composition order,
-    number of profiles, profile cardinality; unique pairs and all pairs (docs/paper.md)."""
+    """The CompAS experiments, single-step (every variant) vs two-step (docs/paper.md).
+
+    Composition order, number of profiles and profile cardinality, each with unique pairs and all pairs; writes paper.csv, paper_ratios.csv and three PNG plots to OUT. The full run takes 20-30 minutes; --quick about one.
+    """
     from bench import paper
 
     if replot:
+        from pathlib import Path
+
+        if not (Path(out) / "paper.csv").is_file():
+            raise typer.BadParameter(f"no {Path(out) / 'paper.csv'} to replot (run without --replot first)",
+                                     param_hint="--out")
         paper.replot(out, docs_img or None)
     else:
         paper.run(out, quick, seed, docs_img or None)
