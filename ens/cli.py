@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from ens.options import check_tz
 from profiles.errors import ENSError, ManyErrors
 
 app = typer.Typer(
@@ -82,17 +83,6 @@ def parse_time_arg(text: str | None) -> float | None:
         raise ENSError(f"--until: {e}") from None
 
 
-def check_tz(tz: str) -> str:
-    """The --tz option: an IANA time zone name, or a user error."""
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    try:
-        ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ENSError(f"--tz: unknown time zone {tz!r} (an IANA name such as UTC or Europe/Berlin)") from None
-    return tz
-
-
 def write_lines(records: list[dict], out: str | None) -> None:
     """Write JSON lines atomically: a failed run never leaves a half-written result."""
     text = "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in records)
@@ -130,6 +120,8 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
     if errors:
         typer.echo(f"{profiles}: {len(errors)} problem(s), {len(pset.profiles)} valid profile(s)", err=True)
         raise typer.Exit(2)
+    if not pset.profiles:
+        typer.echo(f"warning: {profiles} defines no profiles", err=True)
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
 
 

@@ -186,6 +186,13 @@ def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "e.jsonl.gz"]  # no temp file left
 
 
+def test_check_warns_about_a_file_without_profiles(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("profiles: []\n")
+    r = runner.invoke(app, ["check", str(empty)])
+    assert r.exit_code == 0 and "defines no profiles" in r.stderr
+
+
 def test_bench_arguments_are_checked_before_measuring(tmp_path: Path) -> None:
     for args, needle in [
         (["bench", "pool", "--sizes", "abc"], "--sizes"),

@@ -39,6 +39,11 @@ FILTERS = [
     "true",
     'not (k = "C")',
     'k = "X" or v = 3',
+    'k starts with "A"',
+    "v exists",
+    'k not in ("B", "C")',
+    "v < 2",
+    'k = "C" and v >= 1',
 ]
 WITHIN = ["0s", "5s", "10s", "30s", "60s", "2m"]
 

@@ -213,3 +213,10 @@ def test_serve_rejects_an_index_that_is_not_one(tmp_path: Path) -> None:
     res = CliRunner().invoke(ens_app, ["serve", "--index", str(tmp_path)])
     assert res.exit_code == 2
     assert "not an `ens spark index` snapshot" in res.output and str(tmp_path) in res.output
+
+
+def test_serve_rejects_an_unknown_time_zone() -> None:
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["serve", "--tz", "Mars/Olympus"])
+    assert res.exit_code == 2 and "unknown time zone 'Mars/Olympus'" in res.output

@@ -301,6 +301,8 @@ def test_cli_replay_csv_by_room_and_errors(spark, tmp_path: Path) -> None:
         app, ["stats", str(tmp_path / "nope.jsonl"), "--index", str(tmp_path), "--out", "s.json"]
     )
     assert res.exit_code == 2 and "not an index snapshot" in res.stderr
+    res = runner.invoke(app, ["replay", str(feed), "--profiles", str(prof), "--out", str(out), "--tz", "Nope"])
+    assert res.exit_code == 2 and "unknown time zone 'Nope'" in res.stderr
 
 
 # ------------------------------------------------------------- stats

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from adapters.service import redis_store as rs
+from ens.options import check_tz
 from notifiers import store
 from profiles.errors import ENSError, ProfileError
 
@@ -123,6 +124,10 @@ def serve(
 
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
+    try:
+        check_tz(tz)
+    except ENSError as e:
+        raise _fail(str(e)) from None
     wcfg = WorkerConfig(
         reorder_seconds=reorder_seconds, reorder_max_events=reorder_max_events, clock=clock,
         tz=tz, snapshot_interval=snapshot_interval, status_interval=status_interval,

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ens.options import check_tz
 from profiles.errors import ENSError, ManyErrors
 
 app = typer.Typer(
@@ -226,6 +227,7 @@ def replay(
 
     log = _logger()
     with _errors():
+        check_tz(tz)
         ps = _load_profiles(profiles, index, log)
         end = _until(until)
         _check_feed(feed, fmt, ("jsonl", "parquet"))
