@@ -64,6 +64,16 @@ def test_demo_end_to_end_on_the_quickstart_feed() -> None:
     assert "silent-sensor" in summary.getvalue()
 
 
+def test_demo_default_feed_reports_every_injected_incident() -> None:
+    """The default run (what `make demo` shows): the synthetic building, its injected incidents."""
+    res = run_demo(DemoConfig(days=1.0, seed=3), Console(file=io.StringIO(), width=120))
+    assert res.incidents is not None and res.incidents >= 4
+    assert res.incidents_found == res.incidents
+    assert res.replay_match and res.notifications == res.replay_notifications >= res.incidents
+    assert res.mails == res.mails_expected and res.webhooks_valid == res.webhooks_expected
+    assert res.dead_letters == 0 and res.webhooks_invalid == 0 and res.ok
+
+
 def test_demo_command_prints_the_summary(app: typer.Typer) -> None:
     res = CliRunner().invoke(app, ["demo", "--events", str(EVENTS), "--show", "2"])
     assert res.exit_code == 0, res.output
