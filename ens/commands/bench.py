@@ -26,6 +26,7 @@ def pool_cmd(
     naive_max: int = typer.Option(100000, help="Skip naive evaluation above this many profiles (it is linear)."),
     out: str = typer.Option("bench/results", help="Directory for CSV and PNG output."),
     seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
+    repeat: int = typer.Option(5, help="Timed passes over the events (CPU time); the median is reported."),
 ) -> None:
     """Primitive pool: events/s and µs/event at growing profile counts vs naive evaluation.
 
@@ -36,7 +37,9 @@ def pool_cmd(
     counts = _counts(sizes)
     if events < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--events")
-    run(counts, events, naive_max, out, seed)
+    if repeat < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--repeat")
+    run(counts, events, naive_max, out, seed, repeat)
 
 
 @app.command("composite")
