@@ -33,8 +33,8 @@ def _cached_hash(self: object) -> int:
     """Hash once, then reuse: the pool hashes filters on every auxiliary insert and delete."""
     h = self._h  # type: ignore[attr-defined]
     if not h:
-        vals = (_hkey(getattr(self, f.name)) for f in fields(self) if f.compare)  # type: ignore[arg-type]
-        h = hash((type(self).__name__, *vals)) or 1
+        vals = [_hkey(getattr(self, n)) for n in self._compared]  # type: ignore[attr-defined]
+        h = hash((self.__class__.__name__, *vals)) or 1
         object.__setattr__(self, "_h", h)
     return h
 
@@ -44,11 +44,10 @@ def _typed_eq(self: object, other: object) -> bool:
         return True
     if type(self) is not type(other):
         return NotImplemented  # type: ignore[return-value]
-    return all(
-        _same(getattr(self, f.name), getattr(other, f.name))
-        for f in fields(self)  # type: ignore[arg-type]
-        if f.compare
-    )
+    for n in self._compared:  # type: ignore[attr-defined]
+        if not _same(getattr(self, n), getattr(other, n)):
+            return False
+    return True
 
 
 def _reduce(self: object) -> tuple:
@@ -64,7 +63,9 @@ def _node(cls: type[_T]) -> type[_T]:
     cls.__hash__ = _cached_hash  # type: ignore[assignment]
     cls.__eq__ = _typed_eq  # type: ignore[assignment,method-assign]
     cls.__reduce__ = _reduce  # type: ignore[assignment,method-assign]
-    return dataclass(frozen=True, slots=True)(cls)
+    made = dataclass(frozen=True, slots=True)(cls)
+    made._compared = tuple(f.name for f in fields(made) if f.compare)  # type: ignore[attr-defined]
+    return made
 
 
 Scalar = str | int | float | bool
