@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +20,7 @@ from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
 from adapters.service.cli import register
-from tests.helpers_service import Service, outbox_for, redis_server, wait_for
+from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
 
 BAD_FILE = """\
 profiles:
@@ -213,3 +217,27 @@ def test_serve_rejects_an_index_that_is_not_one(tmp_path: Path) -> None:
     res = CliRunner().invoke(ens_app, ["serve", "--index", str(tmp_path)])
     assert res.exit_code == 2
     assert "not an `ens spark index` snapshot" in res.output and str(tmp_path) in res.output
+
+
+def test_serve_reports_a_busy_port_and_an_unreachable_redis_in_one_line() -> None:
+    """User errors at start-up: exit status 2 and one `error:` line, no traceback."""
+    def serve(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "adapters.service", "serve", "--no-deliver", *args],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env={k: v for k, v in os.environ.items() if k != rs.ENV_URL},
+        )
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = serve("--port", str(port), "--redis-url", f"redis://127.0.0.1:{free_port()}")
+    assert res.returncode == 2, res.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port}" in res.stderr
+    assert "Traceback" not in res.stderr
+
+    dead = free_port()  # nothing listens there
+    res = serve("--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}")
+    assert res.returncode == 2, res.stderr
+    assert "error: cannot reach Redis" in res.stderr and "Traceback" not in res.stderr
