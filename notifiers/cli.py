@@ -99,13 +99,17 @@ def deliver(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
 ) -> None:
     """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM)."""
-    from notifiers.config import NotifierConfig
+    from notifiers.config import ConfigError, NotifierConfig
     from notifiers.worker import DeliveryWorker
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg = NotifierConfig.load(config)
+    try:
+        cfg = NotifierConfig.load(config)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

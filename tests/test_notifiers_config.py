@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from notifiers import store
 from notifiers.cli import app
-from notifiers.config import NotifierConfig
+from notifiers.config import ConfigError, NotifierConfig
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import (
     SECRET,
@@ -75,8 +75,36 @@ def test_config_file_overridden_by_env(tmp_path):
     cfg = NotifierConfig.load(env={"ENS_NOTIFIERS_CONFIG": str(path)})
     assert cfg.smtp.host == "relay.local"
     path.write_text("smtp:\n  hots: typo\n")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigError, match=r"smtp\.hots in .*notifiers\.yaml: unknown key"):
         NotifierConfig.load(path, env={})
+
+
+def test_config_errors_name_the_setting_and_its_source(tmp_path):
+    """One readable line per problem: the variable or the file it came from, never a secret."""
+    with pytest.raises(ConfigError) as err:
+        NotifierConfig.load(env={"ENS_SMTP_PORT": "abc", "ENS_RETRY_MAX_ATTEMPTS": "0"})
+    msg = str(err.value)
+    assert "ENS_SMTP_PORT (smtp.port)" in msg and "'abc'" in msg
+    assert "ENS_RETRY_MAX_ATTEMPTS (retry.max_attempts)" in msg
+    path = tmp_path / "n.yaml"
+    path.write_text("smtp:\n  password: 123456\n  security: ssl\n")
+    with pytest.raises(ConfigError) as err:
+        NotifierConfig.load(path, env={})
+    msg = str(err.value)
+    assert f"smtp.security in {path}" in msg and "'ssl'" in msg
+    assert "smtp.password" in msg and "123456" not in msg
+    path.write_text("smtp: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML/JSON at line 2"):
+        NotifierConfig.load(path, env={})
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        NotifierConfig.load(path, env={})
+
+    from ens.cli import app as ens_app  # the CLI: exit status 2, one line, no traceback
+
+    res = CliRunner(env={"ENS_SMTP_SECURITY": "ssl"}).invoke(ens_app, ["notifications", "deliver"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert "ENS_SMTP_SECURITY (smtp.security)" in res.output
 
 
 def test_subscriber_validation():

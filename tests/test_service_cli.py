@@ -219,25 +219,33 @@ def test_serve_rejects_an_index_that_is_not_one(tmp_path: Path) -> None:
     assert "not an `ens spark index` snapshot" in res.output and str(tmp_path) in res.output
 
 
-def test_serve_reports_a_busy_port_and_an_unreachable_redis_in_one_line() -> None:
+def test_serve_reports_start_up_errors_in_one_line() -> None:
     """User errors at start-up: exit status 2 and one `error:` line, no traceback."""
-    def serve(*args: str) -> subprocess.CompletedProcess[str]:
+
+    def serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "adapters.service", "serve", "--no-deliver", *args],
+            [sys.executable, "-m", "adapters.service", "serve", *args],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
-            env={k: v for k, v in os.environ.items() if k != rs.ENV_URL},
+            env={**{k: v for k, v in os.environ.items() if k != rs.ENV_URL}, **env},
         )
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        res = serve("--port", str(port), "--redis-url", f"redis://127.0.0.1:{free_port()}")
+        res = serve("--no-deliver", "--port", str(port),
+                    "--redis-url", f"redis://127.0.0.1:{free_port()}")
     assert res.returncode == 2, res.stderr
     assert f"error: cannot listen on 127.0.0.1:{port}" in res.stderr
     assert "Traceback" not in res.stderr
 
     dead = free_port()  # nothing listens there
-    res = serve("--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}")
+    res = serve("--no-deliver", "--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}")
     assert res.returncode == 2, res.stderr
     assert "error: cannot reach Redis" in res.stderr and "Traceback" not in res.stderr
+
+    res = serve("--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}",
+                ENS_RETRY_MAX_ATTEMPTS="0")  # the delivery worker's settings are checked first
+    assert res.returncode == 2, res.stderr
+    assert "error: notifier config: ENS_RETRY_MAX_ATTEMPTS (retry.max_attempts)" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -81,7 +81,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def _startup_error(message: str) -> int:
-    """A user error at start-up (busy port, Redis unreachable): one line, no traceback."""
+    """A user error at start-up (bad notifier config, busy port, Redis unreachable): one line, no traceback."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     return 2
 
@@ -89,6 +89,14 @@ def _startup_error(message: str) -> int:
 def run(cfg: ServeConfig) -> int:
     """Run until a signal; returns the exit status (0 after a clean stop, 2 if it cannot start)."""
     setup_logging(cfg.log_level)
+    notifier_cfg = None
+    if cfg.deliver:
+        from notifiers.config import ConfigError, NotifierConfig
+
+        try:
+            notifier_cfg = NotifierConfig.load()
+        except ConfigError as exc:
+            return _startup_error(str(exc))
     try:
         sock = listen(cfg.host, cfg.port)
     except OSError as exc:
@@ -121,11 +129,10 @@ def run(cfg: ServeConfig) -> int:
     # snapshot was planned (one that does is in the ingest stream for the next start anyway).
     parts = [_Part("http", server.run, [sock]), _Part("engine-worker", worker.run_forever, stop)]
     delivery = None
-    if cfg.deliver:
-        from notifiers.config import NotifierConfig
+    if notifier_cfg is not None:
         from notifiers.worker import DeliveryWorker
 
-        delivery = DeliveryWorker(conn.text(), NotifierConfig.load())
+        delivery = DeliveryWorker(conn.text(), notifier_cfg)
         parts.append(_Part("delivery-worker", delivery.run_forever, stop))
 
     def on_signal(signum: int, _frame: Any) -> None:
