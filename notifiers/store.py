@@ -29,10 +29,20 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
+
+from notifiers.config import describe_errors
 
 OUTBOX = "ens:outbox"
 OUTBOX_FIELD = "n"
@@ -122,12 +132,31 @@ class WebhookChannel(BaseModel):
         return v
 
 
+def _channel_kind(value: Any) -> str | None:
+    """Which channel model a record is meant to be, so errors speak of that one only."""
+    if isinstance(value, EmailChannel | WebhookChannel):
+        return "email" if isinstance(value, EmailChannel) else "webhook"
+    if isinstance(value, Mapping):
+        return "email" if "email" in value else "webhook" if "webhook" in value else None
+    return None
+
+
+Channel = Annotated[
+    Annotated[EmailChannel, Tag("email")] | Annotated[WebhookChannel, Tag("webhook")],
+    Discriminator(
+        _channel_kind,
+        custom_error_type="channel",
+        custom_error_message='a channel is {"email": ADDRESS} or {"webhook": URL}',
+    ),
+]
+
+
 class Subscriber(BaseModel):
     """A value of the ``ens:subscribers`` hash. Unknown keys are kept (the service may add some)."""
 
     model_config = ConfigDict(extra="allow")
     id: str = Field(min_length=1)
-    channels: list[EmailChannel | WebhookChannel] = Field(default_factory=list)
+    channels: list[Channel] = Field(default_factory=list)
     digest: float | None = Field(default=None, ge=0)
     secret: str | None = None
 
@@ -136,6 +165,21 @@ class Subscriber(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
+
+
+def subscriber_error(exc: ValidationError) -> str:
+    """A subscriber record's validation errors, one readable clause each.
+
+    ``channels.1.webhook: 'ftp://x' is not an http(s) URL`` rather than pydantic's report of
+    every channel model the record failed to be.
+    """
+
+    def where(loc: tuple[Any, ...]) -> str:
+        if len(loc) >= 3 and loc[0] == "channels" and loc[2] in ("email", "webhook"):
+            loc = loc[:2] + loc[3:]  # drop the channel kind pydantic puts in the path
+        return ".".join(str(x) for x in loc) or "subscriber"
+
+    return describe_errors(exc, where)
 
 
 def put_subscriber(r: redis.Redis, sub: Subscriber | Mapping[str, Any]) -> Subscriber:

@@ -116,15 +116,18 @@ def test_subscriber_validation():
         }
     )
     assert ok.model_dump()["name"] == "kept"
-    for bad in (
-        {"email": "a@b.org\r\nBcc: evil@x"},
-        {"email": "nobody"},
-        {"webhook": "ftp://x"},
-        {"webhook": "https://x", "extra": 1},
-        {"sms": "+1"},
+    for bad, message in (
+        ({"email": "a@b.org\r\nBcc: evil@x"}, "channels.0.email: must not contain line breaks"),
+        ({"email": "nobody"}, "channels.0.email: 'nobody' is not an e-mail address"),
+        ({"webhook": "ftp://x"}, "channels.0.webhook: 'ftp://x' is not an http(s) URL"),
+        ({"webhook": "https://x", "extra": 1}, "channels.0.extra: unknown key"),
+        ({"sms": "+1"}, 'channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}'),
     ):
-        with pytest.raises(ValidationError):
+        with pytest.raises(ValidationError) as err:
             store.Subscriber.model_validate({"id": "s", "channels": [bad]})
+        # one clause about the channel it is meant to be, not one per channel model
+        assert store.subscriber_error(err.value).startswith(message), bad
+        assert ";" not in store.subscriber_error(err.value)
 
 
 def test_enqueue_validates_and_delivery_keys_roundtrip(r):

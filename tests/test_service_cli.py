@@ -174,7 +174,11 @@ def test_gateways_and_subscribers(cli: typer.Typer, svc: Service, r: redis.Redis
     assert res.exit_code == 0 and "s3cret" not in res.stdout
     assert "webhook https://h.example.org/x" in run(cli, svc, "subscriber", "list").stdout
     assert "s3cret" not in run(cli, svc, "subscriber", "list").stdout
-    assert run(cli, svc, "subscriber", "add", "s2", "--email", "nope").exit_code == 2
+    res = run(cli, svc, "subscriber", "add", "s2", "--email", "nope", "--webhook", "ftp://x")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == ("error: subscriber 's2': channels.0.email: 'nope' is not an "
+                                  "e-mail address; channels.1.webhook: 'ftp://x' is not an "
+                                  "http(s) URL")
     assert run(cli, svc, "subscriber", "add", "s3").exit_code == 2
     assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 0
     assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 2

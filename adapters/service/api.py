@@ -423,7 +423,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         try:
             saved = store.put_subscriber(r, body)
         except ValidationError as exc:
-            return JSONResponse({"error": str(exc)}, 422)
+            return JSONResponse({"error": store.subscriber_error(exc)}, 422)
         return JSONResponse(json.loads(saved.to_json()), 201)
 
     @app.delete(
