@@ -10,7 +10,7 @@ import os
 import random
 import socket
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,15 +28,18 @@ class ConfigError(ENSError):
 
 
 def describe_errors(
-    exc: ValidationError, where: Callable[[tuple[Any, ...]], str] | None = None
+    exc: ValidationError | Sequence[Mapping[str, Any]],
+    where: Callable[[tuple[Any, ...]], str] | None = None,
 ) -> str:
-    """A pydantic error as one readable line per problem: ``where: what (got value)``.
+    """Pydantic errors (or their ``errors()`` list) as one clause per problem: ``where: what
+    (got value)``, joined by ``; ``.
 
     ``where`` names a location (default: its dotted path). Values of password/secret fields
     are never echoed.
     """
     lines = []
-    for err in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else exc
+    for err in errors:
         loc = tuple(err["loc"])
         name = where(loc) if where else ".".join(str(x) for x in loc) or "value"
         msg = str(err["msg"]).removeprefix("Value error, ")

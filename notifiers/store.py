@@ -167,19 +167,22 @@ class Subscriber(BaseModel):
         return self.model_dump_json(exclude_none=True)
 
 
-def subscriber_error(exc: ValidationError) -> str:
+def subscriber_field(loc: Iterable[Any], whole: str = "subscriber") -> str:
+    """The dotted path of an error in a subscriber record, without the channel kind pydantic
+    puts in it (``channels.1.webhook``, not ``channels.1.webhook.webhook``)."""
+    path = [x for x in loc if x != "body"]  # FastAPI prefixes request-body errors
+    if len(path) >= 3 and path[0] == "channels" and path[2] in ("email", "webhook"):
+        del path[2]
+    return ".".join(str(x) for x in path) or whole
+
+
+def subscriber_error(exc: ValidationError | list[dict[str, Any]]) -> str:
     """A subscriber record's validation errors, one readable clause each.
 
     ``channels.1.webhook: 'ftp://x' is not an http(s) URL`` rather than pydantic's report of
     every channel model the record failed to be.
     """
-
-    def where(loc: tuple[Any, ...]) -> str:
-        if len(loc) >= 3 and loc[0] == "channels" and loc[2] in ("email", "webhook"):
-            loc = loc[:2] + loc[3:]  # drop the channel kind pydantic puts in the path
-        return ".".join(str(x) for x in loc) or "subscriber"
-
-    return describe_errors(exc, where)
+    return describe_errors(exc, subscriber_field)
 
 
 def put_subscriber(r: redis.Redis, sub: Subscriber | Mapping[str, Any]) -> Subscriber:
