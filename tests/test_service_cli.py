@@ -139,7 +139,12 @@ def test_profiles_from_the_cli_take_effect_without_restart(
     door = wait_for(lambda: outbox_for(r, "cli-door"), 10, "cli-door notification")
     assert door[0]["subscriber"] == "facilities"
     assert {k: v["id"] for k, v in door[0]["events"].items()} == {"d": "cd1", "m": "cm1"}
-    wait_for(lambda: outbox_for(r, "cli-alarm"), 10, "cli-alarm notification")
+    res = run(cli, svc, "post", "-", "--api-key", key,  # '-': JSON lines from stdin
+              stdin=json.dumps({"id": "ca2", "ts": now + 0.03, "kind": "cli-alarm"}) + "\n")
+    assert res.exit_code == 0 and "1 accepted, 0 rejected" in res.stdout
+    alarms = wait_for(lambda: (lambda a: a if len(a) == 2 else None)(outbox_for(r, "cli-alarm")),
+                      10, "both cli-alarm notifications")
+    assert [n["events"]["e"]["id"] for n in alarms] == ["ca1", "ca2"]
     tail = run(cli, svc, "notifications", "tail")
     ids = [json.loads(line)["id"] for line in tail.stdout.splitlines()]
     assert door[0]["id"] in ids
