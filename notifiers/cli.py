@@ -77,8 +77,9 @@ def dead_letter_retry(
     st = Store(redis_url, data_dir)
     moved = store.retry_dead_letters(st.r, None if all_ else ids)
     if ids and not moved:
-        typer.echo("no matching dead letters", err=True)
-        raise typer.Exit(1)
+        typer.echo(f"error: no dead letter matches {', '.join(ids)} "
+                   "(see ens notifications dead-letter list)", err=True)
+        raise typer.Exit(2)
     typer.echo(f"{moved} dead letter(s) scheduled for delivery")
 
 
