@@ -238,6 +238,31 @@ def ensure_group(r: redis.Redis) -> None:
             raise
 
 
+def delivery_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float, int]:
+    """(outbox notifications not yet done, age in s of the oldest of them, dead letters).
+
+    Not done = unread by the delivery group (counted up to ``cap``; all of the outbox if no
+    worker ever ran) plus read but unacknowledged (in delivery, retrying, or in a digest).
+    """
+    now = time.time()
+    try:
+        groups = {text(g["name"]): g for g in r.xinfo_groups(OUTBOX)}
+    except redis.ResponseError:  # no outbox yet
+        return 0, 0.0, int(r.xlen(DEADLETTER))
+    g = groups.get(GROUP)
+    start = f"({text(g['last-delivered-id'])}" if g else "-"
+    unread = r.xrange(OUTBOX, min=start, count=cap)
+    oldest = [text(unread[0][0])] if unread else []
+    pending = 0
+    if g:
+        summary = r.xpending(OUTBOX, GROUP)
+        pending = int(summary["pending"])
+        if pending and summary.get("min"):
+            oldest.append(text(summary["min"]))
+    ages = [now - _id(e)[0] / 1000 for e in oldest]
+    return len(unread) + pending, max(max(ages, default=0.0), 0.0), int(r.xlen(DEADLETTER))
+
+
 def _id(stream_id: str) -> tuple[int, int]:
     ms, _, seq = stream_id.partition("-")
     return int(ms), int(seq or 0)

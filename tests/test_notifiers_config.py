@@ -204,6 +204,21 @@ def test_deliver_command_runs_until_interrupted(r):
     assert "delivered=1" in out and "delivered nid=n1" in err
 
 
+def test_delivery_backlog_counts_unread_and_unacknowledged_entries(r):
+    assert store.delivery_backlog(r) == (0, 0.0, 0)
+    for nid in ("b1", "b2", "b3"):
+        store.enqueue(r, notification(nid))
+    n, age, dead = store.delivery_backlog(r)
+    assert (n, dead) == (3, 0) and age >= 0  # no worker yet: the whole outbox
+    store.ensure_group(r)
+    (_, entries), = r.xreadgroup(store.GROUP, "w1", {store.OUTBOX: ">"}, count=1)
+    assert store.delivery_backlog(r)[0] == 3  # 2 unread + 1 pending
+    r.xack(store.OUTBOX, store.GROUP, entries[0][0])
+    time.sleep(0.01)
+    n, age, _ = store.delivery_backlog(r)
+    assert n == 2 and age > 0
+
+
 def test_trim_outbox_keeps_unread_and_unacknowledged_entries(r):
     ids = [store.enqueue(r, notification(f"n{i}")) for i in range(5)]
     assert store.trim_outbox(r, 0) == 0  # no group yet: nothing was read

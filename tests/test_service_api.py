@@ -347,10 +347,14 @@ def test_healthz_and_metrics(svc: Service, gw: httpx.Client) -> None:
                  "ens_notifications_total", "ens_ingest_backlog", "ens_ingest_lag_seconds",
                  "ens_partial_matches", "ens_pool_filters", "ens_reorder_buffer_events",
                  "ens_worker_heartbeat_age_seconds", "ens_commit_seconds_count",
+                 "ens_delivery_backlog", "ens_delivery_lag_seconds", "ens_dead_letters",
                  "ens_deliveries_total", "ens_delivery_latency_seconds"):
         assert f"\n{name}" in text or f"# TYPE {name.removesuffix('_total')}" in text, name
     assert metric(text, "ens_events_received_total") >= 1
     assert metric(text, "ens_notifications_total") >= 1
+    # --no-deliver: every notification so far waits in the outbox
+    assert metric(text, "ens_delivery_backlog") >= metric(text, "ens_notifications_total")
+    assert metric(text, "ens_delivery_lag_seconds") > 0 and metric(text, "ens_dead_letters") == 0
 
 
 def test_openapi_documents_the_api(svc: Service) -> None:

@@ -477,6 +477,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
             backlog, lag = rs.ingest_backlog(r)
             m.INGEST_BACKLOG.set(backlog)
             m.INGEST_LAG.set(lag)
+            pending, age, dead = store.delivery_backlog(r)
+            m.DELIVERY_BACKLOG.set(pending)
+            m.DELIVERY_LAG.set(age)
+            m.DEAD_LETTERS.set(dead)
             status = rs.worker_status(r)
             m.HEARTBEAT_AGE.set(status["age"] if status else -1)
             if status:
