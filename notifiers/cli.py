@@ -77,8 +77,9 @@ def dead_letter_retry(
     st = Store(redis_url, data_dir)
     moved = store.retry_dead_letters(st.r, None if all_ else ids)
     if ids and not moved:
-        typer.echo("no matching dead letters", err=True)
-        raise typer.Exit(1)
+        typer.echo(f"error: no dead letter matches {', '.join(ids)} "
+                   "(see ens notifications dead-letter list)", err=True)
+        raise typer.Exit(2)
     typer.echo(f"{moved} dead letter(s) scheduled for delivery")
 
 
@@ -99,13 +100,17 @@ def deliver(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
 ) -> None:
     """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM)."""
-    from notifiers.config import NotifierConfig
+    from notifiers.config import ConfigError, NotifierConfig
     from notifiers.worker import DeliveryWorker
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg = NotifierConfig.load(config)
+    try:
+        cfg = NotifierConfig.load(config)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -10,14 +10,48 @@ import os
 import random
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from profiles.errors import ENSError
 
 _DEFAULT_PORTS = {"starttls": 587, "tls": 465, "none": 25}
+_SECRET_WORDS = ("password", "secret")
+
+
+class ConfigError(ENSError):
+    """A notifier configuration that cannot be used (the CLI prints it, exit status 2)."""
+
+
+def describe_errors(
+    exc: ValidationError | Sequence[Mapping[str, Any]],
+    where: Callable[[tuple[Any, ...]], str] | None = None,
+) -> str:
+    """Pydantic errors (or their ``errors()`` list) as one clause per problem: ``where: what
+    (got value)``, joined by ``; ``.
+
+    ``where`` names a location (default: its dotted path). Values of password/secret fields
+    are never echoed.
+    """
+    lines = []
+    errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else exc
+    for err in errors:
+        loc = tuple(err["loc"])
+        name = where(loc) if where else ".".join(str(x) for x in loc) or "value"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        value = err.get("input")
+        secret = any(w in str(x).lower() for x in loc for w in _SECRET_WORDS)
+        if (err["type"] != "missing" and not secret and isinstance(value, str | int | float)
+                and repr(value) not in msg):
+            msg += f" (got {value!r})"
+        lines.append(f"{name}: {msg}")
+    return "; ".join(lines)
 
 
 class SmtpConfig(BaseModel):
@@ -132,10 +166,38 @@ class NotifierConfig(BaseModel):
     def load(
         cls, path: str | Path | None = None, env: Mapping[str, str] | None = None
     ) -> NotifierConfig:
+        """Defaults < the file (``path`` or ``ENS_NOTIFIERS_CONFIG``) < ``ENS_*`` variables.
+
+        Raises `ConfigError` naming the setting and where it came from (variable or file).
+        """
         env = os.environ if env is None else env
         path = path or env.get("ENS_NOTIFIERS_CONFIG") or None
-        base = yaml.safe_load(Path(path).read_text()) if path else None
-        return cls.from_env(env, base or {})
+        base: Any = None
+        if path:
+            try:
+                base = yaml.safe_load(Path(path).read_text())
+            except OSError as exc:
+                raise ConfigError(f"notifier config {path}: {exc.strerror or exc}") from None
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                problem = getattr(exc, "problem", None) or exc
+                raise ConfigError(f"notifier config {path}: not valid YAML/JSON{at}: {problem}"
+                                  ) from None
+            if base is not None and not isinstance(base, dict):
+                raise ConfigError(f"notifier config {path}: expected a mapping of settings "
+                                  f"(smtp, webhook, retry, digest, worker)")
+        by_path = {p: var for var, p in ENV_VARS.items() if env.get(var)}
+
+        def where(loc: tuple[Any, ...]) -> str:
+            name = ".".join(str(x) for x in loc)
+            var = by_path.get(tuple(loc))
+            return f"{var} ({name})" if var else f"{name} in {path}" if path else name
+
+        try:
+            return cls.from_env(env, base or {})
+        except ValidationError as exc:
+            raise ConfigError("notifier config: " + describe_errors(exc, where)) from None
 
 
 ENV_VARS: dict[str, tuple[str, ...]] = {

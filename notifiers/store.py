@@ -29,10 +29,20 @@ import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
+
+from notifiers.config import describe_errors
 
 OUTBOX = "ens:outbox"
 OUTBOX_FIELD = "n"
@@ -122,12 +132,31 @@ class WebhookChannel(BaseModel):
         return v
 
 
+def _channel_kind(value: Any) -> str | None:
+    """Which channel model a record is meant to be, so errors speak of that one only."""
+    if isinstance(value, EmailChannel | WebhookChannel):
+        return "email" if isinstance(value, EmailChannel) else "webhook"
+    if isinstance(value, Mapping):
+        return "email" if "email" in value else "webhook" if "webhook" in value else None
+    return None
+
+
+Channel = Annotated[
+    Annotated[EmailChannel, Tag("email")] | Annotated[WebhookChannel, Tag("webhook")],
+    Discriminator(
+        _channel_kind,
+        custom_error_type="channel",
+        custom_error_message='a channel is {"email": ADDRESS} or {"webhook": URL}',
+    ),
+]
+
+
 class Subscriber(BaseModel):
     """A value of the ``ens:subscribers`` hash. Unknown keys are kept (the service may add some)."""
 
     model_config = ConfigDict(extra="allow")
     id: str = Field(min_length=1)
-    channels: list[EmailChannel | WebhookChannel] = Field(default_factory=list)
+    channels: list[Channel] = Field(default_factory=list)
     digest: float | None = Field(default=None, ge=0)
     secret: str | None = None
 
@@ -136,6 +165,24 @@ class Subscriber(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
+
+
+def subscriber_field(loc: Iterable[Any], whole: str = "subscriber") -> str:
+    """The dotted path of an error in a subscriber record, without the channel kind pydantic
+    puts in it (``channels.1.webhook``, not ``channels.1.webhook.webhook``)."""
+    path = [x for x in loc if x != "body"]  # FastAPI prefixes request-body errors
+    if len(path) >= 3 and path[0] == "channels" and path[2] in ("email", "webhook"):
+        del path[2]
+    return ".".join(str(x) for x in path) or whole
+
+
+def subscriber_error(exc: ValidationError | list[dict[str, Any]]) -> str:
+    """A subscriber record's validation errors, one readable clause each.
+
+    ``channels.1.webhook: 'ftp://x' is not an http(s) URL`` rather than pydantic's report of
+    every channel model the record failed to be.
+    """
+    return describe_errors(exc, subscriber_field)
 
 
 def put_subscriber(r: redis.Redis, sub: Subscriber | Mapping[str, Any]) -> Subscriber:
@@ -189,6 +236,31 @@ def ensure_group(r: redis.Redis) -> None:
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def delivery_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float, int]:
+    """(outbox notifications not yet done, age in s of the oldest of them, dead letters).
+
+    Not done = unread by the delivery group (counted up to ``cap``; all of the outbox if no
+    worker ever ran) plus read but unacknowledged (in delivery, retrying, or in a digest).
+    """
+    now = time.time()
+    try:
+        groups = {text(g["name"]): g for g in r.xinfo_groups(OUTBOX)}
+    except redis.ResponseError:  # no outbox yet
+        return 0, 0.0, int(r.xlen(DEADLETTER))
+    g = groups.get(GROUP)
+    start = f"({text(g['last-delivered-id'])}" if g else "-"
+    unread = r.xrange(OUTBOX, min=start, count=cap)
+    oldest = [text(unread[0][0])] if unread else []
+    pending = 0
+    if g:
+        summary = r.xpending(OUTBOX, GROUP)
+        pending = int(summary["pending"])
+        if pending and summary.get("min"):
+            oldest.append(text(summary["min"]))
+    ages = [now - _id(e)[0] / 1000 for e in oldest]
+    return len(unread) + pending, max(max(ages, default=0.0), 0.0), int(r.xlen(DEADLETTER))
 
 
 def _id(stream_id: str) -> tuple[int, int]:

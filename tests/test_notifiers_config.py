@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from notifiers import store
 from notifiers.cli import app
-from notifiers.config import NotifierConfig
+from notifiers.config import ConfigError, NotifierConfig
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import (
     SECRET,
@@ -75,8 +75,36 @@ def test_config_file_overridden_by_env(tmp_path):
     cfg = NotifierConfig.load(env={"ENS_NOTIFIERS_CONFIG": str(path)})
     assert cfg.smtp.host == "relay.local"
     path.write_text("smtp:\n  hots: typo\n")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigError, match=r"smtp\.hots in .*notifiers\.yaml: unknown key"):
         NotifierConfig.load(path, env={})
+
+
+def test_config_errors_name_the_setting_and_its_source(tmp_path):
+    """One readable line per problem: the variable or the file it came from, never a secret."""
+    with pytest.raises(ConfigError) as err:
+        NotifierConfig.load(env={"ENS_SMTP_PORT": "abc", "ENS_RETRY_MAX_ATTEMPTS": "0"})
+    msg = str(err.value)
+    assert "ENS_SMTP_PORT (smtp.port)" in msg and "'abc'" in msg
+    assert "ENS_RETRY_MAX_ATTEMPTS (retry.max_attempts)" in msg
+    path = tmp_path / "n.yaml"
+    path.write_text("smtp:\n  password: 123456\n  security: ssl\n")
+    with pytest.raises(ConfigError) as err:
+        NotifierConfig.load(path, env={})
+    msg = str(err.value)
+    assert f"smtp.security in {path}" in msg and "'ssl'" in msg
+    assert "smtp.password" in msg and "123456" not in msg
+    path.write_text("smtp: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML/JSON at line 2"):
+        NotifierConfig.load(path, env={})
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        NotifierConfig.load(path, env={})
+
+    from ens.cli import app as ens_app  # the CLI: exit status 2, one line, no traceback
+
+    res = CliRunner(env={"ENS_SMTP_SECURITY": "ssl"}).invoke(ens_app, ["notifications", "deliver"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert "ENS_SMTP_SECURITY (smtp.security)" in res.output
 
 
 def test_subscriber_validation():
@@ -88,15 +116,18 @@ def test_subscriber_validation():
         }
     )
     assert ok.model_dump()["name"] == "kept"
-    for bad in (
-        {"email": "a@b.org\r\nBcc: evil@x"},
-        {"email": "nobody"},
-        {"webhook": "ftp://x"},
-        {"webhook": "https://x", "extra": 1},
-        {"sms": "+1"},
+    for bad, message in (
+        ({"email": "a@b.org\r\nBcc: evil@x"}, "channels.0.email: must not contain line breaks"),
+        ({"email": "nobody"}, "channels.0.email: 'nobody' is not an e-mail address"),
+        ({"webhook": "ftp://x"}, "channels.0.webhook: 'ftp://x' is not an http(s) URL"),
+        ({"webhook": "https://x", "extra": 1}, "channels.0.extra: unknown key"),
+        ({"sms": "+1"}, 'channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}'),
     ):
-        with pytest.raises(ValidationError):
+        with pytest.raises(ValidationError) as err:
             store.Subscriber.model_validate({"id": "s", "channels": [bad]})
+        # one clause about the channel it is meant to be, not one per channel model
+        assert store.subscriber_error(err.value).startswith(message), bad
+        assert ";" not in store.subscriber_error(err.value)
 
 
 def test_enqueue_validates_and_delivery_keys_roundtrip(r):
@@ -171,6 +202,21 @@ def test_deliver_command_runs_until_interrupted(r):
     assert "n1" in rec.accepted
     assert proc.returncode == 0, err
     assert "delivered=1" in out and "delivered nid=n1" in err
+
+
+def test_delivery_backlog_counts_unread_and_unacknowledged_entries(r):
+    assert store.delivery_backlog(r) == (0, 0.0, 0)
+    for nid in ("b1", "b2", "b3"):
+        store.enqueue(r, notification(nid))
+    n, age, dead = store.delivery_backlog(r)
+    assert (n, dead) == (3, 0) and age >= 0  # no worker yet: the whole outbox
+    store.ensure_group(r)
+    (_, entries), = r.xreadgroup(store.GROUP, "w1", {store.OUTBOX: ">"}, count=1)
+    assert store.delivery_backlog(r)[0] == 3  # 2 unread + 1 pending
+    r.xack(store.OUTBOX, store.GROUP, entries[0][0])
+    time.sleep(0.01)
+    n, age, _ = store.delivery_backlog(r)
+    assert n == 2 and age > 0
 
 
 def test_trim_outbox_keeps_unread_and_unacknowledged_entries(r):

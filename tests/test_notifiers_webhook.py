@@ -201,7 +201,8 @@ def test_400_is_dead_lettered_and_cli_retry_brings_it_back(r, receiver):
         listing = runner.invoke(app, ["dead-letter", "list", *url])
         assert listing.exit_code == 0, listing.output
         assert dead_nid in listing.output and "HTTP 400" in listing.output
-        assert runner.invoke(app, ["dead-letter", "retry", "nope", *url]).exit_code == 1
+        nope = runner.invoke(app, ["dead-letter", "retry", "nope", *url])
+        assert nope.exit_code == 2 and "error: no dead letter matches nope" in nope.output
         assert runner.invoke(app, ["dead-letter", "retry", *url]).exit_code != 0
         retried = runner.invoke(app, ["dead-letter", "retry", dead_nid, *url])
         assert retried.exit_code == 0 and "1 dead letter" in retried.output

@@ -240,6 +240,9 @@ def test_profile_crud_and_errors(admin: httpx.Client, gw: httpx.Client, r: redis
     nosub = admin.post("/v1/profiles", json={"id": "ns", "expr": "k = 1", "subscriber": "nobody"})
     assert nosub.status_code == 422 and "unknown subscriber" in nosub.json()["error"]
     assert admin.post("/v1/profiles", json={"id": "bad id", "expr": "k = 1"}).status_code == 422
+    noexpr = admin.post("/v1/profiles", json={"id": "p"})  # the body model: same {"error"} shape
+    assert noexpr.status_code == 422 and noexpr.json()["error"] == "expr: Field required"
+    assert noexpr.json()["detail"][0]["loc"] == ["body", "expr"]
 
     pid = uid("crud")
     add_profile(admin, pid, f'kind = "{pid}"')
@@ -277,6 +280,9 @@ def test_subscribers(admin: httpx.Client, r: redis.Redis) -> None:
     assert admin.get("/v1/subscribers/ops").json()["channels"][0] == {"email": "ops@example.org"}
     bad = admin.post("/v1/subscribers", json={"id": "x", "channels": [{"email": "nope"}]})
     assert bad.status_code == 422
+    assert bad.json()["error"] == "channels.0.email: 'nope' is not an e-mail address"
+    bad = admin.post("/v1/subscribers", json={"id": "x", "channels": [{"sms": "+1"}]})
+    assert bad.status_code == 422 and bad.json()["error"].startswith("channels.0: a channel is")
     pid = uid("subp")
     assert admin.post("/v1/profiles", json={"id": pid, "expr": "k = 1",
                                             "subscriber": "ops"}).status_code == 201
@@ -341,10 +347,14 @@ def test_healthz_and_metrics(svc: Service, gw: httpx.Client) -> None:
                  "ens_notifications_total", "ens_ingest_backlog", "ens_ingest_lag_seconds",
                  "ens_partial_matches", "ens_pool_filters", "ens_reorder_buffer_events",
                  "ens_worker_heartbeat_age_seconds", "ens_commit_seconds_count",
+                 "ens_delivery_backlog", "ens_delivery_lag_seconds", "ens_dead_letters",
                  "ens_deliveries_total", "ens_delivery_latency_seconds"):
         assert f"\n{name}" in text or f"# TYPE {name.removesuffix('_total')}" in text, name
     assert metric(text, "ens_events_received_total") >= 1
     assert metric(text, "ens_notifications_total") >= 1
+    # --no-deliver: every notification so far waits in the outbox
+    assert metric(text, "ens_delivery_backlog") >= metric(text, "ens_notifications_total")
+    assert metric(text, "ens_delivery_lag_seconds") > 0 and metric(text, "ens_dead_letters") == 0
 
 
 def test_openapi_documents_the_api(svc: Service) -> None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +20,7 @@ from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
 from adapters.service.cli import register
-from tests.helpers_service import Service, outbox_for, redis_server, wait_for
+from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
 
 BAD_FILE = """\
 profiles:
@@ -135,7 +139,12 @@ def test_profiles_from_the_cli_take_effect_without_restart(
     door = wait_for(lambda: outbox_for(r, "cli-door"), 10, "cli-door notification")
     assert door[0]["subscriber"] == "facilities"
     assert {k: v["id"] for k, v in door[0]["events"].items()} == {"d": "cd1", "m": "cm1"}
-    wait_for(lambda: outbox_for(r, "cli-alarm"), 10, "cli-alarm notification")
+    res = run(cli, svc, "post", "-", "--api-key", key,  # '-': JSON lines from stdin
+              stdin=json.dumps({"id": "ca2", "ts": now + 0.03, "kind": "cli-alarm"}) + "\n")
+    assert res.exit_code == 0 and "1 accepted, 0 rejected" in res.stdout
+    alarms = wait_for(lambda: (lambda a: a if len(a) == 2 else None)(outbox_for(r, "cli-alarm")),
+                      10, "both cli-alarm notifications")
+    assert [n["events"]["e"]["id"] for n in alarms] == ["ca1", "ca2"]
     tail = run(cli, svc, "notifications", "tail")
     ids = [json.loads(line)["id"] for line in tail.stdout.splitlines()]
     assert door[0]["id"] in ids
@@ -170,7 +179,11 @@ def test_gateways_and_subscribers(cli: typer.Typer, svc: Service, r: redis.Redis
     assert res.exit_code == 0 and "s3cret" not in res.stdout
     assert "webhook https://h.example.org/x" in run(cli, svc, "subscriber", "list").stdout
     assert "s3cret" not in run(cli, svc, "subscriber", "list").stdout
-    assert run(cli, svc, "subscriber", "add", "s2", "--email", "nope").exit_code == 2
+    res = run(cli, svc, "subscriber", "add", "s2", "--email", "nope", "--webhook", "ftp://x")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == ("error: subscriber 's2': channels.0.email: 'nope' is not an "
+                                  "e-mail address; channels.1.webhook: 'ftp://x' is not an "
+                                  "http(s) URL")
     assert run(cli, svc, "subscriber", "add", "s3").exit_code == 2
     assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 0
     assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 2
@@ -220,3 +233,35 @@ def test_serve_rejects_an_unknown_time_zone() -> None:
 
     res = CliRunner().invoke(ens_app, ["serve", "--tz", "Mars/Olympus"])
     assert res.exit_code == 2 and "unknown time zone 'Mars/Olympus'" in res.output
+
+
+def test_serve_reports_start_up_errors_in_one_line() -> None:
+    """User errors at start-up: exit status 2 and one `error:` line, no traceback."""
+
+    def serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "adapters.service", "serve", *args],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env={**{k: v for k, v in os.environ.items() if k != rs.ENV_URL}, **env},
+        )
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = serve("--no-deliver", "--port", str(port),
+                    "--redis-url", f"redis://127.0.0.1:{free_port()}")
+    assert res.returncode == 2, res.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port}" in res.stderr
+    assert "Traceback" not in res.stderr
+
+    dead = free_port()  # nothing listens there
+    res = serve("--no-deliver", "--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}")
+    assert res.returncode == 2, res.stderr
+    assert "error: cannot reach Redis" in res.stderr and "Traceback" not in res.stderr
+
+    res = serve("--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}",
+                ENS_RETRY_MAX_ATTEMPTS="0")  # the delivery worker's settings are checked first
+    assert res.returncode == 2, res.stderr
+    assert "error: notifier config: ENS_RETRY_MAX_ATTEMPTS (retry.max_attempts)" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import redis
 import redis.asyncio
 from fastapi import Depends, FastAPI, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,6 +30,7 @@ from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from notifiers import metrics as notifier_metrics
 from notifiers import store
+from notifiers.config import describe_errors
 from profiles.errors import ProfileError
 from profiles.events import event_from_obj
 
@@ -276,6 +278,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, exc.status_code, headers=exc.headers)
 
+    @app.exception_handler(RequestValidationError)
+    async def _body_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """Bad JSON bodies of the admin endpoints: one readable `error`, like every other
+        answer (FastAPI's `detail` list is kept for clients that read it)."""
+        errors = list(exc.errors())
+        detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
+        message = describe_errors(errors, lambda loc: store.subscriber_field(loc, "body"))
+        return JSONResponse({"error": message, "detail": detail}, 422)
+
     # ------------------------------------------------------------------ events
     @app.post(
         "/v1/events",
@@ -423,7 +434,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         try:
             saved = store.put_subscriber(r, body)
         except ValidationError as exc:
-            return JSONResponse({"error": str(exc)}, 422)
+            return JSONResponse({"error": store.subscriber_error(exc)}, 422)
         return JSONResponse(json.loads(saved.to_json()), 201)
 
     @app.delete(
@@ -466,6 +477,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
             backlog, lag = rs.ingest_backlog(r)
             m.INGEST_BACKLOG.set(backlog)
             m.INGEST_LAG.set(lag)
+            pending, age, dead = store.delivery_backlog(r)
+            m.DELIVERY_BACKLOG.set(pending)
+            m.DELIVERY_LAG.set(age)
+            m.DEAD_LETTERS.set(dead)
             status = rs.worker_status(r)
             m.HEARTBEAT_AGE.set(status["age"] if status else -1)
             if status:

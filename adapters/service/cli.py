@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -208,6 +209,8 @@ def profile_add(
         try:
             rs.check_id(sub["id"], "subscriber id")
             store.Subscriber.model_validate(sub)
+        except ValidationError as exc:
+            errors.append(ENSError(f"subscriber {sub.get('id')!r}: {store.subscriber_error(exc)}"))
         except (ProfileError, ValueError) as exc:
             errors.append(ENSError(f"subscriber {sub.get('id')!r}: {exc}"))
     if errors:
@@ -307,6 +310,8 @@ def subscriber_add(
     try:
         rs.check_id(sid, "subscriber id")
         model = store.Subscriber.model_validate(rec)
+    except ValidationError as exc:
+        raise _fail(f"subscriber {sid!r}: {store.subscriber_error(exc)}") from None
     except (ProfileError, ValueError) as exc:
         raise _fail(str(exc)) from None
     st = Store(redis_url, data_dir)

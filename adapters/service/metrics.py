@@ -80,6 +80,19 @@ INGEST_LAG = Gauge(
     "Age of the oldest event accepted but not yet fed to the engine.",
     registry=REGISTRY,
 )
+DELIVERY_BACKLOG = Gauge(
+    "ens_delivery_backlog",
+    "Outbox notifications not yet delivered or dead-lettered: unread + in delivery/retry/digest.",
+    registry=REGISTRY,
+)
+DELIVERY_LAG = Gauge(
+    "ens_delivery_lag_seconds",
+    "Age of the oldest outbox notification not yet delivered or dead-lettered.",
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Gauge(
+    "ens_dead_letters", "Entries in the dead-letter stream (ens:deadletter).", registry=REGISTRY
+)
 HEARTBEAT_AGE = Gauge(
     "ens_worker_heartbeat_age_seconds",
     "Seconds since the engine worker's last heartbeat (-1: never seen).",

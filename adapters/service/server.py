@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 import uvicorn
 
 from adapters.service import redis_store as rs
@@ -64,12 +66,50 @@ def setup_logging(level: str) -> None:
     )
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The bound HTTP socket (as uvicorn would bind it), so a busy port is found before start."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _startup_error(message: str) -> int:
+    """A user error at start-up (bad notifier config, busy port, Redis unreachable): one line, no traceback."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
 def run(cfg: ServeConfig) -> int:
-    """Run until a signal; returns the exit status (0 after a clean stop)."""
+    """Run until a signal; returns the exit status (0 after a clean stop, 2 if it cannot start)."""
     setup_logging(cfg.log_level)
-    conn = rs.connect(cfg.redis_url, cfg.data_dir)
-    r = conn.text()
-    token_hash, generated = rs.ensure_admin_token(r, os.environ.get(rs.ENV_ADMIN_TOKEN))
+    notifier_cfg = None
+    if cfg.deliver:
+        from notifiers.config import ConfigError, NotifierConfig
+
+        try:
+            notifier_cfg = NotifierConfig.load()
+        except ConfigError as exc:
+            return _startup_error(str(exc))
+    try:
+        sock = listen(cfg.host, cfg.port)
+    except OSError as exc:
+        return _startup_error(f"cannot listen on {cfg.host}:{cfg.port}: "
+                              f"{exc.strerror or exc} (use --host/--port)")
+    try:
+        conn = rs.connect(cfg.redis_url, cfg.data_dir)
+        r = conn.text()
+        r.ping()
+        token_hash, generated = rs.ensure_admin_token(r, os.environ.get(rs.ENV_ADMIN_TOKEN))
+    except (redis.RedisError, OSError) as exc:
+        sock.close()
+        return _startup_error(f"cannot reach Redis: {exc}")
     if generated:
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
         print(f"admin token (shown once, keep it): {generated}", file=sys.stderr, flush=True)
@@ -87,13 +127,12 @@ def run(cfg: ServeConfig) -> int:
     worker = EngineWorker(conn.binary(), cfg.worker)
     # Joined in this order on the way out: HTTP first, so no event arrives after the final
     # snapshot was planned (one that does is in the ingest stream for the next start anyway).
-    parts = [_Part("http", server.run), _Part("engine-worker", worker.run_forever, stop)]
+    parts = [_Part("http", server.run, [sock]), _Part("engine-worker", worker.run_forever, stop)]
     delivery = None
-    if cfg.deliver:
-        from notifiers.config import NotifierConfig
+    if notifier_cfg is not None:
         from notifiers.worker import DeliveryWorker
 
-        delivery = DeliveryWorker(conn.text(), NotifierConfig.load())
+        delivery = DeliveryWorker(conn.text(), notifier_cfg)
         parts.append(_Part("delivery-worker", delivery.run_forever, stop))
 
     def on_signal(signum: int, _frame: Any) -> None:
