@@ -75,7 +75,13 @@ def dead_letter_retry(
     if bool(ids) == all_:
         raise typer.BadParameter("give notification ids or --all (not both)")
     st = Store(redis_url, data_dir)
+    unknown: list[str] = []
+    if ids:
+        known = {k for dl in store.list_dead_letters(st.r) for k in (dl.nid, dl.entry)}
+        unknown = [i for i in ids if i not in known]
     moved = store.retry_dead_letters(st.r, None if all_ else ids)
+    if unknown and moved:
+        typer.echo(f"warning: no dead letter matches {', '.join(unknown)}", err=True)
     if ids and not moved:
         typer.echo(f"error: no dead letter matches {', '.join(ids)} "
                    "(see ens notifications dead-letter list)", err=True)

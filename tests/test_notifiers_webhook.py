@@ -204,8 +204,9 @@ def test_400_is_dead_lettered_and_cli_retry_brings_it_back(r, receiver):
         nope = runner.invoke(app, ["dead-letter", "retry", "nope", *url])
         assert nope.exit_code == 2 and "error: no dead letter matches nope" in nope.output
         assert runner.invoke(app, ["dead-letter", "retry", *url]).exit_code != 0
-        retried = runner.invoke(app, ["dead-letter", "retry", dead_nid, *url])
+        retried = runner.invoke(app, ["dead-letter", "retry", dead_nid, "gone", *url])
         assert retried.exit_code == 0 and "1 dead letter" in retried.output
+        assert "warning: no dead letter matches gone" in retried.output  # the unmatched id is named
         assert not store.list_dead_letters(r)
         assert not r.exists(store.dead_key(dead_nid, 0))
 

@@ -130,6 +130,7 @@ def test_batch_with_invalid_events_accepts_the_valid_ones(
     body = resp.json()
     assert body["accepted"] == 2 and body["rejected"] == 4
     assert [e["index"] for e in body["errors"]] == [1, 2, 4, 5]
+    assert [e.get("id") for e in body["errors"]] == ["bad1", "bad2", "bad3", None]  # named when known
     msgs = {e["index"]: e["error"] for e in body["errors"]}
     assert "'ts'" in msgs[1] and "'loc'" in msgs[2] and "yesterday" in msgs[4]
     notes = wait_notes(r, pid, 2)

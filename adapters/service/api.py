@@ -55,6 +55,7 @@ class ApiSettings:
 class EventErrorOut(BaseModel):
     index: int = Field(description="0-based position of the event in the batch")
     line: int | None = Field(default=None, description="1-based line (JSON-lines bodies)")
+    id: str | None = Field(default=None, description="the event's `id`, when it has a usable one")
     error: str
 
 
@@ -326,7 +327,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 event_from_obj(obj, "-")
                 valid.append(store.dumps(obj))
             except ValueError as exc:
-                errors.append(EventErrorOut(index=index, line=line, error=str(exc)))
+                eid = obj.get("id") if isinstance(obj, dict) else None
+                errors.append(EventErrorOut(
+                    index=index, line=line, id=str(eid) if isinstance(eid, str | int) else None, error=str(exc)
+                ))
         if valid:
             try:
                 async with request.app.state.aredis.pipeline(transaction=True) as p:

@@ -104,6 +104,17 @@ def run(cfg: ServeConfig) -> int:
                               f"{exc.strerror or exc} (use --host/--port)")
     try:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
+    except (redis.RedisError, OSError) as exc:
+        sock.close()
+        return _startup_error(f"cannot reach Redis: {exc}")
+    try:  # from here on the connection (and an embedded server we started) is closed on any exit
+        return _serve(cfg, conn, sock, notifier_cfg)
+    finally:
+        conn.close()
+
+
+def _serve(cfg: ServeConfig, conn: rs.Connection, sock: socket.socket, notifier_cfg: Any) -> int:
+    try:
         r = conn.text()
         r.ping()
         token_hash, generated = rs.ensure_admin_token(r, os.environ.get(rs.ENV_ADMIN_TOKEN))
@@ -157,6 +168,5 @@ def run(cfg: ServeConfig) -> int:
             status = 1
     if delivery is not None:
         delivery.close()
-    conn.close()
     log.info("stopped")
     return status
