@@ -40,23 +40,33 @@ def _expr_line(node: yaml.Node | None) -> int | None:
     return line
 
 
-def validate_subscriber(sub: Any, where: str) -> dict[str, Any]:
+def subscriber_problems(sub: Any) -> list[tuple[str, int | None]]:
+    """Every problem of one subscriber entry, each with the index of the channel it concerns."""
     if not isinstance(sub, dict) or not isinstance(sub.get("id"), str) or not sub["id"]:
-        raise ProfileError("a subscriber needs a string id", None, file_line=None) from None
+        return [("a subscriber needs a string id", None)]
+    sid = sub["id"]
     channels = sub.get("channels", [])
     if not isinstance(channels, list):
-        raise ProfileError(f"subscriber {sub['id']!r}: channels must be a list")
-    for ch in channels:
+        return [(f"subscriber {sid!r}: channels must be a list", None)]
+    out: list[tuple[str, int | None]] = []
+    for k, ch in enumerate(channels):
         if not isinstance(ch, dict) or not ({"email", "webhook"} & set(ch)):
-            raise ProfileError(
-                f"subscriber {sub['id']!r}: each channel is {{email: ADDRESS}} or {{webhook: URL}}, got {ch!r}"
-            )
+            out.append((f"subscriber {sid!r}: each channel is {{email: ADDRESS}} or {{webhook: URL}}, got {ch!r}", k))
+            continue
         if "email" in ch and (not isinstance(ch["email"], str) or "@" not in ch["email"]):
-            raise ProfileError(f"subscriber {sub['id']!r}: {ch['email']!r} is not an email address")
+            out.append((f"subscriber {sid!r}: {ch['email']!r} is not an email address", k))
         if "webhook" in ch and (
             not isinstance(ch["webhook"], str) or not ch["webhook"].startswith(("http://", "https://"))
         ):
-            raise ProfileError(f"subscriber {sub['id']!r}: webhook {ch['webhook']!r} is not an http(s) URL")
+            out.append((f"subscriber {sid!r}: webhook {ch['webhook']!r} is not an http(s) URL", k))
+    return out
+
+
+def validate_subscriber(sub: Any, where: str) -> dict[str, Any]:
+    """The subscriber entry, or its first problem raised."""
+    problems = subscriber_problems(sub)
+    if problems:
+        raise ProfileError(problems[0][0])
     return sub
 
 
@@ -126,12 +136,21 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
         errors.append(ProfileError(f"{name}: 'subscribers' must be a list"))
         subs = []
     sub_ids: set[str] = set()
-    for sub in subs:
-        try:
-            out.subscribers.append(validate_subscriber(sub, name))
+    snodes = _node_get(root, "subscribers")
+    snode_items = snodes.value if isinstance(snodes, yaml.SequenceNode) else []
+    for i, sub in enumerate(subs):
+        problems = subscriber_problems(sub)
+        if not problems:
+            out.subscribers.append(sub)
             sub_ids.add(sub["id"])
-        except ProfileError as e:
-            errors.append(e)
+            continue
+        node = snode_items[i] if i < len(snode_items) else None
+        chans = _node_get(node, "channels") if node is not None else None
+        for msg, k in problems:  # every problem, at the line of its channel when known
+            at = node
+            if k is not None and isinstance(chans, yaml.SequenceNode) and k < len(chans.value):
+                at = chans.value[k]
+            errors.append(ProfileError(msg, file_line=at.start_mark.line + 1 if at is not None else None))
     if subs:
         for p in out.profiles:
             if p.subscriber is not None and p.subscriber not in sub_ids:

@@ -186,6 +186,23 @@ def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "e.jsonl.gz"]  # no temp file left
 
 
+def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) -> None:
+    f = tmp_path / "subs.yaml"
+    f.write_text(
+        "profiles:\n  - {id: p1, expr: 'kind = \"a\"', subscriber: ok}\n"
+        "subscribers:\n"
+        "  - id: ops\n    channels:\n      - email: not-an-address\n      - webhook: ftp://x\n"
+        "      - sms: 123\n"
+        "  - {id: ok, channels: [{email: a@b.c}]}\n"
+    )
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 2
+    assert "file line 6: subscriber 'ops': 'not-an-address' is not an email address" in r.stderr
+    assert "file line 7: subscriber 'ops': webhook 'ftp://x' is not an http(s) URL" in r.stderr
+    assert "file line 8: subscriber 'ops': each channel is" in r.stderr
+    assert "3 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
+
+
 def test_check_warns_about_a_file_without_profiles(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("profiles: []\n")
