@@ -265,3 +265,52 @@ def test_serve_reports_start_up_errors_in_one_line() -> None:
     assert res.returncode == 2, res.stderr
     assert "error: notifier config: ENS_RETRY_MAX_ATTEMPTS (retry.max_attempts)" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: typer.Typer, tmp_path: Path) -> None:
+    """`ens post` against a loopback server that is restarting: 503 (Retry-After) twice, then up."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[int] = []  # status answered per request
+
+    class Restarting(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            n = len(body.splitlines())
+            if len(seen) < 2:
+                status, out = 503, {"error": "ingest store unavailable"}
+            else:
+                status, out = 202, {"accepted": n, "rejected": 0, "errors": []}
+            seen.append(status)
+            data = json.dumps(out).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Restarting)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ev = tmp_path / "e.jsonl"
+    ev.write_text("".join(json.dumps({"id": f"e{i}", "ts": i}) + "\n" for i in range(5)))
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--batch", "3"])
+        assert res.exit_code == 0, res.output
+        assert seen == [503, 503, 202, 202]  # the first batch three times, the second once
+        assert "5 accepted, 0 rejected" in res.stdout and "retry 2 of 5" in res.stderr
+        seen.clear()
+        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--retries", "1"])
+        assert res.exit_code == 1 and seen == [503, 503]  # gave up: nothing accepted, said so
+        assert "HTTP 503" in res.output and "Traceback" not in res.output
+    finally:
+        httpd.shutdown()
+    port = free_port()  # nothing listens: refused every time, retried, then a clear error
+    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", f"http://127.0.0.1:{port}",
+                                   "--retries", "1"])
+    assert res.exit_code == 1 and "cannot reach" in res.output and "retry 1 of 1" in res.output

@@ -427,10 +427,21 @@ def post(
     ] = None,
     batch: Annotated[int, typer.Option(min=1, help="Events per request.")] = 500,
     timeout: Annotated[float, typer.Option(help="HTTP timeout (s).")] = 30.0,
+    retries: Annotated[
+        int, typer.Option(min=0, help="Retries of a request that nothing accepted (service down or "
+                                      "restarting: connection refused, 503, 429), with backoff.")
+    ] = 5,
 ) -> None:
-    """Send events to the service like a gateway; report rejected events by line number."""
+    """Send events to the service like a gateway; report rejected events by line number.
+
+    A request is retried only when the service surely accepted none of it (the connection
+    was refused, or it answered 503/429), so a retry never posts an event twice.
+    """
     import httpx
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from notifiers.config import RetryPolicy
+    from notifiers.webhook import parse_retry_after
 
     if not api_key:
         raise _fail("give --api-key or set ENS_API_KEY")
@@ -448,12 +459,32 @@ def post(
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/x-ndjson"}
     endpoint = url.rstrip("/") + "/v1/events"
 
+    policy = RetryPolicy(base=0.5, cap=10.0, max_attempts=retries + 1, max_retry_after=60.0)
+
+    def attempt(client: httpx.Client, body: bytes) -> httpx.Response:
+        for k in range(1, policy.max_attempts + 1):
+            last = k == policy.max_attempts
+            try:
+                resp = client.post(endpoint, content=body, headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
+                if last:
+                    raise _fail(f"cannot reach {endpoint}: {exc}", 1) from None
+                why, after = f"cannot connect ({exc})", None
+            except httpx.HTTPError as exc:  # sent: the service may have taken it, do not resend
+                raise _fail(f"no answer from {endpoint}: {exc}", 1) from None
+            else:
+                if resp.status_code not in (429, 503) or last:
+                    return resp
+                why = f"HTTP {resp.status_code}"
+                after = parse_retry_after(resp.headers.get("Retry-After"))
+            wait = policy.delay(k, after)
+            progress.console.print(f"{why}; retry {k} of {retries} in {wait:.1f} s")
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
     def send(client: httpx.Client, chunk: list[tuple[int, str]]) -> tuple[int, int]:
         body = "".join(line + "\n" for _, line in chunk).encode()
-        try:
-            resp = client.post(endpoint, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise _fail(f"cannot reach {endpoint}: {exc}", 1) from None
+        resp = attempt(client, body)
         if resp.status_code == 413 and len(chunk) > 1:  # split until it fits
             half = len(chunk) // 2
             a = send(client, chunk[:half])
