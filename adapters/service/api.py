@@ -184,21 +184,38 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
     return [], f"expected a JSON object or array of objects, got {type(data).__name__}"
 
 
+_DRAIN_MAX = 8 << 20  # of a rejected body, read (and drop) up to this much before answering 413
+
+
+async def _too_big(request: Request, message: str, read: int) -> HTTPException:
+    """413 for a body over the limit, after draining what is left of it (up to _DRAIN_MAX).
+
+    Answering while the client is still sending and closing makes its TCP stack reset the
+    connection, and the client then sees "connection reset" instead of the 413.
+    """
+    m.REQUESTS.labels(status="413").inc()
+    async for chunk in request.stream():
+        read += len(chunk)
+        if read > _DRAIN_MAX:
+            break
+    return HTTPException(413, message, headers={"Connection": "close"})
+
+
 async def _read_limited(request: Request, limit: int) -> bytes:
     """The body, or 413 as soon as it is known to be too big (never buffers more than limit)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        m.REQUESTS.labels(status="413").inc()
-        raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes",
-                            headers={"Connection": "close"})
+        msg = f"body of {declared} bytes exceeds the limit of {limit} bytes"
+        if int(declared) > _DRAIN_MAX:  # not worth reading: answer now
+            m.REQUESTS.labels(status="413").inc()
+            raise HTTPException(413, msg, headers={"Connection": "close"})
+        raise await _too_big(request, msg, 0)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            m.REQUESTS.labels(status="413").inc()
-            raise HTTPException(413, f"body exceeds the limit of {limit} bytes",
-                                headers={"Connection": "close"})
+            raise await _too_big(request, f"body exceeds the limit of {limit} bytes", size)
         chunks.append(chunk)
     return b"".join(chunks)
 
