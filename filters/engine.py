@@ -239,6 +239,7 @@ class _CompositeRuntime(_Runtime):
 
     _DERIVED = (
         "pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
+        "_wants",
     )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -267,6 +268,8 @@ class _CompositeRuntime(_Runtime):
         plain = self.simple and not self.neg_set and not pat.has_any
         self.fast = plain and self.kind in ("first", "last")
         self.fast_each = plain and self.kind == "each"
+        # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask only
+        self._wants: dict[int, tuple] | None = {} if not pat.eq_bindings and self.kind != "last" else None
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> Iterable[tuple[Any, int]]:
@@ -281,6 +284,15 @@ class _CompositeRuntime(_Runtime):
 
     def _wanted(self, pm: _PM) -> tuple:
         """Auxiliary registrations (leaf, eqs) this PM needs in its partition."""
+        wants = self._wants
+        if wants is not None:
+            w = wants.get(pm.mask)
+            if w is None:
+                w = wants[pm.mask] = self._wanted_now(pm)
+            return w
+        return self._wanted_now(pm)
+
+    def _wanted_now(self, pm: _PM) -> tuple:
         pat = self.pat
         mi = pat.info(pm.mask)
         leaves = list(mi.enabled)
@@ -520,12 +532,15 @@ class _CompositeRuntime(_Runtime):
         else:
             key, values = (), None
         part = self.parts.get(key)
-        if part is not None and part.pms and self.engine.tracer is None:
-            if self.fast and len(part.pms) == 1:
-                if self._fast_step(part, part.pms[0], ev, seq, leaves):
+        if self.engine.tracer is None:
+            if part is not None and part.pms:
+                if self.fast and len(part.pms) == 1:
+                    if self._fast_step(part, part.pms[0], ev, seq, leaves):
+                        return
+                elif self.fast_each:
+                    self._fast_each(part, ev, seq, leaves)
                     return
-            elif self.fast_each:
-                self._fast_each(part, ev, seq, leaves)
+            elif (self.fast or self.fast_each) and self._fast_open(part, key, values, ev, seq, leaves):
                 return
         pat = self.pat
         b = _B(seq, ev)
@@ -676,6 +691,38 @@ class _CompositeRuntime(_Runtime):
                 self._tidy(part, ev.ts)
         else:
             self.report(ev.ts, events, part.values)
+        return True
+
+    def _fast_open(
+        self, part: _Partition | None, key: tuple, values: dict[str, Any] | None, ev: Event, seq: int,
+        leaves: list[int],
+    ) -> bool:
+        """A starting event where no PM waits (the fast paths' shapes): open its PM(s) directly.
+
+        What `_open` does for these shapes, without its general checks. Returns False to hand
+        the general path anything else (an event that completes at once, or starts nothing).
+        """
+        tr = self.pat.transitions(0)
+        opened = []
+        for i in leaves:
+            t = tr.get(i)
+            if t is None:
+                continue
+            if t[1] is not None:
+                return False
+            opened.append((i, t[0]))
+            if not self.fast_each:
+                break
+        if not opened:
+            return False
+        if part is None:
+            part = self.parts[key] = _Partition(key, values)
+        b = _B(seq, ev)
+        for i, mask in opened:
+            pm = _PM(self.n, part)
+            pm.binds[i] = b
+            pm.mask = mask
+            self._add_pm(part, pm)
         return True
 
     def _match_events(self, pm: _PM, i: int, ev: Event, order: tuple[int, ...]) -> dict[str, Event]:
@@ -857,7 +904,7 @@ class _CompositeRuntime(_Runtime):
             nd = lo + node.within  # type: ignore[operator]
             if d is None or nd < d:
                 d = nd
-        if d != pm.deadline or pm.handle is None:
+        if d != pm.deadline or (pm.handle is None and d is not None):
             timers = self.engine.timers
             timers.discard(pm.handle)
             pm.deadline = d
