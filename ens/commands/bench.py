@@ -46,13 +46,18 @@ def pool_cmd(
 def composite_cmd(
     composites: int = typer.Option(10000, help="Composite seq profiles."),
     primitives: int = typer.Option(10000, help="Primitive profiles."),
-    rounds: int = typer.Option(15, help="Measurement rounds (medians are reported)."),
+    rounds: int = typer.Option(
+        15, help="Measurement rounds, at least 2: even ones time whole events, odd ones the pool "
+                 "match alone (medians are reported)."),
     batch: int = typer.Option(2000, help="Events per round and kind."),
     seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
     variants: str = typer.Option("dynamic,marking,references", help="Single-step variants to measure."),
 ) -> None:
     """Single-step claim: the last event of a composite costs about a primitive event."""
     from bench.composite import run
+
+    if rounds < 2:
+        raise typer.BadParameter("must be at least 2", param_hint="--rounds")
 
     run(composites, primitives, rounds, batch, seed, variants.split(","))
 
