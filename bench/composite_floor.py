@@ -1,0 +1,91 @@
+"""The floor of completing a composite: a completion written for exactly the bench shape.
+
+Replaces the composite runtime's event handler, for the completing events only, by the
+least work a completion needs (drop the one partial match, retire its auxiliary profile,
+append the notification) and compares it with the engine in the cold harness of
+bench/composite.py. An experiment, not engine code: `python bench/composite_floor.py`.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+from typing import Any
+
+import filters.engine as E
+from bench.composite import _engine
+from filters.notification import Notification
+from profiles.events import Event
+
+_ORIGINAL = E._CompositeRuntime.on_event
+
+
+def _minimal_completion(self: Any, ev: Event, seq: int, leaves: list[int]) -> None:
+    part = self.parts[()]
+    pm = part.pms[0]
+    first = pm.binds[0].ev
+    eng = self.engine
+    for key in pm.regs:
+        del part.regs[key]
+        if eng.variant == "dynamic":
+            eng.pool.remove(self.pat.leaves[1].filter, (self.idx, 1))
+    pm.alive = False
+    part.pms.clear()
+    del self.parts[()]
+    self.pm_count -= 1
+    eng.live_pms -= 1
+    eng._nseq += 1
+    eng._out.append(Notification(self.pid, ev.ts, {"a": first, "b": ev}, None, eng._nseq, self.subscriber))
+
+
+def _median_us(xs: list[int]) -> float:
+    return sorted(xs)[len(xs) // 2] / 1000
+
+
+def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> float:
+    """Print and return last/primitive for the engine or the minimal completion."""
+    eng = _engine(10000, 10000, "", variant)
+    rng = random.Random(1)
+    clock = time.perf_counter_ns
+    prim: list[int] = []
+    last: list[int] = []
+    gc.collect()
+    gc.freeze()
+    t = 0.0
+    try:
+        for _ in range(rounds):
+            ids = rng.sample(range(10000), batch)
+            t += 1
+            E._CompositeRuntime.on_event = _ORIGINAL  # type: ignore[method-assign]
+            for i in ids:
+                eng.process(Event(f"a{t}-{i}", t, {"kind": "A", "x": i}))
+            eng.take_notifications()
+            if minimal:
+                E._CompositeRuntime.on_event = _minimal_completion  # type: ignore[method-assign]
+            t += 1
+            for i in ids:
+                p = Event(f"p{t}-{i}", t, {"kind": "P", "x": rng.randrange(10000)})
+                b = Event(f"b{t}-{i}", t, {"kind": "B", "x": i})
+                t0 = clock()
+                eng.process(p)
+                t1 = clock()
+                eng.process(b)
+                t2 = clock()
+                prim.append(t1 - t0)
+                last.append(t2 - t1)
+            assert len(eng.take_notifications()) == 2 * batch
+    finally:
+        E._CompositeRuntime.on_event = _ORIGINAL  # type: ignore[method-assign]
+        gc.unfreeze()
+    ratio = _median_us(last) / _median_us(prim)
+    print(f"{variant:8} {'minimal' if minimal else 'engine':8} primitive {_median_us(prim):.2f} µs "
+          f"last {_median_us(last):.2f} µs  ratio {ratio:.2f}")
+    return ratio
+
+
+if __name__ == "__main__":
+    for _ in range(2):
+        for v in ("dynamic", "marking"):
+            run(v, False)
+            run(v, True)
