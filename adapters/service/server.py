@@ -102,25 +102,26 @@ def run(cfg: ServeConfig) -> int:
     except OSError as exc:
         return _startup_error(f"cannot listen on {cfg.host}:{cfg.port}: "
                               f"{exc.strerror or exc} (use --host/--port)")
+    conn: rs.Connection | None = None
     try:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
+        # the first command also tells whether Redis is reachable
+        token_hash, generated = rs.ensure_admin_token(conn.text(), os.environ.get(rs.ENV_ADMIN_TOKEN))
     except (redis.RedisError, OSError) as exc:
         sock.close()
+        if conn is not None:
+            conn.close()
         return _startup_error(f"cannot reach Redis: {exc}")
     try:  # from here on the connection (and an embedded server we started) is closed on any exit
-        return _serve(cfg, conn, sock, notifier_cfg)
+        return _serve(cfg, conn, sock, notifier_cfg, token_hash, generated)
     finally:
         conn.close()
 
 
-def _serve(cfg: ServeConfig, conn: rs.Connection, sock: socket.socket, notifier_cfg: Any) -> int:
-    try:
-        r = conn.text()
-        r.ping()
-        token_hash, generated = rs.ensure_admin_token(r, os.environ.get(rs.ENV_ADMIN_TOKEN))
-    except (redis.RedisError, OSError) as exc:
-        sock.close()
-        return _startup_error(f"cannot reach Redis: {exc}")
+def _serve(
+    cfg: ServeConfig, conn: rs.Connection, sock: socket.socket, notifier_cfg: Any,
+    token_hash: str, generated: str | None,
+) -> int:
     if generated:
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
         print(f"admin token (shown once, keep it): {generated}", file=sys.stderr, flush=True)
