@@ -10,11 +10,12 @@ from typing import IO
 
 
 @contextlib.contextmanager
-def atomic_text(out: str, compresslevel: int = 6) -> Iterator[IO[str]]:
-    """A text file `out` (gzip if it ends in .gz) written as `out.part` and renamed when the
-    block ends without error, so a failed or interrupted run never leaves half a file."""
+def atomic_text(out: str, compresslevel: int = 6, *, gzip_gz: bool = True) -> Iterator[IO[str]]:
+    """A text file `out` (gzip if it ends in .gz, unless `gzip_gz` is off) written as `out.part`
+    and renamed when the block ends without error, so a failed or interrupted run never leaves
+    half a file."""
     part = out + ".part"
-    if out.endswith(".gz"):
+    if gzip_gz and out.endswith(".gz"):
         fh: IO[str] = gzip.open(part, "wt", encoding="utf-8", compresslevel=compresslevel)
     else:
         fh = open(part, "w", encoding="utf-8")  # noqa: SIM115 - closed below

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -90,20 +88,15 @@ def write_lines(records: list[dict], out: str | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    target = Path(out)
-    if target.is_dir():
+    from adapters.files import atomic_text
+
+    if Path(out).is_dir():
         raise ENSError(f"--out {out} is a directory; give a file name")
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".ens-")
-    except OSError as e:
-        raise ENSError(f"cannot write --out {out}: {e.strerror or e} ({target.parent})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with atomic_text(out, gzip_gz=False) as fh:  # as before: JSON lines whatever the name
             fh.write(text)
-        os.replace(tmp, target)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise ENSError(f"cannot write --out {out}: {e.strerror or e}") from None
+        raise ENSError(f"cannot write --out {out}: {e.strerror or e} ({Path(out).parent})") from None
 
 
 @app.command()
