@@ -462,7 +462,9 @@ def post(
     policy = RetryPolicy(base=0.5, cap=10.0, max_attempts=retries + 1, max_retry_after=60.0)
 
     def attempt(client: httpx.Client, body: bytes) -> httpx.Response:
-        for k in range(1, policy.max_attempts + 1):
+        k = 0
+        while True:  # returns the answer, or raises once the attempts are used up
+            k += 1
             last = k == policy.max_attempts
             try:
                 resp = client.post(endpoint, content=body, headers=headers)
@@ -480,7 +482,6 @@ def post(
             wait = policy.delay(k, after)
             progress.console.print(f"{why}; retry {k} of {retries} in {wait:.1f} s")
             time.sleep(wait)
-        raise AssertionError("unreachable")
 
     def send(client: httpx.Client, chunk: list[tuple[int, str]]) -> tuple[int, int]:
         body = "".join(line + "\n" for _, line in chunk).encode()
