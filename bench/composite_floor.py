@@ -34,7 +34,6 @@ def _minimal_completion(self: Any, ev: Event, seq: int, leaves: list[int]) -> No
     part.pms.clear()
     del self.parts[()]
     self.pm_count -= 1
-    eng.live_pms -= 1
     eng._nseq += 1
     eng._out.append(Notification(self.pid, ev.ts, {"a": first, "b": ev}, None, eng._nseq, self.subscriber))
 

@@ -134,7 +134,7 @@ def make_engine(engine: str, profiles, tz: str, variant: str | None = None):  # 
 
         if variant and variant not in Engine.VARIANTS:
             raise ENSError(f"unknown variant {variant!r} (one of {', '.join(Engine.VARIANTS)})")
-        return Engine(profiles, tz=tz, variant=variant or "dynamic")
+        return Engine(profiles, tz=tz, variant=variant or Engine.DEFAULT_VARIANT)
     if engine == "two-step":
         if variant:
             raise ENSError("--variant applies to the single-step engine only")
@@ -163,10 +163,10 @@ def replay(
     variant: Annotated[
         str | None,
         typer.Option(
-            help="Single-step variant (how auxiliary profiles are kept; same output): dynamic (default: "
-            "inserted and deleted as partial matches need them), marking (kept in the pool and "
-            "marked/unmarked until the partition empties), references (kept, only their owner "
-            "references change). Not with --engine two-step."
+            help="Single-step variant (how auxiliary profiles are kept; same output): references "
+            "(default: kept in the pool, only their owner references change, lazily), dynamic "
+            "(inserted and deleted as partial matches need them), marking (kept in the pool and "
+            "marked/unmarked until the partition empties). Not with --engine two-step."
         ),
     ] = None,
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",

@@ -56,7 +56,7 @@ def explain(
         eng.process(ev)
         if not lines and (dup := eng.bound_duplicate(profile_id, ev)) is not None:
             # single step, a duplicate of a bound component is not awaited: the profile never saw it
-            trace(profile_id, "ignored", f"{ev.id} as a duplicate of {dup} (not awaited any more)")
+            trace(profile_id, "ignored", f"{ev.id} as a duplicate of {dup}")
         attrs = ", ".join(f"{k}={v!r}" for k, v in ev.attrs.items())
         flush(f"{ev.id} @ {_when(ev.ts)}: {attrs}")
     if eng.now is not None or until is not None:

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 from filters.compile import evaluate, norm
 from filters.notification import Notification
 from filters.pattern import Pattern
-from filters.pool import PrimitivePool, owners_by_profile
+from filters.pool import Entry, PrimitivePool, owners_by_profile
 from filters.temporal import TIMER, TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
 from profiles.events import Event
@@ -85,7 +85,9 @@ class _PM:
 
 
 class _Partition:
-    __slots__ = ("key", "values", "pms", "regs", "held", "starts", "starts_ts", "history", "handle")
+    __slots__ = (
+        "key", "values", "pms", "regs", "held", "entries", "dormant", "starts", "starts_ts", "history", "handle",
+    )
 
     def __init__(self, key: tuple, values: dict[str, Any] | None) -> None:
         self.key = key
@@ -93,10 +95,22 @@ class _Partition:
         self.pms: list[_PM] = []
         self.regs: dict[tuple, int] = {}  # (leaf, eqs) -> number of PMs waiting on it
         self.held: set[tuple] = set()  # marking/references: auxiliary profiles kept in the pool
+        self.entries: dict[tuple, Entry] = {}  # (leaf, eqs) -> its pool entry (dynamic/references)
+        self.dormant: set[tuple] = set()  # references: nobody waits, the owner is still in the pool (lazy)
         self.starts = 0  # nth: starting events counted while no PM exists
         self.starts_ts = 0.0
         self.history: list[tuple[int, float, int, _B]] = []  # leading negations seen
         self.handle: tuple | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the pool handles: the pool is rebuilt on restore (see Engine.__setstate__)."""
+        return {k: getattr(self, k) for k in self.__slots__ if k not in ("entries", "dormant")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.entries = {}
+        self.dormant = set()
 
     def empty(self) -> bool:
         return not (self.pms or self.history or self.starts)
@@ -159,6 +173,18 @@ class _Runtime:
                 return None
             vals.append(norm(v))
         return tuple(vals), {a: attrs[a] for a in per}
+
+
+_SHARED: dict[tuple, tuple] = {}
+
+
+def _shared(t: tuple) -> tuple:
+    """One object for equal small tuples (component names, registration keys) across profiles.
+
+    Thousands of profiles of one shape then read the same few objects on every completion,
+    which stay in the CPU cache, instead of one copy each (measured: bench composite).
+    """
+    return _SHARED.setdefault(t, t)
 
 
 def _num(ts: float) -> str:
@@ -239,7 +265,7 @@ class _CompositeRuntime(_Runtime):
 
     _DERIVED = (
         "pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
-        "_wants",
+        "_wants", "_trans",
     )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -254,6 +280,7 @@ class _CompositeRuntime(_Runtime):
         self.pat = Pattern.build(self.profile)
         self.n = len(self.pat.leaves)
         pat = self.pat
+        self._trans = pat._trans  # mask -> transitions, shared by every pattern of this shape
         self.start = pat.info(0).enabled
         self.start_set = frozenset(self.start)
         self.leading = frozenset(pat.leading)
@@ -261,7 +288,7 @@ class _CompositeRuntime(_Runtime):
         self.neg_conjs = {
             i: [c for c in pat.conjs if i in c.neg] for i, lf in enumerate(pat.leaves) if lf.negated
         }
-        self.names = [lf.name for lf in pat.leaves]
+        self.names = _shared(tuple(lf.name for lf in pat.leaves))
         self.neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
         self.simple = not pat.conjs and not pat.leading  # no where, no history: binding needs no checks
         # first/last over positives only, no any/trailing: the fast path's exact domain
@@ -288,7 +315,7 @@ class _CompositeRuntime(_Runtime):
         if wants is not None:
             w = wants.get(pm.mask)
             if w is None:
-                w = wants[pm.mask] = self._wanted_now(pm)
+                w = wants[pm.mask] = _shared(self._wanted_now(pm))
             return w
         return self._wanted_now(pm)
 
@@ -326,7 +353,7 @@ class _CompositeRuntime(_Runtime):
                 if not ok:
                     continue
                 eqs = tuple(vals)
-            out.append((i, eqs))
+            out.append(_shared((i, eqs)) if not eqs else (i, eqs))
         return tuple(out)
 
     def _sync(self, pm: _PM) -> None:
@@ -349,33 +376,60 @@ class _CompositeRuntime(_Runtime):
         part.regs[key] = n + 1
         if n:
             return
-        variant = self.engine.variant
+        if key in part.dormant:  # references: its owner never left the pool
+            part.dormant.discard(key)
+            return
+        eng = self.engine
+        variant = eng.variant
+        leaf, eqs = key
         if variant == "marking":
             if key in part.held:
                 return  # already in the pool, unmarked: marking it is the count above
             part.held.add(key)
-        elif variant == "references":
-            part.held.add(key)
-        leaf, eqs = key
-        self.engine.pool.add(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+        else:
+            entry = part.entries.get(key)  # references: kept in the pool without owners
+            if entry is not None and eng.pool.claim(entry, (self.idx, leaf)):
+                return
+            if variant == "references" and not eqs:
+                part.held.add(key)
+        entry = eng.pool.add(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+        if variant != "marking":
+            part.entries[key] = entry
 
     def _unreg(self, part: _Partition, key: tuple) -> None:
+        """No PM of the partition waits on `key` any more.
+
+        `marking` and `references` keep the auxiliary profile in the pool for the next PM
+        (until the partition is released), except one carrying `where` values bound from
+        events: those vary without bound, so they leave at once as under `dynamic`.
+        `references` even leaves the profile's owner on it (`dormant`): the next PM of the
+        partition takes it back for free, and the first event it receives while dormant takes
+        it off (`_drop_dormant`), so it is not handed events nobody waits for more than once.
+        """
         n = part.regs[key] - 1
         if n:
             part.regs[key] = n
             return
         del part.regs[key]
         variant = self.engine.variant
-        if variant == "marking":
-            return  # stays in the pool, unmarked, until the partition is released
         leaf, eqs = key
-        self.engine.pool.remove(
-            self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs), keep=variant == "references"
-        )
+        if variant == "marking":
+            if not eqs:
+                return  # stays in the pool, unmarked, until the partition is released
+            part.held.discard(key)
+            self.engine.pool.remove(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+            return
+        if variant == "references" and not eqs:
+            part.dormant.add(key)
+            return
+        self.engine.pool.release(part.entries.pop(key), (self.idx, leaf))
 
     def _release(self, part: _Partition) -> None:
         """Marking/references variants: take a released partition's auxiliary profiles out of the pool."""
         pool = self.engine.pool
+        for key in part.dormant:
+            pool.release(part.entries[key], (self.idx, key[0]), True)
+        part.dormant.clear()
         for key in part.held:
             leaf, eqs = key
             f, owner, full = self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs)
@@ -384,6 +438,7 @@ class _CompositeRuntime(_Runtime):
                     pool.remove(f, owner, full)
             elif key not in part.regs:
                 pool.purge(f, full)
+                part.entries.pop(key, None)
         part.held.clear()
 
     def _eqs(self, part: _Partition, eqs: tuple) -> tuple:
@@ -532,10 +587,13 @@ class _CompositeRuntime(_Runtime):
         else:
             key, values = (), None
         part = self.parts.get(key)
+        if part is not None and part.dormant:
+            self._drop_dormant(part, leaves)
         if self.engine.tracer is None:
             if part is not None and part.pms:
-                if self.fast and len(part.pms) == 1:
-                    if self._fast_step(part, part.pms[0], ev, seq, leaves):
+                pms = part.pms
+                if self.fast and len(pms) == 1:
+                    if self._fast_step(part, pms[0], ev, seq, leaves):
                         return
                 elif self.fast_each:
                     self._fast_each(part, ev, seq, leaves)
@@ -619,8 +677,10 @@ class _CompositeRuntime(_Runtime):
                             if not self._advance(pm, new, completions, tracing, ev, replaced=True):
                                 touched.add(id(pm))
                             break
-                elif tracing and any(pm.binds[i] is not None and i not in self.start_set for i in pos):
-                    self._trace("ignored", f"{ev.id} as a duplicate for {self._desc(pm)}")
+                elif tracing:
+                    dup = next((i for i in pos if pm.binds[i] is not None and i not in self.start_set), None)
+                    if dup is not None:
+                        self._trace("ignored", f"{ev.id} as a duplicate of {self.names[dup]} for {self._desc(pm)}")
 
         if completions:
             consumed = self._complete(part, completions, ev.ts)  # type: ignore[arg-type]
@@ -655,14 +715,28 @@ class _CompositeRuntime(_Runtime):
         if part is not None:
             self._tidy(part, ev.ts)
 
+    def _drop_dormant(self, part: _Partition, leaves: list[int]) -> None:
+        """References: the event reached dormant auxiliary profiles (nobody waits): take our owner off."""
+        dormant = part.dormant
+        for i in leaves:
+            key = (i, ())
+            if key in dormant:
+                dormant.discard(key)
+                self.engine.pool.release(part.entries[key], (self.idx, i), True)
+
     def _fast_step(self, part: _Partition, pm: _PM, ev: Event, seq: int, leaves: list[int]) -> bool:
         """The common case in one place: a single PM (first/last) extended or completed by the event.
 
         Same semantics as the general path; returns False to hand anything
         else (replacements, duplicates under last) to it. This is the step
-        that makes the last event of a composite cost about a primitive one.
+        that makes the last event of a composite cost about a primitive one,
+        so the completion is written out here rather than called piecewise
+        (`_match_events`, `_unreg`, `report`, `_tidy`): each call is a
+        noticeable part of it in CPython.
         """
-        tr = self.pat.transitions(pm.mask)
+        tr = self._trans.get(pm.mask)
+        if tr is None:
+            tr = self.pat.transitions(pm.mask)
         for i in leaves:
             t = tr.get(i)
             if t is not None:
@@ -675,22 +749,36 @@ class _CompositeRuntime(_Runtime):
             pm.mask = new_mask
             self._changed(pm)
             return True
-        events = self._match_events(pm, i, ev, order)
+        binds = pm.binds
+        names = self.names
+        events = {}
+        for j in order:  # a loop, not a comprehension: no closure cells on 3.11
+            events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
+        eng = self.engine
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
-            pm.handle = None
-            if pm.regs:
-                for key in pm.regs:
-                    self._unreg(part, key)
+            regs = pm.regs
+            if regs:
                 pm.regs = ()
+                counts = part.regs
+                keep = eng.variant == "references"
+                for key in regs:
+                    n = counts[key]
+                    if n > 1:
+                        counts[key] = n - 1
+                    elif keep and not key[1]:  # `_unreg`'s commonest case, inline
+                        del counts[key]
+                        part.dormant.add(key)
+                    else:
+                        self._unreg(part, key)
             part.pms.clear()
             self.pm_count -= 1
-            self.engine.live_pms -= 1
-            self.report(ev.ts, events, part.values)
-            if self.active:
-                self._tidy(part, ev.ts)
-        else:
-            self.report(ev.ts, events, part.values)
+        eng._nseq += 1
+        eng._out.append(Notification(self.pid, ev.ts, events, part.values, eng._nseq, self.subscriber))
+        if self.once:
+            eng._deactivate(self)
+        elif self.unique and (part.key or not part.held):  # fast shapes keep no history or counts
+            self._tidy(part, ev.ts)
         return True
 
     def _fast_open(
@@ -736,11 +824,13 @@ class _CompositeRuntime(_Runtime):
 
     def _fast_each(self, part: _Partition, ev: Event, seq: int, leaves: list[int]) -> None:
         """`select each` without where/negations/any: the general path's steps, minus its bookkeeping."""
-        pat = self.pat
+        trans = self._trans
         b = _B(seq, ev)
         done: list[tuple[_PM, int, tuple[int, ...]]] = []  # (PM, leaf, match leaves) completed by this event
         for pm in list(part.pms):
-            tr = pat.transitions(pm.mask)
+            tr = trans.get(pm.mask)
+            if tr is None:
+                tr = self.pat.transitions(pm.mask)
             for i in leaves:
                 t = tr.get(i)
                 if t is None:
@@ -759,23 +849,34 @@ class _CompositeRuntime(_Runtime):
                 done.sort(key=lambda d: tuple(
                     seq if j == d[1] else (x.seq if x is not None else _INF) for j, x in enumerate(d[0].binds)
                 ))
+            eng = self.engine
+            names = self.names
+            values = part.values
             for pm, i, order in done[:1] if self.unique else done:
-                events = self._match_events(pm, i, ev, order)
+                binds = pm.binds
+                events = {}
+                for j in order:
+                    events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
                 if self.unique:
-                    used = {x.seq for x in pm.binds if x is not None}
+                    used = {x.seq for x in binds if x is not None}
                     used.add(seq)
                     self._consume(part, used)
                     consumed = True
-                self.report(ev.ts, events, part.values)
-                if not self.active:
+                eng._nseq += 1
+                eng._out.append(Notification(self.pid, ev.ts, events, values, eng._nseq, self.subscriber))
+                if self.once:
+                    eng._deactivate(self)
                     return
         if not consumed:
-            starts = [i for i in leaves if i in self.start_set]
-            if starts:
-                self._open(part, starts, b)
-                if not self.active:
-                    return
-        self._tidy(part, ev.ts)
+            start_set = self.start_set
+            for i in leaves:
+                if i in start_set:
+                    self._open(part, [i for i in leaves if i in start_set], b)
+                    if not self.active:
+                        return
+                    break
+        if part.history or part.starts or not part.pms:
+            self._tidy(part, ev.ts)
 
     def _advance(self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False) -> bool:
         """Apply an in-place change (first/last/nth) or record a completion (returns True).
@@ -888,7 +989,6 @@ class _CompositeRuntime(_Runtime):
     def _add_pm(self, part: _Partition, pm: _PM) -> None:
         part.pms.append(pm)
         self.pm_count += 1
-        self.engine.live_pms += 1
         self._changed(pm)
 
     def _changed(self, pm: _PM) -> None:
@@ -927,7 +1027,6 @@ class _CompositeRuntime(_Runtime):
         part = pm.part
         part.pms.remove(pm)
         self.pm_count -= 1
-        self.engine.live_pms -= 1
 
     def _reset(self, pm: _PM, nid: int, why: str) -> None:
         """A nested node expired or was killed: forget its bindings, keep the rest."""
@@ -1008,7 +1107,7 @@ class _CompositeRuntime(_Runtime):
         if part.starts and w is not None and (part.starts_ts + w < now or (fired and part.starts_ts + w <= now)):
             part.starts = 0
         if not (part.pms or part.history or part.starts):  # `part.empty()`, inline: after every match
-            if part.held:
+            if part.held or part.dormant:
                 if not part.key:
                     return  # no per: one partition, its few auxiliary profiles simply stay marked off
                 if not fired:
@@ -1066,7 +1165,6 @@ class _CompositeRuntime(_Runtime):
                 self._sync(pm)
             self._release(part)
             self.engine.timers.discard(part.handle)
-        self.engine.live_pms -= self.pm_count
         self.pm_count = 0
         self.parts.clear()
 
@@ -1103,8 +1201,11 @@ class Engine(TimeDriven):
     """
 
     VARIANTS = ("dynamic", "marking", "references")
+    DEFAULT_VARIANT = "references"  # the fastest: docs/benchmarks.md, docs/paper.md
 
-    def __init__(self, profiles: Iterable[Profile] = (), *, tz: str = "UTC", variant: str = "dynamic") -> None:
+    def __init__(
+        self, profiles: Iterable[Profile] = (), *, tz: str = "UTC", variant: str = DEFAULT_VARIANT
+    ) -> None:
         if variant not in self.VARIANTS:
             raise ValueError(f"unknown variant {variant!r} (one of {', '.join(self.VARIANTS)})")
         self.variant = variant
@@ -1114,7 +1215,6 @@ class Engine(TimeDriven):
         self.now: float | None = None
         self.tracer: Tracer | None = None
         self.trace_only: str | None = None
-        self.live_pms = 0
         self._rts: dict[int, _Runtime] = {}
         self._by_id: dict[str, _Runtime] = {}
         self._next_idx = 0
@@ -1314,9 +1414,14 @@ class Engine(TimeDriven):
                 self.pool.add(f, (rt.idx, leaf))
             if isinstance(rt, _CompositeRuntime):
                 for part in rt.parts.values():
-                    part.held = set(part.regs) if self.variant != "dynamic" else set()
-                    for (leaf, eqs), _n in part.regs.items():
-                        self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), rt._eqs(part, eqs))
+                    part.held = set()
+                    for key, _n in part.regs.items():
+                        leaf, eqs = key
+                        entry = self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), rt._eqs(part, eqs))
+                        if self.variant != "marking":
+                            part.entries[key] = entry
+                        if self.variant != "dynamic" and not eqs:
+                            part.held.add(key)
 
     def _trace(self, profile_id: str, action: str, detail: str) -> None:
         if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):

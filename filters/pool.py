@@ -38,7 +38,7 @@ _INF = float("inf")
 class Entry:
     """One distinct filter in the pool, with every owner that subscribed it."""
 
-    __slots__ = ("key", "filter", "eqs", "owners", "clauses")
+    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed")
 
     def __init__(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs) -> None:
         self.key = key
@@ -46,6 +46,7 @@ class Entry:
         self.eqs = eqs
         self.owners: dict[Hashable, int] = {}
         self.clauses: list[Clause] = []
+        self.indexed = True  # False once dropped: a handle kept by a caller is then stale
 
 
 class Clause:
@@ -329,6 +330,33 @@ class PrimitivePool:
         if not entry.owners and not keep:
             self._drop_entry(entry)
 
+    def claim(self, entry: Entry, owner: Hashable) -> bool:
+        """`add` through a kept handle: False if the entry has left the pool (then call `add`)."""
+        if not entry.indexed:
+            return False
+        owners = entry.owners
+        prev = owners.get(owner, 0)
+        owners[owner] = prev + 1
+        if not prev:
+            self.owner_count += 1
+        return True
+
+    def release(self, entry: Entry, owner: Hashable, keep: bool = False) -> None:
+        """`remove` for a caller that kept the entry `add` returned: no key to normalise and hash.
+
+        The composite engine retires an auxiliary profile on every completed match; this is
+        that step's cost.
+        """
+        owners = entry.owners
+        n = owners[owner] - 1
+        if n:
+            owners[owner] = n
+            return
+        del owners[owner]
+        self.owner_count -= 1
+        if not owners and not keep:
+            self._drop_entry(entry)
+
     def purge(self, f: Filter, eqs: Eqs = ()) -> None:
         """Remove a kept filter that has no owners left."""
         if eqs:
@@ -338,9 +366,22 @@ class PrimitivePool:
             self._drop_entry(entry)
 
     def _drop_entry(self, entry: Entry) -> None:
+        entry.indexed = False
         del self._entries[entry.key]
         for clause in entry.clauses:
-            self._remove_clause(clause)
+            access = clause.access
+            if access is not None and access[0] == "eqs" and access[3] is None:
+                # an auxiliary profile's usual shape, inline: this runs on every completed match
+                table = self._schemas[access[1]]
+                bucket = table[access[2]]
+                plain = bucket.plain
+                del plain[clause]
+                if not plain and not bucket.ranges:
+                    del table[access[2]]
+                    if not table:
+                        del self._schemas[access[1]]
+            else:
+                self._remove_clause(clause)
 
     @staticmethod
     def _split(f: Filter) -> list[list[Filter]]:

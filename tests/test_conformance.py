@@ -12,7 +12,7 @@ from ens.cli import app
 from tests.conftest import CONFORMANCE, canon, load_case
 
 CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted((Path(__file__).parent / "cases").glob("*.yaml"))
-ENGINES = ["single-step", "single-step:marking", "single-step:references", "two-step"]
+ENGINES = ["single-step", "single-step:dynamic", "single-step:marking", "two-step"]  # default variant: references
 
 runner = CliRunner()
 

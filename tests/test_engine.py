@@ -38,7 +38,9 @@ def test_a_million_events_keep_state_bounded_by_the_window() -> None:
     assert max_timers <= 80 + 8, max_timers
     assert max_pool <= 1 + 8 * 2  # the start filter + per sensor: B and X auxiliaries
     assert notes > 10_000  # it did match all along
-    eng.finish(eng.now + 11)  # past the last window: everything expires
+    # past the last window, and one more: the default variant (references) keeps an emptied
+    # partition's auxiliary profiles for a window, for its next partial match
+    eng.finish(eng.now + 21)
     st = eng.stats()
     assert st["partial_matches"] == 0 and st["timers"] == 0 and st["partitions"] == 0
     assert st["pool_filters"] == 1  # only the permanent start filter remains
@@ -53,7 +55,8 @@ def _events(spec: str) -> list[Event]:
 
 
 def test_auxiliary_profiles_come_and_go_with_partial_matches() -> None:
-    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B", c: k = "C") within 10s per r', "p")])
+    """`dynamic`: an auxiliary profile is in the pool exactly while a partial match waits for it."""
+    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B", c: k = "C") within 10s per r', "p")], variant="dynamic")
     assert eng.stats()["pool_filters"] == 1  # only the starting component
     eng.process(Event("a1", 0, {"k": "A", "r": 1}))
     st = eng.stats()
@@ -69,6 +72,29 @@ def test_auxiliary_profiles_come_and_go_with_partial_matches() -> None:
     assert st["timers"] == 1  # the completed PM's terminator: left to fire as a no-op at ts 10
     eng.advance(10.5)
     assert eng.stats()["timers"] == 0 and eng.take_notifications() == []
+
+
+def test_references_keep_auxiliary_profiles_and_drop_dormant_owners() -> None:
+    """The default variant: a completed match leaves its auxiliary profile indexed and owned
+    (the next partial match takes it back without indexing it again); the first event that
+    reaches it while nobody waits takes the owner off; a window after the partition empties,
+    the entry goes."""
+    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s per r', "p")])
+    assert eng.variant == Engine.DEFAULT_VARIANT == "references"
+    eng.process(Event("a1", 0, {"k": "A", "r": 1}))
+    eng.process(Event("b1", 1, {"k": "B", "r": 1}))
+    [aux] = [e for e in eng.pool.entries() if e.eqs]
+    assert aux.owners  # dormant: nobody waits, the owner stays
+    eng.process(Event("a2", 2, {"k": "A", "r": 1}))
+    assert [e for e in eng.pool.entries() if e.eqs] == [aux] and aux.owners  # taken back, same entry
+    eng.process(Event("b2", 3, {"k": "B", "r": 1}))
+    eng.process(Event("b3", 4, {"k": "B", "r": 1}))  # nobody waits: reaches the profile once
+    assert not aux.owners and aux.indexed
+    assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1"}, {"a": "a2", "b": "b2"}]
+    assert eng.stats()["partitions"] == 1  # kept for a window (until ts 13) for its next match
+    eng.advance(13)
+    st = eng.stats()
+    assert st["pool_filters"] == 1 and st["pool_owners"] == 1 and st["partitions"] == 0 and st["timers"] == 0
 
 
 def test_events_not_awaited_never_reach_the_profile() -> None:
