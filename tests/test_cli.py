@@ -192,15 +192,19 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
         "profiles:\n  - {id: p1, expr: 'kind = \"a\"', subscriber: ok}\n"
         "subscribers:\n"
         "  - id: ops\n    channels:\n      - email: not-an-address\n      - webhook: ftp://x\n"
-        "      - sms: 123\n"
+        "      - sms: 123\n      - email: a b@c\n      - webhook: https://x\n        colour: red\n"
         "  - {id: ok, channels: [{email: a@b.c}]}\n"
     )
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 2
-    assert "file line 6: subscriber 'ops': 'not-an-address' is not an email address" in r.stderr
-    assert "file line 7: subscriber 'ops': webhook 'ftp://x' is not an http(s) URL" in r.stderr
-    assert "file line 8: subscriber 'ops': each channel is" in r.stderr
-    assert "3 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
+    assert ("file line 6: subscriber 'ops': channels.0.email: 'not-an-address' is not an "
+            "e-mail address") in r.stderr
+    assert "file line 7: subscriber 'ops': channels.1.webhook: 'ftp://x' is not an http(s) URL" in r.stderr
+    assert "file line 8: subscriber 'ops': channels.2: a channel is" in r.stderr
+    # what storing rejects too: a space in an address, a key no channel has (at its own line)
+    assert "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address" in r.stderr
+    assert "file line 11: subscriber 'ops': channels.4.colour: unknown key" in r.stderr
+    assert "5 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
 
 
 def test_check_warns_about_a_file_without_profiles(tmp_path: Path) -> None:
