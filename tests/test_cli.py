@@ -102,8 +102,24 @@ def test_explain_shows_expiry_kill_and_duplicates(tmp_path: Path) -> None:
     out = r.stdout
     assert "ignored   a2: a partial match already exists" in out
     assert "killed    {a: a1} (killed by x = x1)" in out
-    assert "expired   {a: a3}" in out
+    # the window of a3 (ts=3, 10s) ended at ts=13, long before b0 moved time on to ts=30
+    assert "    expired   {a: a3} (window ended at ts=13)\n" in out
     assert "0 notification(s)" in out
+
+
+def test_explain_expiry_of_a_nested_window_names_its_end(tmp_path: Path) -> None:
+    """Under `select each` a nested window ending drops the match: its own end is shown."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("profiles:\n  - {id: n, expr: 'seq(seq(a: k = \"A\", b: k = \"B\") within 5s, "
+                    "c: k = \"C\") within 60s select each'}\n")
+    ev = tmp_path / "e.jsonl"
+    ev.write_text('{"id": "a1", "ts": 0.25, "k": "A"}\n{"id": "z1", "ts": 20, "k": "Z"}\n')
+    r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "n"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-3:-1] == [
+        "  time passes to 1970-01-01 00:00:20.000Z (ts=20)",
+        "    expired   {a: a1} (window ended at ts=5.25)",
+    ]
 
 
 def test_unknown_engine_and_variant() -> None:
