@@ -1011,13 +1011,20 @@ class _CompositeRuntime(_Runtime):
             pm.handle = timers.add(d, TIMER, (self, pm)) if d is not None else None
         self._sync(pm)
 
-    def _drop(self, pm: _PM, why: str) -> None:
-        """Remove a PM; `why` is "completed", "consumed", "expired" or "killed by ..."."""
+    def _drop(self, pm: _PM, why: str, ended: float | None = None) -> None:
+        """Remove a PM; `why` is "completed", "consumed", "expired" or "killed by ...".
+
+        `ended` is the stream time its window ended (with "expired"): the trace shows it, as
+        the timer may only fire at a later event or at the end of the stream.
+        """
         if not pm.alive:
             return
         if self.engine.tracer is not None and why != "completed":
             action, _, detail = why.partition(" ")
-            self._trace(action, self._desc(pm) + (f" ({why})" if detail else ""))
+            note = f" ({why})" if detail else ""
+            if ended is not None:
+                note += f" (window ended at ts={_num(ended)})"
+            self._trace(action, self._desc(pm) + note)
         pm.alive = False
         # The terminator is not taken out of the temporal pool: it fires as a no-op at its
         # deadline. A sorted-list delete per completed match costs more than the no-op, and
@@ -1057,7 +1064,7 @@ class _CompositeRuntime(_Runtime):
         pm.handle = None
         pat = self.pat
         part = pm.part
-        if self.window is not None and pm.first_ts() + self.window <= when:
+        if self.window is not None and (end := pm.first_ts() + self.window) <= when:
             if pat.trailing and pat.info(pm.mask).complete:
                 if pm.negc:
                     blocked, _ = self._neg_blocks(pm.negc, self._bindings(pm), final=True)
@@ -1071,7 +1078,7 @@ class _CompositeRuntime(_Runtime):
                     self._consume(part, pm.seqs())
                 self.report(when, events, part.values)
             else:
-                self._drop(pm, "expired")
+                self._drop(pm, "expired", end)
             if self.active:
                 self._tidy(part, when)
             return
@@ -1082,9 +1089,9 @@ class _CompositeRuntime(_Runtime):
             stamps = [b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1]
             if not stamps:
                 continue  # an enclosing nested node ending at the same time already reset it
-            if min(stamps) + node.within <= when:  # type: ignore[operator]
+            if (end := min(stamps) + node.within) <= when:  # type: ignore[operator]
                 if self.kind == "each":
-                    self._drop(pm, "expired")
+                    self._drop(pm, "expired", end)
                     break
                 self._reset(pm, nid, "nested window ended")
                 if not pm.alive:

@@ -40,9 +40,12 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from notifiers.config import describe_errors
+from profiles.subscribers import channel_kind, subscriber_problems
 
 OUTBOX = "ens:outbox"
 OUTBOX_FIELD = "n"
@@ -93,31 +96,38 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-def _no_newlines(value: str) -> str:
-    if "\r" in value or "\n" in value:
-        raise ValueError("must not contain line breaks")
-    return value
+def _plain(data: Any) -> Any:
+    """A subscriber record as plain data (channel models as dicts) for `subscriber_problems`."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(exclude_none=True)
+    if isinstance(data, Mapping) and isinstance(data.get("channels"), list):
+        channels = [c.model_dump(exclude_none=True) if isinstance(c, BaseModel) else c
+                    for c in data["channels"]]
+        data = {**data, "channels": channels}
+    return data
 
 
 class EmailChannel(BaseModel):
-    """``{"email": "a@b"}``; ``digest`` (seconds) overrides the subscriber's window."""
+    """``{"email": "a@b"}``; ``digest`` (seconds) overrides the subscriber's window.
+
+    The rules are `profiles.subscribers` (applied by `Subscriber`); this only types and trims.
+    """
 
     model_config = ConfigDict(extra="forbid")
     email: str
-    digest: float | None = Field(default=None, ge=0)
+    digest: float | None = None
 
     @field_validator("email")
     @classmethod
-    def _address(cls, v: str) -> str:
-        # Line breaks would let a subscriber record inject mail headers.
-        v = _no_newlines(v.strip())
-        if "@" not in v or " " in v:
-            raise ValueError(f"{v!r} is not an e-mail address")
-        return v
+    def _trim(cls, v: str) -> str:
+        return v.strip()
 
 
 class WebhookChannel(BaseModel):
-    """``{"webhook": "https://...", "secret": "..."}``; without a secret the subscriber's is used."""
+    """``{"webhook": "https://...", "secret": "..."}``; without a secret the subscriber's is used.
+
+    The rules are `profiles.subscribers` (applied by `Subscriber`); this only types and trims.
+    """
 
     model_config = ConfigDict(extra="forbid")
     webhook: str
@@ -125,40 +135,52 @@ class WebhookChannel(BaseModel):
 
     @field_validator("webhook")
     @classmethod
-    def _url(cls, v: str) -> str:
-        v = v.strip()
-        if not v.startswith(("https://", "http://")):
-            raise ValueError(f"{v!r} is not an http(s) URL")
-        return v
+    def _trim(cls, v: str) -> str:
+        return v.strip()
 
 
-def _channel_kind(value: Any) -> str | None:
-    """Which channel model a record is meant to be, so errors speak of that one only."""
+def _channel_tag(value: Any) -> str | None:
+    """The union member of a channel: by class when serialising, as the rules say otherwise."""
     if isinstance(value, EmailChannel | WebhookChannel):
         return "email" if isinstance(value, EmailChannel) else "webhook"
-    if isinstance(value, Mapping):
-        return "email" if "email" in value else "webhook" if "webhook" in value else None
-    return None
+    return channel_kind(value)
 
 
 Channel = Annotated[
     Annotated[EmailChannel, Tag("email")] | Annotated[WebhookChannel, Tag("webhook")],
-    Discriminator(
-        _channel_kind,
-        custom_error_type="channel",
-        custom_error_message='a channel is {"email": ADDRESS} or {"webhook": URL}',
-    ),
+    Discriminator(_channel_tag),
 ]
 
 
 class Subscriber(BaseModel):
-    """A value of the ``ens:subscribers`` hash. Unknown keys are kept (the service may add some)."""
+    """A value of the ``ens:subscribers`` hash. Unknown keys are kept (the service may add some).
+
+    Validity is `profiles.subscribers.subscriber_problems`, the rules `ens check` applies to a
+    profile file too, so both accept and reject the same records with the same messages.
+    """
 
     model_config = ConfigDict(extra="allow")
-    id: str = Field(min_length=1)
+    id: str
     channels: list[Channel] = Field(default_factory=list)
-    digest: float | None = Field(default=None, ge=0)
+    digest: float | None = None
     secret: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rules(cls, data: Any) -> Any:
+        """Every problem at once, each at its location (``channels.1.webhook``)."""
+        plain = _plain(data)  # channel models as dicts also for the discriminator
+        problems = subscriber_problems(plain)
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                InitErrorDetails(
+                    type=PydanticCustomError("subscriber", "{message}", {"message": message}),
+                    loc=loc,
+                    input=data,  # the record, as for any model-level check
+                )
+                for loc, message in problems
+            ])
+        return plain
 
     def webhook_secret(self, ch: WebhookChannel) -> str | None:
         return ch.secret or self.secret
@@ -168,19 +190,18 @@ class Subscriber(BaseModel):
 
 
 def subscriber_field(loc: Iterable[Any], whole: str = "subscriber") -> str:
-    """The dotted path of an error in a subscriber record, without the channel kind pydantic
-    puts in it (``channels.1.webhook``, not ``channels.1.webhook.webhook``)."""
-    path = [x for x in loc if x != "body"]  # FastAPI prefixes request-body errors
-    if len(path) >= 3 and path[0] == "channels" and path[2] in ("email", "webhook"):
-        del path[2]
+    """The dotted path of an error in a subscriber record, without FastAPI's ``body`` prefix."""
+    path = list(loc)
+    if path[:1] == ["body"]:
+        del path[0]
     return ".".join(str(x) for x in path) or whole
 
 
 def subscriber_error(exc: ValidationError | list[dict[str, Any]]) -> str:
     """A subscriber record's validation errors, one readable clause each.
 
-    ``channels.1.webhook: 'ftp://x' is not an http(s) URL`` rather than pydantic's report of
-    every channel model the record failed to be.
+    ``channels.1.webhook: 'ftp://x' is not an http(s) URL``: the problems of
+    `profiles.subscribers`, worded as `ens check` words them after the subscriber's name.
     """
     return describe_errors(exc, subscriber_field)
 

@@ -6,6 +6,7 @@ problem is rejected as a whole by `load_profile_file`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import yaml
 from profiles.ast import Profile
 from profiles.errors import ENSError, ManyErrors, ProfileError
 from profiles.parser import parse_profile
+from profiles.subscribers import Loc, describe, subscriber_problems
 
 
 @dataclass
@@ -40,31 +42,32 @@ def _expr_line(node: yaml.Node | None) -> int | None:
     return line
 
 
-def subscriber_problems(sub: Any) -> list[tuple[str, int | None]]:
-    """Every problem of one subscriber entry, each with the index of the channel it concerns."""
-    if not isinstance(sub, dict) or not isinstance(sub.get("id"), str) or not sub["id"]:
-        return [("a subscriber needs a string id", None)]
-    sid = sub["id"]
-    channels = sub.get("channels", [])
-    if not isinstance(channels, list):
-        return [(f"subscriber {sid!r}: channels must be a list", None)]
-    out: list[tuple[str, int | None]] = []
-    for k, ch in enumerate(channels):
-        if not isinstance(ch, dict) or not ({"email", "webhook"} & set(ch)):
-            out.append((f"subscriber {sid!r}: each channel is {{email: ADDRESS}} or {{webhook: URL}}, got {ch!r}", k))
-            continue
-        if "email" in ch and (not isinstance(ch["email"], str) or "@" not in ch["email"]):
-            out.append((f"subscriber {sid!r}: {ch['email']!r} is not an email address", k))
-        if "webhook" in ch and (
-            not isinstance(ch["webhook"], str) or not ch["webhook"].startswith(("http://", "https://"))
-        ):
-            out.append((f"subscriber {sid!r}: webhook {ch['webhook']!r} is not an http(s) URL", k))
-    return out
+def _node_at(node: yaml.Node | None, loc: Loc) -> yaml.Node | None:
+    """The deepest node along ``loc`` (mapping keys, sequence indexes) that the file has."""
+    for step in loc:
+        if isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+            node = node.value[step]
+        elif isinstance(step, str) and (child := _node_get(node, step)) is not None:
+            node = child
+        else:
+            break
+    return node
 
 
-def validate_subscriber(sub: Any, where: str) -> dict[str, Any]:
-    """The subscriber entry, or its first problem raised."""
-    problems = subscriber_problems(sub)
+def subscriber_messages(sub: Any, n: int) -> list[tuple[str, Loc]]:
+    """Every problem of subscriber #n (1-based), worded for `ens check`, with its location.
+
+    The rules are profiles.subscribers, the ones a stored subscriber obeys too; only the
+    subscriber's name is put in front (``subscriber 'ops': channels.0.email: ...``).
+    """
+    sid = sub.get("id") if isinstance(sub, Mapping) else None
+    who = f"subscriber {sid!r}" if isinstance(sid, str) and sid else f"subscriber #{n}"
+    return [(f"{who}: {describe(loc, msg)}", loc) for loc, msg in subscriber_problems(sub)]
+
+
+def validate_subscriber(sub: Any, where: str, n: int = 1) -> dict[str, Any]:
+    """The subscriber entry (#n of its file), or its first problem raised."""
+    problems = subscriber_messages(sub, n)
     if problems:
         raise ProfileError(problems[0][0])
     return sub
@@ -139,17 +142,14 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
     snodes = _node_get(root, "subscribers")
     snode_items = snodes.value if isinstance(snodes, yaml.SequenceNode) else []
     for i, sub in enumerate(subs):
-        problems = subscriber_problems(sub)
+        problems = subscriber_messages(sub, i + 1)
         if not problems:
             out.subscribers.append(sub)
             sub_ids.add(sub["id"])
             continue
         node = snode_items[i] if i < len(snode_items) else None
-        chans = _node_get(node, "channels") if node is not None else None
-        for msg, k in problems:  # every problem, at the line of its channel when known
-            at = node
-            if k is not None and isinstance(chans, yaml.SequenceNode) and k < len(chans.value):
-                at = chans.value[k]
+        for msg, loc in problems:  # every problem, at the line of what it concerns when known
+            at = _node_at(node, loc)
             errors.append(ProfileError(msg, file_line=at.start_mark.line + 1 if at is not None else None))
     if subs:
         for p in out.profiles:

@@ -102,8 +102,24 @@ def test_explain_shows_expiry_kill_and_duplicates(tmp_path: Path) -> None:
     out = r.stdout
     assert "ignored   a2: a partial match already exists" in out
     assert "killed    {a: a1} (killed by x = x1)" in out
-    assert "expired   {a: a3}" in out
+    # the window of a3 (ts=3, 10s) ended at ts=13, long before b0 moved time on to ts=30
+    assert "    expired   {a: a3} (window ended at ts=13)\n" in out
     assert "0 notification(s)" in out
+
+
+def test_explain_expiry_of_a_nested_window_names_its_end(tmp_path: Path) -> None:
+    """Under `select each` a nested window ending drops the match: its own end is shown."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("profiles:\n  - {id: n, expr: 'seq(seq(a: k = \"A\", b: k = \"B\") within 5s, "
+                    "c: k = \"C\") within 60s select each'}\n")
+    ev = tmp_path / "e.jsonl"
+    ev.write_text('{"id": "a1", "ts": 0.25, "k": "A"}\n{"id": "z1", "ts": 20, "k": "Z"}\n')
+    r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "n"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-3:-1] == [
+        "  time passes to 1970-01-01 00:00:20.000Z (ts=20)",
+        "    expired   {a: a1} (window ended at ts=5.25)",
+    ]
 
 
 def test_unknown_engine_and_variant() -> None:
@@ -192,15 +208,19 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
         "profiles:\n  - {id: p1, expr: 'kind = \"a\"', subscriber: ok}\n"
         "subscribers:\n"
         "  - id: ops\n    channels:\n      - email: not-an-address\n      - webhook: ftp://x\n"
-        "      - sms: 123\n"
+        "      - sms: 123\n      - email: a b@c\n      - webhook: https://x\n        colour: red\n"
         "  - {id: ok, channels: [{email: a@b.c}]}\n"
     )
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 2
-    assert "file line 6: subscriber 'ops': 'not-an-address' is not an email address" in r.stderr
-    assert "file line 7: subscriber 'ops': webhook 'ftp://x' is not an http(s) URL" in r.stderr
-    assert "file line 8: subscriber 'ops': each channel is" in r.stderr
-    assert "3 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
+    assert ("file line 6: subscriber 'ops': channels.0.email: 'not-an-address' is not an "
+            "e-mail address") in r.stderr
+    assert "file line 7: subscriber 'ops': channels.1.webhook: 'ftp://x' is not an http(s) URL" in r.stderr
+    assert "file line 8: subscriber 'ops': channels.2: a channel is" in r.stderr
+    # what storing rejects too: a space in an address, a key no channel has (at its own line)
+    assert "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address" in r.stderr
+    assert "file line 11: subscriber 'ops': channels.4.colour: unknown key" in r.stderr
+    assert "5 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
 
 
 def test_check_warns_about_a_file_without_profiles(tmp_path: Path) -> None:

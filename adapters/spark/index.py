@@ -132,8 +132,9 @@ def _records_yaml(spark: SparkSession, path: str) -> tuple[DataFrame, list[dict[
             if k.value == "profiles" and isinstance(v, yaml.SequenceNode):
                 items = v.value
             elif k.value == "subscribers":
-                for sub in yaml.load(yaml.serialize(v), Loader=loader) or []:  # noqa: S506 - safe
-                    subs.append(validate_subscriber(sub, path))
+                loaded = yaml.load(yaml.serialize(v), Loader=loader) or []  # noqa: S506 - safe
+                for n, sub in enumerate(loaded, 1):
+                    subs.append(validate_subscriber(sub, path, n))
     if items is None:
         raise ENSError(f"{path}: expected a mapping with 'profiles' (or a list of profiles)")
     rows = []

@@ -1,0 +1,128 @@
+"""What a valid subscriber record and its channels are: the one definition of these rules.
+
+Both ways a subscriber enters ENS apply exactly this: `ens check` (profiles.profile_file),
+which reports every problem at its file line, and the stored record
+(`notifiers.store.Subscriber`, for the service API and CLI), which raises them as validation
+errors. A file that checks clean therefore stores, and the words are the same on both paths.
+The module is plain Python in profiles/ because profiles/ must not import notifiers/ (nor
+pydantic), while notifiers/ may import profiles/.
+
+A problem is ``(location, message)``; the location is the path inside the record, e.g.
+``("channels", 1, "webhook")``, written ``channels.1.webhook`` by `describe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Loc = tuple[str | int, ...]
+Problem = tuple[Loc, str]
+
+CHANNEL_SHAPE = 'a channel is {"email": ADDRESS} or {"webhook": URL}'
+
+# The keys each kind of channel may have: digest (seconds) overrides the subscriber's window,
+# secret overrides the subscriber's webhook signing secret.
+CHANNEL_KEYS: dict[str, tuple[str, ...]] = {
+    "email": ("email", "digest"),
+    "webhook": ("webhook", "secret"),
+}
+
+
+def channel_kind(channel: Any) -> str | None:
+    """The kind a channel is meant to be (its first kind key), so problems speak of that one."""
+    if isinstance(channel, Mapping):
+        return next((kind for kind in CHANNEL_KEYS if kind in channel), None)
+    return None
+
+
+def _email(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"{value!r} is not an e-mail address"
+    address = value.strip()
+    if "\r" in address or "\n" in address:  # would let a record inject mail headers
+        return f"must not contain line breaks (got {value!r})"
+    if "@" not in address or " " in address:
+        return f"{address!r} is not an e-mail address"
+    return None
+
+
+def _webhook(value: Any) -> str | None:
+    url = value.strip() if isinstance(value, str) else value
+    if isinstance(url, str) and url.startswith(("https://", "http://")):
+        return None
+    return f"{url!r} is not an http(s) URL"
+
+
+def _seconds(value: Any) -> str | None:
+    # bool is an int to Python but never a duration; nan fails >= 0; an int too large for a
+    # float (OverflowError) is not one either.
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            if float(value) >= 0:
+                return None
+        except OverflowError:
+            pass
+    return f"must be a number of seconds >= 0 (got {value!r})"
+
+
+def _secret(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return None
+    return f"must be a string, not {type(value).__name__}"  # a secret's value is never echoed
+
+
+_FIELDS: dict[str, Callable[[Any], str | None]] = {
+    "email": _email,
+    "webhook": _webhook,
+    "digest": _seconds,
+    "secret": _secret,
+}
+
+
+def channel_problems(channel: Any) -> list[Problem]:
+    """Every problem of one channel, located inside the channel (``()`` = the channel itself)."""
+    kind = channel_kind(channel)
+    if kind is None:
+        got = f"keys {sorted(map(str, channel))}" if isinstance(channel, Mapping) else repr(channel)
+        return [((), f"{CHANNEL_SHAPE}, got {got}")]
+    out: list[Problem] = []
+    for key, value in channel.items():
+        if key not in CHANNEL_KEYS[kind]:
+            out.append(((str(key),), "unknown key"))
+        elif (message := _FIELDS[key](value)) is not None:
+            out.append(((key,), message))
+    return out
+
+
+def subscriber_problems(sub: Any) -> list[Problem]:
+    """Every problem of one subscriber record; ``[]`` means it is valid.
+
+    Keys other than id, channels, digest and secret are allowed and kept (the service may
+    add some).
+    """
+    if not isinstance(sub, Mapping):
+        return [((), f"a subscriber is a mapping with id and channels, got {sub!r}")]
+    out: list[Problem] = []
+    sid = sub.get("id")
+    if "id" not in sub:
+        out.append((("id",), "a subscriber needs a non-empty string id"))
+    elif not isinstance(sid, str) or not sid:
+        out.append((("id",), f"a subscriber needs a non-empty string id (got {sid!r})"))
+    for key in ("digest", "secret"):
+        if (message := _FIELDS[key](sub.get(key))) is not None:
+            out.append(((key,), message))
+    channels = sub.get("channels", [])
+    if not isinstance(channels, list):
+        out.append((("channels",), f"must be a list of channels, not {type(channels).__name__}"))
+        return out
+    for k, channel in enumerate(channels):
+        out.extend((("channels", k, *loc), message) for loc, message in channel_problems(channel))
+    return out
+
+
+def describe(loc: Loc, message: str) -> str:
+    """``channels.0.email: 'x' is not an e-mail address``; the message alone for the record."""
+    return f"{'.'.join(map(str, loc))}: {message}" if loc else message
