@@ -27,12 +27,17 @@ def _minimal_completion(self: Any, ev: Event, seq: int, leaves: list[int]) -> No
     first = pm.binds[0].ev
     eng = self.engine
     for key in pm.regs:
+        if eng.variant == "references":
+            part.regs[key] = 0  # dormant
+            part.dormant += 1
+            continue
         del part.regs[key]
         if eng.variant == "dynamic":
-            eng.pool.remove(self.pat.leaves[1].filter, (self.idx, 1))
+            eng.pool.release(part.entries.pop(key), (self.idx, 1))
     pm.alive = False
     part.pms.clear()
-    del self.parts[()]
+    if eng.variant == "dynamic":
+        del self.parts[()]
     self.pm_count -= 1
     eng._nseq += 1
     eng._out.append(Notification(self.pid, ev.ts, {"a": first, "b": ev}, None, eng._nseq, self.subscriber))
@@ -85,6 +90,6 @@ def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> floa
 
 if __name__ == "__main__":
     for _ in range(2):
-        for v in ("dynamic", "marking"):
+        for v in E.Engine.VARIANTS:
             run(v, False)
             run(v, True)
