@@ -164,17 +164,23 @@ class _Runtime:
         if self.once:
             eng._deactivate(self)
 
-    def partition_of(self, attrs: dict[str, Any]) -> tuple[tuple, dict[str, Any] | None] | None:
+    def partition_key(self, attrs: dict[str, Any]) -> tuple | None:
+        """The event's partition (`per` values, normalised); None if it lacks a `per` attribute."""
         per = self.per
         if not per:
-            return (), None
+            return ()
         vals = []
         for a in per:
             v = attrs.get(a)
             if v is None:
                 return None
             vals.append(norm(v))
-        return tuple(vals), {a: attrs[a] for a in per}
+        return tuple(vals)
+
+    def partition_values(self, attrs: dict[str, Any]) -> dict[str, Any] | None:
+        """The `per` values as reported; built only when a partition is created (every event
+        of a profile with `per` computes its key, few create a partition)."""
+        return {a: attrs[a] for a in self.per} if self.per else None
 
 
 _SHARED: dict[tuple, tuple] = {}
@@ -232,10 +238,10 @@ class _AbsentRuntime(_Runtime):
         self.parts[key] = [last, handle, values]
 
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
-        part = self.partition_of(ev.attrs)
-        if part is None:
+        key = self.partition_key(ev.attrs)
+        if key is None:
             return
-        key, values = part
+        values = self.partition_values(ev.attrs)
         if self.engine.tracer is not None:
             self.engine._trace(self.profile.id, "restarted", f"silence timer by {ev.id} until ts={_num(ev.ts + self.window)}")
         self._arm(key, values, ev, ev.ts)
@@ -586,12 +592,11 @@ class _CompositeRuntime(_Runtime):
     # ---------------------------------------------------------------- event
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
         if self.per:
-            part_kv = self.partition_of(ev.attrs)
-            if part_kv is None:
+            key = self.partition_key(ev.attrs)
+            if key is None:
                 return
-            key, values = part_kv
         else:
-            key, values = (), None
+            key = ()
         part = self.parts.get(key)
         if part is not None and part.dormant:
             self._drop_dormant(part, leaves)
@@ -604,7 +609,7 @@ class _CompositeRuntime(_Runtime):
                 elif self.fast_each:
                     self._fast_each(part, ev, seq, leaves)
                     return
-            elif (self.fast or self.fast_each) and self._fast_open(part, key, values, ev, seq, leaves):
+            elif (self.fast or self.fast_each) and self._fast_open(part, key, ev, seq, leaves):
                 return
         pat = self.pat
         b = _B(seq, ev)
@@ -704,7 +709,7 @@ class _CompositeRuntime(_Runtime):
                 if part is None:
                     part = self.parts.get(key)
                     if part is None:
-                        part = self.parts[key] = _Partition(key, values)
+                        part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
                 self._open(part, starts, b)
                 if not self.active:
                     return
@@ -715,7 +720,7 @@ class _CompositeRuntime(_Runtime):
                 if part is None:
                     part = self.parts.get(key)
                     if part is None:
-                        part = self.parts[key] = _Partition(key, values)
+                        part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
                 for i in lead:
                     part.history.append((seq, ev.ts, i, b))
         if part is not None:
@@ -790,10 +795,7 @@ class _CompositeRuntime(_Runtime):
             self._tidy(part, ev.ts)
         return True
 
-    def _fast_open(
-        self, part: _Partition | None, key: tuple, values: dict[str, Any] | None, ev: Event, seq: int,
-        leaves: list[int],
-    ) -> bool:
+    def _fast_open(self, part: _Partition | None, key: tuple, ev: Event, seq: int, leaves: list[int]) -> bool:
         """A starting event where no PM waits (the fast paths' shapes): open its PM(s) directly.
 
         What `_open` does for these shapes, without its general checks. Returns False to hand
@@ -813,7 +815,7 @@ class _CompositeRuntime(_Runtime):
         if not opened:
             return False
         if part is None:
-            part = self.parts[key] = _Partition(key, values)
+            part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
         b = _B(seq, ev)
         for i, mask in opened:
             pm = _PM(self.n, part)
@@ -1154,8 +1156,8 @@ class _CompositeRuntime(_Runtime):
         Such an event never reaches the profile: the pool holds auxiliary profiles only
         for the components still awaited. `ens explain` asks, to say why nothing happened.
         """
-        part_kv = self.partition_of(ev.attrs)
-        part = self.parts.get(part_kv[0]) if part_kv is not None else None
+        key = self.partition_key(ev.attrs)
+        part = self.parts.get(key) if key is not None else None
         if part is None:
             return None
         for pm in part.pms:
