@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from filters.compile import evaluate, norm
+from filters.compile import evaluate
 from filters.notification import Notification
 from filters.pattern import Pattern
 from filters.pool import Entry, PrimitivePool, owners_by_profile
@@ -174,7 +174,7 @@ class _Runtime:
             v = attrs.get(a)
             if v is None:
                 return None
-            vals.append(norm(v))
+            vals.append((bool, v) if v.__class__ is bool else v)  # `norm`, inline: every event
         return tuple(vals)
 
     def partition_values(self, attrs: dict[str, Any]) -> dict[str, Any] | None:
