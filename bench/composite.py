@@ -15,10 +15,15 @@ from filters.engine import Engine
 from profiles.events import Event
 from profiles.parser import parse_profile
 
-PARAMS = {"first/unique": "", "each/shared": " select each consume shared"}
+# label -> (parameters appended to each composite, whether events carry a room and it is `per room`)
+PARAMS: dict[str, tuple[str, bool]] = {
+    "first/unique": ("", False),
+    "each/shared": (" select each consume shared", False),
+    "first/unique per room": (" per room", True),
+}
 
 
-def _engine(n_comp: int, n_prim: int, params: str, variant: str = "dynamic") -> Engine:
+def _engine(n_comp: int, n_prim: int, params: str, variant: str = Engine.DEFAULT_VARIANT) -> Engine:
     profiles = [parse_profile(f'kind = "P" and x = {i}', f"prim{i}") for i in range(n_prim)]
     profiles += [
         parse_profile(f'seq(a: kind = "A" and x = {i}, b: kind = "B" and x = {i}) within 1h{params}', f"comp{i}")
@@ -27,8 +32,14 @@ def _engine(n_comp: int, n_prim: int, params: str, variant: str = "dynamic") -> 
     return Engine(profiles, variant=variant)
 
 
+def _attrs(kind: str, x: int, per_room: bool) -> dict:
+    """A room (one of the KETI building's 51) only where the profiles partition by it."""
+    return {"kind": kind, "x": x, "room": f"r{x % 51}"} if per_room else {"kind": kind, "x": x}
+
+
 def measure(
-    n_comp: int, n_prim: int, label: str, rounds: int, batch: int, seed: int, variant: str = "dynamic"
+    n_comp: int, n_prim: int, label: str, rounds: int, batch: int, seed: int,
+    variant: str = Engine.DEFAULT_VARIANT,
 ) -> dict:
     """Per-event times; primitive and completing events alternate so both see the same machine load.
 
@@ -36,7 +47,7 @@ def measure(
     time the pool's match alone, then process the events untimed. (Timing both on the same
     event would warm the caches for the second measurement.)
     """
-    params = PARAMS[label]
+    params, per_room = PARAMS[label]
     eng = _engine(n_comp, n_prim, params, variant)
     gc.collect()
     gc.freeze()
@@ -56,15 +67,15 @@ def measure(
         ids = rng.sample(range(n_comp), batch)
         t += 1
         for i in ids:
-            ev = Event(f"a{t}-{i}", t, {"kind": "A", "x": i})
+            ev = Event(f"a{t}-{i}", t, _attrs("A", i, per_room))
             t0 = clock()
             eng.process(ev)
             first.append(clock() - t0)
         eng.take_notifications()
         t += 1
         for i in ids:
-            p_ev = Event(f"p{t}-{i}", t, {"kind": "P", "x": rng.randrange(n_prim)})
-            b_ev = Event(f"b{t}-{i}", t, {"kind": "B", "x": i})
+            p_ev = Event(f"p{t}-{i}", t, _attrs("P", rng.randrange(n_prim), per_room))
+            b_ev = Event(f"b{t}-{i}", t, _attrs("B", i, per_room))
             if not end_to_end:
                 t0 = clock()
                 eng.pool.match(p_ev.attrs)

@@ -87,7 +87,8 @@ class _PM:
 
 class _Partition:
     __slots__ = (  # what a completion reads first: fewer cache lines touched per event
-        "pms", "regs", "dormant", "values", "key", "held", "entries", "starts", "starts_ts", "history", "handle",
+        "pms", "regs", "dormant", "values", "key", "held", "entries", "until", "starts", "starts_ts", "history",
+        "handle",
     )
 
     def __init__(self, key: tuple, values: dict[str, Any] | None) -> None:
@@ -100,6 +101,7 @@ class _Partition:
         self.held: set[tuple] = set()  # marking/references: auxiliary profiles kept in the pool
         self.entries: dict[tuple, Entry] = {}  # (leaf, eqs) -> its pool entry (dynamic/references)
         self.dormant = 0  # how many keys of `regs` are dormant
+        self.until = 0.0  # the latest deadline of a PM that left: its terminator lets `held` go
         self.starts = 0  # nth: starting events counted while no PM exists
         self.starts_ts = 0.0
         self.history: list[tuple[int, float, int, _B]] = []  # leading negations seen
@@ -110,6 +112,7 @@ class _Partition:
         return {k: getattr(self, k) for k in self.__slots__ if k != "entries"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.until = 0.0  # not in snapshots written before it existed
         for k, v in state.items():
             setattr(self, k, v)
         self.entries = {}
@@ -770,6 +773,9 @@ class _CompositeRuntime(_Runtime):
         kept = False  # an auxiliary profile stays held: the partition stays (no `_tidy` needed)
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
+            d = pm.deadline
+            if d is not None and d > part.until:
+                part.until = d
             regs = pm.regs
             if regs:
                 pm.regs = ()
@@ -791,8 +797,8 @@ class _CompositeRuntime(_Runtime):
         eng._out.append(Notification(self.pid, ev.ts, events, part.values, eng._nseq, self.subscriber))
         if self.once:
             eng._deactivate(self)
-        elif self.unique and (part.key or not (kept or part.held)):  # fast shapes keep no history or counts
-            self._tidy(part, ev.ts)
+        elif self.unique and (not (kept or part.held) or (part.key and self.window is None)):
+            self._tidy(part, ev.ts)  # fast shapes keep no history or counts
         return True
 
     def _fast_open(self, part: _Partition | None, key: tuple, ev: Event, seq: int, leaves: list[int]) -> bool:
@@ -1038,11 +1044,14 @@ class _CompositeRuntime(_Runtime):
             self._trace(action, self._desc(pm) + note)
         pm.alive = False
         # The terminator is not taken out of the temporal pool: it fires as a no-op at its
-        # deadline. A sorted-list delete per completed match costs more than the no-op, and
-        # dead entries are bounded by the window like live ones.
+        # deadline (or lets the partition's auxiliary profiles go, see `_tidy`). A sorted-list
+        # delete per completed match costs more than the no-op, and dead entries are bounded
+        # by the window like live ones.
         pm.handle = None
         self._sync(pm)
         part = pm.part
+        if pm.deadline is not None and pm.deadline > part.until:
+            part.until = pm.deadline
         part.pms.remove(pm)
         self.pm_count -= 1
 
@@ -1071,6 +1080,11 @@ class _CompositeRuntime(_Runtime):
             return
         pm: _PM = payload
         if not pm.alive:
+            # a finished PM's terminator: its partition, if idle since, lets its auxiliary
+            # profiles go now (see `_tidy`)
+            part = pm.part
+            if not part.pms and (part.held or part.dormant) and when >= part.until:
+                self._tidy(part, when, fired=True)
             return
         pm.handle = None
         pat = self.pat
@@ -1081,7 +1095,7 @@ class _CompositeRuntime(_Runtime):
                     blocked, _ = self._neg_blocks(pm.negc, self._bindings(pm), final=True)
                     if blocked:
                         self._drop(pm, "killed by a negation")
-                        self._tidy(part, when)
+                        self._tidy(part, when, fired=True)
                         return
                 events = self._events(pm)
                 self._drop(pm, "completed")
@@ -1091,7 +1105,7 @@ class _CompositeRuntime(_Runtime):
             else:
                 self._drop(pm, "expired", end)
             if self.active:
-                self._tidy(part, when)
+                self._tidy(part, when, fired=True)
             return
         # a nested window ended
         mi = pat.info(pm.mask)
@@ -1109,10 +1123,18 @@ class _CompositeRuntime(_Runtime):
                     break
         if pm.alive:
             self._changed(pm)
-        self._tidy(part, when)
+        self._tidy(part, when, fired=True)
 
     def _tidy(self, part: _Partition, now: float, fired: bool = False) -> None:
-        """Forget partition state the windows no longer need; drop empty partitions."""
+        """Forget partition state the windows no longer need; drop empty partitions.
+
+        `fired`: a timer is due at `now` (the partition's own, or a PM's terminator), so state
+        that ends at `now` is stale too. An emptied partition keeps its auxiliary profiles
+        (marking, references) for its next partial match until the window of its last one ends:
+        a PM that left before its window ended (completed, consumed, killed) left its terminator
+        in the temporal pool, and that terminator lets them go (`on_timer`), so a completion
+        schedules no clean-up timer of its own.
+        """
         w = self.window
         if part.history and w is not None:
             lo = now - w
@@ -1129,9 +1151,10 @@ class _CompositeRuntime(_Runtime):
                 if not part.key:
                     return  # no per: one partition, its few auxiliary profiles simply stay marked off
                 if not fired:
-                    # keep the partition's auxiliary profiles (marked off) for a window, then release
-                    if part.handle is None:
-                        part.handle = self.engine.timers.add(now + (w or 0.0), TIMER, (self, part))
+                    if w is not None:
+                        return  # the terminator of the PM that left releases them (`on_timer`)
+                    if part.handle is None:  # no window, no terminators: at the next event
+                        part.handle = self.engine.timers.add(now, TIMER, (self, part))
                     return
                 self._release(part)
             if self.parts.get(part.key) is part:

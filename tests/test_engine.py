@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from filters.engine import Engine
 from profiles.events import Event
 from profiles.parser import parse_profile
@@ -38,9 +40,9 @@ def test_a_million_events_keep_state_bounded_by_the_window() -> None:
     assert max_timers <= 80 + 8, max_timers
     assert max_pool <= 1 + 8 * 2  # the start filter + per sensor: B and X auxiliaries
     assert notes > 10_000  # it did match all along
-    # past the last window, and one more: the default variant (references) keeps an emptied
-    # partition's auxiliary profiles for a window, for its next partial match
-    eng.finish(eng.now + 21)
+    # past the last window: the default variant (references) keeps an emptied partition's
+    # auxiliary profiles, for its next partial match, until its last partial match's window ends
+    eng.finish(eng.now + 10)
     st = eng.stats()
     assert st["partial_matches"] == 0 and st["timers"] == 0 and st["partitions"] == 0
     assert st["pool_filters"] == 1  # only the permanent start filter remains
@@ -77,8 +79,9 @@ def test_auxiliary_profiles_come_and_go_with_partial_matches() -> None:
 def test_references_keep_auxiliary_profiles_and_drop_dormant_owners() -> None:
     """The default variant: a completed match leaves its auxiliary profile indexed and owned
     (the next partial match takes it back without indexing it again); the first event that
-    reaches it while nobody waits takes the owner off; a window after the partition empties,
-    the entry goes."""
+    reaches it while nobody waits takes the owner off; when the window of the partition's last
+    partial match ends, the entry goes (that match's terminator, left in the temporal pool,
+    lets it go: no clean-up timer per completion)."""
     eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s per r', "p")])
     assert eng.variant == Engine.DEFAULT_VARIANT == "references"
     eng.process(Event("a1", 0, {"k": "A", "r": 1}))
@@ -91,8 +94,12 @@ def test_references_keep_auxiliary_profiles_and_drop_dormant_owners() -> None:
     eng.process(Event("b3", 4, {"k": "B", "r": 1}))  # nobody waits: reaches the profile once
     assert not aux.owners and aux.indexed
     assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1"}, {"a": "a2", "b": "b2"}]
-    assert eng.stats()["partitions"] == 1  # kept for a window (until ts 13) for its next match
-    eng.advance(13)
+    st = eng.stats()
+    assert st["partitions"] == 1 and st["timers"] == 2  # the terminators of a1's (ts 10) and a2's (ts 12) matches
+    eng.advance(11)  # a1's terminator: the partition is idle, but a2's window is still open
+    assert eng.stats()["partitions"] == 1
+    assert eng.stats()["timers"] == 1
+    eng.advance(12.5)
     st = eng.stats()
     assert st["pool_filters"] == 1 and st["pool_owners"] == 1 and st["partitions"] == 0 and st["timers"] == 0
 
@@ -183,3 +190,37 @@ def test_temporal_pool_head_survives_pickling_and_old_snapshots() -> None:
     old.__setstate__((None, {"_items": SortedList([(3.0, TIMER, 0, "x")]), "_tie": itertools.count(1)}))
     assert old.head == 3.0 and old.due(3.0) and not old.due(2.9)
     assert old.pop_due(3.0, True)[3] == "x" and old.head == float("inf")
+
+
+@pytest.mark.parametrize("variant", ["references", "marking"])
+@pytest.mark.parametrize(
+    ("expr", "events"),
+    [
+        # completed, then idle
+        ('seq(a: k = "A", b: k = "B") within 10s per r', "A@0 B@1"),
+        # expired
+        ('seq(a: k = "A", b: k = "B") within 10s per r', "A@0"),
+        # killed by a negation
+        ('seq(a: k = "A", not x: k = "X", b: k = "B") within 10s per r', "A@0 X@1"),
+        # a nested window moved the terminator earlier than the outer one, then completed
+        ('seq(a: k = "A", seq(b: k = "B", c: k = "C") within 2s) within 1h per r', "A@0 B@5 C@6"),
+        # consumed by another match's completion (each/unique), two PMs
+        ('seq(a: k = "A", b: k = "B") within 10s per r select each', "A@0 A@1 B@2"),
+        # no window at all
+        ('seq(a: k = "A", b: k = "B") per r', "A@0 B@1"),
+    ],
+)
+def test_an_idle_partition_lets_its_auxiliary_profiles_go(variant: str, expr: str, events: str) -> None:
+    """Whatever ended a partition's last partial match, its auxiliary profiles (kept for the
+    next one under marking/references) leave the pool once that match's window is over."""
+    eng = Engine([parse_profile(expr, "p")], variant=variant)
+    base = eng.stats()["pool_filters"]
+    for ev in _events(events):
+        ev.attrs["r"] = 1
+        eng.process(ev)
+    assert eng.stats()["partitions"] == 1  # still there: for its next partial match
+    eng.process(Event("other", 3601, {"k": "Y", "r": 2}))  # time passes: every window is over
+    eng.process(Event("other2", 3602, {"k": "Y", "r": 2}))
+    st = eng.stats()
+    assert st["partitions"] == 0 and st["partial_matches"] == 0 and st["timers"] == 0, st
+    assert st["pool_filters"] == base

@@ -51,7 +51,8 @@ def composite_cmd(
                  "match alone (medians are reported)."),
     batch: int = typer.Option(2000, help="Events per round and kind."),
     seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
-    variants: str = typer.Option("dynamic,marking,references", help="Single-step variants to measure."),
+    variants: str = typer.Option(
+        "references,dynamic,marking", help="Single-step variants to measure (references is the default engine)."),
 ) -> None:
     """Single-step claim: the last event of a composite costs about a primitive event."""
     from bench.composite import run
