@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers_service import ROOT, free_port
+
 README = ROOT / "README.md"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _section(text: str, title: str) -> str:
@@ -60,7 +54,7 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
     section = _section(README.read_text(), "Walkthrough")
     receiver = re.search(r'```python\n("""receiver\.py.*?)```', section, re.S)
     assert receiver, "README: receiver.py block not found"
-    api, hook = _free_port(), _free_port()
+    api, hook = free_port(), free_port()
     assert '("127.0.0.1", 9000)' in receiver.group(1)
     (tmp_path / "receiver.py").write_text(receiver.group(1).replace("9000", str(hook)))
     wait_http = (
