@@ -236,6 +236,7 @@ def test_bench_arguments_are_checked_before_measuring(tmp_path: Path) -> None:
         (["bench", "pool", "--sizes", "0"], "at least 1"),
         (["bench", "pool", "--events", "0"], "--events"),
         (["bench", "paper", "--replot", "--out", str(tmp_path)], "paper.csv"),
+        (["bench", "composite", "--variants", "references,fast"], "unknown variant 'fast'"),
     ]:
         r = runner.invoke(app, args)
         assert r.exit_code == 2, (args, r.output)

@@ -56,11 +56,17 @@ def composite_cmd(
 ) -> None:
     """Single-step claim: the last event of a composite costs about a primitive event."""
     from bench.composite import run
+    from filters.engine import Engine
 
     if rounds < 2:
         raise typer.BadParameter("must be at least 2", param_hint="--rounds")
-
-    run(composites, primitives, rounds, batch, seed, variants.split(","))
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in Engine.VARIANTS]
+    if unknown or not names:
+        given = ", ".join(repr(v) for v in unknown) if unknown else repr(variants)
+        raise typer.BadParameter(f"unknown variant {given} (one of {', '.join(Engine.VARIANTS)})",
+                                 param_hint="--variants")
+    run(composites, primitives, rounds, batch, seed, names)
 
 
 @app.command("paper")
