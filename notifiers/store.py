@@ -280,11 +280,12 @@ def delivery_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float, int
         pending = int(summary["pending"])
         if pending and summary.get("min"):
             oldest.append(text(summary["min"]))
-    ages = [now - _id(e)[0] / 1000 for e in oldest]
+    ages = [now - entry_order(e)[0] / 1000 for e in oldest]
     return len(unread) + pending, max(max(ages, default=0.0), 0.0), int(r.xlen(DEADLETTER))
 
 
-def _id(stream_id: str) -> tuple[int, int]:
+def entry_order(stream_id: str) -> tuple[int, int]:
+    """(ms, seq) of a stream id: outbox entries sort in the order they were written."""
     ms, _, seq = stream_id.partition("-")
     return int(ms), int(seq or 0)
 
@@ -307,7 +308,7 @@ def trim_outbox(r: redis.Redis, retention: float, exact: bool = False) -> int:
         candidates = [text(g["last-delivered-id"])]
         if g["pending"]:
             candidates.append(text(r.xpending(OUTBOX, text(g["name"]))["min"]))
-        bound = min([bound, *candidates], key=_id)
+        bound = min([bound, *candidates], key=entry_order)
     return int(r.xtrim(OUTBOX, minid=bound, approximate=not exact))
 
 

@@ -54,6 +54,7 @@ from notifiers.store import (
     describe_channel,
     digest_key,
     dumps,
+    entry_order,
     split_delivery_key,
     text,
 )
@@ -535,6 +536,9 @@ class DeliveryWorker:
         if not states:
             self._digest_done(keys=keys, args=args)
             return
+        # in the order the engine emitted them (the outbox), not the order they were parked:
+        # deliveries are parked by concurrent threads
+        states.sort(key=lambda s: entry_order(s[1].get("entry") or "0"))
         ns = [st["n"] for _, st in states]
         sender = self.config.smtp.sender
         if len(ns) == 1:
