@@ -125,6 +125,8 @@ def serve(
 
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
+    if reorder_seconds < 0:  # engine time would run ahead of the wall clock
+        raise _fail(f"--reorder-seconds must be >= 0, not {reorder_seconds:g}")
     try:
         check_tz(tz)
     except ENSError as e:
