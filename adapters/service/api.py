@@ -255,6 +255,18 @@ def require_admin(
         raise HTTPException(403, "invalid admin token")
 
 
+STORE_RETRY_AFTER = "1"  # seconds: Redis restarts and connection bursts pass quickly
+
+
+def store_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
+    """The 503 for any Redis failure; nothing of the request was stored."""
+    log.warning("%s %s: redis unavailable: %s", request.method, request.url.path, exc)
+    if request.url.path == "/v1/events":
+        m.REQUESTS.labels(status="503").inc()
+    return JSONResponse({"error": "store unavailable (redis); retry later"}, 503,
+                        headers={"Retry-After": STORE_RETRY_AFTER})
+
+
 def sync_redis(request: Request) -> redis.Redis:
     return request.app.state.r
 
@@ -295,6 +307,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(redis.RedisError)
+    async def _redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
+        """Redis down or its connection pool exhausted, wherever it is met (authentication,
+        ingest, management): 503 with Retry-After, never a 500, so clients retry."""
+        return store_unavailable(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _body_error(request: Request, exc: RequestValidationError) -> JSONResponse:

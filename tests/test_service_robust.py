@@ -1,0 +1,91 @@
+"""The service under hostile or faulty conditions: Redis down, request floods, malformed or
+slow bodies, absurd timestamps. Real service subprocess, real redis-server, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from adapters.service import redis_store as rs
+from tests.helpers_service import ROOT, Service, redis_server
+
+MAX_BODY = 100_000
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    d = tmp_path_factory.mktemp("svc-robust")
+    with redis_server(d) as url:
+        s = Service(url, d / "serve.log", "--reorder-seconds", "0.2",
+                    "--max-body", str(MAX_BODY)).start()
+        try:
+            yield s
+        finally:
+            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def r(svc: Service) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def key(r: redis.Redis) -> str:
+    return rs.add_gateway(r, "gw-robust")
+
+
+@pytest.fixture(scope="module")
+def gw(svc: Service, key: str) -> Iterator[httpx.Client]:
+    with svc.client(key) as c:
+        yield c
+
+
+# ----------------------------------------------------------------------------- Redis down
+
+
+def test_redis_down_is_503_for_gateways_and_admins_and_ens_post_retries(
+    tmp_path: Path,
+) -> None:
+    redis_cm = redis_server(tmp_path)
+    url = redis_cm.__enter__()
+    s = Service(url, tmp_path / "serve.log")
+    try:
+        s.start()
+        r = redis.Redis.from_url(url, decode_responses=True)
+        key = rs.add_gateway(r, "gw-down")
+        r.close()
+        ev = {"ts": time.time(), "kind": "x"}
+        assert httpx.post(s.url + "/v1/events", json=ev,
+                          headers={"X-API-Key": key}).status_code == 202
+    finally:
+        redis_cm.__exit__(None, None, None)  # Redis stops; the service keeps running
+    try:
+        resp = httpx.post(s.url + "/v1/events", json=ev, headers={"X-API-Key": key}, timeout=10)
+        assert resp.status_code == 503, resp.text
+        assert "unavailable" in resp.json()["error"] and resp.headers["Retry-After"]
+        admin = {"Authorization": "Bearer test-admin-token"}
+        for path in ("/v1/profiles", "/v1/subscribers", "/v1/profiles/p1"):
+            got = httpx.get(s.url + path, headers=admin, timeout=10)
+            assert got.status_code == 503, (path, got.text)
+            assert "unavailable" in got.json()["error"]
+        events = tmp_path / "ev.jsonl"
+        events.write_text(json.dumps(ev) + "\n")
+        res = subprocess.run(
+            [sys.executable, "-m", "ens", "post", str(events), "--url", s.url,
+             "--api-key", key, "--retries", "1"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        assert "HTTP 503; retry 1 of 1" in res.stderr, res.stderr
+        assert res.returncode == 1 and "HTTP 503" in res.stderr
+    finally:
+        s.kill()
