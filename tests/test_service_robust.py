@@ -3,6 +3,7 @@ slow bodies, absurd timestamps. Real service subprocess, real redis-server, real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -89,3 +90,28 @@ def test_redis_down_is_503_for_gateways_and_admins_and_ens_post_retries(
         assert res.returncode == 1 and "HTTP 503" in res.stderr
     finally:
         s.kill()
+
+
+# ----------------------------------------------------------------------------- floods
+
+
+def test_hundreds_of_concurrent_requests_are_all_served(svc: Service, key: str,
+                                                        r: redis.Redis) -> None:
+    """More requests at once than Redis connections: they wait for one, none gets a 500."""
+    n = 400
+    before = r.xlen(rs.INGEST)
+
+    async def flood() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=svc.url, limits=limits, timeout=60,
+                                     headers={"X-API-Key": key}) as c:
+            now = time.time()
+            return await asyncio.gather(*(
+                c.post("/v1/events", json=[{"id": f"f{i}-{j}", "ts": now, "kind": "flood"}
+                                           for j in range(5)])
+                for i in range(n)))
+
+    answers = asyncio.run(flood())
+    statuses = sorted({a.status_code for a in answers})
+    assert statuses == [202], [a.text for a in answers if a.status_code != 202][:3]
+    assert r.xlen(rs.INGEST) - before >= n  # one entry per event, or per batch

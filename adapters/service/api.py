@@ -255,6 +255,20 @@ def require_admin(
         raise HTTPException(403, "invalid admin token")
 
 
+REDIS_CONNECTIONS = 100  # of the async pool; Redis itself allows 10,000 clients
+REDIS_POOL_WAIT = 5.0  # s a request waits for a free connection before its 503
+
+
+def async_redis(url: str) -> redis.asyncio.Redis:
+    """The HTTP side's Redis client. Its pool blocks when all connections are in use: a burst
+    of requests queues for a connection (a 503 only after REDIS_POOL_WAIT) instead of failing
+    with MaxConnectionsError as the default pool does beyond 100 concurrent requests."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, decode_responses=True, max_connections=REDIS_CONNECTIONS, timeout=REDIS_POOL_WAIT
+    )
+    return redis.asyncio.Redis.from_pool(pool)
+
+
 STORE_RETRY_AFTER = "1"  # seconds: Redis restarts and connection bursts pass quickly
 
 
@@ -284,7 +298,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.aredis = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True)
+        app.state.aredis = async_redis(settings.redis_url)
         app.state.r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
         try:
             yield
