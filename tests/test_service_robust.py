@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from adapters.service import redis_store as rs
-from tests.helpers_service import ROOT, Service, redis_server
+from tests.helpers_service import ROOT, Service, outbox_for, redis_server, wait_for
 
 MAX_BODY = 100_000
 
@@ -43,6 +43,17 @@ def r(svc: Service) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="module")
 def key(r: redis.Redis) -> str:
     return rs.add_gateway(r, "gw-robust")
+
+
+@pytest.fixture(scope="module")
+def admin(svc: Service) -> Iterator[httpx.Client]:
+    with svc.client(admin=True) as c:
+        yield c
+
+
+def add_profile(admin: httpx.Client, pid: str, expr: str) -> None:
+    resp = admin.post("/v1/profiles", json={"id": pid, "expr": expr})
+    assert resp.status_code == 201, resp.text
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +126,43 @@ def test_hundreds_of_concurrent_requests_are_all_served(svc: Service, key: str,
     statuses = sorted({a.status_code for a in answers})
     assert statuses == [202], [a.text for a in answers if a.status_code != 202][:3]
     assert r.xlen(rs.INGEST) - before >= n  # one entry per event, or per batch
+
+
+# ----------------------------------------------------------------------------- malformed bodies
+
+
+@pytest.mark.parametrize("ctype", ["application/json", "application/x-ndjson"])
+def test_deeply_nested_json_is_400_not_500(gw: httpx.Client, ctype: str) -> None:
+    resp = gw.post("/v1/events", content=b"[" * 100_000, headers={"Content-Type": ctype})
+    if ctype == "application/json":
+        assert resp.status_code == 400, resp.text
+        assert "nested too deeply" in resp.json()["error"]
+    else:  # JSON lines: that line is rejected, like any broken line
+        assert resp.status_code == 422, resp.text
+        (err,) = resp.json()["errors"]
+        assert err["line"] == 1 and "nested too deeply" in err["error"]
+
+
+@pytest.mark.parametrize("ctype", ["application/json", "application/x-ndjson"])
+def test_lone_surrogate_rejects_that_event_only(gw: httpx.Client, r: redis.Redis,
+                                                admin: httpx.Client, ctype: str) -> None:
+    kind = "sur-" + ctype.rsplit("/", 1)[1]
+    add_profile(admin, kind, f'kind = "{kind}"')
+    now = time.time()
+    good = [json.dumps({"id": f"ok{i}", "ts": now + i / 1000, "kind": kind}) for i in (1, 2)]
+    # JSON may escape a lone surrogate: "\ud800" (json.dumps would not write one)
+    bad = json.dumps({"id": "s-bad", "ts": now, "kind": kind, "note": "xSURy"})
+    bad = bad.replace("SUR", "\\ud800")
+    bad_id = json.dumps({"id": "SUR", "ts": now, "kind": kind}).replace("SUR", "\\udfff")
+    items = [good[0], bad, good[1], bad_id]
+    body = ("[" + ",".join(items) + "]") if ctype == "application/json" else "\n".join(items)
+    resp = gw.post("/v1/events", content=body.encode(), headers={"Content-Type": ctype})
+    assert resp.status_code == 422, resp.text
+    data = resp.json()
+    assert data["accepted"] == 2 and data["rejected"] == 2
+    err, err_id = data["errors"]
+    assert err["index"] == 1 and err["id"] == "s-bad"
+    assert "'note'" in err["error"] and "surrogate" in err["error"]
+    assert err_id["index"] == 3 and "id" not in err_id and "'id'" in err_id["error"]
+    wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["ok1", "ok2"]

@@ -147,6 +147,52 @@ def _redact(sub: store.Subscriber) -> SubscriberOut:
     )
 
 
+_TOO_DEEP = "JSON nested too deeply (events are flat objects)"
+
+
+def loads_body(text: str) -> Any:
+    """json.loads for request bodies: NaN/Infinity rejected; a nesting deep enough to exhaust
+    the parser's recursion (``[`` x 100000) is a ValueError, not a RecursionError (a 500)."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+
+
+def check_text(obj: Any) -> None:
+    """Raise ValueError naming the key whose key or string value is not valid Unicode.
+
+    JSON may escape a lone surrogate (``"\\ud800"``); Python decodes it, but it cannot be
+    encoded as UTF-8 for Redis, and failing there would lose the whole batch.
+    """
+    if not isinstance(obj, dict):
+        return
+    for key, value in obj.items():
+        for text in (key, value):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ValueError(
+                        f"key {key!r}: lone surrogate {text[exc.start]!r} at position "
+                        f"{exc.start} is not valid Unicode"
+                    ) from None
+
+
+def error_id(obj: Any) -> str | None:
+    """The `id` to name a rejected event by in the 422, when it has a usable one (not one
+    with a lone surrogate, which the answer could not encode)."""
+    eid = obj.get("id") if isinstance(obj, dict) else None
+    if isinstance(eid, bool) or not isinstance(eid, str | int):
+        return None
+    try:
+        text = str(eid)  # ValueError: an int over Python's 4300-digit limit
+        text.encode("utf-8")  # UnicodeEncodeError (a ValueError): a lone surrogate
+    except ValueError:
+        return None
+    return text
+
+
 def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | None, Any]], str]:
     """Split a body into (index, line, decoded object or ValueError); or an error for 400."""
     try:
@@ -159,7 +205,7 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
             if not line.strip():
                 continue
             try:
-                obj: Any = json.loads(line, parse_constant=_reject_constant)
+                obj: Any = loads_body(line)
             except json.JSONDecodeError as exc:
                 obj = ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}")
             except ValueError as exc:
@@ -171,7 +217,7 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
     if not text.strip():
         return [], "empty body: send a JSON object, a JSON array or JSON lines"
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = loads_body(text)
     except json.JSONDecodeError as exc:
         hint = " (JSON lines need Content-Type: application/x-ndjson)" if "Extra data" in exc.msg else ""
         return [], f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{hint}"
@@ -373,12 +419,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
             try:
                 if isinstance(obj, ValueError):
                     raise obj
+                check_text(obj)
                 event_from_obj(obj, "-")
                 valid.append(store.dumps(obj))
             except ValueError as exc:
-                eid = obj.get("id") if isinstance(obj, dict) else None
                 errors.append(EventErrorOut(
-                    index=index, line=line, id=str(eid) if isinstance(eid, str | int) else None, error=str(exc)
+                    index=index, line=line, id=error_id(obj), error=str(exc)
                 ))
         if valid:
             try:
