@@ -166,3 +166,27 @@ def test_lone_surrogate_rejects_that_event_only(gw: httpx.Client, r: redis.Redis
     assert err_id["index"] == 3 and "id" not in err_id and "'id'" in err_id["error"]
     wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
     assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["ok1", "ok2"]
+
+
+def test_a_number_too_long_for_python_rejects_that_event_only(
+    gw: httpx.Client, r: redis.Redis, admin: httpx.Client
+) -> None:
+    kind = "longnum"
+    add_profile(admin, kind, f'kind = "{kind}"')
+    now = time.time()
+    items = [json.dumps({"id": "n-ok1", "ts": now, "kind": kind}),
+             json.dumps({"id": "n-bad", "ts": now, "kind": kind, "v": 0}).replace(
+                 '"v": 0', '"v": ' + "9" * 5000),
+             json.dumps({"id": "n-ok2", "ts": now + 0.001, "kind": kind}),
+             json.dumps({"id": "n-bad2", "ts": 0, "kind": kind}).replace(
+                 '"ts": 0', '"ts": ' + "1" * 5000)]
+    resp = gw.post("/v1/events", content=("[" + ",".join(items) + "]").encode(),
+                   headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422, resp.text
+    data = resp.json()
+    assert data["accepted"] == 2 and data["rejected"] == 2
+    assert [(e["index"], e["id"]) for e in data["errors"]] == [(1, "n-bad"), (3, "n-bad2")]
+    assert "'v'" in data["errors"][0]["error"] and "5000 digits" in data["errors"][0]["error"]
+    assert "'ts'" in data["errors"][1]["error"]
+    wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["n-ok1", "n-ok2"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -150,24 +151,49 @@ def _redact(sub: store.Subscriber) -> SubscriberOut:
 _TOO_DEEP = "JSON nested too deeply (events are flat objects)"
 
 
+class LongNumber:
+    """A JSON integer over Python's int-str conversion limit (4300 digits): json.loads would
+    raise ValueError for the whole body; it is kept as this marker and rejects its event only."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+
+def _parse_int(text: str) -> int | LongNumber:
+    try:
+        return int(text)
+    except ValueError:
+        return LongNumber(text)
+
+
 def loads_body(text: str) -> Any:
     """json.loads for request bodies: NaN/Infinity rejected; a nesting deep enough to exhaust
-    the parser's recursion (``[`` x 100000) is a ValueError, not a RecursionError (a 500)."""
+    the parser's recursion (``[`` x 100000) is a ValueError, not a RecursionError (a 500);
+    over-long integers become LongNumber (parsed again only then, so the common path keeps
+    the C parser's int conversion)."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        try:
+            return json.loads(text, parse_constant=_reject_constant)
+        except ValueError as exc:
+            if isinstance(exc, json.JSONDecodeError) or "integer string" not in str(exc):
+                raise
+        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
     except RecursionError:
         raise ValueError(_TOO_DEEP) from None
 
 
-def check_text(obj: Any) -> None:
-    """Raise ValueError naming the key whose key or string value is not valid Unicode.
-
-    JSON may escape a lone surrogate (``"\\ud800"``); Python decodes it, but it cannot be
+def check_values(obj: Any) -> None:
+    """Raise ValueError naming the key of a value no event may carry and event_from_obj does
+    not know about: an over-long integer (LongNumber), or a key or string with a lone
+    surrogate. JSON may escape one (``"\\ud800"``); Python decodes it, but it cannot be
     encoded as UTF-8 for Redis, and failing there would lose the whole batch.
     """
     if not isinstance(obj, dict):
         return
     for key, value in obj.items():
+        if isinstance(value, LongNumber):
+            raise ValueError(f"key {key!r}: a number of {value.digits} digits is too long "
+                             f"(at most {sys.get_int_max_str_digits()})")
         for text in (key, value):
             if isinstance(text, str):
                 try:
@@ -419,7 +445,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             try:
                 if isinstance(obj, ValueError):
                     raise obj
-                check_text(obj)
+                check_values(obj)
                 event_from_obj(obj, "-")
                 valid.append(store.dumps(obj))
             except ValueError as exc:
