@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
-from tests.helpers_service import ROOT, Service, outbox_for, redis_server, wait_for
+from tests.helpers_service import ROOT, Service, metric, outbox_for, redis_server, wait_for
 
 MAX_BODY = 100_000
 
@@ -190,3 +191,66 @@ def test_a_number_too_long_for_python_rejects_that_event_only(
     assert "'ts'" in data["errors"][1]["error"]
     wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
     assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["n-ok1", "n-ok2"]
+
+
+# ----------------------------------------------------------------------------- ts window
+
+
+def test_ts_outside_the_window_around_the_wall_clock_is_rejected(
+    svc: Service, gw: httpx.Client, r: redis.Redis, admin: httpx.Client
+) -> None:
+    kind = "tswin"
+    add_profile(admin, kind, f'kind = "{kind}"')
+    before = metric(httpx.get(svc.url + "/metrics").text, "ens_events_rejected_ts_total")
+    now = time.time()
+    batch = [
+        {"id": "t-ok", "ts": now, "kind": kind},
+        {"id": "t-10y", "ts": now + 10 * 365 * 86400, "kind": kind},
+        {"id": "t-1h", "ts": now + 3600, "kind": kind},
+        {"id": "t-40d", "ts": now - 40 * 86400, "kind": kind},
+        {"id": "t-1d", "ts": now - 86400, "kind": kind},  # old but inside the default 30 days
+        {"id": "t-huge", "ts": 1e300, "kind": kind},
+    ]
+    resp = gw.post("/v1/events", json=batch)
+    assert resp.status_code == 422, resp.text
+    data = resp.json()
+    assert data["accepted"] == 2
+    errs = {e["id"]: e["error"] for e in data["errors"]}
+    assert sorted(errs) == ["t-10y", "t-1h", "t-40d", "t-huge"]
+    assert "ahead of the server clock" in errs["t-1h"] and "--max-future" in errs["t-1h"]
+    assert "300 s" in errs["t-1h"] and "20" in errs["t-10y"]  # names the ts and the bound
+    assert "behind the server clock" in errs["t-40d"] and "--max-past" in errs["t-40d"]
+    text = httpx.get(svc.url + "/metrics").text
+    assert metric(text, "ens_events_rejected_ts_total") == before + 4
+    assert 'ens_events_rejected_ts_total{bound="future",gateway="gw-robust"}' in text
+    wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["t-1d", "t-ok"]
+
+
+def test_ts_window_flags_widen_or_disable_the_bounds(tmp_path: Path) -> None:
+    """`--max-past off` for backfills of old data (with --clock event)."""
+    with redis_server(tmp_path) as url:
+        s = Service(url, tmp_path / "serve.log", "--max-past", "off", "--max-future", "2h",
+                    "--clock", "event").start()
+        try:
+            r = redis.Redis.from_url(url, decode_responses=True)
+            key = rs.add_gateway(r, "gw-backfill")
+            r.close()
+            now = time.time()
+            with s.client(key) as c:
+                resp = c.post("/v1/events", json=[{"ts": 86400.0, "kind": "old"},
+                                                  {"ts": now + 3600, "kind": "soon"},
+                                                  {"ts": now + 3 * 3600, "kind": "later"}])
+            assert resp.status_code == 422 and resp.json()["accepted"] == 2, resp.text
+            assert [e["index"] for e in resp.json()["errors"]] == [2]
+            assert "7200 s" in resp.json()["errors"][0]["error"]
+        finally:
+            s.kill()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-future", "soon"), ("--max-past", "-1d")])
+def test_serve_rejects_bad_limits(flag: str, value: str) -> None:
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["serve", flag, value])
+    assert res.exit_code == 2 and flag in res.output and value in res.output, res.output

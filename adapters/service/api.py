@@ -12,9 +12,11 @@ import hmac
 import json
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import redis
@@ -43,11 +45,21 @@ NDJSON_TYPES = frozenset(
 
 
 @dataclass
+class IngestLimits:
+    """Limits of POST /v1/events beyond the body size (`ens serve` flags; None: no limit)."""
+
+    max_future: float | None = 300.0  # s an event's ts may be ahead of the wall clock
+    max_past: float | None = 30 * 86400.0  # s it may be behind (None for backfills)
+    body_timeout: float | None = 10.0  # s to receive a whole body (408 after)
+
+
+@dataclass
 class ApiSettings:
     redis_url: str
     admin_token_sha256: str
     max_body: int = 1 << 20
     heartbeat_stale: float = 5.0  # the worker beats every second
+    limits: IngestLimits = field(default_factory=IngestLimits)
 
 
 # ----------------------------------------------------------------------------- models
@@ -203,6 +215,34 @@ def check_values(obj: Any) -> None:
                         f"key {key!r}: lone surrogate {text[exc.start]!r} at position "
                         f"{exc.start} is not valid Unicode"
                     ) from None
+
+
+class TsOutOfWindow(ValueError):
+    """An event ts too far from the wall clock; ``bound`` is "future" or "past"."""
+
+    def __init__(self, message: str, bound: str) -> None:
+        super().__init__(message)
+        self.bound = bound
+
+
+def _iso(ts: float) -> str:
+    try:
+        return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):  # beyond the years datetime can show
+        return f"{ts:g}"
+
+
+def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
+    """Reject a ts far from the wall clock: one far-future event would move engine time for
+    good (every later event late, wall-clock timers stalled), and it survives restarts."""
+    if limits.max_future is not None and ts - now > limits.max_future:
+        raise TsOutOfWindow(
+            f"ts {_iso(ts)} is {ts - now:.0f} s ahead of the server clock "
+            f"(at most {limits.max_future:g} s: --max-future)", "future")
+    if limits.max_past is not None and now - ts > limits.max_past:
+        raise TsOutOfWindow(
+            f"ts {_iso(ts)} is {now - ts:.0f} s behind the server clock "
+            f"(at most {limits.max_past:g} s: --max-past, 'off' for backfills)", "past")
 
 
 def error_id(obj: Any) -> str | None:
@@ -441,14 +481,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
             return JSONResponse({"error": problem}, 400)
         valid: list[str] = []
         errors: list[EventErrorOut] = []
+        now = time.time()
         for index, line, obj in items:
             try:
                 if isinstance(obj, ValueError):
                     raise obj
                 check_values(obj)
-                event_from_obj(obj, "-")
+                check_ts_window(event_from_obj(obj, "-").ts, now, settings.limits)
                 valid.append(store.dumps(obj))
             except ValueError as exc:
+                if isinstance(exc, TsOutOfWindow):
+                    m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
                 errors.append(EventErrorOut(
                     index=index, line=line, id=error_id(obj), error=str(exc)
                 ))
