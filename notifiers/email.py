@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import html
 import smtplib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import formatdate
@@ -144,6 +144,18 @@ def build_digest(ns: Sequence[Notification], sender: str, to: str) -> EmailMessa
     key = "digest:" + ",".join(str(n.get("id")) for n in ns)
     sections = [f"<p>{html.escape(head)}</p>", *(html_section(n) for n in ns)]
     return _message(subject, sender, to, text + "\n", _html_doc(subject, sections), key)
+
+
+def compose(build: Callable[..., EmailMessage], *args: Any, **kwargs: Any) -> EmailMessage | Attempt:
+    """The mail ``build(*args)`` makes, or a fatal Attempt when it cannot be made.
+
+    Rendering depends only on the notification (a ``ts`` of 1e12 is a year datetime cannot
+    show), so it fails the same way on every retry: such a delivery is dead-lettered at once.
+    """
+    try:
+        return build(*args, **kwargs)
+    except (ValueError, OverflowError, OSError, TypeError) as exc:
+        return Attempt.fatal(f"cannot build the mail: {exc}")
 
 
 def _smtp_attempt(exc: Exception) -> Attempt:

@@ -32,7 +32,7 @@ import redis
 from notifiers import store
 from notifiers.attempt import Attempt
 from notifiers.config import NotifierConfig
-from notifiers.email import SmtpSender, build_digest, build_message
+from notifiers.email import SmtpSender, build_digest, build_message, compose
 from notifiers.metrics import ATTEMPT_SECONDS, DELIVERIES, LATENCY
 from notifiers.store import (
     DEADLETTER,
@@ -429,8 +429,8 @@ class DeliveryWorker:
             else:
                 result = Attempt.fatal("no signing secret for this webhook")
         else:
-            msg = build_message(n, self.config.smtp.sender, channel.email, key=dkey)
-            result = self._smtp.send(msg)
+            msg = compose(build_message, n, self.config.smtp.sender, channel.email, key=dkey)
+            result = msg if isinstance(msg, Attempt) else self._smtp.send(msg)
         elapsed = time.monotonic() - started
         ATTEMPT_SECONDS.labels(kind).observe(elapsed)
 
@@ -523,6 +523,37 @@ class DeliveryWorker:
             log.exception("digest for %s failed unexpectedly; it will be retried", address)
         return counts
 
+    def _drop_unbuildable(
+        self, address: str, states: list[tuple[str, dict[str, Any]]], counts: Counts
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Dead-letter the parked notifications whose mail cannot be rendered (a permanent
+        error: retrying the digest would fail forever); returns the others."""
+        good: list[tuple[str, dict[str, Any]]] = []
+        bad: list[tuple[str, dict[str, Any], str]] = []
+        for dkey, st in states:
+            built = compose(build_message, st["n"], self.config.smtp.sender, address, key=dkey)
+            if isinstance(built, Attempt):
+                bad.append((dkey, st, built.error))
+            else:
+                good.append((dkey, st))
+        if not bad:
+            return good
+        ttl = self.config.worker.delivered_ttl
+        with self.r.pipeline(transaction=True) as p:
+            for dkey, st, why in bad:
+                nid, ch = split_delivery_key(dkey)
+                self._dead_letter(st["n"], {"email": address}, ch, st.get("nch", 0),
+                                  st.get("entry", ""), why, 0, pipe=p)
+                p.set(dead_key(nid, ch), "1", ex=ttl)
+                p.hdel(STATE, dkey)
+            p.execute()
+        for dkey, st, why in bad:
+            log.warning("dead-lettered %s (digest of %s): %s", dkey, address, why)
+            DELIVERIES.labels("email", "dead").inc()
+            counts.dead += 1
+            self._maybe_ack(st, counts)
+        return good
+
     def _flush_digest_one(self, address: str, counts: Counts) -> None:
         buf = digest_key(address)
         members = [text(m) for m in self.r.zrange(buf, 0, self.config.worker.digest_max - 1)]
@@ -539,8 +570,12 @@ class DeliveryWorker:
         # in the order the engine emitted them (the outbox), not the order they were parked:
         # deliveries are parked by concurrent threads
         states.sort(key=lambda s: entry_order(s[1].get("entry") or "0"))
-        ns = [st["n"] for _, st in states]
         sender = self.config.smtp.sender
+        states = self._drop_unbuildable(address, states, counts)
+        if not states:
+            self._digest_done(keys=keys, args=args)
+            return
+        ns = [st["n"] for _, st in states]
         if len(ns) == 1:
             msg = build_message(ns[0], sender, address, key=states[0][0])
         else:

@@ -270,3 +270,20 @@ def test_build_digest_orders_and_counts():
     msg = build_digest(ns, "ens@example.org", "a@example.org")
     text = msg.get_body(preferencelist=("plain",)).get_content()
     assert text.index("n1") < text.index("n2") and text.startswith("2 notifications:")
+
+
+@pytest.mark.parametrize("digest", [None, 0.1])
+def test_mail_that_cannot_be_built_is_dead_lettered_at_once(r, sink, smtp_port, digest):
+    # ts = 1e12 s is the year 33658: datetime cannot render it, however often it is retried
+    subscribe(r, **({"digest": digest} if digest else {}))
+    store.enqueue(r, notification("n1", ts=1e12))
+    store.enqueue(r, notification("n2"))  # a good one, in the same digest when there is one
+    store.enqueue(r, notification("n3", ts=1e12))
+    with DeliveryWorker(r, fast_config(smtp_port, max_attempts=100)) as w:
+        counts = drive(w, lambda: settled(r))
+    assert (counts.dead, counts.retried, counts.delivered) == (2, 0, 1)
+    dls = store.list_dead_letters(r)
+    assert sorted(d.notification["id"] for d in dls) == ["n1", "n3"]
+    assert all("cannot build the mail" in d.error and "out of range" in d.error for d in dls)
+    (msg,) = sink.messages
+    assert "p4" in msg["Subject"]

@@ -318,3 +318,11 @@ def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: type
     res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", f"http://127.0.0.1:{port}",
                                    "--retries", "1"])
     assert res.exit_code == 1 and "cannot reach" in res.output and "retry 1 of 1" in res.output
+
+
+def test_serve_rejects_a_negative_reorder_delay() -> None:
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["serve", "--reorder-seconds", "-5"])
+    assert res.exit_code == 2
+    assert "--reorder-seconds" in res.output and "-5" in res.output and ">= 0" in res.output

@@ -11,9 +11,12 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import redis
@@ -42,11 +45,21 @@ NDJSON_TYPES = frozenset(
 
 
 @dataclass
+class IngestLimits:
+    """Limits of POST /v1/events beyond the body size (`ens serve` flags; None: no limit)."""
+
+    max_future: float | None = 300.0  # s an event's ts may be ahead of the wall clock
+    max_past: float | None = 30 * 86400.0  # s it may be behind (None for backfills)
+    body_timeout: float | None = 10.0  # s to receive a whole body (408 after)
+
+
+@dataclass
 class ApiSettings:
     redis_url: str
     admin_token_sha256: str
     max_body: int = 1 << 20
     heartbeat_stale: float = 5.0  # the worker beats every second
+    limits: IngestLimits = field(default_factory=IngestLimits)
 
 
 # ----------------------------------------------------------------------------- models
@@ -147,6 +160,105 @@ def _redact(sub: store.Subscriber) -> SubscriberOut:
     )
 
 
+_TOO_DEEP = "JSON nested too deeply (events are flat objects)"
+
+
+class LongNumber:
+    """A JSON integer over Python's int-str conversion limit (4300 digits): json.loads would
+    raise ValueError for the whole body; it is kept as this marker and rejects its event only."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+
+def _parse_int(text: str) -> int | LongNumber:
+    try:
+        return int(text)
+    except ValueError:
+        return LongNumber(text)
+
+
+def loads_body(text: str) -> Any:
+    """json.loads for request bodies: NaN/Infinity rejected; a nesting deep enough to exhaust
+    the parser's recursion (``[`` x 100000) is a ValueError, not a RecursionError (a 500);
+    over-long integers become LongNumber (parsed again only then, so the common path keeps
+    the C parser's int conversion)."""
+    try:
+        try:
+            return json.loads(text, parse_constant=_reject_constant)
+        except ValueError as exc:
+            if isinstance(exc, json.JSONDecodeError) or "integer string" not in str(exc):
+                raise
+        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+
+
+def check_values(obj: Any) -> None:
+    """Raise ValueError naming the key of a value no event may carry and event_from_obj does
+    not know about: an over-long integer (LongNumber), or a key or string with a lone
+    surrogate. JSON may escape one (``"\\ud800"``); Python decodes it, but it cannot be
+    encoded as UTF-8 for Redis, and failing there would lose the whole batch.
+    """
+    if not isinstance(obj, dict):
+        return
+    for key, value in obj.items():
+        if isinstance(value, LongNumber):
+            raise ValueError(f"key {key!r}: a number of {value.digits} digits is too long "
+                             f"(at most {sys.get_int_max_str_digits()})")
+        for text in (key, value):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ValueError(
+                        f"key {key!r}: lone surrogate {text[exc.start]!r} at position "
+                        f"{exc.start} is not valid Unicode"
+                    ) from None
+
+
+class TsOutOfWindow(ValueError):
+    """An event ts too far from the wall clock; ``bound`` is "future" or "past"."""
+
+    def __init__(self, message: str, bound: str) -> None:
+        super().__init__(message)
+        self.bound = bound
+
+
+def _iso(ts: float) -> str:
+    try:
+        return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):  # beyond the years datetime can show
+        return f"{ts:g}"
+
+
+def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
+    """Reject a ts far from the wall clock: one far-future event would move engine time for
+    good (every later event late, wall-clock timers stalled), and it survives restarts."""
+    if limits.max_future is not None and ts - now > limits.max_future:
+        raise TsOutOfWindow(
+            f"ts {_iso(ts)} is {ts - now:.0f} s ahead of the server clock "
+            f"(at most {limits.max_future:g} s: --max-future)", "future")
+    if limits.max_past is not None and now - ts > limits.max_past:
+        raise TsOutOfWindow(
+            f"ts {_iso(ts)} is {now - ts:.0f} s behind the server clock "
+            f"(at most {limits.max_past:g} s: --max-past, 'off' for backfills)", "past")
+
+
+def error_id(obj: Any) -> str | None:
+    """The `id` to name a rejected event by in the 422, when it has a usable one (not one
+    with a lone surrogate, which the answer could not encode)."""
+    eid = obj.get("id") if isinstance(obj, dict) else None
+    if isinstance(eid, bool) or not isinstance(eid, str | int):
+        return None
+    try:
+        text = str(eid)  # ValueError: an int over Python's 4300-digit limit
+        text.encode("utf-8")  # UnicodeEncodeError (a ValueError): a lone surrogate
+    except ValueError:
+        return None
+    return text
+
+
 def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | None, Any]], str]:
     """Split a body into (index, line, decoded object or ValueError); or an error for 400."""
     try:
@@ -159,7 +271,7 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
             if not line.strip():
                 continue
             try:
-                obj: Any = json.loads(line, parse_constant=_reject_constant)
+                obj: Any = loads_body(line)
             except json.JSONDecodeError as exc:
                 obj = ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}")
             except ValueError as exc:
@@ -171,7 +283,7 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
     if not text.strip():
         return [], "empty body: send a JSON object, a JSON array or JSON lines"
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = loads_body(text)
     except json.JSONDecodeError as exc:
         hint = " (JSON lines need Content-Type: application/x-ndjson)" if "Extra data" in exc.msg else ""
         return [], f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{hint}"
@@ -255,6 +367,32 @@ def require_admin(
         raise HTTPException(403, "invalid admin token")
 
 
+REDIS_CONNECTIONS = 100  # of the async pool; Redis itself allows 10,000 clients
+REDIS_POOL_WAIT = 5.0  # s a request waits for a free connection before its 503
+
+
+def async_redis(url: str) -> redis.asyncio.Redis:
+    """The HTTP side's Redis client. Its pool blocks when all connections are in use: a burst
+    of requests queues for a connection (a 503 only after REDIS_POOL_WAIT) instead of failing
+    with MaxConnectionsError as the default pool does beyond 100 concurrent requests."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, decode_responses=True, max_connections=REDIS_CONNECTIONS, timeout=REDIS_POOL_WAIT
+    )
+    return redis.asyncio.Redis.from_pool(pool)
+
+
+STORE_RETRY_AFTER = "1"  # seconds: Redis restarts and connection bursts pass quickly
+
+
+def store_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
+    """The 503 for any Redis failure; nothing of the request was stored."""
+    log.warning("%s %s: redis unavailable: %s", request.method, request.url.path, exc)
+    if request.url.path == "/v1/events":
+        m.REQUESTS.labels(status="503").inc()
+    return JSONResponse({"error": "store unavailable (redis); retry later"}, 503,
+                        headers={"Retry-After": STORE_RETRY_AFTER})
+
+
 def sync_redis(request: Request) -> redis.Redis:
     return request.app.state.r
 
@@ -272,7 +410,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.aredis = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True)
+        app.state.aredis = async_redis(settings.redis_url)
         app.state.r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
         try:
             yield
@@ -295,6 +433,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(redis.RedisError)
+    async def _redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
+        """Redis down or its connection pool exhausted, wherever it is met (authentication,
+        ingest, management): 503 with Retry-After, never a 500, so clients retry."""
+        return store_unavailable(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _body_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -337,16 +481,19 @@ def create_app(settings: ApiSettings) -> FastAPI:
             return JSONResponse({"error": problem}, 400)
         valid: list[str] = []
         errors: list[EventErrorOut] = []
+        now = time.time()
         for index, line, obj in items:
             try:
                 if isinstance(obj, ValueError):
                     raise obj
-                event_from_obj(obj, "-")
+                check_values(obj)
+                check_ts_window(event_from_obj(obj, "-").ts, now, settings.limits)
                 valid.append(store.dumps(obj))
             except ValueError as exc:
-                eid = obj.get("id") if isinstance(obj, dict) else None
+                if isinstance(exc, TsOutOfWindow):
+                    m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
                 errors.append(EventErrorOut(
-                    index=index, line=line, id=str(eid) if isinstance(eid, str | int) else None, error=str(exc)
+                    index=index, line=line, id=error_id(obj), error=str(exc)
                 ))
         if valid:
             try:

@@ -80,6 +80,26 @@ class Store:
 # ----------------------------------------------------------------------------- serve
 
 
+def _duration_option(flag: str, value: str) -> float | None:
+    """A duration flag (30s, 5m, 30d, or seconds) as seconds; 'off' is None (no limit)."""
+    from profiles.parser import parse_duration
+
+    text = value.strip().lower()
+    if text in ("off", "none"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text)
+        except ValueError:
+            raise _fail(f"{flag} {value!r}: expected a duration such as 30s, 5m, 30d, "
+                        "or 'off'") from None
+    if seconds <= 0:
+        raise _fail(f"{flag} {value!r}: must be above 0 (or 'off')")
+    return seconds
+
+
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port.")] = 8080,
@@ -118,17 +138,32 @@ def serve(
         typer.Option(help="An `ens spark index` snapshot: its profiles are imported (ids not stored "
                           "yet) and activated without parsing."),
     ] = None,
+    max_future: Annotated[
+        str, typer.Option(help="Reject events whose ts is further ahead of the wall clock "
+                               "(e.g. 30s, 5m; 'off': no bound).")
+    ] = "5m",
+    max_past: Annotated[
+        str, typer.Option(help="Reject events whose ts is further behind the wall clock "
+                               "(e.g. 30d; 'off' for backfills of old data).")
+    ] = "30d",
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
+    from adapters.service.api import IngestLimits
     from adapters.service.server import ServeConfig, run
     from adapters.service.worker import WorkerConfig
 
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
+    if reorder_seconds < 0:  # engine time would run ahead of the wall clock
+        raise _fail(f"--reorder-seconds must be >= 0, not {reorder_seconds:g}")
     try:
         check_tz(tz)
     except ENSError as e:
         raise _fail(str(e)) from None
+    limits = IngestLimits(
+        max_future=_duration_option("--max-future", max_future),
+        max_past=_duration_option("--max-past", max_past),
+    )
     wcfg = WorkerConfig(
         reorder_seconds=reorder_seconds, reorder_max_events=reorder_max_events, clock=clock,
         tz=tz, snapshot_interval=snapshot_interval, status_interval=status_interval,
@@ -145,7 +180,7 @@ def serve(
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
         host=host, port=port, redis_url=redis_url, data_dir=data_dir, max_body=max_body,
-        deliver=deliver, log_level=log_level, worker=wcfg,
+        deliver=deliver, log_level=log_level, worker=wcfg, limits=limits,
     )
     raise typer.Exit(run(cfg))
 

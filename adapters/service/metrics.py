@@ -23,6 +23,12 @@ EVENTS_INVALID = Counter(
     ["gateway"],
     registry=REGISTRY,
 )
+EVENTS_REJECTED_TS = Counter(
+    "ens_events_rejected_ts",
+    "Events rejected (422, also counted as invalid) for a ts outside --max-future/--max-past.",
+    ["gateway", "bound"],
+    registry=REGISTRY,
+)
 REQUESTS = Counter(
     "ens_ingest_requests",
     "POST /v1/events requests by HTTP status.",

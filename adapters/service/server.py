@@ -23,7 +23,7 @@ import redis
 import uvicorn
 
 from adapters.service import redis_store as rs
-from adapters.service.api import ApiSettings, create_app
+from adapters.service.api import ApiSettings, IngestLimits, create_app
 from adapters.service.worker import EngineWorker, WorkerConfig
 
 log = logging.getLogger("ens.service")
@@ -39,6 +39,7 @@ class ServeConfig:
     deliver: bool = True
     log_level: str = "INFO"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    limits: IngestLimits = field(default_factory=IngestLimits)
 
 
 class _Part(threading.Thread):
@@ -133,7 +134,7 @@ def _serve(
     where = conn.url if conn.embedded is None else f"embedded redis {conn.url}"
     log.info("ENS service on http://%s:%d, %s", cfg.host, cfg.port, where)
 
-    app = create_app(ApiSettings(conn.url, token_hash, cfg.max_body))
+    app = create_app(ApiSettings(conn.url, token_hash, cfg.max_body, limits=cfg.limits))
     server = uvicorn.Server(
         uvicorn.Config(
             app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,

@@ -1,0 +1,256 @@
+"""The service under hostile or faulty conditions: Redis down, request floods, malformed or
+slow bodies, absurd timestamps. Real service subprocess, real redis-server, real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from adapters.service import redis_store as rs
+from tests.helpers_service import ROOT, Service, metric, outbox_for, redis_server, wait_for
+
+MAX_BODY = 100_000
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    d = tmp_path_factory.mktemp("svc-robust")
+    with redis_server(d) as url:
+        s = Service(url, d / "serve.log", "--reorder-seconds", "0.2",
+                    "--max-body", str(MAX_BODY)).start()
+        try:
+            yield s
+        finally:
+            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def r(svc: Service) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def key(r: redis.Redis) -> str:
+    return rs.add_gateway(r, "gw-robust")
+
+
+@pytest.fixture(scope="module")
+def admin(svc: Service) -> Iterator[httpx.Client]:
+    with svc.client(admin=True) as c:
+        yield c
+
+
+def add_profile(admin: httpx.Client, pid: str, expr: str) -> None:
+    resp = admin.post("/v1/profiles", json={"id": pid, "expr": expr})
+    assert resp.status_code == 201, resp.text
+
+
+@pytest.fixture(scope="module")
+def gw(svc: Service, key: str) -> Iterator[httpx.Client]:
+    with svc.client(key) as c:
+        yield c
+
+
+# ----------------------------------------------------------------------------- Redis down
+
+
+def test_redis_down_is_503_for_gateways_and_admins_and_ens_post_retries(
+    tmp_path: Path,
+) -> None:
+    redis_cm = redis_server(tmp_path)
+    url = redis_cm.__enter__()
+    s = Service(url, tmp_path / "serve.log")
+    try:
+        s.start()
+        r = redis.Redis.from_url(url, decode_responses=True)
+        key = rs.add_gateway(r, "gw-down")
+        r.close()
+        ev = {"ts": time.time(), "kind": "x"}
+        assert httpx.post(s.url + "/v1/events", json=ev,
+                          headers={"X-API-Key": key}).status_code == 202
+    finally:
+        redis_cm.__exit__(None, None, None)  # Redis stops; the service keeps running
+    try:
+        resp = httpx.post(s.url + "/v1/events", json=ev, headers={"X-API-Key": key}, timeout=10)
+        assert resp.status_code == 503, resp.text
+        assert "unavailable" in resp.json()["error"] and resp.headers["Retry-After"]
+        admin = {"Authorization": "Bearer test-admin-token"}
+        for path in ("/v1/profiles", "/v1/subscribers", "/v1/profiles/p1"):
+            got = httpx.get(s.url + path, headers=admin, timeout=10)
+            assert got.status_code == 503, (path, got.text)
+            assert "unavailable" in got.json()["error"]
+        events = tmp_path / "ev.jsonl"
+        events.write_text(json.dumps(ev) + "\n")
+        res = subprocess.run(
+            [sys.executable, "-m", "ens", "post", str(events), "--url", s.url,
+             "--api-key", key, "--retries", "1"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        assert "HTTP 503; retry 1 of 1" in res.stderr, res.stderr
+        assert res.returncode == 1 and "HTTP 503" in res.stderr
+    finally:
+        s.kill()
+
+
+# ----------------------------------------------------------------------------- floods
+
+
+def test_hundreds_of_concurrent_requests_are_all_served(svc: Service, key: str,
+                                                        r: redis.Redis) -> None:
+    """More requests at once than Redis connections: they wait for one, none gets a 500."""
+    n = 400
+    before = r.xlen(rs.INGEST)
+
+    async def flood() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=svc.url, limits=limits, timeout=60,
+                                     headers={"X-API-Key": key}) as c:
+            now = time.time()
+            return await asyncio.gather(*(
+                c.post("/v1/events", json=[{"id": f"f{i}-{j}", "ts": now, "kind": "flood"}
+                                           for j in range(5)])
+                for i in range(n)))
+
+    answers = asyncio.run(flood())
+    statuses = sorted({a.status_code for a in answers})
+    assert statuses == [202], [a.text for a in answers if a.status_code != 202][:3]
+    assert r.xlen(rs.INGEST) - before >= n  # one entry per event, or per batch
+
+
+# ----------------------------------------------------------------------------- malformed bodies
+
+
+@pytest.mark.parametrize("ctype", ["application/json", "application/x-ndjson"])
+def test_deeply_nested_json_is_400_not_500(gw: httpx.Client, ctype: str) -> None:
+    resp = gw.post("/v1/events", content=b"[" * 100_000, headers={"Content-Type": ctype})
+    if ctype == "application/json":
+        assert resp.status_code == 400, resp.text
+        assert "nested too deeply" in resp.json()["error"]
+    else:  # JSON lines: that line is rejected, like any broken line
+        assert resp.status_code == 422, resp.text
+        (err,) = resp.json()["errors"]
+        assert err["line"] == 1 and "nested too deeply" in err["error"]
+
+
+@pytest.mark.parametrize("ctype", ["application/json", "application/x-ndjson"])
+def test_lone_surrogate_rejects_that_event_only(gw: httpx.Client, r: redis.Redis,
+                                                admin: httpx.Client, ctype: str) -> None:
+    kind = "sur-" + ctype.rsplit("/", 1)[1]
+    add_profile(admin, kind, f'kind = "{kind}"')
+    now = time.time()
+    good = [json.dumps({"id": f"ok{i}", "ts": now + i / 1000, "kind": kind}) for i in (1, 2)]
+    # JSON may escape a lone surrogate: "\ud800" (json.dumps would not write one)
+    bad = json.dumps({"id": "s-bad", "ts": now, "kind": kind, "note": "xSURy"})
+    bad = bad.replace("SUR", "\\ud800")
+    bad_id = json.dumps({"id": "SUR", "ts": now, "kind": kind}).replace("SUR", "\\udfff")
+    items = [good[0], bad, good[1], bad_id]
+    body = ("[" + ",".join(items) + "]") if ctype == "application/json" else "\n".join(items)
+    resp = gw.post("/v1/events", content=body.encode(), headers={"Content-Type": ctype})
+    assert resp.status_code == 422, resp.text
+    data = resp.json()
+    assert data["accepted"] == 2 and data["rejected"] == 2
+    err, err_id = data["errors"]
+    assert err["index"] == 1 and err["id"] == "s-bad"
+    assert "'note'" in err["error"] and "surrogate" in err["error"]
+    assert err_id["index"] == 3 and "id" not in err_id and "'id'" in err_id["error"]
+    wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["ok1", "ok2"]
+
+
+def test_a_number_too_long_for_python_rejects_that_event_only(
+    gw: httpx.Client, r: redis.Redis, admin: httpx.Client
+) -> None:
+    kind = "longnum"
+    add_profile(admin, kind, f'kind = "{kind}"')
+    now = time.time()
+    items = [json.dumps({"id": "n-ok1", "ts": now, "kind": kind}),
+             json.dumps({"id": "n-bad", "ts": now, "kind": kind, "v": 0}).replace(
+                 '"v": 0', '"v": ' + "9" * 5000),
+             json.dumps({"id": "n-ok2", "ts": now + 0.001, "kind": kind}),
+             json.dumps({"id": "n-bad2", "ts": 0, "kind": kind}).replace(
+                 '"ts": 0', '"ts": ' + "1" * 5000)]
+    resp = gw.post("/v1/events", content=("[" + ",".join(items) + "]").encode(),
+                   headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422, resp.text
+    data = resp.json()
+    assert data["accepted"] == 2 and data["rejected"] == 2
+    assert [(e["index"], e["id"]) for e in data["errors"]] == [(1, "n-bad"), (3, "n-bad2")]
+    assert "'v'" in data["errors"][0]["error"] and "5000 digits" in data["errors"][0]["error"]
+    assert "'ts'" in data["errors"][1]["error"]
+    wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["n-ok1", "n-ok2"]
+
+
+# ----------------------------------------------------------------------------- ts window
+
+
+def test_ts_outside_the_window_around_the_wall_clock_is_rejected(
+    svc: Service, gw: httpx.Client, r: redis.Redis, admin: httpx.Client
+) -> None:
+    kind = "tswin"
+    add_profile(admin, kind, f'kind = "{kind}"')
+    before = metric(httpx.get(svc.url + "/metrics").text, "ens_events_rejected_ts_total")
+    now = time.time()
+    batch = [
+        {"id": "t-ok", "ts": now, "kind": kind},
+        {"id": "t-10y", "ts": now + 10 * 365 * 86400, "kind": kind},
+        {"id": "t-1h", "ts": now + 3600, "kind": kind},
+        {"id": "t-40d", "ts": now - 40 * 86400, "kind": kind},
+        {"id": "t-1d", "ts": now - 86400, "kind": kind},  # old but inside the default 30 days
+        {"id": "t-huge", "ts": 1e300, "kind": kind},
+    ]
+    resp = gw.post("/v1/events", json=batch)
+    assert resp.status_code == 422, resp.text
+    data = resp.json()
+    assert data["accepted"] == 2
+    errs = {e["id"]: e["error"] for e in data["errors"]}
+    assert sorted(errs) == ["t-10y", "t-1h", "t-40d", "t-huge"]
+    assert "ahead of the server clock" in errs["t-1h"] and "--max-future" in errs["t-1h"]
+    assert "300 s" in errs["t-1h"] and "20" in errs["t-10y"]  # names the ts and the bound
+    assert "behind the server clock" in errs["t-40d"] and "--max-past" in errs["t-40d"]
+    text = httpx.get(svc.url + "/metrics").text
+    assert metric(text, "ens_events_rejected_ts_total") == before + 4
+    assert 'ens_events_rejected_ts_total{bound="future",gateway="gw-robust"}' in text
+    wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["t-1d", "t-ok"]
+
+
+def test_ts_window_flags_widen_or_disable_the_bounds(tmp_path: Path) -> None:
+    """`--max-past off` for backfills of old data (with --clock event)."""
+    with redis_server(tmp_path) as url:
+        s = Service(url, tmp_path / "serve.log", "--max-past", "off", "--max-future", "2h",
+                    "--clock", "event").start()
+        try:
+            r = redis.Redis.from_url(url, decode_responses=True)
+            key = rs.add_gateway(r, "gw-backfill")
+            r.close()
+            now = time.time()
+            with s.client(key) as c:
+                resp = c.post("/v1/events", json=[{"ts": 86400.0, "kind": "old"},
+                                                  {"ts": now + 3600, "kind": "soon"},
+                                                  {"ts": now + 3 * 3600, "kind": "later"}])
+            assert resp.status_code == 422 and resp.json()["accepted"] == 2, resp.text
+            assert [e["index"] for e in resp.json()["errors"]] == [2]
+            assert "7200 s" in resp.json()["errors"][0]["error"]
+        finally:
+            s.kill()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-future", "soon"), ("--max-past", "-1d")])
+def test_serve_rejects_bad_limits(flag: str, value: str) -> None:
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["serve", flag, value])
+    assert res.exit_code == 2 and flag in res.output and value in res.output, res.output
