@@ -13,6 +13,10 @@ from profiles.errors import EventError
 
 Scalar = str | int | float | bool
 
+# Epoch seconds above this are year 5138+: a number this large is almost surely epoch
+# milliseconds (1.7e12 today), which would otherwise land events in the year ~56000.
+MAX_EPOCH_SECONDS = 1e11
+
 
 @dataclass(slots=True)
 class Event:
@@ -34,6 +38,10 @@ def parse_ts(value: Any) -> float:
         ts = float(value)
         if not math.isfinite(ts):
             raise ValueError("ts must be a finite number")
+        if abs(ts) > MAX_EPOCH_SECONDS:
+            raise ValueError(
+                f"ts {value!r} looks like epoch milliseconds; send seconds (e.g. {ts / 1000:.3f})"
+            )
         return ts
     if isinstance(value, str):
         text = value.strip()
