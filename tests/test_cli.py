@@ -231,8 +231,28 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
     assert "file line 8: subscriber 'ops': channels.2: a channel is" in r.stderr
     # what storing rejects too: a space in an address, a key no channel has (at its own line)
     assert "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address" in r.stderr
-    assert "file line 11: subscriber 'ops': channels.4.colour: unknown key" in r.stderr
+    assert f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret)" \
+        in r.stderr
     assert "5 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
+
+
+def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Path) -> None:
+    f = tmp_path / "typo.yaml"
+    f.write_text(
+        "profiles:\n  - id: p1\n    expr: 'kind = \"a\"'\n    subscriber: ops\n"
+        "  - {id: p2, exp: 'kind = \"b\"'}\n"
+        "subscribers:\n  - id: ops\n    chanels:\n      - email: a@b.c\n"
+        "profile: x\n"
+    )
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 2
+    assert (f"error: {f}:8:5: subscriber 'ops': chanels: unknown key (allowed: id, channels, "
+            "digest, secret)") in r.stderr  # it stored a subscriber without channels
+    assert (f"error: {f}:5:14: profile 'p2': unknown key 'exp' (allowed: id, expr, subscriber, "
+            "description)") in r.stderr
+    assert f"error: {f}:10:1: unknown top-level key 'profile'" in r.stderr
+    for example in sorted(EXAMPLES.parent.glob("*/*.yaml")):  # the shipped files still pass
+        assert runner.invoke(app, ["check", str(example)]).exit_code == 0, example
 
 
 def test_check_warns_about_a_file_without_profiles(tmp_path: Path) -> None:
