@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from ens.cli import app
@@ -275,3 +276,28 @@ def test_bench_arguments_are_checked_before_measuring(tmp_path: Path) -> None:
         flat = re.sub(r"[\s│╭╮╰╯─]", "", r.output)  # rich draws the message in a wrapped box
         assert needle.replace(" ", "") in flat, (args, r.output)
         assert "Traceback" not in r.output
+
+
+def test_spark_checks_the_data_set_name_before_starting_the_jvm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.sql import SparkSession
+
+    import adapters.spark.session as session
+
+    def no_jvm(*_a: object, **_k: object) -> None:
+        raise AssertionError("Spark was started before the arguments were checked")
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(session, "get_spark", no_jvm)
+    feed = tmp_path / "feed"
+    feed.mkdir()
+    for cmd in (["replay", str(feed), "--out", str(tmp_path / "o.jsonl")],
+                ["stats", str(feed), "--out", str(tmp_path / "s.json")]):
+        r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
+                                "--dataset", "ketti"])
+        assert r.exit_code == 2, r.output
+        assert "error: unknown data set 'ketti' (known: keti" in r.stderr
+        r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
+                                "--rooms", "101"])
+        assert r.exit_code == 2 and "--rooms applies to --dataset only" in r.stderr, r.output
