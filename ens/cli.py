@@ -59,7 +59,7 @@ def read_event_file(path: str) -> list:  # list[Event]
 
     try:
         with _open_text(path) as fh:
-            return read_events(fh)
+            return read_events(fh, source="<stdin>" if path == "-" else path)
     except UnicodeDecodeError:
         raise ENSError(f"{path}: not UTF-8 text (events are JSON lines in UTF-8)") from None
     except (OSError, EOFError) as e:  # a corrupt or truncated .gz

@@ -13,6 +13,10 @@ from profiles.errors import EventError
 
 Scalar = str | int | float | bool
 
+# Epoch seconds above this are year 5138+: a number this large is almost surely epoch
+# milliseconds (1.7e12 today), which would otherwise land events in the year ~56000.
+MAX_EPOCH_SECONDS = 1e11
+
 
 @dataclass(slots=True)
 class Event:
@@ -34,6 +38,10 @@ def parse_ts(value: Any) -> float:
         ts = float(value)
         if not math.isfinite(ts):
             raise ValueError("ts must be a finite number")
+        if abs(ts) > MAX_EPOCH_SECONDS:
+            raise ValueError(
+                f"ts {value!r} looks like epoch milliseconds; send seconds (e.g. {ts / 1000:.3f})"
+            )
         return ts
     if isinstance(value, str):
         text = value.strip()
@@ -78,34 +86,41 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_event_line(line: str, lineno: int) -> Event:
+def parse_event_line(line: str, lineno: int, source: str | None = None) -> Event:
+    """One JSON line as an Event; errors are located as `SOURCE:LINE[:COL]` (or `line N`)."""
+    where = f"{source}:{lineno}" if source else f"line {lineno}"
     try:
         obj = json.loads(line, parse_constant=_reject_constant)
         return event_from_obj(obj, f"#{lineno}")
     except json.JSONDecodeError as e:
-        raise EventError(f"invalid JSON: {e.msg} at column {e.colno}", f"line {lineno}") from None
+        # the column is 1-based in characters of the line, as editors count it
+        at = f"{where}:{e.colno}" if source else f"{where}, column {e.colno}"
+        raise EventError(f"invalid JSON: {e.msg}", at) from None
     except ValueError as e:
-        raise EventError(str(e), f"line {lineno}") from None
+        raise EventError(str(e), where) from None
 
 
-def iter_event_lines(lines: Iterable[str]) -> Iterator[Event | EventError]:
+def iter_event_lines(lines: Iterable[str], source: str | None = None) -> Iterator[Event | EventError]:
     """Events of a JSON-lines stream (blank lines skipped); bad lines come back as EventError."""
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            yield parse_event_line(line, lineno)
+            yield parse_event_line(line, lineno, source)
         except EventError as e:
             yield e
 
 
-def read_events(lines: Iterable[str], max_errors: int = 20) -> list[Event]:
-    """All events of a stream, or EventErrors for (up to `max_errors`) bad lines."""
+def read_events(lines: Iterable[str], max_errors: int = 20, source: str | None = None) -> list[Event]:
+    """All events of a stream, or EventErrors for (up to `max_errors`) bad lines.
+
+    `source` (a file name) makes the errors read `FILE:LINE:COL: message`.
+    """
     from profiles.errors import ManyErrors
 
     events: list[Event] = []
     errors: list[EventError] = []
-    for item in iter_event_lines(lines):
+    for item in iter_event_lines(lines, source):
         if isinstance(item, EventError):
             errors.append(item)
             if len(errors) >= max_errors:

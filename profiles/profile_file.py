@@ -16,7 +16,7 @@ import yaml
 from profiles.ast import Profile
 from profiles.errors import ENSError, ManyErrors, ProfileError
 from profiles.parser import parse_profile
-from profiles.subscribers import Loc, describe, subscriber_problems
+from profiles.subscribers import UNKNOWN_KEY, Loc, describe, subscriber_problems
 
 
 @dataclass
@@ -31,6 +31,25 @@ def _node_get(node: yaml.Node, key: str) -> yaml.Node | None:
             if isinstance(k, yaml.ScalarNode) and k.value == key:
                 return v
     return None
+
+
+def _key_node(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    """The key node (not the value) of ``key`` in a mapping node: where a bad key is written."""
+    if isinstance(node, yaml.MappingNode):
+        for k, _ in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return k
+    return None
+
+
+def _at(name: str, node: yaml.Node | None) -> str:
+    """``FILE:LINE:COL`` of a node (1-based), or just the file when the node is unknown."""
+    if node is None:
+        return name
+    return f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+PROFILE_KEYS: tuple[str, ...] = ("id", "expr", "subscriber", "description")
 
 
 def _expr_line(node: yaml.Node | None) -> int | None:
@@ -54,15 +73,17 @@ def _node_at(node: yaml.Node | None, loc: Loc) -> yaml.Node | None:
     return node
 
 
-def subscriber_messages(sub: Any, n: int) -> list[tuple[str, Loc]]:
+def subscriber_messages(sub: Any, n: int) -> list[tuple[str, Loc, bool]]:
     """Every problem of subscriber #n (1-based), worded for `ens check`, with its location.
 
     The rules are profiles.subscribers, the ones a stored subscriber obeys too; only the
-    subscriber's name is put in front (``subscriber 'ops': channels.0.email: ...``).
+    subscriber's name is put in front (``subscriber 'ops': channels.0.email: ...``). The flag
+    says the problem is a key that has no place there (located at the key, not its value).
     """
     sid = sub.get("id") if isinstance(sub, Mapping) else None
     who = f"subscriber {sid!r}" if isinstance(sid, str) and sid else f"subscriber #{n}"
-    return [(f"{who}: {describe(loc, msg)}", loc) for loc, msg in subscriber_problems(sub)]
+    return [(f"{who}: {describe(loc, msg)}", loc, msg.startswith(UNKNOWN_KEY))
+            for loc, msg in subscriber_problems(sub)]
 
 
 def validate_subscriber(sub: Any, where: str, n: int = 1) -> dict[str, Any]:
@@ -91,9 +112,11 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
         root = yaml.MappingNode("tag:yaml.org,2002:map", [(yaml.ScalarNode("", "profiles"), root)])
     if not isinstance(data, dict):
         return out, [ProfileError(f"{name}: expected a mapping with 'profiles' (and optional 'subscribers')")]
-    unknown = set(data) - {"profiles", "subscribers"}
-    if unknown:
-        errors.append(ProfileError(f"{name}: unknown top-level keys {sorted(unknown)}"))
+    for key in data:
+        if key not in ("profiles", "subscribers"):
+            errors.append(ProfileError(
+                f"{_at(name, _key_node(root, str(key)))}: unknown top-level key {str(key)!r} "
+                "(allowed: profiles, subscribers)"))
     plist = data.get("profiles") or []
     pnodes = _node_get(root, "profiles")
     pnode_items = pnodes.value if isinstance(pnodes, yaml.SequenceNode) else []
@@ -116,6 +139,13 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
             errors.append(ProfileError("duplicate profile id", pid, file_line=file_line))
             continue
         seen.add(pid)
+        extra = [k for k in item if k not in PROFILE_KEYS]
+        for key in extra:  # each at its own place: `exp:` for `expr:` is a typo to point at
+            errors.append(ProfileError(
+                f"{_at(name, _key_node(node, str(key)))}: profile {pid!r}: unknown key {str(key)!r} "
+                f"(allowed: {', '.join(PROFILE_KEYS)})"))
+        if extra:
+            continue
         expr = item.get("expr")
         if expr is not None and not isinstance(expr, str):
             errors.append(ProfileError(f"expr must be a string, got {type(expr).__name__} {expr!r}",
@@ -123,10 +153,6 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
             continue
         if not isinstance(expr, str) or not expr.strip():
             errors.append(ProfileError("missing expr", pid, file_line=file_line))
-            continue
-        extra = set(item) - {"id", "expr", "subscriber", "description"}
-        if extra:
-            errors.append(ProfileError(f"unknown keys {sorted(extra)}", pid, file_line=file_line))
             continue
         sub = item.get("subscriber")
         try:
@@ -148,7 +174,11 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
             sub_ids.add(sub["id"])
             continue
         node = snode_items[i] if i < len(snode_items) else None
-        for msg, loc in problems:  # every problem, at the line of what it concerns when known
+        for msg, loc, bad_key in problems:  # every problem, at the line of what it concerns
+            if bad_key:  # FILE:LINE:COL of the key itself
+                key_node = _key_node(_node_at(node, loc[:-1]), str(loc[-1]))
+                errors.append(ProfileError(f"{_at(name, key_node)}: {msg}"))
+                continue
             at = _node_at(node, loc)
             errors.append(ProfileError(msg, file_line=at.start_mark.line + 1 if at is not None else None))
     if subs:

@@ -29,6 +29,12 @@ CHANNEL_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The keys of a subscriber record; any other key is a mistake (``chanels:``) that would
+# otherwise store a subscriber with no channels.
+UNKNOWN_KEY = "unknown key"  # how every such problem starts: the file reports it at the key
+SUBSCRIBER_KEYS: tuple[str, ...] = ("id", "channels", "digest", "secret")
+
+
 def channel_kind(channel: Any) -> str | None:
     """The kind a channel is meant to be (its first kind key), so problems speak of that one."""
     if isinstance(channel, Mapping):
@@ -91,7 +97,7 @@ def channel_problems(channel: Any) -> list[Problem]:
     out: list[Problem] = []
     for key, value in channel.items():
         if key not in CHANNEL_KEYS[kind]:
-            out.append(((str(key),), "unknown key"))
+            out.append(((str(key),), f"{UNKNOWN_KEY} (allowed: {', '.join(CHANNEL_KEYS[kind])})"))
         elif (message := _FIELDS[key](value)) is not None:
             out.append(((key,), message))
     return out
@@ -100,8 +106,7 @@ def channel_problems(channel: Any) -> list[Problem]:
 def subscriber_problems(sub: Any) -> list[Problem]:
     """Every problem of one subscriber record; ``[]`` means it is valid.
 
-    Keys other than id, channels, digest and secret are allowed and kept (the service may
-    add some).
+    A key other than id, channels, digest and secret is a problem located at that key.
     """
     if not isinstance(sub, Mapping):
         return [((), f"a subscriber is a mapping with id and channels, got {sub!r}")]
@@ -111,6 +116,9 @@ def subscriber_problems(sub: Any) -> list[Problem]:
         out.append((("id",), "a subscriber needs a non-empty string id"))
     elif not isinstance(sid, str) or not sid:
         out.append((("id",), f"a subscriber needs a non-empty string id (got {sid!r})"))
+    for key in sub:
+        if key not in SUBSCRIBER_KEYS:
+            out.append(((str(key),), f"{UNKNOWN_KEY} (allowed: {', '.join(SUBSCRIBER_KEYS)})"))
     for key in ("digest", "secret"):
         if (message := _FIELDS[key](sub.get(key))) is not None:
             out.append(((key,), message))

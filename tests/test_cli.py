@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from ens.cli import app
@@ -52,9 +53,21 @@ def test_bad_event_lines_are_named_and_nothing_is_written(tmp_path: Path) -> Non
     out = tmp_path / "out.jsonl"
     r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(ev), "--out", str(out)])
     assert r.exit_code == 2
-    for needle in ("line 2", "RFC 3339", "line 3", "invalid JSON", "line 4", "missing required key 'ts'"):
+    for needle in (f"{ev}:2: ts 'yesterday' is not an RFC 3339", f"{ev}:3:1: invalid JSON",
+                   f"{ev}:4: missing required key 'ts'"):
         assert needle in r.stderr
     assert not out.exists()
+
+
+def test_a_broken_json_line_is_located_as_file_line_column(tmp_path: Path) -> None:
+    ev = tmp_path / "e.jsonl"
+    ev.write_text('{"ts": 1, "k": "A"}\n\t{"ts": 2, "k": }\n{"ts": 3, "é": "ü",, }\n')
+    for cmd in (["replay", str(EXAMPLES / "profiles.yaml"), str(ev)],
+                ["explain", str(EXAMPLES / "profiles.yaml"), str(ev), "-p", "x"]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 2
+        assert f"error: {ev}:2:17: invalid JSON: Expecting value\n" in r.stderr  # the tab is column 1
+        assert f"error: {ev}:3:20: invalid JSON: Expecting property name" in r.stderr
 
 
 def test_missing_file_and_bad_until(tmp_path: Path) -> None:
@@ -219,8 +232,28 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
     assert "file line 8: subscriber 'ops': channels.2: a channel is" in r.stderr
     # what storing rejects too: a space in an address, a key no channel has (at its own line)
     assert "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address" in r.stderr
-    assert "file line 11: subscriber 'ops': channels.4.colour: unknown key" in r.stderr
+    assert f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret)" \
+        in r.stderr
     assert "5 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
+
+
+def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Path) -> None:
+    f = tmp_path / "typo.yaml"
+    f.write_text(
+        "profiles:\n  - id: p1\n    expr: 'kind = \"a\"'\n    subscriber: ops\n"
+        "  - {id: p2, exp: 'kind = \"b\"'}\n"
+        "subscribers:\n  - id: ops\n    chanels:\n      - email: a@b.c\n"
+        "profile: x\n"
+    )
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 2
+    assert (f"error: {f}:8:5: subscriber 'ops': chanels: unknown key (allowed: id, channels, "
+            "digest, secret)") in r.stderr  # it stored a subscriber without channels
+    assert (f"error: {f}:5:14: profile 'p2': unknown key 'exp' (allowed: id, expr, subscriber, "
+            "description)") in r.stderr
+    assert f"error: {f}:10:1: unknown top-level key 'profile'" in r.stderr
+    for example in sorted(EXAMPLES.parent.glob("*/*.yaml")):  # the shipped files still pass
+        assert runner.invoke(app, ["check", str(example)]).exit_code == 0, example
 
 
 def test_check_warns_about_a_file_without_profiles(tmp_path: Path) -> None:
@@ -243,3 +276,28 @@ def test_bench_arguments_are_checked_before_measuring(tmp_path: Path) -> None:
         flat = re.sub(r"[\s│╭╮╰╯─]", "", r.output)  # rich draws the message in a wrapped box
         assert needle.replace(" ", "") in flat, (args, r.output)
         assert "Traceback" not in r.output
+
+
+def test_spark_checks_the_data_set_name_before_starting_the_jvm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.sql import SparkSession
+
+    import adapters.spark.session as session
+
+    def no_jvm(*_a: object, **_k: object) -> None:
+        raise AssertionError("Spark was started before the arguments were checked")
+
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+    monkeypatch.setattr(session, "get_spark", no_jvm)
+    feed = tmp_path / "feed"
+    feed.mkdir()
+    for cmd in (["replay", str(feed), "--out", str(tmp_path / "o.jsonl")],
+                ["stats", str(feed), "--out", str(tmp_path / "s.json")]):
+        r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
+                                "--dataset", "ketti"])
+        assert r.exit_code == 2, r.output
+        assert "error: unknown data set 'ketti' (known: keti" in r.stderr
+        r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
+                                "--rooms", "101"])
+        assert r.exit_code == 2 and "--rooms applies to --dataset only" in r.stderr, r.output

@@ -55,3 +55,11 @@ def test_read_events_reports_every_bad_line() -> None:
         read_events(['{"ts": 1}\n', '{"ts": 2, "loc": {"x": 1}}\n', "oops\n"])
     text = [str(x) for x in e.value.errors]
     assert len(text) == 2 and "line 2" in text[0] and "'loc'" in text[0] and "line 3" in text[1]
+
+
+@pytest.mark.parametrize("ts", ["1709331300000", "1709331300000.5", "-1709331300000"])
+def test_epoch_milliseconds_are_rejected_not_taken_as_seconds(ts: str) -> None:
+    with pytest.raises(EventError) as e:
+        parse_event_line(f'{{"ts": {ts}}}', 3)
+    assert "looks like epoch milliseconds; send seconds" in str(e.value) and "line 3" in str(e.value)
+    assert parse_event_line('{"ts": 99999999999}', 1).ts == 99999999999.0  # year 5138: still seconds

@@ -112,10 +112,13 @@ def test_subscriber_validation():
         {
             "id": "s",
             "channels": [{"email": "a@b.org", "digest": 60}, {"webhook": "https://x/y"}],
-            "name": "kept",
         }
     )
-    assert ok.model_dump()["name"] == "kept"
+    assert [c.model_dump(exclude_none=True) for c in ok.channels][1] == {"webhook": "https://x/y"}
+    with pytest.raises(ValidationError) as err:  # `name:` or `chanels:` is a mistake, not kept
+        store.Subscriber.model_validate({"id": "s", "channels": [], "name": "x"})
+    assert store.subscriber_error(err.value) == (
+        "name: unknown key (allowed: id, channels, digest, secret)")
     for bad, message in (
         ({"email": "a@b.org\r\nBcc: evil@x"}, "channels.0.email: must not contain line breaks"),
         ({"email": "nobody"}, "channels.0.email: 'nobody' is not an e-mail address"),

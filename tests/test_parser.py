@@ -116,7 +116,8 @@ def test_profile_entries_of_the_wrong_shape_are_named() -> None:
     assert len(text) == 4
     assert "'a'" in text[0] and "expr must be a string, got int" in text[0] and "file line 2" in text[0]
     assert "'b'" in text[1] and "missing expr" in text[1]
-    assert "'c'" in text[2] and "unknown keys ['colour']" in text[2]
+    assert text[2] == ("<profiles>:4:28: profile 'c': unknown key 'colour' "
+                       "(allowed: id, expr, subscriber, description)")
     assert "profile #4 must be a mapping" in text[3]
 
 

@@ -34,6 +34,7 @@ profiles:
     expr: kind = "ok"
 subscribers:
   - {id: ops, channels: [{email: "a b@example.org"}]}
+  - {id: typo, chanels: [{email: "typo@example.org"}]}
 """
 
 GOOD_FILE = """\
@@ -95,11 +96,13 @@ def test_profile_add_reports_every_problem_like_ens_check(
     check = CliRunner().invoke(ens_app, ["check", str(f)])
     assert check.exit_code == 2
     assert mine == [line for line in check.stderr.splitlines() if line.startswith("error:")]
-    assert len(mine) == 3
+    assert len(mine) == 4
     assert "profile 'broken': line 2, column" in mine[0] and "expected" in mine[0]
     assert "profile 'unbounded'" in mine[1] and "within" in mine[1]
     assert mine[2] == ("error: file line 11: subscriber 'ops': channels.0.email: "
                        "'a b@example.org' is not an e-mail address")
+    assert mine[3] == (f"error: {f}:12:16: subscriber 'typo': chanels: unknown key "
+                       "(allowed: id, channels, digest, secret)")  # was stored without channels
     assert "nothing stored" in res.stderr
     assert rs.get_profile(r, "fine") is None  # all or nothing
 

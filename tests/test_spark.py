@@ -392,3 +392,17 @@ def test_dataset_replay_by_room_fused_equals_local(spark, tmp_path: Path) -> Non
         )
         assert out.read_text() == ref, fused
     assert ref.count("\n") > 10
+
+
+def test_a_new_spark_session_prints_no_spark_log_lines(tmp_path: Path) -> None:
+    """Spark's shell banner ('Setting default log level', setLogLevel hint) and INFO lines stay off."""
+    import subprocess
+    import sys
+
+    code = "from adapters.spark.session import get_spark; get_spark().stop()"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parents[1])
+    assert res.returncode == 0, res.stderr
+    # the one line left is the JVM launcher's own (Spark adds an incubator module), not a log line
+    lines = [x for x in res.stderr.splitlines() if x and "Using incubator modules" not in x]
+    assert lines == [], res.stderr

@@ -43,12 +43,14 @@ BAD: list[tuple[Any, str]] = [
      "channels.0.digest: must be a number of seconds >= 0 (got '60')"),
     ({"email": "a@b.org", "digest": True},
      "channels.0.digest: must be a number of seconds >= 0 (got True)"),
-    ({"email": "a@b.org", "secret": "x"}, "channels.0.secret: unknown key"),
-    ({"email": "a@b.org", "webhook": "https://x"}, "channels.0.webhook: unknown key"),
+    ({"email": "a@b.org", "secret": "x"}, "channels.0.secret: unknown key (allowed: email, digest)"),
+    ({"email": "a@b.org", "webhook": "https://x"},
+     "channels.0.webhook: unknown key (allowed: email, digest)"),
     ({"webhook": "ftp://x"}, "channels.0.webhook: 'ftp://x' is not an http(s) URL"),
     ({"webhook": None}, "channels.0.webhook: None is not an http(s) URL"),
-    ({"webhook": "https://x", "extra": 1}, "channels.0.extra: unknown key"),
-    ({"webhook": "https://x", "digest": 60}, "channels.0.digest: unknown key"),
+    ({"webhook": "https://x", "extra": 1}, "channels.0.extra: unknown key (allowed: webhook, secret)"),
+    ({"webhook": "https://x", "digest": 60},
+     "channels.0.digest: unknown key (allowed: webhook, secret)"),
     ({"webhook": "https://x", "secret": 5}, "channels.0.secret: must be a string, not int"),
     ({"sms": "+1"},
      """channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}, got keys ['sms']"""),
@@ -56,7 +58,8 @@ BAD: list[tuple[Any, str]] = [
     ("ops@example.org",
      """channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}, got 'ops@example.org'"""),
     ({"email": "nobody", "x": 1},
-     "channels.0.email: 'nobody' is not an e-mail address; channels.0.x: unknown key"),
+     "channels.0.email: 'nobody' is not an e-mail address; "
+     "channels.0.x: unknown key (allowed: email, digest)"),
 ]
 
 
@@ -75,7 +78,8 @@ def check_verdicts(channels: list[Any], tmp_path: Path) -> dict[str, str]:
     out: dict[str, list[str]] = {f"s{n}": [] for n in range(len(channels))}
     for line in res.stderr.splitlines():
         if line.startswith("error: "):
-            m = re.fullmatch(r"error: file line \d+: subscriber '(s\d+)': (.*)", line)
+            # a bad key is located FILE:LINE:COL at the key, any other problem at its line
+            m = re.fullmatch(r"error: (?:file line \d+|\S+:\d+:\d+): subscriber '(s\d+)': (.*)", line)
             assert m, line
             out[m[1]].append(m[2])
     assert res.exit_code == (2 if any(out.values()) else 0), res.output
@@ -118,6 +122,8 @@ def test_good_channels_are_stored_as_given(r: redis.Redis) -> None:
         ({"id": "s", "channels": {"email": "a@b"}}, "channels: must be a list of channels, not dict"),
         ({"id": "s", "digest": -5}, "digest: must be a number of seconds >= 0 (got -5)"),
         ({"id": "s", "secret": 7}, "secret: must be a string, not int"),
+        ({"id": "s", "chanels": [{"email": "a@b.c"}]},
+         "chanels: unknown key (allowed: id, channels, digest, secret)"),
     ],
 )
 def test_subscriber_level_rules_are_shared(record: dict[str, Any], message: str,
@@ -130,4 +136,5 @@ def test_subscriber_level_rules_are_shared(record: dict[str, Any], message: str,
     res = CliRunner().invoke(app, ["check", str(f)])
     assert res.exit_code == 2
     who = f"subscriber {record['id']!r}" if record.get("id") else "subscriber #1"
-    assert f"file line 1: {who}: {message}" in res.stderr, res.stderr
+    where = f"{f}:1:30" if "chanels" in record else "file line 1"  # a bad key: at the key
+    assert f"{where}: {who}: {message}" in res.stderr, res.stderr

@@ -128,8 +128,20 @@ def _load_profiles(
     return ps.profiles
 
 
-def _check_feed(feed: str, fmt: str | None, formats: tuple[str, ...]) -> None:
+def _check_feed(
+    feed: str,
+    fmt: str | None,
+    formats: tuple[str, ...],
+    dataset: str | None = None,
+    rooms: str | None = None,
+) -> None:
     """Fail before Spark starts (~10 s) when the arguments cannot work."""
+    if dataset is not None:
+        from adapters.datasets import get_adapter
+
+        get_adapter(dataset)  # an unknown name is a DatasetError listing the known ones
+    elif rooms:
+        raise ENSError("--rooms applies to --dataset only")
     if not Path(feed).exists():
         raise ENSError(f"no such file: {feed}")
     if fmt is not None and fmt not in formats:
@@ -230,7 +242,7 @@ def replay(
         check_tz(tz)
         ps = _load_profiles(profiles, index, log)
         end = _until(until)
-        _check_feed(feed, fmt, ("jsonl", "parquet"))
+        _check_feed(feed, fmt, ("jsonl", "parquet"), dataset, rooms)
         with _session(master) as spark:
             src = _source(spark, feed, key, dataset, rooms, input_format)
             log(f"replaying {feed} by {key} on {master}")
@@ -263,7 +275,7 @@ def stats(
     log = _logger()
     with _errors():
         ps = _load_profiles(profiles, index, log)
-        _check_feed(feed, None, ())
+        _check_feed(feed, None, (), dataset, rooms)
         with _session(master) as spark:
             src = _source(spark, feed, "building", dataset, rooms, input_format)
             name = f"{dataset}:{feed}" if dataset else feed
