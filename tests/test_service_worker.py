@@ -125,7 +125,7 @@ def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redi
     drain(w, clock)
     w.snapshot()
     assert w.totals["late"] == 0 and w.totals["events"] == 120
-    assert [h.event.id for h in w.buffer] == ["flush"]  # held: nothing is 3 s newer
+    assert [h.item.event.id for h in w.buffer] == ["flush"]  # held: nothing is 3 s newer
     assert canon(replay_records(outbox(rt))) == canon(expected(events))
 
     # A really late event is processed (as late), not dropped.
@@ -266,7 +266,7 @@ def test_checkpoint_keeps_profiles_apart_and_reads_old_checkpoints(
     stored = rb.hgetall(rs.CHECKPOINT_PROFILES)
     assert sorted(k.decode() for k in stored) == sorted(PROFILES)
     snap, meta3 = rs.load_checkpoint(rb)
-    assert meta3["version"] == 3 and "profiles" not in meta3
+    assert meta3["version"] == 4 and "profiles" not in meta3
     assert b"seq(" not in snap and b"within 30s" not in snap  # no profile text in the state
 
     # Only what changed is rewritten: a new profile adds one entry, the others stay as they were.
