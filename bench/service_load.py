@@ -16,6 +16,11 @@ other events is in the outbox (the worker feeds in ts order, so everything befor
 
     python bench/service_load.py                      # defaults: 60000 batched, 4000 single
     python bench/service_load.py --reorder-seconds 0.2 --json
+    python bench/service_load.py --lateness 0         # in-order gateways: no wait
+
+Each client thread posts as a gateway of its own (``bench-0`` ...), stamping ``ts`` when it
+builds an event, so every gateway sends in ``ts`` order; ``--lateness`` is their allowed
+lateness (``ens gateway add --lateness``; by default the service's ``--reorder-seconds``).
 """
 
 from __future__ import annotations
@@ -135,7 +140,7 @@ class Gen:
         return ev
 
 
-def run_phase(base: str, key: str, gen: Gen, total: int, batch: int, clients: int,
+def run_phase(base: str, keys: list[str], gen: Gen, total: int, batch: int, clients: int,
               probe_every: int, sent: dict[str, float], rate: float = 0.0) -> float:
     """Post ``total`` events in POSTs of ``batch`` (at most ``rate`` events/s if > 0).
 
@@ -145,7 +150,7 @@ def run_phase(base: str, key: str, gen: Gen, total: int, batch: int, clients: in
     errors: list[str] = []
     start = time.perf_counter()
 
-    def client() -> None:
+    def client(key: str) -> None:
         headers = {"X-API-Key": key, "Content-Type": "application/x-ndjson"}
         with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
             done = 0
@@ -170,7 +175,8 @@ def run_phase(base: str, key: str, gen: Gen, total: int, batch: int, clients: in
                 done += k
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(keys[i % len(keys)],))
+               for i in range(clients)]
     for th in threads:
         th.start()
     for th in threads:
@@ -232,6 +238,8 @@ def main() -> None:
     ap.add_argument("--paced", type=int, default=30_000, help="batched events at --rate")
     ap.add_argument("--rate", type=float, default=2_000, help="events/s of the paced run")
     ap.add_argument("--reorder-seconds", type=float, default=2.0)
+    ap.add_argument("--lateness", type=float, default=None,
+                    help="allowed lateness (s) of the bench gateways (default: the service's)")
     ap.add_argument("--composites", type=int, default=200)
     ap.add_argument("--filters", type=int, default=200)
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -239,20 +247,22 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ens-bench-"))
     results: dict[str, Any] = {"reorder_seconds": args.reorder_seconds, "batch": args.batch,
+                               "lateness": args.lateness,
                                "clients": args.clients}
     try:
         with redis_server(work) as url:
             r = redis.Redis.from_url(url, decode_responses=True)
             for pid, expr in profiles(args.composites, args.filters):
                 rs.put_profile(r, pid, expr)
-            key = rs.add_gateway(r, "bench")
+            keys = [rs.add_gateway(r, f"bench-{i}", args.lateness) for i in range(args.clients)]
+            key = keys[0]
             port = 18000 + random.randrange(2000)
             with service(url, port, args.reorder_seconds, work / "serve.log") as base:
                 gen = Gen(7)
                 time.sleep(0.5)
 
                 sent: dict[str, float] = {}
-                dt = run_phase(base, key, gen, args.events, args.batch, args.clients,
+                dt = run_phase(base, keys, gen, args.events, args.batch, args.clients,
                                args.batch, sent)
                 e2e = wait_probe(r, base, key, gen, sent)
                 results["batched"] = {
@@ -262,7 +272,7 @@ def main() -> None:
                 r.delete(store.OUTBOX)
 
                 sent = {}
-                dt = run_phase(base, key, gen, args.paced, args.batch, args.clients,
+                dt = run_phase(base, keys, gen, args.paced, args.batch, args.clients,
                                args.batch, sent, rate=args.rate)
                 e2e = wait_probe(r, base, key, gen, sent)
                 results["paced"] = {
@@ -272,7 +282,7 @@ def main() -> None:
                 r.delete(store.OUTBOX)
 
                 sent = {}
-                dt = run_phase(base, key, gen, args.singles, 1, args.clients, 20, sent)
+                dt = run_phase(base, keys, gen, args.singles, 1, args.clients, 20, sent)
                 e2e = wait_probe(r, base, key, gen, sent)
                 results["single"] = {
                     "events": args.singles, "post_s": dt, "ingest_eps": args.singles / dt,
@@ -305,7 +315,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"reorder {args.reorder_seconds} s, {args.clients} clients, profiles: "
+    print(f"reorder {args.reorder_seconds} s, gateway lateness {args.lateness}, "
+          f"{args.clients} clients, profiles: "
           f"{results['engine']['profiles']} ({args.composites} composite), "
           f"snapshot {results['snapshot_bytes'] / 1024:.1f} KiB, {results['commits']:.0f} commits "
           f"of {results['commit_mean_ms']:.1f} ms")
