@@ -16,6 +16,11 @@ other events is in the outbox (the worker feeds in ts order, so everything befor
 
     python bench/service_load.py                      # defaults: 60000 batched, 4000 single
     python bench/service_load.py --reorder-seconds 0.2 --json
+    python bench/service_load.py --lateness 0         # in-order gateways: no wait
+
+Each client thread posts as a gateway of its own (``bench-0`` ...), stamping ``ts`` when it
+builds an event, so every gateway sends in ``ts`` order; ``--lateness`` is their allowed
+lateness (``ens gateway add --lateness``; by default the service's ``--reorder-seconds``).
 """
 
 from __future__ import annotations
@@ -75,13 +80,13 @@ def redis_server(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def service(url: str, port: int, reorder: float, log: Path) -> Iterator[str]:
+def service(url: str, port: int, reorder: float, log: Path, *extra: str) -> Iterator[str]:
     env = {**os.environ, rs.ENV_ADMIN_TOKEN: "bench"}
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "adapters.service", "serve", "--redis-url", url, "--port",
              str(port), "--no-deliver", "--reorder-seconds", str(reorder), "--log-level",
-             "WARNING"], cwd=ROOT, env=env, stdout=fh, stderr=fh,
+             "WARNING", *extra], cwd=ROOT, env=env, stdout=fh, stderr=fh,
         )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -135,7 +140,7 @@ class Gen:
         return ev
 
 
-def run_phase(base: str, key: str, gen: Gen, total: int, batch: int, clients: int,
+def run_phase(base: str, keys: list[str], gen: Gen, total: int, batch: int, clients: int,
               probe_every: int, sent: dict[str, float], rate: float = 0.0) -> float:
     """Post ``total`` events in POSTs of ``batch`` (at most ``rate`` events/s if > 0).
 
@@ -145,7 +150,7 @@ def run_phase(base: str, key: str, gen: Gen, total: int, batch: int, clients: in
     errors: list[str] = []
     start = time.perf_counter()
 
-    def client() -> None:
+    def client(key: str) -> None:
         headers = {"X-API-Key": key, "Content-Type": "application/x-ndjson"}
         with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
             done = 0
@@ -170,7 +175,8 @@ def run_phase(base: str, key: str, gen: Gen, total: int, batch: int, clients: in
                 done += k
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(keys[i % len(keys)],))
+               for i in range(clients)]
     for th in threads:
         th.start()
     for th in threads:
@@ -194,6 +200,13 @@ def wait_probe(r: redis.Redis, base: str, key: str, gen: Gen, sent: dict[str, fl
             return got[ev["id"]] - t
         time.sleep(0.05)
     raise RuntimeError("final probe never notified")
+
+
+def late_total(r: redis.Redis) -> int:
+    """Late events so far, from a heartbeat written after this call (they come every 1 s)."""
+    time.sleep(1.1)
+    st = rs.worker_status(r) or {}
+    return int(st.get("stats", {}).get("total_late") or 0)
 
 
 def probe_times(r: redis.Redis, latest: int | None = None) -> dict[str, float]:
@@ -232,6 +245,10 @@ def main() -> None:
     ap.add_argument("--paced", type=int, default=30_000, help="batched events at --rate")
     ap.add_argument("--rate", type=float, default=2_000, help="events/s of the paced run")
     ap.add_argument("--reorder-seconds", type=float, default=2.0)
+    ap.add_argument("--idle-timeout", type=float, default=None,
+                    help="the service's --idle-timeout (default: its own default)")
+    ap.add_argument("--lateness", type=float, default=None,
+                    help="allowed lateness (s) of the bench gateways (default: the service's)")
     ap.add_argument("--composites", type=int, default=200)
     ap.add_argument("--filters", type=int, default=200)
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -239,43 +256,50 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ens-bench-"))
     results: dict[str, Any] = {"reorder_seconds": args.reorder_seconds, "batch": args.batch,
+                               "lateness": args.lateness,
                                "clients": args.clients}
     try:
         with redis_server(work) as url:
             r = redis.Redis.from_url(url, decode_responses=True)
             for pid, expr in profiles(args.composites, args.filters):
                 rs.put_profile(r, pid, expr)
-            key = rs.add_gateway(r, "bench")
+            keys = [rs.add_gateway(r, f"bench-{i}", args.lateness) for i in range(args.clients)]
+            key = keys[0]
             port = 18000 + random.randrange(2000)
-            with service(url, port, args.reorder_seconds, work / "serve.log") as base:
+            extra = () if args.idle_timeout is None else ("--idle-timeout", str(args.idle_timeout))
+            with service(url, port, args.reorder_seconds, work / "serve.log", *extra) as base:
                 gen = Gen(7)
                 time.sleep(0.5)
+                late = 0
 
                 sent: dict[str, float] = {}
-                dt = run_phase(base, key, gen, args.events, args.batch, args.clients,
+                dt = run_phase(base, keys, gen, args.events, args.batch, args.clients,
                                args.batch, sent)
                 e2e = wait_probe(r, base, key, gen, sent)
+                late, late0 = late_total(r), late
                 results["batched"] = {
-                    "events": args.events, "post_s": dt, "ingest_eps": args.events / dt,
+                    "events": args.events, "late": late - late0, "post_s": dt, "ingest_eps": args.events / dt,
                     "e2e_eps": args.events / (dt + e2e), **latencies(r, sent),
                 }
                 r.delete(store.OUTBOX)
 
                 sent = {}
-                dt = run_phase(base, key, gen, args.paced, args.batch, args.clients,
+                dt = run_phase(base, keys, gen, args.paced, args.batch, args.clients,
                                args.batch, sent, rate=args.rate)
                 e2e = wait_probe(r, base, key, gen, sent)
+                late, late0 = late_total(r), late
                 results["paced"] = {
-                    "events": args.paced, "post_s": dt, "ingest_eps": args.paced / dt,
+                    "events": args.paced, "late": late - late0, "post_s": dt, "ingest_eps": args.paced / dt,
                     "e2e_eps": args.paced / (dt + e2e), **latencies(r, sent),
                 }
                 r.delete(store.OUTBOX)
 
                 sent = {}
-                dt = run_phase(base, key, gen, args.singles, 1, args.clients, 20, sent)
+                dt = run_phase(base, keys, gen, args.singles, 1, args.clients, 20, sent)
                 e2e = wait_probe(r, base, key, gen, sent)
+                late, late0 = late_total(r), late
                 results["single"] = {
-                    "events": args.singles, "post_s": dt, "ingest_eps": args.singles / dt,
+                    "events": args.singles, "late": late - late0, "post_s": dt, "ingest_eps": args.singles / dt,
                     "e2e_eps": args.singles / (dt + e2e), **latencies(r, sent),
                 }
                 r.delete(store.OUTBOX)
@@ -289,7 +313,7 @@ def main() -> None:
                         sent[ev["id"]] = t
                         time.sleep(0.05)
                 wait_probe(r, base, key, gen, sent)
-                results["idle"] = latencies(r, sent)
+                results["idle"] = {**latencies(r, sent), "late": late_total(r) - late}
                 st = rs.worker_status(r) or {}
                 results["engine"] = {k: st.get("stats", {}).get(k) for k in
                                      ("profiles", "partial_matches", "pool_filters",
@@ -305,18 +329,19 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"reorder {args.reorder_seconds} s, {args.clients} clients, profiles: "
+    print(f"reorder {args.reorder_seconds} s, gateway lateness {args.lateness}, "
+          f"{args.clients} clients, profiles: "
           f"{results['engine']['profiles']} ({args.composites} composite), "
           f"snapshot {results['snapshot_bytes'] / 1024:.1f} KiB, {results['commits']:.0f} commits "
           f"of {results['commit_mean_ms']:.1f} ms")
     print(f"late events: {results['engine']['total_late']} of {results['engine']['total_events']}")
     print(f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
-          f"{'p50 ms':>9}{'p99 ms':>9}")
+          f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}")
     for name in ("batched", "paced", "single", "idle"):
         res = results[name]
         print(f"{name:<10}{res.get('events', res['probes']):>8}"
               f"{res.get('ingest_eps', float('nan')):>13.0f}{res.get('e2e_eps', float('nan')):>10.0f}"
-              f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}")
+              f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}{res['late']:>7}")
 
 
 def _metric(text: str, name: str) -> float:

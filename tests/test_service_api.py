@@ -327,7 +327,8 @@ def test_late_events_are_processed_and_counted(
     notes = wait_notes(r, pid, 2)
     assert [n["events"]["e"]["id"] for n in notes] == ["old1", "old2"]  # arrival order
     wait_for(lambda: metric(metrics(svc), "ens_events_late_total") >= before + 2, 5, "late count")
-    assert "late event old1" in Path(svc.log).read_text()
+    assert 'ens_events_late_total{gateway="gw-api"}' in metrics(svc)  # counted per gateway
+    assert "late event old1 from gateway gw-api" in Path(svc.log).read_text()
 
 
 # ----------------------------------------------------------------------------- operations

@@ -196,6 +196,28 @@ def test_gateways_and_subscribers(cli: typer.Typer, svc: Service, r: redis.Redis
     assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 2
 
 
+def test_gateway_lateness_is_stored_and_applied_by_the_running_worker(
+    cli: typer.Typer, svc: Service, r: redis.Redis
+) -> None:
+    assert run(cli, svc, "gateway", "add", "gw-late", "--lateness", "1.5s").exit_code == 0
+    assert "1.5 s" in run(cli, svc, "gateway", "list").stdout
+    wait_for(lambda: "gateway gw-late: lateness 1.5 s" in Path(svc.log).read_text(), 10,
+             "the worker applies the new gateway's lateness")
+    res = run(cli, svc, "gateway", "set", "gw-late", "--lateness", "0")
+    assert res.exit_code == 0 and res.stdout.strip() == "gateway gw-late: lateness 0 s"
+    assert rs.gateway_lateness(r, "gw-late") == {"gw-late": 0.0}
+    wait_for(lambda: "gateway gw-late: lateness 0 s" in Path(svc.log).read_text(), 10,
+             "the worker applies the changed lateness")
+    assert run(cli, svc, "gateway", "set", "gw-late", "--lateness", "default").exit_code == 0
+    assert rs.gateway_lateness(r, "gw-late") == {"gw-late": None}
+    res = run(cli, svc, "gateway", "set", "gw-late", "--lateness", "soon")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == ("error: --lateness: lateness 'soon' is not a duration "
+                                  "(e.g. 0, 500ms, 2s, 1m, or default)")
+    assert run(cli, svc, "gateway", "set", "nope", "--lateness", "0").exit_code == 2
+    assert run(cli, svc, "gateway", "add", "gw-x", "--lateness", "-1").exit_code == 2
+
+
 def test_embedded_redis_in_the_data_dir(tmp_path: Path) -> None:
     """No --redis-url: the CLI and `serve` share an embedded Redis persisted in --data-dir."""
     data = tmp_path / "ens-data"

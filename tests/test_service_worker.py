@@ -125,7 +125,7 @@ def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redi
     drain(w, clock)
     w.snapshot()
     assert w.totals["late"] == 0 and w.totals["events"] == 120
-    assert [h.event.id for h in w.buffer] == ["flush"]  # held: nothing is 3 s newer
+    assert [h.item.event.id for h in w.buffer] == ["flush"]  # held: nothing is 3 s newer
     assert canon(replay_records(outbox(rt))) == canon(expected(events))
 
     # A really late event is processed (as late), not dropped.
@@ -266,7 +266,7 @@ def test_checkpoint_keeps_profiles_apart_and_reads_old_checkpoints(
     stored = rb.hgetall(rs.CHECKPOINT_PROFILES)
     assert sorted(k.decode() for k in stored) == sorted(PROFILES)
     snap, meta3 = rs.load_checkpoint(rb)
-    assert meta3["version"] == 3 and "profiles" not in meta3
+    assert meta3["version"] == 4 and "profiles" not in meta3
     assert b"seq(" not in snap and b"within 30s" not in snap  # no profile text in the state
 
     # Only what changed is rewritten: a new profile adds one entry, the others stay as they were.
@@ -295,3 +295,75 @@ def test_checkpoint_keeps_profiles_apart_and_reads_old_checkpoints(
     before = canon([n.to_json() for n in first.take_notifications()])
     got = [n for n in replay_records(outbox(rt)) if n["profile"] != "probe"]
     assert got and canon(got) + before == canon(whole)
+
+
+def test_watermarks_per_gateway_give_the_ts_sorted_replay(
+    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Interleaved gateways: g1 and g2 in order (lateness 0: g1 its own, g2 the default), g3 up
+    to 0.8 s out of order (lateness 1 s, set while the worker runs), g4 idle for most of the
+    stream, g5 sending one event long after its time. The notifications are those of `replay`
+    of the ts-sorted stream; the one late event is processed, counted for g5 and logged."""
+    for pid, expr in {**PROFILES, "probe": 'kind = "probe"'}.items():
+        rs.put_profile(rt, pid, expr)
+    rs.add_gateway(rt, "g1", lateness=0.0)
+    for g in ("g2", "g3", "g4", "g5"):
+        rs.add_gateway(rt, g)
+    w = EngineWorker(rb, config(reorder_seconds=0.0, idle_timeout=0.5))
+    w.start()
+    rs.set_gateway_lateness(rt, "g3", 1.0)
+    w.step(block=0, now=1000.0)
+    assert w.wm.lateness("g3") == 1.0 and w.wm.lateness("g1") == w.wm.lateness("g2") == 0.0
+
+    rnd = random.Random(3)
+    t0 = 1_700_000_000.0
+    stream: list[tuple[str, dict[str, Any]]] = []  # (gateway, event) in arrival order
+    n = 0
+
+    def event(ts: float) -> dict[str, Any]:
+        nonlocal n
+        n += 1
+        kind = rnd.choice(KINDS)
+        ev: dict[str, Any] = {"id": f"e{n}", "ts": round(ts, 3), "kind": kind,
+                              "room": f"r{rnd.randrange(4)}"}
+        if kind == "door":
+            ev["state"] = rnd.choice(["open", "closed"])
+        elif kind in ("temp", "hum"):
+            ev["value"] = rnd.randrange(10, 90)
+        return ev
+
+    late = {"id": "old", "ts": t0 + 2.0, "kind": "probe"}
+    held_ages = []
+    for tick in range(200):
+        wall = 1000.0 + tick * 0.05
+        now_ts = t0 + tick * 0.05
+        batch = [("g1", event(now_ts)), ("g2", event(now_ts))]
+        batch.append(("g3", event(now_ts - rnd.uniform(0, 0.8))))
+        if tick < 10 or tick > 180:  # g4 is silent (idle) in between, then speaks again
+            batch.append(("g4", event(now_ts)))
+        if tick == 120:
+            batch.append(("g5", late))
+        rnd.shuffle(batch)
+        stream += batch
+        with rb.pipeline() as p:
+            for g, ev in batch:
+                p.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps(ev), rs.INGEST_GATEWAY: g})
+            p.execute()
+        while w.step(block=0, now=wall):
+            pass
+        if 30 < tick < 180:  # g4 does not hold the others back: only g3's lateness does
+            held_ages.append(max((now_ts - h.ts for h in w.buffer), default=0.0))
+    w.step(block=0, now=2000.0)  # every gateway idle: the rest is released
+    w.snapshot()
+
+    assert max(held_ages) < 1.0 + 0.8 + 0.06
+    assert not w.buffer
+    assert w.totals["late"] == 1 and w.late_by_gateway == {"g5": 1}
+    assert w.stats()["late_by_gateway"] == {"g5": 1}
+    assert "late event old from gateway g5" in caplog.text
+    got = outbox(rt)
+    assert [n["events"]["e"]["id"] for n in got if n["profile"] == "probe"] == ["old"]
+    on_time = [ev for _g, ev in stream if ev is not late]
+    want = expected(sorted(on_time, key=lambda e: e["ts"]))  # stable: ties in arrival order
+    assert canon(replay_records([n for n in got if n["profile"] != "probe"])) == canon(want)
+    assert len(want) > 50

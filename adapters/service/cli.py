@@ -106,8 +106,17 @@ def serve(
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
     reorder_seconds: Annotated[
-        float, typer.Option(help="Hold events this long (event time and wall time) to sort them.")
+        float,
+        typer.Option(
+            "--default-lateness", "--reorder-seconds",
+            help="Lateness (s) of gateways without their own (`ens gateway set --lateness`): "
+                 "how far out of ts order their events may arrive; also how far the wall clock "
+                 "of timers trails.",
+        ),
     ] = 2.0,
+    idle_timeout: Annotated[
+        float, typer.Option(help="A gateway silent this long (s) no longer holds events back.")
+    ] = 0.5,
     reorder_max_events: Annotated[
         int, typer.Option(help="Release the oldest held events beyond this many.")
     ] = 10_000,
@@ -152,6 +161,8 @@ def serve(
     from adapters.service.server import ServeConfig, run
     from adapters.service.worker import WorkerConfig
 
+    if reorder_seconds < 0 or idle_timeout < 0:
+        raise _fail("--default-lateness and --idle-timeout must be 0 or more")
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
     if reorder_seconds < 0:  # engine time would run ahead of the wall clock
@@ -166,6 +177,7 @@ def serve(
     )
     wcfg = WorkerConfig(
         reorder_seconds=reorder_seconds, reorder_max_events=reorder_max_events, clock=clock,
+        idle_timeout=idle_timeout,
         tz=tz, snapshot_interval=snapshot_interval, status_interval=status_interval,
     )
     if worker_name:
@@ -393,20 +405,53 @@ def subscriber_rm(
 # ----------------------------------------------------------------------------- gateways
 
 
+Lateness = Annotated[
+    str | None,
+    typer.Option(help="How far out of ts order its events may arrive: 0 (in order: no wait), "
+                      "500ms, 2s, ... or `default` (the service's --default-lateness)."),
+]
+
+
+def _lateness(text: str | None) -> float | None:
+    try:
+        return None if text is None else rs.parse_lateness(text)
+    except ValueError as exc:
+        raise _fail(f"--lateness: {exc}") from None
+
+
 @gateway_app.command("add")
 def gateway_add(
     name: Annotated[str, typer.Argument(help="Gateway name.")],
+    lateness: Lateness = None,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Create a gateway and print its API key (once: only a hash is stored)."""
+    late = _lateness(lateness)
     st = Store(redis_url, data_dir)
     try:
-        key = rs.add_gateway(st.r, name)
+        key = rs.add_gateway(st.r, name, late)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"gateway {name} created; its API key (shown once):", err=True)
     typer.echo(key)
+
+
+@gateway_app.command("set")
+def gateway_set(
+    name: Annotated[str, typer.Argument(help="Gateway name.")],
+    lateness: Lateness = None,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Change a gateway's settings; a running service applies them at once."""
+    if lateness is None:
+        raise _fail("nothing to set (give --lateness)")
+    late = _lateness(lateness)
+    st = Store(redis_url, data_dir)
+    if not rs.set_gateway_lateness(st.r, name, late):
+        raise _fail(f"no gateway {name!r}")
+    typer.echo(f"gateway {name}: lateness {'default' if late is None else f'{late:g} s'}")
 
 
 @gateway_app.command("list")
@@ -415,11 +460,12 @@ def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
     st = Store(redis_url, data_dir)
     gws = rs.list_gateways(st.r)
     table = Table(title=f"Gateways ({len(gws)})")
-    for col in ("name", "created", "status"):
+    for col in ("name", "created", "status", "lateness"):
         table.add_column(col)
     for g in gws:
         status = f"revoked {_when(g['revoked'])}" if g["revoked"] else "active"
-        table.add_row(g["name"], _when(g["created"]), status)
+        late = "default" if g["lateness"] is None else f"{g['lateness']:g} s"
+        table.add_row(g["name"], _when(g["created"]), status, late)
     _console().print(table)
 
 

@@ -7,7 +7,11 @@ the ingest gauges are read from Redis at scrape time, so they are right whicheve
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -38,11 +42,29 @@ REQUESTS = Counter(
 EVENTS_PROCESSED = Counter(
     "ens_events_processed", "Events fed to the engine.", registry=REGISTRY
 )
-EVENTS_LATE = Counter(
-    "ens_events_late",
-    "Events older than the engine time when fed (processed anyway, in arrival order).",
-    registry=REGISTRY,
-)
+
+
+class _LateCollector:
+    """``ens_events_late_total{gateway}`` from the worker's heartbeat (its totals survive
+    restarts, and the worker need not run in the process that serves /metrics)."""
+
+    def __init__(self) -> None:
+        self.by_gateway: dict[str, int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        fam = CounterMetricFamily(
+            "ens_events_late",
+            "Events older than the engine time when fed (processed anyway, in arrival order), "
+            "by gateway.",
+            labels=["gateway"],
+        )
+        for gw, n in sorted(self.by_gateway.items()):
+            fam.add_metric([gw], n)
+        yield fam
+
+
+EVENTS_LATE = _LateCollector()
+REGISTRY.register(EVENTS_LATE)  # type: ignore[arg-type]
 ENGINE_ERRORS = Counter(
     "ens_engine_errors", "Events the engine raised on (logged and skipped).", registry=REGISTRY
 )
@@ -106,7 +128,8 @@ HEARTBEAT_AGE = Gauge(
 )
 
 
-def set_engine_stats(stats: dict[str, int], buffered: int) -> None:
+def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:
+    EVENTS_LATE.by_gateway = dict(stats.get("late_by_gateway") or {})
     PARTIAL_MATCHES.set(stats.get("partial_matches", 0))
     PARTITIONS.set(stats.get("partitions", 0))
     POOL_FILTERS.set(stats.get("pool_filters", 0))

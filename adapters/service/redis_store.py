@@ -3,8 +3,9 @@
 Keys (the outbox and subscriber keys are `notifiers.store`'s)
 -------------------------------------------------------------
 ``ens:profiles``        hash; profile id -> ``{"id", "expr", "subscriber", "created", "updated"}``
-``ens:control``         stream; ``op`` (``put``/``delete``), ``id``: one entry per profile change
-``ens:gateways``        hash; gateway name -> ``{"sha256", "created", "revoked"}``
+``ens:control``         stream; ``op`` (``put``/``delete``), ``id``: one entry per profile change;
+                        ``op`` = ``gateway``, ``gw`` = name: a gateway's lateness changed
+``ens:gateways``        hash; gateway name -> ``{"sha256", "created", "revoked", "lateness"}``
 ``ens:ingest``          stream; ``e`` = event JSON (validated, as received), ``g`` = gateway
 ``ens-engine``          consumer group of the engine worker on ``ens:ingest``
 ``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot(profiles_apart=True)` bytes, ``meta``
@@ -290,11 +291,23 @@ class KeyCheck:
     status: str  # "ok" | "unknown" | "revoked"
 
 
-def add_gateway(r: redis.Redis, name: str) -> str:
+def parse_lateness(text_: str) -> float | None:
+    """A gateway's allowed lateness: ``2s``, ``500ms``, ``0``, seconds, or ``default`` (None)."""
+    t = text_.strip()
+    if t == "default":
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)?", t)
+    if not m:
+        raise ValueError(f"lateness {text_!r} is not a duration (e.g. 0, 500ms, 2s, 1m, or default)")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+
+
+def add_gateway(r: redis.Redis, name: str, lateness: float | None = None) -> str:
     """Create a gateway; returns its API key, which is stored only as a SHA-256 hash.
 
     The key carries 256 random bits, so a fast hash is as safe as a slow one here and keeps
-    authentication cheap enough for one request per event.
+    authentication cheap enough for one request per event. ``lateness`` (s) is how far out of
+    ``ts`` order its events may arrive (None: the service's default); see `set_gateway_lateness`.
     """
     if not _GATEWAY_RE.fullmatch(name or ""):
         raise ValueError(
@@ -302,19 +315,49 @@ def add_gateway(r: redis.Redis, name: str) -> str:
             "(starting with a letter or digit)"
         )
     key = f"{name}.{secrets.token_urlsafe(32)}"
-    rec = {"sha256": sha256(key), "created": time.time(), "revoked": None}
+    rec = {"sha256": sha256(key), "created": time.time(), "revoked": None, "lateness": lateness}
     old = r.hget(GATEWAYS, name)
     if old is not None and not json.loads(text(old)).get("revoked"):
         raise ValueError(f"gateway {name!r} already exists (revoke it first to issue a new key)")
-    r.hset(GATEWAYS, name, dumps(rec))
+    with r.pipeline(transaction=True) as p:
+        p.hset(GATEWAYS, name, dumps(rec))
+        p.xadd(CONTROL, {"op": "gateway", "gw": name}, maxlen=CONTROL_MAXLEN, approximate=True)
+        p.execute()
     return key
+
+
+def set_gateway_lateness(r: redis.Redis, name: str, lateness: float | None) -> bool:
+    """Change a gateway's allowed lateness (None: the default); False if there is no such gateway.
+
+    The running engine worker is told through ``ens:control`` (field ``gw``, which workers that
+    only know profile entries skip) and applies it at its next tick.
+    """
+    raw = r.hget(GATEWAYS, name)
+    if raw is None:
+        return False
+    rec = json.loads(text(raw))
+    rec["lateness"] = lateness
+    with r.pipeline(transaction=True) as p:
+        p.hset(GATEWAYS, name, dumps(rec))
+        p.xadd(CONTROL, {"op": "gateway", "gw": name}, maxlen=CONTROL_MAXLEN, approximate=True)
+        p.execute()
+    return True
+
+
+def gateway_lateness(r: redis.Redis, name: str | None = None) -> dict[str, float | None]:
+    """Gateway name -> its own lateness (None: the default); one gateway if ``name`` is given."""
+    if name is not None:
+        raw = r.hget(GATEWAYS, name)
+        return {name: json.loads(text(raw)).get("lateness") if raw is not None else None}
+    return {text(n): json.loads(text(v)).get("lateness") for n, v in r.hgetall(GATEWAYS).items()}
 
 
 def list_gateways(r: redis.Redis) -> list[dict[str, Any]]:
     out = []
     for name, raw in r.hgetall(GATEWAYS).items():
         rec = json.loads(text(raw))
-        out.append({"name": text(name), "created": rec["created"], "revoked": rec.get("revoked")})
+        out.append({"name": text(name), "created": rec["created"], "revoked": rec.get("revoked"),
+                    "lateness": rec.get("lateness")})
     return sorted(out, key=lambda g: g["name"])
 
 

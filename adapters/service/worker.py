@@ -24,19 +24,22 @@ its successor.
 Notification ids are ``f"{profile}:{epoch}:{seq}"``: ``epoch`` is drawn when an engine state
 is first created, ``seq`` is the engine's detection counter, which is part of the snapshot.
 
-Ordering. Events are fed to the engine in ``ts`` order through a reorder buffer: an event is
-held until the newest event seen is ``reorder_seconds`` ahead of it, or until it has waited
-``reorder_seconds`` of wall time (or the buffer is full). An event older than the engine time
-is *late*: it is fed at once, in arrival order, counted and logged, never dropped. With
-``clock="wall"`` timers (windows, trailing negations, ``absent``, ``clock``) fire by wall
-clock: ``engine.advance(time.time() - reorder_seconds)`` every tick in which the worker has
-caught up with the ingest stream (while a backlog is being worked off, only event time moves,
-so a slow worker does not turn the backlog late).
+Ordering. Events are fed to the engine in ``ts`` order behind per-gateway watermarks
+(`adapters.service.watermarks`): a gateway's watermark is its newest ``ts`` minus its allowed
+lateness (``ens gateway add/set --lateness``; ``reorder_seconds`` for gateways without one),
+and an event is fed once every *active* gateway's watermark has passed it (or the buffer is
+full). A gateway silent for ``idle_timeout`` of wall time holds nobody back. An event older
+than the engine time is *late*: it is fed at once, in arrival order, counted per gateway and
+logged, never dropped. With ``clock="wall"`` timers (windows, trailing negations, ``absent``,
+``clock``) fire by wall clock: every tick in which the worker has caught up with the ingest
+stream, held events up to ``now - L`` are fed and the engine advances to ``now - L``, where
+``L`` is the largest lateness of the active gateways, at least ``reorder_seconds`` (while a
+backlog is being worked off, only event time moves, so a slow worker does not turn the
+backlog late).
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
 import os
@@ -45,7 +48,6 @@ import secrets
 import socket
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -53,6 +55,7 @@ import redis
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.watermarks import Held, Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers import store
@@ -84,8 +87,9 @@ class LockLost(RuntimeError):
 
 @dataclass
 class WorkerConfig:
-    reorder_seconds: float = 2.0
+    reorder_seconds: float = 2.0  # the lateness of gateways without their own (--default-lateness)
     reorder_max_events: int = 10_000
+    idle_timeout: float = 0.5  # a gateway silent this long (wall s) holds no event back
     clock: str = "wall"  # "wall": timers fire by wall clock; "event": only by event time
     tz: str = "UTC"
     name: str = field(default_factory=socket.gethostname)
@@ -100,13 +104,10 @@ class WorkerConfig:
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
 
 
-class _Held(NamedTuple):
-    """A buffered event; a tuple so the heap compares (ts, arrival) in C."""
+class _Item(NamedTuple):
+    """What the watermark buffer holds for the worker: the ingest entry and its event."""
 
-    ts: float
-    arrival: int  # unique, so the comparison never reaches the fields below
     entry: str
-    wall: float
     event: Event
 
 
@@ -122,6 +123,11 @@ def _pid_alive(pid: int) -> bool:
 
 def _id_le(a: str, b: str) -> bool:
     return rs.parse_id(a) <= rs.parse_id(b)
+
+
+def _gateway(fields: Any) -> str:
+    """The gateway name of an ingest entry ("?" if it has none)."""
+    return rs.text(fields.get(rs.INGEST_GATEWAY.encode(), b"?")) if fields else "?"
 
 
 class EngineWorker:
@@ -152,11 +158,9 @@ class EngineWorker:
         self.dirty: set[str] = set()  # ids whose definition changed since the last snapshot
         self.last_id = "0-0"  # last ingest entry read into engine or buffer
         self.control_id = "0-0"
-        self.buffer: list[_Held] = []
-        self.arrivals: deque[tuple[float, float]] = deque()  # (wall, ts) in arrival order
-        self.max_ts = float("-inf")
-        self.floor = float("-inf")
-        self.arrival = 0
+        cfg = self.cfg
+        self.wm = Watermarks(cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events)
+        self.late_by_gateway: dict[str, int] = {}
         self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
@@ -168,17 +172,22 @@ class EngineWorker:
         self.last_heartbeat = 0.0
         self.last_status = time.monotonic()
 
+    @property
+    def buffer(self) -> list[Held]:
+        """The held events (a heap; ``h.item`` is an `_Item`)."""
+        return self.wm.heap
+
     def _meta(self) -> dict[str, Any]:
         return {
-            "version": 3,  # 3: profiles in ens:checkpoint:profiles, not in meta or the engine
+            "version": 4,  # 3: profiles in ens:checkpoint:profiles; 4: watermarks per gateway
             "epoch": self.epoch,
             "last_id": self.last_id,
             "control_id": self.control_id,
-            "buffer": [[h.entry, h.arrival, h.wall, h.event.to_json()] for h in self.buffer],
-            "max_ts": self.max_ts if self.max_ts != float("-inf") else None,
-            "floor": self.floor if self.floor != float("-inf") else None,
-            "arrival": self.arrival,
+            "buffer": [[h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source]
+                       for h in self.buffer],
+            "watermarks": self.wm.state(),
             "totals": dict(self.totals),
+            "late_by_gateway": dict(self.late_by_gateway),
             "written_at": time.time(),
         }
 
@@ -203,15 +212,14 @@ class EngineWorker:
         self.epoch = meta["epoch"]
         self.last_id = meta["last_id"]
         self.control_id = meta["control_id"]
-        self.max_ts = meta["max_ts"] if meta.get("max_ts") is not None else float("-inf")
-        self.floor = meta["floor"] if meta.get("floor") is not None else float("-inf")
-        self.arrival = meta["arrival"]
         self.totals.update(meta.get("totals", {}))
-        for entry, arrival, wall, obj in meta["buffer"]:
+        self.late_by_gateway.update(meta.get("late_by_gateway", {}))
+        held = []
+        for row in meta["buffer"]:  # version < 4: no gateway (its events wait for the others)
+            entry, seq, wall, obj = row[:4]
             ev = event_from_obj(obj, obj["id"])
-            self.buffer.append(_Held(ev.ts, arrival, entry, wall, ev))
-        heapq.heapify(self.buffer)
-        self.arrivals = deque(sorted((h.wall, h.ts) for h in self.buffer))
+            held.append(Held(ev.ts, seq, row[4] if len(row) > 4 else "?", wall, _Item(entry, ev)))
+        self.wm.restore(meta.get("watermarks", {"seq": meta.get("arrival", 0)}), held)
         log.info(
             "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
             self.epoch, self.last_id, len(self.defs), len(self.buffer), self.engine.stats(),
@@ -253,6 +261,7 @@ class EngineWorker:
         """Take the lock, load the snapshot, replay the journal, re-read pending ingest entries."""
         self._acquire(stop)
         fresh = self._load()
+        self._gateways()
         if fresh and not self.r.exists(rs.JOURNAL):
             self.snapshot()  # fixes the epoch: every later state descends from this one
         try:
@@ -311,7 +320,7 @@ class EngineWorker:
     def _replay(self, pel: list[tuple[str, Any]]) -> set[str]:
         """Re-apply the journal to the restored engine; returns the ingest ids it fed."""
         by_id = dict(pel)
-        held = {h.entry: h for h in self.buffer}
+        held = {h.item.entry: h for h in self.buffer}
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
         for _jid, f in entries:
@@ -323,9 +332,11 @@ class EngineWorker:
                 else:
                     eid = op[1]
                     h = held.pop(eid, None)
-                    ev = h.event if h is not None else self._parse(eid, by_id.get(eid))
+                    fields = by_id.get(eid)
+                    ev = h.item.event if h is not None else self._parse(eid, fields)
                     if ev is not None:
-                        self._process(ev, replay=True)
+                        gw = h.source if h is not None else _gateway(fields)
+                        self._process(ev, gw, replay=True)
                     fed.add(eid)
             redone = self.engine.take_notifications()
             if len(redone) != int(f[b"n"]):
@@ -334,9 +345,7 @@ class EngineWorker:
             self.totals["notifications"] += len(redone)
             self.control_id = rs.text(f[b"ctl"])
         if fed:
-            self.buffer = [h for h in self.buffer if h.entry not in fed]
-            heapq.heapify(self.buffer)
-            self.arrivals = deque(sorted((h.wall, h.ts) for h in self.buffer))
+            self.wm.discard(lambda h: h.item.entry in fed)
         if entries:
             self.changed = True
             log.info("replayed %d journal entries (%d events) after the snapshot",
@@ -442,12 +451,24 @@ class EngineWorker:
         except KeyError:  # a `once` profile that fired has removed itself
             pass
 
+    def _gateways(self, name: str | None = None) -> None:
+        """Take the gateways' own latenesses from ``ens:gateways`` (one, or all)."""
+        for gw, lateness in rs.gateway_lateness(self.r, name).items():
+            src = self.wm.sources.get(gw)
+            if (src.lateness if src is not None else None) != lateness:
+                log.info("gateway %s: lateness %s", gw,
+                         "default" if lateness is None else f"{lateness:g} s")
+            self.wm.set_lateness(gw, lateness)
+
     def _control(self) -> None:
         resp = self.r.xread({rs.CONTROL: self.control_id}, count=100)
         for eid, fields in resp[0][1] if resp else []:
             pid = rs.text(fields.get(b"id", b""))
             if pid:
                 self._apply(pid, rs.get_profile(self.r, pid))
+            gw = rs.text(fields.get(b"gw", b""))
+            if gw:  # a gateway's lateness changed: only release decisions (journalled) change
+                self._gateways(gw)
             self.control_id = rs.text(eid)
             self.changed = True
 
@@ -536,53 +557,43 @@ class EngineWorker:
         if not fields or _id_le(eid, self.last_id):
             return  # covered by the snapshot already (or trimmed)
         self.last_id = eid
+        gw = _gateway(fields)
         ev = self._parse(eid, fields)
         if ev is None:
-            m.EVENTS_INVALID.labels(gateway=rs.text(fields.get(b"g", b"?"))).inc()
+            m.EVENTS_INVALID.labels(gateway=gw).inc()
             self.totals["invalid"] += 1
             return
+        self.wm.observe(gw, ev.ts, now)
         if self.engine.now is not None and ev.ts < self.engine.now:
-            self._feed(ev, eid)  # late: nothing can be reordered around it any more
+            self._feed(ev, eid, gw)  # late: nothing can be reordered around it any more
             return
-        self.arrival += 1
-        heapq.heappush(self.buffer, _Held(ev.ts, self.arrival, eid, now, ev))
-        self.arrivals.append((now, ev.ts))
-        if ev.ts > self.max_ts:
-            self.max_ts = ev.ts
+        self.wm.hold(gw, ev.ts, now, _Item(eid, ev))
 
     def _release_due(self, now: float, caught_up: bool = True) -> None:
-        delay = self.cfg.reorder_seconds
         wall = self.cfg.clock == "wall" and caught_up
-        while self.arrivals and self.arrivals[0][0] <= now - delay:
-            self.floor = max(self.floor, self.arrivals.popleft()[1])
-        bound = max(self.max_ts - delay, self.floor)
-        if wall:
-            bound = max(bound, now - delay)
-        buf = self.buffer
-        while buf and (buf[0].ts <= bound or len(buf) > self.cfg.reorder_max_events):
-            h = heapq.heappop(buf)
-            self._feed(h.event, h.entry)
-        if wall:
-            target = now - delay
-            if self.engine.now is None or target > self.engine.now:
-                self._input(["a", target])
-                self.engine.advance(target)
+        target = now - self.wm.max_active_lateness(now) if wall else float("-inf")
+        for h in self.wm.release(now, target):
+            self._feed(h.item.event, h.item.entry, h.source)
+        if wall and (self.engine.now is None or target > self.engine.now):
+            self._input(["a", target])
+            self.engine.advance(target)
 
-    def _feed(self, ev: Event, eid: str) -> None:
+    def _feed(self, ev: Event, eid: str, gw: str) -> None:
         self._input(["e", eid])
-        self._process(ev)
+        self._process(ev, gw)
 
-    def _process(self, ev: Event, replay: bool = False) -> None:
+    def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
         late = self.engine.now is not None and ev.ts < self.engine.now
         if late:
             self.totals["late"] += 1
+            self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
             if not replay:
-                m.EVENTS_LATE.inc()
                 self._interval["late"] += 1
                 if self._interval["late"] <= 10:  # the rest only in the periodic summary
                     log.warning(
-                        "late event %s: ts %.3f is %.3f s behind engine time; processed in "
-                        "arrival order", ev.id, ev.ts, self.engine.now - ev.ts,  # type: ignore[operator]
+                        "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
+                        "processed in arrival order", ev.id, gw, ev.ts,
+                        self.engine.now - ev.ts,  # type: ignore[operator]
                     )
         try:
             self.engine.process(ev)
@@ -688,6 +699,7 @@ class EngineWorker:
             **self.engine.stats(),
             "buffered": len(self.buffer),
             "oldest_buffered_age": max((now - h.wall for h in self.buffer), default=0.0),
+            "late_by_gateway": dict(self.late_by_gateway),
             "pending_notifications": len(self.pending),
             "engine_time": self.engine.now,
             "last_id": self.last_id,

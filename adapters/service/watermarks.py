@@ -1,0 +1,151 @@
+"""Event-time watermarks per source (gateway): which held events the engine may take next.
+
+Pure and deterministic: no Redis, no clock; the wall time is passed in. The worker owns one
+`Watermarks` and journals what `release` hands it, so its crash recovery does not depend on
+this module deciding the same way twice.
+
+The model is Flink's and Beam's. Each source's **watermark** is its newest ``ts`` minus its
+allowed **lateness**: a source promises (by its configuration) that it will not send anything
+older. An event is released once the smallest watermark of the *active* sources has reached
+it, so a source that sends in order with lateness 0 holds nothing back beyond the others'
+progress. A source whose last event arrived more than ``idle_timeout`` (wall time) ago is
+**idle** and does not hold the others back (Flink's ``withIdleness``); when every source is
+idle, everything held is released. Ties in ``ts`` go in arrival order, so for sources that keep
+their promise the release order is the ``ts``-sorted stream (ties in arrival order).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+_NEG_INF = float("-inf")
+
+
+class Held(NamedTuple):
+    """A held event; a tuple so the heap compares (ts, seq) in C."""
+
+    ts: float
+    seq: int  # arrival number, unique: the comparison never reaches the fields below
+    source: str
+    wall: float  # arrival wall time
+    item: Any  # the caller's payload
+
+
+@dataclass
+class Source:
+    lateness: float | None = None  # None: the default lateness
+    newest: float = _NEG_INF  # newest ts seen
+    last_wall: float = _NEG_INF  # wall time of its last event
+
+
+class Watermarks:
+    """Held events of several sources, released in ``ts`` order behind the sources' watermarks."""
+
+    def __init__(self, default_lateness: float, idle_timeout: float, max_held: int) -> None:
+        self.default_lateness = default_lateness
+        self.idle_timeout = idle_timeout
+        self.max_held = max_held
+        self.sources: dict[str, Source] = {}
+        self.heap: list[Held] = []
+        self.seq = 0
+
+    # ----------------------------------------------------------------- configuration
+    def lateness(self, source: str) -> float:
+        src = self.sources.get(source)
+        if src is None or src.lateness is None:
+            return self.default_lateness
+        return src.lateness
+
+    def set_lateness(self, source: str, lateness: float | None) -> None:
+        """A source's own allowed lateness (s); None: the default."""
+        self.sources.setdefault(source, Source()).lateness = lateness
+
+    # ----------------------------------------------------------------- events
+    def observe(self, source: str, ts: float, wall: float) -> None:
+        """Note that `source` sent an event (also for events that are not held: late ones)."""
+        src = self.sources.get(source)
+        if src is None:
+            src = self.sources[source] = Source()
+        if ts > src.newest:
+            src.newest = ts
+        if wall > src.last_wall:
+            src.last_wall = wall
+
+    def hold(self, source: str, ts: float, wall: float, item: Any) -> Held:
+        """Hold an event (call `observe` first). Returns the held record."""
+        self.seq += 1
+        h = Held(ts, self.seq, source, wall, item)
+        heapq.heappush(self.heap, h)
+        return h
+
+    def active(self, now_wall: float) -> list[str]:
+        """Sources that spoke within the idle timeout."""
+        limit = now_wall - self.idle_timeout
+        return [name for name, s in self.sources.items() if s.last_wall > limit]
+
+    def watermark(self, now_wall: float) -> float:
+        """The smallest watermark of the active sources (+inf when all are idle)."""
+        limit = now_wall - self.idle_timeout
+        wm = float("inf")
+        default = self.default_lateness
+        for s in self.sources.values():
+            if s.last_wall > limit:
+                w = s.newest - (default if s.lateness is None else s.lateness)
+                if w < wm:
+                    wm = w
+        return wm
+
+    def max_active_lateness(self, now_wall: float) -> float:
+        """The largest lateness of the active sources, at least the default."""
+        limit = now_wall - self.idle_timeout
+        out = self.default_lateness
+        for s in self.sources.values():
+            if s.last_wall > limit and s.lateness is not None and s.lateness > out:
+                out = s.lateness
+        return out
+
+    def release(self, now_wall: float, floor: float = _NEG_INF) -> list[Held]:
+        """Pop the events the watermark (or ``floor``) has passed, and those beyond the cap.
+
+        ``floor`` is an extra bound from the caller (the wall clock's engine time).
+        """
+        heap = self.heap
+        if not heap:
+            return []
+        bound = max(self.watermark(now_wall), floor)
+        out: list[Held] = []
+        while heap and (heap[0].ts <= bound or len(heap) > self.max_held):
+            out.append(heapq.heappop(heap))
+        return out
+
+    def discard(self, gone: Callable[[Held], bool]) -> None:
+        """Forget the held events for which ``gone`` is true (fed by a journal replay)."""
+        self.heap = [h for h in self.heap if not gone(h)]
+        heapq.heapify(self.heap)
+
+    # ----------------------------------------------------------------- persistence
+    def state(self) -> dict[str, Any]:
+        """Per-source progress as JSON (the held events are the caller's to store)."""
+        return {
+            "seq": self.seq,
+            "sources": {
+                n: [None if s.newest == _NEG_INF else s.newest,
+                    None if s.last_wall == _NEG_INF else s.last_wall]
+                for n, s in self.sources.items()
+            },
+        }
+
+    def restore(self, state: dict[str, Any], held: Iterable[Held]) -> None:
+        """Undo `state` (keeping configured latenesses) and put `held` back."""
+        self.seq = int(state.get("seq", 0))
+        for name, (newest, last_wall) in state.get("sources", {}).items():
+            src = self.sources.setdefault(name, Source())
+            src.newest = _NEG_INF if newest is None else newest
+            src.last_wall = _NEG_INF if last_wall is None else last_wall
+        self.heap = list(held)
+        heapq.heapify(self.heap)
+        if self.heap:
+            self.seq = max(self.seq, max(h.seq for h in self.heap))
