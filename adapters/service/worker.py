@@ -161,7 +161,8 @@ class EngineWorker:
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
         self.since_snapshot = 0  # inputs since the last snapshot
-        self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0}
+        # read: events taken from ens:ingest (the API's ens:ingest:in minus it is the backlog)
+        self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0, "read": 0}
         self.changed = False  # anything to snapshot
         self.last_commit = 0.0
         self.last_snapshot = time.monotonic()
@@ -207,6 +208,8 @@ class EngineWorker:
         self.floor = meta["floor"] if meta.get("floor") is not None else float("-inf")
         self.arrival = meta["arrival"]
         self.totals.update(meta.get("totals", {}))
+        if "read" not in meta.get("totals", {}):  # a checkpoint from before the count existed
+            self.totals["read"] = int(self.r.get(rs.INGEST_IN) or 0)
         for entry, arrival, wall, obj in meta["buffer"]:
             ev = event_from_obj(obj, obj["id"])
             self.buffer.append(_Held(ev.ts, arrival, entry, wall, ev))
@@ -272,15 +275,10 @@ class EngineWorker:
         self._preparsed = {}
         now = time.time()
         reread = 0
-        for eid, fields in pel:
-            if eid in fed:
-                self.unacked.append(eid)
-                self.last_id = max(self.last_id, eid, key=rs.parse_id)
-            else:
-                self._take(eid, fields, now)
-                reread += 1
+        for eid, fields in pel:  # a batch entry may be fed in part: the rest is taken again
+            reread += self._take(eid, fields, now, skip=fed)
         if reread:
-            log.info("re-read %d pending ingest entries after the journal", reread)
+            log.info("re-read %d pending ingest events after the journal", reread)
         if bulk:  # many profiles changed: snapshot now rather than journal them
             self.snapshot()
         self.started = True
@@ -309,8 +307,8 @@ class EngineWorker:
             cursor = out[-1][0]
 
     def _replay(self, pel: list[tuple[str, Any]]) -> set[str]:
-        """Re-apply the journal to the restored engine; returns the ingest ids it fed."""
-        by_id = dict(pel)
+        """Re-apply the journal to the restored engine; returns the event keys it fed."""
+        by_key = {key: (gw, obj) for eid, fields in pel for key, gw, obj in self._decode(eid, fields)}
         held = {h.entry: h for h in self.buffer}
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
@@ -321,12 +319,12 @@ class EngineWorker:
                 elif op[0] == "a":
                     self.engine.advance(op[1])
                 else:
-                    eid = op[1]
-                    h = held.pop(eid, None)
-                    ev = h.event if h is not None else self._parse(eid, by_id.get(eid))
+                    key = op[1]
+                    h = held.pop(key, None)
+                    ev = h.event if h is not None else self._parse(key, *by_key.get(key, ("?", None)))
                     if ev is not None:
                         self._process(ev, replay=True)
-                    fed.add(eid)
+                    fed.add(key)
             redone = self.engine.take_notifications()
             if len(redone) != int(f[b"n"]):
                 log.error("journal replay gave %d notifications where %s were committed: "
@@ -521,34 +519,57 @@ class EngineWorker:
         self.inputs.append(op)
         self.since_snapshot += 1
 
-    def _parse(self, eid: str, fields: Any) -> Event | None:
-        raw = fields.get(rs.INGEST_EVENT.encode()) if fields else None
+    @staticmethod
+    def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
+        """`rs.decode_entry`, with an unreadable entry logged and read as no events."""
         try:
-            return event_from_obj(json.loads(raw), eid)
+            return rs.decode_entry(eid, fields) if fields else []
         except (TypeError, ValueError) as exc:
-            gw = rs.text(fields.get(rs.INGEST_GATEWAY.encode(), b"?")) if fields else "?"
-            log.error("unreadable ingest entry %s from %s skipped: %s", eid, gw, exc)
+            log.error("unreadable ingest entry %s skipped: %s", eid, exc)
+            return []
+
+    def _parse(self, key: str, gw: str, obj: Any) -> Event | None:
+        try:
+            return event_from_obj(obj, key)
+        except (TypeError, ValueError) as exc:
+            log.error("unreadable ingest event %s from %s skipped: %s", key, gw, exc)
             return None
 
-    def _take(self, eid: str, fields: Any, now: float) -> None:
+    def _take(self, eid: str, fields: Any, now: float, skip: set[str] | frozenset[str] = frozenset()) -> int:
+        """Read one ingest entry into the buffer (events in ``skip`` were fed already).
+
+        Returns how many events were taken.
+        """
         self.unacked.append(eid)
         self.changed = True
         if not fields or _id_le(eid, self.last_id):
-            return  # covered by the snapshot already (or trimmed)
+            return 0  # covered by the snapshot already (or trimmed)
         self.last_id = eid
-        ev = self._parse(eid, fields)
-        if ev is None:
-            m.EVENTS_INVALID.labels(gateway=rs.text(fields.get(b"g", b"?"))).inc()
+        decoded = self._decode(eid, fields)
+        if not decoded:
+            gw = rs.text(fields.get(b"g", b"?"))
+            m.EVENTS_INVALID.labels(gateway=gw).inc()
             self.totals["invalid"] += 1
-            return
-        if self.engine.now is not None and ev.ts < self.engine.now:
-            self._feed(ev, eid)  # late: nothing can be reordered around it any more
-            return
-        self.arrival += 1
-        heapq.heappush(self.buffer, _Held(ev.ts, self.arrival, eid, now, ev))
-        self.arrivals.append((now, ev.ts))
-        if ev.ts > self.max_ts:
-            self.max_ts = ev.ts
+        self.totals["read"] += len(decoded)
+        taken = 0
+        for key, gw, obj in decoded:
+            if key in skip:
+                continue
+            taken += 1
+            ev = self._parse(key, gw, obj)
+            if ev is None:
+                m.EVENTS_INVALID.labels(gateway=gw).inc()
+                self.totals["invalid"] += 1
+                continue
+            if self.engine.now is not None and ev.ts < self.engine.now:
+                self._feed(ev, key)  # late: nothing can be reordered around it any more
+                continue
+            self.arrival += 1
+            heapq.heappush(self.buffer, _Held(ev.ts, self.arrival, key, now, ev))
+            self.arrivals.append((now, ev.ts))
+            if ev.ts > self.max_ts:
+                self.max_ts = ev.ts
+        return taken
 
     def _release_due(self, now: float, caught_up: bool = True) -> None:
         delay = self.cfg.reorder_seconds
@@ -568,8 +589,8 @@ class EngineWorker:
                 self._input(["a", target])
                 self.engine.advance(target)
 
-    def _feed(self, ev: Event, eid: str) -> None:
-        self._input(["e", eid])
+    def _feed(self, ev: Event, key: str) -> None:
+        self._input(["e", key])  # the event key: rs.decode_entry's identity
         self._process(ev)
 
     def _process(self, ev: Event, replay: bool = False) -> None:
