@@ -100,6 +100,19 @@ def serve(
     deliver: Annotated[
         bool, typer.Option(help="Also run the notifier delivery worker (webhooks, e-mail).")
     ] = True,
+    role: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only these parts here: api, engine, deliver (repeat or comma "
+                          "list; default all three). Run the others as their own processes."),
+    ] = None,
+    api_workers: Annotated[
+        int, typer.Option(help="API processes accepting on the one port (forked; the engine "
+                               "worker stays single).")
+    ] = 1,
+    max_backlog: Annotated[
+        int, typer.Option(help="POST /v1/events answers 429 (Retry-After) while more events than "
+                               "this wait for the engine; 0: no bound.")
+    ] = 200_000,
     worker_name: Annotated[
         str | None,
         typer.Option(envvar="ENS_ENGINE_NAME", help="Engine consumer name (keep it stable)."),
@@ -125,6 +138,16 @@ def serve(
 
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
+    from adapters.service.server import ROLES
+
+    roles = tuple(dict.fromkeys(x.strip() for r in (role or ROLES) for x in r.split(",") if x.strip()))
+    bad = [r for r in roles if r not in ROLES]
+    if bad or not roles:
+        raise _fail(f"--role {', '.join(bad) or '(empty)'}: expected api, engine or deliver")
+    if api_workers < 1:
+        raise _fail(f"--api-workers must be at least 1, not {api_workers}")
+    if max_backlog < 0:
+        raise _fail(f"--max-backlog must be 0 (no bound) or more, not {max_backlog}")
     try:
         check_tz(tz)
     except ENSError as e:
@@ -145,7 +168,8 @@ def serve(
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
         host=host, port=port, redis_url=redis_url, data_dir=data_dir, max_body=max_body,
-        deliver=deliver, log_level=log_level, worker=wcfg,
+        deliver=deliver, log_level=log_level, worker=wcfg, roles=roles,
+        api_workers=api_workers, max_backlog=max_backlog,
     )
     raise typer.Exit(run(cfg))
 
