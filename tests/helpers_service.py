@@ -79,7 +79,11 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
 class Service:
     """`python -m adapters.service serve` as a subprocess (so it can be killed with -9)."""
 
-    def __init__(self, redis_url: str | None, log: Path, *args: str, data_dir: Path | None = None):
+    def __init__(self, redis_url: str | None, log: Path, *args: str, data_dir: Path | None = None,
+                 http: bool = True, engine: bool = True):
+        """``http``/``engine``: whether this process serves HTTP / runs the engine worker
+        (match its ``--role``); start() waits for what it runs."""
+        self.http, self.engine = http, engine
         self.redis_url = redis_url
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -100,9 +104,10 @@ class Service:
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh)
         try:
-            wait_for(self.healthy, timeout,
-                     f"service on port {self.port} healthy (log: {self.log})")
-            if self.redis_url:  # a dead predecessor's heartbeat stays fresh for a few seconds
+            if self.http:
+                wait_for(self.healthy, timeout,
+                         f"service on port {self.port} healthy (log: {self.log})")
+            if self.redis_url and self.engine:  # a dead predecessor's heartbeat stays fresh
                 r = redis.Redis.from_url(self.redis_url, decode_responses=True)
                 mine = f"|{self.proc.pid}|"
                 wait_for(lambda: mine in ((rs.worker_status(r) or {}).get("holder") or ""),

@@ -1,7 +1,8 @@
 """`kill -9` of the real service mid-stream: no notification lost, none duplicated.
 
 The service runs as a subprocess (`python -m adapters.service serve`) against a redis-server
-that outlives it. Events for composite profiles are posted over HTTP; the service is killed
+that outlives it, either as one process or split into `--role api` and `--role engine`
+processes (then each of them is killed alone). Events for composite profiles are posted over HTTP; the service is killed
 with SIGKILL twice (once mid-stream, once right after it recovered) and restarted; then the
 outbox must hold exactly what `ens.replay.replay` computes for the same events.
 """
@@ -61,6 +62,36 @@ def post_batch(svc: Service, key: str, batch: list[dict[str, Any]], last_ts: flo
 
 
 def test_kill_9_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    got, events, text = run_with_kills(tmp_path, "together")
+    assert text.count("took over the engine lock from dead worker") == 2
+    recovered = text.count("replayed ") + text.count("re-read ")
+    assert recovered >= 2, "each restart recovers read-but-unacknowledged entries"
+    check_exactly_once(got, events)
+
+
+def test_kill_9_of_the_engine_process_alone(tmp_path: Path) -> None:
+    """`--role api` and `--role engine` as two processes: the engine dies, the API keeps
+    accepting; the restarted engine takes over and nothing is lost or duplicated."""
+    got, events, text = run_with_kills(tmp_path, "engine")
+    assert text.count("took over the engine lock from dead worker") == 2
+    check_exactly_once(got, events)
+
+
+def test_kill_9_of_the_api_process_alone(tmp_path: Path) -> None:
+    """The API process dies between two answered requests; the engine never stops."""
+    got, events, text = run_with_kills(tmp_path, "api")
+    assert "took over the engine lock" not in text
+    check_exactly_once(got, events)
+
+
+def run_with_kills(
+    tmp_path: Path, split: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """Post every batch, SIGKILLing a process twice mid-stream; (outbox, events, log).
+
+    ``split``: "together" (one process, killed), "engine" or "api" (two processes,
+    `--role api` and `--role engine`; the named one is killed and restarted).
+    """
     rnd = random.Random(7)
     events = make_events(rnd)
     batches = [events[i:i + BATCH] for i in range(0, N_EVENTS, BATCH)]
@@ -71,20 +102,41 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             rs.put_profile(r, pid, expr)
         key = rs.add_gateway(r, "crash-gw")
         args = ("--reorder-seconds", "0.3")
-        svc = Service(url, log, *args).start()
+
+        def api() -> Service:
+            return Service(url, log, *args, "--role", "api", engine=False)
+
+        def engine() -> Service:
+            return Service(url, log, *args, "--role", "engine", http=False)
+
+        if split == "together":
+            svc = other = Service(url, log, *args).start()
+        elif split == "engine":
+            svc = engine().start()
+            other = api().start()
+        else:
+            other = engine().start()
+            svc = api().start()
+        http = other if split == "engine" else svc
         try:
             last = 0.0
             kills = 0
             for i, batch in enumerate(batches):
-                last = post_batch(svc, key, batch, last)
+                last = post_batch(http, key, batch, last)
                 if i in (len(batches) // 3, len(batches) // 3 + 1):
-                    # SIGKILL once the worker holds read-but-unacknowledged entries, so the
-                    # restart has something to recover (journal replay or re-read).
-                    wait_for(lambda: r.xpending(rs.INGEST, rs.ENGINE_GROUP)["pending"] > 0,
-                             10, "the worker read the batch")
+                    if split != "api":
+                        # SIGKILL once the worker holds read-but-unacknowledged entries, so the
+                        # restart has something to recover (journal replay or re-read).
+                        wait_for(lambda: r.xpending(rs.INGEST, rs.ENGINE_GROUP)["pending"] > 0,
+                                 10, "the worker read the batch")
                     assert svc.stop(signal.SIGKILL) == -signal.SIGKILL
                     kills += 1
-                    svc = Service(url, log, *args).start()
+                    svc = {"together": Service(url, log, *args), "engine": engine(),
+                           "api": api()}[split].start()
+                    if split != "engine":
+                        http = svc
+                    if split == "together":
+                        other = svc
                 else:
                     time.sleep(rnd.uniform(0, 0.03))
             assert kills == 2
@@ -101,10 +153,16 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             wait_for(settled, 20, "every event processed and committed")
             got = outbox(r)
             assert svc.stop() == 0
+            assert other.stop() == 0
         finally:
             svc.kill()
+            other.kill()
             r.close()
+    return got, events, log.read_text()
 
+
+def check_exactly_once(got: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    """The outbox equals `ens.replay` of the events as posted: none lost, none duplicated."""
     profiles = [parse_profile(expr, pid) for pid, expr in PROFILES.items()]
     want = [n.to_json() for n in replay(profiles, [event_from_obj(e, "") for e in events])]
     assert len(want) > 100
@@ -112,7 +170,3 @@ def test_kill_9_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert len(set(ids)) == len(ids), "duplicate notification ids"
     canon = Counter(json.dumps(n, sort_keys=True) for n in replay_records(got))
     assert canon == Counter(json.dumps(n, sort_keys=True) for n in want)
-    text = log.read_text()
-    assert text.count("took over the engine lock from dead worker") == 2
-    recovered = text.count("replayed ") + text.count("re-read ")
-    assert recovered >= 2, "each restart recovers read-but-unacknowledged entries"

@@ -60,6 +60,8 @@ class ApiSettings:
     max_body: int = 1 << 20
     heartbeat_stale: float = 5.0  # the worker beats every second
     limits: IngestLimits = field(default_factory=IngestLimits)
+    max_backlog: int = 200_000  # events accepted but not read by the engine; 0: no bound
+    backlog_check_interval: float = 0.2  # the backlog is read at most this often per process
 
 
 # ----------------------------------------------------------------------------- models
@@ -429,6 +431,25 @@ def create_app(settings: ApiSettings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    m.INGEST_BACKLOG_MAX.set(settings.max_backlog)
+    backlog_seen = [0.0, 0]  # (monotonic time read, backlog) for this process
+
+    async def _over_backlog(ar: Any) -> bool:
+        """Back-pressure: is the ingest backlog (`rs.ingest_backlog`'s count) over the bound?
+
+        Two reads (the API's event count and the worker's heartbeat), at most every
+        `backlog_check_interval` per process, so a request does not pay them each time.
+        """
+        now = time.monotonic()
+        if now - backlog_seen[0] >= settings.backlog_check_interval:
+            async with ar.pipeline(transaction=False) as p:
+                p.get(rs.INGEST_IN)
+                p.hget(rs.ENGINE_STATUS, "stats")
+                appended, stats = await p.execute()
+            st = json.loads(stats) if stats else {}
+            backlog = max(int(appended or 0) - int(st.get("total_read", 0)), 0)
+            backlog_seen[:] = [now, backlog + int(st.get("buffered", 0))]
+        return backlog_seen[1] > settings.max_backlog
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -461,6 +482,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
             401: {"model": ErrorOut, "description": "missing or unknown API key"},
             403: {"model": ErrorOut, "description": "revoked API key"},
             413: {"model": ErrorOut, "description": "body over the size limit"},
+            429: {"model": ErrorOut, "description": "ingest backlog over --max-backlog; nothing "
+                  "accepted, retry after Retry-After seconds"},
             422: {"model": IngestResult, "description": "some events invalid; the valid ones "
                   "ARE accepted (see accepted)"},
             503: {"model": ErrorOut, "description": "ingest store unavailable; nothing accepted"},
@@ -497,9 +520,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 ))
         if valid:
             try:
+                if settings.max_backlog and await _over_backlog(request.app.state.aredis):
+                    m.REQUESTS.labels(status="429").inc()
+                    return JSONResponse(
+                        {"error": f"ingest backlog over {settings.max_backlog} events; retry later"},
+                        429, headers={"Retry-After": "1"},
+                    )
                 async with request.app.state.aredis.pipeline(transaction=True) as p:
-                    for e in valid:
-                        p.xadd(rs.INGEST, {rs.INGEST_EVENT: e, rs.INGEST_GATEWAY: gw})
+                    # one entry per request (rs.decode_entry reads it back)
+                    p.xadd(rs.INGEST, {rs.INGEST_BATCH: "[" + ",".join(valid) + "]",
+                                       rs.INGEST_GATEWAY: gw})
+                    p.incrby(rs.INGEST_IN, len(valid))
                     await p.execute()
             except redis.RedisError as exc:
                 log.error("ingest write failed: %s", exc)

@@ -129,6 +129,19 @@ def serve(
     deliver: Annotated[
         bool, typer.Option(help="Also run the notifier delivery worker (webhooks, e-mail).")
     ] = True,
+    role: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only these parts here: api, engine, deliver (repeat or comma "
+                          "list; default all three). Run the others as their own processes."),
+    ] = None,
+    api_workers: Annotated[
+        int, typer.Option(help="API processes accepting on the one port (forked; the engine "
+                               "worker stays single).")
+    ] = 1,
+    max_backlog: Annotated[
+        int, typer.Option(help="POST /v1/events answers 429 (Retry-After) while more events than "
+                               "this wait for the engine; 0: no bound.")
+    ] = 200_000,
     worker_name: Annotated[
         str | None,
         typer.Option(envvar="ENS_ENGINE_NAME", help="Engine consumer name (keep it stable)."),
@@ -158,15 +171,23 @@ def serve(
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
     from adapters.service.api import IngestLimits
-    from adapters.service.server import ServeConfig, run
+    from adapters.service.server import ROLES, ServeConfig, run
     from adapters.service.worker import WorkerConfig
 
-    if reorder_seconds < 0 or idle_timeout < 0:
-        raise _fail("--default-lateness and --idle-timeout must be 0 or more")
+    if reorder_seconds < 0:  # engine time would run ahead of the wall clock
+        raise _fail(f"--default-lateness (--reorder-seconds) must be >= 0, not {reorder_seconds:g}")
+    if idle_timeout < 0:
+        raise _fail(f"--idle-timeout must be >= 0, not {idle_timeout:g}")
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
-    if reorder_seconds < 0:  # engine time would run ahead of the wall clock
-        raise _fail(f"--reorder-seconds must be >= 0, not {reorder_seconds:g}")
+    roles = tuple(dict.fromkeys(x.strip() for r in (role or ROLES) for x in r.split(",") if x.strip()))
+    bad = [r for r in roles if r not in ROLES]
+    if bad or not roles:
+        raise _fail(f"--role {', '.join(bad) or '(empty)'}: expected api, engine or deliver")
+    if api_workers < 1:
+        raise _fail(f"--api-workers must be at least 1, not {api_workers}")
+    if max_backlog < 0:
+        raise _fail(f"--max-backlog must be 0 (no bound) or more, not {max_backlog}")
     try:
         check_tz(tz)
     except ENSError as e:
@@ -192,7 +213,8 @@ def serve(
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
         host=host, port=port, redis_url=redis_url, data_dir=data_dir, max_body=max_body,
-        deliver=deliver, log_level=log_level, worker=wcfg, limits=limits,
+        deliver=deliver, log_level=log_level, worker=wcfg, limits=limits, roles=roles,
+        api_workers=api_workers, max_backlog=max_backlog,
     )
     raise typer.Exit(run(cfg))
 

@@ -103,6 +103,11 @@ INGEST_BACKLOG = Gauge(
     "Events accepted but not yet fed to the engine: unread ingest entries + reorder buffer.",
     registry=REGISTRY,
 )
+INGEST_BACKLOG_MAX = Gauge(
+    "ens_ingest_backlog_max",
+    "Back-pressure bound: POST /v1/events answers 429 while the backlog is over it (0: none).",
+    registry=REGISTRY,
+)
 INGEST_LAG = Gauge(
     "ens_ingest_lag_seconds",
     "Age of the oldest event accepted but not yet fed to the engine.",

@@ -6,13 +6,18 @@ Keys (the outbox and subscriber keys are `notifiers.store`'s)
 ``ens:control``         stream; ``op`` (``put``/``delete``), ``id``: one entry per profile change;
                         ``op`` = ``gateway``, ``gw`` = name: a gateway's lateness changed
 ``ens:gateways``        hash; gateway name -> ``{"sha256", "created", "revoked", "lateness"}``
-``ens:ingest``          stream; ``e`` = event JSON (validated, as received), ``g`` = gateway
+``ens:ingest``          stream, one entry per POST: ``g`` = gateway, ``b`` = JSON array of the
+                        request's validated events (or, legacy, ``e`` = one event's JSON). Event
+                        ``i`` of batch entry ``X`` is ``X.i`` (its id when it has none); a legacy
+                        entry's event is ``X``. `decode_entry` reads both.
+``ens:ingest:in``       integer; events appended to ``ens:ingest`` (INCRBY in the XADD's MULTI):
+                        the backlog is this minus the worker's ``total_read`` (back-pressure)
 ``ens-engine``          consumer group of the engine worker on ``ens:ingest``
 ``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot(profiles_apart=True)` bytes, ``meta``
                         = JSON (last ingest id covered, reorder buffer, epoch, counters)
 ``ens:checkpoint:profiles``  hash; id -> pickled profile as applied at the checkpoint
 ``ens:engine:journal``  stream; ``ops`` = JSON list of engine inputs since the previous entry
-                        (``["e", ingest id]``, ``["a", t]``, ``["c", id, expr, subscriber]``),
+                        (``["e", event key]``, ``["a", t]``, ``["c", id, expr, subscriber]``),
                         ``n`` = notifications written with it, ``ctl`` = control stream id
 ``ens:engine:lock``     string with TTL; the one engine worker allowed to checkpoint
 ``ens:engine:status``   hash; ``ts`` (heartbeat), ``holder``, ``stats`` (JSON)
@@ -48,7 +53,9 @@ PROFILES = "ens:profiles"
 CONTROL = "ens:control"
 GATEWAYS = "ens:gateways"
 INGEST = "ens:ingest"
-INGEST_EVENT = "e"
+INGEST_EVENT = "e"  # legacy: one event per entry
+INGEST_BATCH = "b"  # a JSON array: the validated events of one request
+INGEST_IN = "ens:ingest:in"
 INGEST_GATEWAY = "g"
 ENGINE_GROUP = "ens-engine"
 CHECKPOINT = "ens:checkpoint"
@@ -162,6 +169,31 @@ def dumps(obj: Any) -> str:
 
 def text(value: Any) -> Any:
     return store.text(value)
+
+
+def decode_entry(entry_id: str, fields: Any) -> list[tuple[str, str, Any]]:
+    """The events of one ``ens:ingest`` entry: ``[(event key, gateway, decoded event), ...]``.
+
+    The event key is the event's identity in the journal (and its id when it has none):
+    ``f"{entry_id}.{i}"`` for event ``i`` of a batch entry (``b``), ``entry_id`` for a legacy
+    one-event entry (``e``). ``fields`` may have bytes or str keys (any redis client). Raises
+    ValueError when the entry is unreadable; the events themselves are not validated here.
+    """
+    def get(name: str) -> Any:
+        v = fields.get(name)
+        return fields.get(name.encode()) if v is None else v
+
+    gw = text(get(INGEST_GATEWAY) or "?")
+    batch = get(INGEST_BATCH)
+    if batch is not None:
+        events = json.loads(batch)
+        if not isinstance(events, list):
+            raise ValueError(f"field {INGEST_BATCH!r} must be a JSON array")
+        return [(f"{entry_id}.{i}", gw, ev) for i, ev in enumerate(events)]
+    raw = get(INGEST_EVENT)
+    if raw is None:
+        raise ValueError(f"entry has neither {INGEST_BATCH!r} nor {INGEST_EVENT!r}")
+    return [(entry_id, gw, json.loads(raw))]
 
 
 def stream_ms(entry_id: str) -> float:
@@ -437,11 +469,13 @@ def worker_status(r: redis.Redis) -> dict[str, Any] | None:
     return out
 
 
-def ingest_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float]:
+def ingest_backlog(r: redis.Redis) -> tuple[int, float]:
     """(events accepted but not fed to the engine, age in s of the oldest of them).
 
-    Unread entries of ``ens:ingest`` (after the engine group's last-delivered id; counted up
-    to ``cap``) plus the worker's reorder buffer as of its last heartbeat.
+    Events counted by the API (``ens:ingest:in``) minus those the worker has read (its
+    ``total_read`` as of its last heartbeat, at most ~1 s old), plus its reorder buffer. Cheap
+    (no stream scan), so the API checks it for back-pressure. Entries appended by other
+    writers than the API are not counted, only aged.
     """
     now = time.time()
     try:
@@ -450,12 +484,14 @@ def ingest_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float]:
         groups = {}
     g = groups.get(ENGINE_GROUP)
     start = f"({text(g['last-delivered-id'])}" if g else "-"
-    unread = r.xrange(INGEST, min=start, count=cap)
+    unread = r.xrange(INGEST, min=start, count=1)
     ages = [now - stream_ms(text(unread[0][0]))] if unread else []
     status = worker_status(r)
-    buffered = 0
+    appended = int(r.get(INGEST_IN) or 0)
+    read = buffered = 0
     if status:
+        read = int(status["stats"].get("total_read", 0))
         buffered = int(status["stats"].get("buffered", 0))
         if buffered:
             ages.append(status["stats"].get("oldest_buffered_age", 0.0) + status["age"])
-    return len(unread) + buffered, max(max(ages, default=0.0), 0.0)
+    return max(appended - read, 0) + buffered, max(max(ages, default=0.0), 0.0)

@@ -1,6 +1,10 @@
-"""`ens serve`: the HTTP API, the engine worker and the delivery worker in one process.
+"""`ens serve`: the HTTP API, the engine worker and the delivery worker.
 
-Each part runs in its own thread; the main thread only waits for SIGTERM/SIGINT (or for a part
+By default all three run in one process; ``--role`` picks some of them (run the others as
+separate `ens serve --role ...` processes on the same Redis), and ``--api-workers N`` forks N
+API processes that accept on one pre-bound socket (the engine worker stays single: it holds
+``ens:engine:lock``). Each part in this process runs in its own thread (API processes: forked
+children); the main thread only waits for SIGTERM/SIGINT (or for a part
 to die) and then stops them in order: HTTP first (no new events), then the engine worker
 (which writes a final snapshot and releases its lock), then the delivery worker. A part that
 dies takes the process down with a non-zero status, so a supervisor restarts the whole
@@ -15,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,9 @@ from adapters.service.worker import EngineWorker, WorkerConfig
 log = logging.getLogger("ens.service")
 
 
+ROLES = ("api", "engine", "deliver")  # also the order in which they are stopped
+
+
 @dataclass
 class ServeConfig:
     host: str = "127.0.0.1"
@@ -36,19 +44,23 @@ class ServeConfig:
     redis_url: str | None = None
     data_dir: Path | None = None
     max_body: int = 1 << 20
+    max_backlog: int = 200_000
     deliver: bool = True
+    roles: tuple[str, ...] = ROLES  # which parts run in this process
+    api_workers: int = 1  # >1: the API runs in that many forked processes sharing the socket
     log_level: str = "INFO"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
 
 
 class _Part(threading.Thread):
-    """A daemon thread that remembers whether it failed."""
+    """A daemon thread that remembers whether it failed; ``halt`` asks it to stop."""
 
-    def __init__(self, name: str, target: Any, *args: Any) -> None:
+    def __init__(self, name: str, target: Any, *args: Any, halt: Any = None) -> None:
         super().__init__(name=name, daemon=True)
         self._fn, self._args = target, args
         self.failed: BaseException | None = None
+        self.halt = halt or (lambda: None)
 
     def run(self) -> None:
         try:
@@ -56,6 +68,70 @@ class _Part(threading.Thread):
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             self.failed = exc
             log.exception("%s failed", self.name)
+
+
+class _Child:
+    """An API process forked from this one, serving the shared listening socket.
+
+    Same interface as `_Part`. The child dies with its parent (PR_SET_PDEATHSIG), so a
+    ``kill -9`` of the parent leaves no orphan serving the port.
+    """
+
+    def __init__(self, name: str, serve: Any) -> None:
+        self.name, self._serve = name, serve
+        self.pid = 0
+        self.status: int | None = None
+        self.failed: BaseException | None = None
+
+    def start(self) -> None:
+        pid = os.fork()
+        if pid:
+            self.pid = pid
+            return
+        code = 1
+        try:
+            _die_with_parent()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)  # uvicorn installs its own handlers
+            self._serve()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - the parent sees the exit status
+            log.exception("%s failed", self.name)
+        finally:
+            os._exit(code)  # no atexit/finalizers: the embedded Redis belongs to the parent
+
+    def is_alive(self) -> bool:
+        if self.status is None:
+            done, st = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.status = os.waitstatus_to_exitcode(st)
+        return self.status is None
+
+    def halt(self) -> None:
+        if self.is_alive():
+            os.kill(self.pid, signal.SIGTERM)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.is_alive():
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.status = -signal.SIGKILL
+        if self.status:
+            self.failed = RuntimeError(f"{self.name} exited with status {self.status}")
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's SIGTERM still stops it
+        pass
 
 
 def setup_logging(level: str) -> None:
@@ -96,25 +172,28 @@ def run(cfg: ServeConfig) -> int:
     """Run until a signal; returns the exit status (0 after a clean stop, 2 if it cannot start)."""
     setup_logging(cfg.log_level)
     notifier_cfg = None
-    if cfg.deliver:
+    if cfg.deliver and "deliver" in cfg.roles:
         from notifiers.config import ConfigError, NotifierConfig
 
         try:
             notifier_cfg = NotifierConfig.load()
         except ConfigError as exc:
             return _startup_error(str(exc))
-    try:
-        sock = listen(cfg.host, cfg.port)
-    except OSError as exc:
-        return _startup_error(f"cannot listen on {cfg.host}:{cfg.port}: "
-                              f"{exc.strerror or exc} (use --host/--port)")
+    sock = None
+    if "api" in cfg.roles:
+        try:
+            sock = listen(cfg.host, cfg.port)
+        except OSError as exc:
+            return _startup_error(f"cannot listen on {cfg.host}:{cfg.port}: "
+                                  f"{exc.strerror or exc} (use --host/--port)")
     conn: rs.Connection | None = None
     try:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
         # the first command also tells whether Redis is reachable
         token_hash, generated = rs.ensure_admin_token(conn.text(), os.environ.get(rs.ENV_ADMIN_TOKEN))
     except (redis.RedisError, OSError) as exc:
-        sock.close()
+        if sock is not None:
+            sock.close()
         if conn is not None:
             conn.close()
         return _startup_error(f"cannot reach Redis: {exc}")
@@ -125,33 +204,58 @@ def run(cfg: ServeConfig) -> int:
 
 
 def _serve(
-    cfg: ServeConfig, conn: rs.Connection, sock: socket.socket, notifier_cfg: Any,
+    cfg: ServeConfig, conn: rs.Connection, sock: socket.socket | None, notifier_cfg: Any,
     token_hash: str, generated: str | None,
 ) -> int:
     if generated:
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
         print(f"admin token (shown once, keep it): {generated}", file=sys.stderr, flush=True)
     where = conn.url if conn.embedded is None else f"embedded redis {conn.url}"
-    log.info("ENS service on http://%s:%d, %s", cfg.host, cfg.port, where)
+    roles = ", ".join(r for r in ROLES if r in cfg.roles and (r != "deliver" or notifier_cfg))
+    if sock is not None:
+        log.info("ENS service on http://%s:%d, %s (%s; %d API process%s)", cfg.host, cfg.port,
+                 where, roles, cfg.api_workers, "es" if cfg.api_workers > 1 else "")
+    else:
+        log.info("ENS service, %s (%s)", where, roles)
 
-    app = create_app(ApiSettings(conn.url, token_hash, cfg.max_body, limits=cfg.limits))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
-            lifespan="on", timeout_graceful_shutdown=5,
-        )
-    )
-    stop = threading.Event()
-    worker = EngineWorker(conn.binary(), cfg.worker)
-    # Joined in this order on the way out: HTTP first, so no event arrives after the final
-    # snapshot was planned (one that does is in the ingest stream for the next start anyway).
-    parts = [_Part("http", server.run, [sock]), _Part("engine-worker", worker.run_forever, stop)]
+    # Stopped in this order: HTTP first, so no event arrives after the final snapshot was
+    # planned (one that does is in the ingest stream for the next start anyway), then the
+    # engine worker (final snapshot, lock released), then delivery.
+    parts: list[Any] = []
+    if sock is not None:
+        settings = ApiSettings(conn.url, token_hash, cfg.max_body, max_backlog=cfg.max_backlog,
+                               limits=cfg.limits)
+
+        def make_server() -> uvicorn.Server:
+            return uvicorn.Server(uvicorn.Config(
+                create_app(settings), host=cfg.host, port=cfg.port, log_level="warning",
+                access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+            ))
+
+        if cfg.api_workers > 1:  # forked before any thread starts
+            for k in range(cfg.api_workers):
+                child = _Child(f"http-{k}", lambda: make_server().run([sock]))
+                child.start()
+                parts.append(child)
+            sock.close()  # the children hold it
+        else:
+            server = make_server()
+            parts.append(_Part("http", server.run, [sock],
+                               halt=lambda: setattr(server, "should_exit", True)))
+    if "engine" in cfg.roles:
+        engine_stop = threading.Event()
+        worker = EngineWorker(conn.binary(), cfg.worker)
+        parts.append(_Part("engine-worker", worker.run_forever, engine_stop, halt=engine_stop.set))
     delivery = None
     if notifier_cfg is not None:
         from notifiers.worker import DeliveryWorker
 
+        delivery_stop = threading.Event()
         delivery = DeliveryWorker(conn.text(), notifier_cfg)
-        parts.append(_Part("delivery-worker", delivery.run_forever, stop))
+        parts.append(_Part("delivery-worker", delivery.run_forever, delivery_stop,
+                           halt=delivery_stop.set))
+
+    stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("%s: shutting down", signal.Signals(signum).name)
@@ -160,7 +264,8 @@ def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     for p in parts:
-        p.start()
+        if not isinstance(p, _Child):
+            p.start()
     status = 0
     while not stop.wait(0.5):
         dead = [p for p in parts if not p.is_alive()]
@@ -168,8 +273,11 @@ def _serve(
             log.error("%s stopped unexpectedly; shutting down", ", ".join(p.name for p in dead))
             status = 1
             stop.set()
-    server.should_exit = True
+    for p in parts:  # in order; API processes all at once, then waited for
+        if isinstance(p, _Child):
+            p.halt()
     for p in parts:
+        p.halt()
         p.join(timeout=30)
         if p.failed is not None:
             status = 1

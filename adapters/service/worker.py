@@ -165,7 +165,8 @@ class EngineWorker:
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
         self.since_snapshot = 0  # inputs since the last snapshot
-        self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0}
+        # read: events taken from ens:ingest (the API's ens:ingest:in minus it is the backlog)
+        self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0, "read": 0}
         self.changed = False  # anything to snapshot
         self.last_commit = 0.0
         self.last_snapshot = time.monotonic()
@@ -214,6 +215,8 @@ class EngineWorker:
         self.control_id = meta["control_id"]
         self.totals.update(meta.get("totals", {}))
         self.late_by_gateway.update(meta.get("late_by_gateway", {}))
+        if "read" not in meta.get("totals", {}):  # a checkpoint from before the count existed
+            self.totals["read"] = int(self.r.get(rs.INGEST_IN) or 0)
         held = []
         for row in meta["buffer"]:  # version < 4: no gateway (its events wait for the others)
             entry, seq, wall, obj = row[:4]
@@ -281,15 +284,10 @@ class EngineWorker:
         self._preparsed = {}
         now = time.time()
         reread = 0
-        for eid, fields in pel:
-            if eid in fed:
-                self.unacked.append(eid)
-                self.last_id = max(self.last_id, eid, key=rs.parse_id)
-            else:
-                self._take(eid, fields, now)
-                reread += 1
+        for eid, fields in pel:  # a batch entry may be fed in part: the rest is taken again
+            reread += self._take(eid, fields, now, skip=fed)
         if reread:
-            log.info("re-read %d pending ingest entries after the journal", reread)
+            log.info("re-read %d pending ingest events after the journal", reread)
         if bulk:  # many profiles changed: snapshot now rather than journal them
             self.snapshot()
         self.started = True
@@ -318,8 +316,8 @@ class EngineWorker:
             cursor = out[-1][0]
 
     def _replay(self, pel: list[tuple[str, Any]]) -> set[str]:
-        """Re-apply the journal to the restored engine; returns the ingest ids it fed."""
-        by_id = dict(pel)
+        """Re-apply the journal to the restored engine; returns the event keys it fed."""
+        by_key = {key: (gw, obj) for eid, fields in pel for key, gw, obj in self._decode(eid, fields)}
         held = {h.item.entry: h for h in self.buffer}
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
@@ -330,14 +328,16 @@ class EngineWorker:
                 elif op[0] == "a":
                     self.engine.advance(op[1])
                 else:
-                    eid = op[1]
-                    h = held.pop(eid, None)
-                    fields = by_id.get(eid)
-                    ev = h.item.event if h is not None else self._parse(eid, fields)
+                    key = op[1]
+                    h = held.pop(key, None)
+                    if h is not None:
+                        ev, gw = h.item.event, h.source
+                    else:
+                        gw, obj = by_key.get(key, ("?", None))
+                        ev = self._parse(key, gw, obj)
                     if ev is not None:
-                        gw = h.source if h is not None else _gateway(fields)
                         self._process(ev, gw, replay=True)
-                    fed.add(eid)
+                    fed.add(key)
             redone = self.engine.take_notifications()
             if len(redone) != int(f[b"n"]):
                 log.error("journal replay gave %d notifications where %s were committed: "
@@ -542,32 +542,53 @@ class EngineWorker:
         self.inputs.append(op)
         self.since_snapshot += 1
 
-    def _parse(self, eid: str, fields: Any) -> Event | None:
-        raw = fields.get(rs.INGEST_EVENT.encode()) if fields else None
+    @staticmethod
+    def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
+        """`rs.decode_entry`, with an unreadable entry logged and read as no events."""
         try:
-            return event_from_obj(json.loads(raw), eid)
+            return rs.decode_entry(eid, fields) if fields else []
         except (TypeError, ValueError) as exc:
-            gw = rs.text(fields.get(rs.INGEST_GATEWAY.encode(), b"?")) if fields else "?"
-            log.error("unreadable ingest entry %s from %s skipped: %s", eid, gw, exc)
+            log.error("unreadable ingest entry %s skipped: %s", eid, exc)
+            return []
+
+    def _parse(self, key: str, gw: str, obj: Any) -> Event | None:
+        try:
+            return event_from_obj(obj, key)
+        except (TypeError, ValueError) as exc:
+            log.error("unreadable ingest event %s from %s skipped: %s", key, gw, exc)
             return None
 
-    def _take(self, eid: str, fields: Any, now: float) -> None:
+    def _take(self, eid: str, fields: Any, now: float, skip: set[str] | frozenset[str] = frozenset()) -> int:
+        """Read one ingest entry into the buffer (events in ``skip`` were fed already).
+
+        Returns how many events were taken.
+        """
         self.unacked.append(eid)
         self.changed = True
         if not fields or _id_le(eid, self.last_id):
-            return  # covered by the snapshot already (or trimmed)
+            return 0  # covered by the snapshot already (or trimmed)
         self.last_id = eid
-        gw = _gateway(fields)
-        ev = self._parse(eid, fields)
-        if ev is None:
-            m.EVENTS_INVALID.labels(gateway=gw).inc()
+        decoded = self._decode(eid, fields)
+        if not decoded:
+            m.EVENTS_INVALID.labels(gateway=_gateway(fields)).inc()
             self.totals["invalid"] += 1
-            return
-        self.wm.observe(gw, ev.ts, now)
-        if self.engine.now is not None and ev.ts < self.engine.now:
-            self._feed(ev, eid, gw)  # late: nothing can be reordered around it any more
-            return
-        self.wm.hold(gw, ev.ts, now, _Item(eid, ev))
+        self.totals["read"] += len(decoded)
+        taken = 0
+        for key, gw, obj in decoded:
+            if key in skip:
+                continue
+            taken += 1
+            ev = self._parse(key, gw, obj)
+            if ev is None:
+                m.EVENTS_INVALID.labels(gateway=gw).inc()
+                self.totals["invalid"] += 1
+                continue
+            self.wm.observe(gw, ev.ts, now)
+            if self.engine.now is not None and ev.ts < self.engine.now:
+                self._feed(ev, key, gw)  # late: nothing can be reordered around it any more
+                continue
+            self.wm.hold(gw, ev.ts, now, _Item(key, ev))
+        return taken
 
     def _release_due(self, now: float, caught_up: bool = True) -> None:
         wall = self.cfg.clock == "wall" and caught_up
@@ -578,8 +599,8 @@ class EngineWorker:
             self._input(["a", target])
             self.engine.advance(target)
 
-    def _feed(self, ev: Event, eid: str, gw: str) -> None:
-        self._input(["e", eid])
+    def _feed(self, ev: Event, key: str, gw: str) -> None:
+        self._input(["e", key])  # the event key: rs.decode_entry's identity
         self._process(ev, gw)
 
     def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
