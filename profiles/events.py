@@ -39,9 +39,11 @@ def parse_ts(value: Any) -> float:
         if not math.isfinite(ts):
             raise ValueError("ts must be a finite number")
         if abs(ts) > MAX_EPOCH_SECONDS:
-            raise ValueError(
-                f"ts {value!r} looks like epoch milliseconds; send seconds (e.g. {ts / 1000:.3f})"
-            )
+            if abs(ts) <= MAX_EPOCH_SECONDS * 1000:
+                raise ValueError(
+                    f"ts {value!r} looks like epoch milliseconds; send seconds (e.g. {ts / 1000:.3f})"
+                )
+            raise ValueError(f"ts {value!r} is out of range (epoch seconds, at most {MAX_EPOCH_SECONDS:g})")
         return ts
     if isinstance(value, str):
         text = value.strip()

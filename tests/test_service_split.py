@@ -55,7 +55,7 @@ def test_api_workers_serve_one_port_and_a_dead_one_stops_the_service(tmp_path: P
         rs.put_profile(r, "alarm", 'kind = "alarm"')
         key = rs.add_gateway(r, "gw")
         svc = Service(url, tmp_path / "serve.log", "--reorder-seconds", "0", "--api-workers", "2",
-                      "--max-backlog", "0").start()
+                      "--max-backlog", "0", "--max-past", "off").start()
         try:
             assert svc.proc is not None
             kids = wait_for(lambda: len(_children(svc.proc.pid)) == 2 and _children(svc.proc.pid),
@@ -82,7 +82,7 @@ def test_backlog_over_the_bound_answers_429_until_the_engine_catches_up(tmp_path
         r = redis.Redis.from_url(url, decode_responses=True)
         rs.put_profile(r, "alarm", 'kind = "alarm"')
         key = rs.add_gateway(r, "gw")
-        args = ("--reorder-seconds", "0")
+        args = ("--reorder-seconds", "0", "--max-past", "off")
         engine = Service(url, log, *args, "--role", "engine", http=False).start()
         api = Service(url, log, *args, "--role", "api", "--max-backlog", "50", engine=False).start()
         try:
