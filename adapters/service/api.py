@@ -8,6 +8,7 @@ body says how many), so a gateway must resend only the events listed in ``errors
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -297,18 +298,26 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
 
 
 _DRAIN_MAX = 8 << 20  # of a rejected body, read (and drop) up to this much before answering 413
+_DRAIN_IDLE = 0.2  # s: a client that sends nothing meanwhile waits for the answer
 
 
-async def _too_big(request: Request, message: str, read: int) -> HTTPException:
-    """413 for a body over the limit, after draining what is left of it (up to _DRAIN_MAX).
+async def _too_big(
+    request: Request, message: str, read: int, chunks: AsyncIterator[bytes] | None = None
+) -> HTTPException:
+    """413 for a body over the limit, after draining what the client is still sending.
 
     Answering while the client is still sending and closing makes its TCP stack reset the
-    connection, and the client then sees "connection reset" instead of the 413.
+    connection, and the client then sees "connection reset" instead of the 413. Draining
+    stops after _DRAIN_MAX bytes, or once the client pauses for _DRAIN_IDLE (one that sent
+    only the headers of a large Content-Length gets its 413 at once).
     """
     m.REQUESTS.labels(status="413").inc()
-    async for chunk in request.stream():
-        read += len(chunk)
-        if read > _DRAIN_MAX:
+    if chunks is None:
+        chunks = request.stream().__aiter__()
+    while read <= _DRAIN_MAX:
+        try:
+            read += len(await asyncio.wait_for(anext(chunks), _DRAIN_IDLE))
+        except (StopAsyncIteration, TimeoutError):
             break
     return HTTPException(413, message, headers={"Connection": "close"})
 
@@ -324,12 +333,26 @@ async def _read_limited(request: Request, limit: int) -> bytes:
         raise await _too_big(request, msg, 0)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()  # drained further by _too_big: a second stream()
+    async for chunk in stream:  # raises "Stream consumed" once the last chunk came in
         size += len(chunk)
         if size > limit:
-            raise await _too_big(request, f"body exceeds the limit of {limit} bytes", size)
+            msg = f"body exceeds the limit of {limit} bytes"
+            raise await _too_big(request, msg, size, stream)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_body(request: Request, limit: int, timeout: float | None) -> bytes:
+    """The body within ``timeout`` seconds, else 408: a client that sends half a body and
+    stalls must not hold a connection (and its buffers) open for ever."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read_limited(request, limit)
+    except TimeoutError:
+        m.REQUESTS.labels(status="408").inc()
+        raise HTTPException(408, f"request body not received within {timeout:g} s",
+                            headers={"Connection": "close"}) from None
 
 
 async def require_gateway(
@@ -460,6 +483,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             400: {"model": ErrorOut, "description": "unparseable body; nothing accepted"},
             401: {"model": ErrorOut, "description": "missing or unknown API key"},
             403: {"model": ErrorOut, "description": "revoked API key"},
+            408: {"model": ErrorOut, "description": "body not received within --body-timeout"},
             413: {"model": ErrorOut, "description": "body over the size limit"},
             422: {"model": IngestResult, "description": "some events invalid; the valid ones "
                   "ARE accepted (see accepted)"},
@@ -473,7 +497,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
         ingest entry id is used); other values must be scalars (LANGUAGE.md §1).
         """
-        body = await _read_limited(request, settings.max_body)
+        body = await read_body(request, settings.max_body, settings.limits.body_timeout)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         items, problem = parse_batch(body, ctype)
         if problem:
