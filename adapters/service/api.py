@@ -172,6 +172,14 @@ class LongNumber:
         self.digits = len(text.lstrip("-"))
 
 
+class BadEvent(ValueError):
+    """An event rejected while parsing (it stands in the batch in its place); keeps its id."""
+
+    def __init__(self, message: str, obj: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.obj = obj
+
+
 def _parse_int(text: str) -> int | LongNumber:
     try:
         return int(text)
@@ -179,34 +187,51 @@ def _parse_int(text: str) -> int | LongNumber:
         return LongNumber(text)
 
 
+def _reject_long_numbers(data: Any) -> Any:
+    """Events (top-level objects, or the objects of a top-level array) holding a LongNumber
+    are replaced by a BadEvent naming the key."""
+    if isinstance(data, list):
+        return [_reject_long_numbers(x) if isinstance(x, dict) else x for x in data]
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(value, LongNumber):
+                return BadEvent(f"key {key!r}: a number of {value.digits} digits is too long "
+                                f"(at most {sys.get_int_max_str_digits()})", data)
+    return data
+
+
 def loads_body(text: str) -> Any:
     """json.loads for request bodies: NaN/Infinity rejected; a nesting deep enough to exhaust
     the parser's recursion (``[`` x 100000) is a ValueError, not a RecursionError (a 500);
-    over-long integers become LongNumber (parsed again only then, so the common path keeps
-    the C parser's int conversion)."""
+    an event with an over-long integer becomes a BadEvent (parsed again only then, so the
+    common path keeps the C parser's int conversion)."""
     try:
         try:
             return json.loads(text, parse_constant=_reject_constant)
         except ValueError as exc:
             if isinstance(exc, json.JSONDecodeError) or "integer string" not in str(exc):
                 raise
-        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+        data = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
     except RecursionError:
         raise ValueError(_TOO_DEEP) from None
+    return _reject_long_numbers(data)
+
+
+def may_hold_surrogates(body: bytes) -> bool:
+    """Whether check_values is needed: a lone surrogate can only come from a ``\\u``
+    escape (the UTF-8 decoder refuses encoded surrogates), so most bodies skip it."""
+    return b"\\u" in body
 
 
 def check_values(obj: Any) -> None:
-    """Raise ValueError naming the key of a value no event may carry and event_from_obj does
-    not know about: an over-long integer (LongNumber), or a key or string with a lone
-    surrogate. JSON may escape one (``"\\ud800"``); Python decodes it, but it cannot be
-    encoded as UTF-8 for Redis, and failing there would lose the whole batch.
+    """Raise ValueError naming the key whose key or string value holds a lone surrogate.
+
+    JSON may escape one (``"\\ud800"``); Python decodes it, but it cannot be encoded as
+    UTF-8 for Redis, and failing there would lose the whole batch.
     """
     if not isinstance(obj, dict):
         return
     for key, value in obj.items():
-        if isinstance(value, LongNumber):
-            raise ValueError(f"key {key!r}: a number of {value.digits} digits is too long "
-                             f"(at most {sys.get_int_max_str_digits()})")
         for text in (key, value):
             if isinstance(text, str):
                 try:
@@ -249,6 +274,8 @@ def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
 def error_id(obj: Any) -> str | None:
     """The `id` to name a rejected event by in the 422, when it has a usable one (not one
     with a lone surrogate, which the answer could not encode)."""
+    if isinstance(obj, BadEvent):
+        obj = obj.obj
     eid = obj.get("id") if isinstance(obj, dict) else None
     if isinstance(eid, bool) or not isinstance(eid, str | int):
         return None
@@ -290,7 +317,7 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
         return [], f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{hint}"
     except ValueError as exc:
         return [], f"invalid JSON: {exc}"
-    if isinstance(data, dict):
+    if isinstance(data, dict | BadEvent):
         return [(0, None, data)], ""
     if isinstance(data, list):
         return [(i, None, obj) for i, obj in enumerate(data)], ""
@@ -506,11 +533,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
         valid: list[str] = []
         errors: list[EventErrorOut] = []
         now = time.time()
+        odd = may_hold_surrogates(body)
         for index, line, obj in items:
             try:
                 if isinstance(obj, ValueError):
                     raise obj
-                check_values(obj)
+                if odd:
+                    check_values(obj)
                 check_ts_window(event_from_obj(obj, "-").ts, now, settings.limits)
                 valid.append(store.dumps(obj))
             except ValueError as exc:
