@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-robust")
     with redis_server(d) as url:
         s = Service(url, d / "serve.log", "--reorder-seconds", "0.2",
-                    "--max-body", str(MAX_BODY)).start()
+                    "--max-body", str(MAX_BODY), "--body-timeout", "1s").start()
         try:
             yield s
         finally:
@@ -250,9 +251,49 @@ def test_ts_window_flags_widen_or_disable_the_bounds(tmp_path: Path) -> None:
             s.kill()
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--max-future", "soon"), ("--max-past", "-1d")])
+@pytest.mark.parametrize(("flag", "value"), [("--max-future", "soon"), ("--max-past", "-1d"),
+                                             ("--body-timeout", "0")])
 def test_serve_rejects_bad_limits(flag: str, value: str) -> None:
     from ens.cli import app as ens_app
 
     res = CliRunner().invoke(ens_app, ["serve", flag, value])
     assert res.exit_code == 2 and flag in res.output and value in res.output, res.output
+
+
+# ----------------------------------------------------------------------------- slow bodies
+
+
+def _raw_post(svc: Service, key: str, length: int, body: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", svc.port), timeout=10)
+    sock.sendall(
+        f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode() + body
+    )
+    return sock
+
+
+def _status(sock: socket.socket) -> tuple[int, bytes]:
+    data = b""
+    with sock:
+        while True:  # to the end: these answers close the connection
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def test_declared_oversized_body_gets_413_without_sending_it(svc: Service, key: str) -> None:
+    t0 = time.monotonic()
+    status, head = _status(_raw_post(svc, key, 4 << 20))  # headers only: 4 MiB announced
+    assert status == 413 and b"limit" in head
+    assert time.monotonic() - t0 < 1.0  # not after --body-timeout (1 s here)
+
+
+def test_half_sent_bodies_get_408_after_the_body_timeout(svc: Service, key: str) -> None:
+    t0 = time.monotonic()
+    socks = [_raw_post(svc, key, 1000, b'[{"ts": 1') for _ in range(200)]
+    answers = [_status(s) for s in socks]
+    elapsed = time.monotonic() - t0
+    assert {a[0] for a in answers} == {408}, answers[0]
+    assert b"1 s" in answers[0][1] and elapsed < 8

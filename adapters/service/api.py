@@ -8,6 +8,7 @@ body says how many), so a gateway must resend only the events listed in ``errors
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -173,6 +174,14 @@ class LongNumber:
         self.digits = len(text.lstrip("-"))
 
 
+class BadEvent(ValueError):
+    """An event rejected while parsing (it stands in the batch in its place); keeps its id."""
+
+    def __init__(self, message: str, obj: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.obj = obj
+
+
 def _parse_int(text: str) -> int | LongNumber:
     try:
         return int(text)
@@ -180,34 +189,51 @@ def _parse_int(text: str) -> int | LongNumber:
         return LongNumber(text)
 
 
+def _reject_long_numbers(data: Any) -> Any:
+    """Events (top-level objects, or the objects of a top-level array) holding a LongNumber
+    are replaced by a BadEvent naming the key."""
+    if isinstance(data, list):
+        return [_reject_long_numbers(x) if isinstance(x, dict) else x for x in data]
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(value, LongNumber):
+                return BadEvent(f"key {key!r}: a number of {value.digits} digits is too long "
+                                f"(at most {sys.get_int_max_str_digits()})", data)
+    return data
+
+
 def loads_body(text: str) -> Any:
     """json.loads for request bodies: NaN/Infinity rejected; a nesting deep enough to exhaust
     the parser's recursion (``[`` x 100000) is a ValueError, not a RecursionError (a 500);
-    over-long integers become LongNumber (parsed again only then, so the common path keeps
-    the C parser's int conversion)."""
+    an event with an over-long integer becomes a BadEvent (parsed again only then, so the
+    common path keeps the C parser's int conversion)."""
     try:
         try:
             return json.loads(text, parse_constant=_reject_constant)
         except ValueError as exc:
             if isinstance(exc, json.JSONDecodeError) or "integer string" not in str(exc):
                 raise
-        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+        data = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
     except RecursionError:
         raise ValueError(_TOO_DEEP) from None
+    return _reject_long_numbers(data)
+
+
+def may_hold_surrogates(body: bytes) -> bool:
+    """Whether check_values is needed: a lone surrogate can only come from a ``\\u``
+    escape (the UTF-8 decoder refuses encoded surrogates), so most bodies skip it."""
+    return b"\\u" in body
 
 
 def check_values(obj: Any) -> None:
-    """Raise ValueError naming the key of a value no event may carry and event_from_obj does
-    not know about: an over-long integer (LongNumber), or a key or string with a lone
-    surrogate. JSON may escape one (``"\\ud800"``); Python decodes it, but it cannot be
-    encoded as UTF-8 for Redis, and failing there would lose the whole batch.
+    """Raise ValueError naming the key whose key or string value holds a lone surrogate.
+
+    JSON may escape one (``"\\ud800"``); Python decodes it, but it cannot be encoded as
+    UTF-8 for Redis, and failing there would lose the whole batch.
     """
     if not isinstance(obj, dict):
         return
     for key, value in obj.items():
-        if isinstance(value, LongNumber):
-            raise ValueError(f"key {key!r}: a number of {value.digits} digits is too long "
-                             f"(at most {sys.get_int_max_str_digits()})")
         for text in (key, value):
             if isinstance(text, str):
                 try:
@@ -250,6 +276,8 @@ def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
 def error_id(obj: Any) -> str | None:
     """The `id` to name a rejected event by in the 422, when it has a usable one (not one
     with a lone surrogate, which the answer could not encode)."""
+    if isinstance(obj, BadEvent):
+        obj = obj.obj
     eid = obj.get("id") if isinstance(obj, dict) else None
     if isinstance(eid, bool) or not isinstance(eid, str | int):
         return None
@@ -291,7 +319,7 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
         return [], f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{hint}"
     except ValueError as exc:
         return [], f"invalid JSON: {exc}"
-    if isinstance(data, dict):
+    if isinstance(data, dict | BadEvent):
         return [(0, None, data)], ""
     if isinstance(data, list):
         return [(i, None, obj) for i, obj in enumerate(data)], ""
@@ -299,18 +327,26 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
 
 
 _DRAIN_MAX = 8 << 20  # of a rejected body, read (and drop) up to this much before answering 413
+_DRAIN_IDLE = 0.2  # s: a client that sends nothing meanwhile waits for the answer
 
 
-async def _too_big(request: Request, message: str, read: int) -> HTTPException:
-    """413 for a body over the limit, after draining what is left of it (up to _DRAIN_MAX).
+async def _too_big(
+    request: Request, message: str, read: int, chunks: AsyncIterator[bytes] | None = None
+) -> HTTPException:
+    """413 for a body over the limit, after draining what the client is still sending.
 
     Answering while the client is still sending and closing makes its TCP stack reset the
-    connection, and the client then sees "connection reset" instead of the 413.
+    connection, and the client then sees "connection reset" instead of the 413. Draining
+    stops after _DRAIN_MAX bytes, or once the client pauses for _DRAIN_IDLE (one that sent
+    only the headers of a large Content-Length gets its 413 at once).
     """
     m.REQUESTS.labels(status="413").inc()
-    async for chunk in request.stream():
-        read += len(chunk)
-        if read > _DRAIN_MAX:
+    if chunks is None:
+        chunks = request.stream().__aiter__()
+    while read <= _DRAIN_MAX:
+        try:
+            read += len(await asyncio.wait_for(anext(chunks), _DRAIN_IDLE))
+        except (StopAsyncIteration, TimeoutError):
             break
     return HTTPException(413, message, headers={"Connection": "close"})
 
@@ -326,12 +362,26 @@ async def _read_limited(request: Request, limit: int) -> bytes:
         raise await _too_big(request, msg, 0)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()  # drained further by _too_big: a second stream()
+    async for chunk in stream:  # raises "Stream consumed" once the last chunk came in
         size += len(chunk)
         if size > limit:
-            raise await _too_big(request, f"body exceeds the limit of {limit} bytes", size)
+            msg = f"body exceeds the limit of {limit} bytes"
+            raise await _too_big(request, msg, size, stream)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_body(request: Request, limit: int, timeout: float | None) -> bytes:
+    """The body within ``timeout`` seconds, else 408: a client that sends half a body and
+    stalls must not hold a connection (and its buffers) open for ever."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await _read_limited(request, limit)
+    except TimeoutError:
+        m.REQUESTS.labels(status="408").inc()
+        raise HTTPException(408, f"request body not received within {timeout:g} s",
+                            headers={"Connection": "close"}) from None
 
 
 async def require_gateway(
@@ -481,6 +531,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             400: {"model": ErrorOut, "description": "unparseable body; nothing accepted"},
             401: {"model": ErrorOut, "description": "missing or unknown API key"},
             403: {"model": ErrorOut, "description": "revoked API key"},
+            408: {"model": ErrorOut, "description": "body not received within --body-timeout"},
             413: {"model": ErrorOut, "description": "body over the size limit"},
             429: {"model": ErrorOut, "description": "ingest backlog over --max-backlog; nothing "
                   "accepted, retry after Retry-After seconds"},
@@ -496,7 +547,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
         ingest entry id is used); other values must be scalars (LANGUAGE.md §1).
         """
-        body = await _read_limited(request, settings.max_body)
+        body = await read_body(request, settings.max_body, settings.limits.body_timeout)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         items, problem = parse_batch(body, ctype)
         if problem:
@@ -505,11 +556,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
         valid: list[str] = []
         errors: list[EventErrorOut] = []
         now = time.time()
+        odd = may_hold_surrogates(body)
         for index, line, obj in items:
             try:
                 if isinstance(obj, ValueError):
                     raise obj
-                check_values(obj)
+                if odd:
+                    check_values(obj)
                 check_ts_window(event_from_obj(obj, "-").ts, now, settings.limits)
                 valid.append(store.dumps(obj))
             except ValueError as exc:

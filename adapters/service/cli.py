@@ -168,6 +168,10 @@ def serve(
         str, typer.Option(help="Reject events whose ts is further behind the wall clock "
                                "(e.g. 30d; 'off' for backfills of old data).")
     ] = "30d",
+    body_timeout: Annotated[
+        str, typer.Option(help="Answer 408 to a request whose body is not received within "
+                               "this time (e.g. 10s; 'off': wait for ever).")
+    ] = "10s",
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
     from adapters.service.api import IngestLimits
@@ -195,6 +199,7 @@ def serve(
     limits = IngestLimits(
         max_future=_duration_option("--max-future", max_future),
         max_past=_duration_option("--max-past", max_past),
+        body_timeout=_duration_option("--body-timeout", body_timeout),
     )
     wcfg = WorkerConfig(
         reorder_seconds=reorder_seconds, reorder_max_events=reorder_max_events, clock=clock,
