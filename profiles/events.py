@@ -89,15 +89,17 @@ def _reject_constant(name: str) -> float:
 
 
 def parse_event_line(line: str, lineno: int, source: str | None = None) -> Event:
-    """One JSON line as an Event; errors are located as `SOURCE:LINE[:COL]` (or `line N`)."""
-    where = f"{source}:{lineno}" if source else f"line {lineno}"
+    """One JSON line as an Event; errors are located as `SOURCE, line N[, column C]`.
+
+    The words "line N" are part of the contract (conformance case 20-error-event).
+    """
+    where = f"{source}, line {lineno}" if source else f"line {lineno}"
     try:
         obj = json.loads(line, parse_constant=_reject_constant)
         return event_from_obj(obj, f"#{lineno}")
     except json.JSONDecodeError as e:
         # the column is 1-based in characters of the line, as editors count it
-        at = f"{where}:{e.colno}" if source else f"{where}, column {e.colno}"
-        raise EventError(f"invalid JSON: {e.msg}", at) from None
+        raise EventError(f"invalid JSON: {e.msg}", f"{where}, column {e.colno}") from None
     except ValueError as e:
         raise EventError(str(e), where) from None
 
@@ -116,7 +118,7 @@ def iter_event_lines(lines: Iterable[str], source: str | None = None) -> Iterato
 def read_events(lines: Iterable[str], max_errors: int = 20, source: str | None = None) -> list[Event]:
     """All events of a stream, or EventErrors for (up to `max_errors`) bad lines.
 
-    `source` (a file name) makes the errors read `FILE:LINE:COL: message`.
+    `source` (a file name) makes the errors read `FILE, line N, column C: message`.
     """
     from profiles.errors import ManyErrors
 

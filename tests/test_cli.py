@@ -53,21 +53,21 @@ def test_bad_event_lines_are_named_and_nothing_is_written(tmp_path: Path) -> Non
     out = tmp_path / "out.jsonl"
     r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(ev), "--out", str(out)])
     assert r.exit_code == 2
-    for needle in (f"{ev}:2: ts 'yesterday' is not an RFC 3339", f"{ev}:3:1: invalid JSON",
-                   f"{ev}:4: missing required key 'ts'"):
+    for needle in (f"{ev}, line 2: ts 'yesterday' is not an RFC 3339",
+                   f"{ev}, line 3, column 1: invalid JSON", f"{ev}, line 4: missing required key 'ts'"):
         assert needle in r.stderr
     assert not out.exists()
 
 
-def test_a_broken_json_line_is_located_as_file_line_column(tmp_path: Path) -> None:
+def test_a_broken_json_line_is_located_by_file_line_and_column(tmp_path: Path) -> None:
     ev = tmp_path / "e.jsonl"
     ev.write_text('{"ts": 1, "k": "A"}\n\t{"ts": 2, "k": }\n{"ts": 3, "é": "ü",, }\n')
     for cmd in (["replay", str(EXAMPLES / "profiles.yaml"), str(ev)],
                 ["explain", str(EXAMPLES / "profiles.yaml"), str(ev), "-p", "x"]):
         r = runner.invoke(app, cmd)
         assert r.exit_code == 2
-        assert f"error: {ev}:2:17: invalid JSON: Expecting value\n" in r.stderr  # the tab is column 1
-        assert f"error: {ev}:3:20: invalid JSON: Expecting property name" in r.stderr
+        assert f"error: {ev}, line 2, column 17: invalid JSON: Expecting value\n" in r.stderr  # the tab is column 1
+        assert f"error: {ev}, line 3, column 20: invalid JSON: Expecting property name" in r.stderr
 
 
 def test_missing_file_and_bad_until(tmp_path: Path) -> None:
