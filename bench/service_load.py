@@ -80,13 +80,15 @@ def redis_server(workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def service(url: str, port: int, reorder: float, log: Path, *extra: str) -> Iterator[str]:
-    env = {**os.environ, rs.ENV_ADMIN_TOKEN: "bench"}
+def service(url: str, port: int, reorder: float, log: Path, *extra: str,
+            root: Path = ROOT) -> Iterator[str]:
+    """The service of checkout ``root`` (another checkout gives a before/after in one run)."""
+    env = {**os.environ, rs.ENV_ADMIN_TOKEN: "bench", "PYTHONPATH": str(root)}
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "adapters.service", "serve", "--redis-url", url, "--port",
              str(port), "--no-deliver", "--reorder-seconds", str(reorder), "--log-level",
-             "WARNING", *extra], cwd=ROOT, env=env, stdout=fh, stderr=fh,
+             "WARNING", *extra], cwd=root, env=env, stdout=fh, stderr=fh,
         )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -141,10 +143,12 @@ class Gen:
 
 
 def run_phase(base: str, keys: list[str], gen: Gen, total: int, batch: int, clients: int,
-              probe_every: int, sent: dict[str, float], rate: float = 0.0) -> float:
+              probe_every: int, sent: dict[str, float], rate: float = 0.0,
+              posts: list[float] | None = None) -> float:
     """Post ``total`` events in POSTs of ``batch`` (at most ``rate`` events/s if > 0).
 
-    Returns the wall time of the posting.
+    Returns the wall time of the posting; ``posts`` collects each POST's seconds from the
+    first event's ``ts`` to the answer (what the service's lateness must cover).
     """
     per_client = total // clients
     errors: list[str] = []
@@ -166,6 +170,8 @@ def run_phase(base: str, keys: list[str], gen: Gen, total: int, batch: int, clie
                 body = "".join(json.dumps(e) + "\n" for e in evs)
                 t = time.time()
                 resp = c.post("/v1/events", content=body)
+                if posts is not None:
+                    posts.append(time.time() - evs[0]["ts"])
                 if resp.status_code != 202:
                     errors.append(f"{resp.status_code} {resp.text[:200]}")
                     return
@@ -235,6 +241,52 @@ def latencies(r: redis.Redis, sent: dict[str, float]) -> dict[str, float]:
             "p99_ms": 1000 * pct(lat, 99), "max_ms": 1000 * max(lat)}
 
 
+def _batch_phase(name: str, total: int, rate: float, args: argparse.Namespace, r: redis.Redis,
+                 base: str, keys: list[str], key: str, gen: Gen, late: int,
+                 results: dict[str, Any]) -> int:
+    sent: dict[str, float] = {}
+    posts: list[float] = []
+    batch = 1 if name == "single" else args.batch
+    dt = run_phase(base, keys, gen, total, batch, args.clients, 20 if batch == 1 else batch,
+                   sent, rate=rate, posts=posts)
+    e2e = wait_probe(r, base, key, gen, sent)
+    now_late = late_total(r)
+    results[name] = {
+        "events": total, "late": now_late - late, "post_s": dt, "ingest_eps": total / dt,
+        "e2e_eps": total / (dt + e2e), **latencies(r, sent),
+        "post_p50_ms": 1000 * statistics.median(posts), "post_p99_ms": 1000 * pct(posts, 99),
+    }
+    r.delete(store.OUTBOX)
+    return now_late
+
+
+def _idle_phase(args: argparse.Namespace, r: redis.Redis, base: str, keys: list[str], key: str,
+                gen: Gen, late: int, results: dict[str, Any]) -> int:
+    sent: dict[str, float] = {}
+    # idle means idle: the other gateways have been silent for longer than the idle timeout
+    time.sleep((0.5 if args.idle_timeout is None else args.idle_timeout) + 0.5)
+    with httpx.Client(base_url=base, headers={"X-API-Key": key}) as c:
+        for _ in range(args.idle):
+            ev = gen.event(probe=True)
+            t = time.time()
+            c.post("/v1/events", json=ev).raise_for_status()
+            sent[ev["id"]] = t
+            time.sleep(0.05)
+    wait_probe(r, base, key, gen, sent)
+    now_late = late_total(r)
+    results["idle"] = {**latencies(r, sent), "late": now_late - late}
+    r.delete(store.OUTBOX)
+    return now_late
+
+
+_PHASES = {
+    "batched": lambda a, *rest: _batch_phase("batched", a.events, 0.0, a, *rest),
+    "paced": lambda a, *rest: _batch_phase("paced", a.paced, a.rate, a, *rest),
+    "single": lambda a, *rest: _batch_phase("single", a.singles, 0.0, a, *rest),
+    "idle": _idle_phase,
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=60_000, help="batched events")
@@ -251,8 +303,18 @@ def main() -> None:
                     help="allowed lateness (s) of the bench gateways (default: the service's)")
     ap.add_argument("--composites", type=int, default=200)
     ap.add_argument("--filters", type=int, default=200)
+    ap.add_argument("--phases", default="batched,paced,single,idle",
+                    help="comma list of the phases to run, in this order")
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument for `serve` (repeat), e.g. --serve-arg=--api-workers=2")
+    ap.add_argument("--service-root", type=Path, default=ROOT,
+                    help="run the service of this checkout (e.g. a worktree of an older commit)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = set(phases) - {"batched", "paced", "single", "idle"}
+    if unknown:
+        ap.error(f"unknown phase(s) {', '.join(sorted(unknown))}: batched, paced, single, idle")
 
     work = Path(tempfile.mkdtemp(prefix="ens-bench-"))
     results: dict[str, Any] = {"reorder_seconds": args.reorder_seconds, "batch": args.batch,
@@ -267,53 +329,14 @@ def main() -> None:
             key = keys[0]
             port = 18000 + random.randrange(2000)
             extra = () if args.idle_timeout is None else ("--idle-timeout", str(args.idle_timeout))
-            with service(url, port, args.reorder_seconds, work / "serve.log", *extra) as base:
+            extra += tuple(args.serve_arg)
+            with service(url, port, args.reorder_seconds, work / "serve.log", *extra,
+                         root=args.service_root) as base:
                 gen = Gen(7)
                 time.sleep(0.5)
                 late = 0
-
-                sent: dict[str, float] = {}
-                dt = run_phase(base, keys, gen, args.events, args.batch, args.clients,
-                               args.batch, sent)
-                e2e = wait_probe(r, base, key, gen, sent)
-                late, late0 = late_total(r), late
-                results["batched"] = {
-                    "events": args.events, "late": late - late0, "post_s": dt, "ingest_eps": args.events / dt,
-                    "e2e_eps": args.events / (dt + e2e), **latencies(r, sent),
-                }
-                r.delete(store.OUTBOX)
-
-                sent = {}
-                dt = run_phase(base, keys, gen, args.paced, args.batch, args.clients,
-                               args.batch, sent, rate=args.rate)
-                e2e = wait_probe(r, base, key, gen, sent)
-                late, late0 = late_total(r), late
-                results["paced"] = {
-                    "events": args.paced, "late": late - late0, "post_s": dt, "ingest_eps": args.paced / dt,
-                    "e2e_eps": args.paced / (dt + e2e), **latencies(r, sent),
-                }
-                r.delete(store.OUTBOX)
-
-                sent = {}
-                dt = run_phase(base, keys, gen, args.singles, 1, args.clients, 20, sent)
-                e2e = wait_probe(r, base, key, gen, sent)
-                late, late0 = late_total(r), late
-                results["single"] = {
-                    "events": args.singles, "late": late - late0, "post_s": dt, "ingest_eps": args.singles / dt,
-                    "e2e_eps": args.singles / (dt + e2e), **latencies(r, sent),
-                }
-                r.delete(store.OUTBOX)
-
-                sent = {}
-                with httpx.Client(base_url=base, headers={"X-API-Key": key}) as c:
-                    for _ in range(args.idle):
-                        ev = gen.event(probe=True)
-                        t = time.time()
-                        c.post("/v1/events", json=ev).raise_for_status()
-                        sent[ev["id"]] = t
-                        time.sleep(0.05)
-                wait_probe(r, base, key, gen, sent)
-                results["idle"] = {**latencies(r, sent), "late": late_total(r) - late}
+                for phase in phases:
+                    late = _PHASES[phase](args, r, base, keys, key, gen, late, results)
                 st = rs.worker_status(r) or {}
                 results["engine"] = {k: st.get("stats", {}).get(k) for k in
                                      ("profiles", "partial_matches", "pool_filters",
@@ -336,12 +359,14 @@ def main() -> None:
           f"of {results['commit_mean_ms']:.1f} ms")
     print(f"late events: {results['engine']['total_late']} of {results['engine']['total_events']}")
     print(f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
-          f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}")
-    for name in ("batched", "paced", "single", "idle"):
+          f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}{'POST p50':>10}{'POST p99':>10}")
+    for name in phases:
         res = results[name]
         print(f"{name:<10}{res.get('events', res['probes']):>8}"
               f"{res.get('ingest_eps', float('nan')):>13.0f}{res.get('e2e_eps', float('nan')):>10.0f}"
-              f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}{res['late']:>7}")
+              f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}{res['late']:>7}"
+              f"{res.get('post_p50_ms', float('nan')):>10.0f}"
+              f"{res.get('post_p99_ms', float('nan')):>10.0f}")
 
 
 def _metric(text: str, name: str) -> float:

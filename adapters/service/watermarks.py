@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 _NEG_INF = float("-inf")
+_INF = float("inf")
 
 
 class Held(NamedTuple):
@@ -106,6 +107,24 @@ class Watermarks:
             if s.last_wall > limit and s.lateness is not None and s.lateness > out:
                 out = s.lateness
         return out
+
+    def next_due(self, now_wall: float, floor_lag: float | None) -> float | None:
+        """Wall time at which the oldest held event may next be released without new input.
+
+        Either the wall-clock floor (``ts + floor_lag``; None: no floor) passes it, or an active
+        source turns idle and stops holding it back. None when nothing is held. The worker
+        sleeps until then rather than a whole tick, so the floor is not rounded up to a tick.
+        """
+        if not self.heap:
+            return None
+        due = _INF if floor_lag is None else self.heap[0].ts + floor_lag
+        limit = now_wall - self.idle_timeout
+        for s in self.sources.values():
+            if s.last_wall > limit:
+                t = s.last_wall + self.idle_timeout
+                if t < due:
+                    due = t
+        return due
 
     def release(self, now_wall: float, floor: float = _NEG_INF) -> list[Held]:
         """Pop the events the watermark (or ``floor``) has passed, and those beyond the cap.

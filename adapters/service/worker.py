@@ -510,6 +510,12 @@ class EngineWorker:
             if self.pending:
                 wait = self.cfg.commit_min_interval - (time.monotonic() - self.last_commit)
                 block = min(block, max(wait, 0.0))
+            if self.wm.heap:  # wake when the oldest held event falls due, not a tick later
+                t = time.time()
+                lag = self.wm.max_active_lateness(t) if self.cfg.clock == "wall" else None
+                due = self.wm.next_due(t, lag)
+                if due is not None:
+                    block = min(block, max(due - t, 0.001))
         resp = self.r.xreadgroup(
             rs.ENGINE_GROUP,
             self.cfg.name,
