@@ -208,8 +208,11 @@ def test_api_keys(svc: Service, r: redis.Redis) -> None:
     resp = httpx.post(svc.url + "/v1/events", json=ev, headers={"X-API-Key": key})
     assert resp.status_code == 202
     assert rs.revoke_gateway(r, "gw-revoked")
+    n = r.xlen(rs.INGEST)
+    # the API cached the key on its first use; the ingest write re-checks it atomically
     resp = httpx.post(svc.url + "/v1/events", json=ev, headers={"X-API-Key": key})
     assert resp.status_code == 403 and "revoked" in resp.json()["error"]
+    assert r.xlen(rs.INGEST) == n  # nothing of the revoked gateway's request was stored
     with pytest.raises(ValueError, match="already exists"):
         rs.add_gateway(r, "gw-api")
     new_key = rs.add_gateway(r, "gw-revoked")  # a revoked gateway may get a new key

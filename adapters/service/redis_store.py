@@ -416,6 +416,24 @@ def check_key_record(raw: Any, key: str) -> KeyCheck:
     return KeyCheck(name, "ok")
 
 
+# Append a request's events only if its gateway key is still valid: the check and the write
+# are one atomic round trip, so the API may cache keys it has seen and a revocation still takes
+# effect on the very next request. Returns the entry id, or "unknown" / "revoked".
+INGEST_SCRIPT = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 'unknown' end
+local rec = cjson.decode(raw)
+if rec['sha256'] ~= ARGV[2] then return 'unknown' end
+if rec['revoked'] and rec['revoked'] ~= cjson.null and rec['revoked'] ~= false then
+  return 'revoked'
+end
+local id = redis.call('XADD', KEYS[2], '*', 'b', ARGV[3], 'g', ARGV[1])
+redis.call('INCRBY', KEYS[3], ARGV[4])
+return id
+"""
+INGEST_SCRIPT_KEYS = (GATEWAYS, INGEST, INGEST_IN)
+
+
 def gateway_of_key(key: str) -> str | None:
     name, dot, secret = key.partition(".")
     return name if dot and secret and _GATEWAY_RE.fullmatch(name) else None
