@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 import redis
 from pydantic import (
     BaseModel,
@@ -224,8 +225,16 @@ def get_subscriber(r: redis.Redis, sid: str) -> Subscriber | None:
 
 
 def dumps(obj: Any) -> str:
-    """Compact JSON, the one encoding used for every value this contract stores."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON, the one encoding used for every value this contract stores.
+
+    orjson writes the same compact UTF-8 JSON ~5x faster (the engine worker encodes every
+    notification, the API every event); the standard library takes what orjson refuses
+    (integers beyond 64 bits, non-string keys).
+    """
+    try:
+        return orjson.dumps(obj).decode()
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
 def enqueue(r: redis.Redis, record: Mapping[str, Any]) -> str:

@@ -84,6 +84,21 @@ def event_from_obj(obj: Any, default_id: str) -> Event:
     return Event(ev_id, ts, attrs)
 
 
+def event_from_normalized(obj: dict[str, Any], default_id: str) -> Event:
+    """An event the service's API has validated and normalized (`ts` a number of epoch
+    seconds, `id` a string if present, no nulls, scalar values): built without checking again.
+
+    Takes ``obj`` over (its `id` and `ts` are removed). Raises TypeError or KeyError when ``obj``
+    is not of that form, so a caller can fall back to `event_from_obj`.
+    """
+    ts = obj["ts"]
+    if type(ts) is not float and type(ts) is not int:
+        raise TypeError("ts is not a number")
+    del obj["ts"]
+    ev_id = obj.pop("id", None)
+    return Event(default_id if ev_id is None else ev_id, float(ts), obj)
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 

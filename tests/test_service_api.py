@@ -6,6 +6,7 @@ import itertools
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,35 @@ def test_posted_events_reach_the_outbox_like_replay(
                                 "level": 3}
     expected = replay([parse_profile(expr, pid)], [event_from_obj(e, "") for e in evs])
     assert replay_records(notes) == [x.to_json() for x in expected]
+
+
+def test_stored_events_are_normalized_and_read_back_exactly(
+    gw: httpx.Client, admin: httpx.Client, r: redis.Redis
+) -> None:
+    """The API stores validated, normalized events that the worker builds without validating
+    again; an integer beyond 64 bits is flagged so that it is read back exactly, not as the
+    float orjson would make of it."""
+    pid = uid("norm")
+    add_profile(admin, pid, 'kind = "norm-probe"')
+    now = time.time()
+    stamp = datetime.fromtimestamp(now, UTC).isoformat()
+    evs = [{"id": "n1", "ts": stamp, "kind": "norm-probe", "gone": None, "v": 1.5},
+           {"ts": now, "kind": "norm-probe", "big": 10**30}]
+    resp = gw.post("/v1/events", json=evs)
+    assert resp.status_code == 202, resp.text
+    last = r.xrevrange(rs.INGEST, count=1)[0][1]
+    assert last[rs.INGEST_FORMAT] == rs.INGEST_EXACT  # because of `big`
+    stored = json.loads(last[rs.INGEST_BATCH])
+    assert stored[0] == {"id": "n1", "ts": pytest.approx(now, abs=1e-5), "kind": "norm-probe",
+                         "v": 1.5}  # ts in epoch seconds, the null dropped
+    assert "id" not in stored[1]  # the worker names it by its ingest key
+    notes = wait_notes(r, pid, 2)
+    by_id = {n["events"]["e"]["id"]: n["events"]["e"] for n in notes}
+    assert by_id["n1"]["v"] == 1.5 and "gone" not in by_id["n1"]
+    (big,) = [e for i, e in by_id.items() if i != "n1"]
+    assert big["big"] == 10**30 and type(big["big"]) is int
+    gw.post("/v1/events", json={"ts": now, "kind": "norm-probe"})
+    assert r.xrevrange(rs.INGEST, count=1)[0][1][rs.INGEST_FORMAT] == rs.INGEST_NORMALIZED
 
 
 def test_batch_with_invalid_events_accepts_the_valid_ones(

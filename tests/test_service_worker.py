@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from adapters.service import redis_store as rs
+from adapters.service.api import normalized_json
 from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
 from ens.replay import replay
 from profiles.events import event_from_obj
@@ -72,9 +73,21 @@ def make_events(n: int, seed: int, t0: float = 1_700_000_000.0) -> list[dict[str
 
 
 def ingest(r: redis.Redis, events: list[dict[str, Any]]) -> None:
+    """XADD the events in each entry format the worker reads: one event per entry (older
+    services), a batch as received, and a batch normalized by the API (`normalized_json`)."""
     with r.pipeline() as p:
-        for ev in events:
-            p.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps(ev), rs.INGEST_GATEWAY: "test"})
+        for i in range(0, len(events), 3):
+            group, kind = events[i:i + 3], (i // 3) % 3
+            if kind == 0:
+                for ev in group:
+                    p.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps(ev), rs.INGEST_GATEWAY: "test"})
+            elif kind == 1:
+                p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(group), rs.INGEST_GATEWAY: "test"})
+            else:
+                body = [normalized_json(ev, event_from_obj(ev, "-"))[0] for ev in group]
+                p.xadd(rs.INGEST, {rs.INGEST_BATCH: "[" + ",".join(body) + "]",
+                                   rs.INGEST_GATEWAY: "test",
+                                   rs.INGEST_FORMAT: rs.INGEST_NORMALIZED})
         p.execute()
 
 
@@ -159,7 +172,7 @@ def test_exactly_once_across_crashes(
     ingest(rb, arrival[:200])
     clock = [time.time()]
 
-    a = EngineWorker(rb, config())
+    a = EngineWorker(rb, config(batch=2))  # entries of up to 3 events: the crash is mid-stream
     a.start()
     for step in range(crash_at):
         clock[0] += 0.01
@@ -219,6 +232,29 @@ def test_profile_changes_apply_live_and_survive_restart(rb: redis.Redis, rt: red
     w2.snapshot()
     got = [(n["profile"], n["events"]["e"]["id"]) for n in outbox(rt)]
     assert got == [("f1", "a1"), ("f2", "a2"), ("f1", "b2"), ("f3", "c3")]
+
+
+def test_entries_flagged_normalized_are_still_checked_when_odd(
+    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker trusts the values of the API's normalized entries (only Redis writers can
+    forge one), but an event not of that shape (an RFC 3339 ts, not an object, no ts) gets the
+    full check: read, or skipped and counted, never a crash of the worker."""
+    rs.put_profile(rt, "f", "true")
+    w = EngineWorker(rb, config(reorder_seconds=0))
+    w.start()
+    batch = [{"id": "ok", "ts": 1.0, "k": 1}, {"id": "rfc", "ts": "1970-01-01T00:00:02Z"},
+             [4.0], {"id": "nots", "k": 2}, {"ts": 5.0, "k": 3}]
+    rb.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(batch), rs.INGEST_GATEWAY: "g",
+                        rs.INGEST_FORMAT: rs.INGEST_NORMALIZED})
+    drain(w, [time.time()])
+    w.snapshot()
+    got = [(n["events"]["e"]["id"], n["events"]["e"]["ts"]) for n in outbox(rt)]
+    eid = rs.text(rb.xrange(rs.INGEST)[0][0]) if rb.xlen(rs.INGEST) else None
+    assert got[:2] == [("ok", 1.0), ("rfc", 2.0)] and got[2][1] == 5.0 and len(got) == 3
+    assert eid is None and got[2][0].endswith(".4")  # named by its ingest key
+    assert w.totals["invalid"] == 2
+    assert "got list" in caplog.text and "missing required key 'ts'" in caplog.text
 
 
 def test_wall_clock_fires_timers_without_events(rb: redis.Redis, rt: redis.Redis) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+import orjson
 import redis
 import redis.asyncio
 from fastapi import Depends, FastAPI, Request, Response, Security
@@ -36,7 +37,7 @@ from notifiers import metrics as notifier_metrics
 from notifiers import store
 from notifiers.config import describe_errors
 from profiles.errors import ProfileError
-from profiles.events import event_from_obj
+from profiles.events import Event, event_from_obj
 
 log = logging.getLogger("ens.service.api")
 
@@ -271,6 +272,22 @@ def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
         raise TsOutOfWindow(
             f"ts {_iso(ts)} is {now - ts:.0f} s behind the server clock "
             f"(at most {limits.max_past:g} s: --max-past, 'off' for backfills)", "past")
+
+
+def normalized_json(obj: dict[str, Any], ev: Event) -> tuple[str, bool]:
+    """A validated event as the ingest stream stores it, and whether orjson may read it back.
+
+    Normalized (``ts`` in epoch seconds, nulls dropped; ``id`` only if the event had one, so
+    the worker gives the others their ingest key), the engine worker builds the event without
+    validating it again (`event_from_normalized`). orjson would read an integer beyond 64 bits
+    back as a float, so such an event is written by the standard library and flagged.
+    """
+    norm = {"id": obj["id"], "ts": ev.ts, **ev.attrs} if obj.get("id") is not None \
+        else {"ts": ev.ts, **ev.attrs}
+    try:
+        return orjson.dumps(norm).decode(), True
+    except TypeError:
+        return store.dumps(norm), False
 
 
 def error_id(obj: Any) -> str | None:
@@ -590,6 +607,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
             m.REQUESTS.labels(status="400").inc()
             return JSONResponse({"error": problem}, 400)
         valid: list[str] = []
+        exact = False  # some event needs the standard library's exact integer parsing
         errors: list[EventErrorOut] = []
         now = time.time()
         odd = may_hold_surrogates(body)
@@ -599,8 +617,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
                     raise obj
                 if odd:
                     check_values(obj)
-                check_ts_window(event_from_obj(obj, "-").ts, now, settings.limits)
-                valid.append(store.dumps(obj))
+                ev = event_from_obj(obj, "-")
+                check_ts_window(ev.ts, now, settings.limits)
+                text, plain = normalized_json(obj, ev)
+                valid.append(text)
+                exact = exact or not plain
             except ValueError as exc:
                 if isinstance(exc, TsOutOfWindow):
                     m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
@@ -620,7 +641,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 res = await request.app.state.ingest_script(
                     keys=rs.INGEST_SCRIPT_KEYS,
                     args=[gw, request.state.key_sha256, "[" + ",".join(valid) + "]",
-                          len(valid)],
+                          len(valid), rs.INGEST_EXACT if exact else rs.INGEST_NORMALIZED],
                 )
                 if res in ("unknown", "revoked"):
                     request.app.state.key_cache.drop(request.state.api_key)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis
 import redis.asyncio
 
@@ -57,6 +58,13 @@ INGEST_EVENT = "e"  # legacy: one event per entry
 INGEST_BATCH = "b"  # a JSON array: the validated events of one request
 INGEST_IN = "ens:ingest:in"
 INGEST_GATEWAY = "g"
+# v: how the events of a batch entry are written. "n": normalized by the API (validated, ts in
+# epoch seconds, no nulls) and safe for orjson; "x": normalized, but with an integer beyond 64
+# bits (read with the standard library, which keeps it exact). Absent: as received (older
+# entries), validated again by the reader.
+INGEST_FORMAT = "v"
+INGEST_NORMALIZED = "n"
+INGEST_EXACT = "x"
 ENGINE_GROUP = "ens-engine"
 CHECKPOINT = "ens:checkpoint"
 CHECKPOINT_PROFILES = "ens:checkpoint:profiles"  # id -> pickled Profile, as of the checkpoint
@@ -186,7 +194,10 @@ def decode_entry(entry_id: str, fields: Any) -> list[tuple[str, str, Any]]:
     gw = text(get(INGEST_GATEWAY) or "?")
     batch = get(INGEST_BATCH)
     if batch is not None:
-        events = json.loads(batch)
+        fmt = get(INGEST_FORMAT)
+        # orjson is ~2.5x faster but reads an integer beyond 64 bits as a float: only for
+        # batches the API wrote without one
+        events = orjson.loads(batch) if fmt in (b"n", "n") else json.loads(batch)
         if not isinstance(events, list):
             raise ValueError(f"field {INGEST_BATCH!r} must be a JSON array")
         return [(f"{entry_id}.{i}", gw, ev) for i, ev in enumerate(events)]
@@ -194,6 +205,13 @@ def decode_entry(entry_id: str, fields: Any) -> list[tuple[str, str, Any]]:
     if raw is None:
         raise ValueError(f"entry has neither {INGEST_BATCH!r} nor {INGEST_EVENT!r}")
     return [(entry_id, gw, json.loads(raw))]
+
+
+def entry_normalized(fields: Any) -> bool:
+    """Whether an entry's events were validated and normalized by the API
+    (`profiles.events.event_from_normalized` reads them)."""
+    fmt = fields.get(INGEST_FORMAT) or fields.get(INGEST_FORMAT.encode())
+    return text(fmt) in (INGEST_NORMALIZED, INGEST_EXACT) if fmt is not None else False
 
 
 def stream_ms(entry_id: str) -> float:
@@ -427,7 +445,7 @@ if rec['sha256'] ~= ARGV[2] then return 'unknown' end
 if rec['revoked'] and rec['revoked'] ~= cjson.null and rec['revoked'] ~= false then
   return 'revoked'
 end
-local id = redis.call('XADD', KEYS[2], '*', 'b', ARGV[3], 'g', ARGV[1])
+local id = redis.call('XADD', KEYS[2], '*', 'b', ARGV[3], 'g', ARGV[1], 'v', ARGV[5])
 redis.call('INCRBY', KEYS[3], ARGV[4])
 return id
 """

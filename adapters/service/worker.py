@@ -61,7 +61,7 @@ from filters.notification import Notification
 from notifiers import store
 from profiles.ast import Profile
 from profiles.errors import ProfileError
-from profiles.events import Event, event_from_obj
+from profiles.events import Event, event_from_normalized, event_from_obj
 
 log = logging.getLogger("ens.service.worker")
 
@@ -317,7 +317,8 @@ class EngineWorker:
 
     def _replay(self, pel: list[tuple[str, Any]]) -> set[str]:
         """Re-apply the journal to the restored engine; returns the event keys it fed."""
-        by_key = {key: (gw, obj) for eid, fields in pel for key, gw, obj in self._decode(eid, fields)}
+        by_key = {key: (gw, obj, rs.entry_normalized(fields))
+                  for eid, fields in pel for key, gw, obj in self._decode(eid, fields)}
         held = {h.item.entry: h for h in self.buffer}
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
@@ -333,8 +334,8 @@ class EngineWorker:
                     if h is not None:
                         ev, gw = h.item.event, h.source
                     else:
-                        gw, obj = by_key.get(key, ("?", None))
-                        ev = self._parse(key, gw, obj)
+                        gw, obj, normalized = by_key.get(key, ("?", None, False))
+                        ev = self._parse(key, gw, obj, normalized)
                     if ev is not None:
                         self._process(ev, gw, replay=True)
                     fed.add(key)
@@ -557,7 +558,12 @@ class EngineWorker:
             log.error("unreadable ingest entry %s skipped: %s", eid, exc)
             return []
 
-    def _parse(self, key: str, gw: str, obj: Any) -> Event | None:
+    def _parse(self, key: str, gw: str, obj: Any, normalized: bool = False) -> Event | None:
+        if normalized:  # validated by the API already; anything odd gets the full check
+            try:
+                return event_from_normalized(obj, key)
+            except (TypeError, KeyError):
+                pass
         try:
             return event_from_obj(obj, key)
         except (TypeError, ValueError) as exc:
@@ -579,12 +585,13 @@ class EngineWorker:
             m.EVENTS_INVALID.labels(gateway=_gateway(fields)).inc()
             self.totals["invalid"] += 1
         self.totals["read"] += len(decoded)
+        normalized = rs.entry_normalized(fields)
         taken = 0
         for key, gw, obj in decoded:
             if key in skip:
                 continue
             taken += 1
-            ev = self._parse(key, gw, obj)
+            ev = self._parse(key, gw, obj, normalized)
             if ev is None:
                 m.EVENTS_INVALID.labels(gateway=gw).inc()
                 self.totals["invalid"] += 1
