@@ -65,6 +65,16 @@ def test_api_workers_serve_one_port_and_a_dead_one_stops_the_service(tmp_path: P
                                   "kind": "alarm"}, headers={"X-API-Key": key}, timeout=5)
                 assert resp.status_code == 202, resp.text
             wait_for(lambda: len(outbox_for(r, "alarm")) == 20, 10, "20 alarms")
+            # /metrics sums the processes' counters, whichever process answers the scrape:
+            # the events were counted by two API processes, processed by the engine's
+            time.sleep(1.5)  # a publishing round
+            for _ in range(6):
+                text = httpx.get(svc.url + "/metrics", timeout=5).text
+                assert metric(text, 'ens_events_received_total{gateway="gw"}') == 20
+                assert metric(text, 'ens_ingest_requests_total{status="202"}') == 20
+                assert metric(text, "ens_events_processed_total") == 20
+                assert metric(text, "ens_notifications_total") == 20
+                assert metric(text, "ens_commit_seconds_count") >= 1
             os.kill(kids[0], signal.SIGKILL)
             assert svc.proc.wait(15) == 1  # a dead part takes the service down
             assert not any(Path(f"/proc/{k}").exists() and "zombie" not in

@@ -27,13 +27,12 @@ from fastapi import Depends, FastAPI, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from notifiers import metrics as notifier_metrics
 from notifiers import store
 from notifiers.config import describe_errors
 from profiles.errors import ProfileError
@@ -515,10 +514,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.aredis = async_redis(settings.redis_url)
         app.state.ingest_script = app.state.aredis.register_script(rs.INGEST_SCRIPT)
+        m.Publisher.ensure(settings.redis_url)  # /metrics of every process sums them all
         app.state.r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
         try:
             yield
         finally:
+            try:
+                m.unpublish(app.state.r)
+            except redis.RedisError:
+                pass
             await app.state.aredis.aclose()
             app.state.r.close()
 
@@ -806,7 +810,6 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 m.set_engine_stats(status["stats"], status["stats"].get("buffered", 0))
         except redis.RedisError as exc:
             log.warning("metrics: redis unavailable: %s", exc)
-        body = generate_latest(m.REGISTRY) + generate_latest(notifier_metrics.REGISTRY)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return Response(m.render(r), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -1,17 +1,26 @@
 """Prometheus metrics of the service, in a registry of their own (like `notifiers.metrics`).
 
-`/metrics` serves this registry followed by the notifiers' one. Counters are per process;
-the ingest gauges are read from Redis at scrape time, so they are right whichever process
-(API or worker) is scraped.
+`/metrics` serves this registry followed by the notifiers' one. Counters and histograms are
+counted per process and summed over all the service's processes at scrape time (`render`);
+gauges are read from Redis or the worker's heartbeat at scrape time. Either way the figures
+are right whichever process (an API process, the engine's) answers the scrape.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+
+log = logging.getLogger("ens.service.metrics")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -140,4 +149,126 @@ def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:
     POOL_FILTERS.set(stats.get("pool_filters", 0))
     TIMERS.set(stats.get("timers", 0))
     PROFILES.set(stats.get("profiles", 0))
+    if "snapshot_bytes" in stats:
+        SNAPSHOT_BYTES.set(stats["snapshot_bytes"])
     REORDER_BUFFER.set(buffered)
+
+
+# ----------------------------------------------------------------------------- all processes
+# Counters and histograms live in the process that counts (an API process, the engine worker,
+# the delivery worker), but /metrics must show the service's totals whichever process answers
+# the scrape: with --api-workers N a scrape lands on any of N processes, and with --role the
+# engine and delivery may run on other hosts. Every process therefore publishes its samples to
+# Redis (`SHARED`, one field per process, every `PUBLISH_INTERVAL`), and /metrics sums them.
+# Gauges are not summed: they are read at scrape time (from Redis or the worker's heartbeat).
+
+SHARED = "ens:metrics"
+PUBLISH_INTERVAL = 1.0  # s
+FORGET_AFTER = 30.0  # s: a process silent this long is gone; its counts go with it (a reset)
+_SUMMED = ("counter", "histogram", "summary")
+
+
+def _registries() -> list[CollectorRegistry]:
+    from notifiers import metrics as notifier_metrics
+
+    return [REGISTRY, notifier_metrics.REGISTRY]
+
+
+def process_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def local_samples() -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """This process's counter and histogram samples by family (``_created`` left out)."""
+    out: dict[str, list[tuple[str, dict[str, str], float]]] = {}
+    for reg in _registries():
+        for fam in reg.collect():
+            if fam.type in _SUMMED:
+                out[fam.name] = [(s.name, s.labels, s.value) for s in fam.samples
+                                 if not s.name.endswith("_created")]
+    return out
+
+
+def unpublish(r: Any) -> None:
+    """Remove this process's samples (it stops: its counts go, as at any restart)."""
+    r.hdel(SHARED, process_id())
+
+
+def publish(r: Any) -> None:
+    """Write this process's samples to `SHARED` (any Redis client)."""
+    r.hset(SHARED, process_id(), json.dumps({"ts": time.time(), "s": local_samples()}))
+
+
+class Publisher(threading.Thread):
+    """Publishes this process's samples every `PUBLISH_INTERVAL` until the process ends."""
+
+    _started: dict[int, Publisher] = {}  # pid -> the one publisher of that process
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(name="metrics-publisher", daemon=True)
+        self.redis_url = redis_url
+
+    @classmethod
+    def ensure(cls, redis_url: str) -> None:
+        """Start this process's publisher unless it runs already (forked children start their
+        own: threads do not survive a fork)."""
+        if os.getpid() not in cls._started:
+            cls._started[os.getpid()] = p = cls(redis_url)
+            p.start()
+
+    def run(self) -> None:
+        import redis
+
+        r = redis.Redis.from_url(self.redis_url)
+        while True:
+            try:
+                publish(r)
+            except redis.RedisError as exc:  # Redis away: the next round tries again
+                log.debug("metrics publish failed: %s", exc)
+            time.sleep(PUBLISH_INTERVAL)
+
+
+class _Merged:
+    """A registry view whose counters and histograms are summed over every live process."""
+
+    def __init__(self, registry: CollectorRegistry, others: list[dict[str, Any]]) -> None:
+        self.registry = registry
+        self.others = others
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.registry.collect():
+            if fam.type not in _SUMMED:
+                yield fam
+                continue
+            sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            rows = [(s.name, s.labels, s.value) for s in fam.samples
+                    if not s.name.endswith("_created")]
+            for other in self.others:
+                rows.extend(other.get(fam.name, ()))
+            for name, labels, value in rows:
+                key = (name, tuple(sorted(labels.items())))
+                sums[key] = sums.get(key, 0.0) + value
+            out = Metric(fam.name, fam.documentation, fam.type)
+            for (name, labels), value in sums.items():
+                out.add_sample(name, dict(labels), value)
+            yield out
+
+
+def render(r: Any) -> bytes:
+    """The Prometheus text of the whole service: this process's samples plus those the other
+    processes published (Redis unreadable: this process's alone)."""
+    others: list[dict[str, Any]] = []
+    try:
+        me, now = process_id(), time.time()
+        for field_, raw in r.hgetall(SHARED).items():
+            proc = field_.decode() if isinstance(field_, bytes) else field_
+            if proc == me:
+                continue  # this process's live values are fresher
+            rec = json.loads(raw)
+            if now - rec.get("ts", 0) > FORGET_AFTER:
+                r.hdel(SHARED, proc)
+                continue
+            others.append(rec["s"])
+    except Exception as exc:  # noqa: BLE001 - a scrape never fails for want of the others
+        log.warning("metrics of the other processes unavailable: %s", exc)
+    return b"".join(generate_latest(_Merged(reg, others)) for reg in _registries())

@@ -27,6 +27,7 @@ from typing import Any
 import redis
 import uvicorn
 
+from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
 from adapters.service.worker import EngineWorker, WorkerConfig
@@ -255,6 +256,8 @@ def _serve(
         parts.append(_Part("delivery-worker", delivery.run_forever, delivery_stop,
                            halt=delivery_stop.set))
 
+    if "engine" in cfg.roles or delivery is not None:  # an API thread would start it too
+        m.Publisher.ensure(conn.url)  # after the fork: children publish their own
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -283,5 +286,9 @@ def _serve(
             status = 1
     if delivery is not None:
         delivery.close()
+    try:
+        m.unpublish(conn.text())
+    except redis.RedisError:
+        pass
     log.info("stopped")
     return status

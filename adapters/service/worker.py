@@ -146,6 +146,7 @@ class EngineWorker:
         self.started = False
         self._reset_state()
         self._interval = {"events": 0, "late": 0, "notifications": 0}
+        self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
 
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
@@ -719,6 +720,7 @@ class EngineWorker:
         self.last_commit = self.last_snapshot = time.monotonic()
         m.SNAPSHOTS.observe(time.perf_counter() - t0)
         m.SNAPSHOT_BYTES.set(len(snap))
+        self.snapshot_bytes = len(snap)
 
     def _published(self, records: list[dict[str, Any]]) -> None:
         m.NOTIFICATIONS.inc(len(records))
@@ -738,6 +740,7 @@ class EngineWorker:
             "engine_time": self.engine.now,
             "last_id": self.last_id,
             "epoch": self.epoch,
+            "snapshot_bytes": self.snapshot_bytes,
             **{f"total_{k}": v for k, v in self.totals.items()},
         }
 
