@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 from filters.compile import evaluate
 from filters.notification import Notification
 from filters.pattern import Pattern
+from filters.plans import MODES, Plan, Rates, choose
 from filters.pool import Entry, PrimitivePool, owners_by_profile
 from filters.temporal import TIMER, TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
@@ -151,8 +152,11 @@ class _Runtime:
         pass
 
     def live(self) -> tuple[int, int]:
-        """(partial matches, partitions) held."""
+        """(partial matches, partitions) held; a rare-first runtime counts its buffered events."""
         return (0, 0)
+
+    def clear(self) -> None:
+        """Forget all state (the profile is being removed)."""
 
     def fresh(self) -> bool:
         """Holds nothing but its profile: a snapshot stores the profile only (see Engine)."""
@@ -1243,13 +1247,26 @@ class Engine(TimeDriven):
 
     VARIANTS = ("dynamic", "marking", "references")
     DEFAULT_VARIANT = "references"  # the fastest: docs/benchmarks.md, docs/paper.md
+    plan = "eager"  # class defaults: snapshots written before plans existed restore eager
+    rates: Rates | None = None
 
     def __init__(
-        self, profiles: Iterable[Profile] = (), *, tz: str = "UTC", variant: str = DEFAULT_VARIANT
+        self,
+        profiles: Iterable[Profile] = (),
+        *,
+        tz: str = "UTC",
+        variant: str = DEFAULT_VARIANT,
+        plan: str = "eager",
+        rates: Rates | None = None,
     ) -> None:
+        """`plan`: eager, rare-first or auto (chosen from `rates`), per profile: docs/plans.md."""
         if variant not in self.VARIANTS:
             raise ValueError(f"unknown variant {variant!r} (one of {', '.join(self.VARIANTS)})")
+        if plan not in MODES:
+            raise ValueError(f"unknown plan {plan!r} (one of {', '.join(MODES)})")
         self.variant = variant
+        self.plan = plan
+        self.rates = rates
         self.pool = PrimitivePool()
         self.timers = TemporalPool()
         self.tz = ZoneInfo(tz)
@@ -1292,7 +1309,19 @@ class Engine(TimeDriven):
             return _FilterRuntime(self, profile, idx)
         if isinstance(profile.expr, Absent):
             return _AbsentRuntime(self, profile, idx)
+        if self.plan != "eager" and self.plan_of(profile).lazy:
+            from filters.lazy import LazySeqRuntime
+
+            return LazySeqRuntime(self, profile, idx)
         return _CompositeRuntime(self, profile, idx)
+
+    def plan_of(self, profile: Profile) -> Plan:
+        """How `profile` is (or would be) evaluated by this engine, and why (`ens explain`)."""
+        if profile.is_filter or isinstance(profile.expr, Absent):
+            return choose(profile, self.plan, [], [], self.rates)
+        pat = Pattern.build(profile)
+        leaves = [lf for lf in pat.leaves if lf.clock is None]
+        return choose(profile, self.plan, [lf.name for lf in leaves], [lf.filter for lf in leaves], self.rates)
 
     def remove_profile(self, profile_id: str) -> None:
         rt = self._by_id.get(profile_id)
@@ -1321,6 +1350,8 @@ class Engine(TimeDriven):
             for st in rt.parts.values():
                 self.timers.discard(st[1])
             rt.parts.clear()
+        else:
+            rt.clear()
 
     @property
     def profiles(self) -> list[Profile]:

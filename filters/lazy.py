@@ -1,0 +1,306 @@
+"""Rare-first evaluation of `seq(c1, ..., cn) within T`: the last component drives (issue 16).
+
+The eager runtime opens a partial match (PM) on every c1 event: a PM object, a
+terminator in the temporal pool, auxiliary profiles in the primitive pool, and
+its expiry later. Here the events of c1 ... c(n-1) are only appended to
+per-partition, time-ordered buffers (pruned by the window), and the work is
+done when a cn event arrives: it looks up exactly the PMs the eager engine
+would hold at that moment, and completes them in the same step.
+
+What the eager engine holds is reconstructed from the buffers, per selection:
+
+- `each`: every combination of buffered events in component order whose first
+  event is inside the window and whose `where` conjuncts hold (checked at the
+  binding that makes them checkable, as the eager engine does). `consume unique`
+  reports the earliest combination (component by component) and takes its
+  events out of the buffers; `shared` reports them all, in that order.
+- `first`: at most one PM per partition; which c1 event opened it depends on
+  the chain of earlier PMs (a c1 event arriving while one exists is ignored
+  for good), so the opener is tracked online, in O(1) per c1 event: the first
+  c1 event (passing its own conjuncts) after the last PM expired or was
+  consumed. Its later components bind greedily: the first buffered event of
+  each component after the previous binding that passes the conjuncts.
+
+An event matching several components is handled as the eager engine does:
+first as the driver (extend/complete), then, unless consumed, as an earlier
+component (bound later) and as an opener. Pure like the engine: time is the
+events' `ts`; a PM alive at ts `t` is one with `first.ts + T >= t` (timers fire
+when time passes their deadline).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from filters.engine import _B, _Runtime, _shared
+from filters.pattern import Pattern
+from profiles.ast import Profile
+from profiles.events import Event
+
+if TYPE_CHECKING:
+    from filters.engine import Engine
+
+
+class _LPart:
+    """One partition: a buffer per deferred component, the opener under `first`."""
+
+    __slots__ = ("values", "bufs", "opener")
+
+    def __init__(self, values: dict[str, Any] | None, n: int) -> None:
+        self.values = values
+        self.bufs: list[list[_B]] = [[] for _ in range(n - 1)]
+        self.opener: _B | None = None
+
+    def __getstate__(self) -> tuple:
+        return (self.values, self.bufs, self.opener)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.values, self.bufs, self.opener = state
+
+    def size(self) -> int:
+        return sum(len(b) for b in self.bufs) + (self.opener is not None)
+
+
+class LazySeqRuntime(_Runtime):
+    """A `seq` profile evaluated rare-first (see the module docstring; shapes: `plans.lazy_shape`)."""
+
+    def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
+        super().__init__(engine, profile, idx)
+        self.each = profile.select.kind == "each"
+        self.unique = profile.consume == "unique"
+        self.window = float(profile.within)  # type: ignore[arg-type]
+        self.parts: dict[tuple, _LPart] = {}
+        self.buffered = 0  # events held in buffers (and openers), for stats
+        self._events = 0
+        self._derive()
+
+    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._derive()
+
+    def _derive(self) -> None:
+        self.pat = Pattern.build(self.profile)
+        self.n = len(self.pat.leaves)
+        self.names = _shared(tuple(lf.name for lf in self.pat.leaves))
+        pat = self.pat
+        # the conjuncts the eager engine checks when leaf j binds after leaves 0..j-1
+        self.conjs = [pat.bind_conjs((1 << j) - 1, j) if pat.conjs else [] for j in range(self.n)]
+        self.open_conjs = self.conjs[0]
+
+    def start_registrations(self) -> list[tuple[Any, int]]:
+        return [(lf.filter, lf.idx) for lf in self.pat.leaves]
+
+    def live(self) -> tuple[int, int]:
+        return (self.buffered, len(self.parts))
+
+    def fresh(self) -> bool:
+        return not self.parts
+
+    def clear(self) -> None:
+        self.parts.clear()
+        self.buffered = 0
+
+    # ---------------------------------------------------------------- event
+    def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        if self.per:
+            key = self.partition_key(ev.attrs)
+            if key is None:
+                return
+        else:
+            key = ()
+        part = self.parts.get(key)
+        now = ev.ts
+        last = self.n - 1
+        b = _B(seq, ev)
+        self._events += 1
+        if not self._events & 4095:
+            self._sweep(now)  # partitions gone quiet: their buffers are stale
+        if part is not None:
+            self._prune(part, now)
+            if last in leaves and (self._drive_each(part, b) if self.each else self._drive_first(part, b)):
+                self._tidy(key, part)
+                return  # consumed
+            if not self.active:
+                return
+        tracing = self.engine.tracer is not None
+        for i in leaves:
+            if i == last:
+                continue
+            if i == 0:
+                if self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
+                    if tracing:
+                        self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
+                    continue
+                if not self.each:
+                    if part is not None and part.opener is not None:
+                        if tracing:
+                            self._trace("ignored", f"{ev.id}: a partial match already exists (opened by {part.opener.ev.id})")
+                        continue
+                    if part is None:
+                        part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
+                    part.opener = b
+                    self.buffered += 1
+                    self._clear_bufs(part)  # they came before the opener: no PM of it binds them
+                    if tracing:
+                        self._trace("opened", f"{{{self.names[0]}: {ev.id}}} (lazily: later components are buffered)")
+                    continue
+            elif not self.each and (part is None or part.opener is None):
+                continue  # first: no PM waits, and a PM opened later cannot bind an earlier event
+            if part is None:
+                part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
+            part.bufs[i].append(b)
+            self.buffered += 1
+            if tracing:
+                self._trace("buffered", f"{ev.id} as {self.names[i]}")
+        if part is not None and not part.size():
+            self._tidy(key, part)
+
+    def _clear_bufs(self, part: _LPart) -> None:
+        for buf in part.bufs:
+            self.buffered -= len(buf)
+            buf.clear()
+
+    def _sweep(self, now: float) -> None:
+        for key, part in list(self.parts.items()):
+            self._prune(part, now)
+            self._tidy(key, part)
+
+    def _tidy(self, key: tuple, part: _LPart) -> None:
+        if not part.size() and self.parts.get(key) is part:
+            del self.parts[key]
+
+    def _prune(self, part: _LPart, now: float) -> None:
+        """Forget what no PM alive at `now` can hold: a PM lives while first.ts + T >= now."""
+        w = self.window
+        op = part.opener
+        if op is not None and op.ev.ts + w < now:
+            part.opener = None  # its PM expired
+            self.buffered -= 1
+            self._clear_bufs(part)
+            return
+        for buf in part.bufs:
+            if buf and buf[0].ev.ts + w < now:
+                k = 1
+                while k < len(buf) and buf[k].ev.ts + w < now:
+                    k += 1
+                del buf[:k]
+                self.buffered -= k
+
+    def _check(self, conjs: list, binds: dict[str, dict[str, Any]]) -> bool:
+        for c in conjs:
+            if not c.fn(binds):
+                return False
+        return True
+
+    # --------------------------------------------------------------- drivers
+    def _drive_first(self, part: _LPart, b: _B) -> bool:
+        """`select first`: complete the partition's one PM if it waits for the driver."""
+        op = part.opener
+        if op is None:
+            return False
+        names, conjs = self.names, self.conjs
+        binds = [op]
+        attrs = {names[0]: op.ev.attrs}
+        prev = op.seq
+        for j in range(1, self.n - 1):
+            cs = conjs[j]
+            for x in part.bufs[j]:
+                if x.seq <= prev:
+                    continue
+                if cs:
+                    attrs[names[j]] = x.ev.attrs
+                    if not self._check(cs, attrs):
+                        continue
+                binds.append(x)
+                attrs[names[j]] = x.ev.attrs
+                prev = x.seq
+                break
+            else:
+                return False  # the PM does not wait for the driver yet
+        last = self.n - 1
+        if conjs[last]:
+            attrs[names[last]] = b.ev.attrs
+            if not self._check(conjs[last], attrs):
+                if self.engine.tracer is not None:
+                    self._trace("ignored", f"{b.ev.id}: where not satisfied")
+                return False
+        binds.append(b)
+        events = {names[j]: x.ev for j, x in enumerate(binds)}
+        if self.unique:
+            part.opener = None
+            self.buffered -= 1
+            self._clear_bufs(part)  # consumed, or arrived while the PM existed: no PM binds them
+        self.report(b.ev.ts, events, part.values)
+        return self.unique
+
+    def _drive_each(self, part: _LPart, b: _B) -> bool:
+        """`select each`: every buffered combination the driver completes, earliest first."""
+        bufs = part.bufs
+        if not all(bufs):
+            return False
+        names, conjs, n = self.names, self.conjs, self.n
+        last = n - 1
+        found: list[list[_B]] = []
+        stack: list[_B] = []
+        attrs: dict[str, dict[str, Any]] = {}
+        unique = self.unique
+
+        def dfs(j: int, prev: int) -> bool:  # True: stop (unique found one)
+            if j == last:
+                cs = conjs[last]
+                if cs:
+                    attrs[names[last]] = b.ev.attrs
+                    if not self._check(cs, attrs):
+                        return False
+                found.append(list(stack))
+                return unique
+            cs = conjs[j]
+            name = names[j]
+            for x in bufs[j]:
+                if x.seq <= prev:
+                    continue
+                if cs:
+                    attrs[name] = x.ev.attrs
+                    if not self._check(cs, attrs):
+                        continue
+                else:
+                    attrs[name] = x.ev.attrs
+                stack.append(x)
+                stop = dfs(j + 1, x.seq)
+                stack.pop()
+                if stop:
+                    return True
+            return False
+
+        for x in bufs[0]:  # pruned: each first event is inside the window; its conjuncts held
+            attrs.clear()
+            attrs[names[0]] = x.ev.attrs
+            stack.append(x)
+            stop = dfs(1, x.seq)
+            stack.pop()
+            if stop:
+                break
+        if not found:
+            return False
+        ts = b.ev.ts
+        for combo in found:
+            events = {names[j]: x.ev for j, x in enumerate(combo)}
+            events[names[last]] = b.ev
+            if unique:
+                used = {id(x) for x in combo}
+                for buf in bufs:
+                    buf[:] = [x for x in buf if id(x) not in used]
+                self.buffered -= len(used)
+            self.report(ts, events, part.values)
+            if not self.active:
+                break
+        return unique
+
+    def _trace(self, action: str, detail: str) -> None:
+        self.engine._trace(self.profile.id, action, detail)
+
