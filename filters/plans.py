@@ -37,7 +37,8 @@ class Plan:
     def describe(self) -> str:
         """One paragraph for `ens explain`: the plan, the rates it came from, why."""
         head = "rare-first" if self.lazy else "eager"
-        lines = [f"plan: {head}, matches opened by {self.opener}" if self.opener else f"plan: {head}"]
+        by = " (the last component: earlier ones are buffered)" if self.lazy else ""
+        lines = [f"plan: {head}" + (f", matches opened by {self.opener}{by}" if self.opener else "")]
         lines.append(f"  why: {self.reason}")
         if self.rates:
             w = self.window
