@@ -116,18 +116,21 @@ class LazySeqRuntime(_Runtime):
         part = self.parts.get(key)
         now = ev.ts
         last = self.n - 1
-        b = _B(seq, ev)
+        b: _B | None = None
         self._events += 1
         if not self._events & 4095:
             self._sweep(now)  # partitions gone quiet: their buffers are stale
-        if part is not None:
+            part = self.parts.get(key)
+        if part is not None and last in leaves:
             self._prune(part, now)
-            if last in leaves and (self._drive_each(part, b) if self.each else self._drive_first(part, b)):
+            b = _B(seq, ev)
+            if self._drive_each(part, b) if self.each else self._drive_first(part, b):
                 self._tidy(key, part)
                 return  # consumed
             if not self.active:
                 return
         tracing = self.engine.tracer is not None
+        each, w = self.each, self.window
         for i in leaves:
             if i == last:
                 continue
@@ -136,29 +139,49 @@ class LazySeqRuntime(_Runtime):
                     if tracing:
                         self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
                     continue
-                if not self.each:
+                if not each:
                     if part is not None and part.opener is not None:
-                        if tracing:
-                            self._trace("ignored", f"{ev.id}: a partial match already exists (opened by {part.opener.ev.id})")
-                        continue
+                        if part.opener.ev.ts + w >= now:
+                            if tracing:
+                                self._trace("ignored", f"{ev.id}: a partial match already exists (opened by {part.opener.ev.id})")
+                            continue
+                        self._expire(part)
                     if part is None:
                         part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
-                    part.opener = b
+                    part.opener = b or _B(seq, ev)
                     self.buffered += 1
                     self._clear_bufs(part)  # they came before the opener: no PM of it binds them
                     if tracing:
                         self._trace("opened", f"{{{self.names[0]}: {ev.id}}} (lazily: later components are buffered)")
                     continue
-            elif not self.each and (part is None or part.opener is None):
-                continue  # first: no PM waits, and a PM opened later cannot bind an earlier event
+            elif not each:
+                if part is None or part.opener is None:
+                    continue  # first: no PM waits, and a PM opened later cannot bind an earlier event
+                if part.opener.ev.ts + w < now:
+                    self._expire(part)
+                    self._tidy(key, part)
+                    continue
             if part is None:
                 part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
-            part.bufs[i].append(b)
+            buf = part.bufs[i]
+            if buf and buf[0].ev.ts + w < now:
+                k = 1
+                while k < len(buf) and buf[k].ev.ts + w < now:
+                    k += 1
+                del buf[:k]
+                self.buffered -= k
+            if b is None:
+                b = _B(seq, ev)
+            buf.append(b)
             self.buffered += 1
             if tracing:
                 self._trace("buffered", f"{ev.id} as {self.names[i]}")
-        if part is not None and not part.size():
-            self._tidy(key, part)
+
+    def _expire(self, part: _LPart) -> None:
+        """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""
+        part.opener = None
+        self.buffered -= 1
+        self._clear_bufs(part)
 
     def _clear_bufs(self, part: _LPart) -> None:
         for buf in part.bufs:
@@ -179,9 +202,7 @@ class LazySeqRuntime(_Runtime):
         w = self.window
         op = part.opener
         if op is not None and op.ev.ts + w < now:
-            part.opener = None  # its PM expired
-            self.buffered -= 1
-            self._clear_bufs(part)
+            self._expire(part)
             return
         for buf in part.bufs:
             if buf and buf[0].ev.ts + w < now:

@@ -92,3 +92,26 @@ def paper_cmd(
         paper.replot(out, docs_img or None)
     else:
         paper.run(out, quick, seed, docs_img or None)
+
+
+@app.command("lazy")
+def lazy_cmd(
+    ratios: str = typer.Option("1,10,100,1000", help="Rate ratios frequent:rare, comma-separated."),
+    events: int = typer.Option(60000, help="Events per configuration (about)."),
+    rooms: int = typer.Option(20, help="Rooms (partitions)."),
+    repeat: int = typer.Option(3, help="Timed passes per plan (CPU time); the median is reported."),
+    seed: int = typer.Option(7, help="Random seed (same seed, same events)."),
+    out: str = typer.Option("bench/results/lazy", help="Directory for CSV and PNG output."),
+    docs_img: str = typer.Option("", help="Also copy the PNG plot here (e.g. docs/img)."),
+) -> None:
+    """Rare-first vs eager plans: events/s and peak state at growing rate skew (docs/benchmarks.md)."""
+    from bench.lazy import run
+
+    rs = _counts(ratios)
+    if events < 100:
+        raise typer.BadParameter("must be at least 100", param_hint="--events")
+    if rooms < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--rooms")
+    if repeat < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--repeat")
+    run(rs, events, rooms, repeat, seed, out, docs_img or None)
