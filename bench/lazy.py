@@ -1,8 +1,9 @@
 """`ens bench lazy`: rare-first vs eager evaluation on skewed streams (issue 16).
 
 Workload: ROOMS rooms; every room reports a temperature reading (component `a`) every
-minute, with the 3-component shape also a humidity reading (`m`) every minute; a broken
-window (`b`, the rare component) comes once per RATIO minutes per room. Profiles:
+PERIOD seconds (60, and 300 as the facility feed polls), with the 3-component shape also a
+humidity reading (`m`); a broken window (`b`, the rare component) comes once per RATIO
+readings per room. Profiles:
 
 - two:   seq(a, b) within 30m per room
 - three: seq(a, m, b) within 30m per room where m.value > a.value + 35
@@ -90,7 +91,10 @@ def _pass(profile: Profile, plan: str, rates: Rates, evs: list[Event], watch: bo
     return dt, peak, [n.to_json() for n in out] if watch else []
 
 
-def run(ratios: list[int], n_events: int, rooms: int, repeat: int, seed: int, out: str, docs_img: str | None) -> list[dict]:
+def run(
+    ratios: list[int], n_events: int, rooms: int, repeat: int, seed: int, out: str, docs_img: str | None,
+    periods: tuple[float, ...] = (60.0, 300.0),
+) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
@@ -99,8 +103,8 @@ def run(ratios: list[int], n_events: int, rooms: int, repeat: int, seed: int, ou
     for shape, base in SHAPES.items():
         for sel_name, sel in SELECTIONS.items():
             profile = parse_profile(f"{base} {sel}", f"{shape}-{sel_name.replace('/', '-')}")
-            for ratio in ratios:
-                evs = events_for(shape, ratio, n_events, rooms, seed)
+            for period, ratio in [(pd, r) for pd in periods for r in ratios]:
+                evs = events_for(shape, ratio, n_events, rooms, seed, period)
                 rates = Rates(count_stats([profile], evs))
                 res: dict[str, Any] = {}
                 outs = {}
@@ -115,7 +119,7 @@ def run(ratios: list[int], n_events: int, rooms: int, repeat: int, seed: int, ou
                     raise SystemExit(f"DIFFERENT OUTPUT: {shape} {sel_name} {ratio}:1")
                 chosen = Engine([], plan="auto", rates=rates).plan_of(profile)
                 row = {
-                    "shape": shape, "select": sel_name, "ratio": ratio, "events": len(evs),
+                    "shape": shape, "select": sel_name, "period": period, "ratio": ratio, "events": len(evs),
                     "notifications": len(outs["eager"]),
                     "eager_eps": round(res["eager"][0]), "rare_first_eps": round(res["rare-first"][0]),
                     "auto_eps": round(res["auto"][0]),
@@ -127,17 +131,17 @@ def run(ratios: list[int], n_events: int, rooms: int, repeat: int, seed: int, ou
                 }
                 rows.append(row)
                 console.print(
-                    f"{shape:5} {sel_name:12} {ratio:>5}:1  eager {row['eager_eps']:>9,}/s  "
+                    f"{shape:5} {sel_name:12} {period:>4g}s {ratio:>5}:1  eager {row['eager_eps']:>9,}/s  "
                     f"rare-first {row['rare_first_eps']:>9,}/s ({row['speedup_rare_first']}x)  "
                     f"auto[{row['auto_plan']}] {row['speedup_auto']}x  peak {row['eager_peak']:,} -> "
                     f"{row['rare_first_peak']:,}  ({row['notifications']:,} notifications, equal)"
                 )
     table = Table(title=f"rare-first vs eager ({rooms} rooms, ~{n_events:,} events, median of {repeat})")
-    for col in ("shape", "select", "ratio", "eager ev/s", "rare-first ev/s", "x", "auto", "auto x", "peak eager", "peak rare-first"):
+    for col in ("shape", "select", "period", "ratio", "eager ev/s", "rare-first ev/s", "x", "auto", "auto x", "peak eager", "peak rare-first"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
-            r["shape"], r["select"], f"{r['ratio']}:1", f"{r['eager_eps']:,}", f"{r['rare_first_eps']:,}",
+            r["shape"], r["select"], f"{r['period']:g}s", f"{r['ratio']}:1", f"{r['eager_eps']:,}", f"{r['rare_first_eps']:,}",
             f"{r['speedup_rare_first']}", r["auto_plan"], f"{r['speedup_auto']}",
             f"{r['eager_peak']:,}", f"{r['rare_first_peak']:,}",
         )
@@ -165,30 +169,72 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for shape in SHAPES:
-        for sel in SELECTIONS:
-            rs = [r for r in rows if r["shape"] == shape and r["select"] == sel]
-            if not rs:
-                continue
-            xs = [r["ratio"] for r in rs]
-            label = f"{shape}, {sel}"
-            line = ax1.plot(xs, [r["speedup_rare_first"] for r in rs], marker="o", label=f"{label} rare-first")[0]
-            ax1.plot(xs, [r["speedup_auto"] for r in rs], marker="x", linestyle="--", color=line.get_color(),
-                     label=f"{label} auto")
-            ax2.plot(xs, [max(r["eager_peak"], 1) / max(r["rare_first_peak"], 1) for r in rs], marker="o", label=label)
-    for ax in (ax1, ax2):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    for shape, sel, period in sorted({(r["shape"], r["select"], r["period"]) for r in rows}):
+        rs = [r for r in rows if (r["shape"], r["select"], r["period"]) == (shape, sel, period)]
+        xs = [r["ratio"] for r in rs]
+        style = "-" if sel == "each/shared" else ":"
+        marker = "o" if shape == "two" else "s"
+        label = f"{shape}, {sel}, {period:g}s"
+        axes[0].plot(xs, [r["speedup_rare_first"] for r in rs], style, marker=marker, label=label)
+        axes[1].plot(xs, [r["speedup_auto"] for r in rs], style, marker=marker, label=label)
+        axes[2].plot(xs, [max(r["eager_peak"], 1) / max(r["rare_first_peak"], 1) for r in rs], style,
+                     marker=marker, label=label)
+    titles = ("--plan rare-first vs eager: events/s", "--plan auto vs eager: events/s",
+              "peak state: eager / rare-first")
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("rate ratio frequent : rare")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-    ax1.axhline(1.0, color="grey", linewidth=0.8)
-    ax1.set_ylabel("events/s, relative to eager")
-    ax1.set_title("throughput (same run)")
-    ax1.legend(fontsize=7)
-    ax2.set_ylabel("peak state eager / rare-first")
-    ax2.set_title("peak state (partial matches + buffered events)")
-    ax2.legend(fontsize=7)
+    axes[0].set_ylabel("ratio (same run)")
+    axes[2].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def run_keti(path: str, profiles_path: str, rooms: list[str] | None, limit: int | None, repeat: int) -> dict:
+    """The KETI feed through the facility profiles: auto and rare-first vs eager, equal output."""
+    from adapters.datasets import iter_dataset
+    from profiles.profile_file import load_profile_file
+
+    profiles = load_profile_file(Path(profiles_path)).profiles
+    from profiles.events import event_from_obj
+
+    evs = [event_from_obj(d, f"#{i}") for i, d in enumerate(iter_dataset("keti", path, rooms=rooms, limit=limit))]
+    rates = Rates(count_stats(profiles, evs, source=path))
+    outs: dict[str, list] = {}
+    eps: dict[str, float] = {}
+    for plan in PLANS:
+        times = []
+        for _ in range(repeat):
+            eng = Engine(profiles, plan=plan, rates=rates)
+            out: list = []
+            t0 = time.process_time()
+            for ev in evs:
+                eng.process(ev)
+                if eng._out:
+                    out.extend(eng.take_notifications())
+            eng.finish(None)
+            out.extend(eng.take_notifications())
+            times.append(time.process_time() - t0)
+        out.sort(key=lambda n: (n.ts, n.seq))
+        outs[plan] = [n.to_json() for n in out]
+        eps[plan] = len(evs) / statistics.median(times)
+    equal = all(o == outs["eager"] for o in outs.values())
+    print(f"KETI {path} ({len(evs):,} events, {len(profiles)} facility profiles, median of {repeat}):")
+    for plan in PLANS:
+        print(f"  {plan:10} {eps[plan]:>10,.0f} events/s  ({eps[plan] / eps['eager']:.2f}x eager), "
+                      f"{len(outs[plan]):,} notifications")
+    print(f"  equal output: {'yes' if equal else 'NO'}")
+    for mode in ("auto", "rare-first"):
+        eng = Engine([], plan=mode, rates=rates)
+        for p in profiles:
+            pl = eng.plan_of(p)
+            print(f"  {mode:10} {p.id:18} {'rare-first' if pl.lazy else 'eager':10} {pl.reason}")
+    if not equal:
+        raise SystemExit("DIFFERENT OUTPUT on KETI")
+    return {"events": len(evs), "eps": eps, "equal": equal, "notifications": len(outs["eager"])}

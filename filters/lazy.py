@@ -129,38 +129,18 @@ class LazySeqRuntime(_Runtime):
                 return  # consumed
             if not self.active:
                 return
+        if not self.each:
+            self._step_first(part, key, ev, seq, leaves, b)
+            return
         tracing = self.engine.tracer is not None
-        each, w = self.each, self.window
+        w = self.window
         for i in leaves:
             if i == last:
                 continue
-            if i == 0:
-                if self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
-                    if tracing:
-                        self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
-                    continue
-                if not each:
-                    if part is not None and part.opener is not None:
-                        if part.opener.ev.ts + w >= now:
-                            if tracing:
-                                self._trace("ignored", f"{ev.id}: a partial match already exists (opened by {part.opener.ev.id})")
-                            continue
-                        self._expire(part)
-                    if part is None:
-                        part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
-                    part.opener = b or _B(seq, ev)
-                    self.buffered += 1
-                    self._clear_bufs(part)  # they came before the opener: no PM of it binds them
-                    if tracing:
-                        self._trace("opened", f"{{{self.names[0]}: {ev.id}}} (lazily: later components are buffered)")
-                    continue
-            elif not each:
-                if part is None or part.opener is None:
-                    continue  # first: no PM waits, and a PM opened later cannot bind an earlier event
-                if part.opener.ev.ts + w < now:
-                    self._expire(part)
-                    self._tidy(key, part)
-                    continue
+            if i == 0 and self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
+                if tracing:
+                    self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
+                continue
             if part is None:
                 part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
             buf = part.bufs[i]
@@ -176,6 +156,56 @@ class LazySeqRuntime(_Runtime):
             self.buffered += 1
             if tracing:
                 self._trace("buffered", f"{ev.id} as {self.names[i]}")
+
+    def _step_first(self, part: _LPart | None, key: tuple, ev: Event, seq: int, leaves: list[int], b: _B | None) -> None:
+        """`select first`, an event the driver did not consume: bind the awaited component, or open.
+
+        The partition's one PM is tracked as it would be eagerly (opener, then the components
+        bound so far in `bufs[0]`), minus its terminator and auxiliary profiles: a component
+        event binds only when it is the awaited one (the first that passes its conjuncts), an
+        event binds at most one component, and a starting event opens only where no PM lives.
+        """
+        tracing = self.engine.tracer is not None
+        op = part.opener if part is not None else None
+        if op is not None and op.ev.ts + self.window < ev.ts:
+            self._expire(part)  # type: ignore[arg-type]
+            op = None
+        if op is not None:
+            chain = part.bufs[0]  # type: ignore[union-attr]
+            j = len(chain) + 1
+            if j < self.n - 1 and j in leaves:
+                names = self.names
+                cs = self.conjs[j]
+                if cs:
+                    attrs = {names[0]: op.ev.attrs}
+                    for k, x in enumerate(chain, 1):
+                        attrs[names[k]] = x.ev.attrs
+                    attrs[names[j]] = ev.attrs
+                    if not self._check(cs, attrs):
+                        if tracing:
+                            self._trace("ignored", f"{ev.id} for {names[j]}: where not satisfied")
+                        return
+                chain.append(b or _B(seq, ev))
+                self.buffered += 1
+                if tracing:
+                    self._trace("extended", f"opened by {op.ev.id}: {ev.id} bound as {names[j]}")
+            elif tracing and 0 in leaves:
+                self._trace("ignored", f"{ev.id}: a partial match already exists (opened by {op.ev.id})")
+            return
+        if 0 not in leaves:
+            if part is not None:
+                self._tidy(key, part)
+            return
+        if self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
+            if tracing:
+                self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
+            return
+        if part is None:
+            part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
+        part.opener = b or _B(seq, ev)
+        self.buffered += 1
+        if tracing:
+            self._trace("opened", f"{{{self.names[0]}: {ev.id}}} (rare-first: no timer, no auxiliary profiles)")
 
     def _expire(self, part: _LPart) -> None:
         """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""
@@ -204,6 +234,8 @@ class LazySeqRuntime(_Runtime):
         if op is not None and op.ev.ts + w < now:
             self._expire(part)
             return
+        if not self.each:
+            return  # `first` holds its PM's bindings, not a buffer
         for buf in part.bufs:
             if buf and buf[0].ev.ts + w < now:
                 k = 1
@@ -224,38 +256,20 @@ class LazySeqRuntime(_Runtime):
         op = part.opener
         if op is None:
             return False
-        names, conjs = self.names, self.conjs
-        binds = [op]
-        attrs = {names[0]: op.ev.attrs}
-        prev = op.seq
-        for j in range(1, self.n - 1):
-            cs = conjs[j]
-            for x in part.bufs[j]:
-                if x.seq <= prev:
-                    continue
-                if cs:
-                    attrs[names[j]] = x.ev.attrs
-                    if not self._check(cs, attrs):
-                        continue
-                binds.append(x)
-                attrs[names[j]] = x.ev.attrs
-                prev = x.seq
-                break
-            else:
-                return False  # the PM does not wait for the driver yet
+        chain = part.bufs[0]
         last = self.n - 1
-        if conjs[last]:
-            attrs[names[last]] = b.ev.attrs
-            if not self._check(conjs[last], attrs):
-                if self.engine.tracer is not None:
-                    self._trace("ignored", f"{b.ev.id}: where not satisfied")
-                return False
-        binds.append(b)
+        if len(chain) != last - 1:
+            return False  # the PM does not wait for the driver yet
+        names = self.names
+        binds = [op, *chain, b]
+        cs = self.conjs[last]
+        if cs and not self._check(cs, {names[j]: x.ev.attrs for j, x in enumerate(binds)}):
+            if self.engine.tracer is not None:
+                self._trace("ignored", f"{b.ev.id}: where not satisfied")
+            return False
         events = {names[j]: x.ev for j, x in enumerate(binds)}
         if self.unique:
-            part.opener = None
-            self.buffered -= 1
-            self._clear_bufs(part)  # consumed, or arrived while the PM existed: no PM binds them
+            self._expire(part)  # consumed: the partition is empty again
         self.report(b.ev.ts, events, part.values)
         return self.unique
 

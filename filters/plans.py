@@ -160,7 +160,7 @@ def choose(
     if r_last * AUTO_FACTOR > r_first or cost_lazy >= cost_eager:  # type: ignore[operator]
         return Plan(
             profile.id, False, first,
-            f"auto: {last} is not at least {AUTO_FACTOR:g}x rarer than {first} (rates below)",
+            f"auto: {last} is not at least {AUTO_FACTOR:g}x rarer than {first}",
             measured, window,
         )
     return Plan(
