@@ -172,6 +172,14 @@ def serve(
         str, typer.Option(help="Answer 408 to a request whose body is not received within "
                                "this time (e.g. 10s; 'off': wait for ever).")
     ] = "10s",
+    plan: Annotated[
+        str, typer.Option(help="Evaluation plan of a fresh engine: eager, rare-first or auto (from "
+                               "--stats); same notifications (docs/plans.md). A restored snapshot "
+                               "keeps the plan it was taken with.")
+    ] = "eager",
+    stats: Annotated[
+        Path | None, typer.Option(help="`ens spark stats` output: the rates --plan auto decides from.")
+    ] = None,
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
     from adapters.service.api import IngestLimits
@@ -194,6 +202,10 @@ def serve(
         raise _fail(f"--max-backlog must be 0 (no bound) or more, not {max_backlog}")
     try:
         check_tz(tz)
+        from ens.plans import check_plan, load_stats
+
+        check_plan(plan)
+        rates = load_stats(stats)
     except ENSError as e:
         raise _fail(str(e)) from None
     limits = IngestLimits(
@@ -205,6 +217,7 @@ def serve(
         reorder_seconds=reorder_seconds, reorder_max_events=reorder_max_events, clock=clock,
         idle_timeout=idle_timeout,
         tz=tz, snapshot_interval=snapshot_interval, status_interval=status_interval,
+        plan=plan, rates=rates,
     )
     if worker_name:
         wcfg.name = worker_name

@@ -102,6 +102,8 @@ class WorkerConfig:
     heartbeat_interval: float = 1.0
     status_interval: float = 10.0  # the "worker: N events, ..." log line
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
+    plan: str = "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
+    rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
 
 
 class _Item(NamedTuple):
@@ -150,7 +152,7 @@ class EngineWorker:
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
         self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
-        self.engine = Engine(tz=self.cfg.tz)
+        self.engine = Engine(tz=self.cfg.tz, plan=self.cfg.plan, rates=self.cfg.rates)
         self.epoch = secrets.token_hex(4)
         # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
         # kept after a `once` profile fired, so that it is not activated again
