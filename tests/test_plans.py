@@ -168,3 +168,57 @@ def test_bad_stats_files_are_user_errors(tmp_path: Path, text: str, message: str
     stats.write_text(text)
     r = runner.invoke(app, ["replay", str(prof), str(ev), "--plan", "auto", "--stats", str(stats)])
     assert r.exit_code == 2 and message in r.stderr and r.stdout == ""
+
+
+def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
+    """`ens serve --plan rare-first`: the worker's engine (snapshots, journal replay after a
+    crash) gives the eager replay's notifications, exactly once."""
+    import random
+    import time
+
+    import redis
+
+    from adapters.service import redis_store as rs
+    from adapters.service.worker import EngineWorker
+    from ens.replay import replay
+    from profiles.events import event_from_obj
+    from tests.helpers_service import outbox, redis_server, replay_records
+    from tests.test_service_worker import canon, config, drain, ingest, make_events
+
+    profiles = {
+        "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 30s per room select each',
+        "door2": 'seq(d: kind = "door", t: kind = "temp", m: kind = "motion") within 20s per room '
+                 "where t.value > 40",
+    }
+    events = make_events(300, seed=5)
+    arrival = sorted(events, key=lambda e: e["ts"] + random.Random(3).uniform(0, 2.0))
+    want = [n.to_json() for n in replay([parse_profile(x, p) for p, x in profiles.items()],
+                                        [event_from_obj(e, "") for e in events])]
+    assert want
+    with redis_server(tmp_path) as url:
+        rb, rt = redis.Redis.from_url(url), redis.Redis.from_url(url, decode_responses=True)
+        for pid, expr in profiles.items():
+            rs.put_profile(rt, pid, expr)
+        ingest(rb, arrival[:200])
+        clock = [time.time()]
+        a = EngineWorker(rb, config(plan="rare-first"))
+        a.start()
+        assert isinstance(a.engine._by_id["door"], LazySeqRuntime)
+        for step in range(12):
+            clock[0] += 0.01
+            a.step(block=0, now=clock[0])
+            if step == 6:
+                a.snapshot()
+        rb.delete(rs.ENGINE_LOCK)  # kill -9
+        b = EngineWorker(rb, config(batch=50, commit_min_interval=0, plan="rare-first"))
+        b.start()
+        drain(b, clock)
+        ingest(rb, arrival[200:])
+        ingest(rb, [{"id": "flush", "ts": events[-1]["ts"] + 100, "kind": "none", "room": "x"}])
+        drain(b, clock)
+        b.snapshot()
+        got = outbox(rt)
+        rb.close()
+        rt.close()
+    assert len({n["id"] for n in got}) == len(got)
+    assert canon(replay_records(got)) == canon(want)
