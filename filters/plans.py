@@ -160,16 +160,20 @@ def choose(
             measured, window,
         )
     cost_eager, cost_lazy = costs([measured[n] for n in names], window)  # type: ignore[misc]
+    if not r_first:
+        return Plan(profile.id, False, first, f"auto: {first} never matched (rate 0): eager opens nothing",
+                    measured, window)
     if r_last * AUTO_FACTOR > r_first or cost_lazy >= cost_eager:  # type: ignore[operator]
         return Plan(
             profile.id, False, first,
             f"auto: {last} is rarer than {first} by less than {AUTO_FACTOR:g}x, or the cost model prefers eager",
             measured, window,
         )
+    ratio = r_first / max(r_last, 1e-12)  # type: ignore[operator]
+    how = f"as frequent as {first} (ties go rare-first)" if ratio == 1 else f"{ratio:.4g}x rarer than {first}"
     return Plan(
         profile.id, True, last,
-        f"auto: {last} is the rarest, {r_first / max(r_last, 1e-12):.4g}x rarer than {first}; "  # type: ignore[operator]
-        f"estimated cost {cost_lazy:.3g} vs eager {cost_eager:.3g} per window",
+        f"auto: {last} is the rarest, {how}; estimated cost {cost_lazy:.3g} vs eager {cost_eager:.3g} per window",
         measured, window,
     )
 
