@@ -1315,6 +1315,47 @@ class Engine(TimeDriven):
             return LazySeqRuntime(self, profile, idx)
         return _CompositeRuntime(self, profile, idx)
 
+    def replan(self, plan: str | None = None, rates: Rates | None = None) -> list[str]:
+        """Change the plan mode and/or the rates; convert the runtimes whose plan changes.
+
+        The state moves with them (`filters.lazy.eager_to_lazy` / `lazy_to_eager`): no match
+        in flight is lost or reported twice. Returns the ids of the profiles converted.
+        """
+        if plan is not None:
+            if plan not in MODES:
+                raise ValueError(f"unknown plan {plan!r} (one of {', '.join(MODES)})")
+            self.plan = plan
+        if rates is not None:
+            self.rates = rates
+        changed = []
+        for idx, rt in list(self._rts.items()):
+            if isinstance(rt, (_FilterRuntime, _AbsentRuntime)):
+                continue
+            lazy = self.plan != "eager" and self.plan_of(rt.profile).lazy
+            if lazy != (not isinstance(rt, _CompositeRuntime)):
+                self._swap(idx, rt, lazy)
+                changed.append(rt.profile.id)
+        return changed
+
+    def _swap(self, idx: int, rt: _Runtime, lazy: bool) -> None:
+        from filters.lazy import LazySeqRuntime, eager_to_lazy, lazy_to_eager
+
+        for f, leaf in rt.start_registrations():
+            self.pool.remove(f, (idx, leaf))
+        new: _Runtime
+        if lazy:
+            new = LazySeqRuntime(self, rt.profile, idx)
+            eager_to_lazy(rt, new)
+            rt.clear()  # terminators and auxiliary profiles out of the pools
+        else:
+            new = _CompositeRuntime(self, rt.profile, idx)
+            lazy_to_eager(rt, new, self.now)  # type: ignore[arg-type]
+        rt.active = False
+        self._rts[idx] = new
+        self._by_id[rt.profile.id] = new
+        for f, leaf in new.start_registrations():
+            self.pool.add(f, (idx, leaf))
+
     def plan_of(self, profile: Profile) -> Plan:
         """How `profile` is (or would be) evaluated by this engine, and why (`ens explain`)."""
         if profile.is_filter or isinstance(profile.expr, Absent):

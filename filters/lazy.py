@@ -367,3 +367,97 @@ class LazySeqRuntime(_Runtime):
     def _trace(self, action: str, detail: str) -> None:
         self.engine._trace(self.profile.id, action, detail)
 
+
+
+# ------------------------------------------------------------------ re-planning
+
+
+def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
+    """Move an eager runtime's partial matches into `new`'s buffers (the engine re-plans).
+
+    Lossless: under `each` the eager PMs are every valid prefix of buffered events, so the
+    events they bind, per component, are the buffers (an event bound by no PM can never
+    be: every earlier event it could follow was there when it arrived); under `first` the
+    one PM is the opener and its bindings. `old` is cleared afterwards by the caller.
+    """
+    n = new.n
+    for key, part in old.parts.items():
+        pms = [pm for pm in part.pms if pm.alive]
+        if not pms:
+            continue
+        lp = _LPart(part.values, n)
+        if new.each:
+            for j in range(n - 1):
+                seen: dict[int, _B] = {}
+                for pm in pms:
+                    x = pm.binds[j]
+                    if x is not None:
+                        seen[x.seq] = x
+                lp.bufs[j] = [seen[s] for s in sorted(seen)]
+        else:
+            pm = pms[0]
+            lp.opener = pm.binds[0]
+            for j in range(1, n - 1):
+                if pm.binds[j] is None:
+                    break
+                lp.bufs[0].append(pm.binds[j])
+        new.parts[key] = lp
+    new.buffered = sum(p.size() for p in new.parts.values())
+
+
+def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:
+    """Rebuild, in the eager runtime `new`, the partial matches `old`'s state stands for.
+
+    Every PM alive at `now` (first.ts + T >= now): under `first` the tracked one, under
+    `each` every valid prefix of buffered events in arrival order (the conjuncts checked at
+    each binding). `new._add_pm` gives each its terminator and auxiliary profiles.
+    """
+    from filters.engine import _PM, _Partition
+
+    n, w = old.n, old.window
+    for key, lp in old.parts.items():
+        part = _Partition(key, lp.values)
+        made: list[list[_B]] = []
+        if not old.each:
+            op = lp.opener
+            if op is not None and (now is None or op.ev.ts + w >= now):
+                made.append([op, *lp.bufs[0]])
+        else:
+            made = _prefixes(old, lp.bufs, now)
+        if not made:
+            continue
+        new.parts[key] = part
+        for binds in made:
+            pm = _PM(n, part)
+            for j, x in enumerate(binds):
+                pm.binds[j] = x
+            pm.mask = (1 << len(binds)) - 1
+            new._add_pm(part, pm)
+
+
+def _prefixes(rt: LazySeqRuntime, bufs: list[list[_B]], now: float | None) -> list[list[_B]]:
+    """Every valid prefix (components 0..j, j < n-1) of buffered events alive at `now`."""
+    n, w, names, conjs = rt.n, rt.window, rt.names, rt.conjs
+    made: list[list[_B]] = []
+    stack: list[_B] = []
+    attrs: dict[str, dict[str, Any]] = {}
+
+    def dfs(j: int, prev: int) -> None:
+        if j == n - 1:
+            return
+        for x in bufs[j]:
+            if x.seq <= prev:
+                continue
+            if j == 0 and now is not None and x.ev.ts + w < now:
+                continue  # its window ended: eagerly, its PMs expired
+            attrs[names[j]] = x.ev.attrs
+            if conjs[j] and not rt._check(conjs[j], attrs):
+                continue
+            stack.append(x)
+            made.append(list(stack))
+            dfs(j + 1, x.seq)
+            stack.pop()
+        attrs.pop(names[j], None)
+
+    dfs(0, -1)
+    return made

@@ -392,3 +392,34 @@ def test_rare_first_snapshot_and_live_changes(
     if outs["eager"] != outs["rare-first"]:
         _report(texts, events, until, {**outs, "ops": [(op, getattr(a, "id", a)) for op, a in ops]})
     assert outs["rare-first"] == outs["eager"]
+
+
+@settings(max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(plan_scenario(), st.data())
+def test_replan_between_any_events_changes_nothing(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
+) -> None:
+    """`Engine.replan` converts eager partial matches into rare-first state and back, between
+    any two events (and after a snapshot): no match in flight is lost or reported twice."""
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    evs = order_events(_events(events))
+    want = run(Engine, profiles, events, until)
+    eng = Engine(profiles, plan=data.draw(st.sampled_from(["eager", "rare-first"]), label="start"))
+    got: list = []
+    for ev in evs:
+        if data.draw(st.integers(0, 2), label="replan?") == 0:
+            eng.replan(data.draw(st.sampled_from(["eager", "rare-first"]), label="plan"))
+        if data.draw(st.integers(0, 9), label="snapshot?") == 0:
+            eng = Engine.restore(eng.snapshot())
+        eng.process(ev)
+        got.extend(eng.take_notifications())
+    if data.draw(st.booleans(), label="replan at the end"):
+        eng.replan("eager" if eng.plan != "eager" else "rare-first")
+    eng.finish(until)
+    got.extend(eng.take_notifications())
+    got.sort(key=lambda n: (n.ts, n.seq))
+    out = [n.to_json() for n in got]
+    if out != want:
+        _report(texts, events, until, {"eager": want, "replanned": out})
+    assert out == want
