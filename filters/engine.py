@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 from filters.compile import evaluate
 from filters.notification import Notification
 from filters.pattern import Pattern
-from filters.plans import MODES, Plan, Rates, choose
+from filters.plans import MODES, Plan, Rates, choose, lazy_shape
 from filters.pool import Entry, PrimitivePool, owners_by_profile
 from filters.temporal import TIMER, TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
@@ -200,6 +200,16 @@ def _shared(t: tuple) -> tuple:
     which stay in the CPU cache, instead of one copy each (measured: bench composite).
     """
     return _SHARED.setdefault(t, t)
+
+
+def _drifted(old: Mapping[str, float], new: Mapping[str, float], factor: float) -> bool:
+    """Did any component's rate move by `factor` or more (a rate from or to 0 always has)?"""
+    for k, r in new.items():
+        o = old.get(k, 0.0)
+        lo, hi = min(o, r), max(o, r)
+        if hi and (not lo or hi / lo >= factor):
+            return True
+    return False
 
 
 def _num(ts: float) -> str:
@@ -1249,6 +1259,10 @@ class Engine(TimeDriven):
     DEFAULT_VARIANT = "references"  # the fastest: docs/benchmarks.md, docs/paper.md
     plan = "eager"  # class defaults: snapshots written before plans existed restore eager
     rates: Rates | None = None
+    replan_every = 0
+    drift = 4.0
+    sample = 8
+    _count_pool: PrimitivePool | None = None
 
     def __init__(
         self,
@@ -1258,8 +1272,18 @@ class Engine(TimeDriven):
         variant: str = DEFAULT_VARIANT,
         plan: str = "eager",
         rates: Rates | None = None,
+        replan_every: int = 0,
+        drift: float = 4.0,
+        sample: int = 8,
     ) -> None:
-        """`plan`: eager, rare-first or auto (chosen from `rates`), per profile: docs/plans.md."""
+        """`plan`: eager, rare-first or auto (chosen from `rates`), per profile: docs/plans.md.
+
+        Online rates (plan auto): with `replan_every` > 0 the engine counts, for one event in
+        `sample`, which components of the profiles that could go rare-first it matches; every
+        `replan_every` events, a profile whose rates moved by `drift` (a factor) since its plan
+        was chosen is planned again from them (`replan`: its state moves with it). Counting
+        is by arrival number, so a replay decides the same way.
+        """
         if variant not in self.VARIANTS:
             raise ValueError(f"unknown variant {variant!r} (one of {', '.join(self.VARIANTS)})")
         if plan not in MODES:
@@ -1267,6 +1291,13 @@ class Engine(TimeDriven):
         self.variant = variant
         self.plan = plan
         self.rates = rates
+        if replan_every < 0 or sample < 1 or drift < 1.0:
+            raise ValueError("replan_every >= 0, sample >= 1 and drift >= 1 are required")
+        self.replan_every, self.drift, self.sample = replan_every, drift, sample
+        self._online: dict[str, dict[str, float]] = {}  # profile id -> online rates its plan came from
+        self._counts: dict[tuple[int, int], int] = {}  # (runtime, leaf) -> sampled matches
+        self._count_since: float | None = None
+        self._count_pool = PrimitivePool() if replan_every else None
         self.pool = PrimitivePool()
         self.timers = TemporalPool()
         self.tz = ZoneInfo(tz)
@@ -1295,6 +1326,7 @@ class Engine(TimeDriven):
         self._by_id[profile.id] = rt
         for f, leaf in rt.start_registrations():
             self.pool.add(f, (idx, leaf))
+        self._count_leaves(rt, add=True)
         if isinstance(rt, _CompositeRuntime):
             for lf in rt.clock_leaves:
                 self._clock_users.setdefault(lf.clock, {})[idx] = rt  # type: ignore[index]
@@ -1362,7 +1394,59 @@ class Engine(TimeDriven):
             return choose(profile, self.plan, [], [], self.rates)
         pat = Pattern.build(profile)
         leaves = [lf for lf in pat.leaves if lf.clock is None]
-        return choose(profile, self.plan, [lf.name for lf in leaves], [lf.filter for lf in leaves], self.rates)
+        rates = self.rates
+        online = self._online.get(profile.id) if self._online else None
+        if online is not None:
+            rates = Rates({"profiles": {profile.id: {k: {"rate_per_hour": r} for k, r in online.items()}}})
+        return choose(profile, self.plan, [lf.name for lf in leaves], [lf.filter for lf in leaves], rates)
+
+    # ---------------------------------------------------------- online rates
+    def _count_leaves(self, rt: _Runtime, add: bool) -> None:
+        """Keep the counting pool in step: the leaves of profiles that could go rare-first."""
+        cp = self._count_pool
+        if cp is None or isinstance(rt, (_FilterRuntime, _AbsentRuntime)) or lazy_shape(rt.profile):
+            return
+        for i, lf in enumerate(Pattern.build(rt.profile).leaves):
+            if add:
+                cp.add(lf.filter, (rt.idx, i))
+            else:
+                cp.remove(lf.filter, (rt.idx, i))
+                self._counts.pop((rt.idx, i), None)
+
+    def _count(self, event: Event) -> None:
+        if self._count_since is None:
+            self._count_since = event.ts
+        counts = self._counts
+        for entry in self._count_pool.match(event.attrs):  # type: ignore[union-attr]
+            for owner in entry.owners:
+                counts[owner] = counts.get(owner, 0) + 1
+
+    def _online_replan(self, now: float) -> None:
+        """Plan again every profile whose counted rates drifted by `drift` since its plan."""
+        since = self._count_since
+        if since is None or now <= since:
+            return
+        scale = self.sample * 3600.0 / (now - since)
+        changed = []
+        for idx, rt in list(self._rts.items()):
+            if isinstance(rt, (_FilterRuntime, _AbsentRuntime)) or lazy_shape(rt.profile):
+                continue
+            names = _shared(tuple(lf.name for lf in Pattern.build(rt.profile).leaves))
+            rates = {name: self._counts.get((idx, i), 0) * scale for i, name in enumerate(names)}
+            old = self._online.get(rt.profile.id)
+            if old is not None and not _drifted(old, rates, self.drift):
+                continue
+            self._online[rt.profile.id] = rates
+            if self.plan != "eager":
+                lazy = self.plan_of(rt.profile).lazy
+                if lazy != (not isinstance(rt, _CompositeRuntime)):
+                    self._swap(idx, rt, lazy)
+                    changed.append(rt.profile.id)
+        self._counts.clear()
+        self._count_since = now
+        if changed and self.tracer is not None:
+            for pid in changed:
+                self._trace(pid, "replanned", self.plan_of(self._by_id[pid].profile).reason)
 
     def remove_profile(self, profile_id: str) -> None:
         rt = self._by_id.get(profile_id)
@@ -1378,6 +1462,8 @@ class Engine(TimeDriven):
         del self._rts[rt.idx]
         for f, leaf in rt.start_registrations():
             self.pool.remove(f, (rt.idx, leaf))
+        self._count_leaves(rt, add=False)
+        self._online.pop(rt.profile.id, None)
         if isinstance(rt, _CompositeRuntime):
             rt.clear()
             for lf in rt.clock_leaves:
@@ -1431,6 +1517,11 @@ class Engine(TimeDriven):
             self.now = ts
         self._seq += 1
         seq = self._seq
+        if self._count_pool is not None:
+            if not seq % self.sample:
+                self._count(event)
+            if not seq % self.replan_every:
+                self._online_replan(ts)  # between events: the state moves with a re-plan
         if self.tracer is not None:
             self._current = event
         entries = self.pool.match(event.attrs)
@@ -1501,6 +1592,7 @@ class Engine(TimeDriven):
         state = self.__dict__.copy()
         del state["pool"]
         del state["_by_id"]
+        state.pop("_count_pool", None)
         state["tracer"] = None
         state["tz"] = self.tz.key
         kept: dict[int, _Runtime] = {}
@@ -1516,13 +1608,17 @@ class Engine(TimeDriven):
     def __setstate__(self, state: dict[str, Any]) -> None:
         fresh = state.pop("_fresh", ())
         self.__dict__.update(state)
+        for k, v in (("_online", {}), ("_counts", {}), ("_count_since", None)):  # older snapshots
+            self.__dict__.setdefault(k, v)
         self.tz = ZoneInfo(state["tz"])
         for idx, profile in fresh:
             self._rts[idx] = self._runtime(profile, idx)
         self._rts = dict(sorted(self._rts.items()))
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
         self.pool = PrimitivePool()
+        self._count_pool = PrimitivePool() if self.replan_every else None
         for rt in self._rts.values():
+            self._count_leaves(rt, add=True)
             for f, leaf in rt.start_registrations():
                 self.pool.add(f, (rt.idx, leaf))
             if isinstance(rt, _CompositeRuntime):

@@ -423,3 +423,38 @@ def test_replan_between_any_events_changes_nothing(
     if out != want:
         _report(texts, events, until, {"eager": want, "replanned": out})
     assert out == want
+
+
+@settings(max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(plan_scenario(), st.integers(1, 6), st.sampled_from([1.0, 1.5, 4.0]), st.integers(1, 3), st.booleans())
+def test_online_replan_changes_nothing(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], every: int, drift: float, sample: int,
+    snap: bool,
+) -> None:
+    """--plan auto with rates counted online: profiles flip between eager and rare-first as
+    the counts drift (every few events here), with the eager output."""
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    want = run(Engine, profiles, events, until)
+
+    def make(ps: list[Profile]) -> Engine:
+        return Engine(ps, plan="auto", replan_every=every, drift=drift, sample=sample)
+
+    if not snap:
+        got = run(make, profiles, events, until)
+    else:  # through a snapshot in the middle (the counts and online rates are state)
+        evs = order_events(_events(events))
+        eng = make(profiles)
+        out: list = []
+        for i, ev in enumerate(evs):
+            if i == len(evs) // 2:
+                eng = Engine.restore(eng.snapshot())
+            eng.process(ev)
+            out.extend(eng.take_notifications())
+        eng.finish(until)
+        out.extend(eng.take_notifications())
+        out.sort(key=lambda n: (n.ts, n.seq))
+        got = [n.to_json() for n in out]
+    if got != want:
+        _report(texts, events, until, {"eager": want, "online": got})
+    assert got == want
