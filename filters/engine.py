@@ -1369,6 +1369,26 @@ class Engine(TimeDriven):
                 changed.append(rt.profile.id)
         return changed
 
+    def configure_plans(self, plan: str, rates: Rates | None, replan_every: int = 0, drift: float = 4.0) -> list[str]:
+        """Apply plan options to an engine restored from a snapshot taken under other ones.
+
+        The state is converted where a profile's plan changes (`replan`); online counting
+        starts afresh when it is switched on.
+        """
+        if replan_every < 0 or drift < 1.0:
+            raise ValueError("replan_every >= 0 and drift >= 1 are required")
+        if replan_every and self._count_pool is None:
+            self._count_pool = PrimitivePool()
+            self.replan_every = replan_every
+            for rt in self._rts.values():
+                self._count_leaves(rt, add=True)
+        elif not replan_every:
+            self._count_pool = None
+            self._counts, self._count_since, self._online = {}, None, {}
+        self.replan_every, self.drift = replan_every, drift
+        self.rates = rates
+        return self.replan(plan)
+
     def _swap(self, idx: int, rt: _Runtime, lazy: bool) -> None:
         from filters.lazy import LazySeqRuntime, eager_to_lazy, lazy_to_eager
 

@@ -171,7 +171,7 @@ def test_bad_stats_files_are_user_errors(tmp_path: Path, text: str, message: str
 
 
 def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
-    """`ens serve --plan rare-first`: the worker's engine (snapshots, journal replay after a
+    """`ens serve --plan rare-first`, restarted with `--plan auto --replan-every`: the worker's engine (snapshots, journal replay after a
     crash) gives the eager replay's notifications, exactly once."""
     import random
     import time
@@ -204,14 +204,16 @@ def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
         a = EngineWorker(rb, config(plan="rare-first"))
         a.start()
         assert isinstance(a.engine._by_id["door"], LazySeqRuntime)
+        assert a.engine.replan_every == 0
         for step in range(12):
             clock[0] += 0.01
             a.step(block=0, now=clock[0])
             if step == 6:
                 a.snapshot()
         rb.delete(rs.ENGINE_LOCK)  # kill -9
-        b = EngineWorker(rb, config(batch=50, commit_min_interval=0, plan="rare-first"))
+        b = EngineWorker(rb, config(batch=50, commit_min_interval=0, plan="auto", replan_every=3, drift=1.5))
         b.start()
+        assert b.engine.plan == "auto" and b.engine.replan_every == 3  # this run's options apply
         drain(b, clock)
         ingest(rb, arrival[200:])
         ingest(rb, [{"id": "flush", "ts": events[-1]["ts"] + 100, "kind": "none", "room": "x"}])
