@@ -1297,6 +1297,7 @@ class Engine(TimeDriven):
         self._online: dict[str, dict[str, float]] = {}  # profile id -> online rates its plan came from
         self._counts: dict[tuple[int, int], int] = {}  # (runtime, leaf) -> sampled matches
         self._count_since: float | None = None
+        self._counted: dict[int, tuple[str, ...]] = {}  # runtime -> its counted components' names
         self._count_pool = PrimitivePool() if replan_every else None
         self.pool = PrimitivePool()
         self.timers = TemporalPool()
@@ -1384,7 +1385,7 @@ class Engine(TimeDriven):
                 self._count_leaves(rt, add=True)
         elif not replan_every:
             self._count_pool = None
-            self._counts, self._count_since, self._online = {}, None, {}
+            self._counts, self._count_since, self._online, self._counted = {}, None, {}, {}
         self.replan_every, self.drift = replan_every, drift
         self.rates = rates
         return self.replan(plan)
@@ -1426,12 +1427,17 @@ class Engine(TimeDriven):
         cp = self._count_pool
         if cp is None or isinstance(rt, (_FilterRuntime, _AbsentRuntime)) or lazy_shape(rt.profile):
             return
-        for i, lf in enumerate(Pattern.build(rt.profile).leaves):
+        leaves = Pattern.build(rt.profile).leaves
+        for i, lf in enumerate(leaves):
             if add:
                 cp.add(lf.filter, (rt.idx, i))
             else:
                 cp.remove(lf.filter, (rt.idx, i))
                 self._counts.pop((rt.idx, i), None)
+        if add:
+            self._counted[rt.idx] = _shared(tuple(lf.name for lf in leaves))
+        else:
+            self._counted.pop(rt.idx, None)
 
     def _count(self, event: Event) -> None:
         if self._count_since is None:
@@ -1448,10 +1454,8 @@ class Engine(TimeDriven):
             return
         scale = self.sample * 3600.0 / (now - since)
         changed = []
-        for idx, rt in list(self._rts.items()):
-            if isinstance(rt, (_FilterRuntime, _AbsentRuntime)) or lazy_shape(rt.profile):
-                continue
-            names = _shared(tuple(lf.name for lf in Pattern.build(rt.profile).leaves))
+        for idx, names in list(self._counted.items()):  # the profiles that could go rare-first
+            rt = self._rts[idx]
             rates = {name: self._counts.get((idx, i), 0) * scale for i, name in enumerate(names)}
             old = self._online.get(rt.profile.id)
             if old is not None and not _drifted(old, rates, self.drift):
@@ -1628,7 +1632,7 @@ class Engine(TimeDriven):
     def __setstate__(self, state: dict[str, Any]) -> None:
         fresh = state.pop("_fresh", ())
         self.__dict__.update(state)
-        for k, v in (("_online", {}), ("_counts", {}), ("_count_since", None)):  # older snapshots
+        for k, v in (("_online", {}), ("_counts", {}), ("_count_since", None), ("_counted", {})):  # older
             self.__dict__.setdefault(k, v)
         self.tz = ZoneInfo(state["tz"])
         for idx, profile in fresh:
@@ -1637,6 +1641,7 @@ class Engine(TimeDriven):
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
         self.pool = PrimitivePool()
         self._count_pool = PrimitivePool() if self.replan_every else None
+        self._counted = {}
         for rt in self._rts.values():
             self._count_leaves(rt, add=True)
             for f, leaf in rt.start_registrations():
