@@ -128,20 +128,32 @@ def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201
     return pset, read_event_file(events)
 
 
-def make_engine(engine: str, profiles, tz: str, variant: str | None = None):  # noqa: ANN001, ANN201
+def make_engine(  # noqa: ANN201
+    engine: str, profiles, tz: str, variant: str | None = None, plan: str = "eager", rates=None  # noqa: ANN001
+):
     if engine == "single-step":
         from filters.engine import Engine
 
         if variant and variant not in Engine.VARIANTS:
             raise ENSError(f"unknown variant {variant!r} (one of {', '.join(Engine.VARIANTS)})")
-        return Engine(profiles, tz=tz, variant=variant or Engine.DEFAULT_VARIANT)
+        return Engine(profiles, tz=tz, variant=variant or Engine.DEFAULT_VARIANT, plan=plan, rates=rates)
     if engine == "two-step":
         if variant:
             raise ENSError("--variant applies to the single-step engine only")
+        if plan != "eager":
+            raise ENSError("--plan applies to the single-step engine only")
         from filters.twostep import TwoStepEngine  # type: ignore[import-not-found]
 
         return TwoStepEngine(profiles, tz=tz)
     raise ENSError(f"unknown engine {engine!r} (single-step or two-step)")
+
+
+PLAN_HELP = (
+    "Evaluation plan (same output): eager (matches opened by the first component), rare-first "
+    "(every seq that allows it is driven by its last component, earlier ones buffered), auto "
+    "(rare-first where --stats says the last component is the rarest). docs/plans.md."
+)
+STATS_HELP = "`ens spark stats` output (STATS.json): the component rates --plan auto decides from."
 
 
 @app.command()
@@ -170,13 +182,18 @@ def replay(
         ),
     ] = None,
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
+    stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
 ) -> None:
     """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
+    from ens.plans import check_plan, load_stats
     from ens.replay import replay as run
 
     try:
         end = parse_time_arg(until)
         check_tz(tz)
+        check_plan(plan)
+        rates = load_stats(stats)
         if index is not None:
             if len(paths) != 1:
                 raise ENSError("with --index give only the EVENTS file")
@@ -191,7 +208,7 @@ def replay(
             profiles = pset.profiles
             events = paths[1]
         evs = read_event_file(events)
-        eng = make_engine(engine, profiles, tz, variant)
+        eng = make_engine(engine, profiles, tz, variant, plan, rates)
         notes = run(profiles, evs, end, engine=eng)
         write_lines([n.to_json() for n in notes], out)
     except ENSError as e:
@@ -205,17 +222,26 @@ def explain(
     profile: Annotated[str, typer.Option("--profile", "-p", help="The profile to explain.")],
     until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339).")] = None,
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
+    stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
 ) -> None:
-    """Show, event by event, what a profile's partial matches do and why it fired or did not."""
+    """Show, event by event, what a profile's partial matches do and why it fired or did not.
+
+    First the profile's evaluation plan (--plan, --stats): which component opens matches,
+    the rates it was chosen from, and why.
+    """
     from ens.explain import explain as run
+    from ens.plans import check_plan, load_stats
 
     try:
         end = parse_time_arg(until)
         check_tz(tz)
+        check_plan(plan)
+        rates = load_stats(stats)
         pset, evs = load_inputs(profiles, events)
         if profile not in {p.id for p in pset.profiles}:
             raise ENSError(f"no profile {profile!r} in {profiles}")
-        run(pset.profiles, evs, profile, end, tz=tz, echo=typer.echo)
+        run(pset.profiles, evs, profile, end, tz=tz, echo=typer.echo, plan=plan, rates=rates)
     except ENSError as e:
         raise report_errors(e) from None
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 from ens.replay import order_events
 from filters.engine import Engine
+from filters.plans import Rates
 from profiles.ast import Profile
 from profiles.events import Event
 
@@ -23,10 +24,12 @@ def explain(
     *,
     tz: str = "UTC",
     echo: Callable[[str], None] = print,
+    plan: str = "eager",
+    rates: Rates | None = None,
 ) -> int:
-    """Print what `profile_id`'s partial matches do; return the number of notifications."""
+    """Print the profile's plan and what its partial matches do; return the number of notifications."""
     wanted = [p for p in profiles if p.id == profile_id]
-    eng = Engine(wanted, tz=tz)
+    eng = Engine(wanted, tz=tz, plan=plan, rates=rates)
     lines: list[str] = []
 
     def trace(pid: str, action: str, detail: str) -> None:
@@ -35,6 +38,7 @@ def explain(
     eng.tracer = trace
     eng.trace_only = profile_id
     echo(f"profile {profile_id}: {wanted[0].source.strip()}")
+    echo(eng.plan_of(wanted[0]).describe())
     reported = 0
 
     def flush(header: str) -> None:
@@ -62,5 +66,7 @@ def explain(
     if eng.now is not None or until is not None:
         eng.finish(until)
         flush(f"  end of stream{f' (until {_when(until)})' if until is not None else ''}")
-    echo(f"{reported} notification(s); live partial matches at the end: {eng.stats()['partial_matches']}")
+    live = eng.stats()["partial_matches"]
+    what = "buffered events" if eng.plan_of(wanted[0]).lazy else "partial matches"
+    echo(f"{reported} notification(s); live {what} at the end: {live}")
     return reported

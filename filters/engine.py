@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 from filters.compile import evaluate
 from filters.notification import Notification
 from filters.pattern import Pattern
+from filters.plans import MODES, Plan, Rates, choose, lazy_shape
 from filters.pool import Entry, PrimitivePool, owners_by_profile
 from filters.temporal import TIMER, TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
@@ -151,8 +152,11 @@ class _Runtime:
         pass
 
     def live(self) -> tuple[int, int]:
-        """(partial matches, partitions) held."""
+        """(partial matches, partitions) held; a rare-first runtime counts its buffered events."""
         return (0, 0)
+
+    def clear(self) -> None:
+        """Forget all state (the profile is being removed)."""
 
     def fresh(self) -> bool:
         """Holds nothing but its profile: a snapshot stores the profile only (see Engine)."""
@@ -196,6 +200,16 @@ def _shared(t: tuple) -> tuple:
     which stay in the CPU cache, instead of one copy each (measured: bench composite).
     """
     return _SHARED.setdefault(t, t)
+
+
+def _drifted(old: Mapping[str, float], new: Mapping[str, float], factor: float) -> bool:
+    """Did any component's rate move by `factor` or more (a rate from or to 0 always has)?"""
+    for k, r in new.items():
+        o = old.get(k, 0.0)
+        lo, hi = min(o, r), max(o, r)
+        if hi and (not lo or hi / lo >= factor):
+            return True
+    return False
 
 
 def _num(ts: float) -> str:
@@ -1243,13 +1257,48 @@ class Engine(TimeDriven):
 
     VARIANTS = ("dynamic", "marking", "references")
     DEFAULT_VARIANT = "references"  # the fastest: docs/benchmarks.md, docs/paper.md
+    plan = "eager"  # class defaults: snapshots written before plans existed restore eager
+    rates: Rates | None = None
+    replan_every = 0
+    drift = 4.0
+    sample = 8
+    _count_pool: PrimitivePool | None = None
 
     def __init__(
-        self, profiles: Iterable[Profile] = (), *, tz: str = "UTC", variant: str = DEFAULT_VARIANT
+        self,
+        profiles: Iterable[Profile] = (),
+        *,
+        tz: str = "UTC",
+        variant: str = DEFAULT_VARIANT,
+        plan: str = "eager",
+        rates: Rates | None = None,
+        replan_every: int = 0,
+        drift: float = 4.0,
+        sample: int = 8,
     ) -> None:
+        """`plan`: eager, rare-first or auto (chosen from `rates`), per profile: docs/plans.md.
+
+        Online rates (plan auto): with `replan_every` > 0 the engine counts, for one event in
+        `sample`, which components of the profiles that could go rare-first it matches; every
+        `replan_every` events, a profile whose rates moved by `drift` (a factor) since its plan
+        was chosen is planned again from them (`replan`: its state moves with it). Counting
+        is by arrival number, so a replay decides the same way.
+        """
         if variant not in self.VARIANTS:
             raise ValueError(f"unknown variant {variant!r} (one of {', '.join(self.VARIANTS)})")
+        if plan not in MODES:
+            raise ValueError(f"unknown plan {plan!r} (one of {', '.join(MODES)})")
         self.variant = variant
+        self.plan = plan
+        self.rates = rates
+        if replan_every < 0 or sample < 1 or drift < 1.0:
+            raise ValueError("replan_every >= 0, sample >= 1 and drift >= 1 are required")
+        self.replan_every, self.drift, self.sample = replan_every, drift, sample
+        self._online: dict[str, dict[str, float]] = {}  # profile id -> online rates its plan came from
+        self._counts: dict[tuple[int, int], int] = {}  # (runtime, leaf) -> sampled matches
+        self._count_since: float | None = None
+        self._counted: dict[int, tuple[str, ...]] = {}  # runtime -> its counted components' names
+        self._count_pool = PrimitivePool() if replan_every else None
         self.pool = PrimitivePool()
         self.timers = TemporalPool()
         self.tz = ZoneInfo(tz)
@@ -1278,6 +1327,7 @@ class Engine(TimeDriven):
         self._by_id[profile.id] = rt
         for f, leaf in rt.start_registrations():
             self.pool.add(f, (idx, leaf))
+        self._count_leaves(rt, add=True)
         if isinstance(rt, _CompositeRuntime):
             for lf in rt.clock_leaves:
                 self._clock_users.setdefault(lf.clock, {})[idx] = rt  # type: ignore[index]
@@ -1292,7 +1342,135 @@ class Engine(TimeDriven):
             return _FilterRuntime(self, profile, idx)
         if isinstance(profile.expr, Absent):
             return _AbsentRuntime(self, profile, idx)
+        if self.plan != "eager" and self.plan_of(profile).lazy:
+            from filters.lazy import LazySeqRuntime
+
+            return LazySeqRuntime(self, profile, idx)
         return _CompositeRuntime(self, profile, idx)
+
+    def replan(self, plan: str | None = None, rates: Rates | None = None) -> list[str]:
+        """Change the plan mode and/or the rates; convert the runtimes whose plan changes.
+
+        The state moves with them (`filters.lazy.eager_to_lazy` / `lazy_to_eager`): no match
+        in flight is lost or reported twice. Returns the ids of the profiles converted.
+        """
+        if plan is not None:
+            if plan not in MODES:
+                raise ValueError(f"unknown plan {plan!r} (one of {', '.join(MODES)})")
+            self.plan = plan
+        if rates is not None:
+            self.rates = rates
+        changed = []
+        for idx, rt in list(self._rts.items()):
+            if isinstance(rt, (_FilterRuntime, _AbsentRuntime)):
+                continue
+            lazy = self.plan != "eager" and self.plan_of(rt.profile).lazy
+            if lazy != (not isinstance(rt, _CompositeRuntime)):
+                self._swap(idx, rt, lazy)
+                changed.append(rt.profile.id)
+        return changed
+
+    def configure_plans(self, plan: str, rates: Rates | None, replan_every: int = 0, drift: float = 4.0) -> list[str]:
+        """Apply plan options to an engine restored from a snapshot taken under other ones.
+
+        The state is converted where a profile's plan changes (`replan`); online counting
+        starts afresh when it is switched on.
+        """
+        if replan_every < 0 or drift < 1.0:
+            raise ValueError("replan_every >= 0 and drift >= 1 are required")
+        if replan_every and self._count_pool is None:
+            self._count_pool = PrimitivePool()
+            self.replan_every = replan_every
+            for rt in self._rts.values():
+                self._count_leaves(rt, add=True)
+        elif not replan_every:
+            self._count_pool = None
+            self._counts, self._count_since, self._online, self._counted = {}, None, {}, {}
+        self.replan_every, self.drift = replan_every, drift
+        self.rates = rates
+        return self.replan(plan)
+
+    def _swap(self, idx: int, rt: _Runtime, lazy: bool) -> None:
+        from filters.lazy import LazySeqRuntime, eager_to_lazy, lazy_to_eager
+
+        for f, leaf in rt.start_registrations():
+            self.pool.remove(f, (idx, leaf))
+        new: _Runtime
+        if lazy:
+            new = LazySeqRuntime(self, rt.profile, idx)
+            eager_to_lazy(rt, new)
+            rt.clear()  # terminators and auxiliary profiles out of the pools
+        else:
+            new = _CompositeRuntime(self, rt.profile, idx)
+            lazy_to_eager(rt, new, self.now)  # type: ignore[arg-type]
+        rt.active = False
+        self._rts[idx] = new
+        self._by_id[rt.profile.id] = new
+        for f, leaf in new.start_registrations():
+            self.pool.add(f, (idx, leaf))
+
+    def plan_of(self, profile: Profile) -> Plan:
+        """How `profile` is (or would be) evaluated by this engine, and why (`ens explain`)."""
+        if profile.is_filter or isinstance(profile.expr, Absent):
+            return choose(profile, self.plan, [], [], self.rates)
+        pat = Pattern.build(profile)
+        leaves = [lf for lf in pat.leaves if lf.clock is None]
+        rates = self.rates
+        online = self._online.get(profile.id) if self._online else None
+        if online is not None:
+            rates = Rates({"profiles": {profile.id: {k: {"rate_per_hour": r} for k, r in online.items()}}})
+        return choose(profile, self.plan, [lf.name for lf in leaves], [lf.filter for lf in leaves], rates)
+
+    # ---------------------------------------------------------- online rates
+    def _count_leaves(self, rt: _Runtime, add: bool) -> None:
+        """Keep the counting pool in step: the leaves of profiles that could go rare-first."""
+        cp = self._count_pool
+        if cp is None or isinstance(rt, (_FilterRuntime, _AbsentRuntime)) or lazy_shape(rt.profile):
+            return
+        leaves = Pattern.build(rt.profile).leaves
+        for i, lf in enumerate(leaves):
+            if add:
+                cp.add(lf.filter, (rt.idx, i))
+            else:
+                cp.remove(lf.filter, (rt.idx, i))
+                self._counts.pop((rt.idx, i), None)
+        if add:
+            self._counted[rt.idx] = _shared(tuple(lf.name for lf in leaves))
+        else:
+            self._counted.pop(rt.idx, None)
+
+    def _count(self, event: Event) -> None:
+        if self._count_since is None:
+            self._count_since = event.ts
+        counts = self._counts
+        for entry in self._count_pool.match(event.attrs):  # type: ignore[union-attr]
+            for owner in entry.owners:
+                counts[owner] = counts.get(owner, 0) + 1
+
+    def _online_replan(self, now: float) -> None:
+        """Plan again every profile whose counted rates drifted by `drift` since its plan."""
+        since = self._count_since
+        if since is None or now <= since:
+            return
+        scale = self.sample * 3600.0 / (now - since)
+        changed = []
+        for idx, names in list(self._counted.items()):  # the profiles that could go rare-first
+            rt = self._rts[idx]
+            rates = {name: self._counts.get((idx, i), 0) * scale for i, name in enumerate(names)}
+            old = self._online.get(rt.profile.id)
+            if old is not None and not _drifted(old, rates, self.drift):
+                continue
+            self._online[rt.profile.id] = rates
+            if self.plan != "eager":
+                lazy = self.plan_of(rt.profile).lazy
+                if lazy != (not isinstance(rt, _CompositeRuntime)):
+                    self._swap(idx, rt, lazy)
+                    changed.append(rt.profile.id)
+        self._counts.clear()
+        self._count_since = now
+        if changed and self.tracer is not None:
+            for pid in changed:
+                self._trace(pid, "replanned", self.plan_of(self._by_id[pid].profile).reason)
 
     def remove_profile(self, profile_id: str) -> None:
         rt = self._by_id.get(profile_id)
@@ -1308,6 +1486,8 @@ class Engine(TimeDriven):
         del self._rts[rt.idx]
         for f, leaf in rt.start_registrations():
             self.pool.remove(f, (rt.idx, leaf))
+        self._count_leaves(rt, add=False)
+        self._online.pop(rt.profile.id, None)
         if isinstance(rt, _CompositeRuntime):
             rt.clear()
             for lf in rt.clock_leaves:
@@ -1321,6 +1501,8 @@ class Engine(TimeDriven):
             for st in rt.parts.values():
                 self.timers.discard(st[1])
             rt.parts.clear()
+        else:
+            rt.clear()
 
     @property
     def profiles(self) -> list[Profile]:
@@ -1359,6 +1541,11 @@ class Engine(TimeDriven):
             self.now = ts
         self._seq += 1
         seq = self._seq
+        if self._count_pool is not None:
+            if not seq % self.sample:
+                self._count(event)
+            if not seq % self.replan_every:
+                self._online_replan(ts)  # between events: the state moves with a re-plan
         if self.tracer is not None:
             self._current = event
         entries = self.pool.match(event.attrs)
@@ -1429,6 +1616,7 @@ class Engine(TimeDriven):
         state = self.__dict__.copy()
         del state["pool"]
         del state["_by_id"]
+        state.pop("_count_pool", None)
         state["tracer"] = None
         state["tz"] = self.tz.key
         kept: dict[int, _Runtime] = {}
@@ -1444,13 +1632,18 @@ class Engine(TimeDriven):
     def __setstate__(self, state: dict[str, Any]) -> None:
         fresh = state.pop("_fresh", ())
         self.__dict__.update(state)
+        for k, v in (("_online", {}), ("_counts", {}), ("_count_since", None), ("_counted", {})):  # older
+            self.__dict__.setdefault(k, v)
         self.tz = ZoneInfo(state["tz"])
         for idx, profile in fresh:
             self._rts[idx] = self._runtime(profile, idx)
         self._rts = dict(sorted(self._rts.items()))
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
         self.pool = PrimitivePool()
+        self._count_pool = PrimitivePool() if self.replan_every else None
+        self._counted = {}
         for rt in self._rts.values():
+            self._count_leaves(rt, add=True)
             for f, leaf in rt.start_registrations():
                 self.pool.add(f, (rt.idx, leaf))
             if isinstance(rt, _CompositeRuntime):

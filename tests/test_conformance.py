@@ -12,7 +12,15 @@ from ens.cli import app
 from tests.conftest import CONFORMANCE, canon, load_case
 
 CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted((Path(__file__).parent / "cases").glob("*.yaml"))
-ENGINES = ["single-step", "single-step:dynamic", "single-step:marking", "two-step"]  # default variant: references
+# default variant: references; "+rare-first": every seq that allows it driven by its last component
+ENGINES = ["single-step", "single-step:dynamic", "single-step:marking", "single-step+rare-first", "two-step"]
+
+
+def engine_args(engine: str) -> list[str]:
+    """`ens replay` options of an ENGINES entry (name[:variant][+plan])."""
+    engine, _, plan = engine.partition("+")
+    name, _, variant = engine.partition(":")
+    return ["--engine", name] + (["--variant", variant] if variant else []) + (["--plan", plan] if plan else [])
 
 runner = CliRunner()
 
@@ -22,8 +30,7 @@ runner = CliRunner()
 def test_case(path: Path, engine: str, case_files) -> None:
     case = load_case(path)
     prof, evs = case_files(case)
-    name, _, variant = engine.partition(":")
-    args = ["replay", str(prof), str(evs), "--engine", name] + (["--variant", variant] if variant else [])
+    args = ["replay", str(prof), str(evs), *engine_args(engine)]
     if "until" in case:
         args += ["--until", str(case["until"])]
     result = runner.invoke(app, args)
@@ -51,7 +58,6 @@ def test_shared_copy_is_complete() -> None:
 def test_matches_completed_by_one_event_come_in_bound_event_order(engine: str, case_files) -> None:
     """LANGUAGE.md §4: matches completed by the same event are reported in the order of their
     bound events, component by component (the cases compare notifications as a multiset)."""
-    name, _, variant = engine.partition(":")
     want = {
         "21-select-rows-seq3": [
             {"a": "a1", "b": "b1", "c": "c1"}, {"a": "a1", "b": "b2", "c": "c1"},
@@ -63,7 +69,7 @@ def test_matches_completed_by_one_event_come_in_bound_event_order(engine: str, c
     }
     for stem, events in want.items():
         prof, evs = case_files(load_case(Path(__file__).parent / "cases" / f"{stem}.yaml"))
-        args = ["replay", str(prof), str(evs), "--engine", name] + (["--variant", variant] if variant else [])
+        args = ["replay", str(prof), str(evs), *engine_args(engine)]
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.stderr
         got = [json.loads(line) for line in result.stdout.splitlines()]
@@ -80,8 +86,7 @@ def test_every_engine_writes_identical_output(path: Path, case_files) -> None:
     prof, evs = case_files(case)
     outs = {}
     for engine in ENGINES:
-        name, _, variant = engine.partition(":")
-        args = ["replay", str(prof), str(evs), "--engine", name] + (["--variant", variant] if variant else [])
+        args = ["replay", str(prof), str(evs), *engine_args(engine)]
         if "until" in case:
             args += ["--until", str(case["until"])]
         result = runner.invoke(app, args)

@@ -282,3 +282,179 @@ def test_snapshot_anywhere_changes_nothing(
     for ev in evs[cut:]:
         eng.process(ev)
     assert finish(eng, out) == want
+
+
+# ------------------------------------------------------------ evaluation plans (issue 16)
+
+
+@st.composite
+def seq_profile_text(draw: st.DrawFn) -> str:
+    """A profile in (or next to) the rare-first plan's domain: seq of 2-4 positive leaves."""
+    n = draw(st.integers(2, 4))
+    if draw(st.integers(0, 5)) == 0:
+        body = f"repeat({draw(leaf_filter())}, {n})"
+        names = [f"r{i}" for i in range(1, n + 1)]
+    else:
+        names = [f"l{i}" for i in range(1, n + 1)]
+        body = "seq(" + ", ".join(f"{nm}: {draw(leaf_filter())}" for nm in names) + ")"
+    clauses = [f"within {draw(st.sampled_from(WITHIN))}"]
+    if draw(st.booleans()):
+        clauses.append("per r")
+    if draw(st.integers(0, 1)) == 0:
+        conj = []
+        for _ in range(draw(st.integers(1, 2))):
+            a, c = draw(st.sampled_from(names)), draw(st.sampled_from(names))
+            form = draw(st.integers(0, 3))
+            conj.append([f"{a}.v = {c}.v", f"{a}.v > {c}.v", f"{a}.v >= {c}.v + 1", f"{a}.v != {draw(st.integers(0, 3))}"][form])
+        clauses.append("where " + " and ".join(conj))
+    clauses.append(draw(st.sampled_from(["select first", "select each", "select each", "", "select last"])))
+    clauses.append(draw(st.sampled_from(["consume unique", "consume shared", ""])))
+    if draw(st.integers(0, 7)) == 0:
+        clauses.append("once")
+    return " ".join([body, *draw(st.permutations([c for c in clauses if c]))])
+
+
+@st.composite
+def plan_scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], float | None]:
+    """Mostly rare-first-eligible profiles (some from the general grammar) over a short stream."""
+    profiles, events, until = draw(scenario())
+    for i in range(draw(st.integers(1, 3))):
+        text = draw(seq_profile_text())
+        try:
+            parse_profile(text, f"q{i}")
+        except ProfileError:
+            continue
+        profiles.append((f"q{i}", text))
+    return profiles, events, until
+
+
+def check_plans(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    outs = {
+        "two-step": run(TwoStepEngine, profiles, events, until),
+        "eager": run(Engine, profiles, events, until),
+        "rare-first": run(lambda ps: Engine(ps, plan="rare-first"), profiles, events, until),
+    }
+    if any(out != outs["eager"] for out in outs.values()):
+        _report(texts, events, until, outs)
+    for name, out in outs.items():
+        assert out == outs["eager"], name
+
+
+@settings(max_examples=400, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(plan_scenario())
+def test_plans_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+    """Rare-first (every eligible profile driven by its last component) = eager = two-step,
+    notification for notification and in the same order (ids, ts, partition)."""
+    check_plans(case)
+
+
+@settings(max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(plan_scenario(), st.data())
+def test_rare_first_snapshot_and_live_changes(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
+) -> None:
+    """Rare-first state pickles (the service snapshots the engine); profiles toggled and time
+    advanced between events give the eager engine's notifications."""
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    ops: list[tuple[str, Any]] = []
+    for ev in order_events(_events(events)):
+        roll = data.draw(st.integers(0, 11))
+        if roll == 0 and profiles:
+            ops.append(("toggle", data.draw(st.sampled_from(profiles))))
+        elif roll == 1:
+            ops.append(("advance", ev.ts - data.draw(st.sampled_from([0.0, 0.5, 3.0]))))
+        elif roll == 2:
+            ops.append(("snapshot", data.draw(st.booleans())))
+        ops.append(("event", ev))
+    outs: dict[str, list] = {}
+    for plan in ("eager", "rare-first"):
+        eng = Engine(profiles, plan=plan)
+        got: list = []
+        for op, arg in ops:
+            if op == "event":
+                eng.process(arg)
+            elif op == "advance":
+                eng.advance(arg)
+            elif op == "snapshot":
+                got.extend(n.to_json() for n in eng.take_notifications())
+                eng = Engine.restore(eng.snapshot(profiles_apart=arg), {p.id: p for p in profiles})
+            elif arg.id in {p.id for p in eng.profiles}:
+                eng.remove_profile(arg.id)
+            else:
+                eng.add_profile(arg)
+            got.extend(n.to_json() for n in eng.take_notifications())
+        eng.finish(until)
+        got.extend(n.to_json() for n in eng.take_notifications())
+        outs[plan] = got
+    if outs["eager"] != outs["rare-first"]:
+        _report(texts, events, until, {**outs, "ops": [(op, getattr(a, "id", a)) for op, a in ops]})
+    assert outs["rare-first"] == outs["eager"]
+
+
+@settings(max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(plan_scenario(), st.data())
+def test_replan_between_any_events_changes_nothing(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
+) -> None:
+    """`Engine.replan` converts eager partial matches into rare-first state and back, between
+    any two events (and after a snapshot): no match in flight is lost or reported twice."""
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    evs = order_events(_events(events))
+    want = run(Engine, profiles, events, until)
+    eng = Engine(profiles, plan=data.draw(st.sampled_from(["eager", "rare-first"]), label="start"))
+    got: list = []
+    for ev in evs:
+        if data.draw(st.integers(0, 2), label="replan?") == 0:
+            eng.replan(data.draw(st.sampled_from(["eager", "rare-first"]), label="plan"))
+        if data.draw(st.integers(0, 9), label="snapshot?") == 0:
+            eng = Engine.restore(eng.snapshot())
+        eng.process(ev)
+        got.extend(eng.take_notifications())
+    if data.draw(st.booleans(), label="replan at the end"):
+        eng.replan("eager" if eng.plan != "eager" else "rare-first")
+    eng.finish(until)
+    got.extend(eng.take_notifications())
+    got.sort(key=lambda n: (n.ts, n.seq))
+    out = [n.to_json() for n in got]
+    if out != want:
+        _report(texts, events, until, {"eager": want, "replanned": out})
+    assert out == want
+
+
+@settings(max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(plan_scenario(), st.integers(1, 6), st.sampled_from([1.0, 1.5, 4.0]), st.integers(1, 3), st.booleans())
+def test_online_replan_changes_nothing(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], every: int, drift: float, sample: int,
+    snap: bool,
+) -> None:
+    """--plan auto with rates counted online: profiles flip between eager and rare-first as
+    the counts drift (every few events here), with the eager output."""
+    texts, events, until = case
+    profiles = [parse_profile(text, pid) for pid, text in texts]
+    want = run(Engine, profiles, events, until)
+
+    def make(ps: list[Profile]) -> Engine:
+        return Engine(ps, plan="auto", replan_every=every, drift=drift, sample=sample)
+
+    if not snap:
+        got = run(make, profiles, events, until)
+    else:  # through a snapshot in the middle (the counts and online rates are state)
+        evs = order_events(_events(events))
+        eng = make(profiles)
+        out: list = []
+        for i, ev in enumerate(evs):
+            if i == len(evs) // 2:
+                eng = Engine.restore(eng.snapshot())
+            eng.process(ev)
+            out.extend(eng.take_notifications())
+        eng.finish(until)
+        out.extend(eng.take_notifications())
+        out.sort(key=lambda n: (n.ts, n.seq))
+        got = [n.to_json() for n in out]
+    if got != want:
+        _report(texts, events, until, {"eager": want, "online": got})
+    assert got == want

@@ -102,6 +102,8 @@ def test_split_replay_is_local_replay(seed: int) -> None:
     ref = lines(replay(ps, evs, until))
     for key in ("building", "room"):
         assert lines(split_replay(ps, evs, until, key)) == ref, key
+        # the engines' evaluation plan (docs/plans.md) does not change the output either
+        assert lines(split_replay(ps, evs, until, key, ("rare-first", None))) == ref, key
 
 
 def test_detection_key_encoding_sorts_like_tuples() -> None:
@@ -256,6 +258,21 @@ def test_spark_replay_equals_local_replay(spark, tmp_path: Path) -> None:
     assert out.read_text() == ref
     assert st.events == 400 and st.notifications == ref.count("\n") > 50
     assert st.keys == 5  # B1, B2, B3, 1 = 1.0 (one key) and true (another)
+
+
+def test_spark_replay_rare_first_equals_local_replay(spark, tmp_path: Path) -> None:
+    """`ens spark replay --plan rare-first`: the plan travels to every task, same output."""
+    from adapters.spark.feed import read_feed
+    from adapters.spark.replay import replay_job
+
+    rng = random.Random(12)
+    evs = gen_events(rng, 300, 80)
+    ps = profiles()
+    feed = write_jsonl(tmp_path / "feed.jsonl", evs)
+    out = tmp_path / "notes.jsonl"
+    replay_job(spark, ps, lambda plan: read_feed(spark, str(feed), "building", plan), str(out),
+               until=200.0, evaluation="rare-first")
+    assert out.read_text() == lines(replay(ps, evs, 200.0))
 
 
 def test_cli_replay_csv_by_room_and_errors(spark, tmp_path: Path) -> None:

@@ -172,6 +172,22 @@ def serve(
         str, typer.Option(help="Answer 408 to a request whose body is not received within "
                                "this time (e.g. 10s; 'off': wait for ever).")
     ] = "10s",
+    plan: Annotated[
+        str, typer.Option(help="Evaluation plan of a fresh engine: eager, rare-first or auto (from "
+                               "--stats); same notifications (docs/plans.md). A restored snapshot "
+                               "keeps the plan it was taken with.")
+    ] = "eager",
+    stats: Annotated[
+        Path | None, typer.Option(help="`ens spark stats` output: the rates --plan auto decides from.")
+    ] = None,
+    replan_every: Annotated[
+        int, typer.Option(help="--plan auto: count component rates online (1 event in 8) and re-plan "
+                               "every N events (0: never; the plan of --stats stays).")
+    ] = 0,
+    drift: Annotated[
+        float, typer.Option(help="--replan-every: re-plan a profile when a component's rate moved by "
+                                 "this factor since its plan was chosen.")
+    ] = 4.0,
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
     from adapters.service.api import IngestLimits
@@ -194,6 +210,12 @@ def serve(
         raise _fail(f"--max-backlog must be 0 (no bound) or more, not {max_backlog}")
     try:
         check_tz(tz)
+        from ens.plans import check_plan, load_stats
+
+        check_plan(plan)
+        rates = load_stats(stats)
+        if replan_every < 0 or drift < 1.0:
+            raise ENSError(f"--replan-every must be >= 0 and --drift >= 1 (got {replan_every}, {drift:g})")
     except ENSError as e:
         raise _fail(str(e)) from None
     limits = IngestLimits(
@@ -205,6 +227,7 @@ def serve(
         reorder_seconds=reorder_seconds, reorder_max_events=reorder_max_events, clock=clock,
         idle_timeout=idle_timeout,
         tz=tz, snapshot_interval=snapshot_interval, status_interval=status_interval,
+        plan=plan, rates=rates, replan_every=replan_every, drift=drift,
     )
     if worker_name:
         wcfg.name = worker_name

@@ -102,6 +102,10 @@ class WorkerConfig:
     heartbeat_interval: float = 1.0
     status_interval: float = 10.0  # the "worker: N events, ..." log line
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
+    plan: str = "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
+    rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
+    replan_every: int = 0  # plan "auto": re-plan from online counts every N events (0: never)
+    drift: float = 4.0  # ... when a component's rate moved by this factor
 
 
 class _Item(NamedTuple):
@@ -151,7 +155,8 @@ class EngineWorker:
     # ------------------------------------------------------------------ state
     def _reset_state(self) -> None:
         self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
-        self.engine = Engine(tz=self.cfg.tz)
+        cfg = self.cfg
+        self.engine = Engine(tz=cfg.tz, plan=cfg.plan, rates=cfg.rates, replan_every=cfg.replan_every, drift=cfg.drift)
         self.epoch = secrets.token_hex(4)
         # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
         # kept after a `once` profile fired, so that it is not activated again
@@ -211,6 +216,8 @@ class EngineWorker:
             for pid, (expr, sub) in meta["profiles"].items():
                 self.defs[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
             self.dirty = set(self.defs)
+        cfg = self.cfg  # this run's plan options apply to the restored state (same output)
+        self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift)
         self.epoch = meta["epoch"]
         self.last_id = meta["last_id"]
         self.control_id = meta["control_id"]

@@ -233,13 +233,23 @@ def replay(
     input_format: InputFormatOpt = None,
     master: Master = "local[2]",
     work: Work = None,
+    plan: Annotated[
+        str, typer.Option(help="Evaluation plan of the engines: eager, rare-first or auto (from --stats); "
+                               "same output (docs/plans.md).")
+    ] = "eager",
+    stats_file: Annotated[
+        str | None, typer.Option("--stats", help="`ens spark stats` output: the rates --plan auto decides from.")
+    ] = None,
 ) -> None:
     """Replay a feed through the profiles; output identical to `ens replay` (same order)."""
     from adapters.spark.replay import replay_job
+    from ens.plans import check_plan, load_stats
 
     log = _logger()
     with _errors():
         check_tz(tz)
+        check_plan(plan)
+        rates = load_stats(stats_file)
         ps = _load_profiles(profiles, index, log)
         end = _until(until)
         _check_feed(feed, fmt, ("jsonl", "parquet"), dataset, rooms)
@@ -250,7 +260,8 @@ def replay(
             if dataset is not None:
                 ds = (dataset, feed, [r for r in rooms.split(",") if r] if rooms else None)
             st = replay_job(
-                spark, ps, src, out, key=key, fmt=fmt, until=end, tz=tz, work=work, dataset=ds, log=log
+                spark, ps, src, out, key=key, fmt=fmt, until=end, tz=tz, work=work, dataset=ds, log=log,
+                evaluation=plan, rates=rates,
             )
     typer.echo(f"{out}: {st.notifications} notifications from {st.events} events")
 

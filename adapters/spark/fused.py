@@ -92,7 +92,7 @@ def _room_task(name: str, path: str, plan: Plan, tz: str):  # noqa: ANN202 - a m
                 b.column("room").to_pylist(), b.column("files").to_pylist(), strict=True
             ):
                 streams = [_tagged(ad, path, room, f["sensor"], f["i"]) for f in files]
-                runner = SliceRunner(plan.keyed, plan.positions, tz)
+                runner = SliceRunner(plan.keyed, plan.positions, tz, (plan.evaluation, plan.rates))
                 out: list[dict[str, Any]] = []
                 n, first, last = 0, None, None
                 for _ts, i, obj in heapq.merge(*streams, key=lambda x: (x[0], x[1])):

@@ -81,6 +81,8 @@ class Plan:
     keyed: list[Profile] = field(default_factory=list)
     global_: list[Profile] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
+    evaluation: str = "eager"  # the engines' evaluation plan (docs/plans.md): same output
+    rates: Any = None  # filters.plans.Rates for evaluation "auto"
 
     def summary(self) -> str:
         return (

@@ -118,7 +118,8 @@ def _keyed_task(plan: Plan, end: tuple[float, bool], tz: str):  # noqa: ANN202 -
         def all_keys() -> Iterator[Tagged]:
             for _route, rows in groupby(_events(batches, with_route=True), key=lambda r: r[0]):
                 yield from run_stream(
-                    plan.keyed, plan.positions, (ev for _, ev in rows), end, None, tz
+                    plan.keyed, plan.positions, (ev for _, ev in rows), end, None, tz,
+                    (plan.evaluation, plan.rates),
                 )
 
         yield from _batched(all_keys())
@@ -131,7 +132,7 @@ def _global_task(plan: Plan, end: tuple[float, bool], start: tuple[float, int], 
         from adapters.spark.slices import run_stream
 
         yield from _batched(
-            run_stream(plan.global_, plan.positions, _events(batches), end, start, tz)
+            run_stream(plan.global_, plan.positions, _events(batches), end, start, tz, (plan.evaluation, plan.rates))
         )
 
     return run
@@ -197,6 +198,8 @@ def replay_job(
     work: str | None = None,
     dataset: tuple[str, str, list[str] | None] | None = None,
     log: Log = lambda _m: None,
+    evaluation: str = "eager",
+    rates: Any = None,
 ) -> ReplayStats:
     """Run the three stages; the output appears (atomically renamed) only if all succeed.
 
@@ -210,6 +213,7 @@ def replay_job(
         raise ENSError(f"unknown output format {fmt!r} (jsonl or parquet)")
     stats = ReplayStats()
     plan = make_plan(profiles, key)
+    plan.evaluation, plan.rates = evaluation, rates  # travels with the plan to every task
     log(f"plan: {plan.summary()}")
     target = Path(out)
     parent = work or (target.parent if str(target.parent) else ".")
@@ -287,7 +291,7 @@ def _shared_stages(
         rows = rows.repartition(1).sortWithinPartitions("ts", "arrival")
         stages.append(rows.mapInArrow(_global_task(plan, end, first, tz), NOTE_DDL))  # type: ignore[arg-type]
     elif plan.global_ and end is not None:  # no events, only --until: timers of an empty stream
-        tagged = list(run_stream(plan.global_, plan.positions, [], end, None, tz))
+        tagged = list(run_stream(plan.global_, plan.positions, [], end, None, tz, (plan.evaluation, plan.rates)))
         if tagged:
             stages.append(spark.createDataFrame(_note_batch(tagged).to_pylist(), NOTE_DDL))
     return stages

@@ -80,9 +80,13 @@ class SliceRunner:
     """An engine over one slice of the stream; its notifications carry detection keys."""
 
     def __init__(
-        self, profiles: Iterable[Profile], positions: dict[str, int], tz: str = "UTC"
+        self,
+        profiles: Iterable[Profile],
+        positions: dict[str, int],
+        tz: str = "UTC",
+        plans: tuple[str, Any] = ("eager", None),
     ) -> None:
-        self.engine = Engine(profiles, tz=tz)
+        self.engine = Engine(profiles, tz=tz, plan=plans[0], rates=plans[1])
         if len(
             self.engine.timers
         ):  # pragma: no cover - an engine schedules nothing before time starts
@@ -181,7 +185,7 @@ def run_stateless(
     tz: str = "UTC",
 ) -> Iterable[Tagged]:
     """Bare filters: each event on its own, in any order."""
-    runner = SliceRunner(profiles, positions, tz)
+    runner = SliceRunner(profiles, positions, tz)  # filters: the plan does not apply
     for arrival, ev in events:
         runner.process(ev, arrival)
         if runner.engine._out:
@@ -208,13 +212,14 @@ def run_stream(
     end: tuple[float, bool] | None,
     start: tuple[float, int] | None = None,
     tz: str = "UTC",
+    plans: tuple[str, Any] = ("eager", None),
 ) -> Iterable[Tagged]:
     """One engine over events in stream order (ts, arrival), finished at `end` (`end_of`).
 
     `start` = (ts, arrival) of the stream's first event, for engines that may
     not see that event but whose activation time matters (global profiles).
     """
-    runner = SliceRunner(profiles, positions, tz)
+    runner = SliceRunner(profiles, positions, tz, plans)
     if start is not None:
         runner.start(*start)
     for arrival, ev in events:
@@ -227,7 +232,8 @@ def run_stream(
 
 
 def split_replay(
-    profiles: list[Profile], events: list[Event], until: float | None, key: str
+    profiles: list[Profile], events: list[Event], until: float | None, key: str,
+    plans: tuple[str, Any] = ("eager", None),
 ) -> list[Notification]:
     """`ens.replay.replay` computed the way the Spark job computes it (the test oracle's twin)."""
     from adapters.spark.plan import Relevance, make_plan, route_key
@@ -250,11 +256,11 @@ def split_replay(
             if rk is not None and rel(ev.attrs):
                 groups.setdefault(rk, []).append((arrival, ev))
         for rk in sorted(groups, reverse=True):
-            tagged += run_stream(plan.keyed, plan.positions, groups[rk], end)
+            tagged += run_stream(plan.keyed, plan.positions, groups[rk], end, plans=plans)
     if plan.global_:
         rel = Relevance(plan.global_)
         first = (stream[0][1].ts, stream[0][0]) if stream else None
         evs = [(a, ev) for a, ev in stream if rel(ev.attrs)]
-        tagged += run_stream(plan.global_, plan.positions, evs, end, first)
+        tagged += run_stream(plan.global_, plan.positions, evs, end, first, plans=plans)
     tagged.sort(key=lambda t: encode_key(t[0]))
     return [n for _, n in tagged]

@@ -92,3 +92,37 @@ def paper_cmd(
         paper.replot(out, docs_img or None)
     else:
         paper.run(out, quick, seed, docs_img or None)
+
+
+@app.command("lazy")
+def lazy_cmd(
+    ratios: str = typer.Option("1,10,100,1000", help="Rate ratios frequent:rare, comma-separated."),
+    events: int = typer.Option(60000, help="Events per configuration (about)."),
+    rooms: int = typer.Option(20, help="Rooms (partitions)."),
+    repeat: int = typer.Option(3, help="Timed passes per plan (CPU time); the median is reported."),
+    seed: int = typer.Option(7, help="Random seed (same seed, same events)."),
+    periods: str = typer.Option("60,300", help="Seconds between a room's frequent readings, comma-separated."),
+    out: str = typer.Option("bench/results/lazy", help="Directory for CSV and PNG output."),
+    docs_img: str = typer.Option("", help="Also copy the PNG plot here (e.g. docs/img)."),
+    keti: str = typer.Option("examples/data/keti", help="KETI folder for the facility-profile run ('' skips it)."),
+    keti_rooms: str = typer.Option("", help="KETI rooms, comma-separated (default: all)."),
+    keti_limit: int = typer.Option(0, help="At most this many KETI events (0: all)."),
+    profiles: str = typer.Option("examples/facility/profiles.yaml", help="Profiles for the KETI run."),
+) -> None:
+    """Rare-first vs eager plans: events/s and peak state at growing rate skew, then the KETI
+    feed through the facility profiles (auto and rare-first vs eager, equal output). Results:
+    docs/benchmarks.md."""
+    from bench.lazy import run, run_keti
+
+    rs = _counts(ratios)
+    pds = tuple(float(p) for p in _counts(periods))
+    if events < 100:
+        raise typer.BadParameter("must be at least 100", param_hint="--events")
+    if rooms < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--rooms")
+    if repeat < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--repeat")
+    if ratios.strip():
+        run(rs, events, rooms, repeat, seed, out, docs_img or None, pds)
+    if keti:
+        run_keti(keti, profiles, [r for r in keti_rooms.split(",") if r] or None, keti_limit or None, repeat)

@@ -1,0 +1,463 @@
+"""Rare-first evaluation of `seq(c1, ..., cn) within T`: the last component drives (issue 16).
+
+The eager runtime opens a partial match (PM) on every c1 event: a PM object, a
+terminator in the temporal pool, auxiliary profiles in the primitive pool, and
+its expiry later. Here the events of c1 ... c(n-1) are only appended to
+per-partition, time-ordered buffers (pruned by the window), and the work is
+done when a cn event arrives: it looks up exactly the PMs the eager engine
+would hold at that moment, and completes them in the same step.
+
+What the eager engine holds is reconstructed from the buffers, per selection:
+
+- `each`: every combination of buffered events in component order whose first
+  event is inside the window and whose `where` conjuncts hold (checked at the
+  binding that makes them checkable, as the eager engine does). `consume unique`
+  reports the earliest combination (component by component) and takes its
+  events out of the buffers; `shared` reports them all, in that order.
+- `first`: at most one PM per partition; which c1 event opened it depends on
+  the chain of earlier PMs (a c1 event arriving while one exists is ignored
+  for good), so the opener is tracked online, in O(1) per c1 event: the first
+  c1 event (passing its own conjuncts) after the last PM expired or was
+  consumed. Its later components bind greedily: the first buffered event of
+  each component after the previous binding that passes the conjuncts.
+
+An event matching several components is handled as the eager engine does:
+first as the driver (extend/complete), then, unless consumed, as an earlier
+component (bound later) and as an opener. Pure like the engine: time is the
+events' `ts`; a PM alive at ts `t` is one with `first.ts + T >= t` (timers fire
+when time passes their deadline).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from filters.engine import _B, _Runtime, _shared
+from filters.notification import Notification
+from filters.pattern import Pattern
+from profiles.ast import Profile
+from profiles.events import Event
+
+if TYPE_CHECKING:
+    from filters.engine import Engine
+
+
+class _LPart:
+    """One partition: a buffer per deferred component, the opener under `first`."""
+
+    __slots__ = ("values", "bufs", "opener")
+
+    def __init__(self, values: dict[str, Any] | None, n: int) -> None:
+        self.values = values
+        self.bufs: list[list[_B]] = [[] for _ in range(n - 1)]
+        self.opener: _B | None = None
+
+    def __getstate__(self) -> tuple:
+        return (self.values, self.bufs, self.opener)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.values, self.bufs, self.opener = state
+
+    def size(self) -> int:
+        return sum(len(b) for b in self.bufs) + (self.opener is not None)
+
+
+class LazySeqRuntime(_Runtime):
+    """A `seq` profile evaluated rare-first (see the module docstring; shapes: `plans.lazy_shape`)."""
+
+    def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
+        super().__init__(engine, profile, idx)
+        self.each = profile.select.kind == "each"
+        self.unique = profile.consume == "unique"
+        self.window = float(profile.within)  # type: ignore[arg-type]
+        self.parts: dict[tuple, _LPart] = {}
+        self.buffered = 0  # events held in buffers (and openers), for stats
+        self._events = 0
+        self._derive()
+
+    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._derive()
+
+    def _derive(self) -> None:
+        self.pat = Pattern.build(self.profile)
+        self.n = len(self.pat.leaves)
+        self.names = _shared(tuple(lf.name for lf in self.pat.leaves))
+        pat = self.pat
+        # the conjuncts the eager engine checks when leaf j binds after leaves 0..j-1
+        self.conjs = [pat.bind_conjs((1 << j) - 1, j) if pat.conjs else [] for j in range(self.n)]
+        self.open_conjs = self.conjs[0]
+
+    def start_registrations(self) -> list[tuple[Any, int]]:
+        return [(lf.filter, lf.idx) for lf in self.pat.leaves]
+
+    def live(self) -> tuple[int, int]:
+        """(buffered events under `each`, tracked partial matches under `first`; partitions)."""
+        if self.each:
+            return (self.buffered, len(self.parts))
+        return (sum(1 for p in self.parts.values() if p.opener is not None), len(self.parts))
+
+    def fresh(self) -> bool:
+        return not self.parts
+
+    def clear(self) -> None:
+        self.parts.clear()
+        self.buffered = 0
+
+    # ---------------------------------------------------------------- event
+    def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        if self.per:
+            key = self.partition_key(ev.attrs)
+            if key is None:
+                return
+        else:
+            key = ()
+        part = self.parts.get(key)
+        now = ev.ts
+        last = self.n - 1
+        b: _B | None = None
+        self._events += 1
+        if not self._events & 4095:
+            self._sweep(now)  # partitions gone quiet: their buffers are stale
+            part = self.parts.get(key)
+        if part is not None and last in leaves:
+            self._prune(part, now)
+            b = _B(seq, ev)
+            if self._drive_each(part, b) if self.each else self._drive_first(part, b):
+                self._tidy(key, part)
+                return  # consumed
+            if not self.active:
+                return
+        if not self.each:
+            self._step_first(part, key, ev, seq, leaves, b)
+            return
+        tracing = self.engine.tracer is not None
+        w = self.window
+        for i in leaves:
+            if i == last:
+                continue
+            if i == 0 and self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
+                if tracing:
+                    self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
+                continue
+            if part is None:
+                part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
+            buf = part.bufs[i]
+            if buf and buf[0].ev.ts + w < now:
+                k = 1
+                while k < len(buf) and buf[k].ev.ts + w < now:
+                    k += 1
+                del buf[:k]
+                self.buffered -= k
+            if b is None:
+                b = _B(seq, ev)
+            buf.append(b)
+            self.buffered += 1
+            if tracing:
+                self._trace("buffered", f"{ev.id} as {self.names[i]}")
+
+    def _step_first(self, part: _LPart | None, key: tuple, ev: Event, seq: int, leaves: list[int], b: _B | None) -> None:
+        """`select first`, an event the driver did not consume: bind the awaited component, or open.
+
+        The partition's one PM is tracked as it would be eagerly (opener, then the components
+        bound so far in `bufs[0]`), minus its terminator and auxiliary profiles: a component
+        event binds only when it is the awaited one (the first that passes its conjuncts), an
+        event binds at most one component, and a starting event opens only where no PM lives.
+        """
+        tracing = self.engine.tracer is not None
+        op = part.opener if part is not None else None
+        if op is not None and op.ev.ts + self.window < ev.ts:
+            self._expire(part)  # type: ignore[arg-type]
+            op = None
+        if op is not None:
+            chain = part.bufs[0]  # type: ignore[union-attr]
+            j = len(chain) + 1
+            if j < self.n - 1 and j in leaves:
+                names = self.names
+                cs = self.conjs[j]
+                if cs:
+                    attrs = {names[0]: op.ev.attrs}
+                    for k, x in enumerate(chain, 1):
+                        attrs[names[k]] = x.ev.attrs
+                    attrs[names[j]] = ev.attrs
+                    if not self._check(cs, attrs):
+                        if tracing:
+                            self._trace("ignored", f"{ev.id} for {names[j]}: where not satisfied")
+                        return
+                chain.append(b or _B(seq, ev))
+                self.buffered += 1
+                if tracing:
+                    self._trace("extended", f"opened by {op.ev.id}: {ev.id} bound as {names[j]}")
+            elif tracing and 0 in leaves:
+                self._trace("ignored", f"{ev.id}: a partial match already exists (opened by {op.ev.id})")
+            return
+        if 0 not in leaves:
+            if part is not None:
+                self._tidy(key, part)
+            return
+        if self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
+            if tracing:
+                self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
+            return
+        if part is None:
+            part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
+        part.opener = b or _B(seq, ev)
+        self.buffered += 1
+        if tracing:
+            self._trace("opened", f"{{{self.names[0]}: {ev.id}}} (rare-first: no timer, no auxiliary profiles)")
+
+    def _expire(self, part: _LPart) -> None:
+        """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""
+        part.opener = None
+        self.buffered -= 1
+        self._clear_bufs(part)
+
+    def _clear_bufs(self, part: _LPart) -> None:
+        for buf in part.bufs:
+            self.buffered -= len(buf)
+            buf.clear()
+
+    def _sweep(self, now: float) -> None:
+        for key, part in list(self.parts.items()):
+            self._prune(part, now)
+            self._tidy(key, part)
+
+    def _tidy(self, key: tuple, part: _LPart) -> None:
+        if not part.size() and self.parts.get(key) is part:
+            del self.parts[key]
+
+    def _prune(self, part: _LPart, now: float) -> None:
+        """Forget what no PM alive at `now` can hold: a PM lives while first.ts + T >= now."""
+        w = self.window
+        op = part.opener
+        if op is not None and op.ev.ts + w < now:
+            self._expire(part)
+            return
+        if not self.each:
+            return  # `first` holds its PM's bindings, not a buffer
+        for buf in part.bufs:
+            if buf and buf[0].ev.ts + w < now:
+                k = 1
+                while k < len(buf) and buf[k].ev.ts + w < now:
+                    k += 1
+                del buf[:k]
+                self.buffered -= k
+
+    def _check(self, conjs: list, binds: dict[str, dict[str, Any]]) -> bool:
+        for c in conjs:
+            if not c.fn(binds):
+                return False
+        return True
+
+    # --------------------------------------------------------------- drivers
+    def _drive_first(self, part: _LPart, b: _B) -> bool:
+        """`select first`: complete the partition's one PM if it waits for the driver."""
+        op = part.opener
+        if op is None:
+            return False
+        chain = part.bufs[0]
+        last = self.n - 1
+        if len(chain) != last - 1:
+            return False  # the PM does not wait for the driver yet
+        names = self.names
+        binds = [op, *chain, b]
+        cs = self.conjs[last]
+        if cs and not self._check(cs, {names[j]: x.ev.attrs for j, x in enumerate(binds)}):
+            if self.engine.tracer is not None:
+                self._trace("ignored", f"{b.ev.id}: where not satisfied")
+            return False
+        events = {names[j]: x.ev for j, x in enumerate(binds)}
+        if self.unique:
+            self._expire(part)  # consumed: the partition is empty again
+        self.report(b.ev.ts, events, part.values)
+        return self.unique
+
+    def _drive_each(self, part: _LPart, b: _B) -> bool:
+        """`select each`: every buffered combination the driver completes, earliest first."""
+        bufs = part.bufs
+        if not all(bufs):
+            return False
+        names, conjs, n = self.names, self.conjs, self.n
+        if n == 2 and self.engine.tracer is None:
+            return self._drive_pairs(part, b)
+        last = n - 1
+        found: list[list[_B]] = []
+        stack: list[_B] = []
+        attrs: dict[str, dict[str, Any]] = {}
+        unique = self.unique
+
+        def dfs(j: int, prev: int) -> bool:  # True: stop (unique found one)
+            if j == last:
+                cs = conjs[last]
+                if cs:
+                    attrs[names[last]] = b.ev.attrs
+                    if not self._check(cs, attrs):
+                        return False
+                found.append(list(stack))
+                return unique
+            cs = conjs[j]
+            name = names[j]
+            for x in bufs[j]:
+                if x.seq <= prev:
+                    continue
+                if cs:
+                    attrs[name] = x.ev.attrs
+                    if not self._check(cs, attrs):
+                        continue
+                else:
+                    attrs[name] = x.ev.attrs
+                stack.append(x)
+                stop = dfs(j + 1, x.seq)
+                stack.pop()
+                if stop:
+                    return True
+            return False
+
+        for x in bufs[0]:  # pruned: each first event is inside the window; its conjuncts held
+            attrs.clear()
+            attrs[names[0]] = x.ev.attrs
+            stack.append(x)
+            stop = dfs(1, x.seq)
+            stack.pop()
+            if stop:
+                break
+        if not found:
+            return False
+        ts = b.ev.ts
+        for combo in found:
+            events = {names[j]: x.ev for j, x in enumerate(combo)}
+            events[names[last]] = b.ev
+            if unique:
+                used = {id(x) for x in combo}
+                for buf in bufs:
+                    buf[:] = [x for x in buf if id(x) not in used]
+                self.buffered -= len(used)
+            self.report(ts, events, part.values)
+            if not self.active:
+                break
+        return unique
+
+    def _drive_pairs(self, part: _LPart, b: _B) -> bool:
+        """`_drive_each` for `seq(a, b)`: one loop, notifications built inline (as `_fast_each`)."""
+        buf = part.bufs[0]
+        n0, n1 = self.names
+        cs = self.conjs[1]
+        ev = b.ev
+        eng = self.engine
+        pid, values, sub = self.pid, part.values, self.subscriber
+        for x in buf:  # pruned: inside the window, in arrival order (= §4's reporting order)
+            if cs and not self._check(cs, {n0: x.ev.attrs, n1: ev.attrs}):
+                continue
+            eng._nseq += 1
+            eng._out.append(Notification(pid, ev.ts, {n0: x.ev, n1: ev}, values, eng._nseq, sub))
+            if self.once:
+                eng._deactivate(self)
+                return self.unique
+            if self.unique:
+                buf.remove(x)
+                self.buffered -= 1
+                return True
+        return False
+
+    def _trace(self, action: str, detail: str) -> None:
+        self.engine._trace(self.profile.id, action, detail)
+
+
+
+# ------------------------------------------------------------------ re-planning
+
+
+def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
+    """Move an eager runtime's partial matches into `new`'s buffers (the engine re-plans).
+
+    Lossless: under `each` the eager PMs are every valid prefix of buffered events, so the
+    events they bind, per component, are the buffers (an event bound by no PM can never
+    be: every earlier event it could follow was there when it arrived); under `first` the
+    one PM is the opener and its bindings. `old` is cleared afterwards by the caller.
+    """
+    n = new.n
+    for key, part in old.parts.items():
+        pms = [pm for pm in part.pms if pm.alive]
+        if not pms:
+            continue
+        lp = _LPart(part.values, n)
+        if new.each:
+            for j in range(n - 1):
+                seen: dict[int, _B] = {}
+                for pm in pms:
+                    x = pm.binds[j]
+                    if x is not None:
+                        seen[x.seq] = x
+                lp.bufs[j] = [seen[s] for s in sorted(seen)]
+        else:
+            pm = pms[0]
+            lp.opener = pm.binds[0]
+            for j in range(1, n - 1):
+                if pm.binds[j] is None:
+                    break
+                lp.bufs[0].append(pm.binds[j])
+        new.parts[key] = lp
+    new.buffered = sum(p.size() for p in new.parts.values())
+
+
+def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:
+    """Rebuild, in the eager runtime `new`, the partial matches `old`'s state stands for.
+
+    Every PM alive at `now` (first.ts + T >= now): under `first` the tracked one, under
+    `each` every valid prefix of buffered events in arrival order (the conjuncts checked at
+    each binding). `new._add_pm` gives each its terminator and auxiliary profiles.
+    """
+    from filters.engine import _PM, _Partition
+
+    n, w = old.n, old.window
+    for key, lp in old.parts.items():
+        part = _Partition(key, lp.values)
+        made: list[list[_B]] = []
+        if not old.each:
+            op = lp.opener
+            if op is not None and (now is None or op.ev.ts + w >= now):
+                made.append([op, *lp.bufs[0]])
+        else:
+            made = _prefixes(old, lp.bufs, now)
+        if not made:
+            continue
+        new.parts[key] = part
+        for binds in made:
+            pm = _PM(n, part)
+            for j, x in enumerate(binds):
+                pm.binds[j] = x
+            pm.mask = (1 << len(binds)) - 1
+            new._add_pm(part, pm)
+
+
+def _prefixes(rt: LazySeqRuntime, bufs: list[list[_B]], now: float | None) -> list[list[_B]]:
+    """Every valid prefix (components 0..j, j < n-1) of buffered events alive at `now`."""
+    n, w, names, conjs = rt.n, rt.window, rt.names, rt.conjs
+    made: list[list[_B]] = []
+    stack: list[_B] = []
+    attrs: dict[str, dict[str, Any]] = {}
+
+    def dfs(j: int, prev: int) -> None:
+        if j == n - 1:
+            return
+        for x in bufs[j]:
+            if x.seq <= prev:
+                continue
+            if j == 0 and now is not None and x.ev.ts + w < now:
+                continue  # its window ended: eagerly, its PMs expired
+            attrs[names[j]] = x.ev.attrs
+            if conjs[j] and not rt._check(conjs[j], attrs):
+                continue
+            stack.append(x)
+            made.append(list(stack))
+            dfs(j + 1, x.seq)
+            stack.pop()
+        attrs.pop(names[j], None)
+
+    dfs(0, -1)
+    return made
