@@ -9,15 +9,38 @@ from typing import Annotated
 
 import typer
 
-from ens.options import check_tz
+from ens.options import check_tz, tidy_help_metavars
 from profiles.errors import ENSError, ManyErrors
 
+tidy_help_metavars()
 app = typer.Typer(
     help="ENS: event notification service for facility management (single-step composite event filtering).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"ens {version('ens')}")
+        except PackageNotFoundError:  # a checkout that was never pip-installed
+            typer.echo("ens (not installed: version unknown)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the version of ens and exit."),
+    ] = False,
+) -> None:
+    pass
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -301,3 +301,84 @@ def test_spark_checks_the_data_set_name_before_starting_the_jvm(
         r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
                                 "--rooms", "101"])
         assert r.exit_code == 2 and "--rooms applies to --dataset only" in r.stderr, r.output
+
+
+# ---- issue 17 item 16: ENS_URL, --version, help metavars
+
+
+def test_version_prints_the_package_version() -> None:
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.strip() == f"ens {version('ens')}"
+
+
+def _all_commands() -> list[list[str]]:
+    """Every command path of the CLI, groups included (`[]` is `ens` itself)."""
+    import click
+    import typer.main
+
+    paths: list[list[str]] = []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        paths.append(path)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+def test_help_shows_no_python_type_metavars() -> None:
+    """Help read `--deliver <bool>`, `--role <list[str]>`, `--port <int>`: Python types, not a
+    command line's words. Switches show none, options name their value (`--role ROLE`)."""
+    bad = {}
+    for path in _all_commands():
+        r = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*path, "--help"])
+        assert r.exit_code == 0, (path, r.output)
+        found = set(re.findall(r"<[a-z][a-z_\[\], |]*>", r.stdout))
+        if found:
+            bad[" ".join(path) or "ens"] = sorted(found)
+    assert not bad, bad
+    serve = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["serve", "--help"]).stdout
+    assert re.search(r"--role\s+ROLE\b", serve) and re.search(r"--port\s+PORT\b", serve)
+    assert re.search(r"--deliver\s+--no-deliver\s+Also run", serve)
+
+
+def test_post_sends_to_the_ens_url_from_the_environment(tmp_path: Path) -> None:
+    """`ens post` without --url goes to $ENS_URL (a real process, a real server on loopback)."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    paths: list[str] = []
+
+    class Ingest(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            n = len(self.rfile.read(int(self.headers["Content-Length"])).splitlines())
+            paths.append(self.path)
+            data = json.dumps({"accepted": n, "rejected": 0, "errors": []}).encode()
+            self.send_response(202)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Ingest)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ev = tmp_path / "e.jsonl"
+    ev.write_text("".join(json.dumps({"id": f"e{i}", "ts": i}) + "\n" for i in range(3)))
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("ENS_")}
+    env.update(ENS_URL=f"http://127.0.0.1:{httpd.server_address[1]}/", ENS_API_KEY="k",
+               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    try:
+        r = subprocess.run([sys.executable, "-m", "ens", "post", str(ev)], capture_output=True,
+                           text=True, cwd=Path(__file__).parents[1], env=env, timeout=60)
+    finally:
+        httpd.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert paths == ["/v1/events"] and "3 accepted, 0 rejected" in r.stdout
