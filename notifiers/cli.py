@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from adapters.service.cli import DataDir, RedisUrl, Store
-from notifiers import store
+from ens.options import lazy_module
+
+store = lazy_module("notifiers.store")  # redis and pydantic: only when a command runs
 
 app = typer.Typer(
     help="Deliver notifications (webhooks, e-mail) and manage dead letters.", no_args_is_help=True

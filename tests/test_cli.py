@@ -382,3 +382,86 @@ def test_post_sends_to_the_ens_url_from_the_environment(tmp_path: Path) -> None:
         httpd.shutdown()
     assert r.returncode == 0, r.stderr
     assert paths == ["/v1/events"] and "3 accepted, 0 rejected" in r.stdout
+
+
+# ---- issue 17 item 14: start-up time, one YAML parse, replay progress
+
+
+def test_the_cli_starts_without_importing_the_heavy_libraries() -> None:
+    """`ens --help` and `ens check` took 1.1 s, mostly importing redis (with asyncio),
+    pydantic and the service for commands that were not run."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ens.cli; print(' '.join(m for m in ('redis', 'fastapi', 'pyspark', "
+            "'pandas', 'matplotlib', 'pydantic', 'uvicorn', 'httpx', 'lark') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=Path(__file__).parents[1], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [], f"imported at start: {r.stdout}"
+
+
+def test_a_profile_file_is_parsed_once_by_libyaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file was read twice (compose for positions, safe_load for data) by the pure Python
+    loader although libyaml's is installed; positions still come out of the one parse."""
+    import yaml
+
+    from profiles import profile_file
+
+    def twice(*args: object, **kw: object) -> None:
+        raise AssertionError("a second, pure Python parse")
+
+    monkeypatch.setattr(yaml, "compose", twice)
+    monkeypatch.setattr(yaml, "safe_load", twice)
+    if yaml.__with_libyaml__:
+        monkeypatch.setattr(yaml, "SafeLoader", twice)  # the C loader does not need it
+    text = "profiles:\n  - {id: a, expr: 'k = 1'}\n  - id: b\n    exprr: 'k = 2'\n"
+    pset, errors = profile_file.parse_profile_document(text, "p.yaml")
+    assert [p.id for p in pset.profiles] == ["a"]
+    assert [str(e) for e in errors] == [
+        "p.yaml:4:5: profile 'b': unknown key 'exprr' (allowed: id, expr, subscriber, description)"
+    ]
+
+
+def _replay_stderr(tmp_path: Path, tty: bool) -> str:
+    """stderr of `ens replay` on a ~1.5 MB event file, attached to a terminal or a pipe."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    events = tmp_path / "big.jsonl"
+    with events.open("w") as fh:
+        for i in range(20000):
+            fh.write(json.dumps({"id": f"e{i}", "ts": 1709330000 + i, "kind": "temperature",
+                                 "room": f"r{i % 50}", "sensor": f"s{i % 50}",
+                                 "value": 20 + i % 7}) + "\n")
+    cmd = [sys.executable, "-m", "ens", "replay", str(EXAMPLES / "profiles.yaml"), str(events),
+           "--out", str(tmp_path / "n.jsonl")]
+    root = Path(__file__).parents[1]
+    if not tty:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stderr
+    main, side = pty.openpty()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=side, cwd=root,
+                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
+    os.close(side)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # EIO: the terminal's other side is closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    assert proc.wait(120) == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_replay_of_a_large_file_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    shown = _replay_stderr(tmp_path, tty=True)
+    assert "reading events" in shown and "replaying" in shown, shown[-500:]
+    assert _replay_stderr(tmp_path, tty=False) == ""  # pipes and files get no bar
