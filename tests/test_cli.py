@@ -465,3 +465,24 @@ def test_replay_of_a_large_file_shows_progress_on_a_terminal_only(tmp_path: Path
     shown = _replay_stderr(tmp_path, tty=True)
     assert "reading events" in shown and "replaying" in shown, shown[-500:]
     assert _replay_stderr(tmp_path, tty=False) == ""  # pipes and files get no bar
+
+
+def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17 item 15: the engine (profiles, pool) and the events are long-lived; kept out of
+    gc's scans while the replay runs, and given back afterwards (the CLI may run in-process)."""
+    import gc
+
+    import ens.replay
+
+    seen: list[int] = []
+    real = ens.replay.replay
+
+    def spy(*args: object, **kw: object):  # noqa: ANN202
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ens.replay, "replay", spy)
+    gc.unfreeze()
+    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")])
+    assert r.exit_code == 0, r.stderr
+    assert seen and seen[0] > 0 and gc.get_freeze_count() == 0
