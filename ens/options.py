@@ -5,34 +5,36 @@ Kept apart from `ens.cli`, which mounts the other groups and so cannot be import
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
-from types import ModuleType
+from typing import Any
 
 from profiles.errors import ENSError
 
 
-def lazy_module(name: str) -> ModuleType:
+class _LazyModule:
+    """Stands for a module; imports it (the normal, thread-safe way) at the first attribute."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._name!r}>"
+
+
+def lazy_module(name: str) -> Any:
     """``name``, imported at its first attribute access instead of now.
 
     The CLI mounts every command group at start, and their modules need Redis, pydantic or
     Spark only when a command runs: `ens --help` and `ens check` took 1.1 s mostly importing
-    the redis client (asyncio included) for nothing.
+    the redis client (asyncio included) for nothing. Only the caller holds the stand-in;
+    ``sys.modules`` and other importers see the real module (importlib's LazyLoader would put a
+    half-loaded module there, which Python 3.11 does not guard against threads).
     """
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no module named {name!r}", name=name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, module)
-    return module
+    return sys.modules.get(name) or _LazyModule(name)
 
 
 def check_tz(tz: str) -> str:
