@@ -394,7 +394,8 @@ def test_the_cli_starts_without_importing_the_heavy_libraries() -> None:
     import sys
 
     code = ("import sys, ens.cli; print(' '.join(m for m in ('redis', 'fastapi', 'pyspark', "
-            "'pandas', 'matplotlib', 'pydantic', 'uvicorn', 'httpx', 'lark') if m in sys.modules))")
+            "'pandas', 'matplotlib', 'pydantic', 'uvicorn', 'httpx', 'lark', 'rich.console') "
+            "if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=Path(__file__).parents[1], timeout=60)
     assert r.returncode == 0, r.stderr

@@ -14,14 +14,15 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ens.options import check_tz, lazy_module
 from profiles.errors import ENSError, ProfileError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 # Loaded when a command uses them, not when `ens` starts (redis alone took ~0.2 s).
 rs = lazy_module("adapters.service.redis_store")
@@ -54,6 +55,8 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def _console() -> Console:
+    from rich.console import Console  # rich is loaded by the commands that print with it
+
     return Console(soft_wrap=False)
 
 
@@ -315,6 +318,8 @@ def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
     """Show the stored profiles."""
     st = Store(redis_url, data_dir)
     recs = rs.list_profiles(st.r)
+    from rich.table import Table
+
     table = Table(title=f"Profiles ({len(recs)})")
     for col in ("id", "subscriber", "created", "expr"):
         table.add_column(col, overflow="fold")
@@ -404,6 +409,8 @@ def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> Non
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
         key=lambda s: s.id,
     )
+    from rich.table import Table
+
     table = Table(title=f"Subscribers ({len(subs)})")
     for col in ("id", "channels", "digest", "profiles"):
         table.add_column(col, overflow="fold")
@@ -487,6 +494,8 @@ def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
     """Show gateways (names, creation, revocation)."""
     st = Store(redis_url, data_dir)
     gws = rs.list_gateways(st.r)
+    from rich.table import Table
+
     table = Table(title=f"Gateways ({len(gws)})")
     for col in ("name", "created", "status", "lateness"):
         table.add_column(col)
@@ -547,6 +556,7 @@ def post(
     was refused, or it answered 503/429), so a retry never posts an event twice.
     """
     import httpx
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from notifiers.config import RetryPolicy
