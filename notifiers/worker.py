@@ -6,11 +6,12 @@ subscriber that is neither delivered nor dead-lettered gets a delivery state and
 their due time ``lease`` seconds ahead, so a worker dying mid-send only delays them) and run in a
 thread pool; a failure re-schedules with backoff instead of sleeping, so one slow or broken
 receiver never holds back others. A webhook request also needs a slot at its destination
-(`notifiers.destinations`): at most ``per_destination`` in flight, none while its circuit is open;
-a delivery refused one is re-scheduled without an attempt. The stream entry is XACKed only when none of its deliveries is
-left in the state hash, i.e. each was delivered or dead-lettered; until then it stays in the
-pending list, and a restarted (or another) worker re-takes it — harmlessly, since taking is
-idempotent and delivered channels are remembered in ``ens:delivered:<nid>:<ch>``.
+(`notifiers.destinations`): at most ``per_destination`` in flight, none while its circuit is
+open; a delivery refused a slot is re-scheduled without an attempt. The stream entry is XACKed
+only when none of its deliveries is left in the state hash, i.e. each was delivered or
+dead-lettered; until then it stays in the pending list, and a restarted (or another) worker
+re-takes it — harmlessly, since taking is idempotent and delivered channels are remembered in
+``ens:delivered:<nid>:<ch>``.
 
 Digest: an e-mail delivery with a digest window is *parked* in ``ens:digest:<addr>``; when the
 oldest parked one is ``window`` seconds old the whole batch goes out as one mail.
