@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -9,15 +10,38 @@ from typing import Annotated
 
 import typer
 
-from ens.options import check_tz
+from ens.options import check_tz, tidy_help_metavars
 from profiles.errors import ENSError, ManyErrors
 
+tidy_help_metavars()
 app = typer.Typer(
     help="ENS: event notification service for facility management (single-step composite event filtering).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"ens {version('ens')}")
+        except PackageNotFoundError:  # a checkout that was never pip-installed
+            typer.echo("ens (not installed: version unknown)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the version of ens and exit."),
+    ] = False,
+) -> None:
+    pass
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -53,13 +77,27 @@ def _open_text(path: str):  # noqa: ANN202 - file-like
         raise ENSError(f"cannot read event file {path}: {e.strerror or e}") from None
 
 
-def read_event_file(path: str) -> list:  # list[Event]
-    """Every event of a JSON-lines file ('-' for stdin, .gz allowed); unreadable input is a user error."""
+def _tracked(fh, advance):  # noqa: ANN001, ANN202 - file-like, callback
+    """The lines of ``fh``, reporting how far into the file (bytes on disk) every 4096 lines."""
+    raw = getattr(fh, "buffer", None)
+    raw = getattr(raw, "fileobj", None) or getattr(raw, "raw", None)  # gzip: compressed bytes
+    for i, line in enumerate(fh):
+        if i % 4096 == 0 and raw is not None:
+            advance(raw.tell())
+        yield line
+
+
+def read_event_file(path: str, progress=None) -> list:  # noqa: ANN001 - list[Event]
+    """Every event of a JSON-lines file ('-' for stdin, .gz allowed); unreadable input is a user error.
+
+    ``progress(bytes read)`` is called as the file is read, if given.
+    """
     from profiles.events import read_events
 
     try:
         with _open_text(path) as fh:
-            return read_events(fh, source="<stdin>" if path == "-" else path)
+            lines = fh if progress is None else _tracked(fh, progress)
+            return read_events(lines, source="<stdin>" if path == "-" else path)
     except UnicodeDecodeError:
         raise ENSError(f"{path}: not UTF-8 text (events are JSON lines in UTF-8)") from None
     except (OSError, EOFError) as e:  # a corrupt or truncated .gz
@@ -156,6 +194,52 @@ PLAN_HELP = (
 STATS_HELP = "`ens spark stats` output (STATS.json): the component rates --plan auto decides from."
 
 
+PROGRESS_BYTES = 1 << 20  # a bar for event files from 1 MiB; smaller ones take a blink
+
+
+class _ReplayProgress:
+    """A transient bar on stderr while `ens replay` reads and runs a large file.
+
+    Only when stderr is a terminal: a pipe or a log file gets nothing, so scripts see the same
+    output as before. The bar goes away when the replay ends.
+    """
+
+    def __init__(self, events: str) -> None:
+        self.bar = None
+        size = Path(events).stat().st_size if events != "-" and Path(events).is_file() else 0
+        if not sys.stderr.isatty() or size < PROGRESS_BYTES:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(TextColumn("{task.description:<15}"), BarColumn(),
+                            TaskProgressColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.bar.start()
+        self.reading = self.bar.add_task("reading events", total=size)
+
+    def read(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.reading, completed=done)
+
+    def replaying(self, total: int):  # noqa: ANN201 - the callback or None
+        if self.bar is None:
+            return None
+        self.bar.update(self.reading, completed=self.bar.tasks[0].total)
+        task = self.bar.add_task("replaying", total=total)
+        return lambda done: self.bar.update(task, completed=done)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 @app.command()
 def replay(
     paths: Annotated[
@@ -207,9 +291,18 @@ def replay(
             pset, _ = load_inputs(Path(paths[0]), None)
             profiles = pset.profiles
             events = paths[1]
-        evs = read_event_file(events)
-        eng = make_engine(engine, profiles, tz, variant, plan, rates)
-        notes = run(profiles, evs, end, engine=eng)
+        bar = _ReplayProgress(events)
+        try:
+            evs = read_event_file(events, bar.read if bar.bar is not None else None)
+            eng = make_engine(engine, profiles, tz, variant, plan, rates)
+            # The engine and the events live as long as the run: out of the collector's scans
+            # (at 10^5 profiles they made every event ~1.7x dearer; docs/benchmarks.md).
+            gc.collect()
+            gc.freeze()
+            notes = run(profiles, evs, end, engine=eng, progress=bar.replaying(len(evs)))
+        finally:
+            gc.unfreeze()
+            bar.stop()
         write_lines([n.to_json() for n in notes], out)
     except ENSError as e:
         raise report_errors(e) from None

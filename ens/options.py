@@ -5,7 +5,36 @@ Kept apart from `ens.cli`, which mounts the other groups and so cannot be import
 
 from __future__ import annotations
 
+import importlib
+import sys
+from typing import Any
+
 from profiles.errors import ENSError
+
+
+class _LazyModule:
+    """Stands for a module; imports it (the normal, thread-safe way) at the first attribute."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._name!r}>"
+
+
+def lazy_module(name: str) -> Any:
+    """``name``, imported at its first attribute access instead of now.
+
+    The CLI mounts every command group at start, and their modules need Redis, pydantic or
+    Spark only when a command runs: `ens --help` and `ens check` took 1.1 s mostly importing
+    the redis client (asyncio included) for nothing. Only the caller holds the stand-in;
+    ``sys.modules`` and other importers see the real module (importlib's LazyLoader would put a
+    half-loaded module there, which Python 3.11 does not guard against threads).
+    """
+    return sys.modules.get(name) or _LazyModule(name)
 
 
 def check_tz(tz: str) -> str:
@@ -17,3 +46,31 @@ def check_tz(tz: str) -> str:
     except (ZoneInfoNotFoundError, ValueError):
         raise ENSError(f"--tz: unknown time zone {tz!r} (an IANA name such as UTC or Europe/Berlin)") from None
     return tz
+
+
+def tidy_help_metavars() -> None:
+    """Help names an option's value (``--role ROLE``) and shows no type for switches.
+
+    Typer 0.2x prints Python annotations in the type column (``--deliver <bool>``, ``--role
+    <list[str]>``, even ``--help <bool>``), which read as code rather than as a command line.
+    An explicit ``metavar`` and choice lists (``single-step|two-step``) are kept; arguments
+    show their name only. Applied once by each CLI entry point (it patches typer's classes).
+    """
+    from typer import core
+
+    def display(self: core.TyperOption | core.TyperArgument, ctx: object) -> str | None:
+        if isinstance(self, core.TyperArgument):
+            return None
+        if self.metavar is not None:
+            return self.metavar
+        if self.is_flag or self.count:
+            return None
+        desc = getattr(self, "type_descriptor", None)
+        if desc is not None and desc.is_choice:
+            return self.display_type(ctx).strip("<>")  # type: ignore[arg-type]
+        long = next((o for o in self.opts if o.startswith("--")), None)  # the name users type
+        return (long[2:] if long else self.name or "value").upper().replace("-", "_")
+
+    for cls in (core.TyperOption, core.TyperArgument):
+        if hasattr(cls, "display_type_rich"):  # typer versions without it print click's names
+            cls.display_type_rich = display  # type: ignore[method-assign,assignment]

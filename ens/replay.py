@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from filters.engine import Engine
@@ -23,11 +23,17 @@ def replay(
     *,
     engine: Engine | None = None,
     tz: str = "UTC",
+    progress: Callable[[int], None] | None = None,
 ) -> list[Notification]:
-    """Run the events through an engine and return every notification in output order."""
+    """Run the events through an engine and return every notification in output order.
+
+    ``progress(events done)`` is called every 4096 events, if given (the CLI's bar).
+    """
     eng = engine if engine is not None else Engine(profiles, tz=tz)
     out: list[Notification] = []
-    for ev in order_events(events):
+    for i, ev in enumerate(order_events(events)):
+        if progress is not None and not i & 4095:
+            progress(i)
         eng.process(ev)
         if eng._out:
             out.extend(eng.take_notifications())

@@ -10,14 +10,17 @@ import signal
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from adapters.service.cli import DataDir, RedisUrl, Store
-from notifiers import store
+from ens.options import lazy_module
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+store = lazy_module("notifiers.store")  # redis and pydantic: only when a command runs
 
 app = typer.Typer(
     help="Deliver notifications (webhooks, e-mail) and manage dead letters.", no_args_is_help=True
@@ -30,6 +33,8 @@ app.add_typer(dead_letter_app, name="dead-letter")
 
 
 def _console() -> Console:
+    from rich.console import Console  # rich is loaded by the commands that print with it
+
     return Console(soft_wrap=False)
 
 
@@ -42,6 +47,8 @@ def dead_letter_list(
     """Show dead letters: notification id, profile, channel, error, attempts."""
     st = Store(redis_url, data_dir)  # held while used: it keeps an embedded server alive
     letters = store.list_dead_letters(st.r, count=limit)
+    from rich.table import Table
+
     table = Table(title=f"Dead letters ({len(letters)})")
     for col in ("id", "profile", "channel", "error", "attempts", "when"):
         table.add_column(col, overflow="fold")

@@ -86,6 +86,20 @@ class WebhookConfig(BaseModel):
     ca_file: str | None = None
     verify: bool = True
     user_agent: str = "ens-notifier/0.1"
+    per_destination: int | None = Field(
+        default=None,
+        ge=1,
+        description="most requests in flight to one scheme://host:port; "
+        "default: half the worker concurrency",
+    )
+    breaker_failures: int = Field(
+        default=5,
+        ge=0,
+        description="consecutive failed attempts that open a destination's circuit; 0 = off",
+    )
+    breaker_cooldown: float = Field(
+        default=30.0, gt=0, description="seconds an open circuit sends nothing before a probe"
+    )
 
     def ssl_context(self) -> ssl.SSLContext:
         return _ssl_context(self.ca_file, self.verify)
@@ -214,6 +228,9 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "ENS_WEBHOOK_TIMEOUT": ("webhook", "timeout"),
     "ENS_WEBHOOK_CA_FILE": ("webhook", "ca_file"),
     "ENS_WEBHOOK_VERIFY": ("webhook", "verify"),
+    "ENS_WEBHOOK_PER_DESTINATION": ("webhook", "per_destination"),
+    "ENS_WEBHOOK_BREAKER_FAILURES": ("webhook", "breaker_failures"),
+    "ENS_WEBHOOK_BREAKER_COOLDOWN": ("webhook", "breaker_cooldown"),
     "ENS_RETRY_BASE": ("retry", "base"),
     "ENS_RETRY_CAP": ("retry", "cap"),
     "ENS_RETRY_MAX_ATTEMPTS": ("retry", "max_attempts"),

@@ -7,7 +7,7 @@ without "duplicated timeseries" errors; the service exposes it with
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry()
 
@@ -32,5 +32,25 @@ ATTEMPT_SECONDS = Histogram(
     "Duration of one delivery attempt (HTTP request or SMTP session).",
     ["channel"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+
+#: reason: busy (the destination has ``per_destination`` requests in flight) | open (its circuit)
+DEFERRED = Counter(
+    "ens_delivery_deferred",
+    "Deliveries put back on the schedule without an attempt, per channel and reason.",
+    ["channel", "reason"],
+    registry=REGISTRY,
+)
+
+CIRCUITS_OPEN = Gauge(
+    "ens_delivery_circuits_open",
+    "Webhook destinations whose circuit breaker is open or half-open (this process).",
+    registry=REGISTRY,
+)
+
+CIRCUIT_TRIPS = Counter(
+    "ens_delivery_circuit_trips",
+    "Times a webhook destination's circuit opened (a failed half-open probe included).",
     registry=REGISTRY,
 )

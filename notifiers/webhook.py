@@ -120,6 +120,20 @@ def classify(resp: httpx.Response) -> Attempt:
     return Attempt.fatal(reason)
 
 
+def destination(url: str) -> str:
+    """The origin ``scheme://host:port`` a webhook URL is sent to.
+
+    Limits and circuit breakers key on it rather than on the URL: two subscribers' paths on one
+    host share one server, and it is the server that hangs or fails.
+    """
+    try:
+        u = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return url
+    port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+    return f"{u.scheme}://{u.host}:{port}" if u.host else url
+
+
 class WebhookSender:
     """One pooled, thread-safe httpx client for all webhook deliveries of a worker."""
 

@@ -5,10 +5,13 @@ subscriber that is neither delivered nor dead-lettered gets a delivery state and
 ``ens:retry`` schedule, due now. Deliveries are then leased from the schedule (the lease pushes
 their due time ``lease`` seconds ahead, so a worker dying mid-send only delays them) and run in a
 thread pool; a failure re-schedules with backoff instead of sleeping, so one slow or broken
-receiver never holds back others. The stream entry is XACKed only when none of its deliveries is
-left in the state hash, i.e. each was delivered or dead-lettered; until then it stays in the
-pending list, and a restarted (or another) worker re-takes it — harmlessly, since taking is
-idempotent and delivered channels are remembered in ``ens:delivered:<nid>:<ch>``.
+receiver never holds back others. A webhook request also needs a slot at its destination
+(`notifiers.destinations`): at most ``per_destination`` in flight, none while its circuit is
+open; a delivery refused a slot is re-scheduled without an attempt. The stream entry is XACKed
+only when none of its deliveries is left in the state hash, i.e. each was delivered or
+dead-lettered; until then it stays in the pending list, and a restarted (or another) worker
+re-takes it — harmlessly, since taking is idempotent and delivered channels are remembered in
+``ens:delivered:<nid>:<ch>``.
 
 Digest: an e-mail delivery with a digest window is *parked* in ``ens:digest:<addr>``; when the
 oldest parked one is ``window`` seconds old the whole batch goes out as one mail.
@@ -32,8 +35,16 @@ import redis
 from notifiers import store
 from notifiers.attempt import Attempt
 from notifiers.config import NotifierConfig
+from notifiers.destinations import CLOSED, OPENED, DestinationGate, Grant
 from notifiers.email import SmtpSender, build_digest, build_message, compose
-from notifiers.metrics import ATTEMPT_SECONDS, DELIVERIES, LATENCY
+from notifiers.metrics import (
+    ATTEMPT_SECONDS,
+    CIRCUIT_TRIPS,
+    CIRCUITS_OPEN,
+    DEFERRED,
+    DELIVERIES,
+    LATENCY,
+)
 from notifiers.store import (
     DEADLETTER,
     DIGEST_ATTEMPTS,
@@ -58,7 +69,7 @@ from notifiers.store import (
     split_delivery_key,
     text,
 )
-from notifiers.webhook import WebhookSender
+from notifiers.webhook import WebhookSender, destination
 
 log = logging.getLogger("ens.notifiers")
 
@@ -116,6 +127,7 @@ class Counts:
     digested: int = 0  # e-mail deliveries parked for a digest
     skipped: int = 0  # nothing to do: already delivered, no subscriber, stale schedule entry
     acked: int = 0  # outbox entries acknowledged
+    deferred: int = 0  # re-scheduled without an attempt: destination busy or circuit open
 
     def add(self, outcome: str, k: int = 1) -> None:
         setattr(self, outcome, getattr(self, outcome) + k)
@@ -158,6 +170,13 @@ class DeliveryWorker:
         self._pool = ThreadPoolExecutor(
             self.config.worker.concurrency, thread_name_prefix="ens-delivery"
         )
+        hook = self.config.webhook
+        self._gate = DestinationGate(
+            hook.per_destination or max(self.config.worker.concurrency // 2, 1),
+            hook.breaker_failures,
+            hook.breaker_cooldown,
+            rng=self._rng,
+        )
         self._lease = self.r.register_script(_LEASE)
         self._take_script = self.r.register_script(_TAKE)
         self._digest_done = self.r.register_script(_DIGEST_DONE)
@@ -167,6 +186,7 @@ class DeliveryWorker:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._webhook.close()
+        CIRCUITS_OPEN.dec(self._gate.open_count())  # the gauge sums the live workers' circuits
 
     def __enter__(self) -> DeliveryWorker:
         return self
@@ -243,7 +263,7 @@ class DeliveryWorker:
             self._last_trim = now
             store.trim_outbox(self.r, w.outbox_retention)
         if block > 0 and self._next_due() > now:
-            entries = self._read(int(block * 1000))
+            entries = self._read(max(int(block * 1000), 1))  # BLOCK 0 would wait for ever
         else:
             entries = self._read(None)
         for eid, fields in entries:
@@ -420,14 +440,24 @@ class DeliveryWorker:
                 counts.digested += 1
                 return
 
+        dest, grant = "", None
+        if isinstance(channel, WebhookChannel):
+            dest = destination(channel.webhook)
+            grant = self._gate.acquire(dest, time.time())
+            if not grant.ok:
+                self._defer(dkey, dest, grant, kind, counts)
+                return
         st["attempts"] = int(st.get("attempts", 0)) + 1
         started = time.monotonic()
         if isinstance(channel, WebhookChannel):
             secret = sub.webhook_secret(channel)
-            if secret:
-                result = self._webhook.send(channel.webhook, secret, n)
-            else:
-                result = Attempt.fatal("no signing secret for this webhook")
+            result = Attempt.fatal("no signing secret for this webhook")
+            try:
+                if secret:
+                    result = self._webhook.send(channel.webhook, secret, n)
+            finally:  # the slot is given back whatever happened
+                if grant is not None:
+                    self._release(dest, grant, time.monotonic() - started, result)
         else:
             msg = compose(build_message, n, self.config.smtp.sender, channel.email, key=dkey)
             result = msg if isinstance(msg, Attempt) else self._smtp.send(msg)
@@ -452,6 +482,29 @@ class DeliveryWorker:
         else:
             why = result.error if not result.retryable else f"gave up: {result.error}"
             self._finish_dead(dkey, st, chan, kind, why, counts)
+
+    def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
+        """Put a delivery back on the schedule at the gate's time, without an attempt."""
+        self.r.zadd(RETRY, {dkey: grant.retry_at}, xx=True)  # xx: not if finished meanwhile
+        log.debug("deferred %s to %s by %.2fs: %s", dkey, dest, grant.retry_at - time.time(),
+                  grant.reason)
+        DEFERRED.labels(kind, grant.reason).inc()
+        counts.deferred += 1
+
+    def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
+        failed = not result.ok and result.retryable  # an answered 4xx shows the server alive
+        change = self._gate.release(dest, grant, time.time(), elapsed, failed)
+        if change == OPENED:
+            CIRCUIT_TRIPS.inc()
+            if grant.probe:  # already counted open; one line per outage, not per probe
+                log.info("circuit still open for %s: the probe failed (%s)", dest, result.error)
+            else:
+                CIRCUITS_OPEN.inc()
+                log.warning("circuit open for %s (%s): nothing is sent there for %gs",
+                            dest, result.error, self._gate.cooldown)
+        elif change == CLOSED:
+            CIRCUITS_OPEN.dec()
+            log.info("circuit closed for %s: it answers again", dest)
 
     def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
         DELIVERIES.labels(kind, "delivered").inc()

@@ -95,7 +95,8 @@ def redis_url(client: redis.Redis) -> str:
 def fast_config(
     smtp_port: int = 25, consumer: str = "w1", max_attempts: int = 5, **smtp: Any
 ) -> NotifierConfig:
-    """Millisecond backoff so retry paths run in well under a second."""
+    """Millisecond backoff (and a 0.2 s circuit cool-down) so retry paths run in well under a
+    second."""
     return NotifierConfig(
         smtp=SmtpConfig(
             host="127.0.0.1",
@@ -105,7 +106,7 @@ def fast_config(
             timeout=5,
             **smtp,
         ),
-        webhook=WebhookConfig(connect_timeout=1, timeout=2),
+        webhook=WebhookConfig(connect_timeout=1, timeout=2, breaker_cooldown=0.2),
         retry=RetryPolicy(base=0.02, cap=0.1, max_attempts=max_attempts),
         worker=WorkerConfig(consumer=consumer, poll=0.05, claim_idle=0, concurrency=4),
     )
@@ -346,3 +347,45 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path] | None:
         )
     )
     return cert, key
+
+
+class Hang:
+    """A webhook receiver that accepts connections and never answers (a hung application).
+
+    Every accepted socket is held open until `stop`, so the sender waits for its read timeout.
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def start(self) -> Hang:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()

@@ -301,3 +301,189 @@ def test_spark_checks_the_data_set_name_before_starting_the_jvm(
         r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
                                 "--rooms", "101"])
         assert r.exit_code == 2 and "--rooms applies to --dataset only" in r.stderr, r.output
+
+
+# ---- issue 17 item 16: ENS_URL, --version, help metavars
+
+
+def test_version_prints_the_package_version() -> None:
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.strip() == f"ens {version('ens')}"
+
+
+def _all_commands() -> list[list[str]]:
+    """Every command path of the CLI, groups included (`[]` is `ens` itself)."""
+    import click
+    import typer.main
+
+    paths: list[list[str]] = []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        paths.append(path)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+def test_help_shows_no_python_type_metavars() -> None:
+    """Help read `--deliver <bool>`, `--role <list[str]>`, `--port <int>`: Python types, not a
+    command line's words. Switches show none, options name their value (`--role ROLE`)."""
+    bad = {}
+    for path in _all_commands():
+        r = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*path, "--help"])
+        assert r.exit_code == 0, (path, r.output)
+        found = set(re.findall(r"<[a-z][a-z_\[\], |]*>", r.stdout))
+        if found:
+            bad[" ".join(path) or "ens"] = sorted(found)
+    assert not bad, bad
+    serve = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["serve", "--help"]).stdout
+    assert re.search(r"--role\s+ROLE\b", serve) and re.search(r"--port\s+PORT\b", serve)
+    assert re.search(r"--deliver\s+--no-deliver\s+Also run", serve)
+
+
+def test_post_sends_to_the_ens_url_from_the_environment(tmp_path: Path) -> None:
+    """`ens post` without --url goes to $ENS_URL (a real process, a real server on loopback)."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    paths: list[str] = []
+
+    class Ingest(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            n = len(self.rfile.read(int(self.headers["Content-Length"])).splitlines())
+            paths.append(self.path)
+            data = json.dumps({"accepted": n, "rejected": 0, "errors": []}).encode()
+            self.send_response(202)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Ingest)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ev = tmp_path / "e.jsonl"
+    ev.write_text("".join(json.dumps({"id": f"e{i}", "ts": i}) + "\n" for i in range(3)))
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("ENS_")}
+    env.update(ENS_URL=f"http://127.0.0.1:{httpd.server_address[1]}/", ENS_API_KEY="k",
+               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    try:
+        r = subprocess.run([sys.executable, "-m", "ens", "post", str(ev)], capture_output=True,
+                           text=True, cwd=Path(__file__).parents[1], env=env, timeout=60)
+    finally:
+        httpd.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert paths == ["/v1/events"] and "3 accepted, 0 rejected" in r.stdout
+
+
+# ---- issue 17 item 14: start-up time, one YAML parse, replay progress
+
+
+def test_the_cli_starts_without_importing_the_heavy_libraries() -> None:
+    """`ens --help` and `ens check` took 1.1 s, mostly importing redis (with asyncio),
+    pydantic and the service for commands that were not run."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ens.cli; print(' '.join(m for m in ('redis', 'fastapi', 'pyspark', "
+            "'pandas', 'matplotlib', 'pydantic', 'uvicorn', 'httpx', 'lark', 'rich.console') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=Path(__file__).parents[1], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [], f"imported at start: {r.stdout}"
+
+
+def test_a_profile_file_is_parsed_once_by_libyaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file was read twice (compose for positions, safe_load for data) by the pure Python
+    loader although libyaml's is installed; positions still come out of the one parse."""
+    import yaml
+
+    from profiles import profile_file
+
+    def twice(*args: object, **kw: object) -> None:
+        raise AssertionError("a second, pure Python parse")
+
+    monkeypatch.setattr(yaml, "compose", twice)
+    monkeypatch.setattr(yaml, "safe_load", twice)
+    if yaml.__with_libyaml__:
+        monkeypatch.setattr(yaml, "SafeLoader", twice)  # the C loader does not need it
+    text = "profiles:\n  - {id: a, expr: 'k = 1'}\n  - id: b\n    exprr: 'k = 2'\n"
+    pset, errors = profile_file.parse_profile_document(text, "p.yaml")
+    assert [p.id for p in pset.profiles] == ["a"]
+    assert [str(e) for e in errors] == [
+        "p.yaml:4:5: profile 'b': unknown key 'exprr' (allowed: id, expr, subscriber, description)"
+    ]
+
+
+def _replay_stderr(tmp_path: Path, tty: bool) -> str:
+    """stderr of `ens replay` on a ~1.5 MB event file, attached to a terminal or a pipe."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    events = tmp_path / "big.jsonl"
+    with events.open("w") as fh:
+        for i in range(20000):
+            fh.write(json.dumps({"id": f"e{i}", "ts": 1709330000 + i, "kind": "temperature",
+                                 "room": f"r{i % 50}", "sensor": f"s{i % 50}",
+                                 "value": 20 + i % 7}) + "\n")
+    cmd = [sys.executable, "-m", "ens", "replay", str(EXAMPLES / "profiles.yaml"), str(events),
+           "--out", str(tmp_path / "n.jsonl")]
+    root = Path(__file__).parents[1]
+    if not tty:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stderr
+    main, side = pty.openpty()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=side, cwd=root,
+                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
+    os.close(side)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # EIO: the terminal's other side is closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    assert proc.wait(120) == 0
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_replay_of_a_large_file_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    shown = _replay_stderr(tmp_path, tty=True)
+    assert "reading events" in shown and "replaying" in shown, shown[-500:]
+    assert _replay_stderr(tmp_path, tty=False) == ""  # pipes and files get no bar
+
+
+def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17 item 15: the engine (profiles, pool) and the events are long-lived; kept out of
+    gc's scans while the replay runs, and given back afterwards (the CLI may run in-process)."""
+    import gc
+
+    import ens.replay
+
+    seen: list[int] = []
+    real = ens.replay.replay
+
+    def spy(*args: object, **kw: object):  # noqa: ANN202
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(ens.replay, "replay", spy)
+    gc.unfreeze()
+    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")])
+    assert r.exit_code == 0, r.stderr
+    assert seen and seen[0] > 0 and gc.get_freeze_count() == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -18,11 +19,13 @@ from typer.testing import CliRunner
 from notifiers import store
 from notifiers.cli import app
 from notifiers.config import RetryPolicy
+from notifiers.destinations import DestinationGate
 from notifiers.metrics import REGISTRY
-from notifiers.webhook import parse_retry_after, sign, verify
+from notifiers.webhook import destination, parse_retry_after, sign, verify
 from notifiers.worker import Counts, DeliveryWorker
 from tests.helpers_notifiers import (
     SECRET,
+    Hang,
     Receiver,
     drive,
     fast_config,
@@ -152,7 +155,7 @@ def test_receiver_down_then_up_gets_each_notification_exactly_once(r):
         store.enqueue(r, notification(nid))
     with worker(r, max_attempts=100) as w:
         down = Counts()
-        while down.retried < 12:  # every notification failed at least twice
+        while down.retried < 12:  # 5 failures open the circuit, then a probe per cool-down
             down.merge(w.run_once())
             time.sleep(0.01)
         assert (
@@ -413,3 +416,150 @@ def test_run_forever_keeps_delivering_while_a_slow_receiver_is_in_flight(r, rece
     finally:
         stop.set()
         slow.stop()
+
+
+# --- per-destination limit and circuit breaker ------------------------------------------------
+
+
+def _run_in_thread(w: DeliveryWorker, stop: threading.Event) -> threading.Thread:
+    thread = threading.Thread(target=w.run_forever, args=(stop,))
+    thread.start()
+    return thread
+
+
+def test_hanging_receiver_does_not_hold_back_a_healthy_one(r, receiver):
+    """Issue 17 item 6: 12 notifications for a receiver that never answers used to take every
+    delivery thread for a whole read timeout each; the healthy subscriber's webhook waited
+    behind them (3 rounds x 3 s here, 17 s in the field)."""
+    hang = Hang().start()
+    stop = threading.Event()
+    cfg = fast_config()  # 4 delivery threads
+    cfg.webhook.timeout = 3
+    try:
+        subscribe(r, hang.url, sid="hung")
+        subscribe(r, receiver.url, sid="fine")
+        for i in range(12):
+            store.enqueue(r, notification(f"n-hung-{i}", subscriber="hung"))
+        with DeliveryWorker(r, cfg) as w:
+            thread = _run_in_thread(w, stop)
+            try:
+                deadline = time.monotonic() + 5
+                while not hang.conns and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                sent = time.monotonic()
+                store.enqueue(r, notification("n-fine", subscriber="fine"))
+                while "n-fine" not in receiver.accepted and time.monotonic() < sent + 10:
+                    time.sleep(0.01)
+                took = receiver.hits[0].at - sent if receiver.hits else float("inf")
+                assert took < 1.5, f"healthy webhook took {took:.1f}s"
+                assert len(hang.conns) <= 2  # half the pool at most went to the hung receiver
+                busy = sample("ens_delivery_deferred_total", channel="webhook", reason="busy")
+                assert busy > 0
+            finally:
+                stop.set()
+                thread.join(10)
+    finally:
+        stop.set()
+        hang.stop()
+
+
+def test_destination_is_the_url_origin():
+    assert destination("https://Hooks.example.org/a?x=1") == "https://hooks.example.org:443"
+    assert destination("http://127.0.0.1:8080/b") == "http://127.0.0.1:8080"
+    assert destination("http://[::1]/c") == destination("http://[::1]:80/d")
+    assert destination("not a url") == "not a url"
+
+
+def test_gate_limits_in_flight_and_spaces_the_refused():
+    gate = DestinationGate(2, failures=0)
+    a, b = gate.acquire("d", 100.0), gate.acquire("d", 100.0)
+    assert a.ok and b.ok
+    refused = [gate.acquire("d", 100.0) for _ in range(3)]
+    assert [g.reason for g in refused] == ["busy"] * 3
+    # turns spaced by (first guess 0.25 s) / 2 slots: a backlog is not re-read at once
+    assert [g.retry_at for g in refused] == pytest.approx([100.125, 100.25, 100.375])
+    assert gate.acquire("other", 100.0).ok  # other destinations are not affected
+    gate.release("d", a, 101.0, 1.0, failed=False)
+    assert gate.acquire("d", 101.0).ok
+
+
+def test_gate_breaker_opens_probes_once_and_closes():
+    gate = DestinationGate(4, failures=2, cooldown=10.0, rng=random.Random(1))
+    for _ in range(2):
+        g = gate.acquire("d", 0.0)
+        change = gate.release("d", g, 1.0, 1.0, failed=True)
+    assert change == "opened" and gate.open_count() == 1
+    shut = gate.acquire("d", 5.0)
+    assert (shut.ok, shut.reason) == (False, "open") and 11.0 <= shut.retry_at <= 12.0
+    probe = gate.acquire("d", 11.0)
+    assert probe.ok and probe.probe
+    assert gate.acquire("d", 11.0).reason == "open"  # one probe at a time
+    assert gate.release("d", probe, 12.0, 1.0, failed=True) == "opened"  # open again
+    assert not gate.acquire("d", 21.0).ok
+    probe = gate.acquire("d", 22.0)
+    assert gate.release("d", probe, 22.1, 0.1, failed=False) == "closed"
+    assert gate.open_count() == 0 and gate.acquire("d", 22.2).ok
+
+
+def test_breaker_stops_sending_to_a_hung_receiver_then_a_probe_closes_it(r):
+    """After 2 timeouts nothing is sent to the destination for the cool-down (no attempt is
+    counted, so nothing is dead-lettered for it); one probe then finds it back."""
+    hang = Hang().start()
+    stop = threading.Event()
+    cfg = fast_config()
+    cfg.webhook.timeout = 0.5
+    cfg.webhook.breaker_failures = 2
+    cfg.webhook.breaker_cooldown = 1.0
+    trips0 = sample("ens_delivery_circuit_trips_total")
+    opened0 = sample("ens_delivery_deferred_total", channel="webhook", reason="open")
+
+    def wait_for(cond, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, "condition not reached"
+            time.sleep(0.01)
+
+    healthy = None
+    try:
+        subscribe(r, hang.url, sid="hung")
+        for i in range(6):
+            store.enqueue(r, notification(f"n{i}", subscriber="hung"))
+        with DeliveryWorker(r, cfg) as w:
+            thread = _run_in_thread(w, stop)
+            try:
+                wait_for(lambda: sample("ens_delivery_circuit_trips_total") >= trips0 + 1)
+                opened_at = time.monotonic()
+                assert len(hang.conns) == 2  # the per-destination limit (4 threads / 2)
+                assert sample("ens_delivery_circuits_open") >= 1
+                wait_for(lambda: len(hang.conns) == 3)  # the half-open probe
+                assert time.monotonic() - opened_at > 0.8  # not before the cool-down
+                wait_for(lambda: sample("ens_delivery_circuit_trips_total") >= trips0 + 2)
+                assert sample("ens_delivery_deferred_total", channel="webhook",
+                              reason="open") > opened0
+                port = hang.port
+                hang.stop()
+                healthy = Receiver(port=port).start()
+                wait_for(lambda: settled(r))
+                assert sorted(healthy.accepted) == [f"n{i}" for i in range(6)]
+                assert len(hang.conns) == 3 and r.xlen(store.DEADLETTER) == 0
+            finally:
+                stop.set()
+                thread.join(10)
+        assert sample("ens_delivery_circuits_open") == 0
+    finally:
+        hang.stop()
+        if healthy is not None:
+            healthy.stop()
+
+
+def test_a_wait_under_a_millisecond_does_not_block_for_ever(r, receiver):
+    """XREADGROUP BLOCK 0 means "for ever": a due time less than 1 ms away made the worker
+    wait for the next outbox entry (seen when deferred deliveries came due together)."""
+    subscribe(r, receiver.url)
+    with worker(r) as w:
+        w.run_once()  # creates the group
+        r.zadd(store.RETRY, {"n-later:0": time.time() + 0.5})
+        thread = threading.Thread(target=w.run_once, kwargs={"block": 0.0004}, daemon=True)
+        thread.start()
+        thread.join(3)
+        assert not thread.is_alive()

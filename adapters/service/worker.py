@@ -40,6 +40,7 @@ backlog late).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -270,6 +271,7 @@ class EngineWorker:
     # ------------------------------------------------------------------ start
     def start(self, stop: threading.Event | None = None) -> None:
         """Take the lock, load the snapshot, replay the journal, re-read pending ingest entries."""
+        gc.unfreeze()  # a restart: the previous engine must be collectable
         self._acquire(stop)
         fresh = self._load()
         self._gateways()
@@ -298,6 +300,8 @@ class EngineWorker:
             log.info("re-read %d pending ingest events after the journal", reread)
         if bulk:  # many profiles changed: snapshot now rather than journal them
             self.snapshot()
+        gc.collect()  # the loaded engine lives on: keep the collector from rescanning it
+        gc.freeze()
         self.started = True
         self._heartbeat(force=True)
 
