@@ -532,7 +532,8 @@ def test_breaker_stops_sending_to_a_hung_receiver_then_a_probe_closes_it(r):
                 assert len(hang.conns) == 2  # the per-destination limit (4 threads / 2)
                 assert sample("ens_delivery_circuits_open") >= 1
                 wait_for(lambda: len(hang.conns) == 3)  # the half-open probe
-                assert time.monotonic() - opened_at > 0.8  # not before the cool-down
+                # not before the cool-down (1 s; the margin covers a late look at the trip)
+                assert time.monotonic() - opened_at > 0.5
                 wait_for(lambda: sample("ens_delivery_circuit_trips_total") >= trips0 + 2)
                 assert sample("ens_delivery_deferred_total", channel="webhook",
                               reason="open") > opened0
