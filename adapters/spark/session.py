@@ -42,6 +42,11 @@ def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -
     master = master or os.environ.get("ENS_SPARK_MASTER") or DEFAULT_MASTER
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # workers import this checkout's packages first (the venv may hold another editable copy)
+    root = str(Path(__file__).resolve().parents[2])
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, paths)])
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to loopback" warning
     warnings.filterwarnings("ignore", message=".*PySpark does not yet fully support pandas")
