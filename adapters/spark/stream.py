@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import pickle
 import secrets
 import socket
@@ -57,6 +56,7 @@ PAGE = 2000
 STATUS_KEY = "ens:spark:status"
 HELD_KEY = "ens:spark:held"  # route -> events its engine holds back
 SINK = "ens_status"
+HOLDER = f"spark|{socket.gethostname()}"  # ens:engine:status's holder while a query runs
 
 _clients: dict[str, Any] = {}
 
@@ -130,7 +130,9 @@ def _source_classes() -> tuple[type, type]:
             with r.pipeline(transaction=True) as p:
                 p.xrevrange(rs.INGEST, count=1)
                 p.get(rs.INGEST_IN)
-                last, n = p.execute()
+                # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
+                p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
+                last, n, _ = p.execute()
             if start is None:  # Spark < 4.2 calls latestOffset() without the start
                 start = self._last if hasattr(self, "_last") else self.initialOffset()
             top = rs.text(last[0][0]) if last else "0-0"
@@ -375,10 +377,9 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
              "total_events": tot.get("events", 0), "total_late": tot.get("late", 0),
              "total_notifications": tot.get("notes", 0), "total_invalid": invalid,
              "buffered": buffered, "batch": batch_id}
-    holder = f"spark|{socket.gethostname()}|{os.getpid()}"
     with r.pipeline(transaction=True) as p:
         p.hset(STATUS_KEY, mapping={"batch": max(batch_id, done), "totals": json.dumps(tot)})
-        p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": holder,
+        p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER,
                                           "stats": rs.dumps(stats)})
         p.execute()
     if batch_id % 20 == 0 or tot.get("late"):
