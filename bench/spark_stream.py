@@ -67,17 +67,17 @@ def setup(r: redis.Redis, n_profiles: int, rooms: int) -> None:
     rs.put_profile(rt, "probe", 'kind = "probe"')
 
 
-def preload(r: redis.Redis, n: int, rooms: int) -> float:
+def preload(r: redis.Redis, n: int, rooms: int, base: float = T0) -> float:
     """Append n events (100 per entry) and a flush event; returns the wall time it took."""
     rnd = random.Random(1)
     t = time.perf_counter()
     with r.pipeline(transaction=False) as p:
         for lo in range(0, n, 100):
-            evs = [event(rnd, i, T0 + i * 0.01, rooms) for i in range(lo, min(n, lo + 100))]
+            evs = [event(rnd, i, base + i * 0.01, rooms) for i in range(lo, min(n, lo + 100))]
             p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs), rs.INGEST_GATEWAY: "bench"})
             if len(p) >= 200:
                 p.execute()
-        flush = {"id": "flush", "ts": T0 + n * 0.01 + 100, "kind": "none"}
+        flush = {"id": "flush", "ts": base + n * 0.01 + 100, "kind": "none"}
         p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([flush]), rs.INGEST_GATEWAY: "bench"})
         p.incrby(rs.INGEST_IN, n + 1)
         p.execute()
@@ -156,6 +156,8 @@ def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, 
     """Entries of 10 events at `rate` events/s, one probe each; XADD -> outbox latency."""
     rnd = random.Random(2)
     sent: dict[str, float] = {}
+    top = r.xrevrange(store.OUTBOX, count=1)
+    since = rs.text(top[0][0]) if top else "0-0"
     base = T0 + 10**6
     start = time.time()
     i = 0
@@ -171,10 +173,11 @@ def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, 
     got: dict[str, float] = {}
     deadline = time.time() + 120
     while len(got) < len(sent) and time.time() < deadline:
-        for eid, f in r.xrevrange(store.OUTBOX, count=2000):
-            nrec = json.loads(f[store.OUTBOX_FIELD])
+        for eid, f in r.xrange(store.OUTBOX, min=f"({since}"):
+            since = rs.text(eid)
+            nrec = json.loads(f[store.OUTBOX_FIELD.encode()])
             if nrec["profile"] == "probe":
-                got[nrec["events"]["e"]["id"]] = rs.stream_ms(rs.text(eid))
+                got[nrec["events"]["e"]["id"]] = rs.stream_ms(since)
         time.sleep(0.2)
     lat = sorted(got[k] - t for k, t in sent.items() if k in got)
     return {"paced_rate": rate, "probes": len(sent), "lost": len(sent) - len(lat),
