@@ -92,9 +92,9 @@ def status(r: redis.Redis) -> dict[str, Any]:
 def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
     from adapters.service.worker import EngineWorker, WorkerConfig
 
-    w = EngineWorker(r, WorkerConfig(reorder_seconds=2.0, clock="event", name="bench",
+    w = EngineWorker(r, WorkerConfig(reorder_seconds=2.0, clock="event", name="bench", batch=20,
                                      snapshot_interval=1e9, snapshot_inputs=10**9,
-                                     status_interval=1e9))
+                                     status_interval=1e9, lock_ttl=600))
     t = time.perf_counter()
     w.start()
     ready = time.perf_counter() - t
