@@ -45,6 +45,7 @@ from tests.helpers_service import redis_server  # noqa: E402
 
 KINDS = ["temperature", "humidity", "co2", "light", "presence", "window", "ack"]
 T0 = 1_700_000_000.0
+NORMAL = {"temperature": (22, 2), "humidity": (45, 7), "co2": (600, 120), "light": (300, 100)}
 
 
 def event(rnd: random.Random, i: int, ts: float, rooms: int) -> dict[str, Any]:
@@ -53,9 +54,12 @@ def event(rnd: random.Random, i: int, ts: float, rooms: int) -> dict[str, Any]:
     ev: dict[str, Any] = {"id": f"e{i}", "ts": round(ts, 3), "kind": kind, "room": f"r{room}",
                           "building": f"b{room % 20}", "sensor": f"s{room}-{rnd.randrange(4)}"}
     if kind == "window":
-        ev["state"] = rnd.choice(["open", "closed", "broken"])
-    else:
-        ev["value"] = round(rnd.uniform(0, {"co2": 1600, "light": 2500, "humidity": 90}.get(kind, 30)), 1)
+        ev["state"] = rnd.choices(["open", "closed", "broken"], weights=[10, 10, 1])[0]
+    elif kind == "presence":
+        ev["value"] = int(rnd.random() < 0.3)
+    elif kind in NORMAL:  # readings are mostly normal: a few % cross a profile's threshold
+        mu, sigma = NORMAL[kind]
+        ev["value"] = round(rnd.gauss(mu, sigma), 1)
     return ev
 
 
