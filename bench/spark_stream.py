@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -197,7 +198,8 @@ def main() -> None:
     ap.add_argument("--trigger", default="500 milliseconds")
     ap.add_argument("--paced", type=float, default=20.0, help="seconds of paced load (0: none)")
     ap.add_argument("--rate", type=float, default=1000.0, help="paced events/s")
-    ap.add_argument("--engines", default="worker,local[1],local[2]")
+    ap.add_argument("--engines", default="worker,local[1],local[2],local-cluster[2,1,2048]",
+                    help="worker and Spark masters, comma-separated")
     ap.add_argument("--out", default="docs/results/spark_stream.jsonl")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ens-bench-stream-"))
@@ -205,7 +207,7 @@ def main() -> None:
     try:
         with redis_server(work) as url:
             r = redis.Redis.from_url(url)
-            for eng in args.engines.split(","):
+            for eng in re.split(r",(?![^\[]*\])", args.engines):  # not the commas in [...]
                 setup(r, args.profiles, args.rooms)
                 print(f"-- {eng}", file=sys.stderr, flush=True)
                 if eng == "worker":

@@ -24,6 +24,9 @@ def local_cores(master: str) -> int:
     """Cores a `local[N]` / `local[*]` master uses (cluster masters: 8, a guess for partitions)."""
     if master == "local":
         return 1
+    if master.startswith("local-cluster["):  # local-cluster[executors,cores,memory MB]
+        n, c = master[14:].split(",")[:2]
+        return max(1, int(n) * int(c))
     if master.startswith("local["):
         n = master[6:].split(",")[0].rstrip("]")
         return (os.cpu_count() or 2) if n == "*" else max(1, int(n))
@@ -55,8 +58,13 @@ def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -
         f"-Dlog4j2.configurationFile=file:{log_conf} -Dlog4j.configurationFile=file:{log_conf}"
     )
     parts = str(2 * local_cores(master))
+    builder = SparkSession.builder
+    if master.startswith("local-cluster"):  # executor JVMs on this machine: same code, same venv
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]).config(
+            "spark.pyspark.python", sys.executable
+        )
     spark = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName(app)
         .config("spark.sql.shuffle.partitions", parts)
         .config("spark.default.parallelism", parts)
