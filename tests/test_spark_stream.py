@@ -210,12 +210,21 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
             ingest(r, pairs(3000, 6))
             wait_for(lambda: count("moved") == 12 and count("late_door") == 12, 90,
                      "notifications after the removal")
+            # an event behind its engine's time is fed (late), counted, never dropped
+            ingest(r, [{"id": "old", "ts": 3001.5, "kind": "door", "room": "r0"},
+                       {"id": "tick-late", "ts": 3100, "kind": "none"}])
+
+            def late() -> int:
+                st = rs.worker_status(r)
+                return st["stats"].get("total_late", 0) if st else 0
+
+            wait_for(lambda: late() == 1, 60, "the late event counted")
             time.sleep(1.0)
             assert count("opened") == 12 and count("late_door") == 12
             assert q.isActive and q.exception() is None
             assert r.hlen("ens:spark:invalid") == 3
             st = rs.worker_status(r)
-            assert st is not None and st["stats"]["total_invalid"] == 3
+            assert st is not None and st["stats"]["total_invalid"] == 3 and late() == 1
         finally:
             q.stop()
 
