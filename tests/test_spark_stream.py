@@ -294,3 +294,26 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
                       for n in got)
     assert max(content.values()) == 1, "the same notification under two ids"
     assert canon(replay_records(got), upto) == want
+
+
+def test_wall_clock_fires_timers_without_events(spark: Any, tmp_path: Path) -> None:
+    """`--clock wall`: an `absent` fires once the batch's wall clock minus the lateness passes
+    its deadline, with no later event to move event time."""
+    from adapters.spark.stream import StreamConfig, start_query
+
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        rs.put_profile(r, "silent", 'absent(kind = "beat") within 2s per room')
+        q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(tmp_path / "cp"),
+                                            trigger="300 milliseconds", lateness=0.5, clock="wall"))
+        try:
+            now = time.time()
+            r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(
+                [{"id": "b1", "ts": now, "kind": "beat", "room": "r1"}]), rs.INGEST_GATEWAY: "gw"})
+            got = wait_for(lambda: outbox(r), 60, "the absent notification")
+            fired = time.time()
+        finally:
+            q.stop()
+    assert [(n["profile"], n["events"]["last"]["id"]) for n in got] == [("silent", "b1")]
+    assert abs(got[0]["ts"] - (now + 2.0)) < 1e-3
+    assert fired >= now + 2.5  # not before the wall clock passed deadline + lateness
