@@ -12,11 +12,13 @@ sensor` global, filters stateless) are stored, then:
    POST-sized entry carrying a probe matched by a bare filter; latency is from the XADD to
    the probe's outbox entry (both Redis clocks).
 
-Engines: the worker (`EngineWorker`, event clock, lateness 2 s), then `ens spark stream` on
-local[1] and local[2] (a new SparkSession each; trigger ``--trigger``). Ratios are of the
-one run. Results as JSON lines in ``--out``; a table on stdout.
+Engines (``--engines``): the worker (`EngineWorker`, event clock, lateness 2 s), then the
+query (`adapters.spark.stream.start_query`, what `ens spark stream` runs) on each Spark
+master given: local[1], local[2], local-cluster[2,1,2048] (two executor JVMs of one core;
+a new SparkSession each; trigger ``--trigger``). Ratios are of the one run. Results as JSON
+lines in ``--out``; a table on stdout.
 
-    python bench/spark_stream.py                        # 100k events, 10^4 profiles
+    python bench/spark_stream.py                        # 50k events, 10^4 profiles
     python bench/spark_stream.py --events 20000 --profiles 1000 --paced 10
 """
 
@@ -192,12 +194,12 @@ def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--events", type=int, default=50_000)
     ap.add_argument("--profiles", type=int, default=10_000)
     ap.add_argument("--rooms", type=int, default=50)
     ap.add_argument("--trigger", default="500 milliseconds")
     ap.add_argument("--paced", type=float, default=20.0, help="seconds of paced load (0: none)")
-    ap.add_argument("--rate", type=float, default=1000.0, help="paced events/s")
+    ap.add_argument("--rate", type=float, default=300.0, help="paced events/s")
     ap.add_argument("--engines", default="worker,local[1],local[2],local-cluster[2,1,2048]",
                     help="worker and Spark masters, comma-separated")
     ap.add_argument("--out", default="docs/results/spark_stream.jsonl")
