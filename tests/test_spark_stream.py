@@ -219,8 +219,22 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
                 return st["stats"].get("total_late", 0) if st else 0
 
             wait_for(lambda: late() == 1, 60, "the late event counted")
+            # removing a profile reaches idle keys too: r9's armed timer never reports, while
+            # the same profile under another id (kept) does
+            expr = 'seq(d: kind = "door", not c: kind = "close") within 5s per room'
+            rs.put_profile(r, "unclosed", expr)
+            rs.put_profile(r, "kept", expr)
+            wait_for(lambda: all(any(pid in f["d"] for _, f in r.xrange("ens:spark:plog"))
+                                 for pid in ("unclosed", "kept")), 30, "the profiles logged")
+            ingest(r, [{"id": "d9", "ts": 4000, "kind": "door", "room": "r9"},
+                       {"id": "tick9", "ts": 4001, "kind": "none"}])
+            wait_for(lambda: r.hget("ens:spark:held", "ksr9") == "0", 60,
+                     "r9's engine fed the door (its timer armed)")
+            rs.delete_profile(r, "unclosed")
+            ingest(r, [{"id": "tick10", "ts": 4100, "kind": "none"}])
+            wait_for(lambda: count("kept") == 1, 60, "the kept profile's timer")
             time.sleep(1.0)
-            assert count("opened") == 12 and count("late_door") == 12
+            assert count("opened") == 12 and count("late_door") == 12 and count("unclosed") == 0
             assert q.isActive and q.exception() is None
             assert r.hlen("ens:spark:invalid") == 3
             st = rs.worker_status(r)

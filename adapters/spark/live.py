@@ -42,6 +42,7 @@ PLOG = "ens:spark:plog"  # profile log: {"ctl": control id covered, "d": {pid: [
 WRITTEN = "ens:spark:written:"  # + notification id: written to the outbox (TTL)
 INVALID = "ens:spark:invalid"  # event key -> why it was skipped
 STATUS = "ens:spark:status"
+ROUTES = "ens:spark:routes"  # the keyed routes that have an engine (profile changes reach all)
 GLOBAL = "g"  # the route of the global profiles' one engine
 TICK = "~"  # the route of per-partition bookkeeping rows (no engine)
 

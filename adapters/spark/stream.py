@@ -146,14 +146,18 @@ def _source_classes() -> tuple[type, type]:
         def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
             lo, hi = start["ingest"], end["ingest"]
             if lo == hi:
-                return [Range(lo, hi, end, True)]  # no entries: only the bookkeeping rows
+                return [Range(lo, hi, {**end, "ctl": self._changed(start, end)}, True)]
             lo_ms, hi_ms = rs.parse_id(lo)[0], rs.parse_id(hi)[0]
             k = max(1, min(self.parts, hi_ms - lo_ms + 1))
             cuts = [lo_ms + (hi_ms - lo_ms + 1) * i // k for i in range(1, k)]
             bounds = [lo] + [f"{c - 1}-18446744073709551615" for c in cuts] + [hi]
             bounds = [b for i, b in enumerate(bounds)
                       if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])]
+            end = {**end, "ctl": self._changed(start, end)}
             return [Range(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
+
+        def _changed(self, start: dict[str, Any], end: dict[str, Any]) -> bool:
+            return start.get("plog") != end.get("plog")
 
         def read(self, partition: Any) -> Iterator[Any]:
             yield from read_range(self.url, self.key, self.tz, partition.lo, partition.hi,
@@ -232,6 +236,9 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
         cursor = f"({rs.text(page[-1][0])}"
         if len(page) < PAGE:
             break
+    if first and offset.get("ctl"):  # profiles changed: every engine applies them now,
+        for route in sorted(rs.text(x) for x in r.smembers(live.ROUTES)):  # not at its next event
+            row(route, None, "", None, None)
     # the partition's newest ts reaches the watermark also when no engine wanted its events;
     # the first partition's row also carries `nin` to the driver's status
     if first or last_ts is not None:
@@ -297,8 +304,12 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
             for k, gw, ts, ev, plog, ep in zip(pdf["key"], pdf["gw"], pdf["ts"], pdf["ev"],
                                                  pdf["plog"], pdf["epoch"], strict=True)
         ]
+        if old is None and all(r.key is None and r.ts is None for r in rows):
+            return  # only a profile change for a route without an engine: nothing to apply
         eng = live.KeyEngine(route, versions(url, key), tz)
         out = eng.step(old[0] if old is not None else None, rows, wm)
+        if old is None:
+            client(url).sadd(live.ROUTES, route)
         if out.records:
             live.Outbox(client(url), ttl).write(out.records)
         state.update((out.blob, out.due, int(old[2]) + 1 if old is not None else 1))
