@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 import typer
+import typer.testing
 from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
@@ -262,6 +263,35 @@ def test_serve_rejects_an_unknown_time_zone() -> None:
 
     res = CliRunner().invoke(ens_app, ["serve", "--tz", "Mars/Olympus"])
     assert res.exit_code == 2 and "unknown time zone 'Mars/Olympus'" in res.output
+
+
+def test_serve_engine_option_is_checked() -> None:
+    """`--engine` is builtin or spark; spark with only the engine role leaves nothing to run."""
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["serve", "--engine", "flink"])
+    assert res.exit_code == 2 and "--engine must be builtin or spark, not 'flink'" in res.output
+    res = CliRunner().invoke(ens_app, ["serve", "--engine", "spark", "--role", "engine"])
+    assert res.exit_code == 2 and "leaves nothing to run here" in res.output
+
+
+def test_spark_stream_reports_bad_options_in_one_line() -> None:
+    """`ens spark stream`: bad options and an unreachable Redis are one-line errors (exit 2)
+    before Spark starts."""
+    from ens.cli import app as ens_app
+
+    def run(*args: str) -> typer.testing.Result:
+        return CliRunner(env={"ENS_REDIS_URL": None}).invoke(ens_app, ["spark", "stream", *args])
+
+    res = run()
+    assert res.exit_code == 2 and "--redis-url (or ENS_REDIS_URL) is required" in res.output
+    res = run("--redis-url", "redis://127.0.0.1:1/0", "--trigger", "soon")
+    assert res.exit_code == 2 and "--trigger 'soon': expected a duration" in res.output
+    res = run("--redis-url", "redis://127.0.0.1:1/0", "--clock", "sun")
+    assert res.exit_code == 2 and "--clock must be wall or event" in res.output
+    res = run("--redis-url", "redis://127.0.0.1:1/0")
+    assert res.exit_code == 2 and "cannot reach Redis at redis://127.0.0.1:1/0" in res.output
+    assert "Traceback" not in res.output
 
 
 def test_serve_reports_start_up_errors_in_one_line() -> None:

@@ -138,6 +138,14 @@ def serve(
         typer.Option(help="Run only these parts here: api, engine, deliver (repeat or comma "
                           "list; default all three). Run the others as their own processes."),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(help="builtin: the engine worker runs in this service; spark: it does "
+                          "not (`ens spark stream` owns detection; API and delivery as usual)."),
+    ] = "builtin",
+    no_engine: Annotated[
+        bool, typer.Option("--no-engine", help="Same as --engine spark.")
+    ] = False,
     api_workers: Annotated[
         int, typer.Option(help="API processes accepting on the one port (forked; the engine "
                                "worker stays single).")
@@ -208,6 +216,12 @@ def serve(
     bad = [r for r in roles if r not in ROLES]
     if bad or not roles:
         raise _fail(f"--role {', '.join(bad) or '(empty)'}: expected api, engine or deliver")
+    if engine not in ("builtin", "spark"):
+        raise _fail(f"--engine must be builtin or spark, not {engine!r}")
+    if engine == "spark" or no_engine:  # detection runs elsewhere: keep the other parts only
+        roles = tuple(r for r in roles if r != "engine")
+        if not roles:
+            raise _fail("--engine spark leaves nothing to run here (--role engine only)")
     if api_workers < 1:
         raise _fail(f"--api-workers must be at least 1, not {api_workers}")
     if max_backlog < 0:

@@ -304,3 +304,104 @@ def main() -> None:  # pragma: no cover - `python -m adapters.spark.cli` before 
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+def _interval(flag: str, text: str) -> float:
+    """'500ms', '1s', '2m', '1.5' (seconds) -> seconds."""
+    t = text.strip().lower()
+    units = (("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
+    try:
+        for suffix, mult in units:
+            if t.endswith(suffix):
+                v = float(t[: -len(suffix)]) * mult
+                break
+        else:
+            v = float(t)
+    except ValueError:
+        raise ENSError(f"{flag} {text!r}: expected a duration such as 500ms, 1s or 2m") from None
+    if not v >= 0 or v == float("inf"):
+        raise ENSError(f"{flag} {text!r}: must be a finite duration >= 0")
+    return v
+
+
+@app.command()
+def stream(
+    redis_url: Annotated[
+        str | None,
+        typer.Option("--redis-url", envvar="ENS_REDIS_URL",
+                     help="The service's Redis (reachable from every executor)."),
+    ] = None,
+    key: Annotated[
+        str, typer.Option("--key", help="Partition attribute: one engine per value, in parallel.")
+    ] = "building",
+    master: Master = "local[2]",
+    checkpoint: Annotated[
+        str, typer.Option(help="Spark checkpoint directory (offsets, engine states); a restart "
+                               "with the same one resumes exactly where the query stopped.")
+    ] = ".ens-spark-stream",
+    trigger: Annotated[str, typer.Option(help="Micro-batch interval (500ms, 1s, ...).")] = "1s",
+    lateness: Annotated[
+        str, typer.Option(help="How far out of ts order events may arrive (the watermark's "
+                               "delay; `ens serve --default-lateness`).")
+    ] = "2s",
+    clock: Annotated[
+        str, typer.Option(help="wall: timers also fire by the batch's wall clock; event: only "
+                               "by event time.")
+    ] = "wall",
+    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    partitions: Annotated[
+        int, typer.Option(help="Source partitions per micro-batch (0: 2 x cores).")
+    ] = 0,
+    run_for: Annotated[
+        float | None, typer.Option("--run-for", help="Stop after this many seconds (tests, "
+                                                      "benchmarks); default: until Ctrl-C.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
+) -> None:
+    """Live detection on Spark Structured Streaming: ens:ingest -> engines per key -> ens:outbox.
+
+    Run the service with `ens serve --engine spark` (API and delivery, no engine thread).
+    """
+    import logging
+    import signal
+    import threading
+
+    log = _logger()
+    with _errors():
+        check_tz(tz)
+        if not redis_url:
+            raise ENSError("--redis-url (or ENS_REDIS_URL) is required: executors connect to it")
+        if clock not in ("wall", "event"):
+            raise ENSError(f"--clock must be wall or event, not {clock!r}")
+        if partitions < 0:
+            raise ENSError(f"--partitions must be >= 0, not {partitions}")
+        trig = _interval("--trigger", trigger)
+        late = _interval("--lateness", lateness)
+        import redis
+
+        try:
+            redis.Redis.from_url(redis_url, socket_connect_timeout=5).ping()
+        except (redis.RedisError, ValueError) as e:
+            raise ENSError(f"cannot reach Redis at {redis_url}: {e}") from None
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from adapters.spark.stream import StreamConfig, start_query
+
+        cfg = StreamConfig(redis_url, key=key, checkpoint=checkpoint,
+                           trigger=f"{int(round(trig * 1000))} milliseconds", lateness=late,
+                           clock=clock, tz=tz, partitions=partitions)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        with _session(master) as spark:
+            q = start_query(spark, cfg)
+            log(f"streaming {redis_url} by {key} on {master}, checkpoint {checkpoint}")
+            deadline = None if run_for is None else time.monotonic() + run_for
+            while not stop.is_set() and q.isActive:
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                stop.wait(0.5)
+            err = q.exception()
+            q.stop()
+            if err is not None:
+                raise RuntimeError(f"the streaming query failed: {err}")
+            log("stopped")

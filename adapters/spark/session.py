@@ -24,6 +24,9 @@ def local_cores(master: str) -> int:
     """Cores a `local[N]` / `local[*]` master uses (cluster masters: 8, a guess for partitions)."""
     if master == "local":
         return 1
+    if master.startswith("local-cluster["):  # local-cluster[executors,cores,memory MB]
+        n, c = master[14:].split(",")[:2]
+        return max(1, int(n) * int(c))
     if master.startswith("local["):
         n = master[6:].split(",")[0].rstrip("]")
         return (os.cpu_count() or 2) if n == "*" else max(1, int(n))
@@ -42,6 +45,11 @@ def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -
     master = master or os.environ.get("ENS_SPARK_MASTER") or DEFAULT_MASTER
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # workers import this checkout's packages first (the venv may hold another editable copy)
+    root = str(Path(__file__).resolve().parents[2])
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, paths)])
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to loopback" warning
     warnings.filterwarnings("ignore", message=".*PySpark does not yet fully support pandas")
@@ -50,8 +58,13 @@ def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -
         f"-Dlog4j2.configurationFile=file:{log_conf} -Dlog4j.configurationFile=file:{log_conf}"
     )
     parts = str(2 * local_cores(master))
+    builder = SparkSession.builder
+    if master.startswith("local-cluster"):  # executor JVMs on this machine: same code, same venv
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]).config(
+            "spark.pyspark.python", sys.executable
+        )
     spark = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName(app)
         .config("spark.sql.shuffle.partitions", parts)
         .config("spark.default.parallelism", parts)

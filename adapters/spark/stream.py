@@ -1,0 +1,426 @@
+"""`ens spark stream`: live detection as a Spark Structured Streaming query.
+
+    ens:ingest --(Python data source: stream-id ranges)--> rows routed by key value
+      --(applyInPandasWithState: one engine per key, state in the state store)--> ens:outbox
+
+Source. `IngestSource` is a PySpark Python streaming data source (no JVM connector): an
+offset is ``{"ingest": last entry id, "plog": profile-log id, "epoch": ..., "n": events the
+API accepted up to it}``; a micro-batch's id range is split by time into partitions, each
+read with XRANGE. The reader parses each event (bad ones are logged, recorded in
+``ens:spark:invalid`` and skipped), evaluates bare filters on the spot and routes the rest:
+keyed profiles by the value of ``--key``, global profiles to one route (`live.GLOBAL`).
+
+Engines. `live.KeyEngine` runs per route with its state (engine snapshot, reorder buffer,
+applied profiles) in Spark's state store. Event time: Spark's watermark (newest ts seen minus
+``--lateness``) releases held events in (ts, ingest) order and advances the engine, which
+fires trailing negations, ``absent`` and ``within`` expiries; an event older than its
+engine's time is late: fed at once, counted, logged. ``--clock wall`` also lets the batch's
+processing time (checkpointed by Spark, so re-executions agree) minus the lateness move it.
+A key with something due is invoked every micro-batch (a processing-time timeout of 1 ms);
+the state keeps the next due time, so an idle key costs one state read.
+
+Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
+with deterministic ids: a micro-batch re-executed after a crash restores the same state,
+reads the same range and profile version, and so gives the same ids, which are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import pickle
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+from adapters.service import redis_store as rs
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("ens.spark.stream")
+
+SOURCE = "ens_ingest"
+ROW_DDL = ("route string, key string, gw string, ts double, evtime timestamp, ev binary, "
+           "plog string, epoch string, nin long")
+STATE_DDL = "blob binary, due double, gen long"
+STATS_DDL = "route string, events long, late long, notes long, held long, nin long"
+PAGE = 2000
+STATUS_KEY = "ens:spark:status"
+HELD_KEY = "ens:spark:held"  # route -> events its engine holds back
+SINK = "ens_status"
+HOLDER = f"spark|{socket.gethostname()}"  # ens:engine:status's holder while a query runs
+
+_clients: dict[str, Any] = {}
+
+
+def client(url: str) -> Any:
+    """One binary Redis client per URL and process (tasks of a Python worker share it)."""
+    import redis
+
+    r = _clients.get(url)
+    if r is None:
+        r = _clients[url] = redis.Redis.from_url(url)
+    return r
+
+
+_versions: dict[tuple[str, str], Any] = {}
+
+
+def versions(url: str, key: str) -> Any:
+    from adapters.spark.live import Versions
+
+    v = _versions.get((url, key))
+    if v is None:
+        v = _versions[(url, key)] = Versions(client(url), key)
+    return v
+
+
+_relevance: dict[tuple[str, str, str], Any] = {}
+
+
+def relevance(url: str, key: str, log_id: str, cls: str) -> Any:
+    from adapters.spark.plan import Relevance
+
+    k = (url, log_id, cls)
+    if k not in _relevance:
+        if len(_relevance) > 16:
+            _relevance.clear()
+        _relevance[k] = Relevance(versions(url, key).at(log_id).by_class[cls].values())
+    return _relevance[k]
+
+
+# ------------------------------------------------------------------ source
+
+def _source_classes() -> tuple[type, type]:
+    """The DataSource / reader classes (built lazily: pyspark is imported only when used)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Range(InputPartition):
+        def __init__(self, lo: str, hi: str, offset: dict[str, Any], first: bool) -> None:
+            self.lo, self.hi, self.offset, self.first = lo, hi, offset, first
+
+    class IngestReader(DataSourceStreamReader):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.url = options["url"]
+            self.key = options.get("key", "building")
+            self.parts = int(options.get("partitions", "2"))
+            self.tz = options.get("tz", "UTC")
+            self.ttl = int(options.get("dedup_ttl", str(7 * 86400)))
+            self._plog: Any = None
+
+        def initialOffset(self) -> dict[str, Any]:
+            # a new query (no checkpoint): a new epoch, so its ids never meet an older query's
+            return {"ingest": "0-0", "plog": "0-0", "epoch": secrets.token_hex(4), "n": 0}
+
+        def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+            from adapters.spark.live import ProfileLog
+
+            r = client(self.url)
+            if self._plog is None:
+                self._plog = ProfileLog(r)
+            plog = self._plog.sync()
+            with r.pipeline(transaction=True) as p:
+                p.xrevrange(rs.INGEST, count=1)
+                p.get(rs.INGEST_IN)
+                # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
+                p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
+                last, n, _ = p.execute()
+            if start is None:  # Spark < 4.2 calls latestOffset() without the start
+                start = self._last if hasattr(self, "_last") else self.initialOffset()
+            top = rs.text(last[0][0]) if last else "0-0"
+            if rs.parse_id(top) < rs.parse_id(start["ingest"]):
+                top = start["ingest"]  # trimmed or reset: never go back
+            off = {"ingest": top, "plog": plog, "epoch": start["epoch"],
+                   "n": max(int(n or 0), int(start["n"]))}
+            self._last = off
+            return off
+
+        def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
+            lo, hi = start["ingest"], end["ingest"]
+            if lo == hi:
+                return [Range(lo, hi, {**end, "ctl": self._changed(start, end)}, True)]
+            lo_ms, hi_ms = rs.parse_id(lo)[0], rs.parse_id(hi)[0]
+            k = max(1, min(self.parts, hi_ms - lo_ms + 1))
+            cuts = [lo_ms + (hi_ms - lo_ms + 1) * i // k for i in range(1, k)]
+            bounds = [lo] + [f"{c - 1}-18446744073709551615" for c in cuts] + [hi]
+            bounds = [b for i, b in enumerate(bounds)
+                      if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])]
+            end = {**end, "ctl": self._changed(start, end)}
+            return [Range(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
+
+        def _changed(self, start: dict[str, Any], end: dict[str, Any]) -> bool:
+            return start.get("plog") != end.get("plog")
+
+        def read(self, partition: Any) -> Iterator[Any]:
+            yield from read_range(self.url, self.key, self.tz, partition.lo, partition.hi,
+                                  partition.offset, partition.first, self.ttl)
+
+        def commit(self, end: dict[str, Any]) -> None:
+            pass
+
+    class IngestSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return SOURCE
+
+        def schema(self) -> str:
+            return ROW_DDL
+
+        def streamReader(self, schema: Any) -> Any:
+            return IngestReader(self.options)
+
+    return IngestSource, IngestReader
+
+
+def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, Any],
+               first: bool, ttl: int = 7 * 86400) -> Iterator[Any]:
+    """The rows of ingest entries in (lo, hi]: routed events, plus bookkeeping rows."""
+    import pyarrow as pa
+
+    from adapters.spark import live
+    from adapters.spark.plan import route_key
+
+    r = client(url)
+    plog, epoch, nin = offset["plog"], offset["epoch"], int(offset["n"])
+    v = versions(url, key).at(plog)
+    keyed = relevance(url, key, plog, "k")
+    glob = relevance(url, key, plog, live.GLOBAL)
+    has_global = bool(v.by_class[live.GLOBAL])
+    cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
+
+    def row(route: str, k: str | None, gw: str, ts: float | None, ev: bytes | None) -> None:
+        cols["route"].append(route)
+        cols["key"].append(k)
+        cols["gw"].append(gw)
+        cols["ts"].append(ts)
+        cols["evtime"].append(int(ts * 1e6) if ts is not None and math.isfinite(ts) else None)
+        cols["ev"].append(ev)
+        cols["plog"].append(plog)
+        cols["epoch"].append(epoch)
+        cols["nin"].append(nin)
+
+    first_ts = last_ts = None
+    cursor = f"({lo}"
+    while lo != hi:
+        page = r.xrange(rs.INGEST, min=cursor, max=hi, count=PAGE)
+        if not page:
+            break
+        plain: list[tuple[str, Any]] = []
+        for eid, fields in page:
+            eid = rs.text(eid)
+            for k, gw, obj in live.decode(eid, fields, r):
+                ev = live.parse(k, gw, obj, r)
+                if ev is None:
+                    continue
+                first_ts = ev.ts if first_ts is None else min(first_ts, ev.ts)
+                last_ts = ev.ts if last_ts is None else max(last_ts, ev.ts)
+                plain.append((k, ev))
+                blob = None
+                rk = route_key(ev.attrs.get(key)) if not keyed.empty else None
+                if rk is not None and keyed(ev.attrs):
+                    blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
+                    row("k" + rk, k, gw, ev.ts, blob)
+                if has_global and glob(ev.attrs):
+                    row(live.GLOBAL, k, gw, ev.ts, blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL))
+        notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
+        if notes:
+            live.Outbox(r, ttl).write(notes)
+        cursor = f"({rs.text(page[-1][0])}"
+        if len(page) < PAGE:
+            break
+    if first and offset.get("ctl"):  # profiles changed: every engine applies them now,
+        for route in sorted(rs.text(x) for x in r.smembers(live.ROUTES)):  # not at its next event
+            row(route, None, "", None, None)
+    # the partition's newest ts reaches the watermark also when no engine wanted its events;
+    # the first partition's row also carries `nin` to the driver's status
+    if first or last_ts is not None:
+        row(live.TICK, None, "", last_ts, None)
+    if has_global:  # the global engine's start time and profile version, without events
+        row(live.GLOBAL, None, "", first_ts, None)
+    names = list(cols)
+    types = [pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC"),
+             pa.binary(), pa.string(), pa.string(), pa.int64()]
+    yield pa.RecordBatch.from_arrays(
+        [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names)
+
+
+def register(spark: SparkSession) -> None:
+    source, _reader = _source_classes()
+    spark.dataSource.register(source)
+
+
+# ------------------------------------------------------------------ engines
+
+@dataclass
+class StreamConfig:
+    redis_url: str
+    key: str = "building"
+    checkpoint: str = ".ens-spark-stream"
+    trigger: str = "1 second"
+    lateness: float = 2.0
+    clock: str = "event"
+    tz: str = "UTC"
+    partitions: int = 0  # source partitions per micro-batch (0: the shuffle partitions)
+    dedup_ttl: int = 7 * 86400
+
+
+def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithState function
+    url, key, tz, lateness, clock, ttl = (cfg.redis_url, cfg.key, cfg.tz, cfg.lateness,
+                                          cfg.clock, cfg.dedup_ttl)
+
+    def run(group: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        import pandas as pd
+
+        from adapters.spark import live
+
+        route = group[0]
+        frames = [p for p in pdfs if len(p)]
+        pdf = pd.concat(frames) if frames else None
+        stats = {"route": route, "events": 0, "late": 0, "notes": 0, "held": 0, "nin": 0}
+        if route == live.TICK:
+            stats["nin"] = int(pdf["nin"].max()) if pdf is not None else 0
+            yield pd.DataFrame([stats])
+            return
+        wm_ms = state.getCurrentWatermarkMs()
+        wm = wm_ms / 1000.0 if wm_ms > 0 else None
+        if clock == "wall":
+            wall = state.getCurrentProcessingTimeMs() / 1000.0 - lateness
+            wm = wall if wm is None else max(wm, wall)
+        old = state.get if state.exists else None
+        if pdf is None and (old is None or wm is None or old[1] > wm):
+            if old is not None and old[1] < math.inf:
+                state.setTimeoutDuration(1)
+            return  # a timeout with nothing due yet: the state is not even read
+        rows = [] if pdf is None else [
+            live.Row(k if isinstance(k, str) else None, gw, None if ts != ts else ts, ev, plog, ep)
+            for k, gw, ts, ev, plog, ep in zip(pdf["key"], pdf["gw"], pdf["ts"], pdf["ev"],
+                                                 pdf["plog"], pdf["epoch"], strict=True)
+        ]
+        if old is None and all(r.key is None and r.ts is None for r in rows):
+            return  # only a profile change for a route without an engine: nothing to apply
+        eng = live.KeyEngine(route, versions(url, key), tz)
+        out = eng.step(old[0] if old is not None else None, rows, wm)
+        if old is None:
+            client(url).sadd(live.ROUTES, route)
+        if out.records:
+            live.Outbox(client(url), ttl).write(out.records)
+        state.update((out.blob, out.due, int(old[2]) + 1 if old is not None else 1))
+        if out.due < math.inf:
+            state.setTimeoutDuration(1)
+        stats.update(events=out.events, late=out.late, notes=len(out.records), held=out.held)
+        yield pd.DataFrame([stats])
+
+    return run
+
+
+def _sink_classes() -> type:
+    """The status sink: a Python streaming data sink (no py4j callback in the driver)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
+
+    @dataclass
+    class Totals(WriterCommitMessage):
+        counts: dict[str, int]
+        held: dict[str, int]
+        nin: int | None
+
+    class StatusWriter(DataSourceStreamWriter):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.url = options["url"]
+
+        def write(self, iterator: Iterator[Any]) -> Totals:
+            counts = {"events": 0, "late": 0, "notes": 0}
+            held: dict[str, int] = {}
+            nin = None
+            for x in iterator:
+                for f in counts:
+                    counts[f] += int(x[f])
+                if x["route"] == "~":
+                    nin = max(nin or 0, int(x["nin"]))
+                else:
+                    held[x["route"]] = int(x["held"])
+            return Totals(counts, held, nin)
+
+        def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+            write_status(client(self.url), [m for m in messages if m is not None], batchId)
+
+    class StatusSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return SINK
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+            return StatusWriter(self.options)
+
+    return StatusSink
+
+
+def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
+    """Totals into ``ens:spark:status`` and ``ens:engine:status`` (the API's back-pressure
+    reads ``total_read`` there), counted once per batch id (a re-executed batch is not)."""
+    from adapters.spark import live
+
+    done = int(rs.text(r.hget(STATUS_KEY, "batch") or b"-1"))
+    tot = json.loads(r.hget(STATUS_KEY, "totals") or b"{}")
+    held = {k: v for m in messages for k, v in m.held.items()}
+    if batch_id > done:
+        for m in messages:
+            for f, v in m.counts.items():
+                tot[f] = tot.get(f, 0) + v
+        nin = max((m.nin for m in messages if m.nin is not None), default=None)
+        if nin is not None:
+            tot["read"] = nin
+    with r.pipeline(transaction=True) as p:
+        if held:
+            p.hset(HELD_KEY, mapping=held)
+        p.hvals(HELD_KEY)
+        p.hlen(live.INVALID)
+        res = p.execute()
+    buffered, invalid = sum(int(v) for v in res[-2]), res[-1]
+    stats = {"engine": "spark", "total_read": tot.get("read", 0),
+             "total_events": tot.get("events", 0), "total_late": tot.get("late", 0),
+             "total_notifications": tot.get("notes", 0), "total_invalid": invalid,
+             "buffered": buffered, "batch": batch_id}
+    with r.pipeline(transaction=True) as p:
+        p.hset(STATUS_KEY, mapping={"batch": max(batch_id, done), "totals": json.dumps(tot)})
+        p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER,
+                                          "stats": rs.dumps(stats)})
+        p.execute()
+    if batch_id % 20 == 0 or tot.get("late"):
+        log.info("batch %d: %s", batch_id, stats)
+
+
+def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
+    """Register the source and start the query (returns at once; the query runs in the JVM)."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    register(spark)
+    spark.dataSource.register(_sink_classes())
+    parts = cfg.partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+    src = (
+        spark.readStream.format(SOURCE)
+        .option("url", cfg.redis_url)
+        .option("key", cfg.key)
+        .option("tz", cfg.tz)
+        .option("partitions", str(parts))
+        .option("dedup_ttl", str(cfg.dedup_ttl))
+        .load()
+        .withWatermark("evtime", f"{int(round(cfg.lateness * 1000))} milliseconds")
+    )
+    out = src.groupBy("route").applyInPandasWithState(
+        group_function(cfg), STATS_DDL, STATE_DDL, "append", GroupStateTimeout.ProcessingTimeTimeout
+    )
+    return (
+        out.writeStream.outputMode("append").format(SINK).option("url", cfg.redis_url)
+        .option("checkpointLocation", cfg.checkpoint)
+        .trigger(processingTime=cfg.trigger)
+        .queryName("ens-stream")
+        .start()
+    )

@@ -1,0 +1,238 @@
+"""Benchmark of `ens spark stream` against the in-process engine worker (not a test).
+
+One redis-server; per engine a fresh database state: 10^4 generated profiles over 50 rooms
+(`adapters.spark.generate`, run `--key room`: `per room` profiles keyed, `absent ... per
+sensor` global, filters stateless) are stored, then:
+
+1. *throughput*: ``--events`` events (100 per ingest entry, as the API writes them) are
+   appended to ``ens:ingest`` at once, followed by a flush event far in the future; the time
+   from the first append until the engine has fed every event (status ``total_read`` and no
+   event held back) gives the sustained events/s from ingest stream to outbox;
+2. *latency* (Spark engines): ``--paced`` seconds of events at ``--rate`` events/s, each
+   POST-sized entry carrying a probe matched by a bare filter; latency is from the XADD to
+   the probe's outbox entry (both Redis clocks).
+
+Engines (``--engines``): the worker (`EngineWorker`, event clock, lateness 2 s), then the
+query (`adapters.spark.stream.start_query`, what `ens spark stream` runs) on each Spark
+master given: local[1], local[2], local-cluster[2,1,2048] (two executor JVMs of one core;
+a new SparkSession each; trigger ``--trigger``). Ratios are of the one run. Results as JSON
+lines in ``--out``; a table on stdout.
+
+    python bench/spark_stream.py                        # 50k events, 10^4 profiles
+    python bench/spark_stream.py --events 20000 --profiles 1000 --paced 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adapters.service import redis_store as rs  # noqa: E402
+from adapters.spark.generate import generate  # noqa: E402
+from notifiers import store  # noqa: E402
+from tests.helpers_service import redis_server  # noqa: E402
+
+KINDS = ["temperature", "humidity", "co2", "light", "presence", "window", "ack"]
+T0 = 1_700_000_000.0
+NORMAL = {"temperature": (22, 2), "humidity": (45, 7), "co2": (600, 120), "light": (300, 100)}
+
+
+def event(rnd: random.Random, i: int, ts: float, rooms: int) -> dict[str, Any]:
+    room = rnd.randrange(rooms)
+    kind = rnd.choice(KINDS)
+    ev: dict[str, Any] = {"id": f"e{i}", "ts": round(ts, 3), "kind": kind, "room": f"r{room}",
+                          "building": f"b{room % 20}", "sensor": f"s{room}-{rnd.randrange(4)}"}
+    if kind == "window":
+        ev["state"] = rnd.choices(["open", "closed", "broken"], weights=[10, 10, 1])[0]
+    elif kind == "presence":
+        ev["value"] = int(rnd.random() < 0.3)
+    elif kind in NORMAL:  # readings are mostly normal: a few % cross a profile's threshold
+        mu, sigma = NORMAL[kind]
+        ev["value"] = round(rnd.gauss(mu, sigma), 1)
+    return ev
+
+
+def setup(r: redis.Redis, n_profiles: int, rooms: int) -> None:
+    r.flushall()
+    rt = redis.Redis(connection_pool=r.connection_pool)
+    for rec in generate(n_profiles, rooms=rooms, seed=3):
+        rs.put_profile(rt, rec["id"], rec["expr"])
+    rs.put_profile(rt, "probe", 'kind = "probe"')
+
+
+def preload(r: redis.Redis, n: int, rooms: int, base: float = T0) -> float:
+    """Append n events (100 per entry) and a flush event; returns the wall time it took."""
+    rnd = random.Random(1)
+    t = time.perf_counter()
+    with r.pipeline(transaction=False) as p:
+        for lo in range(0, n, 100):
+            evs = [event(rnd, i, base + i * 0.01, rooms) for i in range(lo, min(n, lo + 100))]
+            p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs), rs.INGEST_GATEWAY: "bench"})
+            if len(p) >= 200:
+                p.execute()
+        flush = {"id": "flush", "ts": base + n * 0.01 + 100, "kind": "none"}
+        p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([flush]), rs.INGEST_GATEWAY: "bench"})
+        p.incrby(rs.INGEST_IN, n + 1)
+        p.execute()
+    return time.perf_counter() - t
+
+
+def status(r: redis.Redis) -> dict[str, Any]:
+    st = rs.worker_status(r)
+    return st["stats"] if st else {}
+
+
+def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
+    from adapters.service.worker import EngineWorker, WorkerConfig
+
+    w = EngineWorker(r, WorkerConfig(reorder_seconds=2.0, clock="event", name="bench", batch=20,
+                                     snapshot_interval=1e9, snapshot_inputs=10**9,
+                                     status_interval=1e9, lock_ttl=600))
+    t = time.perf_counter()
+    w.start()
+    ready = time.perf_counter() - t
+    t0 = time.perf_counter()
+    preload(r, n, rooms)
+    while w.totals["read"] < n + 1 or len(w.buffer) > 1:
+        w.step(block=0.01)
+    w.commit()
+    secs = time.perf_counter() - t0
+    return {"engine": "worker", "events": n, "seconds": round(secs, 2),
+            "events_per_s": round(n / secs), "start_s": round(ready, 1),
+            "notifications": r.xlen(store.OUTBOX)}
+
+
+def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: Any,
+              work: Path) -> dict[str, Any]:
+    from adapters.spark.session import get_spark
+    from adapters.spark.stream import StreamConfig, start_query
+
+    t = time.perf_counter()
+    spark = get_spark(master, app=f"ens-bench-{master}")
+    cp = work / f"cp-{master}"
+    q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(cp), trigger=args.trigger,
+                                        lateness=2.0, clock="event"))
+    try:
+        # warm: one event through every Python worker (profiles parsed, engines built)
+        r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([{"id": "warm", "ts": T0 - 100,
+                                                          "kind": "probe", "room": "r0"}]),
+                           rs.INGEST_GATEWAY: "bench"})
+        r.incrby(rs.INGEST_IN, 1)
+        deadline = time.monotonic() + 600
+        while status(r).get("total_read") != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ready = time.perf_counter() - t
+        before = r.xlen(store.OUTBOX)
+        t0 = time.perf_counter()
+        preload(r, n, rooms)
+        while time.monotonic() < deadline:
+            st = status(r)
+            if st.get("total_read") == n + 2 and st.get("buffered") == 0:
+                break
+            if q.exception() is not None:
+                raise RuntimeError(str(q.exception()))
+            time.sleep(0.1)
+        secs = time.perf_counter() - t0
+        row = {"engine": f"spark {master}", "events": n, "seconds": round(secs, 2),
+               "events_per_s": round(n / secs), "start_s": round(ready, 1),
+               "notifications": r.xlen(store.OUTBOX) - before}
+        if args.paced:
+            row.update(paced(r, args.rate, args.paced, rooms))
+        return row
+    finally:
+        q.stop()
+        spark.stop()
+        shutil.rmtree(cp, ignore_errors=True)
+
+
+def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, Any]:
+    """Entries of 10 events at `rate` events/s, one probe each; XADD -> outbox latency."""
+    rnd = random.Random(2)
+    sent: dict[str, float] = {}
+    top = r.xrevrange(store.OUTBOX, count=1)
+    since = rs.text(top[0][0]) if top else "0-0"
+    base = T0 + 10**6
+    start = time.time()
+    i = 0
+    while time.time() - start < seconds:
+        due = start + i / rate
+        time.sleep(max(0.0, due - time.time()))
+        now = time.time()
+        evs = [event(rnd, i + k, base + (now - start), rooms) for k in range(9)]
+        evs.append({"id": f"probe-{i}", "ts": base + (now - start), "kind": "probe"})
+        eid = r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs), rs.INGEST_GATEWAY: "bench"})
+        sent[f"probe-{i}"] = rs.stream_ms(rs.text(eid))
+        i += 10
+    got: dict[str, float] = {}
+    deadline = time.time() + 120
+    while len(got) < len(sent) and time.time() < deadline:
+        for eid, f in r.xrange(store.OUTBOX, min=f"({since}"):
+            since = rs.text(eid)
+            nrec = json.loads(f[store.OUTBOX_FIELD.encode()])
+            if nrec["profile"] == "probe":
+                got[nrec["events"]["e"]["id"]] = rs.stream_ms(since)
+        time.sleep(0.2)
+    lat = sorted(got[k] - t for k, t in sent.items() if k in got)
+    return {"paced_rate": rate, "probes": len(sent), "lost": len(sent) - len(lat),
+            "p50_ms": round(1000 * statistics.median(lat)),
+            "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * (len(lat) - 1)))])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=50_000)
+    ap.add_argument("--profiles", type=int, default=10_000)
+    ap.add_argument("--rooms", type=int, default=50)
+    ap.add_argument("--trigger", default="500 milliseconds")
+    ap.add_argument("--paced", type=float, default=20.0, help="seconds of paced load (0: none)")
+    ap.add_argument("--rate", type=float, default=300.0, help="paced events/s")
+    ap.add_argument("--engines", default="worker,local[1],local[2],local-cluster[2,1,2048]",
+                    help="worker and Spark masters, comma-separated")
+    ap.add_argument("--out", default="docs/results/spark_stream.jsonl")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ens-bench-stream-"))
+    rows = []
+    try:
+        with redis_server(work) as url:
+            r = redis.Redis.from_url(url)
+            for eng in re.split(r",(?![^\[]*\])", args.engines):  # not the commas in [...]
+                setup(r, args.profiles, args.rooms)
+                print(f"-- {eng}", file=sys.stderr, flush=True)
+                if eng == "worker":
+                    row = run_worker(r, args.events, args.rooms)
+                else:
+                    row = run_spark(r, url, eng, args.events, args.rooms, args, work)
+                row.update(profiles=args.profiles, rooms=args.rooms)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                rows.append(row)
+            r.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    by = {x["engine"]: x for x in rows}
+    if "spark local[1]" in by and "spark local[2]" in by:
+        ratio = by["spark local[2]"]["events_per_s"] / by["spark local[1]"]["events_per_s"]
+        print(f"scaling local[2]/local[1]: {ratio:.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as fh:
+        for x in rows:
+            fh.write(json.dumps(x) + "\n")
+    for x in rows:
+        print(x)
+
+
+if __name__ == "__main__":
+    main()
