@@ -277,7 +277,26 @@ class _AbsentRuntime(_Runtime):
         return not self.parts  # quiet: no timer armed (activation is not replayed on restore)
 
 
-class _CompositeRuntime(_Runtime):
+class _DerivedRuntime(_Runtime):
+    """A runtime with compiled tables (`_DERIVED`, built by `_derive` from the profile).
+
+    Snapshots keep the state, not the tables: they are rebuilt on restore.
+    """
+
+    _DERIVED: tuple[str, ...] = ()
+
+    def _derive(self) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._derive()
+
+
+class _CompositeRuntime(_DerivedRuntime):
     def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
         super().__init__(engine, profile, idx)
         self.kind = profile.select.kind
@@ -292,14 +311,6 @@ class _CompositeRuntime(_Runtime):
         "pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
         "_wants", "_trans",
     )
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Snapshots keep the state, not the compiled tables (they are rebuilt from the profile)."""
-        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._derive()
 
     def _derive(self) -> None:
         self.pat = Pattern.build(self.profile)

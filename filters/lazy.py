@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from filters.engine import _B, _Runtime, _shared
+from filters.engine import _B, _DerivedRuntime, _shared
 from filters.notification import Notification
 from filters.pattern import Pattern
 from profiles.ast import Profile
@@ -40,6 +40,16 @@ from profiles.events import Event
 
 if TYPE_CHECKING:
     from filters.engine import Engine
+
+
+def _drop_expired(buf: list[_B], window: float, now: float) -> int:
+    """Drop the leading events of a ts-ordered buffer whose window ended before `now` (the
+    caller saw the first one's did); returns how many went."""
+    k = 1
+    while k < len(buf) and buf[k].ev.ts + window < now:
+        k += 1
+    del buf[:k]
+    return k
 
 
 class _LPart:
@@ -62,7 +72,7 @@ class _LPart:
         return sum(len(b) for b in self.bufs) + (self.opener is not None)
 
 
-class LazySeqRuntime(_Runtime):
+class LazySeqRuntime(_DerivedRuntime):
     """A `seq` profile evaluated rare-first (see the module docstring; shapes: `plans.lazy_shape`)."""
 
     def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
@@ -76,13 +86,6 @@ class LazySeqRuntime(_Runtime):
         self._derive()
 
     _DERIVED = ("pat", "n", "names", "conjs", "open_conjs")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._derive()
 
     def _derive(self) -> None:
         self.pat = Pattern.build(self.profile)
@@ -149,11 +152,7 @@ class LazySeqRuntime(_Runtime):
                 part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
             buf = part.bufs[i]
             if buf and buf[0].ev.ts + w < now:
-                k = 1
-                while k < len(buf) and buf[k].ev.ts + w < now:
-                    k += 1
-                del buf[:k]
-                self.buffered -= k
+                self.buffered -= _drop_expired(buf, w, now)
             if b is None:
                 b = _B(seq, ev)
             buf.append(b)
@@ -242,11 +241,7 @@ class LazySeqRuntime(_Runtime):
             return  # `first` holds its PM's bindings, not a buffer
         for buf in part.bufs:
             if buf and buf[0].ev.ts + w < now:
-                k = 1
-                while k < len(buf) and buf[k].ev.ts + w < now:
-                    k += 1
-                del buf[:k]
-                self.buffered -= k
+                self.buffered -= _drop_expired(buf, w, now)
 
     def _check(self, conjs: list, binds: dict[str, dict[str, Any]]) -> bool:
         for c in conjs:
