@@ -67,6 +67,16 @@ def events_for(shape: str, ratio: int, n_events: int, rooms: int, seed: int, per
     return [Event(f"e{i}", ts, attrs) for i, (ts, _k, attrs) in enumerate(evs)]
 
 
+def _run(eng: Engine, evs: list[Event], out: list) -> None:
+    """Feed every event and finish, collecting the notifications into `out` (the timed loop)."""
+    for ev in evs:
+        eng.process(ev)
+        if eng._out:
+            out.extend(eng.take_notifications())
+    eng.finish(None)
+    out.extend(eng.take_notifications())
+
+
 def _pass(profile: Profile, plan: str, rates: Rates, evs: list[Event], watch: bool) -> tuple[float, int, list]:
     """One replay: (CPU seconds, peak state, notifications as JSON when `watch`)."""
     eng = Engine([profile], plan=plan, rates=rates)
@@ -80,13 +90,10 @@ def _pass(profile: Profile, plan: str, rates: Rates, evs: list[Event], watch: bo
                 out.extend(eng.take_notifications())
             if not i & 63:
                 peak = max(peak, eng.stats()["partial_matches"])
+        eng.finish(None)
+        out.extend(eng.take_notifications())
     else:
-        for ev in evs:
-            eng.process(ev)
-            if eng._out:
-                out.extend(eng.take_notifications())
-    eng.finish(None)
-    out.extend(eng.take_notifications())
+        _run(eng, evs, out)
     dt = time.process_time() - t0
     return dt, peak, [n.to_json() for n in out] if watch else []
 
@@ -217,12 +224,7 @@ def run_keti(path: str, profiles_path: str, rooms: list[str] | None, limit: int 
             eng = Engine(profiles, plan=plan, rates=rates)
             out: list = []
             t0 = time.process_time()
-            for ev in evs:
-                eng.process(ev)
-                if eng._out:
-                    out.extend(eng.take_notifications())
-            eng.finish(None)
-            out.extend(eng.take_notifications())
+            _run(eng, evs, out)
             times[plan].append(time.process_time() - t0)
             out.sort(key=lambda n: (n.ts, n.seq))
             outs[plan] = [n.to_json() for n in out]
