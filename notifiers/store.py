@@ -225,16 +225,21 @@ def get_subscriber(r: redis.Redis, sid: str) -> Subscriber | None:
 
 
 def dumps(obj: Any) -> str:
-    """Compact JSON, the one encoding used for every value this contract stores.
+    """Compact JSON, the one encoding used for every value this contract stores."""
+    return encode(obj)[0]
+
+
+def encode(obj: Any) -> tuple[str, bool]:
+    """`dumps`, and whether orjson wrote it (then orjson also reads it back exactly).
 
     orjson writes the same compact UTF-8 JSON ~5x faster (the engine worker encodes every
     notification, the API every event); the standard library takes what orjson refuses
     (integers beyond 64 bits, non-string keys).
     """
     try:
-        return orjson.dumps(obj).decode()
+        return orjson.dumps(obj).decode(), True
     except TypeError:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False), False
 
 
 def enqueue(r: redis.Redis, record: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ from tests.helpers_notifiers import (
     redis_url,
     settled,
 )
+from tests.helpers_service import wait_for
 
 
 @pytest.fixture
@@ -512,12 +513,6 @@ def test_breaker_stops_sending_to_a_hung_receiver_then_a_probe_closes_it(r):
     cfg.webhook.breaker_cooldown = 1.0
     trips0 = sample("ens_delivery_circuit_trips_total")
     opened0 = sample("ens_delivery_deferred_total", channel="webhook", reason="open")
-
-    def wait_for(cond, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, "condition not reached"
-            time.sleep(0.01)
 
     healthy = None
     try:

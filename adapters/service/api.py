@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import orjson
 import redis
 import redis.asyncio
 from fastapi import Depends, FastAPI, Request, Response, Security
@@ -285,10 +284,7 @@ def normalized_json(obj: dict[str, Any], ev: Event) -> tuple[str, bool]:
     """
     norm = {"id": obj["id"], "ts": ev.ts, **ev.attrs} if obj.get("id") is not None \
         else {"ts": ev.ts, **ev.attrs}
-    try:
-        return orjson.dumps(norm).decode(), True
-    except TypeError:
-        return store.dumps(norm), False
+    return store.encode(norm)
 
 
 def error_id(obj: Any) -> str | None:
@@ -422,15 +418,20 @@ async def require_gateway(
     name = rs.gateway_of_key(key)
     raw = await request.app.state.aredis.hget(rs.GATEWAYS, name) if name else None
     check = rs.check_key_record(raw, key)
-    if check.status == "ok" and check.gateway is not None:
-        request.state.key_sha256 = cache.put(key, check.gateway)
-    if check.status != "ok":
-        m.REQUESTS.labels(status="403" if check.status == "revoked" else "401").inc()
-    if check.status == "revoked":
-        raise HTTPException(403, f"the API key of gateway {check.gateway!r} is revoked")
     if check.status != "ok" or check.gateway is None:
-        raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+        raise key_refused(check.status, check.gateway)
+    request.state.key_sha256 = cache.put(key, check.gateway)
     return check.gateway
+
+
+def key_refused(status: str, gateway: str | None) -> HTTPException:
+    """The answer to a key found `revoked` (403) or `unknown` (401), counted: when the key is
+    checked before the body is read, and when the ingest script re-checks a cached one."""
+    if status == "revoked":
+        m.REQUESTS.labels(status="403").inc()
+        return HTTPException(403, f"the API key of gateway {gateway!r} is revoked")
+    m.REQUESTS.labels(status="401").inc()
+    return HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
 
 
 class KeyCache:
@@ -651,12 +652,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 )
                 if res in ("unknown", "revoked"):
                     request.app.state.key_cache.drop(request.state.api_key)
-                    m.REQUESTS.labels(status="403" if res == "revoked" else "401").inc()
-                    if res == "revoked":
-                        return JSONResponse(
-                            {"error": f"the API key of gateway {gw!r} is revoked"}, 403)
-                    return JSONResponse({"error": "invalid API key"}, 401,
-                                        headers={"WWW-Authenticate": "Bearer"})
+                    raise key_refused(res, gw)
             except redis.RedisError as exc:
                 log.error("ingest write failed: %s", exc)
                 m.REQUESTS.labels(status="503").inc()

@@ -206,21 +206,18 @@ def decode_entry(entry_id: str, fields: Any) -> list[tuple[str, str, Any]]:
     one-event entry (``e``). ``fields`` may have bytes or str keys (any redis client). Raises
     ValueError when the entry is unreadable; the events themselves are not validated here.
     """
-    def get(name: str) -> Any:
-        v = fields.get(name)
-        return fields.get(name.encode()) if v is None else v
-
-    gw = text(get(INGEST_GATEWAY) or "?")
-    batch = get(INGEST_BATCH)
+    gw = text(_field(fields, INGEST_GATEWAY) or "?")
+    batch = _field(fields, INGEST_BATCH)
     if batch is not None:
-        fmt = get(INGEST_FORMAT)
+        fmt = _field(fields, INGEST_FORMAT)
         # orjson is ~2.5x faster but reads an integer beyond 64 bits as a float: only for
         # batches the API wrote without one
-        events = orjson.loads(batch) if fmt in (b"n", "n") else json.loads(batch)
+        plain = fmt is not None and text(fmt) == INGEST_NORMALIZED
+        events = orjson.loads(batch) if plain else json.loads(batch)
         if not isinstance(events, list):
             raise ValueError(f"field {INGEST_BATCH!r} must be a JSON array")
         return [(f"{entry_id}.{i}", gw, ev) for i, ev in enumerate(events)]
-    raw = get(INGEST_EVENT)
+    raw = _field(fields, INGEST_EVENT)
     if raw is None:
         raise ValueError(f"entry has neither {INGEST_BATCH!r} nor {INGEST_EVENT!r}")
     return [(entry_id, gw, json.loads(raw))]
@@ -229,8 +226,14 @@ def decode_entry(entry_id: str, fields: Any) -> list[tuple[str, str, Any]]:
 def entry_normalized(fields: Any) -> bool:
     """Whether an entry's events were validated and normalized by the API
     (`profiles.events.event_from_normalized` reads them)."""
-    fmt = fields.get(INGEST_FORMAT) or fields.get(INGEST_FORMAT.encode())
-    return text(fmt) in (INGEST_NORMALIZED, INGEST_EXACT) if fmt is not None else False
+    fmt = _field(fields, INGEST_FORMAT)
+    return fmt is not None and text(fmt) in (INGEST_NORMALIZED, INGEST_EXACT)
+
+
+def _field(fields: Any, name: str) -> Any:
+    """A stream entry's field, whether the client decoded the keys (str) or not (bytes)."""
+    v = fields.get(name)
+    return fields.get(name.encode()) if v is None else v
 
 
 def stream_ms(entry_id: str) -> float:
