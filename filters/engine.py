@@ -151,6 +151,11 @@ class _Runtime:
     def activate(self, now: float | None) -> None:
         pass
 
+    def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
+        """A fast handler for events matching only `leaf` (see `LazySeqRuntime.sink`); most
+        runtimes have none."""
+        return None
+
     def live(self) -> tuple[int, int]:
         """(partial matches, partitions) held; a rare-first runtime counts its buffered events."""
         return (0, 0)
@@ -1563,9 +1568,15 @@ class Engine(TimeDriven):
         if not entries:
             return
         if len(entries) == 1 and len(entries[0].owners) == 1:
-            (idx, leaf), = entries[0].owners
+            entry = entries[0]
+            solo = entry.solo
+            if solo and self.tracer is None and solo(event, seq):
+                return
+            (idx, leaf), = entry.owners
             rt = self._rts.get(idx)
             if rt is not None:
+                if solo is None:
+                    entry.solo = rt.sink(leaf) or False
                 rt.on_event(event, seq, [leaf])
             return
         for idx, leaves in owners_by_profile(entries):

@@ -30,6 +30,7 @@ when time passes their deadline).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from filters.engine import _B, _DerivedRuntime, _shared
@@ -42,14 +43,13 @@ if TYPE_CHECKING:
     from filters.engine import Engine
 
 
-def _drop_expired(buf: list[_B], window: float, now: float) -> int:
+def _drop_expired(buf: list[_B], window: float, now: float) -> None:
     """Drop the leading events of a ts-ordered buffer whose window ended before `now` (the
-    caller saw the first one's did); returns how many went."""
+    caller saw the first one's did)."""
     k = 1
     while k < len(buf) and buf[k].ev.ts + window < now:
         k += 1
     del buf[:k]
-    return k
 
 
 class _LPart:
@@ -75,19 +75,25 @@ class _LPart:
 class LazySeqRuntime(_DerivedRuntime):
     """A `seq` profile evaluated rare-first (see the module docstring; shapes: `plans.lazy_shape`)."""
 
+    _sweep_at = float("-inf")  # snapshots from before it existed restore too
+
     def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
         super().__init__(engine, profile, idx)
         self.each = profile.select.kind == "each"
         self.unique = profile.consume == "unique"
         self.window = float(profile.within)  # type: ignore[arg-type]
         self.parts: dict[tuple, _LPart] = {}
-        self.buffered = 0  # events held in buffers (and openers), for stats
-        self._events = 0
+        self._sweep_at = float("-inf")  # event time of the next sweep of quiet partitions
         self._derive()
 
-    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs")
+    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs", "per1", "buffer_only", "slack")
 
     def _derive(self) -> None:
+        self.per1 = self.per[0] if len(self.per) == 1 else None
+        # appends drop expired events once the oldest is this far behind, a few at a time
+        # (a driver prunes exactly first): the buffer holds at most 1/8 more than the window
+        self.slack = self.window * 1.125
+        self.buffer_only = self.each  # `each`: a deferred component's event only goes to its buffer
         self.pat = Pattern.build(self.profile)
         self.n = len(self.pat.leaves)
         self.names = _shared(tuple(lf.name for lf in self.pat.leaves))
@@ -102,7 +108,7 @@ class LazySeqRuntime(_DerivedRuntime):
     def live(self) -> tuple[int, int]:
         """(buffered events under `each`, tracked partial matches under `first`; partitions)."""
         if self.each:
-            return (self.buffered, len(self.parts))
+            return (sum(p.size() for p in self.parts.values()), len(self.parts))
         return (sum(1 for p in self.parts.values() if p.opener is not None), len(self.parts))
 
     def fresh(self) -> bool:
@@ -110,11 +116,47 @@ class LazySeqRuntime(_DerivedRuntime):
 
     def clear(self) -> None:
         self.parts.clear()
-        self.buffered = 0
 
     # ---------------------------------------------------------------- event
+    def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
+        """A precompiled handler for events that match only `leaf`, when that is a deferred
+        component under `each` (the frequent events rare-first exists for): it appends to the
+        partition's buffer with every constant in a local, and returns False (then the engine
+        calls `on_event`) whenever there is more to do: a new partition, a sweep due.
+        None when `leaf` is not such a component. Valid while the engine has no tracer."""
+        if not self.each or leaf >= self.n - 1 or (leaf == 0 and self.open_conjs):
+            return None
+        if self.per and self.per1 is None:
+            return None
+        parts, per1, w, slack, rt = self.parts, self.per1, self.window, self.slack, self
+
+        def append(ev: Event, seq: int) -> bool:
+            if per1 is not None:
+                v = ev.attrs.get(per1)
+                if v is None:
+                    return True  # in no partition: nothing to do (as `on_event`)
+                part = parts.get(((bool, v),) if v.__class__ is bool else (v,))
+            else:
+                part = parts.get(())
+            now = ev.ts
+            if part is None or now >= rt._sweep_at:
+                return False
+            buf = part.bufs[leaf]
+            if buf and buf[0].ev.ts + slack < now:
+                _drop_expired(buf, w, now)
+            buf.append(_B(seq, ev))
+            return True
+
+        return append
+
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
-        if self.per:
+        per1 = self.per1
+        if per1 is not None:  # one `per` attribute, the usual case: partition_key inline
+            v = ev.attrs.get(per1)
+            if v is None:
+                return
+            key: tuple | None = ((bool, v),) if v.__class__ is bool else (v,)
+        elif self.per:
             key = self.partition_key(ev.attrs)
             if key is None:
                 return
@@ -122,12 +164,21 @@ class LazySeqRuntime(_DerivedRuntime):
             key = ()
         part = self.parts.get(key)
         now = ev.ts
+        if now >= self._sweep_at:  # once per window of event time: partitions gone quiet
+            self._sweep_at = now + self.window
+            self._sweep(now)
+            part = self.parts.get(key)
+        if part is not None and self.buffer_only and len(leaves) == 1:
+            i = leaves[0]
+            if i < self.n - 1 and (i or not self.open_conjs) and self.engine.tracer is None:
+                # the frequent case rare-first is for: one deferred component, its buffer exists
+                buf = part.bufs[i]
+                if buf and buf[0].ev.ts + self.slack < now:
+                    _drop_expired(buf, self.window, now)
+                buf.append(_B(seq, ev))
+                return
         last = self.n - 1
         b: _B | None = None
-        self._events += 1
-        if not self._events & 4095:
-            self._sweep(now)  # partitions gone quiet: their buffers are stale
-            part = self.parts.get(key)
         if part is not None and last in leaves:
             self._prune(part, now)
             b = _B(seq, ev)
@@ -152,11 +203,10 @@ class LazySeqRuntime(_DerivedRuntime):
                 part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
             buf = part.bufs[i]
             if buf and buf[0].ev.ts + w < now:
-                self.buffered -= _drop_expired(buf, w, now)
+                _drop_expired(buf, w, now)
             if b is None:
                 b = _B(seq, ev)
             buf.append(b)
-            self.buffered += 1
             if tracing:
                 self._trace("buffered", f"{ev.id} as {self.names[i]}")
 
@@ -189,7 +239,6 @@ class LazySeqRuntime(_DerivedRuntime):
                             self._trace("ignored", f"{ev.id} for {names[j]}: where not satisfied")
                         return
                 chain.append(b or _B(seq, ev))
-                self.buffered += 1
                 if tracing:
                     self._trace("extended", f"opened by {op.ev.id}: {ev.id} bound as {names[j]}")
             elif tracing and 0 in leaves:
@@ -206,19 +255,13 @@ class LazySeqRuntime(_DerivedRuntime):
         if part is None:
             part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
         part.opener = b or _B(seq, ev)
-        self.buffered += 1
         if tracing:
             self._trace("opened", f"{{{self.names[0]}: {ev.id}}} (rare-first: no timer, no auxiliary profiles)")
 
     def _expire(self, part: _LPart) -> None:
         """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""
         part.opener = None
-        self.buffered -= 1
-        self._clear_bufs(part)
-
-    def _clear_bufs(self, part: _LPart) -> None:
         for buf in part.bufs:
-            self.buffered -= len(buf)
             buf.clear()
 
     def _sweep(self, now: float) -> None:
@@ -241,7 +284,7 @@ class LazySeqRuntime(_DerivedRuntime):
             return  # `first` holds its PM's bindings, not a buffer
         for buf in part.bufs:
             if buf and buf[0].ev.ts + w < now:
-                self.buffered -= _drop_expired(buf, w, now)
+                _drop_expired(buf, w, now)
 
     def _check(self, conjs: list, binds: dict[str, dict[str, Any]]) -> bool:
         for c in conjs:
@@ -331,7 +374,6 @@ class LazySeqRuntime(_DerivedRuntime):
                 used = {id(x) for x in combo}
                 for buf in bufs:
                     buf[:] = [x for x in buf if id(x) not in used]
-                self.buffered -= len(used)
             self.report(ts, events, part.values)
             if not self.active:
                 break
@@ -355,7 +397,6 @@ class LazySeqRuntime(_DerivedRuntime):
                 return self.unique
             if self.unique:
                 buf.remove(x)
-                self.buffered -= 1
                 return True
         return False
 
@@ -397,7 +438,6 @@ def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
                     break
                 lp.bufs[0].append(pm.binds[j])
         new.parts[key] = lp
-    new.buffered = sum(p.size() for p in new.parts.values())
 
 
 def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:

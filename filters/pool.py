@@ -33,12 +33,14 @@ Eqs = tuple[tuple[str, Any], ...]  # extra `attr = value` predicates bound by th
 _MAX_PLANS = 100_000
 _MAX_SPLIT = 32  # a top-level `or` with more branches is kept as one scanned clause
 _INF = float("inf")
+_CALM = 64  # matches without a pool change before results are memoized
+_MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind x state)
 
 
 class Entry:
     """One distinct filter in the pool, with every owner that subscribed it."""
 
-    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed")
+    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed", "solo")
 
     def __init__(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs) -> None:
         self.key = key
@@ -47,6 +49,9 @@ class Entry:
         self.owners: dict[Hashable, int] = {}
         self.clauses: list[Clause] = []
         self.indexed = True  # False once dropped: a handle kept by a caller is then stale
+        # the user's precompiled handler for an event matching only this entry, valid while
+        # the owners do not change (None: not made yet; False: there is none)
+        self.solo: Any = None
 
 
 class Clause:
@@ -279,6 +284,13 @@ class PrimitivePool:
         # differ only in bound values, so they are inserted without planning again
         self._plans: dict[tuple, list[tuple]] = {}
         self.owner_count = 0
+        # match results memoized by the values of the equality attributes, while the pool
+        # holds only plain equalities (then those values alone decide the result) and has
+        # not changed for _CALM matches (a pool that changes on every event gains nothing)
+        self._impure = 0  # clauses whose match depends on more than their equality values
+        self._memo: dict[Any, list[Entry]] | None = None
+        self._memo_attrs: tuple[str, ...] = ()
+        self._calm = 0
 
     def __len__(self) -> int:
         """Number of distinct filters stored."""
@@ -307,6 +319,7 @@ class PrimitivePool:
         entry.owners[owner] = prev + 1
         if prev == 0:
             self.owner_count += 1
+            entry.solo = None
         return entry
 
     def remove(self, f: Filter, owner: Hashable, eqs: Eqs = (), *, keep: bool = False) -> None:
@@ -327,6 +340,7 @@ class PrimitivePool:
             return
         del entry.owners[owner]
         self.owner_count -= 1
+        entry.solo = None
         if not entry.owners and not keep:
             self._drop_entry(entry)
 
@@ -339,6 +353,7 @@ class PrimitivePool:
         owners[owner] = prev + 1
         if not prev:
             self.owner_count += 1
+            entry.solo = None
         return True
 
     def release(self, entry: Entry, owner: Hashable, keep: bool = False) -> None:
@@ -354,6 +369,7 @@ class PrimitivePool:
             return
         del owners[owner]
         self.owner_count -= 1
+        entry.solo = None
         if not owners and not keep:
             self._drop_entry(entry)
 
@@ -368,7 +384,11 @@ class PrimitivePool:
     def _drop_entry(self, entry: Entry) -> None:
         entry.indexed = False
         del self._entries[entry.key]
+        self._memo = None
+        self._calm = 0
         for clause in entry.clauses:
+            if _impure(clause):
+                self._impure -= 1
             access = clause.access
             if access is not None and access[0] == "eqs" and access[3] is None:
                 # an auxiliary profile's usual shape, inline: this runs on every completed match
@@ -468,6 +488,10 @@ class PrimitivePool:
     def _index(self, clause: Clause) -> None:
         access = clause.access
         clause.entry.clauses.append(clause)
+        self._memo = None
+        self._calm = 0
+        if _impure(clause):
+            self._impure += 1
         if access is None:
             self._scan[clause] = None
         elif access[0] == "eqs":
@@ -610,7 +634,39 @@ class PrimitivePool:
 
     # ------------------------------------------------------------------ match
     def match(self, attrs: dict[str, Any]) -> list[Entry]:
-        """Every stored filter that `attrs` satisfies (each once)."""
+        """Every stored filter that `attrs` satisfies (each once). The list is shared: do not change it."""
+        memo = self._memo
+        if memo is None:
+            self._calm += 1
+            if self._calm < _CALM or self._impure:
+                return self._match(attrs)
+            memo = self._start_memo()
+        names = self._memo_attrs
+        n = len(names)  # spelled out for the usual sizes: 3x faster than tuple(map(...))
+        if n == 1:
+            key = attrs.get(names[0])
+        elif n == 2:
+            key = (attrs.get(names[0]), attrs.get(names[1]))
+        elif n == 3:
+            key = (attrs.get(names[0]), attrs.get(names[1]), attrs.get(names[2]))
+        else:
+            key = tuple([attrs.get(a) for a in names])
+        out = memo.get(key)
+        if out is None:
+            out = self._match(attrs)
+            if len(memo) < _MEMO_MAX and _memoizable(key, n == 1):
+                memo[key] = out
+        return out
+
+    def _start_memo(self) -> dict[Any, list[Entry]]:
+        names: dict[str, None] = {}
+        for schema in self._schemas:
+            names.update(dict.fromkeys(schema))
+        self._memo_attrs = tuple(sorted(names)) or ("",)
+        self._memo = {}
+        return self._memo
+
+    def _match(self, attrs: dict[str, Any]) -> list[Entry]:
         cands: list[Clause] = []
         for schema, table in self._schemas.items():
             if len(schema) == 1:
@@ -664,6 +720,26 @@ class PrimitivePool:
 
     def entries(self) -> Iterable[Entry]:
         return self._entries.values()
+
+
+def _impure(clause: Clause) -> bool:
+    """Whether the clause's match depends on more than the values of its equality attributes."""
+    access = clause.access
+    return (
+        clause.check is not None
+        or access is None
+        or access[0] not in ("eqs", "in")
+        or (access[0] == "eqs" and access[3] is not None)
+    )
+
+
+def _memoizable(key: Any, single: bool) -> bool:
+    """A key that no other key of different match result equals: `True == 1 == 1.0` as dict keys,
+    but the pool tells booleans from numbers, and NaN equals nothing."""
+    for v in (key,) if single else key:
+        if v.__class__ is not str and v is not None and (v == 0 or v == 1 or v != v):
+            return False
+    return True
 
 
 def owners_by_profile(entries: list[Entry]) -> list[tuple[int, list[int]]]:

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from filters.compile import compile_filter, evaluate
 from filters.pool import PrimitivePool
-from profiles.ast import And, Cmp
+from profiles.ast import And, Cmp, In
 from profiles.parser import parse_filter
-from tests.strategies import events, filters, scalars
+from tests.strategies import attr, events, filters, scalars
 
 
 @settings(max_examples=400, deadline=None)
@@ -111,3 +111,71 @@ def test_false_and_zero_are_different_filters() -> None:
     assert pool.owners({"a": False}) == ["false"]
     assert parse_filter("a = 0") != parse_filter("a = false")
     assert parse_filter("a = 1") == parse_filter("a = 1.0")  # numbers compare numerically
+
+
+# the memo's domain: plain equalities (and `in`), with the values that collide as dict keys
+eq_filters = st.one_of(
+    st.builds(lambda a, v: Cmp(a, "=", v), attr, scalars),
+    st.builds(lambda a, v, b, w: And((Cmp(a, "=", v), Cmp(b, "=", w))), attr, scalars, attr, scalars),
+    st.builds(lambda a, vs: In(a, tuple(vs), False), attr, st.lists(scalars, min_size=1, max_size=3)),
+)
+eq_ops = st.lists(
+    st.tuples(st.sampled_from(["add", "add", "add", "remove"]), st.one_of(eq_filters, eq_filters, filters),
+              st.integers(0, 5), st.lists(st.tuples(st.sampled_from(["a", "room"]), scalars), max_size=2)),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(eq_ops, st.lists(events, min_size=1, max_size=6))
+def test_memoized_matches_agree_with_direct_evaluation(ops, evs) -> None:
+    """With memoization from the first match (`_CALM` 0): results are right after every insert
+    and delete, also for booleans against 0 and 1 (equal as dict keys, not as values)."""
+    import filters.pool as pool_module
+
+    calm = pool_module._CALM
+    pool_module._CALM = 0
+    try:
+        pool = PrimitivePool()
+        live: dict[tuple, int] = {}
+        for op, f, owner, eqs in ops:
+            eqs = tuple(eqs)
+            if op == "add":
+                pool.add(f, owner, eqs)
+                live[(f, owner, eqs)] = live.get((f, owner, eqs), 0) + 1
+            elif live:
+                victim = sorted(live, key=repr)[owner % len(live)]
+                pool.remove(*victim)
+                live[victim] -= 1
+                if not live[victim]:
+                    del live[victim]
+            for attrs in evs + [{**a, k: flip} for a in evs for k in a for flip in (True, 1, 1.0, False, 0)]:
+                expected = {
+                    o for f2, o, eq2 in live
+                    if evaluate(And((f2, *[Cmp(a, "=", v) for a, v in eq2])) if eq2 else f2, attrs)
+                }
+                assert set(pool.owners(attrs)) == expected, attrs
+    finally:
+        pool_module._CALM = calm
+
+
+def test_memo_is_used_once_the_pool_is_calm() -> None:
+    """A pool without ranges or residual checks memoizes by its equality attributes' values;
+    a change drops the memo, a range predicate keeps it off."""
+    import filters.pool as pool_module
+
+    pool = PrimitivePool()
+    pool.add(parse_filter('kind = "window" and state = "broken"'), "w")
+    pool.add(parse_filter('kind = "temperature"'), "t")
+    for _ in range(pool_module._CALM):
+        assert pool.owners({"kind": "temperature", "room": "r1"}) == ["t"]
+    assert pool._memo is not None and pool._memo_attrs == ("kind", "state")
+    assert pool.owners({"kind": "window", "state": "broken"}) == ["w"]
+    assert pool.owners({"kind": "window", "state": True}) == []
+    assert ("window", "broken") in pool._memo and ("window", True) not in pool._memo
+    pool.add(parse_filter("value > 30"), "hot")
+    assert pool._memo is None
+    for _ in range(2 * pool_module._CALM):
+        assert pool.owners({"kind": "temperature", "value": 31}) in (["t", "hot"], ["hot", "t"])
+    assert pool._memo is None  # a range: the values of the equality attributes do not decide
