@@ -1551,34 +1551,36 @@ class Engine(TimeDriven):
     def process(self, event: Event) -> None:
         """Filter one event (after firing everything that is due before it)."""
         ts = event.ts
-        if self.now is None or self.timers.head <= ts:
+        now = self.now
+        if now is None or self.timers.head <= ts:
             self.advance(ts)
-        elif ts > self.now:
+        elif ts > now:
             self.now = ts
-        self._seq += 1
-        seq = self._seq
+        seq = self._seq = self._seq + 1
         if self._count_pool is not None:
             if not seq % self.sample:
                 self._count(event)
             if not seq % self.replan_every:
                 self._online_replan(ts)  # between events: the state moves with a re-plan
-        if self.tracer is not None:
+        tracer = self.tracer
+        if tracer is not None:
             self._current = event
         entries = self.pool.match(event.attrs)
         if not entries:
             return
-        if len(entries) == 1 and len(entries[0].owners) == 1:
+        if len(entries) == 1:
             entry = entries[0]
-            solo = entry.solo
-            if solo and self.tracer is None and solo(event, seq):
+            solo = entry.solo  # set only while the entry has one owner
+            if solo and tracer is None and solo(event, seq):
                 return
-            (idx, leaf), = entry.owners
-            rt = self._rts.get(idx)
-            if rt is not None:
-                if solo is None:
-                    entry.solo = rt.sink(leaf) or False
-                rt.on_event(event, seq, [leaf])
-            return
+            if len(entry.owners) == 1:
+                (idx, leaf), = entry.owners
+                rt = self._rts.get(idx)
+                if rt is not None:
+                    if solo is None:
+                        entry.solo = rt.sink(leaf) or False
+                    rt.on_event(event, seq, [leaf])
+                return
         for idx, leaves in owners_by_profile(entries):
             rt = self._rts.get(idx)
             if rt is not None and rt.active:

@@ -86,14 +86,14 @@ class LazySeqRuntime(_DerivedRuntime):
         self._sweep_at = float("-inf")  # event time of the next sweep of quiet partitions
         self._derive()
 
-    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs", "per1", "buffer_only", "slack")
+    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs", "per1", "slack", "_sinks")
 
     def _derive(self) -> None:
         self.per1 = self.per[0] if len(self.per) == 1 else None
         # appends drop expired events once the oldest is this far behind, a few at a time
         # (a driver prunes exactly first): the buffer holds at most 1/8 more than the window
         self.slack = self.window * 1.125
-        self.buffer_only = self.each  # `each`: a deferred component's event only goes to its buffer
+        self._sinks: dict[int, Callable[[Event, int], bool] | None] = {}
         self.pat = Pattern.build(self.profile)
         self.n = len(self.pat.leaves)
         self.names = _shared(tuple(lf.name for lf in self.pat.leaves))
@@ -119,14 +119,23 @@ class LazySeqRuntime(_DerivedRuntime):
 
     # ---------------------------------------------------------------- event
     def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
-        """A precompiled handler for events that match only `leaf`, when that is a deferred
-        component under `each` (the frequent events rare-first exists for): it appends to the
-        partition's buffer with every constant in a local, and returns False (then the engine
-        calls `on_event`) whenever there is more to do: a new partition, a sweep due.
-        None when `leaf` is not such a component. Valid while the engine has no tracer."""
-        if not self.each or leaf >= self.n - 1 or (leaf == 0 and self.open_conjs):
+        """A precompiled handler for events that match only `leaf` among this profile's
+        components, when that is a deferred one (the frequent events rare-first exists for);
+        made once per leaf. It does the common case with every constant in a local and
+        returns False (then `on_event` runs) whenever there is more to do: a new partition, a
+        sweep due, a binding. None when `leaf` is not deferred. Valid while no tracer is set.
+        """
+        made = self._sinks.get(leaf, False)
+        if made is False:
+            made = self._sinks[leaf] = self._make_sink(leaf)
+        return made
+
+    def _make_sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
+        if leaf >= self.n - 1 or (self.per and self.per1 is None):
             return None
-        if self.per and self.per1 is None:
+        if not self.each:
+            return self._first_sink(leaf)
+        if leaf == 0 and self.open_conjs:
             return None
         parts, per1, w, slack, rt = self.parts, self.per1, self.window, self.slack, self
 
@@ -143,11 +152,39 @@ class LazySeqRuntime(_DerivedRuntime):
                 return False
             buf = part.bufs[leaf]
             if buf and buf[0].ev.ts + slack < now:
-                _drop_expired(buf, w, now)
+                if len(buf) > 1 and buf[1].ev.ts + w >= now:
+                    del buf[0]  # the usual case, inline: one reading left the window
+                else:
+                    _drop_expired(buf, w, now)
             buf.append(_B(seq, ev))
             return True
 
         return append
+
+    def _first_sink(self, leaf: int) -> Callable[[Event, int], bool]:
+        """`select first`: an event of a deferred component while the partition's PM lives
+        and does not await it is ignored for good (eagerly: a duplicate of a waiting match),
+        the common case at one reading a minute; anything else goes to `on_event`."""
+        parts, per1, w, rt = self.parts, self.per1, self.window, self
+        awaited = leaf - 1  # bindings in the chain when the PM waits for this component
+
+        def ignore(ev: Event, seq: int) -> bool:
+            if per1 is not None:
+                v = ev.attrs.get(per1)
+                if v is None:
+                    return True
+                part = parts.get(((bool, v),) if v.__class__ is bool else (v,))
+            else:
+                part = parts.get(())
+            if part is None:
+                return False
+            op = part.opener
+            now = ev.ts
+            if op is None or op.ev.ts + w < now or now >= rt._sweep_at:
+                return False
+            return leaf == 0 or len(part.bufs[0]) != awaited
+
+        return ignore
 
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
         per1 = self.per1
@@ -168,14 +205,9 @@ class LazySeqRuntime(_DerivedRuntime):
             self._sweep_at = now + self.window
             self._sweep(now)
             part = self.parts.get(key)
-        if part is not None and self.buffer_only and len(leaves) == 1:
-            i = leaves[0]
-            if i < self.n - 1 and (i or not self.open_conjs) and self.engine.tracer is None:
-                # the frequent case rare-first is for: one deferred component, its buffer exists
-                buf = part.bufs[i]
-                if buf and buf[0].ev.ts + self.slack < now:
-                    _drop_expired(buf, self.window, now)
-                buf.append(_B(seq, ev))
+        elif part is not None and len(leaves) == 1 and self.engine.tracer is None:
+            fast = self.sink(leaves[0])  # the engine calls it directly when it can
+            if fast is not None and fast(ev, seq):
                 return
         last = self.n - 1
         b: _B | None = None

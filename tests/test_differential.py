@@ -350,6 +350,40 @@ def test_plans_agree(case: tuple[list[tuple[str, str]], list[dict], float | None
     check_plans(case)
 
 
+@st.composite
+def skewed_scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], float | None]:
+    """One seq over distinct kinds (each pool entry has one owner: the precompiled paths of
+    rare-first, `LazySeqRuntime.sink`), a frequent first component, windows holding several
+    events, so that buffers are pruned a few at a time and quiet partitions are swept."""
+    n = draw(st.integers(2, 3))
+    kinds = "ABC"[:n]
+    body = "seq(" + ", ".join(f"l{i + 1}: k = \"{kinds[i]}\"" for i in range(n)) + ")"
+    clauses = [f"within {draw(st.sampled_from(['4s', '10s', '25s']))}", "per r"]
+    if draw(st.booleans()):
+        clauses.append(draw(st.sampled_from(["where l2.v >= l1.v", "where l1.v != 2", f"where l{n}.v > l1.v"])))
+    clauses.append(draw(st.sampled_from(["select first", "select each"])))
+    clauses.append(draw(st.sampled_from(["consume unique", "consume shared"])))
+    weights = draw(st.sampled_from([(8, 1, 1), (20, 2, 1), (3, 3, 1)]))
+    pool = [kinds[i] for i in range(n) for _ in range(weights[i])]
+    events, ts = [], 0
+    for j in range(draw(st.integers(20, 120))):
+        ts += draw(st.sampled_from([0, 1, 1, 1, 2, 3, 5, 40] if j % 16 == 15 else [0, 1, 1, 1, 2, 3]))
+        ev: dict = {"id": f"e{j + 1}", "ts": ts, "k": draw(st.sampled_from(pool)), "v": draw(st.integers(0, 3))}
+        room = draw(st.sampled_from(["x", "y", "y", "y", None]))
+        if room is not None:
+            ev["r"] = room
+        events.append(ev)
+    return [("s", " ".join([body, *clauses]))], events, draw(st.sampled_from([None, float(ts + 30)]))
+
+
+@settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(skewed_scenario())
+def test_rare_first_fast_paths_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+    """The rare-first fast paths (a frequent event appended or ignored in a precompiled
+    closure) = eager = two-step, on long skewed streams."""
+    check_plans(case)
+
+
 @settings(max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 @given(plan_scenario(), st.data())
 def test_rare_first_snapshot_and_live_changes(
