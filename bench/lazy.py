@@ -69,10 +69,12 @@ def events_for(shape: str, ratio: int, n_events: int, rooms: int, seed: int, per
 
 def _run(eng: Engine, evs: list[Event], out: list) -> None:
     """Feed every event and finish, collecting the notifications into `out` (the timed loop)."""
+    process, pending = eng.process, eng._out  # `take_notifications` swaps the list: re-read it
     for ev in evs:
-        eng.process(ev)
-        if eng._out:
+        process(ev)
+        if pending:
             out.extend(eng.take_notifications())
+            pending = eng._out
     eng.finish(None)
     out.extend(eng.take_notifications())
 
