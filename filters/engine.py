@@ -1358,10 +1358,11 @@ class Engine(TimeDriven):
             return _FilterRuntime(self, profile, idx)
         if isinstance(profile.expr, Absent):
             return _AbsentRuntime(self, profile, idx)
-        if self.plan != "eager" and self.plan_of(profile).lazy:
+        plan = self.plan_of(profile) if self.plan != "eager" else None
+        if plan is not None and plan.lazy:
             from filters.lazy import LazySeqRuntime
 
-            return LazySeqRuntime(self, profile, idx)
+            return LazySeqRuntime(self, profile, idx, plan.driver)
         return _CompositeRuntime(self, profile, idx)
 
     def replan(self, plan: str | None = None, rates: Rates | None = None) -> list[str]:
@@ -1380,11 +1381,22 @@ class Engine(TimeDriven):
         for idx, rt in list(self._rts.items()):
             if isinstance(rt, (_FilterRuntime, _AbsentRuntime)):
                 continue
-            lazy = self.plan != "eager" and self.plan_of(rt.profile).lazy
-            if lazy != (not isinstance(rt, _CompositeRuntime)):
-                self._swap(idx, rt, lazy)
+            if self._follow_plan(idx, rt):
                 changed.append(rt.profile.id)
         return changed
+
+    def _follow_plan(self, idx: int, rt: _Runtime) -> bool:
+        """Convert `rt` if its plan (eager, or rare-first and its driver) changed."""
+        plan = self.plan_of(rt.profile) if self.plan != "eager" else None
+        lazy = plan is not None and plan.lazy
+        was_lazy = not isinstance(rt, _CompositeRuntime)
+        if lazy and was_lazy and rt.k != plan.driver:  # type: ignore[attr-defined, union-attr]
+            self._swap(idx, rt, False)  # another driver: through the eager form
+            rt, was_lazy = self._rts[idx], False
+        if lazy == was_lazy:
+            return False
+        self._swap(idx, rt, lazy, plan.driver if plan is not None else None)
+        return True
 
     def configure_plans(self, plan: str, rates: Rates | None, replan_every: int = 0, drift: float = 4.0) -> list[str]:
         """Apply plan options to an engine restored from a snapshot taken under other ones.
@@ -1406,14 +1418,14 @@ class Engine(TimeDriven):
         self.rates = rates
         return self.replan(plan)
 
-    def _swap(self, idx: int, rt: _Runtime, lazy: bool) -> None:
+    def _swap(self, idx: int, rt: _Runtime, lazy: bool, driver: int | None = None) -> None:
         from filters.lazy import LazySeqRuntime, eager_to_lazy, lazy_to_eager
 
         for f, leaf in rt.start_registrations():
             self.pool.remove(f, (idx, leaf))
         new: _Runtime
         if lazy:
-            new = LazySeqRuntime(self, rt.profile, idx)
+            new = LazySeqRuntime(self, rt.profile, idx, driver)
             eager_to_lazy(rt, new)
             rt.clear()  # terminators and auxiliary profiles out of the pools
         else:
@@ -1477,11 +1489,8 @@ class Engine(TimeDriven):
             if old is not None and not _drifted(old, rates, self.drift):
                 continue
             self._online[rt.profile.id] = rates
-            if self.plan != "eager":
-                lazy = self.plan_of(rt.profile).lazy
-                if lazy != (not isinstance(rt, _CompositeRuntime)):
-                    self._swap(idx, rt, lazy)
-                    changed.append(rt.profile.id)
+            if self.plan != "eager" and self._follow_plan(idx, rt):
+                changed.append(rt.profile.id)
         self._counts.clear()
         self._count_since = now
         if changed and self.tracer is not None:

@@ -55,21 +55,25 @@ def _drop_expired(buf: list[_B], window: float, now: float) -> None:
 class _LPart:
     """One partition: a buffer per deferred component, the opener under `first`."""
 
-    __slots__ = ("values", "bufs", "opener")
+    __slots__ = ("values", "bufs", "opener", "pend")
 
     def __init__(self, values: dict[str, Any] | None, n: int) -> None:
         self.values = values
         self.bufs: list[list[_B]] = [[] for _ in range(n - 1)]
         self.opener: _B | None = None
+        # a driver before the last component: the partial matches past it, each its bound
+        # events in component order (few: they hold the rare component)
+        self.pend: list[list[_B]] = []
 
     def __getstate__(self) -> tuple:
-        return (self.values, self.bufs, self.opener)
+        return (self.values, self.bufs, self.opener, self.pend)
 
     def __setstate__(self, state: tuple) -> None:
-        self.values, self.bufs, self.opener = state
+        self.values, self.bufs, self.opener = state[:3]
+        self.pend = state[3] if len(state) > 3 else []
 
     def size(self) -> int:
-        return sum(len(b) for b in self.bufs) + (self.opener is not None)
+        return sum(len(b) for b in self.bufs) + (self.opener is not None) + len(self.pend)
 
 
 class LazySeqRuntime(_DerivedRuntime):
@@ -77,8 +81,9 @@ class LazySeqRuntime(_DerivedRuntime):
 
     _sweep_at = float("-inf")  # snapshots from before it existed restore too
 
-    def __init__(self, engine: Engine, profile: Profile, idx: int) -> None:
+    def __init__(self, engine: Engine, profile: Profile, idx: int, driver: int | None = None) -> None:
         super().__init__(engine, profile, idx)
+        self.k = driver  # the component whose events drive; None: the last (set by _derive)
         self.each = profile.select.kind == "each"
         self.unique = profile.consume == "unique"
         self.window = float(profile.within)  # type: ignore[arg-type]
@@ -101,6 +106,8 @@ class LazySeqRuntime(_DerivedRuntime):
         # the conjuncts the eager engine checks when leaf j binds after leaves 0..j-1
         self.conjs = [pat.bind_conjs((1 << j) - 1, j) if pat.conjs else [] for j in range(self.n)]
         self.open_conjs = self.conjs[0]
+        k = self.__dict__.get("k")  # snapshots from before drivers other than the last
+        self.k = self.n - 1 if k is None or not self.each else k
 
     def start_registrations(self) -> list[tuple[Any, int]]:
         return [(lf.filter, lf.idx) for lf in self.pat.leaves]
@@ -131,10 +138,12 @@ class LazySeqRuntime(_DerivedRuntime):
         return made
 
     def _make_sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
-        if leaf >= self.n - 1 or (self.per and self.per1 is None):
+        if leaf == self.k or (self.per and self.per1 is None):
             return None
         if not self.each:
             return self._first_sink(leaf)
+        if leaf > self.k:
+            return self._late_sink()
         if leaf == 0 and self.open_conjs:
             return None
         parts, per1, w, slack, rt = self.parts, self.per1, self.window, self.slack, self
@@ -160,6 +169,23 @@ class LazySeqRuntime(_DerivedRuntime):
             return True
 
         return append
+
+    def _late_sink(self) -> Callable[[Event, int], bool]:
+        """`each`, a component after a middle driver: nothing to do unless the partition
+        holds partial matches past the driver (`pend`), which is rare: they hold the driver."""
+        parts, per1, rt = self.parts, self.per1, self
+
+        def idle(ev: Event, seq: int) -> bool:
+            if per1 is not None:
+                v = ev.attrs.get(per1)
+                if v is None:
+                    return True
+                part = parts.get(((bool, v),) if v.__class__ is bool else (v,))
+            else:
+                part = parts.get(())
+            return part is None or (not part.pend and ev.ts < rt._sweep_at)
+
+        return idle
 
     def _first_sink(self, leaf: int) -> Callable[[Event, int], bool]:
         """`select first`: an event of a deferred component while the partition's PM lives
@@ -209,9 +235,18 @@ class LazySeqRuntime(_DerivedRuntime):
             fast = self.sink(leaves[0])  # the engine calls it directly when it can
             if fast is not None and fast(ev, seq):
                 return
-        last = self.n - 1
+        last, k = self.n - 1, self.k
         b: _B | None = None
-        if part is not None and last in leaves:
+        if k < last:  # a middle driver (`each`): extend what lies past it, or drive
+            if part is not None and (part.pend or k in leaves):
+                self._prune(part, now)
+                b = _B(seq, ev)
+                if self._step_past(part, b, leaves):
+                    self._tidy(key, part)
+                    return  # consumed
+                if not self.active:
+                    return
+        elif part is not None and last in leaves:
             self._prune(part, now)
             b = _B(seq, ev)
             if self._drive_each(part, b) if self.each else self._drive_first(part, b):
@@ -225,7 +260,7 @@ class LazySeqRuntime(_DerivedRuntime):
         tracing = self.engine.tracer is not None
         w = self.window
         for i in leaves:
-            if i == last:
+            if i >= k:
                 continue
             if i == 0 and self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
                 if tracing:
@@ -317,6 +352,8 @@ class LazySeqRuntime(_DerivedRuntime):
         for buf in part.bufs:
             if buf and buf[0].ev.ts + w < now:
                 _drop_expired(buf, w, now)
+        if part.pend:
+            part.pend = [pm for pm in part.pend if min(x.ev.ts for x in pm) + w >= now]
 
     def _check(self, conjs: list, binds: dict[str, dict[str, Any]]) -> bool:
         for c in conjs:
@@ -349,38 +386,51 @@ class LazySeqRuntime(_DerivedRuntime):
 
     def _drive_each(self, part: _LPart, b: _B) -> bool:
         """`select each`: every buffered combination the driver completes, earliest first."""
-        bufs = part.bufs
-        if not all(bufs):
+        if not all(part.bufs):
             return False
-        names, conjs, n = self.names, self.conjs, self.n
-        if n == 2 and self.engine.tracer is None:
+        names, last = self.names, self.n - 1
+        if last == 1 and self.engine.tracer is None:
             return self._drive_pairs(part, b)
-        last = n - 1
+        found = self._combos(part.bufs, last, b, self.unique)
+        if not found:
+            return False
+        ts = b.ev.ts
+        for combo in found:
+            events = {names[j]: x.ev for j, x in enumerate(combo)}
+            if self.unique:
+                self._consume(part, {x.seq for x in combo})
+            self.report(ts, events, part.values)
+            if not self.active:
+                break
+        return self.unique
+
+    def _combos(self, bufs: list[list[_B]], depth: int, b: _B, first_only: bool) -> list[list[_B]]:
+        """The partial matches on components 0..depth-1 the eager engine holds (buffered
+        events in component order, the first inside the window: the caller pruned) that
+        `b` extends as component `depth`, each with `b`, earliest first; the conjuncts
+        checked at the binding that makes them checkable, as `_try_bind` does."""
+        names, conjs = self.names, self.conjs
         found: list[list[_B]] = []
         stack: list[_B] = []
         attrs: dict[str, dict[str, Any]] = {}
-        unique = self.unique
 
-        def dfs(j: int, prev: int) -> bool:  # True: stop (unique found one)
-            if j == last:
-                cs = conjs[last]
+        def dfs(j: int, prev: int) -> bool:  # True: stop (first_only found one)
+            if j == depth:
+                cs = conjs[depth]
                 if cs:
-                    attrs[names[last]] = b.ev.attrs
+                    attrs[names[depth]] = b.ev.attrs
                     if not self._check(cs, attrs):
                         return False
-                found.append(list(stack))
-                return unique
+                found.append([*stack, b])
+                return first_only
             cs = conjs[j]
             name = names[j]
             for x in bufs[j]:
                 if x.seq <= prev:
                     continue
-                if cs:
-                    attrs[name] = x.ev.attrs
-                    if not self._check(cs, attrs):
-                        continue
-                else:
-                    attrs[name] = x.ev.attrs
+                attrs[name] = x.ev.attrs
+                if cs and not self._check(cs, attrs):
+                    continue
                 stack.append(x)
                 stop = dfs(j + 1, x.seq)
                 stack.pop()
@@ -388,28 +438,54 @@ class LazySeqRuntime(_DerivedRuntime):
                     return True
             return False
 
-        for x in bufs[0]:  # pruned: each first event is inside the window; its conjuncts held
-            attrs.clear()
-            attrs[names[0]] = x.ev.attrs
-            stack.append(x)
-            stop = dfs(1, x.seq)
-            stack.pop()
-            if stop:
-                break
-        if not found:
-            return False
-        ts = b.ev.ts
-        for combo in found:
-            events = {names[j]: x.ev for j, x in enumerate(combo)}
-            events[names[last]] = b.ev
-            if unique:
-                used = {id(x) for x in combo}
-                for buf in bufs:
-                    buf[:] = [x for x in buf if id(x) not in used]
-            self.report(ts, events, part.values)
-            if not self.active:
-                break
-        return unique
+        dfs(0, -1)
+        return found
+
+    def _consume(self, part: _LPart, used: set[int]) -> None:
+        """`consume unique`: the eager engine drops every PM holding a consumed event."""
+        for buf in part.bufs:
+            if buf:
+                buf[:] = [x for x in buf if x.seq not in used]
+        if part.pend:
+            part.pend = [pm for pm in part.pend if not any(x.seq in used for x in pm)]
+
+    def _step_past(self, part: _LPart, b: _B, leaves: list[int]) -> bool:
+        """`select each` driven by a middle component k: `b` extends the partial matches past
+        k (`pend`) and, as component k, every buffered combination before it; completions
+        are reported earliest first (one, consumed, under `unique`). True: consumed."""
+        names, conjs, last, k = self.names, self.conjs, self.n - 1, self.k
+        ev = b.ev
+        done: list[list[_B]] = []
+        made: list[list[_B]] = []
+        for pm in part.pend:
+            j = len(pm)
+            if j not in leaves:
+                continue
+            cs = conjs[j]
+            if cs:
+                attrs = {names[i]: x.ev.attrs for i, x in enumerate(pm)}
+                attrs[names[j]] = ev.attrs
+                if not self._check(cs, attrs):
+                    continue
+            (done if j == last else made).append([*pm, b])
+        if k in leaves and all(part.bufs[:k]):
+            made.extend(self._combos(part.bufs, k, b, False))
+        if self.engine.tracer is not None:
+            for pm in made:
+                self._trace("extended", "{" + ", ".join(f"{names[i]}: {x.ev.id}" for i, x in enumerate(pm)) + "}")
+        if done:
+            done.sort(key=lambda pm: [x.seq for x in pm])
+            ts = ev.ts
+            if self.unique:
+                self._consume(part, {x.seq for x in done[0]})
+                self.report(ts, {names[j]: x.ev for j, x in enumerate(done[0])}, part.values)
+                return True  # what this event made holds it: consumed too
+            for pm in done:
+                self.report(ts, {names[j]: x.ev for j, x in enumerate(pm)}, part.values)
+                if not self.active:
+                    return False
+        part.pend.extend(made)
+        return False
 
     def _drive_pairs(self, part: _LPart, b: _B) -> bool:
         """`_drive_each` for `seq(a, b)`: one loop, notifications built inline (as `_fast_each`)."""
@@ -455,13 +531,16 @@ def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
             continue
         lp = _LPart(part.values, n)
         if new.each:
-            for j in range(n - 1):
+            k = new.k
+            ahead = [pm for pm in pms if pm.binds[k] is None]  # before the driver: buffered
+            for j in range(k):
                 seen: dict[int, _B] = {}
-                for pm in pms:
+                for pm in ahead:
                     x = pm.binds[j]
                     if x is not None:
                         seen[x.seq] = x
                 lp.bufs[j] = [seen[s] for s in sorted(seen)]
+            lp.pend = [[x for x in pm.binds if x is not None] for pm in pms if pm.binds[k] is not None]
         else:
             pm = pms[0]
             lp.opener = pm.binds[0]
@@ -491,6 +570,7 @@ def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:
                 made.append([op, *lp.bufs[0]])
         else:
             made = _prefixes(old, lp.bufs, now)
+            made.extend(pm for pm in lp.pend if now is None or min(x.ev.ts for x in pm) + w >= now)
         if not made:
             continue
         new.parts[key] = part
@@ -503,8 +583,8 @@ def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:
 
 
 def _prefixes(rt: LazySeqRuntime, bufs: list[list[_B]], now: float | None) -> list[list[_B]]:
-    """Every valid prefix (components 0..j, j < n-1) of buffered events alive at `now`."""
-    n, w, names, conjs = rt.n, rt.window, rt.names, rt.conjs
+    """Every valid prefix (components 0..j, j < the driver) of buffered events alive at `now`."""
+    n, w, names, conjs = rt.k + 1, rt.window, rt.names, rt.conjs
     made: list[list[_B]] = []
     stack: list[_B] = []
     attrs: dict[str, dict[str, Any]] = {}

@@ -36,11 +36,16 @@ class Plan:
     reason: str
     rates: dict[str, float | None] = field(default_factory=dict)  # component -> events per hour
     window: float | None = None
+    driver: int | None = None  # rare-first: the index of the driving component
 
     def describe(self) -> str:
         """One paragraph for `ens explain`: the plan, the rates it came from, why."""
         head = "rare-first" if self.lazy else "eager"
-        by = " (the last component: earlier ones are buffered)" if self.lazy else ""
+        by = ""
+        if self.lazy:
+            last = self.driver is None or self.driver == len(self.rates) - 1 or not self.rates
+            by = (" (the last component: earlier ones are buffered)" if last else
+                  " (earlier components are buffered, later ones bound as they come)")
         lines = [f"plan: {head}" + (f", matches opened by {self.opener}{by}" if self.opener else "")]
         lines.append(f"  why: {self.reason}")
         if self.rates:
@@ -97,8 +102,9 @@ def lazy_shape(profile: Profile) -> str | None:
     """Why the profile cannot be evaluated rare-first with the eager output (None: it can).
 
     Supported: `seq` of 2+ positive primitive components with `within`, under `select
-    first` or `each` and either `consume`, with any `where` and `per`; the last
-    component drives. Anything else keeps the eager plan, for the reason returned.
+    first` or `each` and either `consume`, with any `where` and `per`; the rarest
+    component drives under `each`, the last under `first`. Anything else keeps the
+    eager plan, for the reason returned.
     """
     expr = profile.expr
     if profile.is_filter:
@@ -145,55 +151,69 @@ def choose(
     why = lazy_shape(profile)
     if why is not None:
         return Plan(profile.id, False, first if names else None, why, measured, window)
+    n = len(names)
     last = names[-1]
     if mode == "rare-first":
-        return Plan(profile.id, True, last, "--plan rare-first: the last component drives", measured, window)
+        return Plan(profile.id, True, last, "--plan rare-first: the last component drives", measured, window, n - 1)
     # auto: the measured rates decide
     if not measured or any(r is None for r in measured.values()):
         return Plan(profile.id, False, first, "auto: no rates for every component (give --stats)", measured, window)
-    r_first, r_last = measured[first], measured[last]  # type: ignore[index]
-    rarest = min(measured.values())  # type: ignore[type-var]
-    if r_last != rarest:
-        return Plan(
-            profile.id, False, first,
-            f"auto: the last component ({last}) is not the rarest, and only the last can drive",
-            measured, window,
-        )
-    cost_eager, cost_lazy = costs([measured[n] for n in names], window)  # type: ignore[misc]
+    rs: list[float] = [measured[x] for x in names]  # type: ignore[misc]
+    if profile.select.kind != "each":
+        # `first` tracks its one partial match per partition online: the last completes it
+        k = n - 1
+        if rs[k] != min(rs):
+            return Plan(
+                profile.id, False, first,
+                f"auto: select first is driven by its last component ({last}), which is not the rarest",
+                measured, window,
+            )
+    else:
+        k = max(i for i, r in enumerate(rs) if r == min(rs))  # the rarest; ties: the latest
+    driver = names[k]
+    if k == 0:
+        return Plan(profile.id, False, first, f"auto: the first component ({first}) is the rarest: eager opens "
+                    "matches on it already", measured, window)
+    r_first, r_k = rs[0], rs[k]
+    cost_eager, cost_lazy = costs(rs, window, k)
     if not r_first:
         return Plan(profile.id, False, first, f"auto: {first} never matched (rate 0): eager opens nothing",
                     measured, window)
-    if r_last * AUTO_FACTOR > r_first or cost_lazy >= cost_eager:  # type: ignore[operator]
+    if r_k * AUTO_FACTOR > r_first or cost_lazy >= cost_eager:
         return Plan(
             profile.id, False, first,
-            f"auto: {last} is rarer than {first} by less than {AUTO_FACTOR:g}x, or the cost model prefers eager",
+            f"auto: {driver} is rarer than {first} by less than {AUTO_FACTOR:g}x, or the cost model prefers eager",
             measured, window,
         )
-    ratio = r_first / max(r_last, 1e-12)  # type: ignore[operator]
+    ratio = r_first / max(r_k, 1e-12)
     how = f"as frequent as {first} (ties go rare-first)" if ratio == 1 else f"{ratio:.4g}x rarer than {first}"
     return Plan(
-        profile.id, True, last,
-        f"auto: {last} is the rarest, {how}; estimated cost {cost_lazy:.3g} vs eager {cost_eager:.3g} per window",
-        measured, window,
+        profile.id, True, driver,
+        f"auto: {driver} is the rarest, {how}; estimated cost {cost_lazy:.3g} vs eager {cost_eager:.3g} per window",
+        measured, window, k,
     )
 
 
-def costs(rates: list[float], window: float | None) -> tuple[float, float]:
+def costs(rates: list[float], window: float | None, driver: int | None = None) -> tuple[float, float]:
     """EFREQ-style costs (rate x window) of the eager and the rare-first plan, per window.
 
     Eager: every event of the first component opens a partial match and every
-    partial match is extended by the next component's events: sum over k of
-    prod_{j<=k} r_j w (partial matches created; the completions included).
-    Rare-first: every event before the driver is only buffered (counted as 1/4
-    of a partial match: an append) and each driver event looks up the buffered
-    combinations: sum_{j<n} r_j w / 4 + prod_j r_j w.
+    partial match is extended by the next component's events: sum over m of
+    prod_{j<=m} r_j w (partial matches created; the completions included).
+    Rare-first driven by component k (default: the last): every event before it
+    is only buffered (counted as 1/4 of a partial match: an append), each driver
+    event looks up the buffered combinations, and from there on partial matches
+    are extended as eagerly: sum_{j<k} r_j w / 4 + sum_{m>=k} prod_{j<=m} r_j w.
     """
     w = (window or 0.0) / 3600.0
     rw = [max(r, 0.0) * w for r in rates]
-    eager = 0.0
+    k = len(rw) - 1 if driver is None else driver
+    eager = lazy = 0.0
     prod = 1.0
-    for x in rw:
+    for m, x in enumerate(rw):
         prod *= x
         eager += prod
-    lazy = sum(rw[:-1]) / 4.0 + prod
+        if m >= k:
+            lazy += prod
+    lazy += sum(rw[:k]) / 4.0
     return eager, lazy

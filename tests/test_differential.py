@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 
 from ens.replay import order_events, replay
 from filters.engine import Engine
+from filters.pattern import Pattern
+from filters.plans import Rates
 from filters.twostep import TwoStepEngine
-from profiles.ast import Profile
+from profiles.ast import Absent, Profile
 from profiles.errors import ProfileError
 from profiles.events import Event
 from profiles.parser import parse_profile
@@ -355,15 +357,15 @@ def skewed_scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict],
     """One seq over distinct kinds (each pool entry has one owner: the precompiled paths of
     rare-first, `LazySeqRuntime.sink`), a frequent first component, windows holding several
     events, so that buffers are pruned a few at a time and quiet partitions are swept."""
-    n = draw(st.integers(2, 3))
-    kinds = "ABC"[:n]
+    n = draw(st.integers(2, 4))
+    kinds = "ABCD"[:n]
     body = "seq(" + ", ".join(f"l{i + 1}: k = \"{kinds[i]}\"" for i in range(n)) + ")"
     clauses = [f"within {draw(st.sampled_from(['4s', '10s', '25s']))}", "per r"]
     if draw(st.booleans()):
         clauses.append(draw(st.sampled_from(["where l2.v >= l1.v", "where l1.v != 2", f"where l{n}.v > l1.v"])))
     clauses.append(draw(st.sampled_from(["select first", "select each"])))
     clauses.append(draw(st.sampled_from(["consume unique", "consume shared"])))
-    weights = draw(st.sampled_from([(8, 1, 1), (20, 2, 1), (3, 3, 1)]))
+    weights = draw(st.sampled_from([(8, 1, 1, 4), (20, 2, 1, 6), (3, 3, 1, 1), (6, 1, 6, 1)]))
     pool = [kinds[i] for i in range(n) for _ in range(weights[i])]
     events, ts = [], 0
     for j in range(draw(st.integers(20, 120))):
@@ -492,3 +494,47 @@ def test_online_replan_changes_nothing(
     if got != want:
         _report(texts, events, until, {"eager": want, "online": got})
     assert got == want
+
+
+@st.composite
+def driver_rates(draw: st.DrawFn, texts: list[tuple[str, str]]) -> Rates:
+    """Rates that make any component the rarest (so `--plan auto` picks any driver)."""
+    doc: dict[str, Any] = {"profiles": {}}
+    for pid, text in texts:
+        profile = parse_profile(text, pid)
+        if profile.is_filter or isinstance(profile.expr, Absent):
+            continue
+        pat_names = [lf.name for lf in Pattern.build(profile).leaves]
+        doc["profiles"][pid] = {
+            name: {"rate_per_hour": draw(st.sampled_from([1.0, 10.0, 100.0, 1000.0]))} for name in pat_names
+        }
+    return Rates(doc)
+
+
+@settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(skewed_scenario(), plan_scenario(), st.data())
+def test_any_driver_agrees(skewed: tuple, mixed: tuple, data: st.DataObject) -> None:
+    """`--plan auto` with rates that make a middle component the rarest: under `select each`
+    it drives (earlier components buffered, later ones bound as they come), = eager =
+    two-step; and re-planning between events to another driver changes nothing."""
+    for texts, events, until in (skewed, mixed):
+        profiles = [parse_profile(text, pid) for pid, text in texts]
+        rates = data.draw(driver_rates(texts))
+        want = run(Engine, profiles, events, until)
+        got = run(lambda ps, rates=rates: Engine(ps, plan="auto", rates=rates), profiles, events, until)
+        if got != want:
+            _report(texts, events, until, {"eager": want, "auto": got})
+        assert got == want
+        eng = Engine(profiles, plan="auto", rates=rates)
+        out: list = []
+        for ev in order_events(_events(events)):
+            if data.draw(st.integers(0, 3), label="replan?") == 0:
+                eng.replan("auto", data.draw(driver_rates(texts)))
+            if data.draw(st.integers(0, 9), label="snapshot?") == 0:
+                eng = Engine.restore(eng.snapshot())
+            eng.process(ev)
+            out.extend(eng.take_notifications())
+        eng.finish(until)
+        out.extend(eng.take_notifications())
+        out.sort(key=lambda n: (n.ts, n.seq))
+        assert [n.to_json() for n in out] == want
