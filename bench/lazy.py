@@ -7,6 +7,7 @@ readings per room. Profiles:
 
 - two:   seq(a, b) within 30m per room
 - three: seq(a, m, b) within 30m per room where m.value > a.value + 35
+- mid:   seq(a, b, m) within 30m per room where m.value > a.value + 35 (the rare one in the middle)
 
 each under `select first` / `consume unique` and `select each` / `consume shared`. Every
 configuration runs the same events through the eager plan, `--plan auto` (rates counted
@@ -37,6 +38,11 @@ SHAPES = {
         'seq(a: kind = "temperature", m: kind = "humidity", b: kind = "window" and state = "broken") '
         "within 30m per room where m.value > a.value + 35"
     ),
+    # the rare component in the middle: `auto` lets it drive (select each), `rare-first` the last
+    "mid": (
+        'seq(a: kind = "temperature", b: kind = "window" and state = "broken", m: kind = "humidity") '
+        "within 30m per room where m.value > a.value + 35"
+    ),
 }
 SELECTIONS = {"first/unique": "select first consume unique", "each/shared": "select each consume shared"}
 PLANS = ("eager", "auto", "rare-first")
@@ -45,7 +51,7 @@ PLANS = ("eager", "auto", "rare-first")
 def events_for(shape: str, ratio: int, n_events: int, rooms: int, seed: int, period: float = 60.0) -> list[Event]:
     """About n_events events in time order: readings every `period` s, a window per `ratio` readings."""
     rnd = random.Random(seed)
-    per_step = (2 if shape == "three" else 1) + 1.0 / ratio  # events per room and reading period
+    per_step = (1 if shape == "two" else 2) + 1.0 / ratio  # events per room and reading period
     steps = max(1, int(n_events / (rooms * per_step)))
     evs: list[tuple[float, int, dict[str, Any]]] = []
     k = 0
@@ -57,7 +63,7 @@ def events_for(shape: str, ratio: int, n_events: int, rooms: int, seed: int, per
             ts = t * period + off
             evs.append((ts, k, {"room": room, "kind": "temperature", "value": round(rnd.uniform(18, 30), 1)}))
             k += 1
-            if shape == "three":
+            if shape != "two":
                 evs.append((ts + period / 2, k, {"room": room, "kind": "humidity", "value": round(rnd.uniform(30, 70), 1)}))
                 k += 1
             if t % ratio == woff:

@@ -62,16 +62,42 @@ def test_rare_first_shapes_are_driven_by_the_last_component(sel: str) -> None:
 
 
 def test_auto_follows_the_measured_rates() -> None:
+    each = SEQ + " select each"
     doc = {"version": 1, "profiles": {"p": {"t": {"rate_per_hour": 1200.0}, "w": {"rate_per_hour": 1.0}}}}
-    plan = _plan(SEQ, "auto", Rates(doc))
+    plan = _plan(each, "auto", Rates(doc))
     assert plan.lazy and plan.opener == "w" and "1200x rarer" in plan.reason
     assert plan.rates == {"t": 1200.0, "w": 1.0}
     assert "t: 1200/h (600 per window)" in plan.describe()
     doc["profiles"]["p"] = {"t": {"rate_per_hour": 1.0}, "w": {"rate_per_hour": 50.0}}
-    plan = _plan(SEQ, "auto", Rates(doc))
-    assert not plan.lazy and "not the rarest" in plan.reason
-    assert "no rates" in _plan(SEQ, "auto").reason and not _plan(SEQ, "auto").lazy
+    plan = _plan(each, "auto", Rates(doc))
+    assert not plan.lazy and "the first component (t) is the rarest" in plan.reason
+    assert _plan(SEQ, "auto", Rates(doc)).lazy  # select first: tracked online, whatever the rates
+    assert "no rates" in _plan(each, "auto").reason and not _plan(each, "auto").lazy
     assert not _plan(SEQ, "eager", Rates(doc)).lazy
+
+
+MID = ('seq(a: kind = "temperature", w: kind = "window", c: kind = "presence") within 30m per room '
+       "select each consume shared")
+
+
+def test_auto_lets_the_rarest_component_drive_under_each() -> None:
+    """Under `each` the rarest component drives wherever it is; under `first`, only the last."""
+    doc = {"version": 1, "profiles": {"p": {"a": {"rate_per_hour": 60.0}, "w": {"rate_per_hour": 0.5},
+                                            "c": {"rate_per_hour": 12.0}}}}
+    plan = _plan(MID, "auto", Rates(doc))
+    assert plan.lazy and plan.opener == "w" and plan.driver == 1 and "120x rarer than a" in plan.reason
+    assert "earlier components are buffered, later ones bound as they come" in plan.describe()
+    eager, lazy = costs([60.0, 0.5, 12.0], 1800.0, 1)  # per window: 30 a, 0.25 w, 6 c
+    assert lazy == pytest.approx(30 / 4 + 30 * 0.25 + 30 * 0.25 * 6) and eager == pytest.approx(30 + 7.5 + 45)
+    first = _plan(MID.replace("select each", "select first"), "auto", Rates(doc))
+    assert first.lazy and first.driver == 2 and "tracked online" in first.reason
+    doc["profiles"]["p"]["a"] = {"rate_per_hour": 0.1}
+    assert not _plan(MID, "auto", Rates(doc)).lazy  # the first is the rarest: eager opens on it
+    eng = Engine([parse_profile(MID, "p")], plan="auto", rates=Rates(doc))
+    doc["profiles"]["p"]["a"] = {"rate_per_hour": 60.0}
+    assert eng.replan("auto", Rates(doc)) == ["p"] and eng._by_id["p"].k == 1
+    doc["profiles"]["p"]["c"] = {"rate_per_hour": 0.01}
+    assert eng.replan("auto", Rates(doc)) == ["p"] and eng._by_id["p"].k == 2  # another driver
 
 
 def test_rates_fall_back_to_the_canonical_filter_text() -> None:
