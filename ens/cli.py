@@ -189,7 +189,8 @@ def make_engine(  # noqa: ANN201
 PLAN_HELP = (
     "Evaluation plan (same output): eager (matches opened by the first component), rare-first "
     "(every seq that allows it is driven by its last component, earlier ones buffered), auto "
-    "(rare-first where --stats says the last component is the rarest). docs/plans.md."
+    "(from --stats: select each driven by its rarest component, select first tracked online). "
+    "docs/plans.md."
 )
 STATS_HELP = "`ens spark stats` output (STATS.json): the component rates --plan auto decides from."
 

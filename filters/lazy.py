@@ -1,11 +1,13 @@
-"""Rare-first evaluation of `seq(c1, ..., cn) within T`: the last component drives (issue 16).
+"""Rare-first evaluation of `seq(c1, ..., cn) within T`: a rare component drives (issue 16).
 
 The eager runtime opens a partial match (PM) on every c1 event: a PM object, a
 terminator in the temporal pool, auxiliary profiles in the primitive pool, and
-its expiry later. Here the events of c1 ... c(n-1) are only appended to
-per-partition, time-ordered buffers (pruned by the window), and the work is
-done when a cn event arrives: it looks up exactly the PMs the eager engine
-would hold at that moment, and completes them in the same step.
+its expiry later. Here the events of the components before the driver ck (the
+last, or under `each` any but the first) are only appended to per-partition,
+time-ordered buffers (pruned by the window), and the work is done when a ck
+event arrives: it looks up exactly the PMs the eager engine would hold at that
+moment and extends them in the same step (completes them, when ck is the last;
+otherwise they wait in `pend` for the later components, bound as eagerly).
 
 What the eager engine holds is reconstructed from the buffers, per selection:
 
