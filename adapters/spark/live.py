@@ -21,6 +21,7 @@ hash of the key value, so two keys' engines never give the same id. Bare filters
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -230,7 +231,8 @@ def _share_patterns() -> None:
     A Python worker restores many engines over the same `Profile` objects (one per key value,
     and again whenever a key's previous batch ran in another worker); compiling the patterns
     was ~70% of a restore (10^4 profiles: 0.2 of 0.3 s). A `Pattern` is not changed after
-    `build` except for its memo tables (pure functions of a mask), so engines may share it.
+    `build` except for its memo tables (pure functions of a mask), so engines may share it,
+    and the runtime tables `_CompositeRuntime._derive` computes from it.
     """
     from filters import engine as core
     from filters.pattern import Pattern
@@ -238,6 +240,7 @@ def _share_patterns() -> None:
     if getattr(core.Pattern, "shared", False):
         return
     memo: dict[int, tuple[Profile, Pattern]] = {}
+    filters: dict[Any, Any] = {}  # one object per distinct leaf filter (see below)
 
     class SharedPattern(Pattern):
         shared = True
@@ -248,13 +251,50 @@ def _share_patterns() -> None:
             if hit is None or hit[0] is not profile:
                 if len(memo) > 200_000:
                     memo.clear()
-                hit = memo[id(profile)] = (profile, Pattern.build(profile))
+                pat = Pattern.build(profile)
+                for lf in pat.leaves:  # equal filters of many profiles as one object: the
+                    # pool's dict lookups then compare by identity, not by walking two ASTs
+                    if lf.clock is None:
+                        lf.filter = filters.setdefault(lf.filter, lf.filter)
+                if len(filters) > 200_000:
+                    filters.clear()
+                hit = memo[id(profile)] = (profile, pat)
             return hit[1]
 
     core.Pattern = SharedPattern  # type: ignore[misc]
 
 
 _live: dict[str, tuple[str, int, Engine]] = {}  # route -> (epoch, gen, engine): no restore
+_dropped = 0  # engines this process let go of since its last full collection
+_calls = 0  # calls since then
+
+
+def settle_garbage(dropped: int = 0) -> None:
+    """In a Spark Python worker: freeze what is alive, collect in full only now and then.
+
+    PySpark's daemon calls ``gc.collect()`` after every task of a reused worker: a full
+    collection walks every engine the worker keeps (`_live`: up to one per route, ~15k objects
+    each with 3,000 profiles) and the parsed profiles, 0.1-0.5 s per task, and automatic
+    generation-2 collections did the same during restores (2-5x the restore itself). Objects
+    alive after a step are moved to the permanent generation (`gc.freeze`, O(1)), which
+    collections skip; the cyclic garbage frozen with them (engines dropped for a newer state)
+    is collected in full once as many engines were dropped as are alive (amortized: a full
+    collection per engine dropped walks about one engine), or every 200 calls.
+    """
+    global _dropped, _calls
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return
+    if TaskContext.get() is None:  # not in a Spark task (tests, the driver): leave gc alone
+        return
+    _dropped += dropped
+    _calls += 1
+    if _dropped >= max(8, len(_live)) or _calls >= 200:
+        gc.unfreeze()
+        gc.collect()
+        _dropped = _calls = 0
+    gc.freeze()
 
 
 class KeyEngine:
@@ -265,6 +305,7 @@ class KeyEngine:
         self.versions = versions
         self.tz = tz
         self.cls = GLOBAL if route == GLOBAL else "k"
+        self.dropped = 0  # stale cached engines let go of (see `settle_garbage`)
         _share_patterns()
 
     def step(self, blob: bytes | None, rows: list[Row], wm: float | None) -> Stepped:
@@ -276,6 +317,7 @@ class KeyEngine:
             if cached is not None and cached[:2] == (st["epoch"], st["gen"]):
                 engine = cached[2]
             else:
+                self.dropped += cached is not None
                 engine = Engine.restore(st["snap"], self.versions.at(st["ver"]).profiles)
         else:
             epoch = next((r.epoch for r in rows), "")

@@ -245,6 +245,7 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
         row(live.TICK, None, "", last_ts, None)
     if has_global:  # the global engine's start time and profile version, without events
         row(live.GLOBAL, None, "", first_ts, None)
+    live.settle_garbage()
     names = list(cols)
     types = [pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC"),
              pa.binary(), pa.string(), pa.string(), pa.int64()]
@@ -313,6 +314,7 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
         if out.records:
             live.Outbox(client(url), ttl).write(out.records)
         state.update((out.blob, out.due, int(old[2]) + 1 if old is not None else 1))
+        live.settle_garbage(eng.dropped)
         if out.due < math.inf:
             state.setTimeoutDuration(1)
         stats.update(events=out.events, late=out.late, notes=len(out.records), held=out.held)
