@@ -44,6 +44,7 @@ WRITTEN = "ens:spark:written:"  # + notification id: written to the outbox (TTL)
 INVALID = "ens:spark:invalid"  # event key -> why it was skipped
 STATUS = "ens:spark:status"
 ROUTES = "ens:spark:routes"  # the keyed routes that have an engine (profile changes reach all)
+PARSED = "ens:spark:ast:"  # + sha1 of (id, expr, subscriber): the parsed profile, pickled (TTL)
 GLOBAL = "g"  # the route of the global profiles' one engine
 TICK = "~"  # the route of per-partition bookkeeping rows (no engine)
 
@@ -153,6 +154,36 @@ class Versions:
                 self.parsed[k] = None
         return self.parsed[k]
 
+    def _load(self, sigs: dict[str, tuple[str, str | None]], ttl: int = 7 * 86400) -> None:
+        """Fill `parsed` for `sigs` from ``ens:spark:ast:*`` and store what had to be parsed.
+
+        Every Python worker needs the parsed profiles, and Spark starts workers as tasks need
+        them (and stops them after a minute idle): parsing 10^4 profiles is 2 s per worker,
+        loading their pickles 0.3 s. A definition's AST is a pure function of it, so a stale or
+        concurrent write stores the same thing.
+        """
+        todo = [k for k in ((pid, e, sub) for pid, (e, sub) in sigs.items()) if k not in self.parsed]
+        if not todo:
+            return
+        names = [PARSED + hashlib.sha1(json.dumps(k).encode()).hexdigest() for k in todo]
+        fresh = {}
+        for i in range(0, len(todo), 5000):
+            for k, name, raw in zip(todo[i:i + 5000], names[i:i + 5000],
+                                    self.r.mget(names[i:i + 5000]), strict=True):
+                try:
+                    p = pickle.loads(raw) if raw is not None else None  # noqa: S301 - ours
+                except Exception:  # noqa: BLE001 - written by another version: parse again
+                    p = None
+                if isinstance(p, Profile) and p.id == k[0]:
+                    self.parsed[k] = p
+                elif self._parse(*k) is not None:
+                    fresh[name] = pickle.dumps(self.parsed[k], pickle.HIGHEST_PROTOCOL)
+        if fresh:
+            with self.r.pipeline(transaction=False) as p:
+                for name, blob in fresh.items():
+                    p.set(name, blob, ex=ttl)
+                p.execute()
+
     def at(self, log_id: str) -> Version:
         v = self.cache.get(log_id)
         if v is not None:
@@ -169,6 +200,7 @@ class Versions:
                     sigs[pid] = (d[0], d[1])
         profiles: dict[str, Profile] = {}
         by_class: dict[str, dict[str, Profile]] = {"s": {}, "k": {}, GLOBAL: {}}
+        self._load(sigs)
         for pid, (expr, sub) in sigs.items():
             p = self._parse(pid, expr, sub)
             if p is not None:
