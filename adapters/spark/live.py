@@ -25,6 +25,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,6 +214,41 @@ class Versions:
         return v
 
 
+# ------------------------------------------------------------------ event time
+
+GATEWAYS = "ens:spark:gateways"  # gateway -> [newest ts, wall time of its last entry] (JSON)
+
+
+def gateway_watermark(progress: dict[str, tuple[float, float]], lateness: dict[str, float | None],
+                      default: float, idle: float, now: float | None) -> tuple[float | None, float]:
+    """The service's watermark (`adapters.service.watermarks.Watermarks`) over gateway progress.
+
+    The smallest ``newest - lateness`` of the gateways whose last entry is within `idle` s of
+    `now` (their own lateness, else `default`); when every gateway is idle, the newest ts of
+    all (the worker then releases everything it holds and its engine time is that ts). Also
+    the largest lateness of the active gateways, at least `default` (the wall clock's lag).
+    Returns (None, default) before any event.
+    """
+    if not progress:
+        return None, default
+    lim = -math.inf if now is None else now - idle
+    active = [g for g, (_ts, wall) in progress.items() if wall > lim]
+    if not active:
+        return max(ts for ts, _wall in progress.values()), default
+    lat = {g: default if lateness.get(g) is None else float(lateness[g]) for g in active}  # type: ignore[arg-type]
+    return min(progress[g][0] - lat[g] for g in active), max(default, *lat.values())
+
+
+def merge_progress(old: dict[str, list[float]], new: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Gateway progress of two sets of entries together (a max per field: re-merging the same
+    batch changes nothing, so a re-executed batch may write it again)."""
+    out = dict(old)
+    for g, (ts, wall) in new.items():
+        o = out.get(g)
+        out[g] = [ts, wall] if o is None else [max(o[0], ts), max(o[1], wall)]
+    return out
+
+
 # ------------------------------------------------------------------ engines
 
 
@@ -255,6 +291,7 @@ class Stepped:
     events: int = 0
     late: int = 0
     held: int = 0
+    late_keys: dict[str, str] = field(default_factory=dict)  # late event key -> gateway
 
 
 def _share_patterns() -> None:
@@ -368,6 +405,7 @@ class KeyEngine:
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
             if engine.now is not None and ev.ts < engine.now:
                 out.late += 1
+                out.late_keys[r.key] = r.gw  # type: ignore[index]
                 self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
                 out.events += 1
             else:
