@@ -279,6 +279,7 @@ class Row:
     ev: bytes | None  # the pickled Event
     plog: str
     epoch: str
+    counted: bool = True  # False: the global engine's copy of an event a keyed engine counts
 
 
 @dataclass
@@ -288,7 +289,7 @@ class Stepped:
     blob: bytes | None  # the new state (None: nothing changed)
     due: float  # the earliest ts it waits for (a held event or a timer); inf if none
     records: list[dict[str, Any]] = field(default_factory=list)
-    events: int = 0
+    events: int = 0  # events fed (not counting the global engine's copies of keyed events)
     late: int = 0
     held: int = 0
     late_keys: dict[str, str] = field(default_factory=dict)  # late event key -> gateway
@@ -401,13 +402,14 @@ class KeyEngine:
             if starts:  # the global engine starts at the stream's first event (replay's rule)
                 engine.advance(min(starts))
         held: list[tuple[float, tuple[int, int, int], str, str, Event]] = st["held"]
+        copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
             if engine.now is not None and ev.ts < engine.now:
                 out.late += 1
                 out.late_keys[r.key] = r.gw  # type: ignore[index]
                 self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
-                out.events += 1
+                out.events += r.key not in copies
             else:
                 held.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
         held.sort(key=lambda h: (h[0], h[1]))
@@ -419,7 +421,9 @@ class KeyEngine:
             if engine.now is not None and wm > engine.now:
                 engine.advance(wm)
         st["held"] = held[n:]
-        out.events += n
+        copies.update(st.get("copies", ()))
+        out.events += sum(held[i][2] not in copies for i in range(n))
+        st["copies"] = {h[2] for h in st["held"] if h[2] in copies}
         out.held = len(st["held"])
         out.records = [record(x, st["epoch"]) for x in engine.take_notifications()]
         out.due = min(st["held"][0][0] if st["held"] else float("inf"), engine.timers.head)

@@ -49,7 +49,7 @@ log = logging.getLogger("ens.spark.stream")
 
 SOURCE = "ens_ingest"
 ROW_DDL = ("route string, key string, gw string, ts double, evtime timestamp, ev binary, "
-           "plog string, epoch string, nin long, wm double, wall double")
+           "plog string, epoch string, nin long, wm double, wall double, counted boolean")
 STATE_DDL = "blob binary, due double, gen long"
 STATS_DDL = ("route string, events long, late long, notes long, held long, nin long, "
              "late_keys string, gws string")
@@ -217,7 +217,7 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
     cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
 
     def row(route: str, k: str | None, gw: str, ts: float | None, ev: bytes | None,
-            evtime: float | None = None, wall: float | None = None) -> None:
+            evtime: float | None = None, wall: float | None = None, counted: bool = True) -> None:
         cols["route"].append(route)
         cols["key"].append(k)
         cols["gw"].append(gw)
@@ -229,6 +229,7 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
         cols["nin"].append(nin)
         cols["wm"].append(wm)
         cols["wall"].append(wall)
+        cols["counted"].append(counted)
 
     first_ts = None
     progress: dict[str, list[float]] = {}  # gateway -> [newest ts, wall time of its last entry]
@@ -257,8 +258,9 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
                 if rk is not None and keyed(ev.attrs):
                     blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
                     row("k" + rk, k, gw, ev.ts, blob)
-                if has_global and glob(ev.attrs):
-                    row(live.GLOBAL, k, gw, ev.ts, blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL))
+                if has_global and glob(ev.attrs):  # counted in `events` by one engine only
+                    row(live.GLOBAL, k, gw, ev.ts, blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL),
+                        counted=blob is None)
         notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
         if notes:
             live.Outbox(r, ttl).write(notes)
@@ -281,7 +283,8 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
     live.settle_garbage()
     names = list(cols)
     types = [pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC"),
-             pa.binary(), pa.string(), pa.string(), pa.int64(), pa.float64(), pa.float64()]
+             pa.binary(), pa.string(), pa.string(), pa.int64(), pa.float64(), pa.float64(),
+             pa.bool_()]
     yield pa.RecordBatch.from_arrays(
         [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names)
 
@@ -344,9 +347,11 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
                 state.setTimeoutDuration(1)
             return  # a timeout with nothing due yet: the state is not even read
         rows = [] if pdf is None else [
-            live.Row(k if isinstance(k, str) else None, gw, None if ts != ts else ts, ev, plog, ep)
-            for k, gw, ts, ev, plog, ep in zip(pdf["key"], pdf["gw"], pdf["ts"], pdf["ev"],
-                                                 pdf["plog"], pdf["epoch"], strict=True)
+            live.Row(k if isinstance(k, str) else None, gw, None if ts != ts else ts, ev, plog, ep,
+                     bool(c))
+            for k, gw, ts, ev, plog, ep, c in zip(pdf["key"], pdf["gw"], pdf["ts"], pdf["ev"],
+                                                    pdf["plog"], pdf["epoch"], pdf["counted"],
+                                                    strict=True)
         ]
         if old is None and all(r.key is None and r.ts is None for r in rows):
             return  # only a profile change for a route without an engine: nothing to apply
