@@ -195,6 +195,7 @@ def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: A
             time.sleep(0.2)
         ready = time.perf_counter() - t
         before = r.xlen(store.OUTBOX)
+        first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
         meter = CpuMeter()
         t0 = time.perf_counter()
         preload(r, n, rooms)
@@ -215,7 +216,7 @@ def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: A
                "events_per_s": round(n / secs), "start_s": round(ready, 1),
                "notifications": r.xlen(store.OUTBOX) - before, "cpu_s": cpu,
                "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
-               "cores_busy": round(cpu["machine"] / secs, 2)}
+               "cores_busy": round(cpu["machine"] / secs, 2), **batches(q, first_batch)}
         if args.paced:
             row.update(paced(r, args.rate, args.paced, rooms))
         return row
@@ -223,6 +224,18 @@ def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: A
         q.stop()
         spark.stop()
         shutil.rmtree(cp, ignore_errors=True)
+
+
+def batches(q: Any, first: int) -> dict[str, Any]:
+    """The micro-batches of the timed interval (from the query's progress): how many, and the
+    wall seconds of their phases (Spark's ``durationMs``) summed."""
+    prog = [p for p in q.recentProgress if p["batchId"] >= first]
+    dur: dict[str, float] = {}
+    for p in prog:
+        for k, v in p["durationMs"].items():
+            dur[k] = dur.get(k, 0) + v / 1000
+    keep = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")
+    return {"batches": len(prog), "batch_s": {k: round(dur[k], 2) for k in keep if k in dur}}
 
 
 def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, Any]:

@@ -11,13 +11,17 @@ read with XRANGE. The reader parses each event (bad ones are logged, recorded in
 keyed profiles by the value of ``--key``, global profiles to one route (`live.GLOBAL`).
 
 Engines. `live.KeyEngine` runs per route with its state (engine snapshot, reorder buffer,
-applied profiles) in Spark's state store. Event time: Spark's watermark (newest ts seen minus
-``--lateness``) releases held events in (ts, ingest) order and advances the engine, which
-fires trailing negations, ``absent`` and ``within`` expiries; an event older than its
-engine's time is late: fed at once, counted, logged. ``--clock wall`` also lets the batch's
-processing time (checkpointed by Spark, so re-executions agree) minus the lateness move it.
-A key with something due is invoked every micro-batch (a processing-time timeout of 1 ms);
-the state keeps the next due time, so an idle key costs one state read.
+applied profiles) in Spark's state store. Event time: the service's per-gateway watermark
+(`live.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
+`latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
+and carried in the offset (checkpointed, so re-executions agree), releases held events in
+(ts, ingest) order and advances the engine, which fires trailing negations, ``absent`` and
+``within`` expiries; an event older than its engine's time is late: fed at once, logged,
+counted once per event (the sink unions the engines' late keys). ``--clock wall`` also
+raises the offset's watermark to the wall clock minus the largest active lateness. A key
+with something due is invoked every micro-batch (a processing-time timeout of 1 ms; without
+rows it gets the watermark through Spark's, one batch later); the state keeps the next due
+time, so an idle key costs one state read.
 
 Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
 with deterministic ids: a micro-batch re-executed after a crash restores the same state,
