@@ -468,3 +468,30 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path) -> None:
             assert case_canon(got) == case_canon(case["expect"]), path.stem
             checked += 1
     assert checked >= 30
+
+
+def test_gateway_watermark_is_the_services() -> None:
+    """`live.gateway_watermark` over gateway progress = `Watermarks` over the same events
+    (own latenesses, the idle rule); all gateways idle: the newest ts instead of +inf."""
+    from adapters.service.watermarks import Watermarks
+    from adapters.spark.live import gateway_watermark, merge_progress
+
+    rnd = random.Random(7)
+    for _ in range(200):
+        default, idle = rnd.choice([0.0, 0.5, 2.0]), rnd.choice([0.5, 3.0])
+        lateness = {g: rnd.choice([None, 0.0, 1.0, 5.0]) for g in ("a", "b", "c")}
+        wm = Watermarks(default, idle, 10**6)
+        for g, lat in lateness.items():
+            wm.set_lateness(g, lat)
+        progress: dict[str, list[float]] = {}
+        for i in range(rnd.randrange(1, 30)):
+            g, ts, wall = rnd.choice("abc"), rnd.uniform(0, 100), i * rnd.uniform(0, 0.5)
+            wm.observe(g, ts, wall)
+            progress = merge_progress(progress, {g: [ts, wall]})
+        now = rnd.uniform(0, 15)
+        got, lag = gateway_watermark({g: (ts, w) for g, (ts, w) in progress.items()}, lateness,
+                                     default, idle, now)
+        want = wm.watermark(now)
+        newest = max(ts for ts, _w in progress.values())
+        assert got == (want if want != float("inf") else newest)
+        assert lag == wm.max_active_lateness(now)

@@ -28,6 +28,7 @@ import logging
 import math
 import pickle
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from adapters.service import redis_store as rs
@@ -45,7 +46,7 @@ WRITTEN = "ens:spark:written:"  # + notification id: written to the outbox (TTL)
 INVALID = "ens:spark:invalid"  # event key -> why it was skipped
 STATUS = "ens:spark:status"
 ROUTES = "ens:spark:routes"  # the keyed routes that have an engine (profile changes reach all)
-PARSED = "ens:spark:ast:"  # + sha1 of (id, expr, subscriber): the parsed profile, pickled (TTL)
+PARSED = "ens:spark:ast:"  # + sha1 of (code, id, expr, subscriber): the parsed profile (TTL)
 GLOBAL = "g"  # the route of the global profiles' one engine
 TICK = "~"  # the route of per-partition bookkeeping rows (no engine)
 
@@ -136,6 +137,23 @@ class Version:
     sigs: dict[str, tuple[str, str | None]]  # pid -> (expr, subscriber)
 
 
+_ast_tag: list[str] = []
+
+
+def _ast_version() -> str:
+    """A digest of the code that defines parsed profiles: pickles of another version of it
+    (a rolling upgrade, a checkout with other AST classes) are never read."""
+    if not _ast_tag:
+        import profiles
+
+        root = Path(profiles.__file__).parent
+        h = hashlib.sha1()
+        for f in sorted(p for p in root.iterdir() if p.suffix in (".py", ".lark")):
+            h.update(f.read_bytes())
+        _ast_tag.append(h.hexdigest()[:12])
+    return _ast_tag[0]
+
+
 class Versions:
     """The executors' side: profile sets by log id, parsed once per process (a small cache)."""
 
@@ -166,7 +184,8 @@ class Versions:
         todo = [k for k in ((pid, e, sub) for pid, (e, sub) in sigs.items()) if k not in self.parsed]
         if not todo:
             return
-        names = [PARSED + hashlib.sha1(json.dumps(k).encode()).hexdigest() for k in todo]
+        names = [PARSED + hashlib.sha1(json.dumps([_ast_version(), *k]).encode()).hexdigest()
+                 for k in todo]
         fresh = {}
         for i in range(0, len(todo), 5000):
             for k, name, raw in zip(todo[i:i + 5000], names[i:i + 5000],
