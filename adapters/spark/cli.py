@@ -349,8 +349,8 @@ def stream(
                                "(`ens serve --idle-timeout`).")
     ] = "500ms",
     clock: Annotated[
-        str, typer.Option(help="wall: timers also fire by the batch's wall clock; event: only "
-                               "by event time.")
+        str, typer.Option(help="wall: timers also fire by the wall clock minus the largest "
+                               "active lateness; event: only by event time.")
     ] = "wall",
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
     partitions: Annotated[
