@@ -91,6 +91,61 @@ def preload(r: redis.Redis, n: int, rooms: int, base: float = T0) -> float:
     return time.perf_counter() - t
 
 
+class CpuMeter:
+    """CPU seconds (user + system) by process kind over an interval: this process (the driver's
+    Python), the JVM(s), Spark's Python workers, redis-server and the rest of the machine, from
+    sampling this process's tree (a process gone between samples keeps its last reading)."""
+
+    KINDS = ("driver", "jvm", "python workers", "redis", "other procs")
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.me = psutil.Process()
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self.sys0 = psutil.cpu_times()
+        self.sample(initial=True)
+
+    def kind(self, p: Any) -> str:
+        if p.pid == self.me.pid:
+            return "driver"
+        try:
+            cmd = " ".join(p.cmdline())
+        except Exception:  # noqa: BLE001 - gone
+            return "other procs"
+        if "redis-server" in cmd:
+            return "redis"
+        if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
+            return "python workers"
+        if "java" in cmd.split(" ")[0]:
+            return "jvm"
+        return "other procs"
+
+    def sample(self, initial: bool = False) -> None:
+        for p in [self.me, *self.me.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                cpu = t.user + t.system
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                continue
+            if p.pid not in self.last:
+                self.first[p.pid] = cpu if initial else 0.0
+            self.last[p.pid] = (self.last.get(p.pid, (self.kind(p), 0.0))[0], cpu)
+
+    def totals(self) -> dict[str, float]:
+        import psutil
+
+        self.sample()
+        out = dict.fromkeys(self.KINDS, 0.0)
+        for pid, (kind, cpu) in self.last.items():
+            out[kind] += cpu - self.first[pid]
+        now = psutil.cpu_times()
+        busy = sum(getattr(now, f) - getattr(self.sys0, f) for f in ("user", "system", "nice", "irq", "softirq"))
+        out["machine"] = busy  # every process of the machine (the other engineer's jobs too)
+        return {k: round(v, 2) for k, v in out.items()}
+
+
 def status(r: redis.Redis) -> dict[str, Any]:
     st = rs.worker_status(r)
     return st["stats"] if st else {}
@@ -105,15 +160,18 @@ def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
     t = time.perf_counter()
     w.start()
     ready = time.perf_counter() - t
+    meter = CpuMeter()
     t0 = time.perf_counter()
     preload(r, n, rooms)
     while w.totals["read"] < n + 1 or len(w.buffer) > 1:
         w.step(block=0.01)
     w.commit()
     secs = time.perf_counter() - t0
+    cpu = meter.totals()
     return {"engine": "worker", "events": n, "seconds": round(secs, 2),
             "events_per_s": round(n / secs), "start_s": round(ready, 1),
-            "notifications": r.xlen(store.OUTBOX)}
+            "notifications": r.xlen(store.OUTBOX), "cpu_s": cpu,
+            "cores_busy": round(cpu["machine"] / secs, 2)}
 
 
 def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: Any,
@@ -137,8 +195,11 @@ def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: A
             time.sleep(0.2)
         ready = time.perf_counter() - t
         before = r.xlen(store.OUTBOX)
+        first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
+        meter = CpuMeter()
         t0 = time.perf_counter()
         preload(r, n, rooms)
+        polls = 0
         while time.monotonic() < deadline:
             st = status(r)
             if st.get("total_read") == n + 2 and st.get("buffered") == 0:
@@ -146,10 +207,16 @@ def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: A
             if q.exception() is not None:
                 raise RuntimeError(str(q.exception()))
             time.sleep(0.1)
+            polls += 1
+            if polls % 10 == 0:
+                meter.sample()
         secs = time.perf_counter() - t0
+        cpu = meter.totals()
         row = {"engine": f"spark {master}", "events": n, "seconds": round(secs, 2),
                "events_per_s": round(n / secs), "start_s": round(ready, 1),
-               "notifications": r.xlen(store.OUTBOX) - before}
+               "notifications": r.xlen(store.OUTBOX) - before, "cpu_s": cpu,
+               "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
+               "cores_busy": round(cpu["machine"] / secs, 2), **batches(q, first_batch)}
         if args.paced:
             row.update(paced(r, args.rate, args.paced, rooms))
         return row
@@ -157,6 +224,18 @@ def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: A
         q.stop()
         spark.stop()
         shutil.rmtree(cp, ignore_errors=True)
+
+
+def batches(q: Any, first: int) -> dict[str, Any]:
+    """The micro-batches of the timed interval (from the query's progress): how many, and the
+    wall seconds of their phases (Spark's ``durationMs``) summed."""
+    prog = [p for p in q.recentProgress if p["batchId"] >= first]
+    dur: dict[str, float] = {}
+    for p in prog:
+        for k, v in p["durationMs"].items():
+            dur[k] = dur.get(k, 0) + v / 1000
+    keep = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")
+    return {"batches": len(prog), "batch_s": {k: round(dur[k], 2) for k in keep if k in dur}}
 
 
 def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, Any]:

@@ -318,26 +318,40 @@ class _CompositeRuntime(_DerivedRuntime):
     )
 
     def _derive(self) -> None:
-        self.pat = Pattern.build(self.profile)
-        self.n = len(self.pat.leaves)
-        pat = self.pat
-        self._trans = pat._trans  # mask -> transitions, shared by every pattern of this shape
-        self.start = pat.info(0).enabled
-        self.start_set = frozenset(self.start)
-        self.leading = frozenset(pat.leading)
-        self.clock_leaves = [lf for lf in pat.leaves if lf.clock is not None]
-        self.neg_conjs = {
-            i: [c for c in pat.conjs if i in c.neg] for i, lf in enumerate(pat.leaves) if lf.negated
-        }
-        self.names = _shared(tuple(lf.name for lf in pat.leaves))
-        self.neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
-        self.simple = not pat.conjs and not pat.leading  # no where, no history: binding needs no checks
+        """The tables, computed once per pattern: read-only (the memos `_trans` and `_wants` are
+        pure functions of a mask), so runtimes of one shared pattern (`Pattern.build` may return
+        one per profile, as `ens spark stream` does) share them, and a restore is cheap."""
+        pat = Pattern.build(self.profile)
+        cached = pat.__dict__.get("_runtime_tables")
+        if cached is None or cached[0] != self.kind:
+            cached = pat._runtime_tables = (self.kind, self._tables(pat))  # type: ignore[attr-defined]
+        self.__dict__.update(cached[1])
+
+    def _tables(self, pat: Pattern) -> dict[str, Any]:
+        simple = not pat.conjs and not pat.leading  # no where, no history: binding needs no checks
+        neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
         # first/last over positives only, no any/trailing: the fast path's exact domain
-        plain = self.simple and not self.neg_set and not pat.has_any
-        self.fast = plain and self.kind in ("first", "last")
-        self.fast_each = plain and self.kind == "each"
-        # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask only
-        self._wants: dict[int, tuple] | None = {} if not pat.eq_bindings and self.kind != "last" else None
+        plain = simple and not neg_set and not pat.has_any
+        start = pat.info(0).enabled
+        return {
+            "pat": pat,
+            "n": len(pat.leaves),
+            "_trans": pat._trans,  # mask -> transitions, shared by every pattern of this shape
+            "start": start,
+            "start_set": frozenset(start),
+            "leading": frozenset(pat.leading),
+            "clock_leaves": [lf for lf in pat.leaves if lf.clock is not None],
+            "neg_conjs": {
+                i: [c for c in pat.conjs if i in c.neg] for i, lf in enumerate(pat.leaves) if lf.negated
+            },
+            "names": _shared(tuple(lf.name for lf in pat.leaves)),
+            "neg_set": neg_set,
+            "simple": simple,
+            "fast": plain and self.kind in ("first", "last"),
+            "fast_each": plain and self.kind == "each",
+            # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask only
+            "_wants": {} if not pat.eq_bindings and self.kind != "last" else None,
+        }
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> Iterable[tuple[Any, int]]:

@@ -143,8 +143,11 @@ def test_stream_equals_replay_and_the_worker_on_a_facility_feed(spark: Any, tmp_
         for pid, expr in PROFILES.items():
             rs.put_profile(r, pid, expr)
         key = rs.add_gateway(r, "gw")
+        # the test waits between the two halves: with the idle rule (0.5 s) the first half's
+        # tail would be released and the second half's first second turn late
         q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(tmp_path / "cp"),
-                                            trigger="500 milliseconds", lateness=2.0, clock="event"))
+                                            trigger="500 milliseconds", lateness=2.0,
+                                            idle_timeout=3600, clock="event"))
         svc = Service(url, tmp_path / "serve.log", "--engine", "spark", "--max-past", "off",
                       "--max-future", "off", engine=False)
         try:
@@ -243,10 +246,87 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
             q.stop()
 
 
+def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(spark: Any, tmp_path: Path) -> None:
+    """Per-gateway lateness: a gateway 4 s behind with lateness 5 s holds the watermark back
+    (one watermark of 0.5 s would make its events late); both gateways idle release everything
+    with no event to move event time; an event fed to its key's engine and the global engine
+    counts once in total_events, and once in total_late when late for both. Outbox and those
+    totals equal the in-process worker's."""
+    from adapters.spark.stream import StreamConfig, start_query
+
+    profiles = {"pair": 'seq(d: kind = "door", m: kind = "motion") within 5s per room',  # keyed
+                "any2": 'seq(d: kind = "door", m: kind = "motion") within 2s'}  # global
+    rnd = random.Random(4)
+    feed = [(gw, {"id": f"{gw}{i}", "ts": 100 + i * 0.5 + (0.25 if gw == "slow" else 0),
+                  "kind": rnd.choice(["door", "motion"]), "room": f"r{rnd.randrange(3)}"})
+            for gw in ("fast", "slow") for i in range(60)]
+    feed.sort(key=lambda x: x[1]["ts"] + (3.9 if x[0] == "slow" else 0))  # slow: 3.9 s behind
+    late_ev = ("fast", {"id": "late", "ts": 100.1, "kind": "door", "room": "r0"})
+
+    def setup(r: redis.Redis) -> None:
+        for pid, expr in profiles.items():
+            rs.put_profile(r, pid, expr)
+        rs.add_gateway(r, "fast")
+        rs.add_gateway(r, "slow", lateness=5.0)
+
+    def write(r: redis.Redis, items: list[tuple[str, dict[str, Any]]]) -> None:
+        with r.pipeline() as p:
+            for gw, ev in items:
+                p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([ev]), rs.INGEST_GATEWAY: gw})
+            p.execute()
+
+    def stats(r: redis.Redis) -> dict[str, Any]:
+        st = rs.worker_status(r)
+        return st["stats"] if st else {}
+
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        setup(r)
+        q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(tmp_path / "cp"),
+                                            trigger="300 milliseconds", lateness=0.5,
+                                            idle_timeout=0.5, clock="event"))
+        try:
+            write(r, feed)
+            # no flush event: only the idle rule can release the last events
+            # every event goes to its room's engine and the global one: counted once
+            wait_for(lambda: stats(r).get("total_events") == len(feed)
+                     and stats(r)["buffered"] == 0, 90, "every event fed")
+            assert stats(r)["total_late"] == 0
+            write(r, [late_ev])
+            wait_for(lambda: stats(r).get("total_events") == len(feed) + 1, 60,
+                     "the late event fed")
+            time.sleep(1.0)
+            got, st = outbox(r), stats(r)
+            assert q.exception() is None
+        finally:
+            q.stop()
+    assert st["total_late"] == 1 and st["late_by_gateway"] == {"fast": 1}  # fed twice, counted once
+    (tmp_path / "w").mkdir()
+    with redis_server(tmp_path / "w") as url:  # the worker, live on the same entries
+        rb = redis.Redis.from_url(url)
+        setup(redis.Redis.from_url(url, decode_responses=True))
+        w = EngineWorker(rb, WorkerConfig(reorder_seconds=0.5, idle_timeout=0.5, clock="event",
+                                          name="w", block=0, snapshot_interval=1e9,
+                                          snapshot_inputs=10**9, status_interval=1e9))
+        w.start()
+        write(rb, feed)
+        wait_for(lambda: w.step(block=0.05) is not None and w.totals["events"] == len(feed)
+                 and not w.buffer, 30, "the worker fed everything")
+        write(rb, [late_ev])
+        wait_for(lambda: w.step(block=0.05) is not None and w.totals["events"] == len(feed) + 1,
+                 30, "the worker fed the late event")
+        w.snapshot()
+        by_worker = outbox(redis.Redis.from_url(url, decode_responses=True))
+    assert w.totals["late"] == 1 and w.late_by_gateway == {"fast": 1}
+    assert w.totals["events"] == st["total_events"] == len(feed) + 1
+    assert len(by_worker) > 20 and {n["profile"] for n in by_worker} == set(profiles)
+    assert canon(replay_records(got)) == canon(replay_records(by_worker))
+
+
 def _stream_proc(url: str, cp: Path, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "ens", "spark", "stream", "--redis-url", url, "--key", "room",
            "--checkpoint", str(cp), "--trigger", "300ms", "--lateness", "2s", "--clock", "event",
-           "--master", "local[1]"]
+           "--idle-timeout", "1h", "--master", "local[1]"]  # posts pause: see the facility test
     with log.open("ab") as fh:  # its own process group: kill -9 reaches the JVM child too
         return subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=fh, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -388,3 +468,30 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path) -> None:
             assert case_canon(got) == case_canon(case["expect"]), path.stem
             checked += 1
     assert checked >= 30
+
+
+def test_gateway_watermark_is_the_services() -> None:
+    """`live.gateway_watermark` over gateway progress = `Watermarks` over the same events
+    (own latenesses, the idle rule); all gateways idle: the newest ts instead of +inf."""
+    from adapters.service.watermarks import Watermarks
+    from adapters.spark.live import gateway_watermark, merge_progress
+
+    rnd = random.Random(7)
+    for _ in range(200):
+        default, idle = rnd.choice([0.0, 0.5, 2.0]), rnd.choice([0.5, 3.0])
+        lateness = {g: rnd.choice([None, 0.0, 1.0, 5.0]) for g in ("a", "b", "c")}
+        wm = Watermarks(default, idle, 10**6)
+        for g, lat in lateness.items():
+            wm.set_lateness(g, lat)
+        progress: dict[str, list[float]] = {}
+        for i in range(rnd.randrange(1, 30)):
+            g, ts, wall = rnd.choice("abc"), rnd.uniform(0, 100), i * rnd.uniform(0, 0.5)
+            wm.observe(g, ts, wall)
+            progress = merge_progress(progress, {g: [ts, wall]})
+        now = rnd.uniform(0, 15)
+        got, lag = gateway_watermark({g: (ts, w) for g, (ts, w) in progress.items()}, lateness,
+                                     default, idle, now)
+        want = wm.watermark(now)
+        newest = max(ts for ts, _w in progress.values())
+        assert got == (want if want != float("inf") else newest)
+        assert lag == wm.max_active_lateness(now)

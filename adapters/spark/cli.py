@@ -344,9 +344,13 @@ def stream(
         str, typer.Option(help="How far out of ts order events may arrive (the watermark's "
                                "delay; `ens serve --default-lateness`).")
     ] = "2s",
+    idle_timeout: Annotated[
+        str, typer.Option(help="A gateway silent this long holds no event back "
+                               "(`ens serve --idle-timeout`).")
+    ] = "500ms",
     clock: Annotated[
-        str, typer.Option(help="wall: timers also fire by the batch's wall clock; event: only "
-                               "by event time.")
+        str, typer.Option(help="wall: timers also fire by the wall clock minus the largest "
+                               "active lateness; event: only by event time.")
     ] = "wall",
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
     partitions: Annotated[
@@ -377,6 +381,7 @@ def stream(
             raise ENSError(f"--partitions must be >= 0, not {partitions}")
         trig = _interval("--trigger", trigger)
         late = _interval("--lateness", lateness)
+        idle = _interval("--idle-timeout", idle_timeout)
         import redis
 
         try:
@@ -388,7 +393,7 @@ def stream(
 
         cfg = StreamConfig(redis_url, key=key, checkpoint=checkpoint,
                            trigger=f"{int(round(trig * 1000))} milliseconds", lateness=late,
-                           clock=clock, tz=tz, partitions=partitions)
+                           idle_timeout=idle, clock=clock, tz=tz, partitions=partitions)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())

@@ -21,11 +21,14 @@ hash of the key value, so two keys' engines never give the same id. Bare filters
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
+import math
 import pickle
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from adapters.service import redis_store as rs
@@ -43,6 +46,7 @@ WRITTEN = "ens:spark:written:"  # + notification id: written to the outbox (TTL)
 INVALID = "ens:spark:invalid"  # event key -> why it was skipped
 STATUS = "ens:spark:status"
 ROUTES = "ens:spark:routes"  # the keyed routes that have an engine (profile changes reach all)
+PARSED = "ens:spark:ast:"  # + sha1 of (code, id, expr, subscriber): the parsed profile (TTL)
 GLOBAL = "g"  # the route of the global profiles' one engine
 TICK = "~"  # the route of per-partition bookkeeping rows (no engine)
 
@@ -133,6 +137,23 @@ class Version:
     sigs: dict[str, tuple[str, str | None]]  # pid -> (expr, subscriber)
 
 
+_ast_tag: list[str] = []
+
+
+def _ast_version() -> str:
+    """A digest of the code that defines parsed profiles: pickles of another version of it
+    (a rolling upgrade, a checkout with other AST classes) are never read."""
+    if not _ast_tag:
+        import profiles
+
+        root = Path(profiles.__file__).parent
+        h = hashlib.sha1()
+        for f in sorted(p for p in root.iterdir() if p.suffix in (".py", ".lark")):
+            h.update(f.read_bytes())
+        _ast_tag.append(h.hexdigest()[:12])
+    return _ast_tag[0]
+
+
 class Versions:
     """The executors' side: profile sets by log id, parsed once per process (a small cache)."""
 
@@ -152,6 +173,37 @@ class Versions:
                 self.parsed[k] = None
         return self.parsed[k]
 
+    def _load(self, sigs: dict[str, tuple[str, str | None]], ttl: int = 7 * 86400) -> None:
+        """Fill `parsed` for `sigs` from ``ens:spark:ast:*`` and store what had to be parsed.
+
+        Every Python worker needs the parsed profiles, and Spark starts workers as tasks need
+        them (and stops them after a minute idle): parsing 10^4 profiles is 2 s per worker,
+        loading their pickles 0.3 s. A definition's AST is a pure function of it, so a stale or
+        concurrent write stores the same thing.
+        """
+        todo = [k for k in ((pid, e, sub) for pid, (e, sub) in sigs.items()) if k not in self.parsed]
+        if not todo:
+            return
+        names = [PARSED + hashlib.sha1(json.dumps([_ast_version(), *k]).encode()).hexdigest()
+                 for k in todo]
+        fresh = {}
+        for i in range(0, len(todo), 5000):
+            for k, name, raw in zip(todo[i:i + 5000], names[i:i + 5000],
+                                    self.r.mget(names[i:i + 5000]), strict=True):
+                try:
+                    p = pickle.loads(raw) if raw is not None else None  # noqa: S301 - ours
+                except Exception:  # noqa: BLE001 - written by another version: parse again
+                    p = None
+                if isinstance(p, Profile) and p.id == k[0]:
+                    self.parsed[k] = p
+                elif self._parse(*k) is not None:
+                    fresh[name] = pickle.dumps(self.parsed[k], pickle.HIGHEST_PROTOCOL)
+        if fresh:
+            with self.r.pipeline(transaction=False) as p:
+                for name, blob in fresh.items():
+                    p.set(name, blob, ex=ttl)
+                p.execute()
+
     def at(self, log_id: str) -> Version:
         v = self.cache.get(log_id)
         if v is not None:
@@ -168,6 +220,7 @@ class Versions:
                     sigs[pid] = (d[0], d[1])
         profiles: dict[str, Profile] = {}
         by_class: dict[str, dict[str, Profile]] = {"s": {}, "k": {}, GLOBAL: {}}
+        self._load(sigs)
         for pid, (expr, sub) in sigs.items():
             p = self._parse(pid, expr, sub)
             if p is not None:
@@ -178,6 +231,41 @@ class Versions:
             self.cache.pop(min(self.cache, key=rs.parse_id))
         self.cache[log_id] = v
         return v
+
+
+# ------------------------------------------------------------------ event time
+
+GATEWAYS = "ens:spark:gateways"  # gateway -> [newest ts, wall time of its last entry] (JSON)
+
+
+def gateway_watermark(progress: dict[str, tuple[float, float]], lateness: dict[str, float | None],
+                      default: float, idle: float, now: float | None) -> tuple[float | None, float]:
+    """The service's watermark (`adapters.service.watermarks.Watermarks`) over gateway progress.
+
+    The smallest ``newest - lateness`` of the gateways whose last entry is within `idle` s of
+    `now` (their own lateness, else `default`); when every gateway is idle, the newest ts of
+    all (the worker then releases everything it holds and its engine time is that ts). Also
+    the largest lateness of the active gateways, at least `default` (the wall clock's lag).
+    Returns (None, default) before any event.
+    """
+    if not progress:
+        return None, default
+    lim = -math.inf if now is None else now - idle
+    active = [g for g, (_ts, wall) in progress.items() if wall > lim]
+    if not active:
+        return max(ts for ts, _wall in progress.values()), default
+    lat = {g: default if lateness.get(g) is None else float(lateness[g]) for g in active}  # type: ignore[arg-type]
+    return min(progress[g][0] - lat[g] for g in active), max(default, *lat.values())
+
+
+def merge_progress(old: dict[str, list[float]], new: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Gateway progress of two sets of entries together (a max per field: re-merging the same
+    batch changes nothing, so a re-executed batch may write it again)."""
+    out = dict(old)
+    for g, (ts, wall) in new.items():
+        o = out.get(g)
+        out[g] = [ts, wall] if o is None else [max(o[0], ts), max(o[1], wall)]
+    return out
 
 
 # ------------------------------------------------------------------ engines
@@ -210,6 +298,7 @@ class Row:
     ev: bytes | None  # the pickled Event
     plog: str
     epoch: str
+    counted: bool = True  # False: the global engine's copy of an event a keyed engine counts
 
 
 @dataclass
@@ -219,9 +308,10 @@ class Stepped:
     blob: bytes | None  # the new state (None: nothing changed)
     due: float  # the earliest ts it waits for (a held event or a timer); inf if none
     records: list[dict[str, Any]] = field(default_factory=list)
-    events: int = 0
+    events: int = 0  # events fed (not counting the global engine's copies of keyed events)
     late: int = 0
     held: int = 0
+    late_keys: dict[str, str] = field(default_factory=dict)  # late event key -> gateway
 
 
 def _share_patterns() -> None:
@@ -230,7 +320,8 @@ def _share_patterns() -> None:
     A Python worker restores many engines over the same `Profile` objects (one per key value,
     and again whenever a key's previous batch ran in another worker); compiling the patterns
     was ~70% of a restore (10^4 profiles: 0.2 of 0.3 s). A `Pattern` is not changed after
-    `build` except for its memo tables (pure functions of a mask), so engines may share it.
+    `build` except for its memo tables (pure functions of a mask), so engines may share it,
+    and the runtime tables `_CompositeRuntime._derive` computes from it.
     """
     from filters import engine as core
     from filters.pattern import Pattern
@@ -238,6 +329,7 @@ def _share_patterns() -> None:
     if getattr(core.Pattern, "shared", False):
         return
     memo: dict[int, tuple[Profile, Pattern]] = {}
+    filters: dict[Any, Any] = {}  # one object per distinct leaf filter (see below)
 
     class SharedPattern(Pattern):
         shared = True
@@ -248,13 +340,50 @@ def _share_patterns() -> None:
             if hit is None or hit[0] is not profile:
                 if len(memo) > 200_000:
                     memo.clear()
-                hit = memo[id(profile)] = (profile, Pattern.build(profile))
+                pat = Pattern.build(profile)
+                for lf in pat.leaves:  # equal filters of many profiles as one object: the
+                    # pool's dict lookups then compare by identity, not by walking two ASTs
+                    if lf.clock is None:
+                        lf.filter = filters.setdefault(lf.filter, lf.filter)
+                if len(filters) > 200_000:
+                    filters.clear()
+                hit = memo[id(profile)] = (profile, pat)
             return hit[1]
 
     core.Pattern = SharedPattern  # type: ignore[misc]
 
 
 _live: dict[str, tuple[str, int, Engine]] = {}  # route -> (epoch, gen, engine): no restore
+_dropped = 0  # engines this process let go of since its last full collection
+_calls = 0  # calls since then
+
+
+def settle_garbage(dropped: int = 0) -> None:
+    """In a Spark Python worker: freeze what is alive, collect in full only now and then.
+
+    PySpark's daemon calls ``gc.collect()`` after every task of a reused worker: a full
+    collection walks every engine the worker keeps (`_live`: up to one per route, ~15k objects
+    each with 3,000 profiles) and the parsed profiles, 0.1-0.5 s per task, and automatic
+    generation-2 collections did the same during restores (2-5x the restore itself). Objects
+    alive after a step are moved to the permanent generation (`gc.freeze`, O(1)), which
+    collections skip; the cyclic garbage frozen with them (engines dropped for a newer state)
+    is collected in full once as many engines were dropped as are alive (amortized: a full
+    collection per engine dropped walks about one engine), or every 200 calls.
+    """
+    global _dropped, _calls
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return
+    if TaskContext.get() is None:  # not in a Spark task (tests, the driver): leave gc alone
+        return
+    _dropped += dropped
+    _calls += 1
+    if _dropped >= max(8, len(_live)) or _calls >= 200:
+        gc.unfreeze()
+        gc.collect()
+        _dropped = _calls = 0
+    gc.freeze()
 
 
 class KeyEngine:
@@ -265,6 +394,7 @@ class KeyEngine:
         self.versions = versions
         self.tz = tz
         self.cls = GLOBAL if route == GLOBAL else "k"
+        self.dropped = 0  # stale cached engines let go of (see `settle_garbage`)
         _share_patterns()
 
     def step(self, blob: bytes | None, rows: list[Row], wm: float | None) -> Stepped:
@@ -276,6 +406,7 @@ class KeyEngine:
             if cached is not None and cached[:2] == (st["epoch"], st["gen"]):
                 engine = cached[2]
             else:
+                self.dropped += cached is not None
                 engine = Engine.restore(st["snap"], self.versions.at(st["ver"]).profiles)
         else:
             epoch = next((r.epoch for r in rows), "")
@@ -290,12 +421,14 @@ class KeyEngine:
             if starts:  # the global engine starts at the stream's first event (replay's rule)
                 engine.advance(min(starts))
         held: list[tuple[float, tuple[int, int, int], str, str, Event]] = st["held"]
+        copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
             if engine.now is not None and ev.ts < engine.now:
                 out.late += 1
+                out.late_keys[r.key] = r.gw  # type: ignore[index]
                 self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
-                out.events += 1
+                out.events += r.key not in copies
             else:
                 held.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
         held.sort(key=lambda h: (h[0], h[1]))
@@ -307,7 +440,9 @@ class KeyEngine:
             if engine.now is not None and wm > engine.now:
                 engine.advance(wm)
         st["held"] = held[n:]
-        out.events += n
+        copies.update(st.get("copies", ()))
+        out.events += sum(held[i][2] not in copies for i in range(n))
+        st["copies"] = {h[2] for h in st["held"] if h[2] in copies}
         out.held = len(st["held"])
         out.records = [record(x, st["epoch"]) for x in engine.take_notifications()]
         out.due = min(st["held"][0][0] if st["held"] else float("inf"), engine.timers.head)

@@ -11,13 +11,17 @@ read with XRANGE. The reader parses each event (bad ones are logged, recorded in
 keyed profiles by the value of ``--key``, global profiles to one route (`live.GLOBAL`).
 
 Engines. `live.KeyEngine` runs per route with its state (engine snapshot, reorder buffer,
-applied profiles) in Spark's state store. Event time: Spark's watermark (newest ts seen minus
-``--lateness``) releases held events in (ts, ingest) order and advances the engine, which
-fires trailing negations, ``absent`` and ``within`` expiries; an event older than its
-engine's time is late: fed at once, counted, logged. ``--clock wall`` also lets the batch's
-processing time (checkpointed by Spark, so re-executions agree) minus the lateness move it.
-A key with something due is invoked every micro-batch (a processing-time timeout of 1 ms);
-the state keeps the next due time, so an idle key costs one state read.
+applied profiles) in Spark's state store. Event time: the service's per-gateway watermark
+(`live.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
+`latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
+and carried in the offset (checkpointed, so re-executions agree), releases held events in
+(ts, ingest) order and advances the engine, which fires trailing negations, ``absent`` and
+``within`` expiries; an event older than its engine's time is late: fed at once, logged,
+counted once per event (the sink unions the engines' late keys). ``--clock wall`` also
+raises the offset's watermark to the wall clock minus the largest active lateness. A key
+with something due is invoked every micro-batch (a processing-time timeout of 1 ms; without
+rows it gets the watermark through Spark's, one batch later); the state keeps the next due
+time, so an idle key costs one state read.
 
 Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
 with deterministic ids: a micro-batch re-executed after a crash restores the same state,
@@ -49,9 +53,10 @@ log = logging.getLogger("ens.spark.stream")
 
 SOURCE = "ens_ingest"
 ROW_DDL = ("route string, key string, gw string, ts double, evtime timestamp, ev binary, "
-           "plog string, epoch string, nin long")
+           "plog string, epoch string, nin long, wm double, wall double, counted boolean")
 STATE_DDL = "blob binary, due double, gen long"
-STATS_DDL = "route string, events long, late long, notes long, held long, nin long"
+STATS_DDL = ("route string, events long, late long, notes long, held long, nin long, "
+             "late_keys string, gws string")
 PAGE = 2000
 STATUS_KEY = "ens:spark:status"
 HELD_KEY = "ens:spark:held"  # route -> events its engine holds back
@@ -114,32 +119,51 @@ def _source_classes() -> tuple[type, type]:
             self.parts = int(options.get("partitions", "2"))
             self.tz = options.get("tz", "UTC")
             self.ttl = int(options.get("dedup_ttl", str(7 * 86400)))
+            self.lateness = float(options.get("lateness", "2.0"))
+            self.idle = float(options.get("idle_timeout", "0.5"))
+            self.clock = options.get("clock", "event")
             self._plog: Any = None
 
         def initialOffset(self) -> dict[str, Any]:
             # a new query (no checkpoint): a new epoch, so its ids never meet an older query's
-            return {"ingest": "0-0", "plog": "0-0", "epoch": secrets.token_hex(4), "n": 0}
+            return {"ingest": "0-0", "plog": "0-0", "epoch": secrets.token_hex(4), "n": 0,
+                    "t": None, "wm": None}
 
         def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
-            from adapters.spark.live import ProfileLog
+            from adapters.spark import live
 
             r = client(self.url)
             if self._plog is None:
-                self._plog = ProfileLog(r)
+                self._plog = live.ProfileLog(r)
             plog = self._plog.sync()
             with r.pipeline(transaction=True) as p:
                 p.xrevrange(rs.INGEST, count=1)
                 p.get(rs.INGEST_IN)
+                p.time()  # Redis's clock, as the entry ids: the idle rule compares the two
+                p.hgetall(live.GATEWAYS)
+                p.hgetall(rs.GATEWAYS)
                 # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
                 p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
-                last, n, _ = p.execute()
+                last, n, (sec, usec), prog, gws, _ = p.execute()
             if start is None:  # Spark < 4.2 calls latestOffset() without the start
                 start = self._last if hasattr(self, "_last") else self.initialOffset()
             top = rs.text(last[0][0]) if last else "0-0"
             if rs.parse_id(top) < rs.parse_id(start["ingest"]):
                 top = start["ingest"]  # trimmed or reset: never go back
+            now = sec + usec / 1e6
+            # ens:spark:gateways holds the progress of every entry up to start["ingest"]
+            # (the previous batch committed): as of start["t"], or of now if none came since
+            same = top == start["ingest"]
+            wm, lag = live.gateway_watermark(
+                {rs.text(g): json.loads(v) for g, v in prog.items()},
+                {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
+                self.lateness, self.idle, now if same else start.get("t"))
+            if self.clock == "wall":  # timers fire by the wall clock minus the largest lateness
+                wm = now - lag if wm is None else max(wm, now - lag)
             off = {"ingest": top, "plog": plog, "epoch": start["epoch"],
-                   "n": max(int(n or 0), int(start["n"]))}
+                   "n": max(int(n or 0), int(start["n"])), "t": now, "wm": wm}
+            if same and all(off[k] == start.get(k) for k in ("plog", "n", "wm")):
+                off = start  # nothing new: no micro-batch
             self._last = off
             return off
 
@@ -189,25 +213,30 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
     from adapters.spark.plan import route_key
 
     r = client(url)
-    plog, epoch, nin = offset["plog"], offset["epoch"], int(offset["n"])
+    plog, epoch, nin, wm = offset["plog"], offset["epoch"], int(offset["n"]), offset.get("wm")
     v = versions(url, key).at(plog)
     keyed = relevance(url, key, plog, "k")
     glob = relevance(url, key, plog, live.GLOBAL)
     has_global = bool(v.by_class[live.GLOBAL])
     cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
 
-    def row(route: str, k: str | None, gw: str, ts: float | None, ev: bytes | None) -> None:
+    def row(route: str, k: str | None, gw: str, ts: float | None, ev: bytes | None,
+            evtime: float | None = None, wall: float | None = None, counted: bool = True) -> None:
         cols["route"].append(route)
         cols["key"].append(k)
         cols["gw"].append(gw)
         cols["ts"].append(ts)
-        cols["evtime"].append(int(ts * 1e6) if ts is not None and math.isfinite(ts) else None)
+        cols["evtime"].append(int(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None)
         cols["ev"].append(ev)
         cols["plog"].append(plog)
         cols["epoch"].append(epoch)
         cols["nin"].append(nin)
+        cols["wm"].append(wm)
+        cols["wall"].append(wall)
+        cols["counted"].append(counted)
 
-    first_ts = last_ts = None
+    first_ts = None
+    progress: dict[str, list[float]] = {}  # gateway -> [newest ts, wall time of its last entry]
     cursor = f"({lo}"
     while lo != hi:
         page = r.xrange(rs.INGEST, min=cursor, max=hi, count=PAGE)
@@ -216,20 +245,26 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
         plain: list[tuple[str, Any]] = []
         for eid, fields in page:
             eid = rs.text(eid)
+            wall = rs.stream_ms(eid)
             for k, gw, obj in live.decode(eid, fields, r):
                 ev = live.parse(k, gw, obj, r)
                 if ev is None:
                     continue
                 first_ts = ev.ts if first_ts is None else min(first_ts, ev.ts)
-                last_ts = ev.ts if last_ts is None else max(last_ts, ev.ts)
+                pg = progress.get(gw)
+                if pg is None:
+                    progress[gw] = [ev.ts, wall]
+                else:
+                    pg[0], pg[1] = max(pg[0], ev.ts), wall
                 plain.append((k, ev))
                 blob = None
                 rk = route_key(ev.attrs.get(key)) if not keyed.empty else None
                 if rk is not None and keyed(ev.attrs):
                     blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
                     row("k" + rk, k, gw, ev.ts, blob)
-                if has_global and glob(ev.attrs):
-                    row(live.GLOBAL, k, gw, ev.ts, blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL))
+                if has_global and glob(ev.attrs):  # counted in `events` by one engine only
+                    row(live.GLOBAL, k, gw, ev.ts, blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL),
+                        counted=blob is None)
         notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
         if notes:
             live.Outbox(r, ttl).write(notes)
@@ -239,15 +274,21 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
     if first and offset.get("ctl"):  # profiles changed: every engine applies them now,
         for route in sorted(rs.text(x) for x in r.smembers(live.ROUTES)):  # not at its next event
             row(route, None, "", None, None)
-    # the partition's newest ts reaches the watermark also when no engine wanted its events;
-    # the first partition's row also carries `nin` to the driver's status
-    if first or last_ts is not None:
-        row(live.TICK, None, "", last_ts, None)
+    # the gateways' progress reaches the driver (the sink), which computes the next batches'
+    # watermark from it (`live.gateway_watermark`), also when no engine wanted the events;
+    # the first partition's row carries `nin` to the status, and this batch's watermark into
+    # Spark's (the next batch's `getCurrentWatermarkMs`: what a timeout sees without rows)
+    if first:
+        row(live.TICK, None, "", None, None, evtime=wm)
+    for gw, (ts, wall) in progress.items():
+        row(live.TICK, None, gw, ts, None, wall=wall)
     if has_global:  # the global engine's start time and profile version, without events
         row(live.GLOBAL, None, "", first_ts, None)
+    live.settle_garbage()
     names = list(cols)
     types = [pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC"),
-             pa.binary(), pa.string(), pa.string(), pa.int64()]
+             pa.binary(), pa.string(), pa.string(), pa.int64(), pa.float64(), pa.float64(),
+             pa.bool_()]
     yield pa.RecordBatch.from_arrays(
         [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names)
 
@@ -265,7 +306,8 @@ class StreamConfig:
     key: str = "building"
     checkpoint: str = ".ens-spark-stream"
     trigger: str = "1 second"
-    lateness: float = 2.0
+    lateness: float = 2.0  # of gateways without their own (`ens gateway set --lateness`)
+    idle_timeout: float = 0.5  # a gateway silent this long (s) holds no event back
     clock: str = "event"
     tz: str = "UTC"
     partitions: int = 0  # source partitions per micro-batch (0: the shuffle partitions)
@@ -273,8 +315,7 @@ class StreamConfig:
 
 
 def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithState function
-    url, key, tz, lateness, clock, ttl = (cfg.redis_url, cfg.key, cfg.tz, cfg.lateness,
-                                          cfg.clock, cfg.dedup_ttl)
+    url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
 
     def run(group: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         import pandas as pd
@@ -284,25 +325,37 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
         route = group[0]
         frames = [p for p in pdfs if len(p)]
         pdf = pd.concat(frames) if frames else None
-        stats = {"route": route, "events": 0, "late": 0, "notes": 0, "held": 0, "nin": 0}
+        stats: dict[str, Any] = {"route": route, "events": 0, "late": 0, "notes": 0, "held": 0,
+                                 "nin": 0, "late_keys": "", "gws": ""}
         if route == live.TICK:
-            stats["nin"] = int(pdf["nin"].max()) if pdf is not None else 0
+            if pdf is not None:
+                stats["nin"] = int(pdf["nin"].max())
+                prog: dict[str, list[float]] = {}
+                for gw, ts, wall in zip(pdf["gw"], pdf["ts"], pdf["wall"], strict=True):
+                    if gw and ts == ts and wall == wall:  # not NaN: a gateway's progress row
+                        prog = live.merge_progress(prog, {gw: [float(ts), float(wall)]})
+                stats["gws"] = json.dumps(prog)
             yield pd.DataFrame([stats])
             return
+        # this batch's watermark (the offset's, on every row); a route called by its timeout
+        # alone has the previous batch's, through Spark's watermark
         wm_ms = state.getCurrentWatermarkMs()
         wm = wm_ms / 1000.0 if wm_ms > 0 else None
-        if clock == "wall":
-            wall = state.getCurrentProcessingTimeMs() / 1000.0 - lateness
-            wm = wall if wm is None else max(wm, wall)
+        if pdf is not None:
+            rw = pdf["wm"].max()
+            if rw == rw:
+                wm = float(rw) if wm is None else max(wm, float(rw))
         old = state.get if state.exists else None
         if pdf is None and (old is None or wm is None or old[1] > wm):
             if old is not None and old[1] < math.inf:
                 state.setTimeoutDuration(1)
             return  # a timeout with nothing due yet: the state is not even read
         rows = [] if pdf is None else [
-            live.Row(k if isinstance(k, str) else None, gw, None if ts != ts else ts, ev, plog, ep)
-            for k, gw, ts, ev, plog, ep in zip(pdf["key"], pdf["gw"], pdf["ts"], pdf["ev"],
-                                                 pdf["plog"], pdf["epoch"], strict=True)
+            live.Row(k if isinstance(k, str) else None, gw, None if ts != ts else ts, ev, plog, ep,
+                     bool(c))
+            for k, gw, ts, ev, plog, ep, c in zip(pdf["key"], pdf["gw"], pdf["ts"], pdf["ev"],
+                                                    pdf["plog"], pdf["epoch"], pdf["counted"],
+                                                    strict=True)
         ]
         if old is None and all(r.key is None and r.ts is None for r in rows):
             return  # only a profile change for a route without an engine: nothing to apply
@@ -313,9 +366,11 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
         if out.records:
             live.Outbox(client(url), ttl).write(out.records)
         state.update((out.blob, out.due, int(old[2]) + 1 if old is not None else 1))
+        live.settle_garbage(eng.dropped)
         if out.due < math.inf:
             state.setTimeoutDuration(1)
-        stats.update(events=out.events, late=out.late, notes=len(out.records), held=out.held)
+        stats.update(events=out.events, late=out.late, notes=len(out.records), held=out.held,
+                     late_keys=json.dumps(out.late_keys) if out.late_keys else "")
         yield pd.DataFrame([stats])
 
     return run
@@ -330,23 +385,33 @@ def _sink_classes() -> type:
         counts: dict[str, int]
         held: dict[str, int]
         nin: int | None
+        late: dict[str, str]  # late event key -> gateway (an event late in two engines: once)
+        gws: dict[str, list[float]]  # gateway progress
 
     class StatusWriter(DataSourceStreamWriter):
         def __init__(self, options: dict[str, str]) -> None:
             self.url = options["url"]
 
         def write(self, iterator: Iterator[Any]) -> Totals:
-            counts = {"events": 0, "late": 0, "notes": 0}
+            from adapters.spark import live
+
+            counts = {"events": 0, "notes": 0}
             held: dict[str, int] = {}
+            late: dict[str, str] = {}
+            gws: dict[str, list[float]] = {}
             nin = None
             for x in iterator:
                 for f in counts:
                     counts[f] += int(x[f])
-                if x["route"] == "~":
+                if x["late_keys"]:
+                    late.update(json.loads(x["late_keys"]))
+                if x["route"] == live.TICK:
                     nin = max(nin or 0, int(x["nin"]))
+                    if x["gws"]:
+                        gws = live.merge_progress(gws, json.loads(x["gws"]))
                 else:
                     held[x["route"]] = int(x["held"])
-            return Totals(counts, held, nin)
+            return Totals(counts, held, nin, late, gws)
 
         def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
             write_status(client(self.url), [m for m in messages if m is not None], batchId)
@@ -370,10 +435,22 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
     done = int(rs.text(r.hget(STATUS_KEY, "batch") or b"-1"))
     tot = json.loads(r.hget(STATUS_KEY, "totals") or b"{}")
     held = {k: v for m in messages for k, v in m.held.items()}
+    gws: dict[str, list[float]] = {}
+    for m in messages:
+        gws = live.merge_progress(gws, m.gws)
+    if gws:  # a max per gateway: written again by a re-executed batch, it changes nothing
+        old = {rs.text(g): json.loads(v) for g, v in r.hgetall(live.GATEWAYS).items()}
+        merged = live.merge_progress(old, gws)
+        r.hset(live.GATEWAYS, mapping={g: json.dumps(v) for g, v in merged.items()})
     if batch_id > done:
         for m in messages:
             for f, v in m.counts.items():
                 tot[f] = tot.get(f, 0) + v
+        late = {k: g for m in messages for k, g in m.late.items()}
+        tot["late"] = tot.get("late", 0) + len(late)
+        by_gw = tot.setdefault("late_by_gateway", {})
+        for g in late.values():
+            by_gw[g] = by_gw.get(g, 0) + 1
         nin = max((m.nin for m in messages if m.nin is not None), default=None)
         if nin is not None:
             tot["read"] = nin
@@ -387,7 +464,8 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
     stats = {"engine": "spark", "total_read": tot.get("read", 0),
              "total_events": tot.get("events", 0), "total_late": tot.get("late", 0),
              "total_notifications": tot.get("notes", 0), "total_invalid": invalid,
-             "buffered": buffered, "batch": batch_id}
+             "late_by_gateway": tot.get("late_by_gateway", {}), "buffered": buffered,
+             "batch": batch_id}
     with r.pipeline(transaction=True) as p:
         p.hset(STATUS_KEY, mapping={"batch": max(batch_id, done), "totals": json.dumps(tot)})
         p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER,
@@ -411,8 +489,11 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
         .option("tz", cfg.tz)
         .option("partitions", str(parts))
         .option("dedup_ttl", str(cfg.dedup_ttl))
+        .option("lateness", repr(cfg.lateness))
+        .option("idle_timeout", repr(cfg.idle_timeout))
+        .option("clock", cfg.clock)
         .load()
-        .withWatermark("evtime", f"{int(round(cfg.lateness * 1000))} milliseconds")
+        .withWatermark("evtime", "0 milliseconds")  # evtime: the offsets' watermark
     )
     out = src.groupBy("route").applyInPandasWithState(
         group_function(cfg), STATS_DDL, STATE_DDL, "append", GroupStateTimeout.ProcessingTimeTimeout
