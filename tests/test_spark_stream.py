@@ -417,10 +417,12 @@ CASES = sorted((ROOT / "tests" / "conformance").glob("*.yaml")) + sorted(
     (ROOT / "tests" / "cases").glob("*.yaml"))
 
 
-def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plan", ["eager", "rare-first"])
+def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str) -> None:
     """What the query's tasks do, without Spark: the source's `read_range` over the case's
     events in ``ens:ingest`` (routing, bare filters into the outbox), then one `KeyEngine`
-    step per route with the watermark at the end of the stream: the case's notifications."""
+    step per route with the watermark at the end of the stream: the case's notifications,
+    under either plan (`ens spark stream --plan`)."""
     from adapters.spark import stream
     from adapters.spark.live import TICK, KeyEngine, ProfileLog, Row, Versions, _live
     from adapters.spark.stream import read_range
@@ -428,7 +430,7 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path) -> None:
     from tests.conftest import canon as case_canon
     from tests.conftest import load_case
 
-    checked = 0
+    checked = lazy = 0
     with redis_server(tmp_path) as url:
         r = redis.Redis.from_url(url)
         rt = redis.Redis.from_url(url, decode_responses=True)
@@ -463,11 +465,15 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path) -> None:
             for route in sorted({x["route"] for x in rows}):
                 mine = [Row(x["key"], x["gw"], x["ts"], x["ev"], x["plog"], x["epoch"])
                         for x in rows if x["route"] == route]
-                out = KeyEngine(route, versions).step(None, mine, end + 1e-6)
+                out = KeyEngine(route, versions, "UTC", (plan, None)).step(None, mine, end + 1e-6)
+                engine = _live[route][2]
+                assert engine.plan == plan
+                lazy += sum(type(x).__name__ == "LazySeqRuntime" for x in engine._rts.values())
                 got += replay_records(out.records)
             assert case_canon(got) == case_canon(case["expect"]), path.stem
             checked += 1
     assert checked >= 30
+    assert (lazy > 10) == (plan == "rare-first")  # the rare-first runs do run rare-first engines
 
 
 def test_gateway_watermark_is_the_services() -> None:

@@ -361,6 +361,13 @@ def stream(
                                                       "benchmarks); default: until Ctrl-C.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
+    plan: Annotated[
+        str, typer.Option(help="Evaluation plan of the engines: eager, rare-first or auto (from --stats); "
+                               "same output (docs/plans.md).")
+    ] = "eager",
+    stats_file: Annotated[
+        str | None, typer.Option("--stats", help="`ens spark stats` output: the rates --plan auto decides from.")
+    ] = None,
 ) -> None:
     """Live detection on Spark Structured Streaming: ens:ingest -> engines per key -> ens:outbox.
 
@@ -370,9 +377,13 @@ def stream(
     import signal
     import threading
 
+    from ens.plans import check_plan, load_stats
+
     log = _logger()
     with _errors():
         check_tz(tz)
+        check_plan(plan)
+        rates = load_stats(stats_file)
         if not redis_url:
             raise ENSError("--redis-url (or ENS_REDIS_URL) is required: executors connect to it")
         if clock not in ("wall", "event"):
@@ -393,7 +404,8 @@ def stream(
 
         cfg = StreamConfig(redis_url, key=key, checkpoint=checkpoint,
                            trigger=f"{int(round(trig * 1000))} milliseconds", lateness=late,
-                           idle_timeout=idle, clock=clock, tz=tz, partitions=partitions)
+                           idle_timeout=idle, clock=clock, tz=tz, partitions=partitions, plan=plan,
+                           rates=rates)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())

@@ -389,10 +389,11 @@ def settle_garbage(dropped: int = 0) -> None:
 class KeyEngine:
     """One key value's engine, its reorder buffer and its applied profiles, as a state blob."""
 
-    def __init__(self, route: str, versions: Versions, tz: str = "UTC") -> None:
+    def __init__(self, route: str, versions: Versions, tz: str = "UTC", plan: tuple[str, Any] = ("eager", None)) -> None:
         self.route = route
         self.versions = versions
         self.tz = tz
+        self.plan, self.rates = plan  # --plan / --stats: the engines' evaluation plan
         self.cls = GLOBAL if route == GLOBAL else "k"
         self.dropped = 0  # stale cached engines let go of (see `settle_garbage`)
         _share_patterns()
@@ -408,10 +409,12 @@ class KeyEngine:
             else:
                 self.dropped += cached is not None
                 engine = Engine.restore(st["snap"], self.versions.at(st["ver"]).profiles)
+                if engine.plan != self.plan:  # restarted with another --plan: convert the state
+                    engine.configure_plans(self.plan, self.rates)
         else:
             epoch = next((r.epoch for r in rows), "")
             st = {"gen": 0, "ver": None, "defs": {}, "held": [], "epoch": route_epoch(epoch, self.route)}
-            engine = Engine(tz=self.tz)
+            engine = Engine(tz=self.tz, plan=self.plan, rates=self.rates)
         out = Stepped(None, float("inf"))
         ver = max((r.plog for r in rows), key=rs.parse_id, default=None)
         if ver is not None and ver != st["ver"]:

@@ -312,10 +312,13 @@ class StreamConfig:
     tz: str = "UTC"
     partitions: int = 0  # source partitions per micro-batch (0: the shuffle partitions)
     dedup_ttl: int = 7 * 86400
+    plan: str = "eager"  # evaluation plan of the engines (docs/plans.md); same output
+    rates: Any = None  # `filters.plans.Rates` from --stats, for plan auto
 
 
 def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithState function
     url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
+    plan = (cfg.plan, cfg.rates)
 
     def run(group: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         import pandas as pd
@@ -359,7 +362,7 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
         ]
         if old is None and all(r.key is None and r.ts is None for r in rows):
             return  # only a profile change for a route without an engine: nothing to apply
-        eng = live.KeyEngine(route, versions(url, key), tz)
+        eng = live.KeyEngine(route, versions(url, key), tz, plan)
         out = eng.step(old[0] if old is not None else None, rows, wm)
         if old is None:
             client(url).sadd(live.ROUTES, route)
