@@ -133,6 +133,8 @@ class LazySeqRuntime(_DerivedRuntime):
         made once per leaf. It does the common case with every constant in a local and
         returns False (then `on_event` runs) whenever there is more to do: a new partition, a
         sweep due, a binding. None when `leaf` is not deferred. Valid while no tracer is set.
+        Each handler finds the partition inline (the same seven lines in the three of them):
+        a shared helper would cost a call per event on the path these exist to shorten.
         """
         made = self._sinks.get(leaf, False)
         if made is False:

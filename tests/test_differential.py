@@ -178,6 +178,22 @@ def run(make: Callable[[list[Profile]], Any], profiles: list[Profile], events: l
     return [n.to_json() for n in replay(profiles, _events(events), until, engine=make(profiles))]
 
 
+def drive(eng: Any, events: list[dict], until: float | None,
+          between: Callable[[int, Any], Any] | None = None) -> list:
+    """`run`, event by event: `between(i, engine)` may change the engine before event i (a
+    re-plan, a snapshot restored: it returns the engine to go on with)."""
+    out: list = []
+    for i, ev in enumerate(order_events(_events(events))):
+        if between is not None:
+            eng = between(i, eng)
+        eng.process(ev)
+        out.extend(eng.take_notifications())
+    eng.finish(until)
+    out.extend(eng.take_notifications())
+    out.sort(key=lambda n: (n.ts, n.seq))
+    return [n.to_json() for n in out]
+
+
 def _report(texts: list[tuple[str, str]], events: list[dict], until: float | None, outs: dict[str, list]) -> None:
     print("\nDISAGREEMENT")
     print("profiles:", json.dumps([{"id": i, "expr": t} for i, t in texts]))
@@ -479,18 +495,9 @@ def test_online_replan_changes_nothing(
     if not snap:
         got = run(make, profiles, events, until)
     else:  # through a snapshot in the middle (the counts and online rates are state)
-        evs = order_events(_events(events))
-        eng = make(profiles)
-        out: list = []
-        for i, ev in enumerate(evs):
-            if i == len(evs) // 2:
-                eng = Engine.restore(eng.snapshot())
-            eng.process(ev)
-            out.extend(eng.take_notifications())
-        eng.finish(until)
-        out.extend(eng.take_notifications())
-        out.sort(key=lambda n: (n.ts, n.seq))
-        got = [n.to_json() for n in out]
+        half = len(events) // 2
+        got = drive(make(profiles), events, until,
+                    lambda i, eng: Engine.restore(eng.snapshot()) if i == half else eng)
     if got != want:
         _report(texts, events, until, {"eager": want, "online": got})
     assert got == want
@@ -525,16 +532,11 @@ def test_any_driver_agrees(skewed: tuple, mixed: tuple, data: st.DataObject) -> 
         if got != want:
             _report(texts, events, until, {"eager": want, "auto": got})
         assert got == want
-        eng = Engine(profiles, plan="auto", rates=rates)
-        out: list = []
-        for ev in order_events(_events(events)):
+        def between(_i: int, eng: Engine, texts: list = texts) -> Engine:
             if data.draw(st.integers(0, 3), label="replan?") == 0:
                 eng.replan("auto", data.draw(driver_rates(texts)))
             if data.draw(st.integers(0, 9), label="snapshot?") == 0:
                 eng = Engine.restore(eng.snapshot())
-            eng.process(ev)
-            out.extend(eng.take_notifications())
-        eng.finish(until)
-        out.extend(eng.take_notifications())
-        out.sort(key=lambda n: (n.ts, n.seq))
-        assert [n.to_json() for n in out] == want
+            return eng
+
+        assert drive(Engine(profiles, plan="auto", rates=rates), events, until, between) == want

@@ -36,6 +36,13 @@ Work = Annotated[
 ProfilesOpt = Annotated[
     Path | None, typer.Option("--profiles", "-p", help="Profile file (YAML or JSON).")
 ]
+PlanOpt = Annotated[
+    str, typer.Option(help="Evaluation plan of the engines: eager, rare-first or auto (from --stats); "
+                           "same output (docs/plans.md).")
+]
+StatsOpt = Annotated[
+    str | None, typer.Option("--stats", help="`ens spark stats` output: the rates --plan auto decides from.")
+]
 IndexOpt = Annotated[
     Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
 ]
@@ -233,13 +240,8 @@ def replay(
     input_format: InputFormatOpt = None,
     master: Master = "local[2]",
     work: Work = None,
-    plan: Annotated[
-        str, typer.Option(help="Evaluation plan of the engines: eager, rare-first or auto (from --stats); "
-                               "same output (docs/plans.md).")
-    ] = "eager",
-    stats_file: Annotated[
-        str | None, typer.Option("--stats", help="`ens spark stats` output: the rates --plan auto decides from.")
-    ] = None,
+    plan: PlanOpt = "eager",
+    stats_file: StatsOpt = None,
 ) -> None:
     """Replay a feed through the profiles; output identical to `ens replay` (same order)."""
     from adapters.spark.replay import replay_job
@@ -361,13 +363,8 @@ def stream(
                                                       "benchmarks); default: until Ctrl-C.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
-    plan: Annotated[
-        str, typer.Option(help="Evaluation plan of the engines: eager, rare-first or auto (from --stats); "
-                               "same output (docs/plans.md).")
-    ] = "eager",
-    stats_file: Annotated[
-        str | None, typer.Option("--stats", help="`ens spark stats` output: the rates --plan auto decides from.")
-    ] = None,
+    plan: PlanOpt = "eager",
+    stats_file: StatsOpt = None,
 ) -> None:
     """Live detection on Spark Structured Streaming: ens:ingest -> engines per key -> ens:outbox.
 
