@@ -80,10 +80,11 @@ class Service:
     """`python -m adapters.service serve` as a subprocess (so it can be killed with -9)."""
 
     def __init__(self, redis_url: str | None, log: Path, *args: str, data_dir: Path | None = None,
-                 http: bool = True, engine: bool = True):
+                 http: bool = True, engine: bool = True, env: dict[str, str] | None = None):
         """``http``/``engine``: whether this process serves HTTP / runs the engine worker
-        (match its ``--role``); start() waits for what it runs."""
+        (match its ``--role``); start() waits for what it runs. ``env``: extra variables."""
         self.http, self.engine = http, engine
+        self.env = env or {}
         self.redis_url = redis_url
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -99,7 +100,7 @@ class Service:
             cmd += ["--redis-url", self.redis_url]
         if self.data_dir:
             cmd += ["--data-dir", str(self.data_dir)]
-        env = {**os.environ, rs.ENV_ADMIN_TOKEN: ADMIN_TOKEN, "ENS_ENGINE_NAME": "test-engine"}
+        env = {**os.environ, rs.ENV_ADMIN_TOKEN: ADMIN_TOKEN, "ENS_ENGINE_NAME": "test-engine", **self.env}
         env.pop(rs.ENV_URL, None)
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh)

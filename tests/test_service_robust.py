@@ -348,3 +348,21 @@ def test_healthz_shows_worker_details_only_to_the_admin(svc: Service) -> None:
     assert detail["worker"]["stats"]["profiles"] >= 0
     bad = httpx.get(svc.url + "/healthz", headers={"Authorization": "Bearer wrong"})
     assert bad.status_code == 403
+
+
+def test_metrics_token_guards_the_scrape(svc: Service, tmp_path: Path) -> None:
+    """Issue 17 left /metrics public (its labels name the gateways): with ENS_METRICS_TOKEN
+    set, a scrape needs that token or the admin token; without it, it stays public."""
+    api = Service(svc.redis_url, tmp_path / "api.log", "--role", "api", engine=False,
+                  env={rs.ENV_METRICS_TOKEN: "scrape-me"}).start()
+    try:
+        assert httpx.get(api.url + "/metrics").status_code == 401
+        assert httpx.get(api.url + "/metrics", headers={"Authorization": "Bearer nope"}).status_code == 403
+        ok = httpx.get(api.url + "/metrics", headers={"Authorization": "Bearer scrape-me"})
+        assert ok.status_code == 200 and "ens_events_received_total" in ok.text
+        with api.client(admin=True) as admin:
+            assert admin.get("/metrics").status_code == 200
+        assert httpx.get(api.url + "/healthz").status_code in (200, 503)  # still public
+    finally:
+        assert api.stop() == 0, (tmp_path / "api.log").read_text()[-2000:]
+    assert httpx.get(svc.url + "/metrics").status_code == 200  # no token set: public

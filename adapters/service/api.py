@@ -62,6 +62,8 @@ class ApiSettings:
     limits: IngestLimits = field(default_factory=IngestLimits)
     max_backlog: int = 200_000  # events accepted but not read by the engine; 0: no bound
     backlog_check_interval: float = 0.2  # the backlog is read at most this often per process
+    # ENS_METRICS_TOKEN: /metrics wants it (or the admin token) when set; None: public
+    metrics_token_sha256: str | None = None
 
 
 # ----------------------------------------------------------------------------- models
@@ -804,8 +806,22 @@ def create_app(settings: ApiSettings) -> FastAPI:
         return JSONResponse(out.model_dump(), 200 if ok else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
-    def metrics(r: R) -> Response:
-        """Prometheus text: the service's metrics, then the notifiers' ones."""
+    def metrics(
+        r: R, bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
+    ) -> Response:
+        """Prometheus text: the service's metrics, then the notifiers' ones.
+
+        With ``ENS_METRICS_TOKEN`` set, only for that token or the admin token (Prometheus:
+        ``authorization: {credentials: TOKEN}``): the labels name the gateways.
+        """
+        want = settings.metrics_token_sha256
+        if want is not None:
+            if bearer is None:
+                raise HTTPException(401, "missing metrics token (Authorization: Bearer TOKEN)",
+                                    headers={"WWW-Authenticate": "Bearer"})
+            got = rs.sha256(bearer.credentials)
+            if not (hmac.compare_digest(got, want) or hmac.compare_digest(got, settings.admin_token_sha256)):
+                raise HTTPException(403, "invalid metrics token")
         try:
             backlog, lag = rs.ingest_backlog(r)
             m.INGEST_BACKLOG.set(backlog)

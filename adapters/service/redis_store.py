@@ -78,6 +78,7 @@ CONTROL_MAXLEN = 10_000  # the hash is the truth; the stream only needs to cover
 ENV_URL = "ENS_REDIS_URL"
 ENV_DATA_DIR = "ENS_DATA_DIR"
 ENV_ADMIN_TOKEN = "ENS_ADMIN_TOKEN"
+ENV_METRICS_TOKEN = "ENS_METRICS_TOKEN"  # set: `/metrics` wants it (or the admin token)
 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}")
 _GATEWAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no '.': it separates the key

@@ -224,8 +224,10 @@ def _serve(
     # engine worker (final snapshot, lock released), then delivery.
     parts: list[Any] = []
     if sock is not None:
+        metrics_token = os.environ.get(rs.ENV_METRICS_TOKEN) or None
         settings = ApiSettings(conn.url, token_hash, cfg.max_body, max_backlog=cfg.max_backlog,
-                               limits=cfg.limits)
+                               limits=cfg.limits,
+                               metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None)
 
         def make_server() -> uvicorn.Server:
             return uvicorn.Server(uvicorn.Config(
