@@ -1,9 +1,10 @@
-"""Per-destination admission of webhook requests: an in-flight limit and a circuit breaker.
+"""Per-destination admission of deliveries: an in-flight limit and a circuit breaker.
 
 Why: the delivery threads are shared by every subscriber. A receiver that hangs keeps a thread
 for a whole read timeout per request, so a backlog for one host used to take every thread while
 healthy receivers waited behind it. The gate says, before a request is made, whether its
-destination (``scheme://host:port``) may take one more. When it may not, the worker puts the
+destination (a webhook's ``scheme://host:port``, or the SMTP relay's ``smtp://host:port``:
+all mail goes through it) may take one more. When it may not, the worker puts the
 delivery back on the schedule at the time the gate names, counts no attempt, and the thread
 is free at once.
 

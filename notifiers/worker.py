@@ -177,6 +177,8 @@ class DeliveryWorker:
             hook.breaker_cooldown,
             rng=self._rng,
         )
+        smtp = self.config.smtp  # the relay is one destination, gated as a webhook origin is
+        self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
         self._lease = self.r.register_script(_LEASE)
         self._take_script = self.r.register_script(_TAKE)
         self._digest_done = self.r.register_script(_DIGEST_DONE)
@@ -440,27 +442,24 @@ class DeliveryWorker:
                 counts.digested += 1
                 return
 
-        dest, grant = "", None
-        if isinstance(channel, WebhookChannel):
-            dest = destination(channel.webhook)
-            grant = self._gate.acquire(dest, time.time())
-            if not grant.ok:
-                self._defer(dkey, dest, grant, kind, counts)
-                return
+        dest = destination(channel.webhook) if isinstance(channel, WebhookChannel) else self._smtp_dest
+        grant = self._gate.acquire(dest, time.time())
+        if not grant.ok:
+            self._defer(dkey, dest, grant, kind, counts)
+            return
         st["attempts"] = int(st.get("attempts", 0)) + 1
         started = time.monotonic()
-        if isinstance(channel, WebhookChannel):
-            secret = sub.webhook_secret(channel)
-            result = Attempt.fatal("no signing secret for this webhook")
-            try:
+        result = Attempt.fatal("no signing secret for this webhook")
+        try:
+            if isinstance(channel, WebhookChannel):
+                secret = sub.webhook_secret(channel)
                 if secret:
                     result = self._webhook.send(channel.webhook, secret, n)
-            finally:  # the slot is given back whatever happened
-                if grant is not None:
-                    self._release(dest, grant, time.monotonic() - started, result)
-        else:
-            msg = compose(build_message, n, self.config.smtp.sender, channel.email, key=dkey)
-            result = msg if isinstance(msg, Attempt) else self._smtp.send(msg)
+            else:
+                msg = compose(build_message, n, self.config.smtp.sender, channel.email, key=dkey)
+                result = msg if isinstance(msg, Attempt) else self._smtp.send(msg)
+        finally:  # the slot is given back whatever happened
+            self._release(dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
         ATTEMPT_SECONDS.labels(kind).observe(elapsed)
 
@@ -633,8 +632,18 @@ class DeliveryWorker:
             msg = build_message(ns[0], sender, address, key=states[0][0])
         else:
             msg = build_digest(ns, sender, address)
+        grant = self._gate.acquire(self._smtp_dest, time.time())
+        if not grant.ok:  # the relay is busy or its circuit open: the digest comes back then
+            self.r.zadd(DIGESTS, {address: grant.retry_at})
+            DEFERRED.labels("email", grant.reason).inc()
+            counts.deferred += 1
+            return
         started = time.monotonic()
-        result = self._smtp.send(msg)
+        result = Attempt.fatal("not sent")
+        try:
+            result = self._smtp.send(msg)
+        finally:
+            self._release(self._smtp_dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
         ATTEMPT_SECONDS.labels("email").observe(elapsed)
         attempts = int(self.r.hincrby(DIGEST_ATTEMPTS, address, 1))

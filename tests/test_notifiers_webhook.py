@@ -464,6 +464,38 @@ def test_hanging_receiver_does_not_hold_back_a_healthy_one(r, receiver):
         hang.stop()
 
 
+def test_hung_smtp_relay_does_not_hold_back_webhooks(r, receiver):
+    """Issue 17 left SMTP without a per-destination limit: mail to a relay that accepts and
+    never greets took every delivery thread for its timeout; now the relay is one destination
+    (`smtp://host:port`) under the same gate as a webhook origin."""
+    hang = Hang().start()  # an SMTP client waits for the greeting: a hung relay
+    stop = threading.Event()
+    cfg = fast_config(smtp_port=hang.port)  # 4 delivery threads
+    cfg.smtp.timeout = 3
+    try:
+        store.put_subscriber(r, {"id": "mail", "channels": [{"email": "ops@example.org"}]})
+        subscribe(r, receiver.url, sid="fine")
+        for i in range(12):
+            store.enqueue(r, notification(f"n-mail-{i}", subscriber="mail"))
+        with DeliveryWorker(r, cfg) as w:
+            thread = _run_in_thread(w, stop)
+            try:
+                wait_for(lambda: hang.conns, 5, "the relay reached")
+                sent = time.monotonic()
+                store.enqueue(r, notification("n-fine", subscriber="fine"))
+                wait_for(lambda: "n-fine" in receiver.accepted, 10, "the webhook delivered")
+                took = receiver.hits[0].at - sent
+                assert took < 1.5, f"healthy webhook took {took:.1f}s"
+                assert len(hang.conns) <= 2  # half the pool at most went to the hung relay
+                assert sample("ens_delivery_deferred_total", channel="email", reason="busy") > 0
+            finally:
+                stop.set()
+                thread.join(10)
+    finally:
+        stop.set()
+        hang.stop()
+
+
 def test_destination_is_the_url_origin():
     assert destination("https://Hooks.example.org/a?x=1") == "https://hooks.example.org:443"
     assert destination("http://127.0.0.1:8080/b") == "http://127.0.0.1:8080"
