@@ -556,9 +556,12 @@ def test_breaker_stops_sending_to_a_hung_receiver_then_a_probe_closes_it(r):
             try:
                 wait_for(lambda: sample("ens_delivery_circuit_trips_total") >= trips0 + 1)
                 opened_at = time.monotonic()
-                assert len(hang.conns) == 2  # the per-destination limit (4 threads / 2)
+                # the per-destination limit (4 threads / 2): 2 in flight; a third may start
+                # between the two timeouts, before the second one opens the circuit
+                tripped = len(hang.conns)
+                assert tripped in (2, 3)
                 assert sample("ens_delivery_circuits_open") >= 1
-                wait_for(lambda: len(hang.conns) == 3)  # the half-open probe
+                wait_for(lambda: len(hang.conns) == tripped + 1)  # the half-open probe
                 # not before the cool-down (1 s; the margin covers a late look at the trip)
                 assert time.monotonic() - opened_at > 0.5
                 wait_for(lambda: sample("ens_delivery_circuit_trips_total") >= trips0 + 2)
@@ -569,7 +572,7 @@ def test_breaker_stops_sending_to_a_hung_receiver_then_a_probe_closes_it(r):
                 healthy = Receiver(port=port).start()
                 wait_for(lambda: settled(r))
                 assert sorted(healthy.accepted) == [f"n{i}" for i in range(6)]
-                assert len(hang.conns) == 3 and r.xlen(store.DEADLETTER) == 0
+                assert len(hang.conns) == tripped + 1 and r.xlen(store.DEADLETTER) == 0
             finally:
                 stop.set()
                 thread.join(10)
