@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ens.options import check_tz, tidy_help_metavars
+from ens.options import PLAN_HELP, STATS_HELP, check_tz, tidy_help_metavars
 from profiles.errors import ENSError, ManyErrors
 
 tidy_help_metavars()
@@ -186,13 +186,6 @@ def make_engine(  # noqa: ANN201
     raise ENSError(f"unknown engine {engine!r} (single-step or two-step)")
 
 
-PLAN_HELP = (
-    "Evaluation plan (same output): eager (matches opened by the first component), rare-first "
-    "(every seq that allows it is driven by its last component, earlier ones buffered), auto "
-    "(from --stats: select each driven by its rarest component, select first tracked online). "
-    "docs/plans.md."
-)
-STATS_HELP = "`ens spark stats` output (STATS.json): the component rates --plan auto decides from."
 
 
 PROGRESS_BYTES = 1 << 20  # a bar for event files from 1 MiB; smaller ones take a blink

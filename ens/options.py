@@ -11,6 +11,15 @@ from typing import Any
 
 from profiles.errors import ENSError
 
+# --plan / --stats, on every command that builds engines (docs/plans.md)
+PLAN_HELP = (
+    "Evaluation plan (same output): eager (matches opened by the first component), rare-first "
+    "(every seq that allows it is driven by its last component, earlier ones buffered), auto "
+    "(from --stats: select each driven by its rarest component, select first tracked online). "
+    "docs/plans.md."
+)
+STATS_HELP = "`ens spark stats` output (STATS.json): the component rates --plan auto decides from."
+
 
 class _LazyModule:
     """Stands for a module; imports it (the normal, thread-safe way) at the first attribute."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ens.options import check_tz, lazy_module
+from ens.options import PLAN_HELP, STATS_HELP, check_tz, lazy_module
 from profiles.errors import ENSError, ProfileError
 
 if TYPE_CHECKING:
@@ -185,13 +185,9 @@ def serve(
                                "this time (e.g. 10s; 'off': wait for ever).")
     ] = "10s",
     plan: Annotated[
-        str, typer.Option(help="Evaluation plan of a fresh engine: eager, rare-first or auto (from "
-                               "--stats); same notifications (docs/plans.md). A restored snapshot "
-                               "keeps the plan it was taken with.")
+        str, typer.Option(help=PLAN_HELP + " A restored snapshot is converted to it.")
     ] = "eager",
-    stats: Annotated[
-        Path | None, typer.Option(help="`ens spark stats` output: the rates --plan auto decides from.")
-    ] = None,
+    stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
     replan_every: Annotated[
         int, typer.Option(help="--plan auto: count component rates online (1 event in 8) and re-plan "
                                "every N events (0: never; the plan of --stats stays).")

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ens.options import check_tz
+from ens.options import PLAN_HELP, STATS_HELP, check_tz
 from profiles.errors import ENSError, ManyErrors
 
 app = typer.Typer(
@@ -36,13 +36,8 @@ Work = Annotated[
 ProfilesOpt = Annotated[
     Path | None, typer.Option("--profiles", "-p", help="Profile file (YAML or JSON).")
 ]
-PlanOpt = Annotated[
-    str, typer.Option(help="Evaluation plan of the engines: eager, rare-first or auto (from --stats); "
-                           "same output (docs/plans.md).")
-]
-StatsOpt = Annotated[
-    str | None, typer.Option("--stats", help="`ens spark stats` output: the rates --plan auto decides from.")
-]
+PlanOpt = Annotated[str, typer.Option(help=PLAN_HELP)]
+StatsOpt = Annotated[str | None, typer.Option("--stats", help=STATS_HELP)]
 IndexOpt = Annotated[
     Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
 ]
