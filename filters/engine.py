@@ -181,6 +181,11 @@ class _Runtime:
         per = self.per
         if not per:
             return ()
+        if len(per) == 1:  # the usual case
+            v = attrs.get(per[0])
+            if v is None:
+                return None
+            return ((bool, v),) if v.__class__ is bool else (v,)
         vals = []
         for a in per:
             v = attrs.get(a)

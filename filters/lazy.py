@@ -217,18 +217,9 @@ class LazySeqRuntime(_DerivedRuntime):
         return ignore
 
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
-        per1 = self.per1
-        if per1 is not None:  # one `per` attribute, the usual case: partition_key inline
-            v = ev.attrs.get(per1)
-            if v is None:
-                return
-            key: tuple | None = ((bool, v),) if v.__class__ is bool else (v,)
-        elif self.per:
-            key = self.partition_key(ev.attrs)
-            if key is None:
-                return
-        else:
-            key = ()
+        key = self.partition_key(ev.attrs)
+        if key is None:
+            return
         part = self.parts.get(key)
         now = ev.ts
         if now >= self._sweep_at:  # once per window of event time: partitions gone quiet
