@@ -209,7 +209,7 @@ def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
     from ens.replay import replay
     from profiles.events import event_from_obj
     from tests.helpers_service import outbox, redis_server, replay_records
-    from tests.test_service_worker import canon, config, drain, ingest, make_events
+    from tests.test_service_worker import canon, config, feed_to_the_end, ingest, make_events
 
     profiles = {
         "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 30s per room select each',
@@ -240,11 +240,7 @@ def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
         b = EngineWorker(rb, config(batch=50, commit_min_interval=0, plan="auto", replan_every=3, drift=1.5))
         b.start()
         assert b.engine.plan == "auto" and b.engine.replan_every == 3  # this run's options apply
-        drain(b, clock)
-        ingest(rb, arrival[200:])
-        ingest(rb, [{"id": "flush", "ts": events[-1]["ts"] + 100, "kind": "none", "room": "x"}])
-        drain(b, clock)
-        b.snapshot()
+        feed_to_the_end(b, rb, arrival[200:], events[-1]["ts"], clock)
         got = outbox(rt)
         rb.close()
         rt.close()

@@ -110,6 +110,17 @@ def config(**kw: Any) -> WorkerConfig:
     return WorkerConfig(**base)
 
 
+def feed_to_the_end(w: EngineWorker, r: redis.Redis, rest: list[dict[str, Any]], last_ts: float,
+                    clock: list[float]) -> None:
+    """Drain, ingest ``rest`` and a flush event 100 s after ``last_ts`` (it releases what the
+    reorder window holds), drain again and snapshot: the end of a worker test's stream."""
+    drain(w, clock)
+    ingest(r, rest)
+    ingest(r, [{"id": "flush", "ts": last_ts + 100, "kind": "none", "room": "x"}])
+    drain(w, clock)
+    w.snapshot()
+
+
 def drain(w: EngineWorker, clock: list[float], steps: int | None = None) -> None:
     """Step until nothing is left to read (or ``steps`` times); the clock moves 10 ms a step."""
     n = 0
@@ -192,11 +203,7 @@ def test_exactly_once_across_crashes(
     b.start()
     with pytest.raises(LockLost):  # the zombie cannot commit over its successor
         a.commit()
-    drain(b, clock)
-    ingest(rb, arrival[200:])
-    ingest(rb, [{"id": "flush", "ts": events[-1]["ts"] + 100, "kind": "none", "room": "x"}])
-    drain(b, clock)
-    b.snapshot()
+    feed_to_the_end(b, rb, arrival[200:], events[-1]["ts"], clock)
 
     got = outbox(rt)
     assert len({n["id"] for n in got}) == len(got)  # unique ids
