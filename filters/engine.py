@@ -753,6 +753,9 @@ class _CompositeRuntime(_DerivedRuntime):
                         if i in repl:
                             new = self._try_bind(pm, i, b, replace=True)
                             if new is None:
+                                if tracing:
+                                    self._trace("ignored", f"{ev.id} as {self.names[i]} for {self._desc(pm)}: "
+                                                "the match would break (where/negation)")
                                 continue
                             if tracing:
                                 self._trace("replaced", f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}")

@@ -112,3 +112,16 @@ def test_explain_says_why_last_and_nth_stay_eager(
     assert why in r.stdout and "LANGUAGE.md §4.1" in r.stdout
     assert f"    {trace}" in r.stdout  # the eager trace: the replacement / the count
     assert "1 notification(s)" in r.stdout
+
+
+def test_explain_shows_a_refused_replacement(tmp_path: Path) -> None:
+    """§4.1 item 1 in the trace: b2 would put x1 between a1 and b, so it replaces nothing."""
+    case = load_case(Path(__file__).parent / "cases" / "41-01-last-replacement-valid.yaml")
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"profiles": case["profiles"]}))
+    ev = tmp_path / "e.jsonl"
+    ev.write_text("".join(json.dumps(e) + "\n" for e in case["events"]))
+    r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "p1"])
+    assert r.exit_code == 0, r.stderr
+    assert "ignored   b2 as b for {a: a1, b: b1}: the match would break (where/negation)" in r.stdout
+    assert "reported  {a: a1, b: b1, c: c1}" in r.stdout
