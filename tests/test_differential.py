@@ -57,9 +57,15 @@ def leaf_filter(draw: st.DrawFn) -> str:
     return draw(st.sampled_from(FILTERS))
 
 
+SELECTS = ["", "select first", "select last", "select each", "select nth 2"]
+
+
 @st.composite
-def profile_text(draw: st.DrawFn) -> str:
-    """One profile: a composite of depth <= 2 with random clauses (or, rarely, a filter/absent)."""
+def profile_text(draw: st.DrawFn, selects: list[str] = SELECTS, negate: int = 2, alone: bool = False) -> str:
+    """One profile: a composite of depth <= 2 with random clauses (or, rarely, a filter/absent).
+
+    `selects`, `negate` (the most negated components inserted per composite) and `alone` (where
+    conjuncts may also compare one component with a literal) steer it (issue 22 tests)."""
     shape = draw(st.integers(0, 19))
     names: list[tuple[str, bool]] = []  # (leaf name, negated)
     counter = iter(range(1, 100))
@@ -89,7 +95,7 @@ def profile_text(draw: st.DrawFn) -> str:
             else:
                 parts.append(leaf(False))
         if op != "any":
-            for _ in range(draw(st.integers(0, 2))):
+            for _ in range(draw(st.integers(0, negate))):
                 pos = draw(st.integers(0, len(parts)))
                 parts.insert(pos, leaf(True))
         return f"{op}({', '.join(parts)})"
@@ -122,8 +128,10 @@ def profile_text(draw: st.DrawFn) -> str:
         for _ in range(draw(st.integers(1, 2))):
             a = draw(st.sampled_from(pos + negs))
             c = draw(st.sampled_from(pos))
-            form = draw(st.integers(0, 3))
-            if form == 0:
+            form = draw(st.integers(0, 4 if alone else 3))
+            if form == 4:
+                conj.append(f"{c}.v >= {draw(st.integers(1, 2))}")
+            elif form == 0:
                 conj.append(f"{a}.v = {c}.v")
             elif form == 1:
                 conj.append(f"{a}.v > {c}.v")
@@ -132,7 +140,7 @@ def profile_text(draw: st.DrawFn) -> str:
             else:
                 conj.append(f"{a}.v != {draw(st.integers(0, 3))}")
         clauses.append("where " + " and ".join(conj))
-    sel = draw(st.sampled_from(["", "select first", "select last", "select each", "select nth 2"]))
+    sel = draw(st.sampled_from(selects))
     if sel:
         clauses.append(sel)
     cons = draw(st.sampled_from(["", "consume unique", "consume shared"]))
@@ -145,10 +153,10 @@ def profile_text(draw: st.DrawFn) -> str:
 
 
 @st.composite
-def scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], float | None]:
+def scenario(draw: st.DrawFn, texts: st.SearchStrategy[str] | None = None) -> tuple[list[tuple[str, str]], list[dict], float | None]:
     profiles: list[tuple[str, str]] = []
     for i in range(draw(st.integers(1, 3))):
-        text = draw(profile_text())
+        text = draw(profile_text() if texts is None else texts)
         try:
             parse_profile(text, f"p{i}")
         except ProfileError:
@@ -221,6 +229,16 @@ def check(case: tuple[list[tuple[str, str]], list[dict], float | None], variants
 @given(scenario())
 def test_engines_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
     check(case)
+
+
+@settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(profile_text(["select last", "select last", "select nth 2", "select nth 3"], negate=3, alone=True)))
+def test_last_and_nth_with_negations_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+    """Issue 22's shapes beyond the reference's flat seq: `select last`/`nth` over seq, all and
+    nested composites with up to three negations per composite and where conjuncts that may
+    name one component alone; every variant against the two-step engine, which checks a
+    replacement against negations by its own reading (positions, not replayed states)."""
+    check(case, tuple(v for v in Engine.VARIANTS if v != Engine.DEFAULT_VARIANT))
 
 
 @settings(max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
