@@ -359,7 +359,7 @@ def main() -> None:
         app()
     except ENSError as e:  # last line of defence: user errors never show a traceback
         typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ from filters.engine import Engine
 from filters.notification import Notification
 from notifiers import store
 from profiles.ast import Profile
+from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
 from profiles.errors import ProfileError
 from profiles.events import Event, event_from_normalized, event_from_obj
 
@@ -80,10 +81,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-class LockLost(RuntimeError):
-    """Another worker holds the engine lock: this one must stop without committing."""
 
 
 @dataclass

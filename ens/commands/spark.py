@@ -63,9 +63,7 @@ def _logger() -> Callable[[str], None]:
 
 def _user_error(e: BaseException) -> str | None:
     """The message of a user error, also when it was raised inside a Spark task."""
-    from adapters.datasets.common import DatasetError
-
-    if isinstance(e, (ENSError, DatasetError)):
+    if isinstance(e, ENSError):
         return str(e)
     text = str(e)
     for name in ("DatasetError", "ENSError", "EventError", "ProfileError"):
