@@ -23,6 +23,9 @@ import orjson
 VERSION_FIELD = "ver"
 OUTBOX_FIELD = "n"
 
+# A stream entry's fields as written (str -> str; Any so redis-py's XADD signature takes them)
+Fields = dict[Any, Any]
+
 
 def text(value: Any) -> Any:
     """Decode bytes from a client made without ``decode_responses`` (the service may pass one)."""
@@ -104,7 +107,7 @@ class OutboxRecord:
         if sub is not None and not isinstance(sub, str):
             raise ValueError("'subscriber' must be a string or null")
 
-    def fields(self, checked: bool = True) -> dict[str, str]:
+    def fields(self, checked: bool = True) -> Fields:
         """The stream entry, checked first: nothing malformed enters the outbox (``checked=False``
         only to put back what was read from it, e.g. a dead letter retried as it was)."""
         if checked:
@@ -149,7 +152,7 @@ class DeadLetter:
     def nid(self) -> str:
         return str(self.notification.get("id", ""))
 
-    def fields(self) -> dict[str, str]:
+    def fields(self) -> Fields:
         return {
             "n": dumps(dict(self.notification)),
             "channel": dumps(dict(self.channel)),

@@ -251,7 +251,7 @@ def delivery_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float, int
         return 0, 0.0, int(r.xlen(DEADLETTER))
     g = groups.get(GROUP)
     start = f"({text(g['last-delivered-id'])}" if g else "-"
-    unread = r.xrange(OUTBOX, min=start, count=cap)
+    unread: Any = r.xrange(OUTBOX, min=start, count=cap)  # redis-py types replies loosely
     oldest = [text(unread[0][0])] if unread else []
     pending = 0
     if g:
@@ -327,7 +327,8 @@ def dead_letter_fields(
 
 def list_dead_letters(r: redis.Redis, count: int | None = None) -> list[DeadLetter]:
     """Oldest first."""
-    return [DeadLetter.read(text(eid), raw) for eid, raw in r.xrange(DEADLETTER, count=count)]
+    entries: Any = r.xrange(DEADLETTER, count=count)  # redis-py types replies loosely
+    return [DeadLetter.read(text(eid), raw) for eid, raw in entries]
 
 
 def retry_dead_letters(r: redis.Redis, ids: Iterable[str] | None = None) -> int:

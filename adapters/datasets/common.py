@@ -114,7 +114,7 @@ def open_binary(path: Path) -> IO[bytes]:
     if name.endswith(".xz"):
         return lzma.open(path, "rb")
     if name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile is a binary IO
     return path.open("rb")
 
 

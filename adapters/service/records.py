@@ -21,7 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
-from notifiers.records import VERSION_FIELD, check_version, dumps, text
+from notifiers.records import VERSION_FIELD, Fields, check_version, dumps, text
 from notifiers.records import field as entry_field
 
 # ----------------------------------------------------------------------------- ingest
@@ -45,7 +45,7 @@ INGEST_VERSION = 1
 IngestEvent = tuple[str, str, Any]
 
 
-def ingest_fields(gateway: str, batch_json: str, exact: bool) -> dict[str, str]:
+def ingest_fields(gateway: str, batch_json: str, exact: bool) -> Fields:
     """The entry the API writes for one request (`INGEST_SCRIPT` writes the same fields)."""
     return {INGEST_BATCH: batch_json, INGEST_GATEWAY: gateway,
             INGEST_FORMAT: INGEST_EXACT if exact else INGEST_NORMALIZED,
@@ -143,7 +143,7 @@ class JournalEntry:
     notifications: int
     control_id: str
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> Fields:
         return {"ops": dumps(self.ops), "n": self.notifications, "ctl": self.control_id,
                 VERSION_FIELD: str(self.VERSION)}
 

@@ -483,7 +483,7 @@ def reset_admin_token(r: redis.Redis) -> str:
 
 def load_checkpoint(r: redis.Redis) -> tuple[bytes, dict[str, Any]] | None:
     """The engine snapshot and its meta (needs a client without ``decode_responses``)."""
-    raw = r.hmget(CHECKPOINT, ["engine", "meta"])
+    raw: list[Any] = r.hmget(CHECKPOINT, ["engine", "meta"])
     if raw[0] is None or raw[1] is None:
         return None
     return raw[0], json.loads(raw[1])

@@ -120,9 +120,9 @@ def _load_profiles(
         from adapters.spark.index import load_index
 
         t = time.perf_counter()
-        ps = load_index(index)
-        log(f"loaded {len(ps)} profiles from index {index} in {time.perf_counter() - t:.2f}s")
-        return ps
+        indexed = load_index(index)
+        log(f"loaded {len(indexed)} profiles from index {index} in {time.perf_counter() - t:.2f}s")
+        return indexed
     ps = load_profile_file(profiles)  # type: ignore[arg-type]
     log(f"{len(ps.profiles)} profiles from {profiles}")
     return ps.profiles
