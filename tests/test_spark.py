@@ -78,13 +78,7 @@ def write_jsonl(path: Path, events: list[Event]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from adapters.spark.session import get_spark
-
-    s = get_spark("local[2]")
-    yield s
-    s.stop()
+# `spark`: the session-wide fixture of tests/conftest.py (which marks its users `spark`)
 
 
 # ------------------------------------------------------------ no Spark
@@ -411,6 +405,7 @@ def test_dataset_replay_by_room_fused_equals_local(spark, tmp_path: Path) -> Non
     assert ref.count("\n") > 10
 
 
+@pytest.mark.spark
 def test_a_new_spark_session_prints_no_spark_log_lines(tmp_path: Path) -> None:
     """Spark's shell banner ('Setting default log level', setLogLevel hint) and INFO lines stay off."""
     import subprocess
