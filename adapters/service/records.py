@@ -133,7 +133,7 @@ def _op(raw: Any) -> JournalOp:
     raise ValueError(f"journal operation {kind!r} is unknown")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs ~2x (one per commit, notification)
 class JournalEntry:
     """One ``ens:engine:journal`` entry: the engine inputs of one commit (in order), how many
     notifications they made (replay checks it) and the control stream id applied so far."""
