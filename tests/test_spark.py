@@ -171,8 +171,14 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
 
     from adapters.service import redis_store as rs
     from adapters.service.worker import EngineWorker, WorkerConfig
-    from adapters.spark.index import index_job
+    from adapters.spark.index import index_job, load_index
     from tests.helpers_service import outbox, redis_server
+
+    loads: list[str] = []  # the snapshots the worker read (`ens serve` gives it load_index)
+
+    def counted_load(path: str) -> list:
+        loads.append(str(path))
+        return load_index(path)
 
     recs = [{"id": f"r{i}", "expr": f'seq(a: kind = "door" and room = "{i}", b: kind = "motion") '
              "within 1m per room"} for i in range(150)]
@@ -191,7 +197,8 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
             return real(r, pid, expr, sub)
 
         monkeypatch.setattr(rs, "validate_profile", spy)
-        cfg = WorkerConfig(name="w", clock="event", reorder_seconds=0, block=0, index=str(tmp_path / "idx"))
+        cfg = WorkerConfig(name="w", clock="event", reorder_seconds=0, block=0, index=str(tmp_path / "idx"),
+                           load_index=counted_load)
         w = EngineWorker(rb, cfg)
         w.start()
         assert parsed == ["r7"]  # only the profile whose stored text differs from the index
@@ -211,11 +218,7 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
         w._release(keys=[rs.ENGINE_LOCK], args=[w.holder])
 
         # a restart with the same index: the checkpoint holds every profile, nothing is loaded
-        import adapters.spark.index as spark_index
-
-        loads: list[str] = []
-        real_load = spark_index.load_index
-        monkeypatch.setattr(spark_index, "load_index", lambda p: loads.append(str(p)) or real_load(p))
+        loads.clear()
         w2 = EngineWorker(rb, cfg)
         w2.start()
         assert loads == [] and parsed == ["r7"] and len(w2.defs) == 150

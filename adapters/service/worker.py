@@ -49,6 +49,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -110,6 +111,9 @@ class WorkerConfig:
     heartbeat_interval: float = 1.0
     status_interval: float = 10.0  # the "worker: N events, ..." log line
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
+    # reads ``index`` (`ens serve` passes adapters.spark.index.load_index; the service does not
+    # import the Spark adapter itself)
+    load_index: Callable[[str], list[Profile]] | None = None
     plan: str = "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
     rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
     replan_every: int = 0  # plan "auto": re-plan from online counts every N events (0: never)
@@ -415,10 +419,10 @@ class EngineWorker:
         return profiles
 
     def _load_index(self) -> dict[str, Any]:
-        from adapters.spark.index import load_index
-
+        if self.cfg.load_index is None:
+            raise ValueError("WorkerConfig.index needs WorkerConfig.load_index (its reader)")
         t = time.perf_counter()
-        profiles = load_index(self.cfg.index)  # type: ignore[arg-type]
+        profiles = self.cfg.load_index(self.cfg.index)  # type: ignore[arg-type]
         log.info("index %s: %d profiles loaded in %.1f s", self.cfg.index, len(profiles), time.perf_counter() - t)
         return {p.id: p for p in profiles}
 
