@@ -17,14 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from profiles.errors import ENSError
+from profiles.errors import ConfigError as ConfigError  # raised here; one hierarchy there
 
 _DEFAULT_PORTS = {"starttls": 587, "tls": 465, "none": 25}
 _SECRET_WORDS = ("password", "secret")
-
-
-class ConfigError(ENSError):
-    """A notifier configuration that cannot be used (the CLI prints it, exit status 2)."""
 
 
 def describe_errors(

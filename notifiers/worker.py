@@ -45,6 +45,7 @@ from notifiers.metrics import (
     DELIVERIES,
     LATENCY,
 )
+from notifiers.records import OutboxRecord
 from notifiers.store import (
     DEADLETTER,
     DIGEST_ATTEMPTS,
@@ -337,12 +338,10 @@ class DeliveryWorker:
     def _take(self, eid: str, fields: Mapping[Any, Any], counts: Counts) -> None:
         """Schedule every open channel of one outbox entry; ack it if none is open."""
         counts.read += 1
-        raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
         try:
-            n = json.loads(raw) if raw else None
-            if not isinstance(n, dict) or not isinstance(n.get("id"), str):
-                raise ValueError("not a notification object with a string id")
+            n = dict(OutboxRecord.read(fields).notification)
         except ValueError as exc:
+            raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
             log.error("outbox entry %s is malformed (%s); dead-lettered", eid, exc)
             self._dead_letter({"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
             DELIVERIES.labels("none", "dead").inc()

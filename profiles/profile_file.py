@@ -25,11 +25,12 @@ class ProfileSet:
     subscribers: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _node_get(node: yaml.Node, key: str) -> yaml.Node | None:
+def _node_get(node: yaml.Node | None, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode) and k.value == key:
-                return v
+                node_: yaml.Node = v
+                return node_
     return None
 
 
@@ -91,7 +92,8 @@ def validate_subscriber(sub: Any, where: str, n: int = 1) -> dict[str, Any]:
     problems = subscriber_messages(sub, n)
     if problems:
         raise ProfileError(problems[0][0])
-    return sub
+    valid: dict[str, Any] = sub  # subscriber_messages found nothing wrong: it is a mapping
+    return valid
 
 
 # libyaml's loader when PyYAML was built with it (~10x faster); its nodes carry marks too

@@ -11,6 +11,7 @@ from profiles.events import Event
 from profiles.parser import parse_profile
 
 
+@pytest.mark.slow  # a scale test: a million events (~10 s alone)
 def test_a_million_events_keep_state_bounded_by_the_window() -> None:
     """1,000,000 events through a windowed `each` profile: live state follows the window, not the stream."""
     profile = parse_profile(

@@ -36,6 +36,8 @@ from tests.helpers_notifiers import (
 )
 from tests.helpers_service import wait_for
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 
 @pytest.fixture
 def r(tmp_path) -> Iterator[redis.Redis]:

@@ -23,6 +23,8 @@ from adapters.service import redis_store as rs
 from ens.commands.service import register
 from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 BAD_FILE = """\
 profiles:
   - id: broken

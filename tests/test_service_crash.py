@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from adapters.service import redis_store as rs
@@ -25,6 +26,8 @@ from ens.replay import replay
 from profiles.events import event_from_obj
 from profiles.parser import parse_profile
 from tests.helpers_service import Service, outbox, redis_server, replay_records, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]  # kill -9 of real service processes
 
 PROFILES = {
     "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 10m per room',

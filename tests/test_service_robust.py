@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 from adapters.service import redis_store as rs
 from tests.helpers_service import ROOT, Service, metric, outbox_for, redis_server, wait_for
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 MAX_BODY = 100_000
 
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 import typer
 from typer.testing import CliRunner
@@ -17,6 +18,8 @@ from typer.testing import CliRunner
 from adapters.service import redis_store as rs
 from ens.commands.service import register
 from tests.helpers_service import Service, metric, outbox_for, redis_server, wait_for
+
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
 
 def test_decode_entry_reads_batch_and_legacy_entries_with_their_identities() -> None:

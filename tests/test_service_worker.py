@@ -27,6 +27,8 @@ from profiles.events import event_from_obj
 from profiles.parser import parse_profile
 from tests.helpers_service import outbox, redis_server, replay_records
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 PROFILES = {
     "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 30s per room',
     "climate": 'all(t: kind = "temp" and value > 25, h: kind = "hum" and value > 60) '

@@ -34,7 +34,7 @@ from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from notifiers import store
 from notifiers.config import describe_errors
-from profiles.errors import ProfileError
+from profiles.errors import BadEvent, ProfileError, TsOutOfWindow
 from profiles.events import Event, event_from_obj
 
 log = logging.getLogger("ens.service.api")
@@ -177,14 +177,6 @@ class LongNumber:
         self.digits = len(text.lstrip("-"))
 
 
-class BadEvent(ValueError):
-    """An event rejected while parsing (it stands in the batch in its place); keeps its id."""
-
-    def __init__(self, message: str, obj: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.obj = obj
-
-
 def _parse_int(text: str) -> int | LongNumber:
     try:
         return int(text)
@@ -246,14 +238,6 @@ def check_values(obj: Any) -> None:
                         f"key {key!r}: lone surrogate {text[exc.start]!r} at position "
                         f"{exc.start} is not valid Unicode"
                     ) from None
-
-
-class TsOutOfWindow(ValueError):
-    """An event ts too far from the wall clock; ``bound`` is "future" or "past"."""
-
-    def __init__(self, message: str, bound: str) -> None:
-        super().__init__(message)
-        self.bound = bound
 
 
 def _iso(ts: float) -> str:

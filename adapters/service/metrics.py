@@ -249,8 +249,8 @@ class _Merged:
                 key = (name, tuple(sorted(labels.items())))
                 sums[key] = sums.get(key, 0.0) + value
             out = Metric(fam.name, fam.documentation, fam.type)
-            for (name, labels), value in sums.items():
-                out.add_sample(name, dict(labels), value)
+            for (name, label_items), value in sums.items():
+                out.add_sample(name, dict(label_items), value)
             yield out
 
 

@@ -7,18 +7,20 @@ Keys (the outbox and subscriber keys are `notifiers.store`'s)
                         ``op`` = ``gateway``, ``gw`` = name: a gateway's lateness changed
 ``ens:gateways``        hash; gateway name -> ``{"sha256", "created", "revoked", "lateness"}``
 ``ens:ingest``          stream, one entry per POST: ``g`` = gateway, ``b`` = JSON array of the
-                        request's validated events (or, legacy, ``e`` = one event's JSON). Event
+                        request's validated events (or, legacy, ``e`` = one event's JSON), ``v``
+                        their format, ``ver`` the record version (`records.ingest_fields`). Event
                         ``i`` of batch entry ``X`` is ``X.i`` (its id when it has none); a legacy
                         entry's event is ``X``. `decode_entry` reads both.
 ``ens:ingest:in``       integer; events appended to ``ens:ingest`` (INCRBY in the XADD's MULTI):
                         the backlog is this minus the worker's ``total_read`` (back-pressure)
 ``ens-engine``          consumer group of the engine worker on ``ens:ingest``
 ``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot(profiles_apart=True)` bytes, ``meta``
-                        = JSON (last ingest id covered, reorder buffer, epoch, counters)
+                        = JSON `records.CheckpointMeta` (last ingest id, reorder buffer, epoch, ...)
 ``ens:checkpoint:profiles``  hash; id -> pickled profile as applied at the checkpoint
 ``ens:engine:journal``  stream; ``ops`` = JSON list of engine inputs since the previous entry
                         (``["e", event key]``, ``["a", t]``, ``["c", id, expr, subscriber]``),
-                        ``n`` = notifications written with it, ``ctl`` = control stream id
+                        ``n`` = notifications written with it, ``ctl`` = control stream id,
+                        ``ver`` (`records.JournalEntry`)
 ``ens:engine:lock``     string with TTL; the one engine worker allowed to checkpoint
 ``ens:engine:status``   hash; ``ts`` (heartbeat), ``holder``, ``stats`` (JSON)
 ``ens:admin``           hash; ``sha256`` of the admin token, ``created``
@@ -41,11 +43,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import redis
 import redis.asyncio
 
+# the ingest entry's fields and decoding are records.py's (one model for writer and readers)
+from adapters.service.records import (
+    INGEST_BATCH,
+    INGEST_FORMAT,
+    INGEST_GATEWAY,
+    INGEST_VERSION,
+    decode_ingest,
+    ingest_normalized,
+)
+from adapters.service.records import INGEST_EVENT as INGEST_EVENT
+from adapters.service.records import INGEST_EXACT as INGEST_EXACT
+from adapters.service.records import INGEST_NORMALIZED as INGEST_NORMALIZED
 from notifiers import store
+from notifiers.records import VERSION_FIELD
 from profiles.ast import Profile
 from profiles.errors import ProfileError
 from profiles.parser import parse_profile
@@ -54,17 +68,7 @@ PROFILES = "ens:profiles"
 CONTROL = "ens:control"
 GATEWAYS = "ens:gateways"
 INGEST = "ens:ingest"
-INGEST_EVENT = "e"  # legacy: one event per entry
-INGEST_BATCH = "b"  # a JSON array: the validated events of one request
 INGEST_IN = "ens:ingest:in"
-INGEST_GATEWAY = "g"
-# v: how the events of a batch entry are written. "n": normalized by the API (validated, ts in
-# epoch seconds, no nulls) and safe for orjson; "x": normalized, but with an integer beyond 64
-# bits (read with the standard library, which keeps it exact). Absent: as received (older
-# entries), validated again by the reader.
-INGEST_FORMAT = "v"
-INGEST_NORMALIZED = "n"
-INGEST_EXACT = "x"
 ENGINE_GROUP = "ens-engine"
 CHECKPOINT = "ens:checkpoint"
 CHECKPOINT_PROFILES = "ens:checkpoint:profiles"  # id -> pickled Profile, as of the checkpoint
@@ -191,50 +195,16 @@ def _private_files(db: Path) -> None:
             pass
 
 
+decode_entry = decode_ingest  # the names the worker and `ens spark stream` call
+entry_normalized = ingest_normalized
+
+
 def dumps(obj: Any) -> str:
     return store.dumps(obj)
 
 
 def text(value: Any) -> Any:
     return store.text(value)
-
-
-def decode_entry(entry_id: str, fields: Any) -> list[tuple[str, str, Any]]:
-    """The events of one ``ens:ingest`` entry: ``[(event key, gateway, decoded event), ...]``.
-
-    The event key is the event's identity in the journal (and its id when it has none):
-    ``f"{entry_id}.{i}"`` for event ``i`` of a batch entry (``b``), ``entry_id`` for a legacy
-    one-event entry (``e``). ``fields`` may have bytes or str keys (any redis client). Raises
-    ValueError when the entry is unreadable; the events themselves are not validated here.
-    """
-    gw = text(_field(fields, INGEST_GATEWAY) or "?")
-    batch = _field(fields, INGEST_BATCH)
-    if batch is not None:
-        fmt = _field(fields, INGEST_FORMAT)
-        # orjson is ~2.5x faster but reads an integer beyond 64 bits as a float: only for
-        # batches the API wrote without one
-        plain = fmt is not None and text(fmt) == INGEST_NORMALIZED
-        events = orjson.loads(batch) if plain else json.loads(batch)
-        if not isinstance(events, list):
-            raise ValueError(f"field {INGEST_BATCH!r} must be a JSON array")
-        return [(f"{entry_id}.{i}", gw, ev) for i, ev in enumerate(events)]
-    raw = _field(fields, INGEST_EVENT)
-    if raw is None:
-        raise ValueError(f"entry has neither {INGEST_BATCH!r} nor {INGEST_EVENT!r}")
-    return [(entry_id, gw, json.loads(raw))]
-
-
-def entry_normalized(fields: Any) -> bool:
-    """Whether an entry's events were validated and normalized by the API
-    (`profiles.events.event_from_normalized` reads them)."""
-    fmt = _field(fields, INGEST_FORMAT)
-    return fmt is not None and text(fmt) in (INGEST_NORMALIZED, INGEST_EXACT)
-
-
-def _field(fields: Any, name: str) -> Any:
-    """A stream entry's field, whether the client decoded the keys (str) or not (bytes)."""
-    v = fields.get(name)
-    return fields.get(name.encode()) if v is None else v
 
 
 def stream_ms(entry_id: str) -> float:
@@ -460,7 +430,7 @@ def check_key_record(raw: Any, key: str) -> KeyCheck:
 # Append a request's events only if its gateway key is still valid: the check and the write
 # are one atomic round trip, so the API may cache keys it has seen and a revocation still takes
 # effect on the very next request. Returns the entry id, or "unknown" / "revoked".
-INGEST_SCRIPT = """
+INGEST_SCRIPT = f"""
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 'unknown' end
 local rec = cjson.decode(raw)
@@ -468,7 +438,8 @@ if rec['sha256'] ~= ARGV[2] then return 'unknown' end
 if rec['revoked'] and rec['revoked'] ~= cjson.null and rec['revoked'] ~= false then
   return 'revoked'
 end
-local id = redis.call('XADD', KEYS[2], '*', 'b', ARGV[3], 'g', ARGV[1], 'v', ARGV[5])
+local id = redis.call('XADD', KEYS[2], '*', '{INGEST_BATCH}', ARGV[3], '{INGEST_GATEWAY}', ARGV[1],
+                      '{INGEST_FORMAT}', ARGV[5], '{VERSION_FIELD}', '{INGEST_VERSION}')
 redis.call('INCRBY', KEYS[3], ARGV[4])
 return id
 """
@@ -512,7 +483,7 @@ def reset_admin_token(r: redis.Redis) -> str:
 
 def load_checkpoint(r: redis.Redis) -> tuple[bytes, dict[str, Any]] | None:
     """The engine snapshot and its meta (needs a client without ``decode_responses``)."""
-    raw = r.hmget(CHECKPOINT, ["engine", "meta"])
+    raw: list[Any] = r.hmget(CHECKPOINT, ["engine", "meta"])
     if raw[0] is None or raw[1] is None:
         return None
     return raw[0], json.loads(raw[1])

@@ -49,6 +49,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -56,11 +57,22 @@ import redis
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.records import (
+    OP_EVENT,
+    Advanced,
+    CheckpointMeta,
+    HeldRow,
+    JournalEntry,
+    ProfileChanged,
+    op_advance,
+    op_profile,
+)
 from adapters.service.watermarks import Held, Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers import store
 from profiles.ast import Profile
+from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
 from profiles.errors import ProfileError
 from profiles.events import Event, event_from_normalized, event_from_obj
 
@@ -82,10 +94,6 @@ return 0
 """
 
 
-class LockLost(RuntimeError):
-    """Another worker holds the engine lock: this one must stop without committing."""
-
-
 @dataclass
 class WorkerConfig:
     reorder_seconds: float = 2.0  # the lateness of gateways without their own (--default-lateness)
@@ -103,6 +111,9 @@ class WorkerConfig:
     heartbeat_interval: float = 1.0
     status_interval: float = 10.0  # the "worker: N events, ..." log line
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
+    # reads ``index`` (`ens serve` passes adapters.spark.index.load_index; the service does not
+    # import the Spark adapter itself)
+    load_index: Callable[[str], list[Profile]] | None = None
     plan: str = "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
     rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
     replan_every: int = 0  # plan "auto": re-plan from online counts every N events (0: never)
@@ -185,19 +196,18 @@ class EngineWorker:
         """The held events (a heap; ``h.item`` is an `_Item`)."""
         return self.wm.heap
 
-    def _meta(self) -> dict[str, Any]:
-        return {
-            "version": 4,  # 3: profiles in ens:checkpoint:profiles; 4: watermarks per gateway
-            "epoch": self.epoch,
-            "last_id": self.last_id,
-            "control_id": self.control_id,
-            "buffer": [[h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source]
-                       for h in self.buffer],
-            "watermarks": self.wm.state(),
-            "totals": dict(self.totals),
-            "late_by_gateway": dict(self.late_by_gateway),
-            "written_at": time.time(),
-        }
+    def _meta(self) -> CheckpointMeta:
+        return CheckpointMeta(
+            epoch=self.epoch,
+            last_id=self.last_id,
+            control_id=self.control_id,
+            buffer=[HeldRow(h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source)
+                    for h in self.buffer],
+            watermarks=self.wm.state(),
+            totals=dict(self.totals),
+            late_by_gateway=dict(self.late_by_gateway),
+            written_at=time.time(),
+        )
 
     def _load(self) -> bool:
         """Restore the snapshot; True if there was none (a new engine)."""
@@ -206,32 +216,31 @@ class EngineWorker:
         if cp is None:
             log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
             return True
-        snap, meta = cp
-        if meta.get("version", 2) >= 3:
+        snap, meta = cp[0], CheckpointMeta.from_dict(cp[1])
+        if meta.profiles is None:  # version 3 on
             stored = self.r.hgetall(rs.CHECKPOINT_PROFILES)
             self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
             self.engine = Engine.restore(snap, self.defs)
         else:  # a checkpoint with the profiles inside: the next snapshot moves them out
             self.engine = Engine.restore(snap)
             active = {p.id: p for p in self.engine.profiles}
-            for pid, (expr, sub) in meta["profiles"].items():
+            for pid, (expr, sub) in meta.profiles.items():
                 self.defs[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
             self.dirty = set(self.defs)
         cfg = self.cfg  # this run's plan options apply to the restored state (same output)
         self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift)
-        self.epoch = meta["epoch"]
-        self.last_id = meta["last_id"]
-        self.control_id = meta["control_id"]
-        self.totals.update(meta.get("totals", {}))
-        self.late_by_gateway.update(meta.get("late_by_gateway", {}))
-        if "read" not in meta.get("totals", {}):  # a checkpoint from before the count existed
+        self.epoch = meta.epoch
+        self.last_id = meta.last_id
+        self.control_id = meta.control_id
+        self.totals.update(meta.totals)
+        self.late_by_gateway.update(meta.late_by_gateway)
+        if not meta.counted_reads:  # a checkpoint from before the count existed
             self.totals["read"] = int(self.r.get(rs.INGEST_IN) or 0)
         held = []
-        for row in meta["buffer"]:  # version < 4: no gateway (its events wait for the others)
-            entry, seq, wall, obj = row[:4]
-            ev = event_from_obj(obj, obj["id"])
-            held.append(Held(ev.ts, seq, row[4] if len(row) > 4 else "?", wall, _Item(entry, ev)))
-        self.wm.restore(meta.get("watermarks", {"seq": meta.get("arrival", 0)}), held)
+        for row in meta.buffer:  # version < 4: gateway "?" (its events wait for the others)
+            ev = event_from_obj(row.event, row.event["id"])
+            held.append(Held(ev.ts, row.seq, row.gateway, row.wall, _Item(row.entry, ev)))
+        self.wm.restore(meta.watermarks, held)
         log.info(
             "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
             self.epoch, self.last_id, len(self.defs), len(self.buffer), self.engine.stats(),
@@ -335,13 +344,14 @@ class EngineWorker:
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
         for _jid, f in entries:
-            for op in json.loads(f[b"ops"]):
-                if op[0] == "c":
-                    self._set_def(op[1], op[2], op[3])
-                elif op[0] == "a":
-                    self.engine.advance(op[1])
+            entry = JournalEntry.read(f)
+            for op in entry.operations():
+                if isinstance(op, ProfileChanged):
+                    self._set_def(op.id, op.expr, op.subscriber)
+                elif isinstance(op, Advanced):
+                    self.engine.advance(op.t)
                 else:
-                    key = op[1]
+                    key = op.key
                     h = held.pop(key, None)
                     if h is not None:
                         ev, gw = h.item.event, h.source
@@ -352,11 +362,11 @@ class EngineWorker:
                         self._process(ev, gw, replay=True)
                     fed.add(key)
             redone = self.engine.take_notifications()
-            if len(redone) != int(f[b"n"]):
+            if len(redone) != entry.notifications:
                 log.error("journal replay gave %d notifications where %s were committed: "
-                          "the engine is not deterministic", len(redone), rs.text(f[b"n"]))
+                          "the engine is not deterministic", len(redone), entry.notifications)
             self.totals["notifications"] += len(redone)
-            self.control_id = rs.text(f[b"ctl"])
+            self.control_id = entry.control_id
         if fed:
             self.wm.discard(lambda h: h.item.entry in fed)
         if entries:
@@ -409,10 +419,10 @@ class EngineWorker:
         return profiles
 
     def _load_index(self) -> dict[str, Any]:
-        from adapters.spark.index import load_index
-
+        if self.cfg.load_index is None:
+            raise ValueError("WorkerConfig.index needs WorkerConfig.load_index (its reader)")
         t = time.perf_counter()
-        profiles = load_index(self.cfg.index)  # type: ignore[arg-type]
+        profiles = self.cfg.load_index(self.cfg.index)  # type: ignore[arg-type]
         log.info("index %s: %d profiles loaded in %.1f s", self.cfg.index, len(profiles), time.perf_counter() - t)
         return {p.id: p for p in profiles}
 
@@ -422,7 +432,7 @@ class EngineWorker:
         expr = rec["expr"] if rec else None
         sub = rec.get("subscriber") if rec else None
         if self._set_def(pid, expr, sub, quiet):
-            self._input(["c", pid, expr, sub])
+            self._input(op_profile(pid, expr, sub))
             self.changed = True
             return True
         return False
@@ -621,11 +631,11 @@ class EngineWorker:
         for h in self.wm.release(now, target):
             self._feed(h.item.event, h.item.entry, h.source)
         if wall and (self.engine.now is None or target > self.engine.now):
-            self._input(["a", target])
+            self._input(op_advance(target))
             self.engine.advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
-        self._input(["e", key])  # the event key: rs.decode_entry's identity
+        self._input([OP_EVENT, key])  # records.op_event, inline (per event); the key: decode_entry's
         self._process(ev, gw)
 
     def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
@@ -680,10 +690,10 @@ class EngineWorker:
         t0 = time.perf_counter()
         self.pending.extend(self.engine.take_notifications())
         records = [self.record(n) for n in self.pending]
-        ops = rs.dumps(self.inputs)
+        entry = JournalEntry(self.inputs, len(records), self.control_id).fields()
 
         def write(p: Any) -> None:
-            p.xadd(rs.JOURNAL, {"ops": ops, "n": len(records), "ctl": self.control_id})
+            p.xadd(rs.JOURNAL, entry)
             for rec in records:
                 store.enqueue(p, rec)
 
@@ -702,8 +712,8 @@ class EngineWorker:
         snap = self.engine.snapshot(profiles_apart=True)
         changed = {pid: self.defs.get(pid) for pid in self.dirty}
         meta_obj = self._meta()
-        meta_obj["totals"]["notifications"] += len(records)  # written by this transaction
-        meta = rs.dumps(meta_obj)
+        meta_obj.totals["notifications"] += len(records)  # written by this transaction
+        meta = meta_obj.to_json()
         unacked = list(self.unacked)
 
         def write(p: Any) -> None:

@@ -218,7 +218,10 @@ def serve(
     if index is not None:
         if not (index / "manifest.json").is_file():
             raise _fail(f"--index {index}: not an `ens spark index` snapshot (no manifest.json)")
+        from adapters.spark.index import load_index
+
         wcfg.index = str(index)
+        wcfg.load_index = load_index
     if reset_admin_token:
         st = Store(redis_url, data_dir)
         token = rs.reset_admin_token(st.r)
