@@ -362,7 +362,7 @@ def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: type
         res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--batch", "3"])
         assert res.exit_code == 0, res.output
         assert seen == [503, 503, 202, 202]  # the first batch three times, the second once
-        assert "5 accepted, 0 rejected" in res.stdout and "retry 2 of 5" in res.stderr
+        assert "5 accepted, 0 rejected" in res.stdout and "retry 2 in" in res.stderr
         seen.clear()
         res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--retries", "1"])
         assert res.exit_code == 1 and seen == [503, 503]  # gave up: nothing accepted, said so
@@ -380,4 +380,4 @@ def test_serve_rejects_a_negative_reorder_delay() -> None:
 
     res = CliRunner().invoke(ens_app, ["serve", "--reorder-seconds", "-5"])
     assert res.exit_code == 2
-    assert "--reorder-seconds" in res.output and "-5" in res.output and ">= 0" in res.output
+    assert "--reorder-seconds" in res.output and "-5" in res.output and "at least 0" in res.output

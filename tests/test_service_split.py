@@ -122,7 +122,7 @@ def test_backlog_over_the_bound_answers_429_until_the_engine_catches_up(tmp_path
             assert th.is_alive(), "ens post waits while the backlog is over the bound"
             engine = Service(url, log, *args, "--role", "engine", http=False).start()
             th.join(30)
-            assert res and res[0].exit_code == 0, res  # type: ignore[attr-defined]
+            assert res and res[0].exit_code == 0, res[0].output  # type: ignore[attr-defined]
             ids = wait_for(lambda: len(outbox_for(r, "alarm")) == 61 and outbox_for(r, "alarm"),
                            15, "every accepted alarm notified")
             assert {n["events"]["e"]["id"] for n in ids} == {e["id"] for e in events} | {"y"}

@@ -42,6 +42,13 @@ EVENTS_REJECTED_TS = Counter(
     ["gateway", "bound"],
     registry=REGISTRY,
 )
+EVENTS_DUPLICATE = Counter(
+    "ens_events_duplicate",
+    "Events answered as accepted but not stored again: their id was sent by the same gateway "
+    "within --dedup-window (a retried POST).",
+    ["gateway"],
+    registry=REGISTRY,
+)
 REQUESTS = Counter(
     "ens_ingest_requests",
     "POST /v1/events requests by HTTP status.",

@@ -49,6 +49,9 @@ class ServeConfig:
     deliver: bool = True
     roles: tuple[str, ...] = ROLES  # which parts run in this process
     api_workers: int = 1  # >1: the API runs in that many forked processes sharing the socket
+    keepalive_timeout: float = 5.0  # s an idle keep-alive connection stays open
+    header_timeout: float = 10.0  # s for a request's headers to arrive
+    max_connections: int = 0  # HTTP connections per API process (0: from the open-file limit)
     log_level: str = "INFO"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
