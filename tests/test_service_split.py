@@ -133,3 +133,37 @@ def test_backlog_over_the_bound_answers_429_until_the_engine_catches_up(tmp_path
             api.kill()
             engine.kill()
             r.close()
+
+
+def test_concurrent_batches_never_take_the_backlog_over_the_bound(tmp_path: Path) -> None:
+    """Issue 24.8: four clients posting 1,000-event batches took the backlog to 1.65-2.2x
+    --max-backlog (the bound was read, cached, then the write came apart). The ingest script
+    now checks it atomically with the append, counting the request's events."""
+    log = tmp_path / "serve.log"
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        key = rs.add_gateway(r, "gw")
+        engine = Service(url, log, "--role", "engine", http=False).start()
+        api = Service(url, log, "--role", "api", "--max-backlog", "2500", engine=False).start()
+        statuses: list[int] = []
+        try:
+            assert engine.stop() == 0  # nothing reads from here on
+            def client(c: int) -> None:
+                with httpx.Client(base_url=api.url, headers={"X-API-Key": key}, timeout=30) as h:
+                    for k in range(6):
+                        now = time.time()
+                        batch = [{"id": f"c{c}-{k}-{i}", "ts": now, "kind": "x"} for i in range(1000)]
+                        statuses.append(h.post("/v1/events", json=batch).status_code)
+
+            threads = [threading.Thread(target=client, args=(c,)) for c in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            appended = int(r.get(rs.INGEST_IN) or 0)
+            assert set(statuses) == {202, 429} and len(statuses) == 24
+            assert appended == 2000 == 1000 * statuses.count(202), (appended, statuses)
+        finally:
+            api.kill()
+            engine.kill()
+            r.close()
