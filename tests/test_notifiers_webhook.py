@@ -90,6 +90,70 @@ def test_verify_accepts_valid_and_rejects_tampered_stale_and_foreign():
     assert verify(SECRET, both, body, now=now)
 
 
+def _doc_verify():
+    """The standard-library `verify` of docs/notifiers.md, exactly as written there."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "notifiers.md").read_text()
+    intro = doc.index("the same check needs only the standard library")
+    code = re.search(r"```python\n(.*?)```", doc[intro:], re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "docs/notifiers.md", "exec"), scope)  # noqa: S102 - our own doc
+    return scope["verify"]
+
+
+@pytest.mark.parametrize("which", ["docs/notifiers.md sample", "notifiers.webhook.verify"])
+def test_a_unicode_digit_timestamp_gets_401_from_a_receiver_using_the_verifier(which):
+    """Issue 24.12: `"²".isdigit()` is true but `int("²")` raises, so a receiver copying the
+    doc's sample answered 500 to an unauthenticated request. Both verifiers say no: 401."""
+    import http.client
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    check = _doc_verify() if which.startswith("docs") else verify
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            try:
+                status = 200 if check(SECRET, dict(self.headers), body) else 401
+            except Exception:  # what a web framework makes of an exception
+                status = 500
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        body = b'{"notification_id":"n1"}'
+        now = int(time.time())
+        arabic = str(now).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+        cases = {
+            str(now): (sign(SECRET, now, body), 200),
+            "²": (sign(SECRET, "²", body), 401),
+            "1²": (sign(SECRET, "1²", body), 401),
+        }
+        for ts, (sig, want) in cases.items():
+            conn = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=10)
+            conn.putrequest("POST", "/hook")
+            conn.putheader("X-ENS-Timestamp", ts.encode("latin-1"))  # HTTP headers are latin-1
+            conn.putheader("X-ENS-Signature", sig)
+            conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            got = conn.getresponse().status
+            conn.close()
+            assert got == want, (which, ts, got)
+        # digits int() reads but HTTP cannot carry as latin-1 (a receiver decoding UTF-8)
+        headers = {"X-ENS-Timestamp": arabic, "X-ENS-Signature": sign(SECRET, arabic, body)}
+        assert check(SECRET, headers, body) is False
+    finally:
+        httpd.shutdown()
+
+
 @given(st.binary(min_size=1, max_size=64), st.binary(max_size=256), st.integers(0, 255))
 def test_verify_roundtrip_and_any_flipped_byte(secret, body, flip):
     ts = 1_700_000_000
