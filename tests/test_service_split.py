@@ -49,7 +49,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_api_workers_serve_one_port_and_a_dead_one_stops_the_service(tmp_path: Path) -> None:
+def _api_processes(pid: int) -> list[int]:
+    """The API processes of `ens serve --api-workers N`: children of its one child, the
+    supervisor that replaces them."""
+    return [k for sup in _children(pid) for k in _children(sup)]
+
+
+def test_api_workers_serve_one_port_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
+    """Issue 24.6: one API process's death stopped its sibling and the service (exit 1), and
+    a clean SIGTERM exited 1. The dead one is replaced; a clean stop exits 0."""
     with redis_server(tmp_path) as url:
         r = redis.Redis.from_url(url, decode_responses=True)
         rs.put_profile(r, "alarm", 'kind = "alarm"')
@@ -58,7 +66,8 @@ def test_api_workers_serve_one_port_and_a_dead_one_stops_the_service(tmp_path: P
                       "--max-backlog", "0", "--max-past", "off").start()
         try:
             assert svc.proc is not None
-            kids = wait_for(lambda: len(_children(svc.proc.pid)) == 2 and _children(svc.proc.pid),
+            pid = svc.proc.pid
+            kids = wait_for(lambda: len(_api_processes(pid)) == 2 and _api_processes(pid),
                             10, "two API processes")
             for i in range(20):  # new connections: the kernel spreads them over both
                 resp = httpx.post(svc.url + "/v1/events", json={"id": f"a{i}", "ts": 100 + i,
@@ -76,10 +85,21 @@ def test_api_workers_serve_one_port_and_a_dead_one_stops_the_service(tmp_path: P
                 assert metric(text, "ens_notifications_total") == 20
                 assert metric(text, "ens_commit_seconds_count") >= 1
             os.kill(kids[0], signal.SIGKILL)
-            assert svc.proc.wait(15) == 1  # a dead part takes the service down
+            new = wait_for(lambda: len(set(_api_processes(pid)) - {kids[0]}) == 2
+                           and _api_processes(pid), 10, "a new API process")
+            assert kids[1] in new and kids[0] not in new  # the sibling kept serving
+            for i in range(10):  # both (new connections spread over them) answer
+                resp = httpx.post(svc.url + "/v1/events", json={"id": f"b{i}", "ts": 200 + i,
+                                  "kind": "alarm"}, headers={"X-API-Key": key}, timeout=5)
+                assert resp.status_code == 202, resp.text
+            assert svc.proc.poll() is None
+            wait_for(lambda: len(outbox_for(r, "alarm")) == 30, 10, "30 alarms")
+            assert svc.stop() == 0  # a clean stop of N API processes exits 0
             assert not any(Path(f"/proc/{k}").exists() and "zombie" not in
-                           Path(f"/proc/{k}/status").read_text() for k in kids)
-            assert "http-0 stopped unexpectedly" in (tmp_path / "serve.log").read_text()
+                           Path(f"/proc/{k}/status").read_text() for k in new)
+            text = (tmp_path / "serve.log").read_text()
+            assert "exited with status -9; starting a new one" in text
+            assert "stopped unexpectedly" not in text
         finally:
             svc.kill()
             r.close()
