@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from ens.commands.notifications import app
 from notifiers import store
-from notifiers.config import RetryPolicy
+from notifiers.config import RetryPolicy, WorkerConfig
 from notifiers.destinations import DestinationGate
 from notifiers.metrics import REGISTRY
 from notifiers.webhook import destination, parse_retry_after, sign, verify
@@ -628,3 +628,51 @@ def test_a_wait_under_a_millisecond_does_not_block_for_ever(r, receiver):
         thread.start()
         thread.join(3)
         assert not thread.is_alive()
+
+
+# --- abandoned deliveries (issue 24.9) ---------------------------------------------------------
+
+
+def test_a_delivery_abandoned_mid_send_is_taken_over_within_seconds(r, receiver):
+    """Issue 24.9: deliveries in flight when the deliver process (or Redis) died waited out the
+    full 120 s lease. The lease is short and renewed only while the send runs, so a dead
+    worker's deliveries come back within seconds."""
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n-abandoned"))
+    cfg = fast_config(consumer="dead")
+    cfg.worker.lease = WorkerConfig().lease  # the default, as a real deployment runs it
+    dead = DeliveryWorker(r, cfg)
+    dead._intake(Counts(), 0)
+    assert dead._lease_due(store.RETRY, 10) == ["n-abandoned:0"]  # ... and it dies here:
+    dead.close()  # its threads (the lease renewer too) end with it
+    t0 = time.monotonic()
+    cfg_b = fast_config(consumer="alive")
+    cfg_b.worker.lease = WorkerConfig().lease
+    with DeliveryWorker(r, cfg_b) as alive:
+        drive(alive, lambda: receiver.counts()["n-abandoned"] == 1, timeout=30)
+    assert time.monotonic() - t0 <= WorkerConfig().lease + 2
+    assert WorkerConfig().lease <= 15
+
+
+def test_a_slow_send_keeps_its_lease_and_is_not_sent_twice(r, receiver):
+    """The lease is renewed while the send runs: a receiver slower than the lease still gets
+    the delivery once, while another worker polls the schedule all along."""
+    subscribe(r, receiver.url)
+    receiver.script.append((200, {}, 2.5))  # answers after 2.5 leases
+    store.enqueue(r, notification("n-slow"))
+    cfg = fast_config(consumer="slow")
+    cfg.worker.lease = 1.0
+    cfg.webhook.timeout = 10
+    other_cfg = fast_config(consumer="other")
+    other_cfg.worker.lease = 1.0
+    with DeliveryWorker(r, cfg) as slow, DeliveryWorker(r, other_cfg) as other:
+        slow._intake(Counts(), 0)
+        assert slow._lease_due(store.RETRY, 10) == ["n-slow:0"]
+        sending = threading.Thread(target=slow._deliver, args=("n-slow:0",))
+        sending.start()
+        while sending.is_alive():
+            other.run_once()
+            time.sleep(0.05)
+        sending.join()
+        drive(other, lambda: settled(r))
+    assert receiver.counts()["n-slow"] == 1

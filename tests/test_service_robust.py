@@ -438,3 +438,55 @@ def test_metrics_token_guards_the_scrape(svc: Service, tmp_path: Path) -> None:
     finally:
         assert api.stop() == 0, (tmp_path / "api.log").read_text()[-2000:]
     assert httpx.get(svc.url + "/metrics").status_code == 200  # no token set: public
+
+
+# ----------------------------------------------------------------------------- idle connections
+
+
+def test_idle_and_trickling_connections_cannot_starve_the_service(tmp_path: Path) -> None:
+    """Issue 24.5: with `ulimit -n 1024`, 1,100 idle connections made every POST fail for 60 s.
+    Here the limit is 256 and 300 connections sit idle: the longest idle ones are closed to
+    make room, headers that trickle in are cut off at --header-timeout, and an idle
+    keep-alive connection at --keepalive-timeout; the service answers meanwhile."""
+    with redis_server(tmp_path) as url:
+        s = Service(url, tmp_path / "serve.log", "--header-timeout", "1s",
+                    "--keepalive-timeout", "1s", nofile=256).start()
+        idle: list[socket.socket] = []
+        try:
+            r = redis.Redis.from_url(url, decode_responses=True)
+            key = rs.add_gateway(r, "gw-idle")
+            r.close()
+            for _ in range(300):
+                idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+            t0 = time.monotonic()
+
+            def posted() -> bool:
+                try:
+                    resp = httpx.post(s.url + "/v1/events", json={"ts": time.time(), "kind": "x"},
+                                      headers={"X-API-Key": key}, timeout=2)
+                except httpx.HTTPError:
+                    return False
+                return resp.status_code == 202
+
+            wait_for(posted, 15, "a POST answered while 300 connections sit idle")
+            assert time.monotonic() - t0 < 5  # not after some long timeout
+
+            trickle = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            trickle.sendall(b"POST /v1/events HTTP/1.1\r\nHo")  # and nothing more
+            t1 = time.monotonic()
+            assert trickle.recv(100) == b""  # closed by the server ...
+            assert 0.5 < time.monotonic() - t1 < 5  # ... at --header-timeout
+            trickle.close()
+
+            with socket.create_connection(("127.0.0.1", s.port), timeout=10) as ka:
+                ka.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                t2 = time.monotonic()
+                data = b""
+                while chunk := ka.recv(65536):  # the answer, then the close of the idle
+                    data += chunk               # keep-alive connection
+                assert data.startswith(b"HTTP/1.1 200") and time.monotonic() - t2 < 5
+            assert s.proc is not None and s.proc.poll() is None
+        finally:
+            for c in idle:
+                c.close()
+            s.kill()

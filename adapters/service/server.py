@@ -30,6 +30,7 @@ import uvicorn
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
+from adapters.service.connections import uvicorn_options
 from adapters.service.worker import EngineWorker, WorkerConfig
 
 log = logging.getLogger("ens.service")
@@ -307,6 +308,7 @@ def _serve(
             return uvicorn.Server(uvicorn.Config(
                 create_app(settings), host=cfg.host, port=cfg.port, log_level="warning",
                 access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                **uvicorn_options(cfg.keepalive_timeout, cfg.header_timeout, cfg.max_connections),
             ))
 
         if cfg.api_workers > 1:  # forked before any thread starts
