@@ -491,3 +491,16 @@ def test_idle_and_trickling_connections_cannot_starve_the_service(tmp_path: Path
             for c in idle:
                 c.close()
             s.kill()
+
+
+def test_duplicates_are_found_in_batches_larger_than_the_script_chunks(
+    gw: httpx.Client, r: redis.Redis
+) -> None:
+    """The ingest script looks ids up 500 at a time and adds them 500 at a time."""
+    now = time.time()
+    batch = [{"id": f"big-{i}", "ts": now, "kind": "big"} for i in range(1200)]
+    first = gw.post("/v1/events", json=batch)
+    assert first.status_code == 202 and "duplicates" not in first.json(), first.text
+    again = gw.post("/v1/events", json=[*batch[::-1], {"id": "big-new", "ts": now, "kind": "big"}])
+    assert again.json() == {"accepted": 1201, "duplicates": 1200, "rejected": 0, "errors": []}
+    assert r.zscore(rs.seen_key("gw-robust"), "big-1199") is not None

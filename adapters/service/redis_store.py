@@ -489,12 +489,34 @@ if win > 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - win)
+  -- the ids' scores in chunks (one call per 500, not one per event), then one ZADD per chunk
+  local known, fresh = {}, {}
+  local ids = {}
   for i = 7, #ARGV, 2 do
-    if ARGV[i] ~= '' and redis.call('ZADD', KEYS[5], 'NX', now, ARGV[i]) == 0 then
+    if ARGV[i] ~= '' then ids[#ids + 1] = ARGV[i] end
+  end
+  for c = 1, #ids, 500 do
+    local chunk = {unpack(ids, c, math.min(c + 499, #ids))}
+    local scores = redis.call('ZMSCORE', KEYS[5], unpack(chunk))
+    for k = 1, #chunk do
+      if scores[k] then known[chunk[k]] = true end
+    end
+  end
+  for i = 7, #ARGV, 2 do
+    local id = ARGV[i]
+    if id ~= '' and known[id] then
       dups = dups + 1
     else
+      if id ~= '' then
+        known[id] = true  -- a second copy in the same request is a duplicate too
+        fresh[#fresh + 1] = now
+        fresh[#fresh + 1] = id
+      end
       parts[#parts + 1] = ARGV[i + 1]
     end
+  end
+  for c = 1, #fresh, 1000 do
+    redis.call('ZADD', KEYS[5], unpack(fresh, c, math.min(c + 999, #fresh)))
   end
   local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[6])
   if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
