@@ -132,7 +132,9 @@ class WorkerConfig(BaseModel):
     concurrency: int = Field(default=8, ge=1)
     poll: float = Field(default=1.0, gt=0, description="longest idle wait between polls")
     lease: float = Field(
-        default=120.0, gt=0, description="a taken delivery is retried by anyone after this"
+        default=10.0, gt=0, le=86400,
+        description="a taken delivery is retried by anyone after this; renewed every third "
+                    "of it while its send runs, so a dead worker's deliveries come back this soon",
     )
     claim_idle: float = Field(
         default=60.0, ge=0, description="take over other consumers' entries idle this long"

@@ -427,23 +427,87 @@ def check_key_record(raw: Any, key: str) -> KeyCheck:
     return KeyCheck(name, "ok")
 
 
-# Append a request's events only if its gateway key is still valid: the check and the write
-# are one atomic round trip, so the API may cache keys it has seen and a revocation still takes
-# effect on the very next request. Returns the entry id, or "unknown" / "revoked".
-INGEST_SCRIPT = f"""
+# Append a request's events only if its gateway key is still valid, the backlog bound allows
+# them, and their ids are new: the checks and the write are one atomic round trip, so the API
+# may cache keys it has seen (a revocation still takes effect on the very next request), and
+# concurrent requests cannot overshoot --max-backlog together.
+# KEYS: GATEWAYS, INGEST, INGEST_IN, ENGINE_STATUS, the gateway's seen-ids zset (`seen_key`).
+# ARGV: gateway, key sha256, entry format, max backlog (0: none), dedup window ms (0: off),
+# most ids remembered, then (event id or "", event JSON) per event.
+# Returns {"ok", entry id or "", duplicates}, {"unknown"}, {"revoked"} or {"backlog", n}.
+INGEST_SCRIPT = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return 'unknown' end
+if not raw then return {'unknown'} end
 local rec = cjson.decode(raw)
-if rec['sha256'] ~= ARGV[2] then return 'unknown' end
+if rec['sha256'] ~= ARGV[2] then return {'unknown'} end
 if rec['revoked'] and rec['revoked'] ~= cjson.null and rec['revoked'] ~= false then
-  return 'revoked'
+  return {'revoked'}
 end
-local id = redis.call('XADD', KEYS[2], '*', '{INGEST_BATCH}', ARGV[3], '{INGEST_GATEWAY}', ARGV[1],
-                      '{INGEST_FORMAT}', ARGV[5], '{VERSION_FIELD}', '{INGEST_VERSION}')
-redis.call('INCRBY', KEYS[3], ARGV[4])
-return id
+local n = (#ARGV - 6) / 2
+local maxb = tonumber(ARGV[4])
+if maxb > 0 then
+  local st = redis.call('HMGET', KEYS[4], 'read', 'buffered')
+  local backlog = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(st[1] or '0')
+  if backlog < 0 then backlog = 0 end
+  backlog = backlog + tonumber(st[2] or '0')
+  if backlog > 0 and backlog + n > maxb then return {'backlog', backlog} end
+end
+local win = tonumber(ARGV[5])
+local parts = {}
+local dups = 0
+if win > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - win)
+  -- the ids' scores in chunks (one call per 500, not one per event), then one ZADD per chunk
+  local known, fresh = {}, {}
+  local ids = {}
+  for i = 7, #ARGV, 2 do
+    if ARGV[i] ~= '' then ids[#ids + 1] = ARGV[i] end
+  end
+  for c = 1, #ids, 500 do
+    local chunk = {unpack(ids, c, math.min(c + 499, #ids))}
+    local scores = redis.call('ZMSCORE', KEYS[5], unpack(chunk))
+    for k = 1, #chunk do
+      if scores[k] then known[chunk[k]] = true end
+    end
+  end
+  for i = 7, #ARGV, 2 do
+    local id = ARGV[i]
+    if id ~= '' and known[id] then
+      dups = dups + 1
+    else
+      if id ~= '' then
+        known[id] = true  -- a second copy in the same request is a duplicate too
+        fresh[#fresh + 1] = now
+        fresh[#fresh + 1] = id
+      end
+      parts[#parts + 1] = ARGV[i + 1]
+    end
+  end
+  for c = 1, #fresh, 1000 do
+    redis.call('ZADD', KEYS[5], unpack(fresh, c, math.min(c + 999, #fresh)))
+  end
+  local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[6])
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
+  redis.call('PEXPIRE', KEYS[5], win)
+else
+  for i = 8, #ARGV, 2 do parts[#parts + 1] = ARGV[i] end
+end
+if #parts == 0 then return {'ok', '', dups} end
+local id = redis.call('XADD', KEYS[2], '*', '""" + INGEST_BATCH + """', '[' .. table.concat(parts, ',') .. ']',
+                      '""" + INGEST_GATEWAY + """', ARGV[1], '""" + INGEST_FORMAT + """', ARGV[3],
+                      '""" + VERSION_FIELD + """', '""" + str(INGEST_VERSION) + """')
+redis.call('INCRBY', KEYS[3], #parts)
+return {'ok', id, dups}
 """
-INGEST_SCRIPT_KEYS = (GATEWAYS, INGEST, INGEST_IN)
+INGEST_SCRIPT_KEYS = (GATEWAYS, INGEST, INGEST_IN, ENGINE_STATUS)
+INGEST_SEEN = "ens:ingest:seen:"  # + gateway: zset event id -> ms it was first accepted
+
+
+def seen_key(gateway: str) -> str:
+    """The zset of a gateway's recently accepted event ids (ingest idempotency)."""
+    return INGEST_SEEN + gateway
 
 
 def gateway_of_key(key: str) -> str | None:

@@ -102,12 +102,15 @@ class WorkerConfig:
     clock: str = "wall"  # "wall": timers fire by wall clock; "event": only by event time
     tz: str = "UTC"
     name: str = field(default_factory=socket.gethostname)
-    batch: int = 1000
+    batch: int = 1000  # most ingest entries read per step
+    step_events: int = 20_000  # ... and about this many events: a step stays short (lock lease)
     block: float = 0.1  # longest XREADGROUP wait (s): the tick of the wall clock
     commit_min_interval: float = 0.01  # group notifications of steps this close together
     snapshot_interval: float = 30.0  # snapshot the engine this often when it changed ...
     snapshot_inputs: int = 200_000  # ... or after this many inputs (bounds recovery work)
-    lock_ttl: float = 15.0
+    snapshot_journal: int = 2_000  # ... or when the journal holds this many commits
+    lock_ttl: float = 15.0  # renewed every third of it while the worker works
+    max_skew: float = 1.0  # an event this far ahead of the wall clock waits for it (fast clocks)
     heartbeat_interval: float = 1.0
     status_interval: float = 10.0  # the "worker: N events, ..." log line
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
@@ -177,12 +180,20 @@ class EngineWorker:
         self.last_id = "0-0"  # last ingest entry read into engine or buffer
         self.control_id = "0-0"
         cfg = self.cfg
-        self.wm = Watermarks(cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events)
+        self.wm = Watermarks(cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events,
+                             cfg.max_skew)
+        self.skewed: list[str] = []  # gateways whose clocks run ahead (logged when they start)
         self.late_by_gateway: dict[str, int] = {}
         self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
         self.since_snapshot = 0  # inputs since the last snapshot
+        self.journal_len = 0  # commits in ens:engine:journal (since the last snapshot)
+        self.last_renew = time.monotonic()  # of the engine lock
+        # entries read from ens:ingest but not taken yet (a step takes about step_events
+        # events); still pending in the group, so a recovery reads them again
+        self.queued: list[tuple[Any, Any]] = []
+        self.read_full = False  # the last read was a full batch: more is waiting
         # read: events taken from ens:ingest (the API's ens:ingest:in minus it is the backlog)
         self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0, "read": 0}
         self.changed = False  # anything to snapshot
@@ -252,6 +263,7 @@ class EngineWorker:
         ttl = int(self.cfg.lock_ttl * 1000)
         waiting = False
         while stop is None or not stop.is_set():
+            self.last_renew = time.monotonic()
             if self.r.set(rs.ENGINE_LOCK, self.holder, nx=True, px=ttl):
                 return
             cur = rs.text(self.r.get(rs.ENGINE_LOCK))
@@ -268,6 +280,19 @@ class EngineWorker:
                 waiting = True
             time.sleep(0.2) if stop is None else stop.wait(0.2)
         raise LockLost("stopped while waiting for the engine lock")
+
+    def _keepalive(self) -> None:
+        """Renew the lock lease while working (a long replay or step): every third of its TTL.
+
+        The lease is renewed by the worker's own progress, never by a side thread, so a
+        worker that hangs loses it and a standby takes over.
+        """
+        now = time.monotonic()
+        if now - self.last_renew < self.cfg.lock_ttl / 3:
+            return
+        if not self._renew(keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]):
+            raise LockLost("the engine lock expired or was taken over")
+        self.last_renew = now
 
     def _stale(self, holder: str) -> bool:
         """A holder on this host whose process is gone (``kill -9``): no need to wait the TTL."""
@@ -305,9 +330,12 @@ class EngineWorker:
         reread = 0
         for eid, fields in pel:  # a batch entry may be fed in part: the rest is taken again
             reread += self._take(eid, fields, now, skip=fed)
+            self._keepalive()
         if reread:
             log.info("re-read %d pending ingest events after the journal", reread)
-        if bulk:  # many profiles changed: snapshot now rather than journal them
+        if bulk or self.journal_len or reread:
+            # many profiles changed, or a recovery: snapshot now, so that an engine restarted
+            # more often than --snapshot-interval does not replay an ever longer journal
             self.snapshot()
         gc.collect()  # the loaded engine lives on: keep the collector from rescanning it
         gc.freeze()
@@ -343,6 +371,7 @@ class EngineWorker:
         held = {h.item.entry: h for h in self.buffer}
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
+        self.journal_len = len(entries)
         for _jid, f in entries:
             entry = JournalEntry.read(f)
             for op in entry.operations():
@@ -361,6 +390,8 @@ class EngineWorker:
                     if ev is not None:
                         self._process(ev, gw, replay=True)
                     fed.add(key)
+                    if not len(fed) & 255:
+                        self._keepalive()
             redone = self.engine.take_notifications()
             if len(redone) != entry.notifications:
                 log.error("journal replay gave %d notifications where %s were committed: "
@@ -507,10 +538,14 @@ class EngineWorker:
                 if not self.started:
                     self.start(stop)
                 self.step()
-            except LockLost:
+            except LockLost as exc:
                 if stop.is_set():
                     break
-                raise
+                # its state may be ahead of what it committed: drop it, wait for the lock again
+                # (a standby now, or the engine again if nobody else took over)
+                log.error("%s; restarting from the snapshot once the lock is free", exc)
+                self.started = False
+                stop.wait(1.0)
             except redis.RedisError as exc:
                 log.error("redis error (%s); restarting from the snapshot in 1 s", exc)
                 self.started = False
@@ -539,37 +574,48 @@ class EngineWorker:
                 due = self.wm.next_due(t, lag)
                 if due is not None:
                     block = min(block, max(due - t, 0.001))
-        resp = self.r.xreadgroup(
-            rs.ENGINE_GROUP,
-            self.cfg.name,
-            {rs.INGEST: ">"},
-            count=self.cfg.batch,
-            block=max(int(block * 1000), 1) if block > 0 else None,
-        )
-        entries = resp[0][1] if resp else []
+        if not self.queued:
+            resp = self.r.xreadgroup(
+                rs.ENGINE_GROUP,
+                self.cfg.name,
+                {rs.INGEST: ">"},
+                count=self.cfg.batch,
+                block=max(int(block * 1000), 1) if block > 0 else None,
+            )
+            self.queued = list(reversed(resp[0][1])) if resp else []
+            self.read_full = len(self.queued) >= self.cfg.batch
         now = time.time() if now is None else now
         self._control()  # first: a profile added before an event was posted sees that event
-        for eid, fields in entries:
-            self._take(rs.text(eid), fields, now)
-        # A full batch means more is waiting: the wall clock must not overtake events that were
-        # accepted but not read yet (they would all turn late), so only event time moves.
-        self._release_due(now, caught_up=len(entries) < self.cfg.batch)
+        # a step takes about step_events events (an entry holds one request's), so that it
+        # ends, commits and renews the lock lease soon whatever the backlog
+        entries = taken = 0
+        while self.queued and taken < self.cfg.step_events:
+            eid, fields = self.queued.pop()
+            taken += self._take(rs.text(eid), fields, now)
+            entries += 1
+        # More waiting (a full batch, or entries not taken yet): the wall clock must not
+        # overtake events that were accepted but not read yet (they would all turn late), so
+        # only event time moves.
+        self._release_due(now, caught_up=not (self.read_full or self.queued))
         self.pending.extend(self.engine.take_notifications())
         mono = time.monotonic()
         if self.changed and (
             mono - self.last_snapshot >= self.cfg.snapshot_interval
             or self.since_snapshot >= self.cfg.snapshot_inputs
+            or self.journal_len >= self.cfg.snapshot_journal
         ):
             self.snapshot()
         elif self.pending and mono - self.last_commit >= self.cfg.commit_min_interval:
             self.commit()
         self._heartbeat()
         self._status()
-        return len(entries)
+        return entries
 
     def _input(self, op: list[Any]) -> None:
         self.inputs.append(op)
         self.since_snapshot += 1
+        if not self.since_snapshot & 255:
+            self._keepalive()
 
     @staticmethod
     def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
@@ -613,6 +659,8 @@ class EngineWorker:
             if key in skip:
                 continue
             taken += 1
+            if not taken & 1023:
+                self._keepalive()
             ev = self._parse(key, gw, obj, normalized)
             if ev is None:
                 m.EVENTS_INVALID.labels(gateway=gw).inc()
@@ -683,7 +731,14 @@ class EngineWorker:
                 p.pexpire(rs.ENGINE_LOCK, int(self.cfg.lock_ttl * 1000))
                 p.execute()
             except redis.WatchError:
+                # redis-py also reports a connection lost under WATCH as a WatchError: whether
+                # the transaction ran is unknown, and the lock may well still be ours. A Redis
+                # error (here, or from the check) makes run_forever restart from Redis.
+                if rs.text(self.r.get(rs.ENGINE_LOCK)) == self.holder:
+                    raise redis.ConnectionError(
+                        "connection lost during a transaction (outcome unknown)") from None
                 raise LockLost("the engine lock changed during a transaction") from None
+        self.last_renew = time.monotonic()
 
     def commit(self) -> None:
         """Journal the inputs since the last commit together with the notifications they made."""
@@ -700,6 +755,7 @@ class EngineWorker:
         self._transaction(write)
         self._published(records)
         self.inputs.clear()
+        self.journal_len += 1
         self.changed = True  # the journal holds something a snapshot would compact
         self.last_commit = time.monotonic()
         m.COMMITS.observe(time.perf_counter() - t0)
@@ -737,6 +793,7 @@ class EngineWorker:
         self.unacked.clear()
         self.dirty.clear()
         self.since_snapshot = 0
+        self.journal_len = 0
         self.changed = False
         self.last_commit = self.last_snapshot = time.monotonic()
         m.SNAPSHOTS.observe(time.perf_counter() - t0)
@@ -762,6 +819,7 @@ class EngineWorker:
             "last_id": self.last_id,
             "epoch": self.epoch,
             "snapshot_bytes": self.snapshot_bytes,
+            "skewed_gateways": self.wm.skewed(now),
             **{f"total_{k}": v for k, v in self.totals.items()},
         }
 
@@ -771,11 +829,19 @@ class EngineWorker:
             return
         if not self._renew(keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]):
             raise LockLost("the engine lock expired or was taken over")
+        stats = self.stats()
+        skewed = stats["skewed_gateways"]
+        for gw in set(skewed) - set(self.skewed):
+            log.warning("gateway %s sends events stamped more than %g s ahead of this clock: "
+                        "they wait for the wall clock (check its clock)", gw, self.cfg.max_skew)
+        self.skewed = skewed
+        # `read` and `buffered` apart: the ingest script reads them for --max-backlog
         self.r.hset(
             rs.ENGINE_STATUS,
-            mapping={"ts": repr(time.time()), "holder": self.holder, "stats": rs.dumps(self.stats())},
+            mapping={"ts": repr(time.time()), "holder": self.holder, "stats": rs.dumps(stats),
+                     "read": self.totals["read"], "buffered": len(self.buffer)},
         )
-        self.last_heartbeat = now
+        self.last_heartbeat = self.last_renew = now
 
     def lag(self) -> float:
         """Age (s) of the oldest event not yet fed: unread ingest entries or the buffer."""

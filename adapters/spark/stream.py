@@ -473,7 +473,8 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
     with r.pipeline(transaction=True) as p:
         p.hset(STATUS_KEY, mapping={"batch": max(batch_id, done), "totals": json.dumps(tot)})
         p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER,
-                                          "stats": rs.dumps(stats)})
+                                          "stats": rs.dumps(stats), "read": stats["total_read"],
+                                          "buffered": buffered})  # read by rs.INGEST_SCRIPT
         p.execute()
     if batch_id % 20 == 0 or tot.get("late"):
         log.info("batch %d: %s", batch_id, stats)
