@@ -149,7 +149,7 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
     for e in errors:
         typer.echo(f"error: {e}", err=True)
     if errors:
-        typer.echo(f"{profiles}: {len(errors)} problem(s), {len(pset.profiles)} valid profile(s)", err=True)
+        typer.echo(pset.summary(str(profiles), errors), err=True)
         raise typer.Exit(2)
     if not pset.profiles:
         typer.echo(f"warning: {profiles} defines no profiles", err=True)

@@ -38,7 +38,7 @@ def test_check_prints_every_problem(tmp_path: Path) -> None:
     # each problem names where (line and column in the expression, line in the file) and what was expected
     assert "profile 'a': line 1, column 3 (file line 2): unexpected end of profile; expected" in r.stderr
     assert "(file line 3)" in r.stderr
-    assert "1 valid profile" in r.stderr
+    assert "2 problem(s) (2 in 2 profile(s)); 1 of 3 profile(s) valid" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -234,7 +234,22 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
     assert "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address" in r.stderr
     assert f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret)" \
         in r.stderr
-    assert "5 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
+    # the profile of the good subscriber stays
+    assert "5 problem(s) (5 in subscribers); 1 of 1 profile(s) valid" in r.stderr
+
+
+def test_check_counts_problems_and_profiles_that_add_up(tmp_path: Path) -> None:
+    """A profile naming an unknown subscriber is not counted valid; the parts add up."""
+    f = tmp_path / "one.yaml"
+    f.write_text("profiles:\n  - {id: h2, expr: 'kind = \"a\"', subscriber: nobody}\n"
+                 "  - {id: h3, expr: 'kind = '}\n  - {id: h4, expr: 'kind = \"b\"'}\n"
+                 "subscribers:\n  - {id: ops, channels: [{email: a@b.c}]}\n"
+                 "  - {id: bad, channels: [{email: nope}]}\nextra: 1\n")
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 2
+    assert r.stderr.count("error: ") == 4
+    assert (f"{f}: 4 problem(s) (2 in 2 profile(s), 1 in subscribers, 1 elsewhere); "
+            "1 of 3 profile(s) valid") in r.stderr
 
 
 def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Path) -> None:

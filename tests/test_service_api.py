@@ -262,6 +262,35 @@ def test_admin_endpoints_need_the_admin_token(svc: Service, gw: httpx.Client) ->
         assert c.post("/v1/subscribers", json={"id": "x", "channels": []}).status_code == 403
 
 
+def test_admin_bodies_reject_unknown_keys_and_non_json(admin: httpx.Client, r: redis.Redis) -> None:
+    """A misspelt key is named, not silently dropped; a form body says it is not JSON."""
+    typo = admin.post("/v1/profiles", json={"id": "h2", "expr": 'kind = "a"', "subscribr": "x"})
+    assert typo.status_code == 422, typo.text
+    assert typo.json()["error"].startswith("subscribr: unknown key")
+    assert rs.get_profile(r, "h2") is None
+    sub = admin.post("/v1/subscribers", json={"id": "s2", "channels": [{"email": "a@b.c"}],
+                                              "digets": 60})
+    assert sub.status_code == 422 and "digets" in sub.json()["error"]
+    form = admin.post("/v1/profiles", content=b"id=h3&expr=x",
+                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415, form.text
+    assert "'application/x-www-form-urlencoded' is not application/json" in form.json()["error"]
+
+
+def test_stored_profiles_carry_warnings(admin: httpx.Client, gw: httpx.Client, r: redis.Redis) -> None:
+    """Valid but likely wrong: infinity, no subscriber, an attribute no event has carried."""
+    gw.post("/v1/events", json={"id": "lint1", "ts": time.time(), "kind": "window", "room": "1"})
+    wait_for(lambda: rs.seen_attributes(r), 10, "an ingested event")
+    resp = admin.post("/v1/profiles", json={"id": uid("inf"), "expr": "value > 1e400"})
+    assert resp.status_code == 201
+    ws = resp.json()["warnings"]
+    assert any("reads as infinity" in w for w in ws) and any("no subscriber" in w for w in ws)
+    resp = admin.post("/v1/profiles", json={"id": uid("knd"), "expr": 'knd = "window"'})
+    assert resp.status_code == 201
+    assert any("no event seen so far has attribute 'knd' (did you mean 'kind'?)" in w
+               for w in resp.json()["warnings"])
+
+
 def test_profile_crud_and_errors(admin: httpx.Client, gw: httpx.Client, r: redis.Redis,
                                  svc: Service) -> None:
     bad = admin.post("/v1/profiles", json={"id": "badp", "expr": "seq(a: k = 1,\n b: k >) within 1m"})

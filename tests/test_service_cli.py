@@ -381,3 +381,110 @@ def test_serve_rejects_a_negative_reorder_delay() -> None:
     res = CliRunner().invoke(ens_app, ["serve", "--reorder-seconds", "-5"])
     assert res.exit_code == 2
     assert "--reorder-seconds" in res.output and "-5" in res.output and ">= 0" in res.output
+
+
+# ----------------------------------------------------------------------------- embedded Redis
+
+
+def _redis_servers_in(data: Path) -> list[int]:
+    """redis-server processes working in ``data`` (Redis chdirs to its data directory)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["name"]):
+        try:
+            if (p.info["name"] or "").startswith("redis") and Path(p.cwd()) == data.resolve():
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _ens(*args: str, data: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`ens ARGS` as its own process (the embedded server must be gone when it exits)."""
+    env = {k: v for k, v in os.environ.items() if k != rs.ENV_URL}
+    env[rs.ENV_DATA_DIR] = str(data)
+    return subprocess.run([sys.executable, "-m", "ens", *args], cwd=ROOT, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_management_commands_leave_no_redis_server_behind(tmp_path: Path) -> None:
+    """Each command without a running service starts the embedded Redis and stops it again;
+    a command refused for its input creates nothing at all."""
+    data = tmp_path / "store"
+    res = _ens("gateway", "add", "bad name!", data=data)
+    assert res.returncode == 2 and "gateway name 'bad name!'" in res.stderr, res.stderr
+    assert not data.exists()  # validated before anything was created or started
+    commands: list[tuple[str, ...]] = [
+        ("subscriber", "add", "ops", "--email", "ops@example.org"),
+        ("profile", "add", "--id", "p1", "--expr", 'kind = "door"', "--subscriber", "ops"),
+        ("gateway", "add", "lobby"),
+        ("profile", "list"),
+        ("notifications", "tail"),
+        ("notifications", "dead-letter", "list"),
+        ("notifications", "dead-letter", "retry", "--all"),
+        ("profile", "rm", "p1"),
+        ("gateway", "revoke", "lobby"),
+    ]
+    for cmd in commands:
+        res = _ens(*cmd, data=data)
+        assert res.returncode == 0, (cmd, res.stderr)
+        assert _redis_servers_in(data) == [], f"`ens {' '.join(cmd)}` left a redis-server behind"
+
+
+def test_a_new_store_is_announced_and_a_missing_one_is_not_read(tmp_path: Path) -> None:
+    data = tmp_path / "typo"
+    app = typer.Typer()
+    register(app)
+    env = {rs.ENV_URL: None, rs.ENV_DATA_DIR: str(data)}
+    for cmd in (["profile", "list"], ["gateway", "list"], ["notifications", "tail"],
+                ["profile", "rm", "x"]):
+        res = CliRunner(env=env).invoke(app, cmd)
+        assert res.exit_code == 2, (cmd, res.output)
+        assert f"no ENS store in {data}" in res.output and "Traceback" not in res.output
+        assert not data.exists()
+    res = CliRunner(env=env).invoke(app, ["profile", "add", "--id", "p", "--expr", 'kind = "x"'])
+    assert res.exit_code == 0, res.output
+    assert f"created a new ENS store in {data}" in res.stderr
+    res = CliRunner(env=env).invoke(app, ["profile", "add", "--id", "q", "--expr", 'kind = "y"'])
+    assert res.exit_code == 0 and "new ENS store" not in res.stderr
+    res = CliRunner(env=env).invoke(app, ["profile", "list"])
+    assert res.exit_code == 0 and "Profiles (2)" in res.stdout
+    assert _redis_servers_in(data) == []
+
+
+def test_profile_add_replaces_only_with_replace_and_shows_the_change(
+    cli: typer.Typer, svc: Service, r: redis.Redis
+) -> None:
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "a"')
+    assert res.exit_code == 0 and "profile rep1 added" in res.stdout
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "b"')
+    assert res.exit_code == 2, res.output
+    assert "error: profile rep1 is stored with another definition (--replace replaces it):" \
+        in res.stderr
+    assert '- expr: kind = "a"' in res.stderr and '+ expr: kind = "b"' in res.stderr
+    assert "nothing stored" in res.stderr
+    assert rs.get_profile(r, "rep1")["expr"] == 'kind = "a"'
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "b"', "--replace")
+    assert res.exit_code == 0, res.output
+    assert "profile rep1 replaced" in res.stdout and '+ expr: kind = "b"' in res.stdout
+    assert rs.get_profile(r, "rep1")["expr"] == 'kind = "b"'
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "b"')
+    assert res.exit_code == 0 and "profile rep1 unchanged" in res.stdout
+
+
+def test_profile_add_warns_about_profiles_that_will_not_fire(
+    cli: typer.Typer, svc: Service, r: redis.Redis
+) -> None:
+    key = rs.add_gateway(r, "lint-gw")
+    httpx.post(svc.url + "/v1/events", headers={"X-API-Key": key},
+               json={"id": "lw1", "ts": time.time(), "kind": "window", "room": "1"})
+    wait_for(lambda: rs.seen_attributes(r), 10, "an ingested event")
+    res = run(cli, svc, "profile", "add", "--id", "inf1", "--expr", "value > 1e400")
+    assert res.exit_code == 0 and "profile inf1 added" in res.stdout  # a warning, not a refusal
+    assert "warning: profile 'inf1': a number is beyond the float range" in res.stderr
+    assert "warning: profile 'inf1' has no subscriber" in res.stderr
+    res = run(cli, svc, "profile", "add", "--id", "typo1", "--expr", 'knd = "window"')
+    assert res.exit_code == 0
+    assert ("warning: profile 'typo1': no event seen so far has attribute 'knd' "
+            "(did you mean 'kind'?)") in res.stderr

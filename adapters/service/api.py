@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
@@ -87,6 +87,7 @@ class ErrorOut(BaseModel):
 
 
 class ProfileIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt `subscribr` is an error, not dropped
     id: str = Field(examples=["p4"])
     expr: str = Field(
         examples=['seq(w: kind = "window" and state = "broken", p: kind = "presence") '
@@ -96,8 +97,17 @@ class ProfileIn(BaseModel):
 
 
 class ProfileOut(ProfileIn):
+    model_config = ConfigDict(extra="ignore")
     created: float
     updated: float | None = None
+
+
+class ProfileStored(ProfileOut):
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what looks wrong but is valid: no subscriber, a number read as infinity, "
+                    "an attribute no recent event has carried",
+    )
 
 
 class ProfileErrorOut(BaseModel):
@@ -579,6 +589,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         answer (FastAPI's `detail` list is kept for clients that read it)."""
         errors = list(exc.errors())
         detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
+        ctype = request.headers.get("content-type", "")
+        if request.method == "POST" and ctype.split(";")[0].strip().lower() != "application/json":
+            return JSONResponse({"error": f"Content-Type {ctype or '(none)'!r} is not "
+                                 "application/json: send the body as JSON with "
+                                 "Content-Type: application/json", "detail": detail}, 415)
         message = describe_errors(errors, lambda loc: store.subscriber_field(loc, "body"))
         return JSONResponse({"error": message, "detail": detail}, 422)
 
@@ -676,11 +691,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @app.post(
         "/v1/profiles",
-        response_model=ProfileOut,
+        response_model=ProfileStored,
         status_code=201,
         tags=["profiles"],
         responses={
-            200: {"model": ProfileOut, "description": "replaced an existing profile"},
+            200: {"model": ProfileStored, "description": "replaced an existing profile"},
+            415: {"model": ErrorOut, "description": "the body is not sent as JSON"},
             422: {"model": ProfileErrorOut, "description": "the profile does not parse/validate"},
         },
     )
@@ -697,7 +713,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 expected=exc.expected,
             )
             return JSONResponse(out.model_dump(), 422)
-        return JSONResponse(ProfileOut(**rec).model_dump(), 201 if created else 200)
+        from profiles.lint import warnings as lint
+        from profiles.parser import parse_profile
+
+        warnings = lint(parse_profile(body.expr, body.id, body.subscriber), rs.seen_attributes(r))
+        if body.subscriber is None:
+            warnings.append(f"profile {body.id!r} has no subscriber: its notifications go to "
+                            "the outbox only")
+        out = ProfileStored(**rec, warnings=warnings)
+        return JSONResponse(out.model_dump(), 201 if created else 200)
 
     @app.get(
         "/v1/profiles/{pid}", response_model=ProfileOut, tags=["profiles"],

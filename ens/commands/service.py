@@ -220,7 +220,7 @@ def serve(
             raise _fail(f"--index {index}: not an `ens spark index` snapshot (no manifest.json)")
         wcfg.index = str(index)
     if reset_admin_token:
-        st = Store(redis_url, data_dir)
+        st = Store(redis_url, data_dir, create=True)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
@@ -251,39 +251,40 @@ def profile_add(
     pid: Annotated[str | None, typer.Option("--id", help="Profile id (with --expr).")] = None,
     expr: Annotated[str | None, typer.Option("--expr", help="Profile expression.")] = None,
     subscriber: Annotated[str | None, typer.Option(help="Subscriber id (with --expr).")] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace stored profiles and subscribers of the "
+                                             "same id whose definition differs.")
+    ] = False,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Validate and store profiles (and the file's subscribers): all of them or none.
 
-    Problems are reported like `ens check`: every one, with profile id, line and column.
+    Problems are reported like `ens check`: every one, with profile id, line and column. A
+    profile or subscriber whose id is stored with another definition is replaced only with
+    --replace; the changes are shown either way.
     """
+    from profiles.lint import warnings as lint
+
     if (file is None) == (pid is None and expr is None):
         raise _fail("give a profile FILE or --id ID --expr EXPR (not both)")
     if file is None and (pid is None or expr is None):
         raise _fail("--id and --expr go together")
-    st = Store(redis_url, data_dir)
+    # everything that needs no Redis first: a refused input starts and creates nothing
     errors: list[ENSError] = []
     subs: list[dict[str, Any]] = []
+    parsed: list[Any] = []
+    pset = None
     if file is not None:
         pset, errors = parse_profile_document(_read_text(file), str(file))
-        items = [(p.id, p.source, p.subscriber) for p in pset.profiles]
+        parsed = list(pset.profiles)
         subs = pset.subscribers
         name = str(file)
     else:
         assert pid is not None and expr is not None
-        items = [(pid, expr, subscriber)]
         name = "--expr"
-    known = {s["id"] for s in subs}
-    valid = 0
-    for p_id, p_expr, p_sub in items:
         try:
-            rs.validate_profile(None, p_id, p_expr, p_sub)
-            if p_sub is not None and p_sub not in known and not st.r.hexists(
-                store.SUBSCRIBERS, p_sub
-            ):
-                raise ProfileError(f"unknown subscriber {p_sub!r} (add it first)", p_id)
-            valid += 1
+            parsed = [rs.validate_profile(None, pid, expr, subscriber)]
         except ProfileError as exc:
             errors.append(exc)
     for sub in subs:
@@ -294,20 +295,114 @@ def profile_add(
             errors.append(ENSError(f"subscriber {sub.get('id')!r}: {store.subscriber_error(exc)}"))
         except (ProfileError, ValueError) as exc:
             errors.append(ENSError(f"subscriber {sub.get('id')!r}: {exc}"))
+    for prof in parsed:
+        try:
+            rs.check_id(prof.id)
+        except ProfileError as exc:
+            errors.append(exc)
     if errors:
-        for e in errors:
-            typer.echo(f"error: {e}", err=True)
-        typer.echo(f"{name}: {len(errors)} problem(s), {valid} valid profile(s); nothing stored",
-                   err=True)
+        _refuse(name, errors, pset, len(parsed))
+    st = Store(redis_url, data_dir, create=True)
+    known = {s["id"] for s in subs}
+    for prof in parsed:
+        if prof.subscriber is not None and prof.subscriber not in known and not st.r.hexists(
+            store.SUBSCRIBERS, prof.subscriber
+        ):
+            errors.append(ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)",
+                                       prof.id))
+    if errors:
+        _refuse(name, errors, pset, len(parsed))
+    changes = _profile_changes(st.r, parsed) + _subscriber_changes(st.r, subs)
+    if changes and not replace:
+        for what, lines in changes:
+            typer.echo(f"error: {what} is stored with another definition "
+                       "(--replace replaces it):", err=True)
+            for line in lines:
+                typer.echo(f"  {line}", err=True)
+        typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
         raise typer.Exit(2)
+    seen = rs.seen_attributes(st.r)
+    for prof in parsed:
+        for w in lint(prof, seen):
+            typer.echo(f"warning: {w}", err=True)
+        if prof.subscriber is None:
+            typer.echo(f"warning: profile {prof.id!r} has no subscriber: its notifications go "
+                       "to the outbox only (ens notifications tail)", err=True)
+    replaced = dict(changes)
     for sub in subs:
-        saved = store.put_subscriber(st.r, sub)
-        typer.echo(f"subscriber {saved.id} stored")
-        if saved.secret and not sub.get("secret"):
+        what = f"subscriber {sub['id']}"
+        old = store.get_subscriber(st.r, sub["id"])
+        if old is not None and what not in replaced:
+            typer.echo(f"{what} unchanged")
+            continue
+        rec = dict(sub)
+        if old is not None and old.secret and not rec.get("secret"):
+            rec["secret"] = old.secret  # its receivers keep verifying with the secret they have
+        saved = store.put_subscriber(st.r, rec)
+        typer.echo(f"{what} {'stored' if old is None else 'replaced'}")
+        for line in replaced.get(what, []):
+            typer.echo(f"  {line}")
+        if saved.secret and not rec.get("secret"):
             typer.echo(f"  webhook signing secret (shown once): {saved.secret}")
-    for p_id, p_expr, p_sub in items:
-        _, created = rs.put_profile(st.r, p_id, p_expr, p_sub)
-        typer.echo(f"profile {p_id} {'added' if created else 'replaced'}")
+    for prof in parsed:
+        what = f"profile {prof.id}"
+        if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
+            typer.echo(f"{what} unchanged")
+            continue
+        _, created = rs.put_profile(st.r, prof.id, prof.source, prof.subscriber)
+        typer.echo(f"{what} {'added' if created else 'replaced'}")
+        for line in replaced.get(what, []):
+            typer.echo(f"  {line}")
+
+
+def _refuse(name: str, errors: list[ENSError], pset: Any, parsed: int) -> None:
+    for e in errors:
+        typer.echo(f"error: {e}", err=True)
+    if pset is not None:
+        typer.echo(f"{pset.summary(name, errors)}; nothing stored", err=True)
+    else:
+        typer.echo(f"{name}: {len(errors)} problem(s); nothing stored", err=True)
+    raise typer.Exit(2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
+    """(``profile ID``, what changes as - old / + new lines) for stored profiles that differ."""
+    out = []
+    for prof in parsed:
+        old = rs.get_profile(r, prof.id)
+        if old is None:
+            continue
+        lines = []
+        if _one_line(old["expr"]) != _one_line(prof.source):
+            lines += [f"- expr: {_one_line(old['expr'])}", f"+ expr: {_one_line(prof.source)}"]
+        if old.get("subscriber") != prof.subscriber:
+            lines += [f"- subscriber: {old.get('subscriber') or '-'}",
+                      f"+ subscriber: {prof.subscriber or '-'}"]
+        if lines:
+            out.append((f"profile {prof.id}", lines))
+    return out
+
+
+def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The same for subscribers: their channels and digest (a stored secret is kept)."""
+    out = []
+    for sub in subs:
+        old = store.get_subscriber(r, sub["id"])
+        if old is None:
+            continue
+        new = store.Subscriber.model_validate(sub)
+
+        def shown(s: Any) -> str:
+            chans = ", ".join(store.describe_channel(c.model_dump()) for c in s.channels)
+            return chans + (f"; digest {s.digest:g} s" if s.digest else "")
+
+        if shown(old) != shown(new):
+            out.append((f"subscriber {sub['id']}", [f"- {shown(old)}", f"+ {shown(new)}"]))
+    return out
 
 
 def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
@@ -397,7 +492,7 @@ def subscriber_add(
         raise _fail(f"subscriber {sid!r}: {store.subscriber_error(exc)}") from None
     except (ProfileError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    st = Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir, create=True)
     saved = store.put_subscriber(st.r, model)
     typer.echo(f"subscriber {sid} stored")
     if saved.secret and not secret:
@@ -466,7 +561,11 @@ def gateway_add(
 ) -> None:
     """Create a gateway and print its API key (once: only a hash is stored)."""
     late = _lateness(lateness)
-    st = Store(redis_url, data_dir)
+    try:
+        rs.check_gateway_name(name)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    st = Store(redis_url, data_dir, create=True)
     try:
         key = rs.add_gateway(st.r, name, late)
     except ValueError as exc:
