@@ -480,7 +480,8 @@ def _replay_stderr(tmp_path: Path, tty: bool) -> str:
 def test_replay_of_a_large_file_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     shown = _replay_stderr(tmp_path, tty=True)
     assert "reading events" in shown and "replaying" in shown, shown[-500:]
-    assert _replay_stderr(tmp_path, tty=False) == ""  # pipes and files get no bar
+    piped = _replay_stderr(tmp_path, tty=False)  # pipes and files get no bar (warnings only)
+    assert [line for line in piped.splitlines() if not line.startswith("warning: ")] == []
 
 
 def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -502,3 +503,22 @@ def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.Mo
     r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")])
     assert r.exit_code == 0, r.stderr
     assert seen and seen[0] > 0 and gc.get_freeze_count() == 0
+
+
+def test_replay_and_check_warn_about_profiles_that_will_not_fire(tmp_path: Path) -> None:
+    """Warnings, not errors: the notifications are written as before."""
+    f = tmp_path / "p.yaml"
+    f.write_text("profiles:\n  - {id: typo, expr: 'knd = \"window\"'}\n"
+                 "  - {id: inf, expr: 'value > 1e400'}\n  - {id: ok, expr: 'kind = \"window\"'}\n")
+    ev = tmp_path / "e.jsonl"
+    ev.write_text('{"id": "w1", "ts": 1, "kind": "window", "value": 3}\n')
+    r = runner.invoke(app, ["replay", str(f), str(ev)])
+    assert r.exit_code == 0, r.output
+    assert '"profile": "ok"' in r.stdout and r.stdout.count("\n") == 1
+    assert ("warning: profile 'typo': no event seen so far has attribute 'knd' "
+            "(did you mean 'kind'?)") in r.stderr
+    assert "warning: profile 'inf': a number is beyond the float range" in r.stderr
+    assert "'ok'" not in r.stderr
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 0 and "3 profiles OK" in r.stdout
+    assert "profile 'inf': a number is beyond" in r.stderr and "knd" not in r.stderr
