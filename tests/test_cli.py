@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -522,3 +524,13 @@ def test_replay_and_check_warn_about_profiles_that_will_not_fire(tmp_path: Path)
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 0 and "3 profiles OK" in r.stdout
     assert "profile 'inf': a number is beyond" in r.stderr and "knd" not in r.stderr
+
+
+def test_generate_draws_no_progress_bar_into_a_pipe(tmp_path: Path) -> None:
+    out = tmp_path / "f.jsonl"
+    r = subprocess.run([sys.executable, "-m", "ens", "generate", "facility", "-b", "1", "-r", "2",
+                        "--out", str(out)], capture_output=True, text=True,
+                       cwd=Path(__file__).parents[1], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 0
+    assert "events ->" not in r.stderr and "━" not in r.stderr, r.stderr

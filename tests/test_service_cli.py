@@ -488,3 +488,35 @@ def test_profile_add_warns_about_profiles_that_will_not_fire(
     assert res.exit_code == 0
     assert ("warning: profile 'typo1': no event seen so far has attribute 'knd' "
             "(did you mean 'kind'?)") in res.stderr
+
+
+def test_post_accepts_a_url_without_scheme_and_restamps_old_examples(
+    cli: typer.Typer, svc: Service, r: redis.Redis, tmp_path: Path
+) -> None:
+    """The quick start's events (stamped 2024) are accepted with --now; `--url HOST:PORT`
+    means http://; no progress bar when stderr is not a terminal."""
+    key = rs.add_gateway(r, "restamp-gw")
+    ev = ROOT / "examples" / "quickstart" / "events.jsonl"
+    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key,
+                                   "--url", svc.url.removeprefix("http://")])
+    assert res.exit_code == 2, res.output  # as before: too old for --max-past
+    assert "--max-past" in res.stderr, res.stderr
+    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key, "--now",
+                                   "--url", svc.url.removeprefix("http://")])
+    assert res.exit_code == 0, res.output
+    assert "8 accepted, 0 rejected" in res.stdout
+    assert "posting" not in res.stderr and "━" not in res.stderr  # no bar into a pipe
+    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key, "--url", "ftp://x:1"])
+    assert res.exit_code == 2 and "--url 'ftp://x:1': expected an http:// or https:// URL" \
+        in res.stderr
+
+
+def test_restamp_keeps_spacing_and_leaves_bad_lines() -> None:
+    from ens.commands.service import restamp
+
+    lines = ['{"id": "a", "ts": "2024-03-01T22:00:00Z", "k": 1}\n', "not json\n",
+             '{"id": "b", "ts": 1709330460}\n', '{"id": "c"}\n']
+    out = restamp(lines, 1000.0)
+    assert [json.loads(out[0])["ts"], json.loads(out[2])["ts"]] == [940.0, 1000.0]
+    assert out[1] == lines[1] and out[3] == lines[3]
+    assert list(json.loads(out[0])) == ["id", "ts", "k"]

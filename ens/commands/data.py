@@ -92,14 +92,16 @@ def _write_file(events: Iterator[Event], out: str, total: int | None) -> int:
     )
 
     n = 0
+    console = Console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
         transient=False,
+        disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
     # gzip level 3: on event JSON about 2.5x faster than the default 6, for ~35 % more bytes
     with atomic_text(out, compresslevel=3) as f, progress:

@@ -637,6 +637,50 @@ def _batches(lines: Iterator[str], size: int) -> Iterator[list[tuple[int, str]]]
         yield batch
 
 
+def _service_url(url: str) -> str:
+    """The service's base URL; ``127.0.0.1:8080`` (no scheme) means ``http://127.0.0.1:8080``."""
+    import httpx
+
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parsed = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise _fail(f"--url {url!r}: {exc} (expected e.g. http://127.0.0.1:8080)") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise _fail(f"--url {url!r}: expected an http:// or https:// URL with a host "
+                    "(e.g. http://127.0.0.1:8080)")
+    return text
+
+
+def restamp(lines: list[str], now: float) -> list[str]:
+    """The events of JSON lines shifted in time so that the latest is stamped ``now`` (epoch
+    seconds), their spacing kept; lines that are not events with a readable ``ts`` are left
+    as they are (the service reports them by line number)."""
+    from profiles.events import parse_ts
+
+    parsed: list[tuple[dict[str, Any], float] | None] = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+            parsed.append((obj, parse_ts(obj["ts"])) if isinstance(obj, dict) else None)
+        except (ValueError, KeyError, TypeError):
+            parsed.append(None)
+    stamps = [p[1] for p in parsed if p is not None]
+    if not stamps:
+        return lines
+    shift = now - max(stamps)
+    out = []
+    for line, p in zip(lines, parsed, strict=True):
+        if p is None:
+            out.append(line)
+        else:
+            obj, ts = p
+            out.append(json.dumps({**obj, "ts": round(ts + shift, 3)}) + "\n")
+    return out
+
+
 def post(
     file: Annotated[str, typer.Argument(help="JSON-lines event file, '-' for stdin.")],
     url: Annotated[
@@ -651,6 +695,11 @@ def post(
         int, typer.Option(min=0, help="Retries of a request that nothing accepted (service down or "
                                       "restarting: connection refused, 503, 429), with backoff.")
     ] = 5,
+    now: Annotated[
+        bool, typer.Option("--now", help="Re-stamp the events so that the last one is now, "
+                                         "keeping their spacing (for example files from the past, "
+                                         "which the service's --max-past refuses).")
+    ] = False,
 ) -> None:
     """Send events to the service like a gateway; report rejected events by line number.
 
@@ -666,6 +715,7 @@ def post(
 
     if not api_key:
         raise _fail("give --api-key or set ENS_API_KEY")
+    url = _service_url(url)
     if file == "-":
         fh: Any = sys.stdin
         total = None
@@ -675,6 +725,11 @@ def post(
             raise _fail(f"no such file: {file}")
         total = sum(1 for line in path.open(encoding="utf-8") if line.strip())
         fh = path.open(encoding="utf-8")
+    if now:
+        import io
+
+        with fh:
+            fh = io.StringIO("".join(restamp(list(fh), time.time())))
     accepted = rejected = 0
     problems: list[tuple[int, str]] = []
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/x-ndjson"}
@@ -721,10 +776,11 @@ def post(
         raise _fail(f"HTTP {resp.status_code} from {endpoint}: {msg}",
                     2 if resp.status_code in (400, 401, 403, 413) else 1)
 
+    console = Console(stderr=True)
     progress = Progress(
         TextColumn("posting"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rejected]} rejected"), console=Console(stderr=True),
-        transient=False,
+        TextColumn("{task.fields[rejected]} rejected"), console=console,
+        transient=False, disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
     t0 = time.perf_counter()
     with fh, httpx.Client(timeout=timeout) as client, progress:
