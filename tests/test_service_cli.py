@@ -20,6 +20,7 @@ import typer.testing
 from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
+from notifiers import store
 from ens.commands.service import register
 from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
 
@@ -520,3 +521,65 @@ def test_restamp_keeps_spacing_and_leaves_bad_lines() -> None:
     assert [json.loads(out[0])["ts"], json.loads(out[2])["ts"]] == [940.0, 1000.0]
     assert out[1] == lines[1] and out[3] == lines[3]
     assert list(json.loads(out[0])) == ["id", "ts", "k"]
+
+
+def test_service_log_keeps_one_record_per_line(cli: typer.Typer, svc: Service) -> None:
+    """A profile expression with line breaks is logged on one line (escaped)."""
+    res = run(cli, svc, "profile", "add", "--id", "multi1",
+              "--expr", 'seq(a: kind = "x",\n    b: kind = "y") within 1m')
+    assert res.exit_code == 0, res.output
+    line = wait_for(lambda: next((ln for ln in svc.log.read_text().splitlines()
+                                  if "profile multi1 added" in ln), None), 15, "the log line")
+    assert line.endswith('seq(a: kind = "x",\\n    b: kind = "y") within 1m'), line
+    assert not any(ln.startswith('    b: kind = "y")') for ln in svc.log.read_text().splitlines())
+
+
+def test_service_logging_leaves_httpx_request_lines_out() -> None:
+    """Each webhook delivery is logged once, by ens.notifiers (httpx logs it at INFO too)."""
+    import logging
+
+    from notifiers.logs import setup_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("INFO")
+        assert logging.getLogger("ens.notifiers").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        setup_logging("DEBUG")  # asked for everything: still only their warnings
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], _ = saved[0], None
+        root.setLevel(saved[1])
+        logging.getLogger("httpx").setLevel(logging.NOTSET)
+
+
+def test_list_commands_print_json_and_whole_tables_into_a_pipe(
+    cli: typer.Typer, svc: Service, r: redis.Redis
+) -> None:
+    long_expr = 'kind = "' + "x" * 300 + '"'
+    rs.put_profile(r, "wide1", long_expr)
+    rs.add_gateway(r, "json-gw", 0.5)
+    store.put_subscriber(r, {"id": "json-sub", "channels": [{"webhook": "https://h.example.org/x"}]})
+    res = run(cli, svc, "profile", "list")
+    assert res.exit_code == 0 and "x" * 300 in res.stdout  # not cut ("xxx…") into a pipe
+    res = run(cli, svc, "profile", "list", "--json")
+    assert res.exit_code == 0
+    assert {"id": "wide1", "expr": long_expr} .items() <= next(
+        p for p in json.loads(res.stdout) if p["id"] == "wide1").items()
+    gws = json.loads(run(cli, svc, "gateway", "list", "--json").stdout)
+    assert next(g for g in gws if g["name"] == "json-gw")["lateness"] == 0.5
+    subs = json.loads(run(cli, svc, "subscriber", "list", "--json").stdout)
+    sub = next(s for s in subs if s["id"] == "json-sub")
+    assert sub["channels"] == [{"webhook": "https://h.example.org/x"}] and sub["has_secret"]
+    assert "secret" not in json.dumps(sub).replace("has_secret", "")
+    res = run(cli, svc, "notifications", "dead-letter", "list", "--json")
+    assert res.exit_code == 0 and isinstance(json.loads(res.stdout), list)
+
+
+def test_data_list_json() -> None:
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["data", "list", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "keti" in {d["name"] for d in json.loads(res.stdout)}

@@ -138,12 +138,10 @@ def _die_with_parent() -> None:
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+    """One record per line; httpx's per-request INFO lines off (notifiers.logs)."""
+    from notifiers.logs import setup_logging as one_line
+
+    one_line(level)
 
 
 def listen(host: str, port: int) -> socket.socket:

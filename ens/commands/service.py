@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ens.commands import output
+from ens.commands.output import Json
 from ens.commands.store import DataDir, RedisUrl, Store
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, lazy_module
 from profiles.errors import ENSError, ProfileError
@@ -40,9 +42,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def _console() -> Console:
-    from rich.console import Console  # rich is loaded by the commands that print with it
-
-    return Console(soft_wrap=False)
+    return output.console()
 
 
 def _when(ts: float | None) -> str:
@@ -412,10 +412,13 @@ def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
 
 
 @profile_app.command("list")
-def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show the stored profiles."""
     st = Store(redis_url, data_dir)
     recs = rs.list_profiles(st.r)
+    if as_json:
+        output.print_json(recs)
+        return
     from rich.table import Table
 
     table = Table(title=f"Profiles ({len(recs)})")
@@ -500,13 +503,22 @@ def subscriber_add(
 
 
 @subscriber_app.command("list")
-def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show subscribers and their channels (secrets are never shown)."""
     st = Store(redis_url, data_dir)
     subs = sorted(
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
         key=lambda s: s.id,
     )
+    if as_json:
+        output.print_json([
+            {"id": s.id, "channels": [c.model_dump(exclude={"secret"}, exclude_none=True)
+                                      for c in s.channels],
+             "digest": s.digest, "has_secret": bool(s.secret) or any(
+                 getattr(c, "secret", None) for c in s.channels),
+             "profiles": rs.profiles_of_subscriber(st.r, s.id)}
+            for s in subs])
+        return
     from rich.table import Table
 
     table = Table(title=f"Subscribers ({len(subs)})")
@@ -592,10 +604,13 @@ def gateway_set(
 
 
 @gateway_app.command("list")
-def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show gateways (names, creation, revocation)."""
     st = Store(redis_url, data_dir)
     gws = rs.list_gateways(st.r)
+    if as_json:
+        output.print_json(gws)
+        return
     from rich.table import Table
 
     table = Table(title=f"Gateways ({len(gws)})")
