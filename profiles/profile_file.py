@@ -135,7 +135,11 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return out, [ProfileError(f"{name}: not valid YAML/JSON{where}: {getattr(e, 'problem', e)}")]
+        problem = str(getattr(e, "problem", e))
+        if "mapping values are not allowed" in problem:  # `expr: seq(a: ...)`: the ': ' is YAML's
+            problem += ("; an expression with ': ' in it (seq(a: ...)) must be quoted "
+                        "(expr: 'seq(a: ...)') or written as a block (expr: |)")
+        return out, [ProfileError(f"{name}: not valid YAML/JSON{where}: {problem}")]
     if data is None:
         data = {}
     if isinstance(data, list):  # a bare list of profiles is accepted too

@@ -20,8 +20,8 @@ import typer.testing
 from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
-from notifiers import store
 from ens.commands.service import register
+from notifiers import store
 from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
 
 BAD_FILE = """\
