@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -534,3 +535,20 @@ def test_generate_draws_no_progress_bar_into_a_pipe(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size > 0
     assert "events ->" not in r.stderr and "━" not in r.stderr, r.stderr
+
+
+def test_bench_lazy_outside_the_checkout_checks_inputs_first_and_finds_its_defaults(
+    tmp_path: Path,
+) -> None:
+    def bench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ens", "bench", "lazy", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+
+    r = bench("--profiles", "missing.yaml", "--repeat", "1")
+    assert r.returncode == 2, r.stderr
+    assert "profile file missing.yaml not found" in r.stderr and "events/s" not in r.stdout
+    r = bench("--ratios", "", "--keti-limit", "300", "--repeat", "1")  # the shipped defaults
+    assert r.returncode == 0, r.stderr
+    assert "KETI" in r.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
