@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -431,3 +432,16 @@ def test_openapi_documents_the_api(svc: Service) -> None:
     assert {"application/json", "application/x-ndjson"} <= set(post["requestBody"]["content"])
     assert {"202", "400", "401", "403", "413", "422"} <= set(post["responses"])
     assert {"GatewayKey", "AdminToken"} <= set(spec["components"]["securitySchemes"])
+
+
+def test_api_docs_work_without_internet(svc: Service) -> None:
+    """/docs loads Swagger UI from the service itself, not from a CDN."""
+    page = httpx.get(svc.url + "/docs", timeout=10)
+    assert page.status_code == 200
+    assert "cdn" not in page.text.lower() and "https://" not in page.text
+    assets = re.findall(r'(?:src|href)="(/[^"]+)"', page.text)
+    assert any(a.endswith("swagger-ui-bundle.js") for a in assets), page.text
+    for a in assets:
+        resp = httpx.get(svc.url + a, timeout=10)
+        assert resp.status_code == 200 and len(resp.content) > 1000, a
+    assert "openapi: 3.1" in httpx.get(svc.url + "/docs-static/swagger-ui-bundle.js").text

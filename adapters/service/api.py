@@ -522,6 +522,33 @@ R = Annotated[redis.Redis, Depends(sync_redis)]
 # ----------------------------------------------------------------------------- app
 
 
+DOCS_STATIC = "/docs-static"
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """`/docs` with Swagger UI from the installed package (fastapi-offline ships Swagger UI 5,
+    which reads OpenAPI 3.1), not from a CDN: a building's network often has no internet."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - API docs",
+            swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_STATIC}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
+        )
+
+
 def create_app(settings: ApiSettings) -> FastAPI:
     """The FastAPI app; Redis clients are opened in its lifespan (inside uvicorn's loop)."""
 
@@ -550,7 +577,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
             "See docs/service.md."
         ),
         lifespan=lifespan,
+        docs_url=None,  # served below from the package's own Swagger UI files
     )
+    _offline_docs(app)
     app.state.settings = settings
     app.state.key_cache = KeyCache()
     m.INGEST_BACKLOG_MAX.set(settings.max_backlog)
