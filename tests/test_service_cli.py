@@ -105,8 +105,14 @@ def test_profile_add_reports_every_problem_like_ens_check(
                        "'a b@example.org' is not an e-mail address")
     assert mine[3] == (f"error: {f}:12:16: subscriber 'typo': chanels: unknown key "
                        "(allowed: id, channels, digest, secret)")  # was stored without channels
-    assert "nothing stored" in res.stderr
+    assert ("4 problem(s) (2 in 2 profile(s), 2 in subscribers); 1 of 3 profile(s) valid; "
+            "nothing stored") in res.stderr
     assert rs.get_profile(r, "fine") is None  # all or nothing
+    f.write_text("profiles:\n  - {id: ok1, expr: 'k = 1'}\n"
+                 "  - {id: bad1, expr: 'k = 2', subscriber: nobody}\n")
+    res = run(cli, svc, "profile", "add", str(f))  # the subscriber is neither in it nor stored
+    assert res.exit_code == 2
+    assert "1 problem(s) (1 in 1 profile(s)); 1 of 2 profile(s) valid; nothing stored" in res.stderr
 
     res = run(cli, svc, "profile", "add", "--id", "x1", "--expr", 'seq(a: k = 1, b: k = ) within 1m')
     assert res.exit_code == 2 and "profile 'x1': line 1, column" in res.stderr
@@ -416,6 +422,11 @@ def test_management_commands_leave_no_redis_server_behind(tmp_path: Path) -> Non
     res = _ens("gateway", "add", "bad name!", data=data)
     assert res.returncode == 2 and "gateway name 'bad name!'" in res.stderr, res.stderr
     assert not data.exists()  # validated before anything was created or started
+    res = _ens("profile", "add", "--id", "p0", "--expr", 'kind == "a"', data=data)
+    assert res.returncode == 2 and "'==' is not an operator" in res.stderr, res.stderr
+    res = _ens("subscriber", "add", "s0", "--email", "nope", data=data)
+    assert res.returncode == 2 and "'nope' is not an e-mail address" in res.stderr, res.stderr
+    assert not data.exists()
     commands: list[tuple[str, ...]] = [
         ("subscriber", "add", "ops", "--email", "ops@example.org"),
         ("profile", "add", "--id", "p1", "--expr", 'kind = "door"', "--subscriber", "ops"),

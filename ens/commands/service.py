@@ -310,6 +310,10 @@ def profile_add(
         ):
             errors.append(ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)",
                                        prof.id))
+            if pset is not None:  # counted like `ens check` counts it
+                pset.profiles = [p for p in pset.profiles if p.id != prof.id]
+                pset.invalid += 1
+                pset.profile_problems += 1
     if errors:
         _refuse(name, errors, pset, len(parsed))
     changes = _profile_changes(st.r, parsed) + _subscriber_changes(st.r, subs)
