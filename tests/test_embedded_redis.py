@@ -68,3 +68,28 @@ def test_a_data_dir_too_long_for_a_socket_path_gets_a_private_one(tmp_path: Path
     finally:
         conn.close()
     assert EmbeddedRedis(data).pid() is None
+
+
+def test_a_server_whose_directory_was_deleted_is_stopped_at_release(tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    import psutil
+
+    data = tmp_path / "gone"
+    conn = rs.connect(None, data)
+    assert conn.embedded is not None
+    pid = conn.embedded.pid()
+    assert pid is not None
+    shutil.rmtree(data)
+    t0 = time.monotonic()
+    conn.close()
+    assert time.monotonic() - t0 < 5
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, 10, "the server of the deleted directory stopped")

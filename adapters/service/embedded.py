@@ -103,6 +103,7 @@ class EmbeddedRedis:
         self.dir = data_dir
         self.socket = socket_path(data_dir)
         self.url = f"unix://{self.socket}"
+        self._seen_pid: int | None = None  # the server's pid when this process registered
 
     # ------------------------------------------------------------------ public
 
@@ -115,11 +116,15 @@ class EmbeddedRedis:
             users = self._users()
             users.append([os.getpid(), _started(os.getpid())])
             self._write_users(users)
+            self._seen_pid = self.pid()
             return started
 
     def release(self) -> bool:
         """Unregister this process; stop the server if no other live process uses it.
         True if it was stopped."""
+        if not self.dir.is_dir():  # the directory was removed under us: nothing to keep
+            self._stop()
+            return True
         with self._locked():
             users = self._users()
             me = os.getpid()
@@ -252,13 +257,30 @@ class EmbeddedRedis:
 
     def _stop(self) -> None:
         pid = self.pid()
+        if pid is None and not self.dir.is_dir():  # its pid file and socket went with it
+            pid = self._seen_pid if self._seen_pid and _is_redis(self._seen_pid) else None
+        elif pid is None:
+            pid = self._pid_from_server()
         if pid is not None:
             self._terminate(pid)
 
+    def _pid_from_server(self) -> int | None:
+        """The pid the server on our socket reports (its pid file may be gone with its dir)."""
+        c = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=2,
+                        socket_connect_timeout=2)
+        try:
+            pid = int(c.info("server")["process_id"])
+        except (redis.RedisError, OSError, KeyError, ValueError):
+            return None
+        finally:
+            c.close()
+        return pid if _is_redis(pid) else None
+
     def _terminate(self, pid: int) -> None:
-        """SIGTERM: Redis flushes its append-only file and exits; wait for it."""
+        """SIGTERM: Redis flushes its append-only file and exits; wait for it. (SIGKILL when its
+        directory is gone: there is nothing to save, and Redis refuses to exit without.)"""
         with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM if self.dir.is_dir() else signal.SIGKILL)
         deadline = time.monotonic() + 15
         while _started(pid) is not None and time.monotonic() < deadline:
             time.sleep(0.02)
