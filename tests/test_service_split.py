@@ -116,7 +116,8 @@ def test_backlog_over_the_bound_answers_429_until_the_engine_catches_up(tmp_path
             f.write_text(json.dumps({"id": "y", "ts": 300, "kind": "alarm"}))
             res: list[object] = []
             th = threading.Thread(target=lambda: res.append(CliRunner().invoke(
-                cli, ["post", str(f), "--api-key", key, "--url", api.url])))
+                cli, ["post", str(f), "--api-key", key, "--url", api.url,
+                      "--retries", "30"])))  # the engine may take long to start on a busy machine
             th.start()
             time.sleep(1.5)
             assert th.is_alive(), "ens post waits while the backlog is over the bound"
