@@ -139,7 +139,8 @@ def test_backlog_over_the_bound_answers_429_until_the_engine_catches_up(tmp_path
             f.write_text(json.dumps({"id": "y", "ts": 300, "kind": "alarm"}))
             res: list[object] = []
             th = threading.Thread(target=lambda: res.append(CliRunner().invoke(
-                cli, ["post", str(f), "--api-key", key, "--url", api.url])))
+                cli, ["post", str(f), "--api-key", key, "--url", api.url,
+                      "--retries", "30"])))  # the engine may take long to start on a busy machine
             th.start()
             time.sleep(1.5)
             assert th.is_alive(), "ens post waits while the backlog is over the bound"
@@ -190,3 +191,70 @@ def test_concurrent_batches_never_take_the_backlog_over_the_bound(tmp_path: Path
             api.kill()
             engine.kill()
             r.close()
+
+
+def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(tmp_path: Path) -> None:
+    """`--role api` and `--role engine` on one data dir: stopping the API (which started the
+    embedded Redis) leaves it to the engine; a restarted API finds it; a killed Redis is
+    started again on the same socket and both roles reconnect; the last one out stops it."""
+    import psutil
+
+    data = tmp_path / "d"
+    conn = rs.connect(None, data)  # as a management command would: creates the store
+    r = conn.text()
+    rs.put_profile(r, "alarm", 'kind = "alarm"')
+    key = rs.add_gateway(r, "gw", 0.0)
+    conn.close()
+    assert conn.embedded is None
+
+    def server_pid() -> int | None:
+        from adapters.service.embedded import EmbeddedRedis
+
+        return EmbeddedRedis(data).pid()
+
+    args = ("--reorder-seconds", "0", "--max-past", "off")
+    engine = Service(None, tmp_path / "engine.log", "--role", "engine", *args, data_dir=data,
+                     http=False).start()
+    api = Service(None, tmp_path / "api.log", "--role", "api", *args, data_dir=data,
+                  engine=False).start()  # healthy once the engine's heartbeat is there
+    watch = rs.connect(None, data, create=False)  # the test's own view, as one more user
+    r = watch.text()
+
+    def post_and_wait(api: Service, eid: str) -> None:
+        def posted() -> bool:
+            try:
+                return httpx.post(api.url + "/v1/events", json={"id": eid, "ts": time.time(),
+                                  "kind": "alarm"}, headers={"X-API-Key": key},
+                                  timeout=5).status_code == 202
+            except httpx.HTTPError:
+                return False
+
+        wait_for(posted, 15, f"{eid} accepted")
+        wait_for(lambda: any(n["events"]["e"]["id"] == eid for n in _outbox(r)), 20,
+                 f"{eid} notified")
+
+    def _outbox(r: redis.Redis) -> list[dict]:
+        try:
+            return outbox_for(r, "alarm")
+        except redis.ConnectionError:
+            return []
+
+    try:
+        post_and_wait(api, "a1")
+        first = server_pid()
+        assert first is not None
+        assert api.stop() == 0
+        assert server_pid() == first  # the engine still uses it
+        api = Service(None, tmp_path / "api2.log", "--role", "api", *args, data_dir=data,
+                      engine=False).start()
+        post_and_wait(api, "a2")
+        os.kill(first, signal.SIGKILL)  # Redis dies: a role starts it again, all reconnect
+        wait_for(lambda: server_pid() not in (None, first), 20, "the embedded Redis restarted")
+        post_and_wait(api, "a3")
+        assert engine.proc is not None and engine.proc.poll() is None
+    finally:
+        watch.close()
+        stopped = [api.stop(), engine.stop()]
+    assert stopped == [0, 0]
+    last = server_pid()
+    assert last is None or not psutil.pid_exists(last), "the last role left Redis running"

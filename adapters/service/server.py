@@ -13,6 +13,7 @@ service instead of leaving it half-alive.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
 from adapters.service.connections import uvicorn_options
+from adapters.service.embedded import EmbeddedError
 from adapters.service.worker import EngineWorker, WorkerConfig
 
 log = logging.getLogger("ens.service")
@@ -211,12 +213,10 @@ def _die_with_parent() -> None:
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+    """One record per line; httpx's per-request INFO lines off (notifiers.logs)."""
+    from notifiers.logs import setup_logging as one_line
+
+    one_line(level)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -267,7 +267,7 @@ def run(cfg: ServeConfig) -> int:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
         # the first command also tells whether Redis is reachable
         token_hash, generated = rs.ensure_admin_token(conn.text(), os.environ.get(rs.ENV_ADMIN_TOKEN))
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, OSError, EmbeddedError) as exc:
         if sock is not None:
             sock.close()
         if conn is not None:
@@ -287,6 +287,8 @@ def _serve(
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
         print(f"admin token (shown once, keep it): {generated}", file=sys.stderr, flush=True)
     where = conn.url if conn.embedded is None else f"embedded redis {conn.url}"
+    if conn.created:
+        log.info("new store in %s", conn.embedded.dir if conn.embedded else conn.url)
     roles = ", ".join(r for r in ROLES if r in cfg.roles and (r != "deliver" or notifier_cfg))
     if sock is not None:
         log.info("ENS service on http://%s:%d, %s (%s; %d API process%s)", cfg.host, cfg.port,
@@ -349,6 +351,11 @@ def _serve(
             p.start()
     status = 0
     while not stop.wait(0.5):
+        # A shared embedded Redis that died (killed, out of memory) is started again on its
+        # stable socket by whichever role notices first; every role's clients reconnect.
+        with contextlib.suppress(Exception):
+            if conn.revive():
+                log.warning("the embedded Redis had stopped; started it again on %s", conn.url)
         dead = [p for p in parts if not p.is_alive()]
         if dead:
             log.error("%s stopped unexpectedly; shutting down", ", ".join(p.name for p in dead))

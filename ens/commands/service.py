@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ens.commands import output
+from ens.commands.output import Json
 from ens.commands.store import DataDir, RedisUrl, Store
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, lazy_module, parse_duration, parse_number
 from profiles.errors import ENSError, ProfileError
@@ -40,9 +42,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def _console() -> Console:
-    from rich.console import Console  # rich is loaded by the commands that print with it
-
-    return Console(soft_wrap=False)
+    return output.console()
 
 
 def _when(ts: float | None) -> str:
@@ -248,7 +248,7 @@ def serve(
         wcfg.index = str(index)
         wcfg.load_index = load_index
     if reset_admin_token:
-        st = Store(redis_url, data_dir)
+        st = Store(redis_url, data_dir, create=True)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
@@ -280,39 +280,40 @@ def profile_add(
     pid: Annotated[str | None, typer.Option("--id", help="Profile id (with --expr).")] = None,
     expr: Annotated[str | None, typer.Option("--expr", help="Profile expression.")] = None,
     subscriber: Annotated[str | None, typer.Option(help="Subscriber id (with --expr).")] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace stored profiles and subscribers of the "
+                                             "same id whose definition differs.")
+    ] = False,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Validate and store profiles (and the file's subscribers): all of them or none.
 
-    Problems are reported like `ens check`: every one, with profile id, line and column.
+    Problems are reported like `ens check`: every one, with profile id, line and column. A
+    profile or subscriber whose id is stored with another definition is replaced only with
+    --replace; the changes are shown either way.
     """
+    from profiles.lint import warnings as lint
+
     if (file is None) == (pid is None and expr is None):
         raise _fail("give a profile FILE or --id ID --expr EXPR (not both)")
     if file is None and (pid is None or expr is None):
         raise _fail("--id and --expr go together")
-    st = Store(redis_url, data_dir)
+    # everything that needs no Redis first: a refused input starts and creates nothing
     errors: list[ENSError] = []
     subs: list[dict[str, Any]] = []
+    parsed: list[Any] = []
+    pset = None
     if file is not None:
         pset, errors = parse_profile_document(_read_text(file), str(file))
-        items = [(p.id, p.source, p.subscriber) for p in pset.profiles]
+        parsed = list(pset.profiles)
         subs = pset.subscribers
         name = str(file)
     else:
         assert pid is not None and expr is not None
-        items = [(pid, expr, subscriber)]
         name = "--expr"
-    known = {s["id"] for s in subs}
-    valid = 0
-    for p_id, p_expr, p_sub in items:
         try:
-            rs.validate_profile(None, p_id, p_expr, p_sub)
-            if p_sub is not None and p_sub not in known and not st.r.hexists(
-                store.SUBSCRIBERS, p_sub
-            ):
-                raise ProfileError(f"unknown subscriber {p_sub!r} (add it first)", p_id)
-            valid += 1
+            parsed = [rs.validate_profile(None, pid, expr, subscriber)]
         except ProfileError as exc:
             errors.append(exc)
     for sub in subs:
@@ -323,20 +324,118 @@ def profile_add(
             errors.append(ENSError(f"subscriber {sub.get('id')!r}: {store.subscriber_error(exc)}"))
         except (ProfileError, ValueError) as exc:
             errors.append(ENSError(f"subscriber {sub.get('id')!r}: {exc}"))
+    for prof in parsed:
+        try:
+            rs.check_id(prof.id)
+        except ProfileError as exc:
+            errors.append(exc)
     if errors:
-        for e in errors:
-            typer.echo(f"error: {e}", err=True)
-        typer.echo(f"{name}: {len(errors)} problem(s), {valid} valid profile(s); nothing stored",
-                   err=True)
+        _refuse(name, errors, pset, len(parsed))
+    st = Store(redis_url, data_dir, create=True)
+    known = {s["id"] for s in subs}
+    for prof in parsed:
+        if prof.subscriber is not None and prof.subscriber not in known and not st.r.hexists(
+            store.SUBSCRIBERS, prof.subscriber
+        ):
+            errors.append(ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)",
+                                       prof.id))
+            if pset is not None:  # counted like `ens check` counts it
+                pset.profiles = [p for p in pset.profiles if p.id != prof.id]
+                pset.invalid += 1
+                pset.profile_problems += 1
+    if errors:
+        _refuse(name, errors, pset, len(parsed))
+    changes = _profile_changes(st.r, parsed) + _subscriber_changes(st.r, subs)
+    if changes and not replace:
+        for what, lines in changes:
+            typer.echo(f"error: {what} is stored with another definition "
+                       "(--replace replaces it):", err=True)
+            for line in lines:
+                typer.echo(f"  {line}", err=True)
+        typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
         raise typer.Exit(2)
+    seen = rs.seen_attributes(st.r)
+    for prof in parsed:
+        for w in lint(prof, seen):
+            typer.echo(f"warning: {w}", err=True)
+        if prof.subscriber is None:
+            typer.echo(f"warning: profile {prof.id!r} has no subscriber: its notifications go "
+                       "to the outbox only (ens notifications tail)", err=True)
+    replaced = dict(changes)
     for sub in subs:
-        saved = store.put_subscriber(st.r, sub)
-        typer.echo(f"subscriber {saved.id} stored")
-        if saved.secret and not sub.get("secret"):
+        what = f"subscriber {sub['id']}"
+        old = store.get_subscriber(st.r, sub["id"])
+        if old is not None and what not in replaced:
+            typer.echo(f"{what} unchanged")
+            continue
+        rec = dict(sub)
+        if old is not None and old.secret and not rec.get("secret"):
+            rec["secret"] = old.secret  # its receivers keep verifying with the secret they have
+        saved = store.put_subscriber(st.r, rec)
+        typer.echo(f"{what} {'stored' if old is None else 'replaced'}")
+        for line in replaced.get(what, []):
+            typer.echo(f"  {line}")
+        if saved.secret and not rec.get("secret"):
             typer.echo(f"  webhook signing secret (shown once): {saved.secret}")
-    for p_id, p_expr, p_sub in items:
-        _, created = rs.put_profile(st.r, p_id, p_expr, p_sub)
-        typer.echo(f"profile {p_id} {'added' if created else 'replaced'}")
+    for prof in parsed:
+        what = f"profile {prof.id}"
+        if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
+            typer.echo(f"{what} unchanged")
+            continue
+        _, created = rs.put_profile(st.r, prof.id, prof.source, prof.subscriber)
+        typer.echo(f"{what} {'added' if created else 'replaced'}")
+        for line in replaced.get(what, []):
+            typer.echo(f"  {line}")
+
+
+def _refuse(name: str, errors: list[ENSError], pset: Any, parsed: int) -> None:
+    for e in errors:
+        typer.echo(f"error: {e}", err=True)
+    if pset is not None:
+        typer.echo(f"{pset.summary(name, errors)}; nothing stored", err=True)
+    else:
+        typer.echo(f"{name}: {len(errors)} problem(s); nothing stored", err=True)
+    raise typer.Exit(2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
+    """(``profile ID``, what changes as - old / + new lines) for stored profiles that differ."""
+    out = []
+    for prof in parsed:
+        old = rs.get_profile(r, prof.id)
+        if old is None:
+            continue
+        lines = []
+        if _one_line(old["expr"]) != _one_line(prof.source):
+            lines += [f"- expr: {_one_line(old['expr'])}", f"+ expr: {_one_line(prof.source)}"]
+        if old.get("subscriber") != prof.subscriber:
+            lines += [f"- subscriber: {old.get('subscriber') or '-'}",
+                      f"+ subscriber: {prof.subscriber or '-'}"]
+        if lines:
+            out.append((f"profile {prof.id}", lines))
+    return out
+
+
+def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The same for subscribers: their channels and digest (a stored secret is kept)."""
+    out = []
+    for sub in subs:
+        old = store.get_subscriber(r, sub["id"])
+        if old is None:
+            continue
+        new = store.Subscriber.model_validate(sub)
+
+        def shown(s: Any) -> str:
+            chans = ", ".join(store.describe_channel(c.model_dump()) for c in s.channels)
+            return chans + (f"; digest {s.digest:g} s" if s.digest else "")
+
+        if shown(old) != shown(new):
+            out.append((f"subscriber {sub['id']}", [f"- {shown(old)}", f"+ {shown(new)}"]))
+    return out
 
 
 def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
@@ -346,10 +445,13 @@ def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
 
 
 @profile_app.command("list")
-def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show the stored profiles."""
     st = Store(redis_url, data_dir)
     recs = rs.list_profiles(st.r)
+    if as_json:
+        output.print_json(recs)
+        return
     from rich.table import Table
 
     table = Table(title=f"Profiles ({len(recs)})")
@@ -426,7 +528,7 @@ def subscriber_add(
         raise _fail(f"subscriber {sid!r}: {store.subscriber_error(exc)}") from None
     except (ProfileError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    st = Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir, create=True)
     saved = store.put_subscriber(st.r, model)
     typer.echo(f"subscriber {sid} stored")
     if saved.secret and not secret:
@@ -434,13 +536,22 @@ def subscriber_add(
 
 
 @subscriber_app.command("list")
-def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show subscribers and their channels (secrets are never shown)."""
     st = Store(redis_url, data_dir)
     subs = sorted(
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
         key=lambda s: s.id,
     )
+    if as_json:
+        output.print_json([
+            {"id": s.id, "channels": [c.model_dump(exclude={"secret"}, exclude_none=True)
+                                      for c in s.channels],
+             "digest": s.digest, "has_secret": bool(s.secret) or any(
+                 getattr(c, "secret", None) for c in s.channels),
+             "profiles": rs.profiles_of_subscriber(st.r, s.id)}
+            for s in subs])
+        return
     from rich.table import Table
 
     table = Table(title=f"Subscribers ({len(subs)})")
@@ -495,7 +606,11 @@ def gateway_add(
 ) -> None:
     """Create a gateway and print its API key (once: only a hash is stored)."""
     late = _lateness(lateness)
-    st = Store(redis_url, data_dir)
+    try:
+        rs.check_gateway_name(name)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    st = Store(redis_url, data_dir, create=True)
     try:
         key = rs.add_gateway(st.r, name, late)
     except ValueError as exc:
@@ -522,10 +637,13 @@ def gateway_set(
 
 
 @gateway_app.command("list")
-def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show gateways (names, creation, revocation)."""
     st = Store(redis_url, data_dir)
     gws = rs.list_gateways(st.r)
+    if as_json:
+        output.print_json(gws)
+        return
     from rich.table import Table
 
     table = Table(title=f"Gateways ({len(gws)})")
@@ -576,6 +694,50 @@ def retry_delay(attempt: int, retry_after: float | None, rng: Any = None) -> flo
     return max(jitter, retry_after or 0.0)
 
 
+def _service_url(url: str) -> str:
+    """The service's base URL; ``127.0.0.1:8080`` (no scheme) means ``http://127.0.0.1:8080``."""
+    import httpx
+
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parsed = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise _fail(f"--url {url!r}: {exc} (expected e.g. http://127.0.0.1:8080)") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise _fail(f"--url {url!r}: expected an http:// or https:// URL with a host "
+                    "(e.g. http://127.0.0.1:8080)")
+    return text
+
+
+def restamp(lines: list[str], now: float) -> list[str]:
+    """The events of JSON lines shifted in time so that the latest is stamped ``now`` (epoch
+    seconds), their spacing kept; lines that are not events with a readable ``ts`` are left
+    as they are (the service reports them by line number)."""
+    from profiles.events import parse_ts
+
+    parsed: list[tuple[dict[str, Any], float] | None] = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+            parsed.append((obj, parse_ts(obj["ts"])) if isinstance(obj, dict) else None)
+        except (ValueError, KeyError, TypeError):
+            parsed.append(None)
+    stamps = [p[1] for p in parsed if p is not None]
+    if not stamps:
+        return lines
+    shift = now - max(stamps)
+    out = []
+    for line, p in zip(lines, parsed, strict=True):
+        if p is None:
+            out.append(line)
+        else:
+            obj, ts = p
+            out.append(json.dumps({**obj, "ts": round(ts + shift, 3)}) + "\n")
+    return out
+
+
 def post(
     file: Annotated[str, typer.Argument(help="JSON-lines event file, '-' for stdin.")],
     url: Annotated[
@@ -595,6 +757,11 @@ def post(
         str, typer.Option(help="Keep retrying such a request for up to this long (backoff with "
                                "jitter, at least the service's Retry-After), e.g. 30s, 5m, 1h.")
     ] = "5m",
+    now: Annotated[
+        bool, typer.Option("--now", help="Re-stamp the events so that the last one is now, "
+                                         "keeping their spacing (for example files from the past, "
+                                         "which the service's --max-past refuses).")
+    ] = False,
 ) -> None:
     """Send events to the service like a gateway; report rejected events by line number.
 
@@ -615,6 +782,7 @@ def post(
 
     if not api_key:
         raise _fail("give --api-key or set ENS_API_KEY")
+    url = _service_url(url)
     if file == "-":
         fh: Any = sys.stdin
         total = None
@@ -624,6 +792,11 @@ def post(
             raise _fail(f"no such file: {file}")
         total = sum(1 for line in path.open(encoding="utf-8") if line.strip())
         fh = path.open(encoding="utf-8")
+    if now:
+        import io
+
+        with fh:
+            fh = io.StringIO("".join(restamp(list(fh), time.time())))
     accepted = rejected = 0
     problems: list[tuple[int, str]] = []
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/x-ndjson"}
@@ -681,10 +854,11 @@ def post(
         raise _fail(f"HTTP {resp.status_code} from {endpoint}: {msg}",
                     2 if resp.status_code in (400, 401, 403, 413) else 1)
 
+    console = Console(stderr=True)
     progress = Progress(
         TextColumn("posting"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rejected]} rejected"), console=Console(stderr=True),
-        transient=False,
+        TextColumn("{task.fields[rejected]} rejected"), console=console,
+        transient=False, disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
     t0 = time.perf_counter()
     with fh, httpx.Client(timeout=http_timeout) as client, progress:

@@ -363,7 +363,6 @@ def stream(
 
     Run the service with `ens serve --engine spark` (API and delivery, no engine thread).
     """
-    import logging
     import signal
     import threading
 
@@ -389,7 +388,9 @@ def stream(
             redis.Redis.from_url(redis_url, socket_connect_timeout=5).ping()
         except (redis.RedisError, ValueError) as e:
             raise ENSError(f"cannot reach Redis at {redis_url}: {e}") from None
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from notifiers.logs import setup_logging
+
+        setup_logging(log_level)
         from adapters.spark.stream import StreamConfig, start_query
 
         cfg = StreamConfig(redis_url, key=key, checkpoint=checkpoint,
