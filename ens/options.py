@@ -9,7 +9,7 @@ import importlib
 import math
 import re
 import sys
-from typing import Any
+from typing import Any, Literal, overload
 
 from profiles.errors import ENSError
 
@@ -92,6 +92,20 @@ def tidy_help_metavars() -> None:
 _DURATION = re.compile(r"(-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*(ms|s|m|h|d)?", re.ASCII)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 DURATION_HELP = "500ms, 2s, 30m, 1h, 1d or seconds"
+
+
+@overload
+def parse_duration(
+    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
+    maximum: float | None = None, off: Literal[False] = False,
+) -> float: ...
+
+
+@overload
+def parse_duration(
+    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
+    maximum: float | None = None, off: bool,
+) -> float | None: ...
 
 
 def parse_duration(

@@ -107,6 +107,14 @@ class DemoFailure(ENSError):
     exit_status = 1
 
 
+class StoreMissing(ENSError):
+    """A read-only command named a data directory that holds no ENS store."""
+
+
+class EmbeddedError(ENSError):
+    """The embedded Redis server cannot be started or reached."""
+
+
 class LockLost(ENSError, RuntimeError):
     """Another worker holds the engine lock: this one must stop without committing."""
 

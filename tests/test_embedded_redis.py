@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 from adapters.service import redis_store as rs
 from adapters.service.embedded import EmbeddedRedis, socket_path
 from tests.helpers_service import ROOT, wait_for
+
+pytestmark = pytest.mark.redis  # the embedded redis-server of a data directory
 
 HOLDER = """
 import sys, time

@@ -45,7 +45,8 @@ def test_every_user_visible_error_derives_from_ens_error_in_one_module() -> None
     classes = _exception_classes()
     # the ones the issue named, so the walk cannot pass by finding nothing
     for name in ("DatasetError", "LockLost", "BadEvent", "TsOutOfWindow", "ConfigError",
-                 "DemoError", "DemoFailure", "ProfileError", "EventError", "ManyErrors"):
+                 "DemoError", "DemoFailure", "ProfileError", "EventError", "ManyErrors",
+                 "StoreMissing", "EmbeddedError"):
         assert f"profiles.errors.{name}" in classes, name
     outside = sorted(n for n in classes if not n.startswith("profiles.errors."))
     assert outside == [], f"exception classes defined outside profiles/errors.py: {outside}"
@@ -65,13 +66,17 @@ def test_errors_keep_their_builtin_base(name: str, base: type[Exception]) -> Non
 def test_old_import_paths_still_name_the_same_classes() -> None:
     from adapters.datasets import DatasetError
     from adapters.service.api import BadEvent, TsOutOfWindow
+    from adapters.service.embedded import EmbeddedError
+    from adapters.service.redis_store import StoreMissing
     from adapters.service.worker import LockLost
     from ens.demo import DemoError, DemoFailure
     from notifiers.config import ConfigError
 
-    assert (DatasetError, BadEvent, TsOutOfWindow, LockLost, DemoError, DemoFailure, ConfigError) == (
+    assert (DatasetError, BadEvent, TsOutOfWindow, LockLost, DemoError, DemoFailure, ConfigError,
+            StoreMissing, EmbeddedError) == (
         errors.DatasetError, errors.BadEvent, errors.TsOutOfWindow, errors.LockLost,
-        errors.DemoError, errors.DemoFailure, errors.ConfigError)
+        errors.DemoError, errors.DemoFailure, errors.ConfigError, errors.StoreMissing,
+        errors.EmbeddedError)
 
 
 def test_exit_status_of_a_run_that_could_not_finish_is_1() -> None:

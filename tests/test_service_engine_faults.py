@@ -25,6 +25,8 @@ from profiles.events import event_from_obj
 from tests.helpers_service import outbox, redis_server, wait_for
 from tests.test_service_worker import PROFILES, canon, expected, make_events, replay_records
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import redis
 
+from profiles.errors import EmbeddedError as EmbeddedError  # raised here; one hierarchy there
+
 SOCKET = "redis.sock"
 DB = "redis.db"
 AOF = "appendonly.aof"
@@ -40,10 +42,6 @@ PIDFILE = "redis.pid"
 CONF = "redis.conf"
 LOG = "redis.log"
 _SUN_PATH_MAX = 100  # bytes; the kernel's limit is 108 with the NUL
-
-
-class EmbeddedError(Exception):
-    """The embedded server cannot be started or reached (a user-facing message)."""
 
 
 def store_exists(data_dir: Path) -> bool:

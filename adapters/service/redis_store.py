@@ -65,6 +65,7 @@ from notifiers import store
 from notifiers.records import VERSION_FIELD
 from profiles.ast import Profile
 from profiles.errors import ProfileError
+from profiles.errors import StoreMissing as StoreMissing  # raised here; one hierarchy there
 from profiles.parser import parse_profile
 
 PROFILES = "ens:profiles"
@@ -97,10 +98,6 @@ _GATEWAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no '.': it separa
 def default_data_dir() -> Path:
     env = os.environ.get(ENV_DATA_DIR)
     return Path(env) if env else Path.home() / ".ens"
-
-
-class StoreMissing(Exception):
-    """A read-only command named a data directory that holds no ENS store."""
 
 
 @dataclass
@@ -604,7 +601,7 @@ def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
     the service has seen no event): what a new profile's attributes are checked against."""
     found: set[str] = set()
     try:
-        recent = r.xrevrange(INGEST, count=entries)
+        recent: Any = r.xrevrange(INGEST, count=entries)  # redis-py types replies loosely
     except redis.ResponseError:
         return None
     for entry_id, fields in recent:
