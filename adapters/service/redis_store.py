@@ -607,9 +607,9 @@ def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
         recent = r.xrevrange(INGEST, count=entries)
     except redis.ResponseError:
         return None
-    for entry_id, fields in recent:
+    for entry_id, fields in recent or ():
         try:
-            for _, _, ev in decode_entry(text(entry_id), fields):
+            for _, _, ev in decode_entry(text(entry_id), fields or {}):
                 if isinstance(ev, dict):
                     found.update(ev)
         except ValueError:
