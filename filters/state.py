@@ -33,7 +33,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from profiles.ast import Profile
-from profiles.errors import ENSError
+from profiles.errors import StateError as StateError  # with every user-visible error
 
 MAGIC = b"ENS-STATE "
 FORMAT = "ens.engine-state"
@@ -42,8 +42,6 @@ VERSION = 2
 _SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
 
-class StateError(ENSError):
-    """A snapshot that this release cannot read (and why, and what to do)."""
 
 
 # ------------------------------------------------------------------ registry

@@ -65,6 +65,7 @@ from notifiers import store
 from notifiers.records import VERSION_FIELD
 from profiles.ast import Profile
 from profiles.errors import ProfileError
+from profiles.errors import StoreMissing as StoreMissing  # with every user-visible error
 from profiles.parser import parse_profile
 
 PROFILES = "ens:profiles"
@@ -99,8 +100,6 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path.home() / ".ens"
 
 
-class StoreMissing(Exception):
-    """A read-only command named a data directory that holds no ENS store."""
 
 
 @dataclass
