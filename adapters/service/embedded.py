@@ -31,7 +31,7 @@ from pathlib import Path
 
 import redis
 
-from profiles.errors import EmbeddedError as EmbeddedError  # raised here; one hierarchy there
+from profiles.errors import EmbeddedError as EmbeddedError  # with every user-visible error
 
 SOCKET = "redis.sock"
 DB = "redis.db"
@@ -42,6 +42,8 @@ PIDFILE = "redis.pid"
 CONF = "redis.conf"
 LOG = "redis.log"
 _SUN_PATH_MAX = 100  # bytes; the kernel's limit is 108 with the NUL
+
+
 
 
 def store_exists(data_dir: Path) -> bool:

@@ -65,7 +65,7 @@ from notifiers import store
 from notifiers.records import VERSION_FIELD
 from profiles.ast import Profile
 from profiles.errors import ProfileError
-from profiles.errors import StoreMissing as StoreMissing  # raised here; one hierarchy there
+from profiles.errors import StoreMissing as StoreMissing  # with every user-visible error
 from profiles.parser import parse_profile
 
 PROFILES = "ens:profiles"
@@ -98,6 +98,8 @@ _GATEWAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no '.': it separa
 def default_data_dir() -> Path:
     env = os.environ.get(ENV_DATA_DIR)
     return Path(env) if env else Path.home() / ".ens"
+
+
 
 
 @dataclass
@@ -601,12 +603,12 @@ def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
     the service has seen no event): what a new profile's attributes are checked against."""
     found: set[str] = set()
     try:
-        recent: Any = r.xrevrange(INGEST, count=entries)  # redis-py types replies loosely
+        recent = r.xrevrange(INGEST, count=entries)
     except redis.ResponseError:
         return None
-    for entry_id, fields in recent:
+    for entry_id, fields in recent or ():
         try:
-            for _, _, ev in decode_entry(text(entry_id), fields):
+            for _, _, ev in decode_entry(text(entry_id), fields or {}):
                 if isinstance(ev, dict):
                     found.update(ev)
         except ValueError:
