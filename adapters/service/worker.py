@@ -462,6 +462,7 @@ class EngineWorker:
         """Apply the stored definition of one profile (None: deleted), logging the input."""
         expr = rec["expr"] if rec else None
         sub = rec.get("subscriber") if rec else None
+        self._keepalive()  # a start on many profiles parses for a while
         if self._set_def(pid, expr, sub, quiet):
             self._input(op_profile(pid, expr, sub))
             self.changed = True
@@ -614,7 +615,7 @@ class EngineWorker:
     def _input(self, op: list[Any]) -> None:
         self.inputs.append(op)
         self.since_snapshot += 1
-        if not self.since_snapshot & 255:
+        if not self.since_snapshot & 63:
             self._keepalive()
 
     @staticmethod
@@ -659,7 +660,7 @@ class EngineWorker:
             if key in skip:
                 continue
             taken += 1
-            if not taken & 1023:
+            if not taken & 255:
                 self._keepalive()
             ev = self._parse(key, gw, obj, normalized)
             if ev is None:

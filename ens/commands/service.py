@@ -208,7 +208,8 @@ def serve(
     except ENSError as e:
         raise _fail(str(e)) from None
     assert lateness is not None and idle is not None and snap_every is not None
-    assert status_every is not None and skew is not None
+    assert status_every is not None and skew is not None  # no off=True: never None
+    assert keepalive is not None and headers_within is not None
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
     roles = tuple(dict.fromkeys(x.strip() for r in (role or ROLES) for x in r.split(",") if x.strip()))
