@@ -146,8 +146,8 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
         pset, errors = parse_profile_document(read_profile_text(profiles), str(profiles))
     except ENSError as e:
         raise fail(str(e)) from None
-    for e in errors:
-        typer.echo(f"error: {e}", err=True)
+    for err in errors:
+        typer.echo(f"error: {err}", err=True)
     if errors:
         typer.echo(pset.summary(str(profiles), errors), err=True)
         raise typer.Exit(2)
@@ -379,7 +379,7 @@ def main() -> None:
         app()
     except ENSError as e:  # last line of defence: user errors never show a traceback
         typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from profiles.errors import ENSError
+from profiles.errors import DemoError, DemoFailure
 from profiles.events import Event, event_from_obj, parse_ts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,14 +56,6 @@ FACILITY_PROFILES = EXAMPLES / "facility" / "profiles.yaml"
 DATASET_PROFILES = EXAMPLES / "facility-spark" / "profiles.yaml"
 HOST = "127.0.0.1"
 GATEWAY = "demo"
-
-
-class DemoError(ENSError):
-    """A user error (bad file, busy port): one line, exit status 2."""
-
-
-class DemoFailure(Exception):
-    """The demo could not finish (the service died, a timeout): exit status 1."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from filters import state as state_format
 from profiles.ast import Absent, All, AnyOf, Clock, Profile, Seq
 
 MODES = ("eager", "rare-first", "auto")
@@ -222,3 +223,6 @@ def costs(rates: list[float], window: float | None, driver: int | None = None) -
             lazy += prod
     lazy += sum(rw[:k]) / 4.0
     return eager, lazy
+
+
+state_format.register("rates", Rates)

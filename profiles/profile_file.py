@@ -43,11 +43,12 @@ class ProfileSet:
                 f"{len(self.profiles)} of {self.entries} profile(s) valid")
 
 
-def _node_get(node: yaml.Node, key: str) -> yaml.Node | None:
+def _node_get(node: yaml.Node | None, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode) and k.value == key:
-                return v
+                node_: yaml.Node = v
+                return node_
     return None
 
 
@@ -109,7 +110,8 @@ def validate_subscriber(sub: Any, where: str, n: int = 1) -> dict[str, Any]:
     problems = subscriber_messages(sub, n)
     if problems:
         raise ProfileError(problems[0][0])
-    return sub
+    valid: dict[str, Any] = sub  # subscriber_messages found nothing wrong: it is a mapping
+    return valid
 
 
 # libyaml's loader when PyYAML was built with it (~10x faster); its nodes carry marks too
@@ -170,7 +172,7 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
     return out, errors
 
 
-def _profile_entry(i: int, item: Any, pnode_items: list, seen: set[str], name: str,
+def _profile_entry(i: int, item: Any, pnode_items: list[Any], seen: set[str], name: str,
                    out: ProfileSet, errors: list[ENSError]) -> None:
     """One entry of ``profiles``: parsed into ``out.profiles``, or its problems into ``errors``."""
     node = pnode_items[i] if i < len(pnode_items) else None
@@ -210,7 +212,7 @@ def _profile_entry(i: int, item: Any, pnode_items: list, seen: set[str], name: s
         errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
 
 
-def _subscriber_entries(data: dict, root: yaml.Node, name: str, out: ProfileSet,
+def _subscriber_entries(data: dict[str, Any], root: yaml.Node | None, name: str, out: ProfileSet,
                         errors: list[ENSError]) -> None:
     """The ``subscribers`` list, and the profiles that name one it lacks."""
     subs = data.get("subscribers") or []

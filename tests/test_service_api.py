@@ -28,6 +28,8 @@ from tests.helpers_service import (
     wait_for,
 )
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 REORDER = 1.0
 MAX_BODY = 100_000
 _ids = itertools.count(1)

@@ -24,6 +24,8 @@ from ens.commands.service import register
 from notifiers import store
 from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 BAD_FILE = """\
 profiles:
   - id: broken
@@ -369,7 +371,7 @@ def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: type
         res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--batch", "3"])
         assert res.exit_code == 0, res.output
         assert seen == [503, 503, 202, 202]  # the first batch three times, the second once
-        assert "5 accepted, 0 rejected" in res.stdout and "retry 2 of 5" in res.stderr
+        assert "5 accepted, 0 rejected" in res.stdout and "retry 2 in" in res.stderr
         seen.clear()
         res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--retries", "1"])
         assert res.exit_code == 1 and seen == [503, 503]  # gave up: nothing accepted, said so
@@ -382,12 +384,67 @@ def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: type
     assert res.exit_code == 1 and "cannot reach" in res.output and "retry 1 of 1" in res.output
 
 
+def test_post_waits_out_a_long_outage_with_growing_jittered_backoff(cli: typer.Typer, tmp_path: Path) -> None:
+    """Issue 24.11: `Retry-After: 1` pinned every retry to 1 s and `ens post` gave up after 6.7 s
+    of outage. It backs off with jitter (Retry-After a minimum) for up to --retry-for, and
+    says how long it waited."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    up_at = [0.0]
+    seen: list[float] = []
+
+    class Down(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(time.monotonic())
+            if time.monotonic() < up_at[0]:
+                status, out = 503, {"error": "ingest store unavailable; retry later"}
+            else:
+                status, out = 202, {"accepted": len(body.splitlines()), "rejected": 0, "errors": []}
+            data = json.dumps(out).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Down)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ev = tmp_path / "e.jsonl"
+    ev.write_text(json.dumps({"id": "e1", "ts": 1}) + "\n")
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        up_at[0] = time.monotonic() + 9.0  # longer than the 6.7 s it used to give up after
+        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url])
+        assert res.exit_code == 0, res.output
+        assert "1 accepted, 0 rejected" in res.stdout and "waiting for the service" in res.stdout
+        gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+        assert min(gaps) >= 0.95  # Retry-After is the least wait
+        assert len(seen) < 10  # backed off: not one try a second
+
+        seen.clear()
+        up_at[0] = time.monotonic() + 60.0
+        t0 = time.monotonic()
+        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url,
+                                       "--retry-for", "3s"])
+        assert res.exit_code == 1 and "HTTP 503" in res.output
+        assert "gave up after waiting 3.0 s" in res.output, res.output
+        assert 2.9 < time.monotonic() - t0 < 10
+    finally:
+        httpd.shutdown()
+
+
 def test_serve_rejects_a_negative_reorder_delay() -> None:
     from ens.cli import app as ens_app
 
     res = CliRunner().invoke(ens_app, ["serve", "--reorder-seconds", "-5"])
     assert res.exit_code == 2
-    assert "--reorder-seconds" in res.output and "-5" in res.output and ">= 0" in res.output
+    assert "--reorder-seconds" in res.output and "-5" in res.output and "at least 0" in res.output
 
 
 # ----------------------------------------------------------------------------- embedded Redis

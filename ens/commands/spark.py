@@ -63,9 +63,7 @@ def _logger() -> Callable[[str], None]:
 
 def _user_error(e: BaseException) -> str | None:
     """The message of a user error, also when it was raised inside a Spark task."""
-    from adapters.datasets.common import DatasetError
-
-    if isinstance(e, (ENSError, DatasetError)):
+    if isinstance(e, ENSError):
         return str(e)
     text = str(e)
     for name in ("DatasetError", "ENSError", "EventError", "ProfileError"):
@@ -122,9 +120,9 @@ def _load_profiles(
         from adapters.spark.index import load_index
 
         t = time.perf_counter()
-        ps = load_index(index)
-        log(f"loaded {len(ps)} profiles from index {index} in {time.perf_counter() - t:.2f}s")
-        return ps
+        indexed = load_index(index)
+        log(f"loaded {len(indexed)} profiles from index {index} in {time.perf_counter() - t:.2f}s")
+        return indexed
     ps = load_profile_file(profiles)  # type: ignore[arg-type]
     log(f"{len(ps.profiles)} profiles from {profiles}")
     return ps.profiles
