@@ -24,9 +24,12 @@ class OneLineFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, force: bool = False) -> None:
+    """``force``: replace the root logger's handlers (`ens serve`, a process of its own); else,
+    as `logging.basicConfig`, only a process whose root logger has none gets ours (a command run
+    inside another program, or a test, keeps that program's)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter(FORMAT))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=force)
     for name in QUIET:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))

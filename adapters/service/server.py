@@ -216,7 +216,7 @@ def setup_logging(level: str) -> None:
     """One record per line; httpx's per-request INFO lines off (notifiers.logs)."""
     from notifiers.logs import setup_logging as one_line
 
-    one_line(level)
+    one_line(level, force=True)
 
 
 def listen(host: str, port: int) -> socket.socket:
