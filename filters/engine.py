@@ -201,6 +201,8 @@ class _Runtime:
 
 
 _SHARED: dict[tuple, tuple] = {}
+# (shape's mask tables, which leaves are filters) -> mask -> auxiliary registrations wanted
+_WANTS: dict[tuple, dict[int, tuple]] = {}
 
 
 def _shared(t: tuple) -> tuple:
@@ -318,7 +320,7 @@ class _CompositeRuntime(_DerivedRuntime):
         self._derive()
 
     _DERIVED = (
-        "pat", "n", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
+        "_aux", "pat", "n", "flat", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
         "_wants", "_trans",
     )
 
@@ -331,6 +333,7 @@ class _CompositeRuntime(_DerivedRuntime):
         if cached is None or cached[0] != self.kind:
             cached = pat._runtime_tables = (self.kind, self._tables(pat))  # type: ignore[attr-defined]
         self.__dict__.update(cached[1])
+        self._aux: dict[int, Entry] = {}  # leaf -> its auxiliary profile, planned (see `prepare_aux`)
 
     def _tables(self, pat: Pattern) -> dict[str, Any]:
         simple = not pat.conjs and not pat.leading  # no where, no history: binding needs no checks
@@ -354,8 +357,12 @@ class _CompositeRuntime(_DerivedRuntime):
             "simple": simple,
             "fast": plain and self.kind in ("first", "last"),
             "fast_each": plain and self.kind == "each",
-            # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask only
-            "_wants": {} if not pat.eq_bindings and self.kind != "last" else None,
+            # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask
+            # only: one memo per shape (and clock leaves), shared by the profiles of that shape
+            "_wants": _WANTS.setdefault((id(pat._masks), tuple(lf.clock is None for lf in pat.leaves)), {})
+            if not pat.eq_bindings and self.kind != "last" else None,
+            # no nested window: a PM's deadline is its first event's time plus the window
+            "flat": all(node.within is None for node in pat.nodes[1:]),
         }
 
     # --------------------------------------------------------- registrations
@@ -368,6 +375,17 @@ class _CompositeRuntime(_DerivedRuntime):
         for i in self.pat.leading:
             out.append((self.pat.leaves[i].filter, i))
         return out
+
+    def prepare_aux(self) -> None:
+        """Plan, once, the auxiliary profiles that do not depend on bound values (no `per`, no
+        where-equality): a partial match then inserts its own by an index update only."""
+        if self.per or self.engine.variant == "marking":
+            return
+        pool = self.engine.pool
+        eqb = self.pat.eq_bindings
+        for lf in self.pat.leaves:
+            if lf.clock is None and not eqb.get(lf.idx) and lf.idx not in self._aux:
+                self._aux[lf.idx] = pool.prepare(lf.filter)
 
     def _wanted(self, pm: _PM) -> tuple:
         """Auxiliary registrations (leaf, eqs) this PM needs in its partition."""
@@ -452,6 +470,12 @@ class _CompositeRuntime(_DerivedRuntime):
                 return
             if variant == "references" and not eqs:
                 part.held.add(key)
+            if not eqs and not part.values:  # planned when the profile was added
+                aux = self._aux.get(leaf)
+                if aux is None:
+                    aux = self._aux[leaf] = eng.pool.prepare(self.pat.leaves[leaf].filter)
+                part.entries[key] = eng.pool.revive(aux, (self.idx, leaf))
+                return
         entry = eng.pool.add(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
         if variant != "marking":
             part.entries[key] = entry
@@ -488,21 +512,26 @@ class _CompositeRuntime(_DerivedRuntime):
     def _release(self, part: _Partition) -> None:
         """Marking/references variants: take a released partition's auxiliary profiles out of the pool."""
         pool = self.engine.pool
+        regs = part.regs
         if part.dormant:
-            for key, n in list(part.regs.items()):
+            for key, n in list(regs.items()):
                 if not n:
                     pool.release(part.entries[key], (self.idx, key[0]), True)
-                    del part.regs[key]
+                    del regs[key]
             part.dormant = 0
+        marking = self.engine.variant == "marking"
         for key in part.held:
+            if key in regs:
+                continue
             leaf, eqs = key
-            f, owner, full = self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs)
-            if self.engine.variant == "marking":
-                if key not in part.regs:
-                    pool.remove(f, owner, full)
-            elif key not in part.regs:
-                pool.purge(f, full)
-                part.entries.pop(key, None)
+            if marking:
+                pool.remove(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+                continue
+            entry = part.entries.pop(key, None)
+            if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
+                pool.purge_entry(entry)
+            else:
+                pool.purge(self.pat.leaves[leaf].filter, self._eqs(part, eqs))
         part.held.clear()
 
     def _eqs(self, part: _Partition, eqs: tuple) -> tuple:
@@ -872,11 +901,22 @@ class _CompositeRuntime(_DerivedRuntime):
         if part is None:
             part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
         b = _B(seq, ev)
+        pms = part.pms
+        flat = self.flat
+        window = self.window
         for i, mask in opened:
             pm = _PM(self.n, part)
             pm.binds[i] = b
             pm.mask = mask
-            self._add_pm(part, pm)
+            if not flat:
+                self._add_pm(part, pm)
+                continue
+            pms.append(pm)  # `_add_pm` and `_changed`, inline: the deadline is known
+            self.pm_count += 1
+            if window is not None:
+                pm.deadline = d = ev.ts + window
+                pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
+            self._sync(pm)
         return True
 
     def _match_events(self, pm: _PM, i: int, ev: Event, order: tuple[int, ...]) -> dict[str, Event]:
@@ -1063,13 +1103,13 @@ class _CompositeRuntime(_DerivedRuntime):
         d = None
         if self.window is not None:
             d = pm.first_ts() + self.window
-        mi = pat.info(pm.mask)
-        for nid in mi.started_nodes:
-            node = pat.nodes[nid]
-            lo = min(b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1)
-            nd = lo + node.within  # type: ignore[operator]
-            if d is None or nd < d:
-                d = nd
+        if not self.flat:
+            for nid in pat.info(pm.mask).started_nodes:
+                node = pat.nodes[nid]
+                lo = min(b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1)
+                nd = lo + node.within  # type: ignore[operator]
+                if d is None or nd < d:
+                    d = nd
         if d != pm.deadline or (pm.handle is None and d is not None):
             timers = self.engine.timers
             timers.discard(pm.handle)
@@ -1335,6 +1375,9 @@ class Engine(TimeDriven):
         self._counted: dict[int, tuple[str, ...]] = {}  # runtime -> its counted components' names
         self._count_pool = PrimitivePool() if replan_every else None
         self.pool = PrimitivePool()
+        # runtime index -> the pool entries of its starting components and their owners (what
+        # leaves the pool with the profile, without looking the filters up again)
+        self._starts: dict[int, list[tuple[Entry, tuple[int, int]]]] = {}
         self.timers = TemporalPool()
         self.tz = ZoneInfo(tz)
         self.now: float | None = None
@@ -1360,10 +1403,10 @@ class Engine(TimeDriven):
         rt = self._runtime(profile, idx)
         self._rts[idx] = rt
         self._by_id[profile.id] = rt
-        for f, leaf in rt.start_registrations():
-            self.pool.add(f, (idx, leaf))
+        self._register_starts(rt)
         self._count_leaves(rt, add=True)
         if isinstance(rt, _CompositeRuntime):
+            rt.prepare_aux()
             for lf in rt.clock_leaves:
                 self._clock_users.setdefault(lf.clock, {})[idx] = rt  # type: ignore[index]
                 if lf.clock not in self._clocks:
@@ -1371,6 +1414,15 @@ class Engine(TimeDriven):
                     if self.now is not None:
                         self._schedule_clock(lf.clock, self.now)  # type: ignore[arg-type]
         rt.activate(self.now)
+
+    def _register_starts(self, rt: _Runtime) -> None:
+        pool, idx = self.pool, rt.idx
+        self._starts[idx] = [(pool.add(f, (idx, leaf)), (idx, leaf)) for f, leaf in rt.start_registrations()]
+
+    def _unregister_starts(self, rt: _Runtime) -> None:
+        release = self.pool.release
+        for entry, owner in self._starts.pop(rt.idx):
+            release(entry, owner)
 
     def _runtime(self, profile: Profile, idx: int) -> _Runtime:
         if profile.is_filter:
@@ -1440,8 +1492,7 @@ class Engine(TimeDriven):
     def _swap(self, idx: int, rt: _Runtime, lazy: bool, driver: int | None = None) -> None:
         from filters.lazy import LazySeqRuntime, eager_to_lazy, lazy_to_eager
 
-        for f, leaf in rt.start_registrations():
-            self.pool.remove(f, (idx, leaf))
+        self._unregister_starts(rt)
         new: _Runtime
         if lazy:
             new = LazySeqRuntime(self, rt.profile, idx, driver)
@@ -1453,8 +1504,7 @@ class Engine(TimeDriven):
         rt.active = False
         self._rts[idx] = new
         self._by_id[rt.profile.id] = new
-        for f, leaf in new.start_registrations():
-            self.pool.add(f, (idx, leaf))
+        self._register_starts(new)
 
     def plan_of(self, profile: Profile) -> Plan:
         """How `profile` is (or would be) evaluated by this engine, and why (`ens explain`)."""
@@ -1528,8 +1578,7 @@ class Engine(TimeDriven):
         rt.active = False
         del self._by_id[rt.profile.id]
         del self._rts[rt.idx]
-        for f, leaf in rt.start_registrations():
-            self.pool.remove(f, (rt.idx, leaf))
+        self._unregister_starts(rt)
         self._count_leaves(rt, add=False)
         self._online.pop(rt.profile.id, None)
         if isinstance(rt, _CompositeRuntime):
@@ -1609,10 +1658,46 @@ class Engine(TimeDriven):
                         entry.solo = rt.sink(leaf) or False
                     rt.on_event(event, seq, [leaf])
                 return
+        if tracer is None and self._report_plain(entries, event):
+            return
         for idx, leaves in owners_by_profile(entries):
             rt = self._rts.get(idx)
             if rt is not None and rt.active:
                 rt.on_event(event, seq, leaves)
+
+    def _report_plain(self, entries: list[Entry], event: Event) -> bool:
+        """The reporting fast path: when every matched entry is owned by plain filter profiles
+        only (no `once`), their notifications are built here in one pass, in profile order (what
+        the general dispatch produces, without a runtime call per profile). False: not the case."""
+        hits: list[tuple[int, str, str | None]] = []
+        for entry in entries:
+            owners = entry.fanout
+            if owners is None:
+                owners = entry.fanout = self._plain_owners(entry)
+            if not owners:
+                return False
+            hits += owners
+        if len(hits) > 1:
+            hits.sort()  # profile indices are unique: tuples compare on them alone
+        out = self._out
+        n = self._nseq
+        ts = event.ts
+        for _, pid, subscriber in hits:
+            n += 1
+            out.append(Notification(pid, ts, {"e": event}, None, n, subscriber))
+        self._nseq = n
+        return True
+
+    def _plain_owners(self, entry: Entry) -> tuple[tuple[int, str, str | None], ...] | bool:
+        """(profile index, id, subscriber) of the entry's owners if all are plain filter
+        profiles that report every match; False otherwise."""
+        out = []
+        for idx, _leaf in entry.owners:
+            rt = self._rts.get(idx)
+            if rt is None or rt.__class__ is not _FilterRuntime or rt.once or not rt.active:
+                return False
+            out.append((idx, rt.pid, rt.subscriber))
+        return tuple(out)
 
     def bound_duplicate(self, profile_id: str, event: Event) -> str | None:
         """Which bound component of which partial match `event` duplicates (see `ens explain`)."""
@@ -1668,6 +1753,7 @@ class Engine(TimeDriven):
         state = self.__dict__.copy()
         del state["pool"]
         del state["_by_id"]
+        del state["_starts"]
         state.pop("_count_pool", None)
         state["tracer"] = None
         state["tz"] = self.tz.key
@@ -1692,12 +1778,12 @@ class Engine(TimeDriven):
         self._rts = dict(sorted(self._rts.items()))
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
         self.pool = PrimitivePool()
+        self._starts = {}
         self._count_pool = PrimitivePool() if self.replan_every else None
         self._counted = {}
         for rt in self._rts.values():
             self._count_leaves(rt, add=True)
-            for f, leaf in rt.start_registrations():
-                self.pool.add(f, (rt.idx, leaf))
+            self._register_starts(rt)
             if isinstance(rt, _CompositeRuntime):
                 for part in rt.parts.values():
                     part.held = set()
