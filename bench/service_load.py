@@ -81,6 +81,11 @@ def redis_server(workdir: Path) -> Iterator[str]:
         shutil.rmtree(sock.parent, ignore_errors=True)
 
 
+def _serve_module(root: Path) -> str:
+    """The standalone service module of checkout ``root`` (older checkouts had it in adapters)."""
+    return "ens.service" if (root / "ens" / "service.py").exists() else "adapters.service"
+
+
 @contextmanager
 def service(url: str, port: int, reorder: float, log: Path, *extra: str,
             root: Path = ROOT) -> Iterator[str]:
@@ -88,7 +93,7 @@ def service(url: str, port: int, reorder: float, log: Path, *extra: str,
     env = {**os.environ, rs.ENV_ADMIN_TOKEN: "bench", "PYTHONPATH": str(root)}
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "adapters.service", "serve", "--redis-url", url, "--port",
+            [sys.executable, "-m", _serve_module(root), "serve", "--redis-url", url, "--port",
              str(port), "--no-deliver", "--reorder-seconds", str(reorder), "--log-level",
              "WARNING", *extra], cwd=root, env=env, stdout=fh, stderr=fh,
         )

@@ -101,7 +101,7 @@ def spark_warm(spark, data: str, rooms: list[str], out: Path, fused: bool) -> di
 
 
 def spark_cold(data: str, rooms: list[str], out: Path, master: str) -> dict:
-    cmd = [sys.executable, "-m", "adapters.spark.cli", "replay", "--dataset", "keti", data, "--rooms", ",".join(rooms),
+    cmd = [sys.executable, "-m", "ens.commands.spark", "replay", "--dataset", "keti", data, "--rooms", ",".join(rooms),
            "--profiles", PROFILES, "--key", "room", "--out", str(out), "--master", master]
     t = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -335,10 +335,10 @@ def explain(
 
 # ---- sub-commands contributed by other modules (mounted here, one line each)
 def _mount() -> None:
-    from adapters.generate import cli as generate_cli
-    from adapters.spark import cli as spark_cli
     from ens.commands import bench, data, demo
-    from notifiers import cli as notifiers_cli
+    from ens.commands import generate as generate_cli
+    from ens.commands import notifications as notifiers_cli
+    from ens.commands import spark as spark_cli
 
     app.command("demo")(demo.demo)
     app.add_typer(bench.app, name="bench")
@@ -346,7 +346,7 @@ def _mount() -> None:
     app.add_typer(spark_cli.app, name="spark")
     app.add_typer(generate_cli.app, name="generate")
     app.add_typer(notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters.")
-    from adapters.service.cli import register
+    from ens.commands.service import register
 
     register(app)  # serve, post, profile, subscriber, gateway; `notifications tail`
 

@@ -368,7 +368,7 @@ class Service:
         self._embedded: Any = None
         self._clients: list[Any] = []
         self.cmd = [
-            sys.executable, "-m", "adapters.service", "serve", "--host", HOST, "--port", str(port),
+            sys.executable, "-m", "ens.service", "serve", "--host", HOST, "--port", str(port),
             "--data-dir", str(data_dir), "--clock", "event", "--reorder-seconds", f"{reorder:g}",
             "--status-interval", "5", "--log-level", "INFO",
             # the feed's days are replayed in event time, far from the wall clock

@@ -50,7 +50,7 @@ class _PM:
     """A partial match: bound events per positive leaf, the mask of bound leaves."""
 
     # what a completion reads first: fewer cache lines touched per event
-    __slots__ = ("mask", "binds", "regs", "alive", "part", "counts", "negc", "handle", "deadline")
+    __slots__ = ("mask", "binds", "regs", "alive", "part", "counts", "negc", "handle", "deadline", "nlog")
 
     def __init__(self, n: int, part: _Partition) -> None:
         self.mask = 0
@@ -62,6 +62,14 @@ class _PM:
         self.alive = True
         self.part = part
         self.deadline: float | None = None
+        # `select last` with between-negations: the negation events this PM saw (in scope or
+        # not), for checking a replacement against them (`_CompositeRuntime._rebind_base`)
+        self.nlog: list[tuple[int, _B]] | None = None
+
+    def __setstate__(self, state: tuple) -> None:
+        self.nlog = None  # not in snapshots written before it existed
+        for k, v in state[1].items():
+            setattr(self, k, v)
 
     def copy(self) -> _PM:
         pm = _PM.__new__(_PM)
@@ -74,6 +82,7 @@ class _PM:
         pm.alive = True
         pm.part = self.part
         pm.deadline = None
+        pm.nlog = list(self.nlog) if self.nlog else None
         return pm
 
     def order_key(self) -> tuple:
@@ -321,7 +330,7 @@ class _CompositeRuntime(_DerivedRuntime):
 
     _DERIVED = (
         "_aux", "pat", "n", "flat", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
-        "_wants", "_trans",
+        "_wants", "_trans", "between",
     )
 
     def _derive(self) -> None:
@@ -341,6 +350,7 @@ class _CompositeRuntime(_DerivedRuntime):
         # first/last over positives only, no any/trailing: the fast path's exact domain
         plain = simple and not neg_set and not pat.has_any
         start = pat.info(0).enabled
+        between = frozenset(neg_set - set(pat.leading) - set(pat.trailing))
         return {
             "pat": pat,
             "n": len(pat.leaves),
@@ -363,6 +373,8 @@ class _CompositeRuntime(_DerivedRuntime):
             if not pat.eq_bindings and self.kind != "last" else None,
             # no nested window: a PM's deadline is its first event's time plus the window
             "flat": all(node.within is None for node in pat.nodes[1:]),
+            # `select last`: the between-negations a replacement is checked against (§4.1 item 1)
+            "between": between if self.kind == "last" else frozenset(),
         }
 
     # --------------------------------------------------------- registrations
@@ -409,6 +421,11 @@ class _CompositeRuntime(_DerivedRuntime):
                 if j not in leaves:
                     leaves.append(j)
         leaves.extend(mi.negations)
+        between = self.between
+        if between and pm.mask:
+            # every between-negation, active or not, unrestricted by where-values bound so far:
+            # a replacement may bring its events into scope or change the values (`_rebind_base`)
+            leaves.extend(i for i in sorted(between) if i not in mi.negations_set)
         out = []
         eqb = pat.eq_bindings
         for i in leaves:
@@ -416,7 +433,7 @@ class _CompositeRuntime(_DerivedRuntime):
                 continue
             eqs: tuple = ()
             rules = eqb.get(i)
-            if rules:
+            if rules and i not in between:
                 vals = []
                 ok = True
                 for attr, other, oattr in rules:
@@ -596,6 +613,8 @@ class _CompositeRuntime(_DerivedRuntime):
     def _try_bind(self, pm: _PM, leaf: int, b: _B, replace: bool = False) -> _PM | None:
         """The PM with `leaf` bound to b, or None when where/negations forbid it."""
         pat = self.pat
+        if replace and self.between:
+            pm, replace = self._rebind_base(pm, leaf, b), False
         base_mask = pm.mask & ~(1 << leaf) if replace else pm.mask
         new_mask = base_mask | 1 << leaf
         if self.simple and not pm.negc and not pat.has_any:
@@ -763,6 +782,9 @@ class _CompositeRuntime(_DerivedRuntime):
                         if i in repl:
                             new = self._try_bind(pm, i, b, replace=True)
                             if new is None:
+                                if tracing:
+                                    self._trace("ignored", f"{ev.id} as {self.names[i]} for {self._desc(pm)}: "
+                                                "the match would break (where/negation)")
                                 continue
                             if tracing:
                                 self._trace("replaced", f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}")
@@ -781,8 +803,11 @@ class _CompositeRuntime(_DerivedRuntime):
 
         if neg and part is not None and part.pms:
             for pm in list(part.pms):
-                if pm.alive and id(pm) not in touched:
-                    self._negate(pm, neg, b)
+                if pm.alive:
+                    if id(pm) not in touched:
+                        self._negate(pm, neg, b)
+                    elif self.between:
+                        self._log_negations(pm, neg, b)  # bound now, but a replacement frees it
 
         if not consumed and self.active:
             starts = [i for i in pos if i in self.start_set]
@@ -998,6 +1023,8 @@ class _CompositeRuntime(_DerivedRuntime):
         if tracing and not replaced:
             self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)}")
         pm.mask, pm.binds, pm.counts, pm.negc = new.mask, new.binds, new.counts, new.negc
+        if pm.nlog:
+            self._prune_nlog(pm)
         self._changed(pm)
         return False
 
@@ -1025,7 +1052,66 @@ class _CompositeRuntime(_DerivedRuntime):
             if pm.alive and any(b is not None and b.seq in seqs for b in pm.binds):
                 self._drop(pm, "consumed")
 
+    def _log_negations(self, pm: _PM, neg: list[int], b: _B) -> None:
+        """`select last`: remember the between-negation events the PM sees (`_rebind_base`)."""
+        between = self.between
+        for x in neg:
+            if x in between:
+                if pm.nlog is None:
+                    pm.nlog = []
+                pm.nlog.append((x, b))
+
+    def _prune_nlog(self, pm: _PM) -> None:
+        """Forget logged negation events no future replacement can bring into scope: those
+        before the last binding that can no longer be replaced (`last` replaces the newest
+        binding, or a bound child of an incomplete `all`)."""
+        log = pm.nlog
+        if not log:
+            return
+        newest = self._newest(pm)
+        repl = set(self.pat.info(pm.mask).all_bound)
+        if newest is not None:
+            repl.add(newest)
+        binds = pm.binds
+        lo = min((binds[i].seq for i in repl if binds[i] is not None), default=-1)  # type: ignore[union-attr]
+        q = max((x.seq for i, x in enumerate(binds) if x is not None and i not in repl and x.seq < lo), default=-1)
+        if q >= 0 and log[0][1].seq <= q:
+            pm.nlog = [(x, e) for x, e in log if e.seq > q] or None
+
+    def _rebind_base(self, pm: _PM, leaf: int, b: _B) -> _PM:
+        """`select last` is to replace `leaf`'s binding by b: the PM without it, whose pending
+        negations are the logged between-negation events that the new binding puts in scope
+        (spec §4.1 item 1: no such event between the new binding and its neighbours).
+
+        The PM's bindings are replayed in arrival order with the logged events between them:
+        an event is in scope if its negation is active in the state reached before it (the
+        new binding comes last, after every logged event). `_try_bind` then binds `leaf` to b,
+        checking those candidates against the new bindings like any pending negation.
+        """
+        base = pm.copy()
+        base.binds[leaf] = None
+        base.mask = pm.mask & ~(1 << leaf)
+        cands: list[tuple[int, _B]] = []
+        log = pm.nlog
+        if log:
+            info = self.pat.info
+            marks = sorted((x.seq, j) for j, x in enumerate(base.binds) if x is not None)
+            bound = {s for s, _ in marks}
+            mask = k = 0
+            for x, e in log:  # in arrival order
+                if e.seq in bound:
+                    continue  # bound into the PM: never a negation of it
+                while k < len(marks) and marks[k][0] < e.seq:
+                    mask |= 1 << marks[k][1]
+                    k += 1
+                if x in info(mask).negations_set:
+                    cands.append((x, e))
+        base.negc = cands or None
+        return base
+
     def _negate(self, pm: _PM, neg: list[int], b: _B) -> None:
+        if self.between:
+            self._log_negations(pm, neg, b)
         mi = self.pat.info(pm.mask)
         for x in neg:
             if x not in mi.negations_set:
@@ -1057,6 +1143,10 @@ class _CompositeRuntime(_DerivedRuntime):
                 self._trace("ignored", f"{b.ev.id}: a partial match already exists ({self._desc(part.pms[0])})")
             return
         if kind == "nth":
+            if not self._could_start(starts, b):
+                if tracing:
+                    self._trace("ignored", f"{b.ev.id} cannot start: where not satisfied (not counted)")
+                return
             if not part.starts:
                 part.starts_ts = b.ev.ts
             part.starts += 1
@@ -1090,6 +1180,22 @@ class _CompositeRuntime(_DerivedRuntime):
                 break
         if completions:
             self._complete(part, completions, b.ev.ts)
+
+    def _could_start(self, starts: list[int], b: _B) -> bool:
+        """Could b open a partial match: does a starting leaf it matches pass every `where`
+        conjunct that mentions that leaf alone? (What `nth` counts, spec §4.1 item 2.)"""
+        pat = self.pat
+        if not pat.conjs:
+            return True
+        names = self.names
+        for i in starts:
+            conjs = pat.bind_conjs(0, i)
+            if not conjs:
+                return True
+            binds = {names[i]: b.ev.attrs}
+            if all(c.fn(binds) for c in conjs):
+                return True
+        return False
 
     # ------------------------------------------------------------ lifecycle
     def _add_pm(self, part: _Partition, pm: _PM) -> None:

@@ -128,8 +128,14 @@ def lazy_shape(profile: Profile) -> str | None:
     if profile.within is None:
         return "no within: the buffers would be unbounded"
     kind = profile.select.kind
-    if kind in ("last", "nth"):
-        return f"select {kind} stays eager (it replaces or counts on every starting event)"
+    if kind == "last":
+        return ("select last stays eager: every duplicate of the newest binding may replace it, and "
+                "whether it may depends on the where and on the events since (LANGUAGE.md §4.1 "
+                "item 1); buffered events cannot replay that chain")
+    if kind == "nth":
+        return ("select nth stays eager: the N-th event is counted in arrival order among the "
+                "events that could bind at that moment (LANGUAGE.md §4.1 item 2); buffered events "
+                "cannot recount them")
     return None
 
 

@@ -304,7 +304,7 @@ class _Pattern:
 class _PM:
     """A partial match: the positive leaves bound so far, plus negation candidates."""
 
-    __slots__ = ("binds", "cands", "counts", "waiting", "alive", "timers", "part")
+    __slots__ = ("binds", "cands", "counts", "waiting", "alive", "timers", "part", "seen")
 
     def __init__(self, binds: list, part: _Part) -> None:
         self.binds = binds
@@ -314,11 +314,15 @@ class _PM:
         self.alive = True
         self.timers: dict[int, tuple] = {}  # node id -> temporal handle (deadline first)
         self.part = part
+        # select last: between-negation events seen while alive (bound or not), which a
+        # replacement may put between its events (`_CompositeRuntime._replace`)
+        self.seen: list[tuple[int, B]] = []
 
     def copy(self, binds: list) -> _PM:
         pm = _PM(binds, self.part)
         pm.cands = list(self.cands)
         pm.counts = dict(self.counts)
+        pm.seen = list(self.seen)
         return pm
 
     def seqs(self) -> set[int]:
@@ -467,6 +471,11 @@ class _CompositeRuntime(_Runtime):
         self.parts: dict[tuple, _Part] = {}
         self.has_trailing = bool(self.pat.trailing)
         self.openers = self.pat.starts | frozenset(self.pat.leading)
+        # select last: negations between positives, which a replacement must respect (§4.1)
+        self.between = (
+            frozenset(self.pat.neg - set(self.pat.leading) - set(self.pat.trailing))
+            if self.kind == "last" else frozenset()
+        )
         self.fast = (
             self.pat.flat and self.pat.root.kind == "seq" and self.kind == "first" and profile.where is None
         )
@@ -733,7 +742,9 @@ class _CompositeRuntime(_Runtime):
                         if nb is not None:
                             break
                     if nb is None and kind == "last":
-                        nb = self._replace(part, pm, b, pos)
+                        nb, cands = self._replace(part, pm, b, pos)
+                        if nb is not None and not self._complete(nb):
+                            pm.cands = cands
                 if nb is None:
                     continue
                 if self._complete(nb):
@@ -743,6 +754,8 @@ class _CompositeRuntime(_Runtime):
                 else:
                     touched.add(id(pm))  # extended: the event closed its negations' scope
                     self._set(pm, nb)
+                    if pm.seen:
+                        self._forget_seen(pm)
         # 2. complete
         consumed = False
         if completions:
@@ -765,9 +778,13 @@ class _CompositeRuntime(_Runtime):
                         return
         # 3. negate
         if neg:
+            seen = [(x, b) for x in neg if x in self.between]
             for pm in part.pms:
-                if pm.alive and id(pm) not in touched:
-                    self._negate(pm, neg, b)
+                if pm.alive:
+                    if seen:
+                        pm.seen.extend(seen)  # bound or not: a replacement may free it
+                    if id(pm) not in touched:
+                        self._negate(pm, neg, b)
         if fresh or not all(pm.alive for pm in part.pms):
             part.pms = [pm for pm in part.pms if pm.alive] + [pm for pm in fresh if pm.alive]
         # 4. open
@@ -793,8 +810,11 @@ class _CompositeRuntime(_Runtime):
         if part.pms:
             return
         if kind == "nth":
-            # every starting event counts; the N-th opens the PM if it can bind, and the
-            # count starts over either way
+            # a starting event counts if it could open a PM (its where conjuncts over the
+            # starting leaf alone hold, §4.1); the N-th opens the PM if it can bind (a leading
+            # negation may still block it), and the count starts over either way
+            if not any(self._may_open(i, b) for i in starts):
+                return
             part.nth += 1
             if part.nth == 1 and self.window is not None:
                 part.nth_timer = self.engine._timer(b[1].ts + self.window, (self, ("nth", part)))
@@ -828,24 +848,92 @@ class _CompositeRuntime(_Runtime):
         part.pms.append(pm)
         return False
 
-    def _replace(self, part: _Part, pm: _PM, b: B, pos: list[int]) -> list | None:
-        """select last: the event replaces the newest binding, or a bound leaf child of an
-        incomplete all; of several such leaves the first in written order."""
-        binds = pm.binds
-        order: set[int] = set()
-        newest = max((i for i in self.pat.pos if binds[i] is not None), key=lambda i: binds[i][0])
-        if newest in pos:
-            order.add(newest)
+    def _may_open(self, i: int, b: B) -> bool:
+        """nth: do the where conjuncts that name starting leaf i alone hold for b?"""
+        env = None
+        for c, poss in self.pat.pos_conj.get(i, ()):
+            if poss == (i,):
+                if env is None:
+                    env = {self.pat.leaves[i].name: b[1].attrs}
+                if not _holds(c, env):
+                    return False
+        return True
+
+    def _replaceable(self, binds: list) -> set[int]:
+        """select last: the newest bound leaf, and the bound leaf children of incomplete alls."""
+        out: set[int] = set()
+        bound = [i for i in self.pat.pos if binds[i] is not None]
+        if bound:
+            out.add(max(bound, key=lambda i: binds[i][0]))
         for n in self.pat.nodes:
             if n.kind == "all" and not _done(n, binds):
                 for c in n.pos:
-                    if c.__class__ is _Leaf and binds[c.idx] is not None and c.idx in pos:  # type: ignore[union-attr]
-                        order.add(c.idx)  # type: ignore[union-attr]
-        for i in sorted(order):
-            nb = self._try(part, pm, i, b)
+                    if c.__class__ is _Leaf and binds[c.idx] is not None:  # type: ignore[union-attr]
+                        out.add(c.idx)  # type: ignore[union-attr]
+        return out
+
+    def _replace(self, part: _Part, pm: _PM, b: B, pos: list[int]) -> tuple[list | None, list]:
+        """select last: the event replaces the newest binding, or a bound leaf child of an
+        incomplete all; of several such leaves the first in written order. (The new bindings,
+        and the negation candidates that stay pending for them.)
+
+        A replacement must leave a valid match (§4.1 item 1): besides `where`, every
+        between-negation event seen by the PM that now lies inside its scope (`_inside`)
+        becomes a candidate that `_try` checks against the new bindings."""
+        binds = pm.binds
+        for i in sorted(self._replaceable(binds)):
+            if i not in pos:
+                continue
+            if not self.between:
+                nb = self._try(part, pm, i, b)
+                if nb is not None:
+                    return nb, pm.cands
+                continue
+            new = list(binds)
+            new[i] = b
+            used = {v[0] for v in new if v is not None}
+            rest = list(binds)
+            rest[i] = None
+            base = pm.copy(rest)
+            base.cands = [(x, e) for x, e in pm.seen if e[0] not in used and self._inside(x, e[0], new)]
+            nb = self._try(part, base, i, b)
             if nb is not None:
-                return nb
-        return None
+                return nb, base.cands
+        return None, pm.cands
+
+    def _inside(self, x: int, at: int, binds: list) -> bool:
+        """Does arrival number `at` lie in the scope of between-negation x for these bindings?
+        In a seq: after the last event of the positive before x and before the first of the one
+        after it (if bound); in an all: after the node's first event (and before its last, once
+        the node is complete)."""
+        leaf = self.pat.leaves[x]
+        node = leaf.parent
+
+        def stamps(n: _Node | _Leaf) -> list[int]:
+            idxs = n.leaves if n.__class__ is _Node else [n.idx]  # type: ignore[union-attr]
+            return [binds[i][0] for i in idxs if binds[i] is not None]
+
+        if node.kind == "all":
+            got = stamps(node)
+            if not got or at < min(got):
+                return False
+            return not _done(node, binds) or at < max(got)
+        prev, nxt = next((p, q) for y, p, q in node.negs if y is leaf)
+        if prev is None or nxt is None or not _done(prev, binds) or at < max(stamps(prev)):
+            return False
+        after = stamps(nxt)
+        return not after or at < min(after)
+
+    def _forget_seen(self, pm: _PM) -> None:
+        """Drop seen negation events that no replacement can put in scope any more: those
+        before the latest binding that can no longer be replaced."""
+        binds = pm.binds
+        repl = self._replaceable(binds)
+        lo = min((binds[i][0] for i in repl), default=-1)
+        fixed = [binds[i][0] for i in self.pat.pos if binds[i] is not None and i not in repl and binds[i][0] < lo]
+        if fixed:
+            p = max(fixed)
+            pm.seen = [s for s in pm.seen if s[1][0] > p]
 
     def _negate(self, pm: _PM, neg: list[int], b: B) -> None:
         pat = self.pat

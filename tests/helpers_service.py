@@ -94,7 +94,7 @@ class Service:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> Service:
-        cmd = [sys.executable, "-m", "adapters.service", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "ens.service", "serve", "--port", str(self.port),
                "--no-deliver", "--status-interval", "1", *self.args]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]

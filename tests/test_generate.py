@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from adapters.generate import INCIDENT_TYPES, PROFILES, generate_facility
-from adapters.generate.cli import app
+from ens.commands.generate import app
 from ens.replay import replay
 from profiles.events import Event
 from profiles.profile_file import load_profile_file

@@ -14,8 +14,8 @@ import redis
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from ens.commands.notifications import app
 from notifiers import store
-from notifiers.cli import app
 from notifiers.config import ConfigError, NotifierConfig
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import (
@@ -189,7 +189,7 @@ def test_deliver_command_runs_until_interrupted(r):
             "ENS_WORKER_NAME": "cli-test",
         }
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from notifiers.cli import app; app()", "deliver"],
+            [sys.executable, "-c", "from ens.commands.notifications import app; app()", "deliver"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

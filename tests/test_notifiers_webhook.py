@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from ens.commands.notifications import app
 from notifiers import store
-from notifiers.cli import app
 from notifiers.config import RetryPolicy
 from notifiers.destinations import DestinationGate
 from notifiers.metrics import REGISTRY

@@ -20,7 +20,7 @@ import typer.testing
 from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
-from adapters.service.cli import register
+from ens.commands.service import register
 from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
 
 BAD_FILE = """\
@@ -299,7 +299,7 @@ def test_serve_reports_start_up_errors_in_one_line() -> None:
 
     def serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "adapters.service", "serve", *args],
+            [sys.executable, "-m", "ens.service", "serve", *args],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
             env={**{k: v for k, v in os.environ.items() if k != rs.ENV_URL}, **env},
         )

@@ -15,7 +15,7 @@ import typer
 from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
-from adapters.service.cli import register
+from ens.commands.service import register
 from tests.helpers_service import Service, metric, outbox_for, redis_server, wait_for
 
 

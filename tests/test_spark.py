@@ -278,7 +278,7 @@ def test_spark_replay_rare_first_equals_local_replay(spark, tmp_path: Path) -> N
 def test_cli_replay_csv_by_room_and_errors(spark, tmp_path: Path) -> None:
     import yaml
 
-    from adapters.spark.cli import app
+    from ens.commands.spark import app
 
     rng = random.Random(5)
     evs = [e for e in gen_events(rng, 200, 60) if isinstance(e.attrs.get("building", ""), str)]

@@ -81,8 +81,7 @@ def _room_task(name: str, path: str, plan: Plan, tz: str):  # noqa: ANN202 - a m
 
         from adapters.datasets import get_adapter
         from adapters.spark.feed import USE_KEYED, Rowifier, _adapter_event, to_blob
-        from adapters.spark.replay import _note_batch
-        from adapters.spark.slices import SliceRunner
+        from adapters.spark.slices import SliceRunner, note_batch
 
         ad = get_adapter(name)
         schema = _schema()
@@ -105,7 +104,7 @@ def _room_task(name: str, path: str, plan: Plan, tz: str):  # noqa: ANN202 - a m
                     if row[1] & USE_KEYED:
                         runner.process(ev, i)
                         if runner.engine._out:
-                            out.extend(_note_rows(_note_batch(runner.take())))
+                            out.extend(_note_rows(note_batch(runner.take())))
                     if row[1] & ~USE_KEYED:
                         out.append(
                             {
@@ -152,7 +151,7 @@ def finish_task(end: tuple[float, bool]):  # noqa: ANN202 - a mapInArrow functio
     """Restore each room's engine and fire what is due by the feed's end."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from adapters.spark.replay import _note_batch
+        from adapters.spark.slices import note_batch
 
         for b in batches:
             for blob in b.column("blob").to_pylist():
@@ -160,6 +159,6 @@ def finish_task(end: tuple[float, bool]):  # noqa: ANN202 - a mapInArrow functio
                 runner.finish(end)
                 tagged = runner.take()
                 if tagged:
-                    yield _note_batch(tagged)
+                    yield note_batch(tagged)
 
     return run

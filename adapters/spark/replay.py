@@ -19,7 +19,6 @@ keyed profiles: each room's engine runs where its files are read (`fused`).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -47,43 +46,17 @@ Log = Callable[[str], None]
 Source = Callable[["Plan"], "DataFrame"]
 
 
-def _note_batch(tagged: list[Tagged]) -> pa.RecordBatch:
-    import pyarrow as pa
-
-    from adapters.spark.slices import encode_key
-
-    cols: list[list[Any]] = [[], [], [], [], [], []]
-    for key, n in tagged:
-        rec = n.to_json()
-        cols[0].append(encode_key(key))
-        cols[1].append(n.ts)
-        cols[2].append(n.profile)
-        cols[3].append(list(rec["events"].items()))
-        cols[4].append(json.dumps(rec["partition"]) if "partition" in rec else None)
-        cols[5].append(json.dumps(rec, separators=(", ", ": ")))
-    types = [
-        pa.binary(),
-        pa.float64(),
-        pa.string(),
-        pa.map_(pa.string(), pa.string()),
-        pa.string(),
-        pa.string(),
-    ]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, t) for c, t in zip(cols, types, strict=True)],
-        names=["dkey", "ts", "profile", "events", "partition", "line"],
-    )
-
-
 def _batched(tagged: Iterable[Tagged]) -> Iterator[pa.RecordBatch]:
+    from adapters.spark.slices import note_batch
+
     buf: list[Tagged] = []
     for t in tagged:
         buf.append(t)
         if len(buf) >= BATCH:
-            yield _note_batch(buf)
+            yield note_batch(buf)
             buf = []
     if buf:
-        yield _note_batch(buf)
+        yield note_batch(buf)
 
 
 def _events(batches: Iterator[pa.RecordBatch], with_route: bool = False) -> Iterator[Any]:
@@ -293,7 +266,9 @@ def _shared_stages(
     elif plan.global_ and end is not None:  # no events, only --until: timers of an empty stream
         tagged = list(run_stream(plan.global_, plan.positions, [], end, None, tz, (plan.evaluation, plan.rates)))
         if tagged:
-            stages.append(spark.createDataFrame(_note_batch(tagged).to_pylist(), NOTE_DDL))
+            from adapters.spark.slices import note_batch
+
+            stages.append(spark.createDataFrame(note_batch(tagged).to_pylist(), NOTE_DDL))
     return stages
 
 

@@ -32,13 +32,16 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filters.engine import Engine
 from filters.notification import Notification
 from filters.temporal import CLOCK, TemporalPool
 from profiles.ast import Profile
 from profiles.events import Event
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Key = tuple[Any, ...]
 
@@ -264,3 +267,32 @@ def split_replay(
         tagged += run_stream(plan.global_, plan.positions, evs, end, first, plans=plans)
     tagged.sort(key=lambda t: encode_key(t[0]))
     return [n for _, n in tagged]
+
+
+def note_batch(tagged: list[Tagged]) -> pa.RecordBatch:
+    """Notifications with their slice keys as one Arrow batch of the NOTE_DDL rows."""
+    import json
+
+    import pyarrow as pa
+
+    cols: list[list[Any]] = [[], [], [], [], [], []]
+    for key, n in tagged:
+        rec = n.to_json()
+        cols[0].append(encode_key(key))
+        cols[1].append(n.ts)
+        cols[2].append(n.profile)
+        cols[3].append(list(rec["events"].items()))
+        cols[4].append(json.dumps(rec["partition"]) if "partition" in rec else None)
+        cols[5].append(json.dumps(rec, separators=(", ", ": ")))
+    types = [
+        pa.binary(),
+        pa.float64(),
+        pa.string(),
+        pa.map_(pa.string(), pa.string()),
+        pa.string(),
+        pa.string(),
+    ]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, t) for c, t in zip(cols, types, strict=True)],
+        names=["dkey", "ts", "profile", "events", "partition", "line"],
+    )

