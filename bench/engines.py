@@ -69,8 +69,8 @@ def _keyed(shape: str, instances: int, n_events: int, seed: int) -> tuple[list[A
 
 def _growth(n: int, hot: bool, select: str, n_events: int, seed: int) -> tuple[list[Any], list[Any]]:
     """N keyed pairs `seq(a: A and x = i, b: B and x = i) within 1h`; x over 10 hot keys or all N."""
-    from profiles.parser import parse_profile
     from profiles.events import Event
+    from profiles.parser import parse_profile
 
     tail = "" if select == "first" else " select each consume shared"
     tpl = parse_profile(f'seq(a: kind = "A" and x = 0, b: kind = "B" and x = 0) within 1h{tail}', "tpl")

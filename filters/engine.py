@@ -865,7 +865,10 @@ class _CompositeRuntime(_DerivedRuntime):
         if order is None:
             pm.binds[i] = _B(seq, ev)
             pm.mask = new_mask
-            self._changed(pm)
+            if self.flat and (pm.handle is not None or self.window is None):
+                self._sync(pm)  # the first event, hence the deadline, stays
+            else:
+                self._changed(pm)
             return True
         binds = pm.binds
         names = self.names
@@ -921,8 +924,10 @@ class _CompositeRuntime(_DerivedRuntime):
             opened.append((i, t[0]))
             if not self.fast_each:
                 break
-        if not opened:
-            return False
+        if not opened:  # it starts nothing (it reached a dormant auxiliary profile): what is
+            if part is not None:  # left of the general path for it
+                self._tidy(part, ev.ts)
+            return True
         if part is None:
             part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
         b = _B(seq, ev)
@@ -1456,6 +1461,7 @@ class Engine(TimeDriven):
         replan_every: int = 0,
         drift: float = 4.0,
         sample: int = 8,
+        timers: TemporalPool | None = None,
     ) -> None:
         """`plan`: eager, rare-first or auto (chosen from `rates`), per profile: docs/plans.md.
 
@@ -1464,6 +1470,8 @@ class Engine(TimeDriven):
         `replan_every` events, a profile whose rates moved by `drift` (a factor) since its plan
         was chosen is planned again from them (`replan`: its state moves with it). Counting
         is by arrival number, so a replay decides the same way.
+
+        `timers`: the temporal pool to schedule in (an empty one; Spark's slices give their own).
         """
         if variant not in self.VARIANTS:
             raise ValueError(f"unknown variant {variant!r} (one of {', '.join(self.VARIANTS)})")
@@ -1484,7 +1492,7 @@ class Engine(TimeDriven):
         # runtime index -> the pool entries of its starting components and their owners (what
         # leaves the pool with the profile, without looking the filters up again)
         self._starts: dict[int, list[tuple[Entry, tuple[int, int]]]] = {}
-        self.timers = TemporalPool()
+        self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)
         self.now: float | None = None
         self.tracer: Tracer | None = None
@@ -1756,13 +1764,16 @@ class Engine(TimeDriven):
             solo = entry.solo  # set only while the entry has one owner
             if solo and tracer is None and solo(event, seq):
                 return
-            if len(entry.owners) == 1:
-                (idx, leaf), = entry.owners
+            owners = entry.owners
+            if len(owners) == 1:
+                (idx, leaf), = owners
                 rt = self._rts.get(idx)
                 if rt is not None:
                     if solo is None:
                         entry.solo = rt.sink(leaf) or False
                     rt.on_event(event, seq, [leaf])
+                return
+            if not owners:  # an auxiliary profile kept in the pool while nobody waits on it
                 return
         if tracer is None and self._report_plain(entries, event):
             return
@@ -1813,6 +1824,10 @@ class Engine(TimeDriven):
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []
         return out
+
+    def pending(self) -> int:
+        """Notifications produced and not taken yet."""
+        return len(self._out)
 
     # ---------------------------------------------------------------- stats
     def stats(self) -> dict[str, int]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from filters.canon import filter_key
 from profiles.ast import Absent, All, AnyOf, Clock, Profile, Seq
 
 MODES = ("eager", "rare-first", "auto")
@@ -79,8 +80,6 @@ class Rates:
         }
 
     def for_profile(self, profile: Profile, names: list[str], filters: list[Any]) -> dict[str, float | None]:
-        from adapters.spark.canon import filter_key  # pure: canonical filter text
-
         mine = self.by_profile.get(profile.id, {})
         out: dict[str, float | None] = {}
         for name, f in zip(names, filters, strict=True):
