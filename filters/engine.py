@@ -711,7 +711,24 @@ class _CompositeRuntime(_DerivedRuntime):
                     return
             elif (self.fast or self.fast_each) and self._fast_open(part, key, ev, seq, leaves):
                 return
-        pat = self.pat
+        if (part is None or not part.pms) and self.start_set.isdisjoint(leaves) and (
+            not self.leading or self.leading.isdisjoint(leaves)
+        ):  # nothing waits, nothing starts, no history to keep (a dormant auxiliary profile's event)
+            if part is not None:
+                self._tidy(part, ev.ts)
+            return
+        self._general(part, key, ev, seq, leaves)
+
+    def _part(self, key: tuple, ev: Event) -> _Partition:
+        """The event's partition, created if it has none yet."""
+        part = self.parts.get(key)
+        if part is None:
+            part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
+        return part
+
+    def _general(self, part: _Partition | None, key: tuple, ev: Event, seq: int, leaves: list[int]) -> None:
+        """Every shape and selection: extend or complete the waiting PMs, apply the event's
+        negations, open new PMs, keep leading-negation history (LANGUAGE.md §4)."""
         b = _B(seq, ev)
         if self.neg_set:
             pos = [i for i in leaves if i not in self.neg_set]
@@ -724,83 +741,22 @@ class _CompositeRuntime(_DerivedRuntime):
         consumed = False
 
         if part is not None and part.pms and pos:
-            kind = self.kind
             for pm in list(part.pms):
-                if not pm.alive:
-                    continue
-                mi = pat.info(pm.mask)
-                cands = [i for i in pos if i in mi.enabled_set]
-                if kind == "each":
-                    groups: set[int] = set()
-                    for i in cands:
-                        g = mi.any_groups.get(i, -1)
-                        if g != -1 and g in groups:
-                            continue
-                        new = self._try_bind(pm, i, b)
-                        if new is None:
-                            continue
-                        if g != -1:
-                            groups.add(g)
-                        if pat.info(new.mask).complete and not pat.trailing:
-                            # completed: the waiting original is not exempt from the event's
-                            # negations (it lies between this PM's events and any later one)
-                            completions.append((new, pm))
-                        else:
-                            touched.add(id(new))  # the copy holds the event; the original does not
-                            self._add_pm(part, new)
-                            if tracing:
-                                self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
-                    continue
-                done = False
-                for i in cands:
-                    if kind == "nth":
-                        cnt = (pm.counts or {}).get(i, 0) + 1
-                        if cnt < self.nth:
-                            if self._try_bind(pm, i, b) is None:
-                                continue
-                            if pm.counts is None:
-                                pm.counts = {}
-                            pm.counts[i] = cnt  # counted, not bound: negations still apply
-                            if tracing:
-                                self._trace("counted", f"{ev.id} as {self.names[i]} #{cnt} of {self.nth} for {self._desc(pm)}")
-                            done = True
-                            break
-                    new = self._try_bind(pm, i, b)
-                    if new is None:
-                        if tracing:
-                            self._trace("ignored", f"{ev.id} for {self._desc(pm)}: where/negation not satisfied")
-                        continue
-                    if not self._advance(pm, new, completions, tracing, ev):
-                        touched.add(id(pm))
-                    done = True
-                    break
-                if done:
-                    continue
-                if kind == "last" and pm.mask:
-                    repl = [self._newest(pm)] + list(mi.all_bound)
-                    for i in pos:
-                        if i in repl:
-                            new = self._try_bind(pm, i, b, replace=True)
-                            if new is None:
-                                if tracing:
-                                    self._trace("ignored", f"{ev.id} as {self.names[i]} for {self._desc(pm)}: "
-                                                "the match would break (where/negation)")
-                                continue
-                            if tracing:
-                                self._trace("replaced", f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}")
-                            if not self._advance(pm, new, completions, tracing, ev, replaced=True):
-                                touched.add(id(pm))
-                            break
-                elif tracing:
-                    dup = next((i for i in pos if pm.binds[i] is not None and i not in self.start_set), None)
-                    if dup is not None:
-                        self._trace("ignored", f"{ev.id} as a duplicate of {self.names[dup]} for {self._desc(pm)}")
+                if pm.alive:
+                    self._extend(part, pm, pos, b, completions, touched, tracing)
 
         if completions:
             consumed = self._complete(part, completions, ev.ts)  # type: ignore[arg-type]
             if not self.active:
                 return
+        self._settle(part, key, b, pos, neg, touched, consumed)
 
+    def _settle(
+        self, part: _Partition | None, key: tuple, b: _B, pos: list[int], neg: Any, touched: set[int], consumed: bool
+    ) -> None:
+        """After the extensions: the event's negations on the PMs it did not extend, then (if not
+        consumed) the PMs it opens, the leading-negation history, and the partition's clean-up."""
+        ev, seq = b.ev, b.seq
         if neg and part is not None and part.pms:
             for pm in list(part.pms):
                 if pm.alive:
@@ -813,9 +769,7 @@ class _CompositeRuntime(_DerivedRuntime):
             starts = [i for i in pos if i in self.start_set]
             if starts:
                 if part is None:
-                    part = self.parts.get(key)
-                    if part is None:
-                        part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
+                    part = self._part(key, ev)
                 self._open(part, starts, b)
                 if not self.active:
                     return
@@ -824,13 +778,102 @@ class _CompositeRuntime(_DerivedRuntime):
             lead = [i for i in neg if i in self.leading]
             if lead:
                 if part is None:
-                    part = self.parts.get(key)
-                    if part is None:
-                        part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
+                    part = self._part(key, ev)
                 for i in lead:
                     part.history.append((seq, ev.ts, i, b))
         if part is not None:
             self._tidy(part, ev.ts)
+
+    def _extend(
+        self, part: _Partition, pm: _PM, pos: list[int], b: _B, completions: list, touched: set[int], tracing: bool
+    ) -> None:
+        """Bind the event's positive leaves `pos` to one waiting PM, as its selection says."""
+        mi = self.pat.info(pm.mask)
+        cands = [i for i in pos if i in mi.enabled_set]
+        if self.kind == "each":
+            self._branch(part, pm, mi, cands, b, completions, touched, tracing)
+        elif self._bind_next(pm, cands, b, completions, touched, tracing):
+            pass
+        elif self.kind == "last" and pm.mask:
+            self._replace(pm, mi, pos, b, completions, touched, tracing)
+        elif tracing:
+            dup = next((i for i in pos if pm.binds[i] is not None and i not in self.start_set), None)
+            if dup is not None:
+                self._trace("ignored", f"{b.ev.id} as a duplicate of {self.names[dup]} for {self._desc(pm)}")
+
+    def _branch(
+        self, part: _Partition, pm: _PM, mi: Any, cands: list[int], b: _B, completions: list, touched: set[int],
+        tracing: bool,
+    ) -> None:
+        """`select each`: every candidate leaf extends a copy of the PM (one per any-alternative set)."""
+        pat = self.pat
+        groups: set[int] = set()
+        for i in cands:
+            g = mi.any_groups.get(i, -1)
+            if g != -1 and g in groups:
+                continue
+            new = self._try_bind(pm, i, b)
+            if new is None:
+                continue
+            if g != -1:
+                groups.add(g)
+            if pat.info(new.mask).complete and not pat.trailing:
+                # completed: the waiting original is not exempt from the event's
+                # negations (it lies between this PM's events and any later one)
+                completions.append((new, pm))
+            else:
+                touched.add(id(new))  # the copy holds the event; the original does not
+                self._add_pm(part, new)
+                if tracing:
+                    self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
+
+    def _bind_next(
+        self, pm: _PM, cands: list[int], b: _B, completions: list, touched: set[int], tracing: bool
+    ) -> bool:
+        """first/last/nth: the first candidate leaf that may bind does (nth: is counted until the
+        N-th). False if none could."""
+        ev = b.ev
+        for i in cands:
+            if self.kind == "nth":
+                cnt = (pm.counts or {}).get(i, 0) + 1
+                if cnt < self.nth:
+                    if self._try_bind(pm, i, b) is None:
+                        continue
+                    if pm.counts is None:
+                        pm.counts = {}
+                    pm.counts[i] = cnt  # counted, not bound: negations still apply
+                    if tracing:
+                        self._trace("counted", f"{ev.id} as {self.names[i]} #{cnt} of {self.nth} for {self._desc(pm)}")
+                    return True
+            new = self._try_bind(pm, i, b)
+            if new is None:
+                if tracing:
+                    self._trace("ignored", f"{ev.id} for {self._desc(pm)}: where/negation not satisfied")
+                continue
+            if not self._advance(pm, new, completions, tracing, ev):
+                touched.add(id(pm))
+            return True
+        return False
+
+    def _replace(
+        self, pm: _PM, mi: Any, pos: list[int], b: _B, completions: list, touched: set[int], tracing: bool
+    ) -> None:
+        """`select last`: the event replaces the newest binding (or a bound leaf of an open all)."""
+        ev = b.ev
+        repl = [self._newest(pm)] + list(mi.all_bound)
+        for i in pos:
+            if i in repl:
+                new = self._try_bind(pm, i, b, replace=True)
+                if new is None:
+                    if tracing:
+                        self._trace("ignored", f"{ev.id} as {self.names[i]} for {self._desc(pm)}: "
+                                    "the match would break (where/negation)")
+                    continue
+                if tracing:
+                    self._trace("replaced", f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}")
+                if not self._advance(pm, new, completions, tracing, ev, replaced=True):
+                    touched.add(id(pm))
+                break
 
     def _drop_dormant(self, part: _Partition, leaves: list[int]) -> None:
         """References: the event reached dormant auxiliary profiles (nobody waits): take our owner off."""
