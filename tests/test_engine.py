@@ -224,3 +224,25 @@ def test_an_idle_partition_lets_its_auxiliary_profiles_go(variant: str, expr: st
     st = eng.stats()
     assert st["partitions"] == 0 and st["partial_matches"] == 0 and st["timers"] == 0, st
     assert st["pool_filters"] == base
+
+
+def test_plain_filters_matched_together_report_in_profile_order() -> None:
+    """The reporting fast path (every matched filter a plain one) keeps the general path's output:
+    profile order, `once` profiles and removed profiles included, the same as the two-step engine."""
+    from filters.twostep import TwoStepEngine
+
+    texts = ["v > 5", "v > 1", 'v > 3 and kind = "t"', "v > 2 once", "v > 4"]
+    profiles = [parse_profile(t, f"f{i}") for i, t in enumerate(texts)]
+    events = [Event(f"e{i}", float(i), {"kind": "t", "v": v}) for i, v in enumerate([6, 0, 4, 6, 2.5])]
+    outs = []
+    for eng in (Engine(profiles), TwoStepEngine(profiles)):
+        got = []
+        for ev in events:
+            if ev.id == "e3":
+                eng.remove_profile("f4")
+            eng.process(ev)
+            got.append([(n.profile, n.seq) for n in eng.take_notifications()])
+        outs.append(got)
+    assert outs[0] == outs[1]
+    assert [p for p, _ in outs[0][0]] == ["f0", "f1", "f2", "f3", "f4"]
+    assert [p for p, _ in outs[0][3]] == ["f0", "f1", "f2"]  # f3 fired once, f4 removed
