@@ -246,3 +246,20 @@ def test_plain_filters_matched_together_report_in_profile_order() -> None:
     assert outs[0] == outs[1]
     assert [p for p, _ in outs[0][0]] == ["f0", "f1", "f2", "f3", "f4"]
     assert [p for p, _ in outs[0][3]] == ["f0", "f1", "f2"]  # f3 fired once, f4 removed
+
+
+def test_both_engines_take_their_temporal_pool_and_say_what_is_pending() -> None:
+    from filters.temporal import TemporalPool
+    from filters.twostep import TwoStepEngine
+
+    profile = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
+    for make in (Engine, TwoStepEngine):
+        timers = TemporalPool()
+        eng = make([profile], timers=timers)
+        eng.process(Event("a1", 0.0, {"k": "A"}))
+        assert eng.timers is timers and len(timers) == 1  # the terminator went into the given pool
+        assert eng.pending() == 0
+        eng.process(Event("b1", 5.0, {"k": "B"}))
+        assert eng.pending() == 1
+        assert [n.profile for n in eng.take_notifications()] == ["p"]
+        assert eng.pending() == 0
