@@ -9,18 +9,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install demo test lint bench fuzz
+.PHONY: install demo test test-fast lint bench fuzz
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ens demo
 
-test: $(STAMP)
-	$(PY) -m ruff check .
-	$(PY) -m pytest
+# Lint, the import contracts, types, then the whole suite on two processes (pytest-xdist; the
+# Spark tests share one of them and one JVM). docs/development.md has the timings.
+test: lint
+	$(PY) -m pytest -n 2 --dist loadgroup
+
+# The edit-test loop: everything but Spark, the kill -9 crash tests and the million-event run
+# (markers in pyproject), each property test on a fifth of its examples (tests/conftest.py).
+test-fast: $(STAMP)
+	ENS_TEST_EXAMPLES=0.2 $(PY) -m pytest -n 2 --dist loadgroup -m "not spark and not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 # New random examples for the property tests (engines against each other, the index against
 # direct evaluation, the parser); a failure prints the example to add to tests/cases.

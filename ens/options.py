@@ -6,6 +6,8 @@ Kept apart from `ens.cli`, which mounts the other groups and so cannot be import
 from __future__ import annotations
 
 import importlib
+import math
+import re
 import sys
 from typing import Any
 
@@ -83,3 +85,57 @@ def tidy_help_metavars() -> None:
     for cls in (core.TyperOption, core.TyperArgument):
         if hasattr(cls, "display_type_rich"):  # typer versions without it print click's names
             cls.display_type_rich = display  # type: ignore[method-assign,assignment]
+
+
+# ----------------------------------------------------------------------------- numbers and durations
+
+_DURATION = re.compile(r"(-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*(ms|s|m|h|d)?", re.ASCII)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+DURATION_HELP = "500ms, 2s, 30m, 1h, 1d or seconds"
+
+
+def parse_duration(
+    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
+    maximum: float | None = None, off: bool = False,
+) -> float | None:
+    """A duration option in seconds: ``500ms``, ``2s``, ``30m``, ``1h``, ``1d`` or plain seconds.
+
+    The one parser of every time option of `ens serve` and `ens post`, so each accepts the
+    same forms. Only ASCII digits (NaN and infinities never match), within the range. ``off``:
+    the word ``off`` (or ``none``) is allowed and gives None (no limit). ``above``: the value
+    must exceed ``minimum`` rather than reach it. Raises ENSError naming ``flag``.
+    """
+    text = str(value).strip().lower()
+    if off and text in ("off", "none"):
+        return None
+    m = _DURATION.fullmatch(text)
+    forms = DURATION_HELP + (", or 'off'" if off else "")
+    if not m:
+        raise ENSError(f"{flag} {value!r}: expected a duration ({forms})")
+    seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    _check_range(flag, value, seconds, minimum, above, maximum, "s")
+    return seconds
+
+
+def parse_number(
+    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
+    maximum: float | None = None, integer: bool = False,
+) -> float:
+    """A finite number option within its range (NaN and infinities refused), naming ``flag``."""
+    text = str(value).strip()
+    try:
+        number = int(text) if integer else float(text)
+    except ValueError:
+        raise ENSError(f"{flag} {value!r}: expected {'an integer' if integer else 'a number'}") from None
+    if not math.isfinite(number):
+        raise ENSError(f"{flag} {value!r}: expected a finite number")
+    _check_range(flag, value, float(number), minimum, above, maximum, "")
+    return number
+
+
+def _check_range(flag: str, value: object, number: float, minimum: float, above: bool,
+                 maximum: float | None, unit: str) -> None:
+    if number < minimum or (above and number == minimum):
+        raise ENSError(f"{flag} {value!r}: must be {'above' if above else 'at least'} {minimum:g}{unit}")
+    if maximum is not None and number > maximum:
+        raise ENSError(f"{flag} {value!r}: must be at most {maximum:g}{unit}")

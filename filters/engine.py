@@ -1101,13 +1101,32 @@ class _CompositeRuntime(_DerivedRuntime):
                 self._drop(pm, "consumed")
 
     def _log_negations(self, pm: _PM, neg: list[int], b: _B) -> None:
-        """`select last`: remember the between-negation events the PM sees (`_rebind_base`)."""
+        """`select last`: remember the between-negation events the PM sees (`_rebind_base`).
+
+        An event of a negation without `where` is not logged if one of the same negation is
+        logged since the PM's newest binding: both lie between the same two bindings whatever
+        is replaced later, so it adds nothing (and a PM without a window stays bounded).
+        """
         between = self.between
         for x in neg:
-            if x in between:
-                if pm.nlog is None:
-                    pm.nlog = []
-                pm.nlog.append((x, b))
+            if x not in between:
+                continue
+            log = pm.nlog
+            if log is None:
+                pm.nlog = [(x, b)]
+                continue
+            if not self.neg_conjs[x]:
+                newest = max(y.seq for y in pm.binds if y is not None)
+                dup = False
+                for lx, le in reversed(log):
+                    if le.seq <= newest:
+                        break
+                    if lx == x:
+                        dup = True
+                        break
+                if dup:
+                    continue
+            log.append((x, b))
 
     def _prune_nlog(self, pm: _PM) -> None:
         """Forget logged negation events no future replacement can bring into scope: those

@@ -778,11 +778,11 @@ class _CompositeRuntime(_Runtime):
                         return
         # 3. negate
         if neg:
-            seen = [(x, b) for x in neg if x in self.between]
+            seen = [x for x in neg if x in self.between]
             for pm in part.pms:
                 if pm.alive:
-                    if seen:
-                        pm.seen.extend(seen)  # bound or not: a replacement may free it
+                    for x in seen:
+                        self._see(pm, x, b)  # bound or not: a replacement may free it
                     if id(pm) not in touched:
                         self._negate(pm, neg, b)
         if fresh or not all(pm.alive for pm in part.pms):
@@ -923,6 +923,15 @@ class _CompositeRuntime(_Runtime):
             return False
         after = stamps(nxt)
         return not after or at < min(after)
+
+    def _see(self, pm: _PM, x: int, b: B) -> None:
+        """Keep between-negation event b for later replacements, unless x has no where and an
+        x event is kept already after the PM's latest binding (same scope, whatever happens)."""
+        if x not in self.pat.neg_conj:
+            latest = max(v[0] for v in pm.binds if v is not None)
+            if any(y == x and e[0] > latest for y, e in pm.seen):
+                return
+        pm.seen.append((x, b))
 
     def _forget_seen(self, pm: _PM) -> None:
         """Drop seen negation events that no replacement can put in scope any more: those

@@ -17,14 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from profiles.errors import ENSError
+from profiles.errors import ConfigError as ConfigError  # raised here; one hierarchy there
 
 _DEFAULT_PORTS = {"starttls": 587, "tls": 465, "none": 25}
 _SECRET_WORDS = ("password", "secret")
-
-
-class ConfigError(ENSError):
-    """A notifier configuration that cannot be used (the CLI prints it, exit status 2)."""
 
 
 def describe_errors(
@@ -136,7 +132,9 @@ class WorkerConfig(BaseModel):
     concurrency: int = Field(default=8, ge=1)
     poll: float = Field(default=1.0, gt=0, description="longest idle wait between polls")
     lease: float = Field(
-        default=120.0, gt=0, description="a taken delivery is retried by anyone after this"
+        default=10.0, gt=0, le=86400,
+        description="a taken delivery is retried by anyone after this; renewed every third "
+                    "of it while its send runs, so a dead worker's deliveries come back this soon",
     )
     claim_idle: float = Field(
         default=60.0, ge=0, description="take over other consumers' entries idle this long"

@@ -6,10 +6,11 @@ Keeping every key name in one module is what lets both sides change together.
 
 Keys
 ----
-``ens:outbox``          stream; one field ``n`` = notification JSON (see `enqueue`)
+``ens:outbox``          stream; ``n`` = notification JSON, ``ver`` (`records.OutboxRecord`)
 ``ens-delivery``        consumer group of the delivery workers on ``ens:outbox``
 ``ens:subscribers``     hash; subscriber id -> subscriber JSON (see `Subscriber`)
-``ens:deadletter``      stream; fields n, channel, error, attempts, ts (+ ch, nch, entry)
+``ens:deadletter``      stream; fields n, channel, error, attempts, ts, ch, nch, entry, ver
+                        (`records.DeadLetter`)
 ``ens:retry``           zset; delivery key -> due time (epoch seconds)
 ``ens:retry:state``     hash; delivery key -> delivery state JSON (attempts, notification, ...)
 ``ens:delivered:<nid>:<ch>``  string with TTL; set once that channel got that notification
@@ -24,14 +25,11 @@ A *delivery key* is ``f"{notification id}:{channel index}"``.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-import orjson
 import redis
 from pydantic import (
     BaseModel,
@@ -46,10 +44,12 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from notifiers.config import describe_errors
+from notifiers.records import OUTBOX_FIELD, DeadLetter, OutboxRecord, dumps, encode, text
+
+__all__ = ["OUTBOX_FIELD", "DeadLetter", "OutboxRecord", "dumps", "encode", "text"]  # re-exported
 from profiles.subscribers import channel_kind, subscriber_problems
 
 OUTBOX = "ens:outbox"
-OUTBOX_FIELD = "n"
 GROUP = "ens-delivery"
 SUBSCRIBERS = "ens:subscribers"
 DEADLETTER = "ens:deadletter"
@@ -63,11 +63,6 @@ DIGEST_WINDOW = "ens:digest-window"
 DIGEST_ATTEMPTS = "ens:digest-attempts"
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
-
-
-def text(value: Any) -> Any:
-    """Decode bytes from a client made without ``decode_responses`` (the service may pass one)."""
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def delivery_key(nid: str, ch: int) -> str:
@@ -224,44 +219,14 @@ def get_subscriber(r: redis.Redis, sid: str) -> Subscriber | None:
     return None if raw is None else Subscriber.model_validate_json(text(raw))
 
 
-def dumps(obj: Any) -> str:
-    """Compact JSON, the one encoding used for every value this contract stores."""
-    return encode(obj)[0]
-
-
-def encode(obj: Any) -> tuple[str, bool]:
-    """`dumps`, and whether orjson wrote it (then orjson also reads it back exactly).
-
-    orjson writes the same compact UTF-8 JSON ~5x faster (the engine worker encodes every
-    notification, the API every event); the standard library takes what orjson refuses
-    (integers beyond 64 bits, non-string keys).
-    """
-    try:
-        return orjson.dumps(obj).decode(), True
-    except TypeError:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False), False
-
-
 def enqueue(r: redis.Redis, record: Mapping[str, Any]) -> str:
     """XADD a notification to the outbox; returns the stream entry id.
 
     ``record`` = {"id": str (unique), "profile": str, "subscriber": str | None,
     "ts": float, "events": {name: {"id", "ts", ...attributes}}, "partition": {...} (optional)}
-    — e.g. ``{"id": nid, **Notification.to_detail()}``.
+    — e.g. ``{"id": nid, **Notification.to_detail()}`` (`records.OutboxRecord`).
     """
-    nid = record.get("id")
-    if not isinstance(nid, str) or not nid:
-        raise ValueError("a notification needs a non-empty string 'id'")
-    if not isinstance(record.get("profile"), str):
-        raise ValueError("a notification needs a string 'profile'")
-    if not isinstance(record.get("ts"), (int, float)) or isinstance(record.get("ts"), bool):
-        raise ValueError("a notification needs a numeric 'ts' (epoch seconds)")
-    if not isinstance(record.get("events"), Mapping):
-        raise ValueError("a notification needs an 'events' object")
-    sub = record.get("subscriber")
-    if sub is not None and not isinstance(sub, str):
-        raise ValueError("'subscriber' must be a string or null")
-    return text(r.xadd(OUTBOX, {OUTBOX_FIELD: dumps(dict(record))}))
+    return text(r.xadd(OUTBOX, OutboxRecord(record).fields()))
 
 
 def ensure_group(r: redis.Redis) -> None:
@@ -286,7 +251,7 @@ def delivery_backlog(r: redis.Redis, cap: int = 10_000) -> tuple[int, float, int
         return 0, 0.0, int(r.xlen(DEADLETTER))
     g = groups.get(GROUP)
     start = f"({text(g['last-delivered-id'])}" if g else "-"
-    unread = r.xrange(OUTBOX, min=start, count=cap)
+    unread: Any = r.xrange(OUTBOX, min=start, count=cap)  # redis-py types replies loosely
     oldest = [text(unread[0][0])] if unread else []
     pending = 0
     if g:
@@ -348,25 +313,6 @@ def describe_channel(channel: Mapping[str, Any]) -> str:
     return "-"
 
 
-@dataclass(slots=True)
-class DeadLetter:
-    """One ``ens:deadletter`` entry. ``ch`` is -1 when no channel could be resolved."""
-
-    entry: str
-    notification: dict[str, Any]
-    channel: dict[str, Any]
-    ch: int
-    nch: int
-    outbox_entry: str
-    error: str
-    attempts: int
-    ts: float
-
-    @property
-    def nid(self) -> str:
-        return str(self.notification.get("id", ""))
-
-
 def dead_letter_fields(
     n: Mapping[str, Any],
     channel: Mapping[str, Any],
@@ -376,37 +322,13 @@ def dead_letter_fields(
     error: str,
     attempts: int,
 ) -> dict[str, str]:
-    return {
-        "n": dumps(dict(n)),
-        "channel": dumps(redact(channel)),
-        "error": error,
-        "attempts": str(attempts),
-        "ts": repr(time.time()),
-        "ch": str(ch),
-        "nch": str(nch),
-        "entry": outbox_entry,
-    }
+    return DeadLetter.new(n, redact(channel), ch, nch, outbox_entry, error, attempts).fields()
 
 
 def list_dead_letters(r: redis.Redis, count: int | None = None) -> list[DeadLetter]:
     """Oldest first."""
-    out = []
-    for eid, raw in r.xrange(DEADLETTER, count=count):
-        f = {text(k): text(v) for k, v in raw.items()}
-        out.append(
-            DeadLetter(
-                entry=text(eid),
-                notification=json.loads(f.get("n", "{}")),
-                channel=json.loads(f.get("channel", "{}")),
-                ch=int(f.get("ch", -1)),
-                nch=int(f.get("nch", 0)),
-                outbox_entry=f.get("entry", ""),
-                error=f.get("error", ""),
-                attempts=int(f.get("attempts", 0)),
-                ts=float(f.get("ts", 0)),
-            )
-        )
-    return out
+    entries: Any = r.xrange(DEADLETTER, count=count)  # redis-py types replies loosely
+    return [DeadLetter.read(text(eid), raw) for eid, raw in entries]
 
 
 def retry_dead_letters(r: redis.Redis, ids: Iterable[str] | None = None) -> int:
@@ -424,7 +346,7 @@ def retry_dead_letters(r: redis.Redis, ids: Iterable[str] | None = None) -> int:
             continue
         with r.pipeline(transaction=True) as p:
             if dl.ch < 0:
-                p.xadd(OUTBOX, {OUTBOX_FIELD: dumps(dl.notification)})
+                p.xadd(OUTBOX, OutboxRecord(dl.notification).fields(checked=False))
             else:
                 key = delivery_key(dl.nid, dl.ch)
                 state = {

@@ -61,10 +61,10 @@ def verify(
     if not ts_raw or not sig:
         return False
     ts_raw = ts_raw.strip()
-    try:
-        ts = int(ts_raw)
-    except ValueError:
+    # ASCII digits only: int() also reads "٣", "+5" and "1_0"; a timestamp is plain digits
+    if not (ts_raw.isascii() and ts_raw.isdigit()) or len(ts_raw) > 15:
         return False
+    ts = int(ts_raw)
     if abs((time.time() if now is None else now) - ts) > tolerance:
         return False
     expected = _bytes(sign(secret, ts_raw, body))

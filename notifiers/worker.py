@@ -3,8 +3,8 @@
 Flow. An outbox entry is read through the consumer group and *taken*: every channel of its
 subscriber that is neither delivered nor dead-lettered gets a delivery state and a slot in the
 ``ens:retry`` schedule, due now. Deliveries are then leased from the schedule (the lease pushes
-their due time ``lease`` seconds ahead, so a worker dying mid-send only delays them) and run in a
-thread pool; a failure re-schedules with backoff instead of sleeping, so one slow or broken
+their due time ``lease`` seconds ahead, and is renewed every third of it while the send runs, so
+a worker dying mid-send delays them by at most ``lease``) and run in a thread pool; a failure re-schedules with backoff instead of sleeping, so one slow or broken
 receiver never holds back others. A webhook request also needs a slot at its destination
 (`notifiers.destinations`): at most ``per_destination`` in flight, none while its circuit is
 open; a delivery refused a slot is re-scheduled without an attempt. The stream entry is XACKed
@@ -45,6 +45,7 @@ from notifiers.metrics import (
     DELIVERIES,
     LATENCY,
 )
+from notifiers.records import OutboxRecord
 from notifiers.store import (
     DEADLETTER,
     DIGEST_ATTEMPTS,
@@ -79,6 +80,20 @@ _LEASE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], m) end
 return due
+"""
+
+# Extend leases still held: each member whose score is still the lease end this worker set
+# (not re-scheduled or finished meanwhile) gets the new end. ARGV: new end, (member, old end)...
+_RENEW = """
+local n = 0
+for i = 2, #ARGV, 2 do
+  local cur = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if cur and tonumber(cur) == tonumber(ARGV[i + 1]) then
+    redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
 """
 
 # KEYS: STATE, RETRY, then (delivered key, dead key) per channel; ARGV: now, then
@@ -180,6 +195,12 @@ class DeliveryWorker:
         smtp = self.config.smtp  # the relay is one destination, gated as a webhook origin is
         self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
         self._lease = self.r.register_script(_LEASE)
+        self._renew = self.r.register_script(_RENEW)
+        # (schedule, member) -> the lease end this worker set, while its send runs
+        self._held: dict[tuple[str, str], float] = {}
+        self._held_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._renewer: threading.Thread | None = None
         self._take_script = self.r.register_script(_TAKE)
         self._digest_done = self.r.register_script(_DIGEST_DONE)
         self._started = False
@@ -187,6 +208,7 @@ class DeliveryWorker:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._closed.set()
         self._webhook.close()
         CIRCUITS_OPEN.dec(self._gate.open_count())  # the gauge sums the live workers' circuits
 
@@ -274,7 +296,44 @@ class DeliveryWorker:
     def _lease_due(self, schedule: str, limit: int) -> list[str]:
         now = time.time()
         lease_end = now + self.config.worker.lease
-        return [text(m) for m in self._lease(keys=[schedule], args=[now, lease_end, limit])]
+        taken = [text(m) for m in self._lease(keys=[schedule], args=[now, lease_end, limit])]
+        if taken:
+            with self._held_lock:
+                for member in taken:
+                    self._held[schedule, member] = lease_end
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew_leases, daemon=True,
+                                                 name="ens-delivery-lease")
+                self._renewer.start()
+        return taken
+
+    def _done(self, schedule: str, member: str) -> None:
+        """The send of ``member`` is over (whatever its outcome): stop renewing its lease."""
+        with self._held_lock:
+            self._held.pop((schedule, member), None)
+
+    def _renew_leases(self) -> None:
+        """Push the leases of the sends in progress ahead, every third of the lease: a slow
+        send keeps its delivery, a dead worker's deliveries come back within one lease."""
+        lease = self.config.worker.lease
+        while not self._closed.wait(lease / 3):
+            with self._held_lock:
+                held = dict(self._held)
+            end = time.time() + lease
+            for schedule in {s for s, _ in held}:
+                args: list[Any] = [end]
+                for (s, member), old in held.items():
+                    if s == schedule:
+                        args += [member, old]
+                try:
+                    self._renew(keys=[schedule], args=args)
+                except redis.RedisError as exc:  # Redis away: the leases run out, as for a crash
+                    log.warning("could not renew delivery leases: %s", exc)
+                    continue
+                with self._held_lock:
+                    for (s, member), old in held.items():
+                        if s == schedule and self._held.get((s, member)) == old:
+                            self._held[s, member] = end
 
     def _idle_wait(self) -> float:
         wait = min(self.config.worker.poll, self._next_due() - time.time())
@@ -337,12 +396,10 @@ class DeliveryWorker:
     def _take(self, eid: str, fields: Mapping[Any, Any], counts: Counts) -> None:
         """Schedule every open channel of one outbox entry; ack it if none is open."""
         counts.read += 1
-        raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
         try:
-            n = json.loads(raw) if raw else None
-            if not isinstance(n, dict) or not isinstance(n.get("id"), str):
-                raise ValueError("not a notification object with a string id")
+            n = dict(OutboxRecord.read(fields).notification)
         except ValueError as exc:
+            raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
             log.error("outbox entry %s is malformed (%s); dead-lettered", eid, exc)
             self._dead_letter({"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
             DELIVERIES.labels("none", "dead").inc()
@@ -406,6 +463,8 @@ class DeliveryWorker:
             self._deliver_one(dkey, counts)
         except Exception:  # a bug or a Redis hiccup: the lease brings the delivery back later
             log.exception("delivery %s failed unexpectedly; it will be retried", dkey)
+        finally:
+            self._done(RETRY, dkey)
         return counts
 
     def _deliver_one(self, dkey: str, counts: Counts) -> None:
@@ -573,6 +632,8 @@ class DeliveryWorker:
             self._flush_digest_one(address, counts)
         except Exception:
             log.exception("digest for %s failed unexpectedly; it will be retried", address)
+        finally:
+            self._done(DIGESTS, address)
         return counts
 
     def _drop_unbuildable(

@@ -7,7 +7,7 @@ compare equal and can be stored once in the pool (profile sharing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar, dataclass_transform
 
 _T = TypeVar("_T")
 
@@ -29,32 +29,33 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def _cached_hash(self: object) -> int:
+def _cached_hash(self: Any) -> int:
     """Hash once, then reuse: the pool hashes filters on every auxiliary insert and delete."""
-    h = self._h  # type: ignore[attr-defined]
+    h: int = self._h
     if not h:
-        vals = [_hkey(getattr(self, n)) for n in self._compared]  # type: ignore[attr-defined]
+        vals = [_hkey(getattr(self, n)) for n in self._compared]
         h = hash((self.__class__.__name__, *vals)) or 1
         object.__setattr__(self, "_h", h)
     return h
 
 
-def _typed_eq(self: object, other: object) -> bool:
+def _typed_eq(self: Any, other: object) -> bool:
     if self is other:
         return True
     if type(self) is not type(other):
-        return NotImplemented  # type: ignore[return-value]
-    for n in self._compared:  # type: ignore[attr-defined]
+        return NotImplemented  # type: ignore[no-any-return]
+    for n in self._compared:  # type: ignore[attr-defined]  # (narrowed to object above)
         if not _same(getattr(self, n), getattr(other, n)):
             return False
     return True
 
 
-def _reduce(self: object) -> tuple:
+def _reduce(self: Any) -> tuple[Any, ...]:
     """Pickle by constructor arguments: a cached hash must not travel to another process."""
     return (type(self), tuple(getattr(self, f.name) for f in fields(self) if f.init))
 
 
+@dataclass_transform(frozen_default=True)  # type checkers see the dataclass it makes
 def _node(cls: type[_T]) -> type[_T]:
     """A node class: frozen and slotted, its hash computed once, equality type-aware (`0` is not
     `false`), pickled by constructor arguments (the cached hash must not travel)."""
@@ -63,9 +64,9 @@ def _node(cls: type[_T]) -> type[_T]:
     cls.__hash__ = _cached_hash  # type: ignore[assignment]
     cls.__eq__ = _typed_eq  # type: ignore[assignment,method-assign]
     cls.__reduce__ = _reduce  # type: ignore[assignment,method-assign]
-    made = dataclass(frozen=True, slots=True)(cls)
-    made._compared = tuple(f.name for f in fields(made) if f.compare)  # type: ignore[attr-defined]
-    return made
+    made: Any = dataclass(frozen=True, slots=True)(cls)
+    made._compared = tuple(f.name for f in fields(made) if f.compare)
+    return made  # type: ignore[no-any-return]
 
 
 Scalar = str | int | float | bool

@@ -1,10 +1,24 @@
-"""User-facing errors: they name what is wrong and where, and never carry a traceback."""
+"""Every error a user can see, in one hierarchy under `ENSError`.
+
+They name what is wrong and where, and never carry a traceback. This module is the lowest
+layer, so every package can raise them; the modules that raise them re-export them under
+their old names. Errors that are also a `ValueError`/`RuntimeError` keep that base so
+existing ``except ValueError`` handlers still see them.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ENSError(Exception):
-    """Base of every error caused by user input (exit status 2 on the CLI)."""
+    """Base of every error a user can see: one line, no traceback.
+
+    `exit_status` is the command's exit status when it ends the command: 2 for bad input
+    (a file, an option, a busy port), 1 for a run that could not finish.
+    """
+
+    exit_status = 2
 
 
 class ProfileError(ENSError):
@@ -73,3 +87,41 @@ class EventError(ENSError):
         self.message = message
         self.where = where
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class ConfigError(ENSError):
+    """A notifier configuration (SMTP, webhooks, limits) that cannot work."""
+
+
+class DatasetError(ENSError, ValueError):
+    """A problem with a data-set path, filter or file content."""
+
+
+class DemoError(ENSError):
+    """A user error in `ens demo` (bad file, busy port): one line, exit status 2."""
+
+
+class DemoFailure(ENSError):
+    """The demo could not finish (the service died, a timeout): exit status 1."""
+
+    exit_status = 1
+
+
+class LockLost(ENSError, RuntimeError):
+    """Another worker holds the engine lock: this one must stop without committing."""
+
+
+class BadEvent(ENSError, ValueError):
+    """An event rejected while parsing (it stands in the batch in its place); keeps its id."""
+
+    def __init__(self, message: str, obj: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.obj = obj
+
+
+class TsOutOfWindow(ENSError, ValueError):
+    """An event ts too far from the wall clock; ``bound`` is "future" or "past"."""
+
+    def __init__(self, message: str, bound: str) -> None:
+        super().__init__(message)
+        self.bound = bound

@@ -60,7 +60,8 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TOKEN_NAMES = {
     "LPAR": '"("', "RPAR": '")"', "COMMA": '","', "COLON": '":"', "CMP": "a comparison operator",
     "STRING": "a string", "NUMBER": "a number", "INT": "an integer", "NAME": "a name",
-    "DURATION": "a duration such as 30m", "ADDOP": '"+" or "-"', "MULOP": '"*" or "/"',
+    "DURATION": "a duration: a number and one of the units ms, s, m, h, d, written together "
+                "(500ms, 30s, 30m, 1.5h, 2d)", "ADDOP": '"+" or "-"', "MULOP": '"*" or "/"',
     "$END": "end of profile",
 }
 
@@ -379,8 +380,43 @@ def _syntax_error(e: UnexpectedInput, text: str, profile_id: str) -> ProfileErro
     else:
         tok = getattr(e, "token", None)
         what = f"unexpected {tok.value!r}" if tok is not None and tok.value else "unexpected end of profile"
+        hint = _hint(text, tok)
+        if hint:
+            what += f" ({hint})"
     expected = sorted({_describe(x) for x in (getattr(e, "expected", None) or getattr(e, "allowed", None) or [])})
     return ProfileError(what, profile_id, line, column, expected[:12])
+
+
+@functools.cache
+def _keywords() -> frozenset[str]:
+    """The language's keywords (the grammar's literal words: seq, within, and, ...)."""
+    return frozenset(
+        t.pattern.value for t in _lark().terminals
+        if t.pattern.type == "str" and t.pattern.value.isalpha()
+    )
+
+
+def _hint(text: str, tok: Token | None) -> str | None:
+    """What a user most likely meant, for the mistakes people make: ``==``, upper-case
+    keywords, a duration with a space or an unknown unit."""
+    if tok is None or tok.start_pos is None:
+        return None
+    pos = tok.start_pos
+    if tok.value == "=" and text[pos - 1:pos] == "=":
+        return "'==' is not an operator: use '=' for equality"
+    words = [tok.value] if tok.value.isalpha() else []
+    before = re.search(r"([A-Za-z_]\w*)\s*$", text[:pos])
+    if before:
+        words.append(before.group(1))
+    for w in words:
+        if w != w.lower() and w.lower() in _keywords():
+            return f"keywords are lower case: {w.lower()!r}, not {w!r}"
+    m = re.match(r"\d+(?:\.\d+)?(\s*)([A-Za-z]+)", text[pos:])
+    if m and tok.type in ("NUMBER", "INT"):
+        if m.group(1):
+            return "write the unit right after the number, without a space: 30m"
+        return f"{m.group(2)!r} is not a duration unit; the units are ms, s, m, h, d"
+    return None
 
 
 def _build_profile(tree: Tree, text: str, profile_id: str, subscriber: str | None) -> Profile:

@@ -23,13 +23,32 @@ from profiles.subscribers import UNKNOWN_KEY, Loc, describe, subscriber_problems
 class ProfileSet:
     profiles: list[Profile] = field(default_factory=list)
     subscribers: list[dict[str, Any]] = field(default_factory=list)
+    entries: int = 0  # profile entries in the file, valid or not
+    invalid: int = 0  # of those, entries with at least one problem
+    profile_problems: int = 0  # problems found in profile entries
+    subscriber_problems: int = 0  # problems found in subscriber entries
+
+    def summary(self, name: str, errors: list[Any]) -> str:
+        """``FILE: N problem(s) (P in K profile(s), S in subscribers, O elsewhere); V of T
+        profile(s) valid``: the parts add up to N and to T."""
+        other = len(errors) - self.profile_problems - self.subscriber_problems
+        parts = []
+        if self.profile_problems:
+            parts.append(f"{self.profile_problems} in {self.invalid} profile(s)")
+        if self.subscriber_problems:
+            parts.append(f"{self.subscriber_problems} in subscribers")
+        if other:
+            parts.append(f"{other} elsewhere")
+        return (f"{name}: {len(errors)} problem(s) ({', '.join(parts)}); "
+                f"{len(self.profiles)} of {self.entries} profile(s) valid")
 
 
-def _node_get(node: yaml.Node, key: str) -> yaml.Node | None:
+def _node_get(node: yaml.Node | None, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             if isinstance(k, yaml.ScalarNode) and k.value == key:
-                return v
+                node_: yaml.Node = v
+                return node_
     return None
 
 
@@ -91,7 +110,8 @@ def validate_subscriber(sub: Any, where: str, n: int = 1) -> dict[str, Any]:
     problems = subscriber_messages(sub, n)
     if problems:
         raise ProfileError(problems[0][0])
-    return sub
+    valid: dict[str, Any] = sub  # subscriber_messages found nothing wrong: it is a mapping
+    return valid
 
 
 # libyaml's loader when PyYAML was built with it (~10x faster); its nodes carry marks too
@@ -117,7 +137,11 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return out, [ProfileError(f"{name}: not valid YAML/JSON{where}: {getattr(e, 'problem', e)}")]
+        problem = str(getattr(e, "problem", e))
+        if "mapping values are not allowed" in problem:  # `expr: seq(a: ...)`: the ': ' is YAML's
+            problem += ("; an expression with ': ' in it (seq(a: ...)) must be quoted "
+                        "(expr: 'seq(a: ...)') or written as a block (expr: |)")
+        return out, [ProfileError(f"{name}: not valid YAML/JSON{where}: {problem}")]
     if data is None:
         data = {}
     if isinstance(data, list):  # a bare list of profiles is accepted too
@@ -137,42 +161,60 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
         errors.append(ProfileError(f"{name}: 'profiles' must be a list"))
         plist = []
     seen: set[str] = set()
+    out.entries = len(plist)
     for i, item in enumerate(plist):
-        node = pnode_items[i] if i < len(pnode_items) else None
-        file_line = node.start_mark.line + 1 if node is not None else None
-        if not isinstance(item, dict):
-            errors.append(ProfileError(f"profile #{i + 1} must be a mapping with id and expr", file_line=file_line))
-            continue
-        pid = item.get("id")
-        if not isinstance(pid, (str, int)) or pid == "":
-            errors.append(ProfileError(f"profile #{i + 1} has no id", file_line=file_line))
-            continue
-        pid = str(pid)
-        if pid in seen:
-            errors.append(ProfileError("duplicate profile id", pid, file_line=file_line))
-            continue
-        seen.add(pid)
-        extra = [k for k in item if k not in PROFILE_KEYS]
-        for key in extra:  # each at its own place: `exp:` for `expr:` is a typo to point at
-            errors.append(ProfileError(
-                f"{_at(name, _key_node(node, str(key)))}: profile {pid!r}: unknown key {str(key)!r} "
-                f"(allowed: {', '.join(PROFILE_KEYS)})"))
-        if extra:
-            continue
-        expr = item.get("expr")
-        if expr is not None and not isinstance(expr, str):
-            errors.append(ProfileError(f"expr must be a string, got {type(expr).__name__} {expr!r}",
-                                       pid, file_line=file_line))
-            continue
-        if not isinstance(expr, str) or not expr.strip():
-            errors.append(ProfileError("missing expr", pid, file_line=file_line))
-            continue
-        sub = item.get("subscriber")
-        try:
-            out.profiles.append(parse_profile(expr, pid, str(sub) if sub is not None else None))
-        except ProfileError as e:
-            expr_node = _node_get(node, "expr") if node is not None else None
-            errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
+        before = len(errors)
+        _profile_entry(i, item, pnode_items, seen, name, out, errors)
+        if len(errors) > before:
+            out.invalid += 1
+            out.profile_problems += len(errors) - before
+    _subscriber_entries(data, root, name, out, errors)
+    return out, errors
+
+
+def _profile_entry(i: int, item: Any, pnode_items: list, seen: set[str], name: str,
+                   out: ProfileSet, errors: list[ENSError]) -> None:
+    """One entry of ``profiles``: parsed into ``out.profiles``, or its problems into ``errors``."""
+    node = pnode_items[i] if i < len(pnode_items) else None
+    file_line = node.start_mark.line + 1 if node is not None else None
+    if not isinstance(item, dict):
+        errors.append(ProfileError(f"profile #{i + 1} must be a mapping with id and expr", file_line=file_line))
+        return
+    pid = item.get("id")
+    if not isinstance(pid, (str, int)) or pid == "":
+        errors.append(ProfileError(f"profile #{i + 1} has no id", file_line=file_line))
+        return
+    pid = str(pid)
+    if pid in seen:
+        errors.append(ProfileError("duplicate profile id", pid, file_line=file_line))
+        return
+    seen.add(pid)
+    extra = [k for k in item if k not in PROFILE_KEYS]
+    for key in extra:  # each at its own place: `exp:` for `expr:` is a typo to point at
+        errors.append(ProfileError(
+            f"{_at(name, _key_node(node, str(key)))}: profile {pid!r}: unknown key {str(key)!r} "
+            f"(allowed: {', '.join(PROFILE_KEYS)})"))
+    if extra:
+        return
+    expr = item.get("expr")
+    if expr is not None and not isinstance(expr, str):
+        errors.append(ProfileError(f"expr must be a string, got {type(expr).__name__} {expr!r}",
+                                   pid, file_line=file_line))
+        return
+    if not isinstance(expr, str) or not expr.strip():
+        errors.append(ProfileError("missing expr", pid, file_line=file_line))
+        return
+    sub = item.get("subscriber")
+    try:
+        out.profiles.append(parse_profile(expr, pid, str(sub) if sub is not None else None))
+    except ProfileError as e:
+        expr_node = _node_get(node, "expr") if node is not None else None
+        errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
+
+
+def _subscriber_entries(data: dict, root: yaml.Node, name: str, out: ProfileSet,
+                        errors: list[ENSError]) -> None:
+    """The ``subscribers`` list, and the profiles that name one it lacks."""
     subs = data.get("subscribers") or []
     if not isinstance(subs, list):
         errors.append(ProfileError(f"{name}: 'subscribers' must be a list"))
@@ -187,6 +229,7 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
             sub_ids.add(sub["id"])
             continue
         node = snode_items[i] if i < len(snode_items) else None
+        out.subscriber_problems += len(problems)
         for msg, loc, bad_key in problems:  # every problem, at the line of what it concerns
             if bad_key:  # FILE:LINE:COL of the key itself
                 key_node = _key_node(_node_at(node, loc[:-1]), str(loc[-1]))
@@ -195,10 +238,13 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
             at = _node_at(node, loc)
             errors.append(ProfileError(msg, file_line=at.start_mark.line + 1 if at is not None else None))
     if subs:
-        for p in out.profiles:
-            if p.subscriber is not None and p.subscriber not in sub_ids:
-                errors.append(ProfileError(f"unknown subscriber {p.subscriber!r}", p.id))
-    return out, errors
+        unknown = [p for p in out.profiles if p.subscriber is not None and p.subscriber not in sub_ids]
+        for p in unknown:  # the profile is not valid after all
+            errors.append(ProfileError(f"unknown subscriber {p.subscriber!r}", p.id))
+        bad = {p.id for p in unknown}
+        out.profiles = [p for p in out.profiles if p.id not in bad]
+        out.invalid += len(unknown)
+        out.profile_problems += len(unknown)
 
 
 def read_profile_text(path: str | Path) -> str:

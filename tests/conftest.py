@@ -42,6 +42,43 @@ def canon(notes: list[dict]) -> list[str]:
     return sorted(out)
 
 
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session (one JVM) for every test that needs one: starting a JVM costs
+    ~10 s. Under pytest-xdist the spark tests share one worker (`xdist_group`, below)."""
+    from adapters.spark.session import get_spark
+
+    s = get_spark("local[2]")
+    yield s
+    s.stop()
+
+
+# `make test-fast` sets ENS_TEST_EXAMPLES=0.2: each property test draws that share of its
+# examples (at least 20), the same derandomized ones first; `make test` draws them all.
+EXAMPLES_SHARE = float(os.environ.get("ENS_TEST_EXAMPLES", "1"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes the `spark` fixture is a spark test (marker and xdist group); property
+    tests draw EXAMPLES_SHARE of their examples."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+        if item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        if EXAMPLES_SHARE < 1:
+            _fewer_examples(getattr(item, "obj", None))
+
+
+def _fewer_examples(test: object) -> None:
+    # where @settings(...) keeps a test's settings (hypothesis reads the same attribute)
+    current = getattr(test, "_hypothesis_internal_use_settings", None)
+    if current is not None and hasattr(test, "hypothesis"):
+        wanted = max(20, int(current.max_examples * EXAMPLES_SHARE))
+        if wanted < current.max_examples:
+            test._hypothesis_internal_use_settings = settings(current, max_examples=wanted)  # type: ignore[attr-defined]
+
+
 @pytest.fixture
 def case_files(tmp_path: Path):
     def make(case: dict) -> tuple[Path, Path]:

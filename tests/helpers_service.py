@@ -80,9 +80,12 @@ class Service:
     """`python -m adapters.service serve` as a subprocess (so it can be killed with -9)."""
 
     def __init__(self, redis_url: str | None, log: Path, *args: str, data_dir: Path | None = None,
-                 http: bool = True, engine: bool = True, env: dict[str, str] | None = None):
+                 http: bool = True, engine: bool = True, env: dict[str, str] | None = None,
+                 nofile: int | None = None):
         """``http``/``engine``: whether this process serves HTTP / runs the engine worker
-        (match its ``--role``); start() waits for what it runs. ``env``: extra variables."""
+        (match its ``--role``); start() waits for what it runs. ``env``: extra variables.
+        ``nofile``: its open-file limit (soft and hard), as `ulimit -n` would set it."""
+        self.nofile = nofile
         self.http, self.engine = http, engine
         self.env = env or {}
         self.redis_url = redis_url
@@ -103,7 +106,8 @@ class Service:
         env = {**os.environ, rs.ENV_ADMIN_TOKEN: ADMIN_TOKEN, "ENS_ENGINE_NAME": "test-engine", **self.env}
         env.pop(rs.ENV_URL, None)
         with self.log.open("ab") as fh:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh)
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh,
+                                         preexec_fn=self._limits if self.nofile else None)
         try:
             if self.http:
                 wait_for(self.healthy, timeout,
@@ -118,6 +122,11 @@ class Service:
             self.kill()
             raise
         return self
+
+    def _limits(self) -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def kill(self) -> None:
         """SIGKILL if still running (test clean-up after a failure)."""

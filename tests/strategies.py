@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from hypothesis import strategies as st
 
 from profiles.ast import And, Between, Cmp, Const, Exists, In, Not, Or, StartsWith
@@ -41,3 +44,103 @@ filters = st.recursive(
 )
 
 events = st.dictionaries(attr, scalars, max_size=4)
+
+
+# ------------------------------------------- flat seq profiles for the reference interpreter
+# Each entry: the filter text and the same filter as a predicate over one event (spec §2:
+# an absent attribute, or one of another type, makes a comparison false). The kinds repeat
+# and overlap (`k in ("A", "B")`, `true`), so one event often matches several components.
+
+def _num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+SEQ_FILTERS: list[tuple[str, Callable[[dict], bool]]] = [
+    ('k = "A"', lambda e: e.get("k") == "A"),
+    ('k = "B"', lambda e: e.get("k") == "B"),
+    ('k = "C"', lambda e: e.get("k") == "C"),
+    ('k = "X"', lambda e: e.get("k") == "X"),
+    ('k in ("A", "B")', lambda e: e.get("k") in ("A", "B")),
+    ('k = "A" and v > 0', lambda e: e.get("k") == "A" and _num(e.get("v")) and e["v"] > 0),
+    ('k = "B" and v <= 1', lambda e: e.get("k") == "B" and _num(e.get("v")) and e["v"] <= 1),
+    ('k != "X"', lambda e: isinstance(e.get("k"), str) and e["k"] != "X"),
+    ("v >= 2", lambda e: _num(e.get("v")) and e["v"] >= 2),
+    ("true", lambda e: True),
+]
+
+
+def _where_form(form: int, a: str, c: str, lit: int) -> tuple[str, frozenset[str], Callable[[dict], bool]]:
+    """One where conjunct as text, its component names, and its truth (all names bound)."""
+    def vals(b: dict) -> tuple[object, object]:
+        return b[a].get("v"), b[c].get("v")
+
+    if form == 0:
+        return f"{a}.v = {c}.v", frozenset({a, c}), lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] == vals(b)[1]
+    if form == 1:
+        return f"{a}.v > {c}.v", frozenset({a, c}), lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] > vals(b)[1]
+    if form == 2:
+        return f"{a}.v != {c}.v", frozenset({a, c}), lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] != vals(b)[1]
+    # a single component against a literal: `where a.v >= 2` (what nth counts, §4.1 item 2)
+    return f"{a}.v >= {lit}", frozenset({a}), lambda b: _num(b[a].get("v")) and b[a]["v"] >= lit
+
+
+@st.composite
+def flat_seq_profiles(draw: st.DrawFn, pid: str = "p") -> tuple[str, Any]:
+    """(profile text, tests.reference.SeqSpec): seq of 1-4 components, some negated (leading,
+    between, trailing), mostly under select last / nth, often with a where on one component."""
+    from tests.reference import Comp, Conj, SeqSpec
+
+    n = draw(st.integers(1, 4))
+    negs = [draw(st.integers(0, 2)) == 0 for _ in range(n)]
+    if all(negs):
+        negs[draw(st.integers(0, n - 1))] = False
+    comps, parts = [], []
+    for i, neg in enumerate(negs):
+        text, fn = draw(st.sampled_from(SEQ_FILTERS))
+        name = f"{'x' if neg else 'c'}{i + 1}"
+        comps.append(Comp(name, neg, fn))
+        parts.append(f"{'not ' if neg else ''}{name}: {text}")
+    pos = [c.name for c in comps if not c.negated]
+    neg_names = [c.name for c in comps if c.negated]
+    within = draw(st.sampled_from([None, 3.0, 5.0, 10.0]))
+    if within is None and (negs[0] or negs[-1]):
+        within = 5.0  # leading and trailing negations need a window
+    clauses = [] if within is None else [f"within {within:g}s"]
+    per = draw(st.booleans())
+    if per:
+        clauses.append("per r")
+    conjs, texts = [], []
+    for _ in range(draw(st.sampled_from([0, 1, 1, 2]))):
+        form = draw(st.integers(0, 3))
+        a = draw(st.sampled_from(pos + neg_names))
+        c = draw(st.sampled_from(pos))
+        if form < 3 and a == c:
+            form = 3
+        text, refs, fn = _where_form(form, a, c, draw(st.integers(1, 2)))
+        texts.append(text)
+        conjs.append(Conj(refs, fn))
+    if texts:
+        clauses.append("where " + " and ".join(texts))
+    select = draw(st.sampled_from(["last", "last", "nth 2", "nth 2", "nth 3", "first"]))
+    clauses.append(f"select {select}")
+    shared = draw(st.booleans())
+    clauses.append("consume shared" if shared else "consume unique")
+    text = f"seq({', '.join(parts)}) " + " ".join(draw(st.permutations(clauses)))
+    kind, _, cnt = select.partition(" ")
+    spec = SeqSpec(pid, comps, within, "r" if per else None, conjs, kind, int(cnt or 1), shared)
+    return text, spec
+
+
+@st.composite
+def tie_streams(draw: st.DrawFn) -> list[dict]:
+    """Short streams with ties in ts and repeated kinds (duplicates of every component)."""
+    out, ts = [], 0
+    for j in range(draw(st.integers(2, 12))):
+        ts += draw(st.sampled_from([0, 0, 1, 1, 2, 3, 6]))
+        ev: dict = {"id": f"e{j + 1}", "ts": ts, "k": draw(st.sampled_from(["A", "A", "B", "B", "C", "X"]))}
+        if draw(st.integers(0, 4)):
+            ev["v"] = draw(st.integers(0, 3))
+        if draw(st.integers(0, 9)):
+            ev["r"] = draw(st.sampled_from([1, 1, 2]))
+        out.append(ev)
+    return out

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +41,7 @@ def test_check_prints_every_problem(tmp_path: Path) -> None:
     # each problem names where (line and column in the expression, line in the file) and what was expected
     assert "profile 'a': line 1, column 3 (file line 2): unexpected end of profile; expected" in r.stderr
     assert "(file line 3)" in r.stderr
-    assert "1 valid profile" in r.stderr
+    assert "2 problem(s) (2 in 2 profile(s)); 1 of 3 profile(s) valid" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -234,7 +237,22 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
     assert "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address" in r.stderr
     assert f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret)" \
         in r.stderr
-    assert "5 problem(s), 1 valid profile(s)" in r.stderr  # the profile of the good subscriber stays
+    # the profile of the good subscriber stays
+    assert "5 problem(s) (5 in subscribers); 1 of 1 profile(s) valid" in r.stderr
+
+
+def test_check_counts_problems_and_profiles_that_add_up(tmp_path: Path) -> None:
+    """A profile naming an unknown subscriber is not counted valid; the parts add up."""
+    f = tmp_path / "one.yaml"
+    f.write_text("profiles:\n  - {id: h2, expr: 'kind = \"a\"', subscriber: nobody}\n"
+                 "  - {id: h3, expr: 'kind = '}\n  - {id: h4, expr: 'kind = \"b\"'}\n"
+                 "subscribers:\n  - {id: ops, channels: [{email: a@b.c}]}\n"
+                 "  - {id: bad, channels: [{email: nope}]}\nextra: 1\n")
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 2
+    assert r.stderr.count("error: ") == 4
+    assert (f"{f}: 4 problem(s) (2 in 2 profile(s), 1 in subscribers, 1 elsewhere); "
+            "1 of 3 profile(s) valid") in r.stderr
 
 
 def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Path) -> None:
@@ -465,7 +483,8 @@ def _replay_stderr(tmp_path: Path, tty: bool) -> str:
 def test_replay_of_a_large_file_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     shown = _replay_stderr(tmp_path, tty=True)
     assert "reading events" in shown and "replaying" in shown, shown[-500:]
-    assert _replay_stderr(tmp_path, tty=False) == ""  # pipes and files get no bar
+    piped = _replay_stderr(tmp_path, tty=False)  # pipes and files get no bar (warnings only)
+    assert [line for line in piped.splitlines() if not line.startswith("warning: ")] == []
 
 
 def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -487,3 +506,49 @@ def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.Mo
     r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")])
     assert r.exit_code == 0, r.stderr
     assert seen and seen[0] > 0 and gc.get_freeze_count() == 0
+
+
+def test_replay_and_check_warn_about_profiles_that_will_not_fire(tmp_path: Path) -> None:
+    """Warnings, not errors: the notifications are written as before."""
+    f = tmp_path / "p.yaml"
+    f.write_text("profiles:\n  - {id: typo, expr: 'knd = \"window\"'}\n"
+                 "  - {id: inf, expr: 'value > 1e400'}\n  - {id: ok, expr: 'kind = \"window\"'}\n")
+    ev = tmp_path / "e.jsonl"
+    ev.write_text('{"id": "w1", "ts": 1, "kind": "window", "value": 3}\n')
+    r = runner.invoke(app, ["replay", str(f), str(ev)])
+    assert r.exit_code == 0, r.output
+    assert '"profile": "ok"' in r.stdout and r.stdout.count("\n") == 1
+    assert ("warning: profile 'typo': no event seen so far has attribute 'knd' "
+            "(did you mean 'kind'?)") in r.stderr
+    assert "warning: profile 'inf': a number is beyond the float range" in r.stderr
+    assert "'ok'" not in r.stderr
+    r = runner.invoke(app, ["check", str(f)])
+    assert r.exit_code == 0 and "3 profiles OK" in r.stdout
+    assert "profile 'inf': a number is beyond" in r.stderr and "knd" not in r.stderr
+
+
+def test_generate_draws_no_progress_bar_into_a_pipe(tmp_path: Path) -> None:
+    out = tmp_path / "f.jsonl"
+    r = subprocess.run([sys.executable, "-m", "ens", "generate", "facility", "-b", "1", "-r", "2",
+                        "--out", str(out)], capture_output=True, text=True,
+                       cwd=Path(__file__).parents[1], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 0
+    assert "events ->" not in r.stderr and "━" not in r.stderr, r.stderr
+
+
+def test_bench_lazy_outside_the_checkout_checks_inputs_first_and_finds_its_defaults(
+    tmp_path: Path,
+) -> None:
+    def bench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ens", "bench", "lazy", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+
+    r = bench("--profiles", "missing.yaml", "--repeat", "1")
+    assert r.returncode == 2, r.stderr
+    assert "profile file missing.yaml not found" in r.stderr and "events/s" not in r.stdout
+    r = bench("--ratios", "", "--keti-limit", "300", "--repeat", "1")  # the shipped defaults
+    assert r.returncode == 0, r.stderr
+    assert "KETI" in r.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current directory

@@ -25,6 +25,8 @@ from profiles.ast import Absent, Profile
 from profiles.errors import ProfileError
 from profiles.events import Event
 from profiles.parser import parse_profile
+from tests.reference import interpret
+from tests.strategies import flat_seq_profiles, tie_streams
 
 KS = ["A", "B", "C", "X"]
 FILTERS = [
@@ -55,9 +57,15 @@ def leaf_filter(draw: st.DrawFn) -> str:
     return draw(st.sampled_from(FILTERS))
 
 
+SELECTS = ["", "select first", "select last", "select each", "select nth 2"]
+
+
 @st.composite
-def profile_text(draw: st.DrawFn) -> str:
-    """One profile: a composite of depth <= 2 with random clauses (or, rarely, a filter/absent)."""
+def profile_text(draw: st.DrawFn, selects: list[str] = SELECTS, negate: int = 2, alone: bool = False) -> str:
+    """One profile: a composite of depth <= 2 with random clauses (or, rarely, a filter/absent).
+
+    `selects`, `negate` (the most negated components inserted per composite) and `alone` (where
+    conjuncts may also compare one component with a literal) steer it (issue 22 tests)."""
     shape = draw(st.integers(0, 19))
     names: list[tuple[str, bool]] = []  # (leaf name, negated)
     counter = iter(range(1, 100))
@@ -87,7 +95,7 @@ def profile_text(draw: st.DrawFn) -> str:
             else:
                 parts.append(leaf(False))
         if op != "any":
-            for _ in range(draw(st.integers(0, 2))):
+            for _ in range(draw(st.integers(0, negate))):
                 pos = draw(st.integers(0, len(parts)))
                 parts.insert(pos, leaf(True))
         return f"{op}({', '.join(parts)})"
@@ -120,8 +128,10 @@ def profile_text(draw: st.DrawFn) -> str:
         for _ in range(draw(st.integers(1, 2))):
             a = draw(st.sampled_from(pos + negs))
             c = draw(st.sampled_from(pos))
-            form = draw(st.integers(0, 3))
-            if form == 0:
+            form = draw(st.integers(0, 4 if alone else 3))
+            if form == 4:
+                conj.append(f"{c}.v >= {draw(st.integers(1, 2))}")
+            elif form == 0:
                 conj.append(f"{a}.v = {c}.v")
             elif form == 1:
                 conj.append(f"{a}.v > {c}.v")
@@ -130,7 +140,7 @@ def profile_text(draw: st.DrawFn) -> str:
             else:
                 conj.append(f"{a}.v != {draw(st.integers(0, 3))}")
         clauses.append("where " + " and ".join(conj))
-    sel = draw(st.sampled_from(["", "select first", "select last", "select each", "select nth 2"]))
+    sel = draw(st.sampled_from(selects))
     if sel:
         clauses.append(sel)
     cons = draw(st.sampled_from(["", "consume unique", "consume shared"]))
@@ -143,10 +153,10 @@ def profile_text(draw: st.DrawFn) -> str:
 
 
 @st.composite
-def scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], float | None]:
+def scenario(draw: st.DrawFn, texts: st.SearchStrategy[str] | None = None) -> tuple[list[tuple[str, str]], list[dict], float | None]:
     profiles: list[tuple[str, str]] = []
     for i in range(draw(st.integers(1, 3))):
-        text = draw(profile_text())
+        text = draw(profile_text() if texts is None else texts)
         try:
             parse_profile(text, f"p{i}")
         except ProfileError:
@@ -219,6 +229,16 @@ def check(case: tuple[list[tuple[str, str]], list[dict], float | None], variants
 @given(scenario())
 def test_engines_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
     check(case)
+
+
+@settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(profile_text(["select last", "select last", "select nth 2", "select nth 3"], negate=3, alone=True)))
+def test_last_and_nth_with_negations_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+    """Issue 22's shapes beyond the reference's flat seq: `select last`/`nth` over seq, all and
+    nested composites with up to three negations per composite and where conjuncts that may
+    name one component alone; every variant against the two-step engine, which checks a
+    replacement against negations by its own reading (positions, not replayed states)."""
+    check(case, tuple(v for v in Engine.VARIANTS if v != Engine.DEFAULT_VARIANT))
 
 
 @settings(max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
@@ -540,3 +560,41 @@ def test_any_driver_agrees(skewed: tuple, mixed: tuple, data: st.DataObject) -> 
             return eng
 
         assert drive(Engine(profiles, plan="auto", rates=rates), events, until, between) == want
+
+
+# ------------------------------------------ against the reference interpreter (issue 22)
+
+
+def _reference_engines(profiles: list[Profile]) -> dict[str, Callable[[list[Profile]], Any]]:
+    """Every engine, single-step variant and plan (auto with rates that favour rare-first)."""
+    names = [lf.name for lf in Pattern.build(profiles[0]).leaves]
+    rates = Rates({"profiles": {profiles[0].id: {n: {"rate_per_hour": 1000.0 if i == 0 else 1.0}
+                                                  for i, n in enumerate(names)}}})
+    makers: dict[str, Callable[[list[Profile]], Any]] = {"two-step": TwoStepEngine}
+    for v in Engine.VARIANTS:
+        for plan in ("eager", "rare-first", "auto"):
+            makers[f"{v}+{plan}"] = lambda ps, v=v, plan=plan: Engine(ps, variant=v, plan=plan, rates=rates)
+    return makers
+
+
+@settings(max_examples=400, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@given(flat_seq_profiles(), tie_streams(), st.sampled_from([None, 0.0, 4.0, 30.0]))
+def test_engines_agree_with_the_reference(profile: tuple[str, Any], events: list[dict], extra: float | None) -> None:
+    """`seq` profiles with negations (leading, between, trailing), `where` (often on one
+    component), `select last`/`nth`/`first` and either consume, on short streams with ties and
+    repeated kinds: every engine, variant and plan gives exactly what tests/reference.py, an
+    interpreter written from LANGUAGE.md alone, gives (as multisets; order is checked against
+    the two-step engine elsewhere). Both issue-22 bugs were in all engines alike, so only a
+    reference could catch them."""
+    text, spec = profile
+    try:
+        parsed = parse_profile(text, spec.id)
+    except ProfileError:
+        return
+    until = None if extra is None else float(max(e["ts"] for e in events)) + extra
+    want = sorted(json.dumps(n, sort_keys=True) for n in interpret(spec, events, until))
+    outs = {name: run(make, [parsed], events, until) for name, make in _reference_engines([parsed]).items()}
+    bad = {name: out for name, out in outs.items() if sorted(json.dumps(n, sort_keys=True) for n in out) != want}
+    if bad:
+        _report([(spec.id, text)], events, until, {"reference": interpret(spec, events, until), **bad})
+    assert not bad, sorted(bad)

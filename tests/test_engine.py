@@ -11,6 +11,7 @@ from profiles.events import Event
 from profiles.parser import parse_profile
 
 
+@pytest.mark.slow  # a scale test: a million events (~10 s alone)
 def test_a_million_events_keep_state_bounded_by_the_window() -> None:
     """1,000,000 events through a windowed `each` profile: live state follows the window, not the stream."""
     profile = parse_profile(
@@ -263,3 +264,31 @@ def test_both_engines_take_their_temporal_pool_and_say_what_is_pending() -> None
         assert eng.pending() == 1
         assert [n.profile for n in eng.take_notifications()] == ["p"]
         assert eng.pending() == 0
+
+
+@pytest.mark.parametrize("variant", Engine.VARIANTS)
+def test_select_last_negation_log_stays_bounded_without_a_window(variant: str) -> None:
+    """`select last` keeps the between-negation events a PM saw, to check replacements (§4.1
+    item 1); without a window the PM lives on, yet repeated events of one negation without
+    `where` in one gap are kept once, and the replacement stays refused."""
+    from filters.twostep import TwoStepEngine
+
+    p = parse_profile('seq(a: k = "A", not x: k = "X", b: k = "B", c: k = "C") select last', "p")
+    engines = [Engine([p], variant=variant), TwoStepEngine([p])]
+    evs = [Event("a1", 0.0, {"k": "A"}), Event("b1", 1.0, {"k": "B"})]
+    evs += [Event(f"x{i}", 2.0 + i, {"k": "X"}) for i in range(1000)]
+    evs += [Event("b2", 2000.0, {"k": "B"}), Event("c1", 2001.0, {"k": "C"})]
+    for eng in engines:
+        for ev in evs:
+            eng.process(ev)
+        assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1", "c": "c1"}]
+    eng = Engine([p], variant=variant)
+    for ev in evs[:-2]:
+        eng.process(ev)
+    (pm,) = eng._by_id["p"].parts[()].pms
+    assert len(pm.nlog) == 1  # x0 only: x1 .. x999 lie in the same gap
+    two = TwoStepEngine([p])
+    for ev in evs[:-2]:
+        two.process(ev)
+    (tpm,) = two._by_id["p"].parts[()].pms
+    assert len(tpm.seen) == 1

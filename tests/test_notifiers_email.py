@@ -25,6 +25,8 @@ from tests.helpers_notifiers import (
     smtp_server,
 )
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 
 @pytest.fixture
 def r(tmp_path) -> Iterator[redis.Redis]:

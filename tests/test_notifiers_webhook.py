@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from ens.commands.notifications import app
 from notifiers import store
-from notifiers.config import RetryPolicy
+from notifiers.config import RetryPolicy, WorkerConfig
 from notifiers.destinations import DestinationGate
 from notifiers.metrics import REGISTRY
 from notifiers.webhook import destination, parse_retry_after, sign, verify
@@ -35,6 +35,8 @@ from tests.helpers_notifiers import (
     settled,
 )
 from tests.helpers_service import wait_for
+
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
 
 @pytest.fixture
@@ -88,6 +90,70 @@ def test_verify_accepts_valid_and_rejects_tampered_stale_and_foreign():
     # rotation: the old and the new secret's signatures side by side
     both = {**headers, "x-ens-signature": f"{sign('old', now, body)}, {sign(SECRET, now, body)}"}
     assert verify(SECRET, both, body, now=now)
+
+
+def _doc_verify():
+    """The standard-library `verify` of docs/notifiers.md, exactly as written there."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "notifiers.md").read_text()
+    intro = doc.index("the same check needs only the standard library")
+    code = re.search(r"```python\n(.*?)```", doc[intro:], re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "docs/notifiers.md", "exec"), scope)  # noqa: S102 - our own doc
+    return scope["verify"]
+
+
+@pytest.mark.parametrize("which", ["docs/notifiers.md sample", "notifiers.webhook.verify"])
+def test_a_unicode_digit_timestamp_gets_401_from_a_receiver_using_the_verifier(which):
+    """Issue 24.12: `"²".isdigit()` is true but `int("²")` raises, so a receiver copying the
+    doc's sample answered 500 to an unauthenticated request. Both verifiers say no: 401."""
+    import http.client
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    check = _doc_verify() if which.startswith("docs") else verify
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            try:
+                status = 200 if check(SECRET, dict(self.headers), body) else 401
+            except Exception:  # what a web framework makes of an exception
+                status = 500
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        body = b'{"notification_id":"n1"}'
+        now = int(time.time())
+        arabic = str(now).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+        cases = {
+            str(now): (sign(SECRET, now, body), 200),
+            "²": (sign(SECRET, "²", body), 401),
+            "1²": (sign(SECRET, "1²", body), 401),
+        }
+        for ts, (sig, want) in cases.items():
+            conn = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=10)
+            conn.putrequest("POST", "/hook")
+            conn.putheader("X-ENS-Timestamp", ts.encode("latin-1"))  # HTTP headers are latin-1
+            conn.putheader("X-ENS-Signature", sig)
+            conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            got = conn.getresponse().status
+            conn.close()
+            assert got == want, (which, ts, got)
+        # digits int() reads but HTTP cannot carry as latin-1 (a receiver decoding UTF-8)
+        headers = {"X-ENS-Timestamp": arabic, "X-ENS-Signature": sign(SECRET, arabic, body)}
+        assert check(SECRET, headers, body) is False
+    finally:
+        httpd.shutdown()
 
 
 @given(st.binary(min_size=1, max_size=64), st.binary(max_size=256), st.integers(0, 255))
@@ -564,3 +630,51 @@ def test_a_wait_under_a_millisecond_does_not_block_for_ever(r, receiver):
         thread.start()
         thread.join(3)
         assert not thread.is_alive()
+
+
+# --- abandoned deliveries (issue 24.9) ---------------------------------------------------------
+
+
+def test_a_delivery_abandoned_mid_send_is_taken_over_within_seconds(r, receiver):
+    """Issue 24.9: deliveries in flight when the deliver process (or Redis) died waited out the
+    full 120 s lease. The lease is short and renewed only while the send runs, so a dead
+    worker's deliveries come back within seconds."""
+    subscribe(r, receiver.url)
+    store.enqueue(r, notification("n-abandoned"))
+    cfg = fast_config(consumer="dead")
+    cfg.worker.lease = WorkerConfig().lease  # the default, as a real deployment runs it
+    dead = DeliveryWorker(r, cfg)
+    dead._intake(Counts(), 0)
+    assert dead._lease_due(store.RETRY, 10) == ["n-abandoned:0"]  # ... and it dies here:
+    dead.close()  # its threads (the lease renewer too) end with it
+    t0 = time.monotonic()
+    cfg_b = fast_config(consumer="alive")
+    cfg_b.worker.lease = WorkerConfig().lease
+    with DeliveryWorker(r, cfg_b) as alive:
+        drive(alive, lambda: receiver.counts()["n-abandoned"] == 1, timeout=30)
+    assert time.monotonic() - t0 <= WorkerConfig().lease + 2
+    assert WorkerConfig().lease <= 15
+
+
+def test_a_slow_send_keeps_its_lease_and_is_not_sent_twice(r, receiver):
+    """The lease is renewed while the send runs: a receiver slower than the lease still gets
+    the delivery once, while another worker polls the schedule all along."""
+    subscribe(r, receiver.url)
+    receiver.script.append((200, {}, 2.5))  # answers after 2.5 leases
+    store.enqueue(r, notification("n-slow"))
+    cfg = fast_config(consumer="slow")
+    cfg.worker.lease = 1.0
+    cfg.webhook.timeout = 10
+    other_cfg = fast_config(consumer="other")
+    other_cfg.worker.lease = 1.0
+    with DeliveryWorker(r, cfg) as slow, DeliveryWorker(r, other_cfg) as other:
+        slow._intake(Counts(), 0)
+        assert slow._lease_due(store.RETRY, 10) == ["n-slow:0"]
+        sending = threading.Thread(target=slow._deliver, args=("n-slow:0",))
+        sending.start()
+        while sending.is_alive():
+            other.run_once()
+            time.sleep(0.05)
+        sending.join()
+        drive(other, lambda: settled(r))
+    assert receiver.counts()["n-slow"] == 1

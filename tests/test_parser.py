@@ -147,3 +147,34 @@ def test_fuzz_parser_raises_only_its_own_error(text: str) -> None:
         parse_profile(text, "fuzz")
     except ProfileError as e:
         assert "fuzz" in str(e)
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ('seq(a: k = "x", b: k = "y") within 30 minutes',
+         "write the unit right after the number, without a space: 30m"),
+        ('seq(a: k = "x", b: k = "y") within 30min', "'min' is not a duration unit; the units are ms, s, m, h, d"),
+        ('seq(a: k = "x", b: k = "y") within 2w', "'w' is not a duration unit"),
+        ('kind == "a"', "'==' is not an operator: use '=' for equality"),
+        ('SEQ(a: k = "x", b: k = "y") within 1m', "keywords are lower case: 'seq', not 'SEQ'"),
+        ('kind = "a" AND x = 1', "keywords are lower case: 'and', not 'AND'"),
+    ],
+)
+def test_syntax_errors_hint_at_the_usual_mistakes(text: str, hint: str) -> None:
+    with pytest.raises(ProfileError) as ei:
+        parse_profile(text, "p")
+    assert hint in str(ei.value)
+
+
+def test_a_duration_error_lists_the_units() -> None:
+    with pytest.raises(ProfileError) as ei:
+        parse_profile('seq(a: k = "x", b: k = "y") within soon', "p")
+    assert "a duration: a number and one of the units ms, s, m, h, d" in str(ei.value)
+
+
+def test_an_unquoted_expression_with_a_colon_in_yaml_says_to_quote_it() -> None:
+    text = 'profiles:\n  - id: x\n    expr: seq(a: kind = "x", b: kind = "y") within 1m\n'
+    _, errors = parse_profile_document(text, "f.yaml")
+    assert len(errors) == 1
+    assert "must be quoted (expr: 'seq(a: ...)') or written as a block (expr: |)" in str(errors[0])

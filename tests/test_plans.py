@@ -196,6 +196,7 @@ def test_bad_stats_files_are_user_errors(tmp_path: Path, text: str, message: str
     assert r.exit_code == 2 and message in r.stderr and r.stdout == ""
 
 
+@pytest.mark.redis
 def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
     """`ens serve --plan rare-first`, restarted with `--plan auto --replan-every`: the worker's engine (snapshots, journal replay after a
     crash) gives the eager replay's notifications, exactly once."""

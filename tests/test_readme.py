@@ -8,9 +8,11 @@ are checked where they do not vary between runs.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ import pytest
 from tests.helpers_service import ROOT, free_port
 
 README = ROOT / "README.md"
+BIN = os.path.dirname(sys.executable)  # the venv's bin: its `ens` console script and `python`
 
 
 def _section(text: str, title: str) -> str:
@@ -69,7 +72,7 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
         cmd = cmd.replace("8080", str(api)).replace("9000", str(hook))
         cmd = cmd.replace("/tmp/ens-walkthrough", str(tmp_path / "ens-data"))
         if cmd.startswith(". .venv/bin/activate") and not (ROOT / ".venv").exists():
-            continue  # a suite run outside `make test`: ens is on the PATH already
+            continue  # a suite run outside `make test`: ens and python come from BIN (below)
         if cmd.startswith("ens serve"):
             script.append(cmd.replace("&", f"> {tmp_path}/serve.log 2>&1 &"))
             script.append(wait_http.format(url=f"http://127.0.0.1:{api}/healthz"))
@@ -92,7 +95,10 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
             script.append(cmd)
     script.append("kill %1 %2")  # the README's Ctrl-C / `kill %1`
     (tmp_path / "walkthrough.sh").write_text("\n".join(script) + "\n")
-    res = subprocess.run(["bash", str(tmp_path / "walkthrough.sh")], capture_output=True, text=True, timeout=120)
+    # `ens` and `python` are the ones next to the interpreter running the suite, whatever PATH holds
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+    res = subprocess.run(["bash", str(tmp_path / "walkthrough.sh")], capture_output=True, text=True,
+                         timeout=120, env=env)
     out = res.stdout
     log = (tmp_path / "receiver.log").read_text() if (tmp_path / "receiver.log").exists() else ""
     context = f"stdout:\n{out}\nstderr:\n{res.stderr}\nreceiver:\n{log}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -26,6 +27,8 @@ from tests.helpers_service import (
     replay_records,
     wait_for,
 )
+
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
 REORDER = 1.0
 MAX_BODY = 100_000
@@ -262,6 +265,35 @@ def test_admin_endpoints_need_the_admin_token(svc: Service, gw: httpx.Client) ->
         assert c.post("/v1/subscribers", json={"id": "x", "channels": []}).status_code == 403
 
 
+def test_admin_bodies_reject_unknown_keys_and_non_json(admin: httpx.Client, r: redis.Redis) -> None:
+    """A misspelt key is named, not silently dropped; a form body says it is not JSON."""
+    typo = admin.post("/v1/profiles", json={"id": "h2", "expr": 'kind = "a"', "subscribr": "x"})
+    assert typo.status_code == 422, typo.text
+    assert typo.json()["error"].startswith("subscribr: unknown key")
+    assert rs.get_profile(r, "h2") is None
+    sub = admin.post("/v1/subscribers", json={"id": "s2", "channels": [{"email": "a@b.c"}],
+                                              "digets": 60})
+    assert sub.status_code == 422 and "digets" in sub.json()["error"]
+    form = admin.post("/v1/profiles", content=b"id=h3&expr=x",
+                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415, form.text
+    assert "'application/x-www-form-urlencoded' is not application/json" in form.json()["error"]
+
+
+def test_stored_profiles_carry_warnings(admin: httpx.Client, gw: httpx.Client, r: redis.Redis) -> None:
+    """Valid but likely wrong: infinity, no subscriber, an attribute no event has carried."""
+    gw.post("/v1/events", json={"id": "lint1", "ts": time.time(), "kind": "window", "room": "1"})
+    wait_for(lambda: rs.seen_attributes(r), 10, "an ingested event")
+    resp = admin.post("/v1/profiles", json={"id": uid("inf"), "expr": "value > 1e400"})
+    assert resp.status_code == 201
+    ws = resp.json()["warnings"]
+    assert any("reads as infinity" in w for w in ws) and any("no subscriber" in w for w in ws)
+    resp = admin.post("/v1/profiles", json={"id": uid("knd"), "expr": 'knd = "window"'})
+    assert resp.status_code == 201
+    assert any("no event seen so far has attribute 'knd' (did you mean 'kind'?)" in w
+               for w in resp.json()["warnings"])
+
+
 def test_profile_crud_and_errors(admin: httpx.Client, gw: httpx.Client, r: redis.Redis,
                                  svc: Service) -> None:
     bad = admin.post("/v1/profiles", json={"id": "badp", "expr": "seq(a: k = 1,\n b: k >) within 1m"})
@@ -402,3 +434,16 @@ def test_openapi_documents_the_api(svc: Service) -> None:
     assert {"application/json", "application/x-ndjson"} <= set(post["requestBody"]["content"])
     assert {"202", "400", "401", "403", "413", "422"} <= set(post["responses"])
     assert {"GatewayKey", "AdminToken"} <= set(spec["components"]["securitySchemes"])
+
+
+def test_api_docs_work_without_internet(svc: Service) -> None:
+    """/docs loads Swagger UI from the service itself, not from a CDN."""
+    page = httpx.get(svc.url + "/docs", timeout=10)
+    assert page.status_code == 200
+    assert "cdn" not in page.text.lower() and "https://" not in page.text
+    assets = re.findall(r'(?:src|href)="(/[^"]+)"', page.text)
+    assert any(a.endswith("swagger-ui-bundle.js") for a in assets), page.text
+    for a in assets:
+        resp = httpx.get(svc.url + a, timeout=10)
+        assert resp.status_code == 200 and len(resp.content) > 1000, a
+    assert "openapi: 3.1" in httpx.get(svc.url + "/docs-static/swagger-ui-bundle.js").text

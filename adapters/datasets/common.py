@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import IO, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from profiles.errors import DatasetError as DatasetError  # raised here; one hierarchy there
+
 Event = dict[str, str | int | float | bool]
 
 INF = math.inf
@@ -78,10 +80,6 @@ OUTDOOR_RANGES: dict[str, tuple[float, float]] = {
     "rain": (0.0, 1.0),
     "irradiance": (-50.0, 1500.0),
 }
-
-
-class DatasetError(ValueError):
-    """A user-facing problem with a data-set path, filter or file content (one line, no trace)."""
 
 
 def plausible_range(kind: str, room: str) -> tuple[float, float]:
@@ -116,7 +114,7 @@ def open_binary(path: Path) -> IO[bytes]:
     if name.endswith(".xz"):
         return lzma.open(path, "rb")
     if name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile is a binary IO
     return path.open("rb")
 
 

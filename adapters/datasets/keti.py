@@ -191,8 +191,9 @@ def _merged(files: list[tuple[str, str, Path]]) -> Iterator[Event]:
             "kind": kind,
             "value": 0,
         }
-        if UNIT[sensor]:
-            tmpl["unit"] = UNIT[sensor]
+        unit = UNIT[sensor]
+        if unit:
+            tmpl["unit"] = unit
         templates.append(tmpl)
         prefixes.append(f"keti:{room}:{sensor}:")
         ranges.append(plausible_range(kind, room))

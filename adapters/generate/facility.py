@@ -365,7 +365,7 @@ class _Feed:
                 self.at[room.sensor("t"), k]
                 for k in range(self.k_of(night), self.n)
                 if (room.sensor("t"), k) in self.at
-                and self.at[room.sensor("t"), k]["value"] > HOT
+                and float(self.at[room.sensor("t"), k]["value"]) > HOT
                 and self.ts(room, k) >= night
             )
             assert float(hi["ts"]) < night + 8 * HOUR, "P1 incident outside the night"
@@ -430,7 +430,7 @@ class _Feed:
 
         def truth() -> Truth:  # `select last`: h is the latest humid reading, t the first cold
             t, h = self.at[room.sensor("t"), kc], self.at[room.sensor("h"), kc - min(lead, 1)]
-            assert t["value"] < COLD and h["value"] > HUMID
+            assert float(t["value"]) < COLD and float(h["value"]) > HUMID
             ts = float(t["ts"])
             return self.record(
                 "lab-cold-humid",

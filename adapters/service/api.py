@@ -27,14 +27,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from notifiers import store
 from notifiers.config import describe_errors
-from profiles.errors import ProfileError
+from profiles.errors import BadEvent, ProfileError, TsOutOfWindow
 from profiles.events import Event, event_from_obj
 
 log = logging.getLogger("ens.service.api")
@@ -51,6 +51,8 @@ class IngestLimits:
     max_future: float | None = 300.0  # s an event's ts may be ahead of the wall clock
     max_past: float | None = 30 * 86400.0  # s it may be behind (None for backfills)
     body_timeout: float | None = 10.0  # s to receive a whole body (408 after)
+    dedup_window: float | None = 600.0  # s a gateway's event ids are remembered (None: off)
+    dedup_max: int = 100_000  # ids remembered per gateway (the oldest go first)
 
 
 @dataclass
@@ -77,7 +79,11 @@ class EventErrorOut(BaseModel):
 
 
 class IngestResult(BaseModel):
-    accepted: int = Field(description="events appended to the ingest stream (durable)")
+    accepted: int = Field(description="events appended to the ingest stream (durable), "
+                          "including duplicates of events accepted before")
+    duplicates: int | None = Field(default=None, description="of the accepted, events whose id "
+                                   "this gateway sent within --dedup-window: stored once, not "
+                                   "again (absent when none)")
     rejected: int
     errors: list[EventErrorOut] = Field(default_factory=list)
 
@@ -87,6 +93,7 @@ class ErrorOut(BaseModel):
 
 
 class ProfileIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt `subscribr` is an error, not dropped
     id: str = Field(examples=["p4"])
     expr: str = Field(
         examples=['seq(w: kind = "window" and state = "broken", p: kind = "presence") '
@@ -96,8 +103,17 @@ class ProfileIn(BaseModel):
 
 
 class ProfileOut(ProfileIn):
+    model_config = ConfigDict(extra="ignore")
     created: float
     updated: float | None = None
+
+
+class ProfileStored(ProfileOut):
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what looks wrong but is valid: no subscriber, a number read as infinity, "
+                    "an attribute no recent event has carried",
+    )
 
 
 class ProfileErrorOut(BaseModel):
@@ -177,14 +193,6 @@ class LongNumber:
         self.digits = len(text.lstrip("-"))
 
 
-class BadEvent(ValueError):
-    """An event rejected while parsing (it stands in the batch in its place); keeps its id."""
-
-    def __init__(self, message: str, obj: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.obj = obj
-
-
 def _parse_int(text: str) -> int | LongNumber:
     try:
         return int(text)
@@ -246,14 +254,6 @@ def check_values(obj: Any) -> None:
                         f"key {key!r}: lone surrogate {text[exc.start]!r} at position "
                         f"{exc.start} is not valid Unicode"
                     ) from None
-
-
-class TsOutOfWindow(ValueError):
-    """An event ts too far from the wall clock; ``bound`` is "future" or "past"."""
-
-    def __init__(self, message: str, bound: str) -> None:
-        super().__init__(message)
-        self.bound = bound
 
 
 def _iso(ts: float) -> str:
@@ -491,6 +491,13 @@ def async_redis(url: str) -> redis.asyncio.Redis:
 STORE_RETRY_AFTER = "1"  # seconds: Redis restarts and connection bursts pass quickly
 
 
+def too_busy(max_backlog: int) -> JSONResponse:
+    """The 429 of back-pressure: nothing of the request was stored."""
+    m.REQUESTS.labels(status="429").inc()
+    return JSONResponse({"error": f"ingest backlog over {max_backlog} events; retry later"},
+                        429, headers={"Retry-After": "1"})
+
+
 def store_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
     """The 503 for any Redis failure; nothing of the request was stored."""
     log.warning("%s %s: redis unavailable: %s", request.method, request.url.path, exc)
@@ -510,6 +517,33 @@ R = Annotated[redis.Redis, Depends(sync_redis)]
 
 
 # ----------------------------------------------------------------------------- app
+
+
+DOCS_STATIC = "/docs-static"
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """`/docs` with Swagger UI from the installed package (fastapi-offline ships Swagger UI 5,
+    which reads OpenAPI 3.1), not from a CDN: a building's network often has no internet."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - API docs",
+            swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_STATIC}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
+        )
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -540,7 +574,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
             "See docs/service.md."
         ),
         lifespan=lifespan,
+        # no 307 to the client's Host header for `/v1/events/`: a POST is not redirected
+        redirect_slashes=False,
+        docs_url=None,  # served below from the package's own Swagger UI files
     )
+    _offline_docs(app)
     app.state.settings = settings
     app.state.key_cache = KeyCache()
     m.INGEST_BACKLOG_MAX.set(settings.max_backlog)
@@ -579,6 +617,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         answer (FastAPI's `detail` list is kept for clients that read it)."""
         errors = list(exc.errors())
         detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
+        ctype = request.headers.get("content-type", "")
+        if request.method == "POST" and ctype.split(";")[0].strip().lower() != "application/json":
+            return JSONResponse({"error": f"Content-Type {ctype or '(none)'!r} is not "
+                                 "application/json: send the body as JSON with "
+                                 "Content-Type: application/json", "detail": detail}, 415)
         message = describe_errors(errors, lambda loc: store.subscriber_field(loc, "body"))
         return JSONResponse({"error": message, "detail": detail}, 422)
 
@@ -615,7 +658,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         if problem:
             m.REQUESTS.labels(status="400").inc()
             return JSONResponse({"error": problem}, 400)
-        valid: list[str] = []
+        valid: list[str] = []  # per event: its id (or ""), its normalized JSON
         exact = False  # some event needs the standard library's exact integer parsing
         errors: list[EventErrorOut] = []
         now = time.time()
@@ -629,6 +672,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 ev = event_from_obj(obj, "-")
                 check_ts_window(ev.ts, now, settings.limits)
                 text, plain = normalized_json(obj, ev)
+                valid.append("" if obj.get("id") is None else str(obj["id"]))
                 valid.append(text)
                 exact = exact or not plain
             except ValueError as exc:
@@ -637,35 +681,46 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 errors.append(EventErrorOut(
                     index=index, line=line, id=error_id(obj), error=str(exc)
                 ))
+        accepted = len(valid) // 2
+        duplicates = 0
         if valid:
+            limits = settings.limits
             try:
                 if settings.max_backlog and await _over_backlog(request.app.state.aredis):
-                    m.REQUESTS.labels(status="429").inc()
-                    return JSONResponse(
-                        {"error": f"ingest backlog over {settings.max_backlog} events; retry later"},
-                        429, headers={"Retry-After": "1"},
-                    )
+                    return too_busy(settings.max_backlog)
                 # one entry per request (rs.decode_entry reads it back), written only if the
-                # key is still valid: the check and the write are one atomic round trip
+                # key is still valid, the backlog bound allows it, and without the events
+                # whose ids were seen: the checks and the write are one atomic round trip
                 res = await request.app.state.ingest_script(
-                    keys=rs.INGEST_SCRIPT_KEYS,
-                    args=[gw, request.state.key_sha256, "[" + ",".join(valid) + "]",
-                          len(valid), rs.INGEST_EXACT if exact else rs.INGEST_NORMALIZED],
+                    keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key(gw)],
+                    args=[gw, request.state.key_sha256,
+                          rs.INGEST_EXACT if exact else rs.INGEST_NORMALIZED,
+                          settings.max_backlog,
+                          int(limits.dedup_window * 1000) if limits.dedup_window else 0,
+                          limits.dedup_max, *valid],
                 )
-                if res in ("unknown", "revoked"):
+                status_ = rs.text(res[0])
+                if status_ in ("unknown", "revoked"):
                     request.app.state.key_cache.drop(request.state.api_key)
-                    raise key_refused(res, gw)
+                    raise key_refused(status_, gw)
+                if status_ == "backlog":
+                    backlog_seen[:] = [time.monotonic(), int(res[1])]
+                    return too_busy(settings.max_backlog)
+                duplicates = int(res[2])
             except redis.RedisError as exc:
                 log.error("ingest write failed: %s", exc)
                 m.REQUESTS.labels(status="503").inc()
                 return JSONResponse({"error": "ingest store unavailable; retry later"}, 503,
                                     headers={"Retry-After": STORE_RETRY_AFTER})
-            m.EVENTS_IN.labels(gateway=gw).inc(len(valid))
+            m.EVENTS_IN.labels(gateway=gw).inc(accepted - duplicates)
+            if duplicates:
+                m.EVENTS_DUPLICATE.labels(gateway=gw).inc(duplicates)
         if errors:
             m.EVENTS_INVALID.labels(gateway=gw).inc(len(errors))
         status = 422 if errors else 202
         m.REQUESTS.labels(status=str(status)).inc()
-        result = IngestResult(accepted=len(valid), rejected=len(errors), errors=errors)
+        result = IngestResult(accepted=accepted, duplicates=duplicates or None, rejected=len(errors),
+                              errors=errors)
         return JSONResponse(result.model_dump(exclude_none=True), status)
 
     # ------------------------------------------------------------------ profiles
@@ -676,11 +731,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     @app.post(
         "/v1/profiles",
-        response_model=ProfileOut,
+        response_model=ProfileStored,
         status_code=201,
         tags=["profiles"],
         responses={
-            200: {"model": ProfileOut, "description": "replaced an existing profile"},
+            200: {"model": ProfileStored, "description": "replaced an existing profile"},
+            415: {"model": ErrorOut, "description": "the body is not sent as JSON"},
             422: {"model": ProfileErrorOut, "description": "the profile does not parse/validate"},
         },
     )
@@ -697,7 +753,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 expected=exc.expected,
             )
             return JSONResponse(out.model_dump(), 422)
-        return JSONResponse(ProfileOut(**rec).model_dump(), 201 if created else 200)
+        from profiles.lint import warnings as lint
+        from profiles.parser import parse_profile
+
+        warnings = lint(parse_profile(body.expr, body.id, body.subscriber), rs.seen_attributes(r))
+        if body.subscriber is None:
+            warnings.append(f"profile {body.id!r} has no subscriber: its notifications go to "
+                            "the outbox only")
+        out = ProfileStored(**rec, warnings=warnings)
+        return JSONResponse(out.model_dump(), 201 if created else 200)
 
     @app.get(
         "/v1/profiles/{pid}", response_model=ProfileOut, tags=["profiles"],

@@ -42,6 +42,13 @@ EVENTS_REJECTED_TS = Counter(
     ["gateway", "bound"],
     registry=REGISTRY,
 )
+EVENTS_DUPLICATE = Counter(
+    "ens_events_duplicate",
+    "Events answered as accepted but not stored again: their id was sent by the same gateway "
+    "within --dedup-window (a retried POST).",
+    ["gateway"],
+    registry=REGISTRY,
+)
 REQUESTS = Counter(
     "ens_ingest_requests",
     "POST /v1/events requests by HTTP status.",
@@ -135,6 +142,12 @@ DELIVERY_LAG = Gauge(
 DEAD_LETTERS = Gauge(
     "ens_dead_letters", "Entries in the dead-letter stream (ens:deadletter).", registry=REGISTRY
 )
+GATEWAYS_SKEWED = Gauge(
+    "ens_gateways_skewed",
+    "Gateways that sent events stamped more than --max-skew ahead of the engine's wall clock "
+    "in the last minute (held until the wall clock reaches them).",
+    registry=REGISTRY,
+)
 HEARTBEAT_AGE = Gauge(
     "ens_worker_heartbeat_age_seconds",
     "Seconds since the engine worker's last heartbeat (-1: never seen).",
@@ -149,6 +162,7 @@ def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:
     POOL_FILTERS.set(stats.get("pool_filters", 0))
     TIMERS.set(stats.get("timers", 0))
     PROFILES.set(stats.get("profiles", 0))
+    GATEWAYS_SKEWED.set(len(stats.get("skewed_gateways") or ()))
     if "snapshot_bytes" in stats:
         SNAPSHOT_BYTES.set(stats["snapshot_bytes"])
     REORDER_BUFFER.set(buffered)
@@ -249,8 +263,8 @@ class _Merged:
                 key = (name, tuple(sorted(labels.items())))
                 sums[key] = sums.get(key, 0.0) + value
             out = Metric(fam.name, fam.documentation, fam.type)
-            for (name, labels), value in sums.items():
-                out.add_sample(name, dict(labels), value)
+            for (name, label_items), value in sums.items():
+                out.add_sample(name, dict(label_items), value)
             yield out
 
 

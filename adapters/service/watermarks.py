@@ -40,15 +40,21 @@ class Source:
     lateness: float | None = None  # None: the default lateness
     newest: float = _NEG_INF  # newest ts seen
     last_wall: float = _NEG_INF  # wall time of its last event
+    skewed_wall: float = _NEG_INF  # wall time of its last early event (ts ahead of the wall clock)
 
 
 class Watermarks:
     """Held events of several sources, released in ``ts`` order behind the sources' watermarks."""
 
-    def __init__(self, default_lateness: float, idle_timeout: float, max_held: int) -> None:
+    def __init__(self, default_lateness: float, idle_timeout: float, max_held: int,
+                 max_skew: float = _INF) -> None:
         self.default_lateness = default_lateness
         self.idle_timeout = idle_timeout
         self.max_held = max_held
+        # an event stamped more than this ahead of the wall clock when it arrived is *early*
+        # (its source's clock runs fast): it is held until the wall clock, less the default
+        # lateness, reaches its ts, so one fast clock cannot move engine time past the others
+        self.max_skew = max_skew
         self.sources: dict[str, Source] = {}
         self.heap: list[Held] = []
         self.seq = 0
@@ -74,6 +80,17 @@ class Watermarks:
             src.newest = ts
         if wall > src.last_wall:
             src.last_wall = wall
+        if ts - wall > self.max_skew:
+            src.skewed_wall = wall
+
+    def early(self, h: Held) -> bool:
+        """Whether a held event was stamped further ahead of its arrival than ``max_skew``."""
+        return h.ts - h.wall > self.max_skew
+
+    def skewed(self, now_wall: float, within: float = 60.0) -> list[str]:
+        """Sources that sent an early event within the last ``within`` seconds (wall)."""
+        limit = now_wall - within
+        return sorted(n for n, s in self.sources.items() if s.skewed_wall > limit)
 
     def hold(self, source: str, ts: float, wall: float, item: Any) -> Held:
         """Hold an event (call `observe` first). Returns the held record."""
@@ -117,13 +134,16 @@ class Watermarks:
         """
         if not self.heap:
             return None
-        due = _INF if floor_lag is None else self.heap[0].ts + floor_lag
+        top = self.heap[0]
+        due = _INF if floor_lag is None else top.ts + floor_lag
         limit = now_wall - self.idle_timeout
         for s in self.sources.values():
             if s.last_wall > limit:
                 t = s.last_wall + self.idle_timeout
                 if t < due:
                     due = t
+        if self.early(top):  # it waits for the wall clock whatever the watermarks say
+            due = max(due, top.ts + self.default_lateness)
         return due
 
     def release(self, now_wall: float, floor: float = _NEG_INF) -> list[Held]:
@@ -136,7 +156,14 @@ class Watermarks:
             return []
         bound = max(self.watermark(now_wall), floor)
         out: list[Held] = []
-        while heap and (heap[0].ts <= bound or len(heap) > self.max_held):
+        early_until = now_wall - self.default_lateness  # an early event waits for the wall clock
+        skew = self.max_skew
+        while heap:
+            top = heap[0]
+            if len(heap) <= self.max_held and (
+                top.ts > bound or (top.ts - top.wall > skew and top.ts > early_until)
+            ):
+                break
             out.append(heapq.heappop(heap))
         return out
 

@@ -49,6 +49,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -56,11 +57,22 @@ import redis
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.records import (
+    OP_EVENT,
+    Advanced,
+    CheckpointMeta,
+    HeldRow,
+    JournalEntry,
+    ProfileChanged,
+    op_advance,
+    op_profile,
+)
 from adapters.service.watermarks import Held, Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers import store
 from profiles.ast import Profile
+from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
 from profiles.errors import ProfileError
 from profiles.events import Event, event_from_normalized, event_from_obj
 
@@ -82,10 +94,6 @@ return 0
 """
 
 
-class LockLost(RuntimeError):
-    """Another worker holds the engine lock: this one must stop without committing."""
-
-
 @dataclass
 class WorkerConfig:
     reorder_seconds: float = 2.0  # the lateness of gateways without their own (--default-lateness)
@@ -94,15 +102,21 @@ class WorkerConfig:
     clock: str = "wall"  # "wall": timers fire by wall clock; "event": only by event time
     tz: str = "UTC"
     name: str = field(default_factory=socket.gethostname)
-    batch: int = 1000
+    batch: int = 1000  # most ingest entries read per step
+    step_events: int = 20_000  # ... and about this many events: a step stays short (lock lease)
     block: float = 0.1  # longest XREADGROUP wait (s): the tick of the wall clock
     commit_min_interval: float = 0.01  # group notifications of steps this close together
     snapshot_interval: float = 30.0  # snapshot the engine this often when it changed ...
     snapshot_inputs: int = 200_000  # ... or after this many inputs (bounds recovery work)
-    lock_ttl: float = 15.0
+    snapshot_journal: int = 2_000  # ... or when the journal holds this many commits
+    lock_ttl: float = 15.0  # renewed every third of it while the worker works
+    max_skew: float = 1.0  # an event this far ahead of the wall clock waits for it (fast clocks)
     heartbeat_interval: float = 1.0
     status_interval: float = 10.0  # the "worker: N events, ..." log line
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
+    # reads ``index`` (`ens serve` passes adapters.spark.index.load_index; the service does not
+    # import the Spark adapter itself)
+    load_index: Callable[[str], list[Profile]] | None = None
     plan: str = "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
     rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
     replan_every: int = 0  # plan "auto": re-plan from online counts every N events (0: never)
@@ -166,12 +180,20 @@ class EngineWorker:
         self.last_id = "0-0"  # last ingest entry read into engine or buffer
         self.control_id = "0-0"
         cfg = self.cfg
-        self.wm = Watermarks(cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events)
+        self.wm = Watermarks(cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events,
+                             cfg.max_skew)
+        self.skewed: list[str] = []  # gateways whose clocks run ahead (logged when they start)
         self.late_by_gateway: dict[str, int] = {}
         self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
         self.since_snapshot = 0  # inputs since the last snapshot
+        self.journal_len = 0  # commits in ens:engine:journal (since the last snapshot)
+        self.last_renew = time.monotonic()  # of the engine lock
+        # entries read from ens:ingest but not taken yet (a step takes about step_events
+        # events); still pending in the group, so a recovery reads them again
+        self.queued: list[tuple[Any, Any]] = []
+        self.read_full = False  # the last read was a full batch: more is waiting
         # read: events taken from ens:ingest (the API's ens:ingest:in minus it is the backlog)
         self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0, "read": 0}
         self.changed = False  # anything to snapshot
@@ -185,19 +207,18 @@ class EngineWorker:
         """The held events (a heap; ``h.item`` is an `_Item`)."""
         return self.wm.heap
 
-    def _meta(self) -> dict[str, Any]:
-        return {
-            "version": 4,  # 3: profiles in ens:checkpoint:profiles; 4: watermarks per gateway
-            "epoch": self.epoch,
-            "last_id": self.last_id,
-            "control_id": self.control_id,
-            "buffer": [[h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source]
-                       for h in self.buffer],
-            "watermarks": self.wm.state(),
-            "totals": dict(self.totals),
-            "late_by_gateway": dict(self.late_by_gateway),
-            "written_at": time.time(),
-        }
+    def _meta(self) -> CheckpointMeta:
+        return CheckpointMeta(
+            epoch=self.epoch,
+            last_id=self.last_id,
+            control_id=self.control_id,
+            buffer=[HeldRow(h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source)
+                    for h in self.buffer],
+            watermarks=self.wm.state(),
+            totals=dict(self.totals),
+            late_by_gateway=dict(self.late_by_gateway),
+            written_at=time.time(),
+        )
 
     def _load(self) -> bool:
         """Restore the snapshot; True if there was none (a new engine)."""
@@ -206,32 +227,31 @@ class EngineWorker:
         if cp is None:
             log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
             return True
-        snap, meta = cp
-        if meta.get("version", 2) >= 3:
+        snap, meta = cp[0], CheckpointMeta.from_dict(cp[1])
+        if meta.profiles is None:  # version 3 on
             stored = self.r.hgetall(rs.CHECKPOINT_PROFILES)
             self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
             self.engine = Engine.restore(snap, self.defs)
         else:  # a checkpoint with the profiles inside: the next snapshot moves them out
             self.engine = Engine.restore(snap)
             active = {p.id: p for p in self.engine.profiles}
-            for pid, (expr, sub) in meta["profiles"].items():
+            for pid, (expr, sub) in meta.profiles.items():
                 self.defs[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
             self.dirty = set(self.defs)
         cfg = self.cfg  # this run's plan options apply to the restored state (same output)
         self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift)
-        self.epoch = meta["epoch"]
-        self.last_id = meta["last_id"]
-        self.control_id = meta["control_id"]
-        self.totals.update(meta.get("totals", {}))
-        self.late_by_gateway.update(meta.get("late_by_gateway", {}))
-        if "read" not in meta.get("totals", {}):  # a checkpoint from before the count existed
+        self.epoch = meta.epoch
+        self.last_id = meta.last_id
+        self.control_id = meta.control_id
+        self.totals.update(meta.totals)
+        self.late_by_gateway.update(meta.late_by_gateway)
+        if not meta.counted_reads:  # a checkpoint from before the count existed
             self.totals["read"] = int(self.r.get(rs.INGEST_IN) or 0)
         held = []
-        for row in meta["buffer"]:  # version < 4: no gateway (its events wait for the others)
-            entry, seq, wall, obj = row[:4]
-            ev = event_from_obj(obj, obj["id"])
-            held.append(Held(ev.ts, seq, row[4] if len(row) > 4 else "?", wall, _Item(entry, ev)))
-        self.wm.restore(meta.get("watermarks", {"seq": meta.get("arrival", 0)}), held)
+        for row in meta.buffer:  # version < 4: gateway "?" (its events wait for the others)
+            ev = event_from_obj(row.event, row.event["id"])
+            held.append(Held(ev.ts, row.seq, row.gateway, row.wall, _Item(row.entry, ev)))
+        self.wm.restore(meta.watermarks, held)
         log.info(
             "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
             self.epoch, self.last_id, len(self.defs), len(self.buffer), self.engine.stats(),
@@ -243,6 +263,7 @@ class EngineWorker:
         ttl = int(self.cfg.lock_ttl * 1000)
         waiting = False
         while stop is None or not stop.is_set():
+            self.last_renew = time.monotonic()
             if self.r.set(rs.ENGINE_LOCK, self.holder, nx=True, px=ttl):
                 return
             cur = rs.text(self.r.get(rs.ENGINE_LOCK))
@@ -259,6 +280,19 @@ class EngineWorker:
                 waiting = True
             time.sleep(0.2) if stop is None else stop.wait(0.2)
         raise LockLost("stopped while waiting for the engine lock")
+
+    def _keepalive(self) -> None:
+        """Renew the lock lease while working (a long replay or step): every third of its TTL.
+
+        The lease is renewed by the worker's own progress, never by a side thread, so a
+        worker that hangs loses it and a standby takes over.
+        """
+        now = time.monotonic()
+        if now - self.last_renew < self.cfg.lock_ttl / 3:
+            return
+        if not self._renew(keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]):
+            raise LockLost("the engine lock expired or was taken over")
+        self.last_renew = now
 
     def _stale(self, holder: str) -> bool:
         """A holder on this host whose process is gone (``kill -9``): no need to wait the TTL."""
@@ -296,9 +330,12 @@ class EngineWorker:
         reread = 0
         for eid, fields in pel:  # a batch entry may be fed in part: the rest is taken again
             reread += self._take(eid, fields, now, skip=fed)
+            self._keepalive()
         if reread:
             log.info("re-read %d pending ingest events after the journal", reread)
-        if bulk:  # many profiles changed: snapshot now rather than journal them
+        if bulk or self.journal_len or reread:
+            # many profiles changed, or a recovery: snapshot now, so that an engine restarted
+            # more often than --snapshot-interval does not replay an ever longer journal
             self.snapshot()
         gc.collect()  # the loaded engine lives on: keep the collector from rescanning it
         gc.freeze()
@@ -334,14 +371,16 @@ class EngineWorker:
         held = {h.item.entry: h for h in self.buffer}
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
+        self.journal_len = len(entries)
         for _jid, f in entries:
-            for op in json.loads(f[b"ops"]):
-                if op[0] == "c":
-                    self._set_def(op[1], op[2], op[3])
-                elif op[0] == "a":
-                    self.engine.advance(op[1])
+            entry = JournalEntry.read(f)
+            for op in entry.operations():
+                if isinstance(op, ProfileChanged):
+                    self._set_def(op.id, op.expr, op.subscriber)
+                elif isinstance(op, Advanced):
+                    self.engine.advance(op.t)
                 else:
-                    key = op[1]
+                    key = op.key
                     h = held.pop(key, None)
                     if h is not None:
                         ev, gw = h.item.event, h.source
@@ -351,12 +390,14 @@ class EngineWorker:
                     if ev is not None:
                         self._process(ev, gw, replay=True)
                     fed.add(key)
+                    if not len(fed) & 255:
+                        self._keepalive()
             redone = self.engine.take_notifications()
-            if len(redone) != int(f[b"n"]):
+            if len(redone) != entry.notifications:
                 log.error("journal replay gave %d notifications where %s were committed: "
-                          "the engine is not deterministic", len(redone), rs.text(f[b"n"]))
+                          "the engine is not deterministic", len(redone), entry.notifications)
             self.totals["notifications"] += len(redone)
-            self.control_id = rs.text(f[b"ctl"])
+            self.control_id = entry.control_id
         if fed:
             self.wm.discard(lambda h: h.item.entry in fed)
         if entries:
@@ -409,10 +450,10 @@ class EngineWorker:
         return profiles
 
     def _load_index(self) -> dict[str, Any]:
-        from adapters.spark.index import load_index
-
+        if self.cfg.load_index is None:
+            raise ValueError("WorkerConfig.index needs WorkerConfig.load_index (its reader)")
         t = time.perf_counter()
-        profiles = load_index(self.cfg.index)  # type: ignore[arg-type]
+        profiles = self.cfg.load_index(self.cfg.index)  # type: ignore[arg-type]
         log.info("index %s: %d profiles loaded in %.1f s", self.cfg.index, len(profiles), time.perf_counter() - t)
         return {p.id: p for p in profiles}
 
@@ -422,7 +463,7 @@ class EngineWorker:
         expr = rec["expr"] if rec else None
         sub = rec.get("subscriber") if rec else None
         if self._set_def(pid, expr, sub, quiet):
-            self._input(["c", pid, expr, sub])
+            self._input(op_profile(pid, expr, sub))
             self.changed = True
             return True
         return False
@@ -497,10 +538,14 @@ class EngineWorker:
                 if not self.started:
                     self.start(stop)
                 self.step()
-            except LockLost:
+            except LockLost as exc:
                 if stop.is_set():
                     break
-                raise
+                # its state may be ahead of what it committed: drop it, wait for the lock again
+                # (a standby now, or the engine again if nobody else took over)
+                log.error("%s; restarting from the snapshot once the lock is free", exc)
+                self.started = False
+                stop.wait(1.0)
             except redis.RedisError as exc:
                 log.error("redis error (%s); restarting from the snapshot in 1 s", exc)
                 self.started = False
@@ -529,37 +574,48 @@ class EngineWorker:
                 due = self.wm.next_due(t, lag)
                 if due is not None:
                     block = min(block, max(due - t, 0.001))
-        resp = self.r.xreadgroup(
-            rs.ENGINE_GROUP,
-            self.cfg.name,
-            {rs.INGEST: ">"},
-            count=self.cfg.batch,
-            block=max(int(block * 1000), 1) if block > 0 else None,
-        )
-        entries = resp[0][1] if resp else []
+        if not self.queued:
+            resp = self.r.xreadgroup(
+                rs.ENGINE_GROUP,
+                self.cfg.name,
+                {rs.INGEST: ">"},
+                count=self.cfg.batch,
+                block=max(int(block * 1000), 1) if block > 0 else None,
+            )
+            self.queued = list(reversed(resp[0][1])) if resp else []
+            self.read_full = len(self.queued) >= self.cfg.batch
         now = time.time() if now is None else now
         self._control()  # first: a profile added before an event was posted sees that event
-        for eid, fields in entries:
-            self._take(rs.text(eid), fields, now)
-        # A full batch means more is waiting: the wall clock must not overtake events that were
-        # accepted but not read yet (they would all turn late), so only event time moves.
-        self._release_due(now, caught_up=len(entries) < self.cfg.batch)
+        # a step takes about step_events events (an entry holds one request's), so that it
+        # ends, commits and renews the lock lease soon whatever the backlog
+        entries = taken = 0
+        while self.queued and taken < self.cfg.step_events:
+            eid, fields = self.queued.pop()
+            taken += self._take(rs.text(eid), fields, now)
+            entries += 1
+        # More waiting (a full batch, or entries not taken yet): the wall clock must not
+        # overtake events that were accepted but not read yet (they would all turn late), so
+        # only event time moves.
+        self._release_due(now, caught_up=not (self.read_full or self.queued))
         self.pending.extend(self.engine.take_notifications())
         mono = time.monotonic()
         if self.changed and (
             mono - self.last_snapshot >= self.cfg.snapshot_interval
             or self.since_snapshot >= self.cfg.snapshot_inputs
+            or self.journal_len >= self.cfg.snapshot_journal
         ):
             self.snapshot()
         elif self.pending and mono - self.last_commit >= self.cfg.commit_min_interval:
             self.commit()
         self._heartbeat()
         self._status()
-        return len(entries)
+        return entries
 
     def _input(self, op: list[Any]) -> None:
         self.inputs.append(op)
         self.since_snapshot += 1
+        if not self.since_snapshot & 255:
+            self._keepalive()
 
     @staticmethod
     def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
@@ -603,6 +659,8 @@ class EngineWorker:
             if key in skip:
                 continue
             taken += 1
+            if not taken & 1023:
+                self._keepalive()
             ev = self._parse(key, gw, obj, normalized)
             if ev is None:
                 m.EVENTS_INVALID.labels(gateway=gw).inc()
@@ -621,11 +679,11 @@ class EngineWorker:
         for h in self.wm.release(now, target):
             self._feed(h.item.event, h.item.entry, h.source)
         if wall and (self.engine.now is None or target > self.engine.now):
-            self._input(["a", target])
+            self._input(op_advance(target))
             self.engine.advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
-        self._input(["e", key])  # the event key: rs.decode_entry's identity
+        self._input([OP_EVENT, key])  # records.op_event, inline (per event); the key: decode_entry's
         self._process(ev, gw)
 
     def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
@@ -673,23 +731,31 @@ class EngineWorker:
                 p.pexpire(rs.ENGINE_LOCK, int(self.cfg.lock_ttl * 1000))
                 p.execute()
             except redis.WatchError:
+                # redis-py also reports a connection lost under WATCH as a WatchError: whether
+                # the transaction ran is unknown, and the lock may well still be ours. A Redis
+                # error (here, or from the check) makes run_forever restart from Redis.
+                if rs.text(self.r.get(rs.ENGINE_LOCK)) == self.holder:
+                    raise redis.ConnectionError(
+                        "connection lost during a transaction (outcome unknown)") from None
                 raise LockLost("the engine lock changed during a transaction") from None
+        self.last_renew = time.monotonic()
 
     def commit(self) -> None:
         """Journal the inputs since the last commit together with the notifications they made."""
         t0 = time.perf_counter()
         self.pending.extend(self.engine.take_notifications())
         records = [self.record(n) for n in self.pending]
-        ops = rs.dumps(self.inputs)
+        entry = JournalEntry(self.inputs, len(records), self.control_id).fields()
 
         def write(p: Any) -> None:
-            p.xadd(rs.JOURNAL, {"ops": ops, "n": len(records), "ctl": self.control_id})
+            p.xadd(rs.JOURNAL, entry)
             for rec in records:
                 store.enqueue(p, rec)
 
         self._transaction(write)
         self._published(records)
         self.inputs.clear()
+        self.journal_len += 1
         self.changed = True  # the journal holds something a snapshot would compact
         self.last_commit = time.monotonic()
         m.COMMITS.observe(time.perf_counter() - t0)
@@ -702,8 +768,8 @@ class EngineWorker:
         snap = self.engine.snapshot(profiles_apart=True)
         changed = {pid: self.defs.get(pid) for pid in self.dirty}
         meta_obj = self._meta()
-        meta_obj["totals"]["notifications"] += len(records)  # written by this transaction
-        meta = rs.dumps(meta_obj)
+        meta_obj.totals["notifications"] += len(records)  # written by this transaction
+        meta = meta_obj.to_json()
         unacked = list(self.unacked)
 
         def write(p: Any) -> None:
@@ -727,6 +793,7 @@ class EngineWorker:
         self.unacked.clear()
         self.dirty.clear()
         self.since_snapshot = 0
+        self.journal_len = 0
         self.changed = False
         self.last_commit = self.last_snapshot = time.monotonic()
         m.SNAPSHOTS.observe(time.perf_counter() - t0)
@@ -752,6 +819,7 @@ class EngineWorker:
             "last_id": self.last_id,
             "epoch": self.epoch,
             "snapshot_bytes": self.snapshot_bytes,
+            "skewed_gateways": self.wm.skewed(now),
             **{f"total_{k}": v for k, v in self.totals.items()},
         }
 
@@ -761,11 +829,19 @@ class EngineWorker:
             return
         if not self._renew(keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]):
             raise LockLost("the engine lock expired or was taken over")
+        stats = self.stats()
+        skewed = stats["skewed_gateways"]
+        for gw in set(skewed) - set(self.skewed):
+            log.warning("gateway %s sends events stamped more than %g s ahead of this clock: "
+                        "they wait for the wall clock (check its clock)", gw, self.cfg.max_skew)
+        self.skewed = skewed
+        # `read` and `buffered` apart: the ingest script reads them for --max-backlog
         self.r.hset(
             rs.ENGINE_STATUS,
-            mapping={"ts": repr(time.time()), "holder": self.holder, "stats": rs.dumps(self.stats())},
+            mapping={"ts": repr(time.time()), "holder": self.holder, "stats": rs.dumps(stats),
+                     "read": self.totals["read"], "buffered": len(self.buffer)},
         )
-        self.last_heartbeat = now
+        self.last_heartbeat = self.last_renew = now
 
     def lag(self) -> float:
         """Age (s) of the oldest event not yet fed: unread ingest entries or the buffer."""

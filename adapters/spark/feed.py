@@ -153,7 +153,7 @@ def read_feed(
 def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
     import pyarrow as pa
 
-    cols = list(zip(*rows, strict=True)) if rows else [[]] * 6
+    cols: list[Any] = list(zip(*rows, strict=True)) if rows else [[]] * 6
     types = [pa.int64(), pa.float64(), pa.string(), pa.int32(), pa.binary(), pa.string()]
     return pa.RecordBatch.from_arrays(
         [pa.array(c, t) for c, t in zip(cols, types, strict=True)],

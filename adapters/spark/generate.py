@@ -15,7 +15,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-KINDS = {  # kind -> typical "too high" thresholds
+KINDS: dict[str, list[float]] = {  # kind -> typical "too high" thresholds
     "temperature": [26, 27.5, 28, 30, 32],
     "humidity": [60, 65, 70, 75],
     "co2": [800, 1000, 1200, 1500],

@@ -411,7 +411,7 @@ def index_job(
 
         n_profiles, n_errors = sum(chunks.column("count").to_pylist()), len(errs)
         preds = tables["predicates"]
-        manifest = {
+        manifest: dict[str, Any] = {
             "version": VERSION,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "source": str(Path(source).resolve()),

@@ -76,15 +76,15 @@ class Counter:
             else:
                 seen[f] = i
                 self.pool.add(f, i)
-        self.counts = [0] * len(filters)
+        self.counts: list[int] = [0] * len(filters)
 
     def add(self, attrs: dict[str, Any]) -> None:
         from filters.compile import evaluate
 
         counts = self.counts
         for entry in self.pool.match(attrs):
-            for i in entry.owners:
-                counts[i] += 1
+            for i in entry.owners:  # the filter indexes given to pool.add
+                counts[i] += 1  # type: ignore[call-overload,index]
         for i, f in self.direct:
             if evaluate(f, attrs):
                 counts[i] += 1

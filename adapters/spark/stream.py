@@ -37,7 +37,7 @@ import pickle
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -113,7 +113,7 @@ def _source_classes() -> tuple[type, type]:
             self.lo, self.hi, self.offset, self.first = lo, hi, offset, first
 
     class IngestReader(DataSourceStreamReader):
-        def __init__(self, options: dict[str, str]) -> None:
+        def __init__(self, options: Mapping[str, str]) -> None:
             self.url = options["url"]
             self.key = options.get("key", "building")
             self.parts = int(options.get("partitions", "2"))
@@ -122,6 +122,7 @@ def _source_classes() -> tuple[type, type]:
             self.lateness = float(options.get("lateness", "2.0"))
             self.idle = float(options.get("idle_timeout", "0.5"))
             self.clock = options.get("clock", "event")
+            self._last: dict[str, Any]  # the latest offset (set by latestOffset)
             self._plog: Any = None
 
         def initialOffset(self) -> dict[str, Any]:
@@ -392,7 +393,7 @@ def _sink_classes() -> type:
         gws: dict[str, list[float]]  # gateway progress
 
     class StatusWriter(DataSourceStreamWriter):
-        def __init__(self, options: dict[str, str]) -> None:
+        def __init__(self, options: Mapping[str, str]) -> None:
             self.url = options["url"]
 
         def write(self, iterator: Iterator[Any]) -> Totals:
@@ -472,7 +473,8 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
     with r.pipeline(transaction=True) as p:
         p.hset(STATUS_KEY, mapping={"batch": max(batch_id, done), "totals": json.dumps(tot)})
         p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER,
-                                          "stats": rs.dumps(stats)})
+                                          "stats": rs.dumps(stats), "read": stats["total_read"],
+                                          "buffered": buffered})  # read by rs.INGEST_SCRIPT
         p.execute()
     if batch_id % 20 == 0 or tot.get("late"):
         log.info("batch %d: %s", batch_id, stats)

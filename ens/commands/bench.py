@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
+# The checkout `ens` is installed from (make installs it editable): the defaults below are its
+# example files and its bench/results, whatever the current directory.
+REPO = Path(__file__).resolve().parents[2]
 
-def _counts(text: str) -> list[int]:
-    """--sizes: positive integers, comma-separated."""
+
+def _default(rel: str) -> str:
+    return str(REPO / rel)
+
+
+def _need(path: str, what: str, flag: str, is_dir: bool = False) -> None:
+    """A missing input is a usage error before any work (not after a minute of measuring)."""
+    p = Path(path)
+    if not (p.is_dir() if is_dir else p.is_file()):
+        raise typer.BadParameter(f"{what} {path} not found", param_hint=flag)
+
+
+def _counts(text: str, flag: str = "--sizes") -> list[int]:
+    """--sizes (or ``flag``): positive integers, comma-separated."""
     try:
         sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{text!r}: give profile counts as integers, e.g. 1000,10000", param_hint="--sizes") from None
+        raise typer.BadParameter(f"{text!r}: give profile counts as integers, e.g. 1000,10000", param_hint=flag) from None
     if not sizes or min(sizes) < 1:
-        raise typer.BadParameter(f"{text!r}: every profile count must be at least 1", param_hint="--sizes")
+        raise typer.BadParameter(f"{text!r}: every count must be at least 1", param_hint=flag)
     return sizes
 
 
@@ -24,7 +41,7 @@ def pool_cmd(
     sizes: str = typer.Option("1000,10000,100000,1000000", help="Profile counts, comma-separated."),
     events: int = typer.Option(20000, help="Events per measurement."),
     naive_max: int = typer.Option(100000, help="Skip naive evaluation above this many profiles (it is linear)."),
-    out: str = typer.Option("bench/results", help="Directory for CSV and PNG output."),
+    out: str = typer.Option(_default("bench/results"), help="Directory for CSV and PNG output."),
     seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
     repeat: int = typer.Option(5, help="Timed passes over the events (CPU time); the median is reported."),
 ) -> None:
@@ -71,7 +88,7 @@ def composite_cmd(
 
 @app.command("paper")
 def paper_cmd(
-    out: str = typer.Option("bench/results/paper", help="Directory for CSV and PNG output."),
+    out: str = typer.Option(_default("bench/results/paper"), help="Directory for CSV and PNG output."),
     quick: bool = typer.Option(False, "--quick", help="Reduced sizes: 1,000 profiles, fewer points (about a minute)."),
     seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
     docs_img: str = typer.Option("", help="Also copy the PNG plots here (e.g. docs/img)."),
@@ -102,26 +119,29 @@ def lazy_cmd(
     repeat: int = typer.Option(3, help="Timed passes per plan (CPU time); the median is reported."),
     seed: int = typer.Option(7, help="Random seed (same seed, same events)."),
     periods: str = typer.Option("60,300", help="Seconds between a room's frequent readings, comma-separated."),
-    out: str = typer.Option("bench/results/lazy", help="Directory for CSV and PNG output."),
+    out: str = typer.Option(_default("bench/results/lazy"), help="Directory for CSV and PNG output."),
     docs_img: str = typer.Option("", help="Also copy the PNG plot here (e.g. docs/img)."),
-    keti: str = typer.Option("examples/data/keti", help="KETI folder for the facility-profile run ('' skips it)."),
+    keti: str = typer.Option(_default("examples/data/keti"), help="KETI folder for the facility-profile run ('' skips it)."),
     keti_rooms: str = typer.Option("", help="KETI rooms, comma-separated (default: all)."),
     keti_limit: int = typer.Option(0, help="At most this many KETI events (0: all)."),
-    profiles: str = typer.Option("examples/facility/profiles.yaml", help="Profiles for the KETI run."),
+    profiles: str = typer.Option(_default("examples/facility/profiles.yaml"), help="Profiles for the KETI run."),
 ) -> None:
     """Rare-first vs eager plans: events/s and peak state at growing rate skew, then the KETI
     feed through the facility profiles (auto and rare-first vs eager, equal output). Results:
     docs/benchmarks.md."""
     from bench.lazy import run, run_keti
 
-    rs = _counts(ratios)
-    pds = tuple(float(p) for p in _counts(periods))
+    rs = _counts(ratios, "--ratios") if ratios.strip() else []
+    pds = tuple(float(p) for p in _counts(periods, "--periods"))
     if events < 100:
         raise typer.BadParameter("must be at least 100", param_hint="--events")
     if rooms < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--rooms")
     if repeat < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--repeat")
+    if keti:
+        _need(keti, "KETI folder", "--keti", is_dir=True)
+        _need(profiles, "profile file", "--profiles")
     if ratios.strip():
         run(rs, events, rooms, repeat, seed, out, docs_img or None, pds)
     if keti:

@@ -16,6 +16,8 @@ import typer
 
 from adapters.datasets import DATASETS, DatasetError, Event, get_adapter
 from adapters.files import atomic_text
+from ens.commands import output
+from ens.commands.output import Json
 
 app = typer.Typer(
     help="Building sensor data sets (KETI, UCI): list them, convert them to ENS events as JSON "
@@ -33,19 +35,24 @@ def _fail(message: str) -> typer.Exit:
 
 
 @app.command("list")
-def list_cmd() -> None:
+def list_cmd(as_json: Json = False) -> None:
     """The data sets `convert` knows, with the folder they are stored in."""
-    from rich.console import Console
     from rich.table import Table
 
     from adapters.datasets.excerpt import DEFAULT_OUT, default_source
 
-    table = Table("name", "folder", "description", "excerpt")
     shared = default_source()
+    if as_json:
+        output.print_json([
+            {"name": a.name, "folder": a.folder, "description": a.description,
+             "excerpt": str(DEFAULT_OUT / a.folder) if (DEFAULT_OUT / a.folder).exists() else None}
+            for a in DATASETS.values()])
+        return
+    table = Table("name", "folder", "description", "excerpt")
     for a in DATASETS.values():
         excerpt = DEFAULT_OUT / a.folder
         table.add_row(a.name, a.folder, a.description, str(excerpt) if excerpt.exists() else "-")
-    console = Console()
+    console = output.console()
     console.print(table)
     console.print(f"full data: {shared}" + ("" if shared.is_dir() else " (not present)"))
 
@@ -92,14 +99,16 @@ def _write_file(events: Iterator[Event], out: str, total: int | None) -> int:
     )
 
     n = 0
+    console = Console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
         transient=False,
+        disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
     # gzip level 3: on event JSON about 2.5x faster than the default 6, for ~35 % more bytes
     with atomic_text(out, compresslevel=3) as f, progress:

@@ -59,12 +59,13 @@ def write_jsonl(records: list[dict], out: str, progress: bool = False) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    console = Console(stderr=True)
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        console=Console(stderr=True),
-        disable=not progress,
+        console=console,
+        disable=not progress or not console.is_terminal,  # a pipe or a log file gets no bar
     )
     with atomic_text(out) as fh, bar:
         task = bar.add_task(f"events -> {out}", total=len(records))

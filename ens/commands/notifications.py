@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ens.commands import output
+from ens.commands.output import Json
 from ens.commands.store import DataDir, RedisUrl, Store
 from ens.options import lazy_module
 
@@ -33,9 +35,7 @@ app.add_typer(dead_letter_app, name="dead-letter")
 
 
 def _console() -> Console:
-    from rich.console import Console  # rich is loaded by the commands that print with it
-
-    return Console(soft_wrap=False)
+    return output.console()
 
 
 @dead_letter_app.command("list")
@@ -43,10 +43,18 @@ def dead_letter_list(
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
     limit: Annotated[int, typer.Option(help="Show at most this many (oldest first).")] = 100,
+    as_json: Json = False,
 ) -> None:
     """Show dead letters: notification id, profile, channel, error, attempts."""
     st = Store(redis_url, data_dir)  # held while used: it keeps an embedded server alive
     letters = store.list_dead_letters(st.r, count=limit)
+    if as_json:
+        output.print_json([
+            {"id": dl.nid, "entry": dl.entry, "profile": dl.notification.get("profile"),
+             "channel": store.describe_channel(dl.channel), "ch": dl.ch, "error": dl.error,
+             "attempts": dl.attempts, "ts": dl.ts}
+            for dl in letters])
+        return
     from rich.table import Table
 
     table = Table(title=f"Dead letters ({len(letters)})")
@@ -114,11 +122,10 @@ def deliver(
 ) -> None:
     """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM)."""
     from notifiers.config import ConfigError, NotifierConfig
+    from notifiers.logs import setup_logging
     from notifiers.worker import DeliveryWorker
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(log_level)
     try:
         cfg = NotifierConfig.load(config)
     except ConfigError as exc:

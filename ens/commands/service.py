@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ens.commands import output
+from ens.commands.output import Json
 from ens.commands.store import DataDir, RedisUrl, Store
-from ens.options import PLAN_HELP, STATS_HELP, check_tz, lazy_module
+from ens.options import PLAN_HELP, STATS_HELP, check_tz, lazy_module, parse_duration, parse_number
 from profiles.errors import ENSError, ProfileError
 
 if TYPE_CHECKING:
@@ -40,9 +42,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def _console() -> Console:
-    from rich.console import Console  # rich is loaded by the commands that print with it
-
-    return Console(soft_wrap=False)
+    return output.console()
 
 
 def _when(ts: float | None) -> str:
@@ -54,43 +54,23 @@ def _when(ts: float | None) -> str:
 # ----------------------------------------------------------------------------- serve
 
 
-def _duration_option(flag: str, value: str) -> float | None:
-    """A duration flag (30s, 5m, 30d, or seconds) as seconds; 'off' is None (no limit)."""
-    from profiles.parser import parse_duration
-
-    text = value.strip().lower()
-    if text in ("off", "none"):
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            seconds = parse_duration(text)
-        except ValueError:
-            raise _fail(f"{flag} {value!r}: expected a duration such as 30s, 5m, 30d, "
-                        "or 'off'") from None
-    if seconds <= 0:
-        raise _fail(f"{flag} {value!r}: must be above 0 (or 'off')")
-    return seconds
-
-
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port.")] = 8080,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
     reorder_seconds: Annotated[
-        float,
+        str,
         typer.Option(
             "--default-lateness", "--reorder-seconds",
-            help="Lateness (s) of gateways without their own (`ens gateway set --lateness`): "
+            help="Lateness of gateways without their own (`ens gateway set --lateness`): "
                  "how far out of ts order their events may arrive; also how far the wall clock "
-                 "of timers trails.",
+                 "of timers trails (500ms, 2s, or seconds).",
         ),
-    ] = 2.0,
+    ] = "2s",
     idle_timeout: Annotated[
-        float, typer.Option(help="A gateway silent this long (s) no longer holds events back.")
-    ] = 0.5,
+        str, typer.Option(help="A gateway silent this long (e.g. 500ms) no longer holds events back.")
+    ] = "0.5s",
     reorder_max_events: Annotated[
         int, typer.Option(help="Release the oldest held events beyond this many.")
     ] = 10_000,
@@ -129,9 +109,10 @@ def serve(
         typer.Option(envvar="ENS_ENGINE_NAME", help="Engine consumer name (keep it stable)."),
     ] = None,
     snapshot_interval: Annotated[
-        float, typer.Option(help="Snapshot the engine state this often (s); bounds recovery.")
-    ] = 30.0,
-    status_interval: Annotated[float, typer.Option(help="Log a summary this often (s).")] = 10.0,
+        str, typer.Option(help="Snapshot the engine state this often (e.g. 30s; also after "
+                               "2,000 commits and after each recovery); bounds recovery.")
+    ] = "30s",
+    status_interval: Annotated[str, typer.Option(help="Log a summary this often (e.g. 10s).")] = "10s",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     reset_admin_token: Annotated[
         bool,
@@ -163,19 +144,70 @@ def serve(
                                "every N events (0: never; the plan of --stats stays).")
     ] = 0,
     drift: Annotated[
-        float, typer.Option(help="--replan-every: re-plan a profile when a component's rate moved by "
-                                 "this factor since its plan was chosen.")
-    ] = 4.0,
+        str, typer.Option(help="--replan-every: re-plan a profile when a component's rate moved by "
+                               "this factor since its plan was chosen.")
+    ] = "4",
+    max_skew: Annotated[
+        str, typer.Option(help="An event stamped further ahead of the wall clock (a gateway whose "
+                               "clock runs fast) waits until the wall clock, less the default "
+                               "lateness, reaches its ts; counted in ens_gateways_skewed.")
+    ] = "1s",
+    dedup_window: Annotated[
+        str, typer.Option(help="Drop an event whose id its gateway sent within this time (a "
+                               "retried POST), answering it as accepted; 'off': keep every one.")
+    ] = "10m",
+    dedup_max: Annotated[
+        int, typer.Option(help="Event ids remembered per gateway for --dedup-window (the oldest "
+                               "are forgotten first).")
+    ] = 100_000,
+    keepalive_timeout: Annotated[
+        str, typer.Option(help="Close a keep-alive connection idle this long.")
+    ] = "5s",
+    header_timeout: Annotated[
+        str, typer.Option(help="Close a connection whose request headers are not complete "
+                               "this long after it opened or its last answer.")
+    ] = "10s",
+    max_connections: Annotated[
+        int, typer.Option(help="Open HTTP connections per API process; beyond it the longest idle "
+                               "is closed (or, with none idle, the new one gets 503). 0: from "
+                               "the open-file limit.")
+    ] = 0,
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
     from adapters.service.api import IngestLimits
     from adapters.service.server import ROLES, ServeConfig, run
     from adapters.service.worker import WorkerConfig
 
-    if reorder_seconds < 0:  # engine time would run ahead of the wall clock
-        raise _fail(f"--default-lateness (--reorder-seconds) must be >= 0, not {reorder_seconds:g}")
-    if idle_timeout < 0:
-        raise _fail(f"--idle-timeout must be >= 0, not {idle_timeout:g}")
+    try:  # every number and duration checked here, naming its option (NaN, inf, ranges)
+        day = 86400.0
+        lateness = parse_duration("--default-lateness (--reorder-seconds)", reorder_seconds,
+                                  maximum=day)
+        idle = parse_duration("--idle-timeout", idle_timeout, maximum=day)
+        snap_every = parse_duration("--snapshot-interval", snapshot_interval, above=True,
+                                    maximum=day)
+        status_every = parse_duration("--status-interval", status_interval, above=True)
+        skew = parse_duration("--max-skew", max_skew, maximum=day)
+        dedup = parse_duration("--dedup-window", dedup_window, above=True, maximum=30 * day, off=True)
+        keepalive = parse_duration("--keepalive-timeout", keepalive_timeout, above=True, maximum=day)
+        headers_within = parse_duration("--header-timeout", header_timeout, above=True, maximum=day)
+        drift_factor = parse_number("--drift", drift, minimum=1.0)
+        parse_number("--port", port, minimum=0, maximum=65535, integer=True)
+        parse_number("--max-body", max_body, minimum=1, integer=True)
+        parse_number("--max-backlog", max_backlog, minimum=0, integer=True)
+        parse_number("--reorder-max-events", reorder_max_events, minimum=1, integer=True)
+        parse_number("--replan-every", replan_every, minimum=0, integer=True)
+        parse_number("--dedup-max", dedup_max, minimum=1, integer=True)
+        parse_number("--max-connections", max_connections, minimum=0, integer=True)
+        limits = IngestLimits(
+            max_future=parse_duration("--max-future", max_future, above=True, off=True),
+            max_past=parse_duration("--max-past", max_past, above=True, off=True),
+            body_timeout=parse_duration("--body-timeout", body_timeout, above=True, off=True),
+            dedup_window=dedup, dedup_max=dedup_max,
+        )
+    except ENSError as e:
+        raise _fail(str(e)) from None
+    assert lateness is not None and idle is not None and snap_every is not None
+    assert status_every is not None and skew is not None
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
     roles = tuple(dict.fromkeys(x.strip() for r in (role or ROLES) for x in r.split(",") if x.strip()))
@@ -198,35 +230,32 @@ def serve(
 
         check_plan(plan)
         rates = load_stats(stats)
-        if replan_every < 0 or drift < 1.0:
-            raise ENSError(f"--replan-every must be >= 0 and --drift >= 1 (got {replan_every}, {drift:g})")
     except ENSError as e:
         raise _fail(str(e)) from None
-    limits = IngestLimits(
-        max_future=_duration_option("--max-future", max_future),
-        max_past=_duration_option("--max-past", max_past),
-        body_timeout=_duration_option("--body-timeout", body_timeout),
-    )
     wcfg = WorkerConfig(
-        reorder_seconds=reorder_seconds, reorder_max_events=reorder_max_events, clock=clock,
-        idle_timeout=idle_timeout,
-        tz=tz, snapshot_interval=snapshot_interval, status_interval=status_interval,
-        plan=plan, rates=rates, replan_every=replan_every, drift=drift,
+        reorder_seconds=lateness, reorder_max_events=reorder_max_events, clock=clock,
+        idle_timeout=idle, max_skew=skew,
+        tz=tz, snapshot_interval=snap_every, status_interval=status_every,
+        plan=plan, rates=rates, replan_every=replan_every, drift=float(drift_factor),
     )
     if worker_name:
         wcfg.name = worker_name
     if index is not None:
         if not (index / "manifest.json").is_file():
             raise _fail(f"--index {index}: not an `ens spark index` snapshot (no manifest.json)")
+        from adapters.spark.index import load_index
+
         wcfg.index = str(index)
+        wcfg.load_index = load_index
     if reset_admin_token:
-        st = Store(redis_url, data_dir)
+        st = Store(redis_url, data_dir, create=True)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
         host=host, port=port, redis_url=redis_url, data_dir=data_dir, max_body=max_body,
         deliver=deliver, log_level=log_level, worker=wcfg, limits=limits, roles=roles,
-        api_workers=api_workers, max_backlog=max_backlog,
+        api_workers=api_workers, max_backlog=max_backlog, keepalive_timeout=keepalive,
+        header_timeout=headers_within, max_connections=max_connections,
     )
     raise typer.Exit(run(cfg))
 
@@ -251,39 +280,40 @@ def profile_add(
     pid: Annotated[str | None, typer.Option("--id", help="Profile id (with --expr).")] = None,
     expr: Annotated[str | None, typer.Option("--expr", help="Profile expression.")] = None,
     subscriber: Annotated[str | None, typer.Option(help="Subscriber id (with --expr).")] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace stored profiles and subscribers of the "
+                                             "same id whose definition differs.")
+    ] = False,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Validate and store profiles (and the file's subscribers): all of them or none.
 
-    Problems are reported like `ens check`: every one, with profile id, line and column.
+    Problems are reported like `ens check`: every one, with profile id, line and column. A
+    profile or subscriber whose id is stored with another definition is replaced only with
+    --replace; the changes are shown either way.
     """
+    from profiles.lint import warnings as lint
+
     if (file is None) == (pid is None and expr is None):
         raise _fail("give a profile FILE or --id ID --expr EXPR (not both)")
     if file is None and (pid is None or expr is None):
         raise _fail("--id and --expr go together")
-    st = Store(redis_url, data_dir)
+    # everything that needs no Redis first: a refused input starts and creates nothing
     errors: list[ENSError] = []
     subs: list[dict[str, Any]] = []
+    parsed: list[Any] = []
+    pset = None
     if file is not None:
         pset, errors = parse_profile_document(_read_text(file), str(file))
-        items = [(p.id, p.source, p.subscriber) for p in pset.profiles]
+        parsed = list(pset.profiles)
         subs = pset.subscribers
         name = str(file)
     else:
         assert pid is not None and expr is not None
-        items = [(pid, expr, subscriber)]
         name = "--expr"
-    known = {s["id"] for s in subs}
-    valid = 0
-    for p_id, p_expr, p_sub in items:
         try:
-            rs.validate_profile(None, p_id, p_expr, p_sub)
-            if p_sub is not None and p_sub not in known and not st.r.hexists(
-                store.SUBSCRIBERS, p_sub
-            ):
-                raise ProfileError(f"unknown subscriber {p_sub!r} (add it first)", p_id)
-            valid += 1
+            parsed = [rs.validate_profile(None, pid, expr, subscriber)]
         except ProfileError as exc:
             errors.append(exc)
     for sub in subs:
@@ -294,20 +324,118 @@ def profile_add(
             errors.append(ENSError(f"subscriber {sub.get('id')!r}: {store.subscriber_error(exc)}"))
         except (ProfileError, ValueError) as exc:
             errors.append(ENSError(f"subscriber {sub.get('id')!r}: {exc}"))
+    for prof in parsed:
+        try:
+            rs.check_id(prof.id)
+        except ProfileError as exc:
+            errors.append(exc)
     if errors:
-        for e in errors:
-            typer.echo(f"error: {e}", err=True)
-        typer.echo(f"{name}: {len(errors)} problem(s), {valid} valid profile(s); nothing stored",
-                   err=True)
+        _refuse(name, errors, pset, len(parsed))
+    st = Store(redis_url, data_dir, create=True)
+    known = {s["id"] for s in subs}
+    for prof in parsed:
+        if prof.subscriber is not None and prof.subscriber not in known and not st.r.hexists(
+            store.SUBSCRIBERS, prof.subscriber
+        ):
+            errors.append(ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)",
+                                       prof.id))
+            if pset is not None:  # counted like `ens check` counts it
+                pset.profiles = [p for p in pset.profiles if p.id != prof.id]
+                pset.invalid += 1
+                pset.profile_problems += 1
+    if errors:
+        _refuse(name, errors, pset, len(parsed))
+    changes = _profile_changes(st.r, parsed) + _subscriber_changes(st.r, subs)
+    if changes and not replace:
+        for what, lines in changes:
+            typer.echo(f"error: {what} is stored with another definition "
+                       "(--replace replaces it):", err=True)
+            for line in lines:
+                typer.echo(f"  {line}", err=True)
+        typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
         raise typer.Exit(2)
+    seen = rs.seen_attributes(st.r)
+    for prof in parsed:
+        for w in lint(prof, seen):
+            typer.echo(f"warning: {w}", err=True)
+        if prof.subscriber is None:
+            typer.echo(f"warning: profile {prof.id!r} has no subscriber: its notifications go "
+                       "to the outbox only (ens notifications tail)", err=True)
+    replaced = dict(changes)
     for sub in subs:
-        saved = store.put_subscriber(st.r, sub)
-        typer.echo(f"subscriber {saved.id} stored")
-        if saved.secret and not sub.get("secret"):
+        what = f"subscriber {sub['id']}"
+        old = store.get_subscriber(st.r, sub["id"])
+        if old is not None and what not in replaced:
+            typer.echo(f"{what} unchanged")
+            continue
+        rec = dict(sub)
+        if old is not None and old.secret and not rec.get("secret"):
+            rec["secret"] = old.secret  # its receivers keep verifying with the secret they have
+        saved = store.put_subscriber(st.r, rec)
+        typer.echo(f"{what} {'stored' if old is None else 'replaced'}")
+        for line in replaced.get(what, []):
+            typer.echo(f"  {line}")
+        if saved.secret and not rec.get("secret"):
             typer.echo(f"  webhook signing secret (shown once): {saved.secret}")
-    for p_id, p_expr, p_sub in items:
-        _, created = rs.put_profile(st.r, p_id, p_expr, p_sub)
-        typer.echo(f"profile {p_id} {'added' if created else 'replaced'}")
+    for prof in parsed:
+        what = f"profile {prof.id}"
+        if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
+            typer.echo(f"{what} unchanged")
+            continue
+        _, created = rs.put_profile(st.r, prof.id, prof.source, prof.subscriber)
+        typer.echo(f"{what} {'added' if created else 'replaced'}")
+        for line in replaced.get(what, []):
+            typer.echo(f"  {line}")
+
+
+def _refuse(name: str, errors: list[ENSError], pset: Any, parsed: int) -> None:
+    for e in errors:
+        typer.echo(f"error: {e}", err=True)
+    if pset is not None:
+        typer.echo(f"{pset.summary(name, errors)}; nothing stored", err=True)
+    else:
+        typer.echo(f"{name}: {len(errors)} problem(s); nothing stored", err=True)
+    raise typer.Exit(2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
+    """(``profile ID``, what changes as - old / + new lines) for stored profiles that differ."""
+    out = []
+    for prof in parsed:
+        old = rs.get_profile(r, prof.id)
+        if old is None:
+            continue
+        lines = []
+        if _one_line(old["expr"]) != _one_line(prof.source):
+            lines += [f"- expr: {_one_line(old['expr'])}", f"+ expr: {_one_line(prof.source)}"]
+        if old.get("subscriber") != prof.subscriber:
+            lines += [f"- subscriber: {old.get('subscriber') or '-'}",
+                      f"+ subscriber: {prof.subscriber or '-'}"]
+        if lines:
+            out.append((f"profile {prof.id}", lines))
+    return out
+
+
+def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The same for subscribers: their channels and digest (a stored secret is kept)."""
+    out = []
+    for sub in subs:
+        old = store.get_subscriber(r, sub["id"])
+        if old is None:
+            continue
+        new = store.Subscriber.model_validate(sub)
+
+        def shown(s: Any) -> str:
+            chans = ", ".join(store.describe_channel(c.model_dump()) for c in s.channels)
+            return chans + (f"; digest {s.digest:g} s" if s.digest else "")
+
+        if shown(old) != shown(new):
+            out.append((f"subscriber {sub['id']}", [f"- {shown(old)}", f"+ {shown(new)}"]))
+    return out
 
 
 def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
@@ -317,10 +445,13 @@ def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
 
 
 @profile_app.command("list")
-def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show the stored profiles."""
     st = Store(redis_url, data_dir)
     recs = rs.list_profiles(st.r)
+    if as_json:
+        output.print_json(recs)
+        return
     from rich.table import Table
 
     table = Table(title=f"Profiles ({len(recs)})")
@@ -397,7 +528,7 @@ def subscriber_add(
         raise _fail(f"subscriber {sid!r}: {store.subscriber_error(exc)}") from None
     except (ProfileError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    st = Store(redis_url, data_dir)
+    st = Store(redis_url, data_dir, create=True)
     saved = store.put_subscriber(st.r, model)
     typer.echo(f"subscriber {sid} stored")
     if saved.secret and not secret:
@@ -405,13 +536,22 @@ def subscriber_add(
 
 
 @subscriber_app.command("list")
-def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show subscribers and their channels (secrets are never shown)."""
     st = Store(redis_url, data_dir)
     subs = sorted(
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
         key=lambda s: s.id,
     )
+    if as_json:
+        output.print_json([
+            {"id": s.id, "channels": [c.model_dump(exclude={"secret"}, exclude_none=True)
+                                      for c in s.channels],
+             "digest": s.digest, "has_secret": bool(s.secret) or any(
+                 getattr(c, "secret", None) for c in s.channels),
+             "profiles": rs.profiles_of_subscriber(st.r, s.id)}
+            for s in subs])
+        return
     from rich.table import Table
 
     table = Table(title=f"Subscribers ({len(subs)})")
@@ -466,7 +606,11 @@ def gateway_add(
 ) -> None:
     """Create a gateway and print its API key (once: only a hash is stored)."""
     late = _lateness(lateness)
-    st = Store(redis_url, data_dir)
+    try:
+        rs.check_gateway_name(name)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    st = Store(redis_url, data_dir, create=True)
     try:
         key = rs.add_gateway(st.r, name, late)
     except ValueError as exc:
@@ -493,10 +637,13 @@ def gateway_set(
 
 
 @gateway_app.command("list")
-def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None) -> None:
+def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
     """Show gateways (names, creation, revocation)."""
     st = Store(redis_url, data_dir)
     gws = rs.list_gateways(st.r)
+    if as_json:
+        output.print_json(gws)
+        return
     from rich.table import Table
 
     table = Table(title=f"Gateways ({len(gws)})")
@@ -538,6 +685,59 @@ def _batches(lines: Iterator[str], size: int) -> Iterator[list[tuple[int, str]]]
         yield batch
 
 
+def retry_delay(attempt: int, retry_after: float | None, rng: Any = None) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...): exponential backoff with full jitter
+    (0.5 s doubling, at most 30 s), never less than the service's Retry-After."""
+    import random
+
+    jitter = (rng or random).uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
+    return max(jitter, retry_after or 0.0)
+
+
+def _service_url(url: str) -> str:
+    """The service's base URL; ``127.0.0.1:8080`` (no scheme) means ``http://127.0.0.1:8080``."""
+    import httpx
+
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parsed = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise _fail(f"--url {url!r}: {exc} (expected e.g. http://127.0.0.1:8080)") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise _fail(f"--url {url!r}: expected an http:// or https:// URL with a host "
+                    "(e.g. http://127.0.0.1:8080)")
+    return text
+
+
+def restamp(lines: list[str], now: float) -> list[str]:
+    """The events of JSON lines shifted in time so that the latest is stamped ``now`` (epoch
+    seconds), their spacing kept; lines that are not events with a readable ``ts`` are left
+    as they are (the service reports them by line number)."""
+    from profiles.events import parse_ts
+
+    parsed: list[tuple[dict[str, Any], float] | None] = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+            parsed.append((obj, parse_ts(obj["ts"])) if isinstance(obj, dict) else None)
+        except (ValueError, KeyError, TypeError):
+            parsed.append(None)
+    stamps = [p[1] for p in parsed if p is not None]
+    if not stamps:
+        return lines
+    shift = now - max(stamps)
+    out = []
+    for line, p in zip(lines, parsed, strict=True):
+        if p is None:
+            out.append(line)
+        else:
+            obj, ts = p
+            out.append(json.dumps({**obj, "ts": round(ts + shift, 3)}) + "\n")
+    return out
+
+
 def post(
     file: Annotated[str, typer.Argument(help="JSON-lines event file, '-' for stdin.")],
     url: Annotated[
@@ -547,26 +747,42 @@ def post(
         str | None, typer.Option(envvar="ENS_API_KEY", help="Gateway API key (ens gateway add).")
     ] = None,
     batch: Annotated[int, typer.Option(min=1, help="Events per request.")] = 500,
-    timeout: Annotated[float, typer.Option(help="HTTP timeout (s).")] = 30.0,
+    timeout: Annotated[str, typer.Option(help="HTTP timeout (e.g. 30s).")] = "30s",
     retries: Annotated[
-        int, typer.Option(min=0, help="Retries of a request that nothing accepted (service down or "
-                                      "restarting: connection refused, 503, 429), with backoff.")
-    ] = 5,
+        int | None, typer.Option(min=0, help="Most retries of a request that nothing accepted "
+                                             "(service down or restarting: connection refused, "
+                                             "503, 429) [default: as many as --retry-for allows].")
+    ] = None,
+    retry_for: Annotated[
+        str, typer.Option(help="Keep retrying such a request for up to this long (backoff with "
+                               "jitter, at least the service's Retry-After), e.g. 30s, 5m, 1h.")
+    ] = "5m",
+    now: Annotated[
+        bool, typer.Option("--now", help="Re-stamp the events so that the last one is now, "
+                                         "keeping their spacing (for example files from the past, "
+                                         "which the service's --max-past refuses).")
+    ] = False,
 ) -> None:
     """Send events to the service like a gateway; report rejected events by line number.
 
     A request is retried only when the service surely accepted none of it (the connection
     was refused, or it answered 503/429), so a retry never posts an event twice.
     """
+    try:
+        http_timeout = parse_duration("--timeout", timeout, above=True, maximum=86400.0)
+        patience = parse_duration("--retry-for", retry_for, maximum=7 * 86400.0)
+    except ENSError as e:
+        raise _fail(str(e)) from None
+    assert http_timeout is not None and patience is not None
     import httpx
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from notifiers.config import RetryPolicy
     from notifiers.webhook import parse_retry_after
 
     if not api_key:
         raise _fail("give --api-key or set ENS_API_KEY")
+    url = _service_url(url)
     if file == "-":
         fh: Any = sys.stdin
         total = None
@@ -576,34 +792,48 @@ def post(
             raise _fail(f"no such file: {file}")
         total = sum(1 for line in path.open(encoding="utf-8") if line.strip())
         fh = path.open(encoding="utf-8")
+    if now:
+        import io
+
+        with fh:
+            fh = io.StringIO("".join(restamp(list(fh), time.time())))
     accepted = rejected = 0
     problems: list[tuple[int, str]] = []
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/x-ndjson"}
     endpoint = url.rstrip("/") + "/v1/events"
 
-    policy = RetryPolicy(base=0.5, cap=10.0, max_attempts=retries + 1, max_retry_after=60.0)
+    waited = [0.0]  # seconds spent waiting for the service, over the whole run
 
     def attempt(client: httpx.Client, body: bytes) -> httpx.Response:
         k = 0
-        while True:  # returns the answer, or raises once the attempts are used up
-            k += 1
-            last = k == policy.max_attempts
+        spent = 0.0  # waiting for this request
+        while True:  # returns the answer, or raises once the patience is used up
             try:
                 resp = client.post(endpoint, content=body, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-                if last:
-                    raise _fail(f"cannot reach {endpoint}: {exc}", 1) from None
-                why, after = f"cannot connect ({exc})", None
+                why, after, answer = f"cannot connect ({exc})", None, None
             except httpx.HTTPError as exc:  # sent: the service may have taken it, do not resend
                 raise _fail(f"no answer from {endpoint}: {exc}", 1) from None
             else:
-                if resp.status_code not in (429, 503) or last:
+                if resp.status_code not in (429, 503):
                     return resp
-                why = f"HTTP {resp.status_code}"
+                why, answer = f"HTTP {resp.status_code}", resp
                 after = parse_retry_after(resp.headers.get("Retry-After"))
-            wait = policy.delay(k, after)
-            progress.console.print(f"{why}; retry {k} of {retries} in {wait:.1f} s")
+            k += 1
+            wait = retry_delay(k, after)
+            if (retries is not None and k > retries) or spent + wait > patience:
+                wait = patience - spent  # the last wait fits the limit exactly
+                if wait < 0.05 or (retries is not None and k > retries):
+                    if answer is not None:
+                        return answer  # reported by send()
+                    raise _fail(f"cannot reach {endpoint}: {why}; gave up after {k} attempts "
+                                f"and {spent:.1f} s of waiting (--retry-for {retry_for})", 1)
+            of = f" of {retries}" if retries is not None else ""
+            progress.console.print(f"{why}; retry {k}{of} in {wait:.1f} s "
+                                   f"(waited {spent:.1f} s so far, at most {patience:g} s)")
             time.sleep(wait)
+            spent += wait
+            waited[0] += wait
 
     def send(client: httpx.Client, chunk: list[tuple[int, str]]) -> tuple[int, int]:
         body = "".join(line + "\n" for _, line in chunk).encode()
@@ -619,16 +849,19 @@ def post(
                 problems.append((chunk[err["index"]][0], err["error"]))
             return data["accepted"], data["rejected"]
         msg = data.get("error") or resp.text
+        if resp.status_code in (429, 503):
+            msg += f" (gave up after waiting {waited[0]:.1f} s in all; --retry-for {retry_for})"
         raise _fail(f"HTTP {resp.status_code} from {endpoint}: {msg}",
                     2 if resp.status_code in (400, 401, 403, 413) else 1)
 
+    console = Console(stderr=True)
     progress = Progress(
         TextColumn("posting"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rejected]} rejected"), console=Console(stderr=True),
-        transient=False,
+        TextColumn("{task.fields[rejected]} rejected"), console=console,
+        transient=False, disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
     t0 = time.perf_counter()
-    with fh, httpx.Client(timeout=timeout) as client, progress:
+    with fh, httpx.Client(timeout=http_timeout) as client, progress:
         task = progress.add_task("post", total=total, rejected=0)
         for chunk in _batches(fh, batch):
             a, rj = send(client, chunk)
@@ -638,7 +871,8 @@ def post(
     for lineno, msg in sorted(problems):
         typer.echo(f"error: line {lineno}: {msg}", err=True)
     dt = time.perf_counter() - t0
-    typer.echo(f"{accepted} accepted, {rejected} rejected in {dt:.2f} s")
+    wait_note = f" ({waited[0]:.1f} s of it waiting for the service)" if waited[0] else ""
+    typer.echo(f"{accepted} accepted, {rejected} rejected in {dt:.2f} s{wait_note}")
     if rejected:
         raise typer.Exit(2)
 

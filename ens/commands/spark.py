@@ -63,9 +63,7 @@ def _logger() -> Callable[[str], None]:
 
 def _user_error(e: BaseException) -> str | None:
     """The message of a user error, also when it was raised inside a Spark task."""
-    from adapters.datasets.common import DatasetError
-
-    if isinstance(e, (ENSError, DatasetError)):
+    if isinstance(e, ENSError):
         return str(e)
     text = str(e)
     for name in ("DatasetError", "ENSError", "EventError", "ProfileError"):
@@ -122,9 +120,9 @@ def _load_profiles(
         from adapters.spark.index import load_index
 
         t = time.perf_counter()
-        ps = load_index(index)
-        log(f"loaded {len(ps)} profiles from index {index} in {time.perf_counter() - t:.2f}s")
-        return ps
+        indexed = load_index(index)
+        log(f"loaded {len(indexed)} profiles from index {index} in {time.perf_counter() - t:.2f}s")
+        return indexed
     ps = load_profile_file(profiles)  # type: ignore[arg-type]
     log(f"{len(ps.profiles)} profiles from {profiles}")
     return ps.profiles
@@ -365,7 +363,6 @@ def stream(
 
     Run the service with `ens serve --engine spark` (API and delivery, no engine thread).
     """
-    import logging
     import signal
     import threading
 
@@ -391,7 +388,9 @@ def stream(
             redis.Redis.from_url(redis_url, socket_connect_timeout=5).ping()
         except (redis.RedisError, ValueError) as e:
             raise ENSError(f"cannot reach Redis at {redis_url}: {e}") from None
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from notifiers.logs import setup_logging
+
+        setup_logging(log_level)
         from adapters.spark.stream import StreamConfig, start_query
 
         cfg = StreamConfig(redis_url, key=key, checkpoint=checkpoint,

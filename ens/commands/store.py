@@ -6,6 +6,9 @@ finds the same Redis.
 
 from __future__ import annotations
 
+import atexit
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -37,16 +40,47 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-class Store:
-    """A Redis client for one command; keeps an embedded server alive while it runs.
+def _at_command_end(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the current command ends, however it ends (its click context closes;
+    typer 0.29 runs commands in its own copy of click); at exit outside a command."""
+    for name in ("typer._click.globals", "click.globals"):
+        try:
+            ctx = importlib.import_module(name).get_current_context(silent=True)
+        except (ImportError, AttributeError):
+            continue
+        if ctx is not None:
+            ctx.call_on_close(fn)
+            return
+    atexit.register(fn)
 
-    Shared with the `ens notifications` commands, so every command finds the same Redis.
+
+class Store:
+    """A Redis client for one command; with the embedded Redis, this process is one of its
+    users until the command ends (the last user stops the server, so none is left behind).
+
+    ``create``: a command that stores something may create a new store (and says so on
+    stderr, since a mistyped --data-dir would otherwise go unnoticed); a reading one fails
+    with a clear message instead.
     """
 
-    def __init__(self, redis_url: str | None, data_dir: Path | None) -> None:
+    def __init__(self, redis_url: str | None, data_dir: Path | None, create: bool = False) -> None:
+        from adapters.service.embedded import EmbeddedError
+
         try:
-            self.conn = rs.connect(redis_url, data_dir)
+            self.conn = rs.connect(redis_url, data_dir, create=create)
+        except rs.StoreMissing as exc:
+            raise _fail(str(exc)) from None
+        except (EmbeddedError, OSError) as exc:
+            raise _fail(f"cannot start the embedded Redis: {exc}") from None
+        _at_command_end(self.close)
+        try:
             self.r = self.conn.text()
             self.r.ping()
         except Exception as exc:  # noqa: BLE001 - any connection problem is a user error here
+            self.close()
             raise _fail(f"cannot reach Redis: {exc}") from None
+        if self.conn.created and self.conn.embedded is not None:
+            typer.echo(f"note: created a new ENS store in {self.conn.embedded.dir}", err=True)
+
+    def close(self) -> None:
+        self.conn.close()

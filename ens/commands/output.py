@@ -1,0 +1,32 @@
+"""How list commands print: a table for people, or JSON (``--json``) for scripts.
+
+A table printed into a pipe or a file is laid out at its natural width: rich assumes 80
+columns there and cut long cells ("394…").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+Json = Annotated[bool, typer.Option("--json", help="Print a JSON array instead of a table.")]
+
+_UNBOUNDED = 10_000  # columns: wide enough for any cell; a table still takes only what it needs
+
+
+def console(stderr: bool = False) -> Console:
+    from rich.console import Console  # rich is loaded by the commands that print with it
+
+    c = Console(soft_wrap=False, stderr=stderr)
+    if not c.is_terminal:
+        c = Console(soft_wrap=False, stderr=stderr, width=_UNBOUNDED)
+    return c
+
+
+def print_json(rows: list[dict[str, Any]]) -> None:
+    typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))

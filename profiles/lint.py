@@ -1,0 +1,104 @@
+"""Warnings about valid profiles that will likely never do what their author meant.
+
+They are warnings, not errors: the profile is stored or replayed anyway. A number literal
+beyond the float range reads as infinity (`value > 1e400` never matches), and an attribute
+that no event seen so far has carried is often a typo (`knd = "window"`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Iterator
+
+from profiles.ast import (
+    Absent,
+    All,
+    And,
+    AnyOf,
+    Arith,
+    Between,
+    Cmp,
+    Component,
+    Exists,
+    In,
+    Lit,
+    Not,
+    Or,
+    Profile,
+    Ref,
+    Seq,
+    StartsWith,
+    WAnd,
+    WCmp,
+    WNot,
+    WOr,
+)
+
+EVENT_KEYS = frozenset({"id", "ts"})  # every event has them; not attributes to warn about
+
+
+def _walk(node: object) -> Iterator[object]:
+    yield node
+    if isinstance(node, (And, Or, WAnd, WOr)):
+        for item in node.items:
+            yield from _walk(item)
+    elif isinstance(node, (Not, WNot)):
+        yield from _walk(node.item)
+    elif isinstance(node, (Seq, All, AnyOf)):
+        for c in node.components:
+            yield from _walk(c)
+    elif isinstance(node, Component):
+        yield from _walk(node.expr)
+    elif isinstance(node, Absent):
+        yield from _walk(node.filter)
+    elif isinstance(node, (Arith, WCmp)):
+        yield from _walk(node.left)
+        yield from _walk(node.right)
+
+
+def _nodes(p: Profile) -> Iterator[object]:
+    yield from _walk(p.expr)
+    if p.where is not None:
+        yield from _walk(p.where)
+
+
+def attributes(p: Profile) -> set[str]:
+    """Event attributes the profile reads (filters, `per`, `where`)."""
+    out = set(p.per)
+    for n in _nodes(p):
+        if isinstance(n, (Cmp, In, Between, Exists, StartsWith)):
+            out.add(n.attr)
+        elif isinstance(n, Ref):
+            out.add(n.attr)
+    return out
+
+
+def _numbers(n: object) -> Iterable[object]:
+    if isinstance(n, Cmp):
+        return (n.value,)
+    if isinstance(n, In):
+        return n.values
+    if isinstance(n, Between):
+        return (n.low, n.high)
+    if isinstance(n, Lit):
+        return (n.value,)
+    return ()
+
+
+def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
+    """What looks wrong in a valid profile; ``seen``: attribute names events have carried
+    (None: unknown, no check)."""
+    out = []
+    for n in _nodes(p):
+        if any(isinstance(v, float) and math.isinf(v) for v in _numbers(n)):
+            out.append(f"profile {p.id!r}: a number is beyond the float range and reads as "
+                       "infinity (e.g. `value > 1e400` can never match)")
+            break
+    if seen:
+        for attr in sorted(attributes(p) - seen - EVENT_KEYS):
+            close = difflib.get_close_matches(attr, sorted(seen), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            out.append(f"profile {p.id!r}: no event seen so far has attribute {attr!r}{hint}")
+    return out
+
