@@ -1,4 +1,4 @@
-"""Single-step vs two-step on every workload of issue 23 (`ens bench engines`).
+"""Single-step vs two-step on every workload of docs/benchmarks.md (`ens bench engines`).
 
 Each *cell* is one workload: profiles plus an event stream, built from a seed. Every cell is
 run by the single-step `Engine` and by the two-step `TwoStepEngine` (plain filter cells: by
@@ -399,7 +399,7 @@ def _write_md(rows: list[dict], versions: list[str], path: Path, cmd: str, repea
         a, b = text.index(_BEGIN), text.index(_END) + len(_END)
         text = text[:a] + block + text[b:]
     else:
-        text = text.rstrip("\n") + "\n\n## Single-step vs two-step on every workload (`ens bench engines`, issue 23)\n\n" + block + "\n"
+        text = text.rstrip("\n") + "\n\n## Single-step vs two-step on every workload (`ens bench engines`)\n\n" + block + "\n"
     path.write_text(text)
 
 

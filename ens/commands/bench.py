@@ -160,7 +160,7 @@ def engines_cmd(
     md: str = typer.Option("", help="Write the table into this Markdown file (e.g. docs/benchmarks.md)."),
     png: str = typer.Option("", help="Write the ratio plot here (e.g. docs/img/engines.png)."),
 ) -> None:
-    """Single-step vs two-step on every workload of issue 23, and plain filters vs a plain loop.
+    """Single-step vs two-step on keyed, growing and paper workloads, and plain filters vs a plain loop.
 
     Keyed composites, growth in N keyed profiles (hot and spread keys, select first and each),
     the paper's order experiment and plain threshold filters; ratios per workload. Results:
