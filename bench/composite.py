@@ -130,8 +130,8 @@ def run(n_comp: int, n_prim: int, rounds: int, batch: int, seed: int, variants: 
                 rows.append(measure(n_comp, n_prim, label, rounds, batch, seed, variant))
     table = Table(title="last event of a composite vs a primitive event (medians, same run)")
     for key in rows[0]:
-        label = key in ("params", "variant")  # kept whole; the figures' headers wrap instead
-        table.add_column(key.replace("_", " "), justify="left" if label else "right", no_wrap=label)
+        whole = key in ("params", "variant")  # kept whole; the figures' headers wrap instead
+        table.add_column(key.replace("_", " "), justify="left" if whole else "right", no_wrap=whole)
     for r in rows:
         table.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in r.values()])
     Console(width=160).print(table)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from filters import state as state_format
 from filters.compile import evaluate
 from filters.notification import Notification
 from filters.pattern import Pattern
@@ -1494,6 +1495,14 @@ class _ProfileRefUnpickler(pickle.Unpickler):
             raise KeyError(f"the snapshot refers to profile {pid!r}, which was not supplied") from None
 
 
+def _load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
+    """Version 1 of the state format: the pickled engine (ENS 0.1)."""
+    eng = _ProfileRefUnpickler(io.BytesIO(data), profiles).load()
+    if not isinstance(eng, Engine):
+        raise TypeError("not an engine snapshot")
+    return eng
+
+
 class Engine(TimeDriven):
     """Deterministic event filtering: add/remove profiles, process events, advance time, take notifications.
 
@@ -1909,25 +1918,23 @@ class Engine(TimeDriven):
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self, *, profiles_apart: bool = False) -> bytes:
-        """The whole engine state (partial matches, timers, profiles) as bytes.
+        """The whole engine state (partial matches, timers, profiles) as versioned plain data
+        (`filters.state`: a header with the format's name and version, no pickled classes).
 
         With `profiles_apart` the profiles are referred to by id and not stored (they do not
         change between snapshots; with 10^6 profiles they are most of the bytes): `restore`
         then needs them passed in.
         """
-        buf = io.BytesIO()
-        (_ProfileRefPickler if profiles_apart else pickle.Pickler)(buf, pickle.HIGHEST_PROTOCOL).dump(self)
-        return buf.getvalue()
+        return state_format.dump(self, profiles_apart=profiles_apart)
 
     @staticmethod
     def restore(data: bytes, profiles: Mapping[str, Profile] | None = None) -> Engine:
-        """An engine from `snapshot()`; the primitive pool is rebuilt from the state.
-
-        `profiles` (id -> profile) resolves the references of a `profiles_apart` snapshot.
-        """
-        eng = _ProfileRefUnpickler(io.BytesIO(data), profiles or {}).load()
+        """An engine from `snapshot()` (any version this release reads, the old pickle included);
+        the primitive pool is rebuilt from the state. `profiles` (id -> profile) resolves the
+        references of a `profiles_apart` snapshot. Unreadable state raises `StateError`."""
+        eng = state_format.load(data, profiles, legacy=_load_pickle)
         if not isinstance(eng, Engine):
-            raise TypeError("not an engine snapshot")
+            raise state_format.StateError("not an engine snapshot")
         return eng
 
     def __getstate__(self) -> dict[str, Any]:
@@ -1984,3 +1991,8 @@ class Engine(TimeDriven):
         if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):
             self.tracer(profile_id, action, detail)
 
+
+for _name, _cls in (("engine", Engine), ("binding", _B), ("partial-match", _PM), ("partition", _Partition),
+                    ("filter-runtime", _FilterRuntime), ("absent-runtime", _AbsentRuntime),
+                    ("composite-runtime", _CompositeRuntime)):
+    state_format.register(_name, _cls)

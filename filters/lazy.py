@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from filters import state as state_format
 from filters.engine import _B, _DerivedRuntime, _shared
 from filters.notification import Notification
 from filters.pattern import Pattern
@@ -603,3 +604,7 @@ def _prefixes(rt: LazySeqRuntime, bufs: list[list[_B]], now: float | None) -> li
 
     dfs(0, -1)
     return made
+
+
+state_format.register("lazy-seq-runtime", LazySeqRuntime)
+state_format.register("lazy-partition", _LPart)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from filters import state as state_format
 from filters.canon import filter_key
 from profiles.ast import Absent, All, AnyOf, Clock, Profile, Seq
 
@@ -221,3 +222,6 @@ def costs(rates: list[float], window: float | None, driver: int | None = None) -
             lazy += prod
     lazy += sum(rw[:k]) / 4.0
     return eager, lazy
+
+
+state_format.register("rates", Rates)

@@ -125,3 +125,15 @@ class TsOutOfWindow(ENSError, ValueError):
     def __init__(self, message: str, bound: str) -> None:
         super().__init__(message)
         self.bound = bound
+
+
+class StateError(ENSError):
+    """An engine snapshot that this release cannot read (and why, and what to do)."""
+
+
+class EmbeddedError(ENSError):
+    """The embedded Redis server cannot be started or reached (a user-facing message)."""
+
+
+class StoreMissing(ENSError):
+    """A read-only command named a data directory that holds no ENS store."""

@@ -172,7 +172,7 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
     return out, errors
 
 
-def _profile_entry(i: int, item: Any, pnode_items: list, seen: set[str], name: str,
+def _profile_entry(i: int, item: Any, pnode_items: list[Any], seen: set[str], name: str,
                    out: ProfileSet, errors: list[ENSError]) -> None:
     """One entry of ``profiles``: parsed into ``out.profiles``, or its problems into ``errors``."""
     node = pnode_items[i] if i < len(pnode_items) else None
@@ -212,7 +212,7 @@ def _profile_entry(i: int, item: Any, pnode_items: list, seen: set[str], name: s
         errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
 
 
-def _subscriber_entries(data: dict, root: yaml.Node, name: str, out: ProfileSet,
+def _subscriber_entries(data: dict[str, Any], root: yaml.Node | None, name: str, out: ProfileSet,
                         errors: list[ENSError]) -> None:
     """The ``subscribers`` list, and the profiles that name one it lacks."""
     subs = data.get("subscribers") or []

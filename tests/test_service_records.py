@@ -92,8 +92,11 @@ def test_the_api_script_writes_a_versioned_entry(tmp_path: Path) -> None:
         r = redis.Redis.from_url(url, decode_responses=True)
         key = rs.add_gateway(r, "gw1")
         script = r.register_script(rs.INGEST_SCRIPT)
-        eid = script(keys=rs.INGEST_SCRIPT_KEYS,
-                     args=["gw1", rs.sha256(key), '[{"id":"a","ts":1.5}]', 1, rs.INGEST_NORMALIZED])
+        # gateway, key hash, format, max backlog, dedup window ms, ids kept, (id, event) pairs
+        res = script(keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key("gw1")],
+                     args=["gw1", rs.sha256(key), rs.INGEST_NORMALIZED, 0, 0, 0, "a", '{"id":"a","ts":1.5}'])
+        assert res[0] == "ok"
+        eid = res[1]
         ((got_id, fields),) = r.xrange(rs.INGEST)
         r.close()
     assert got_id == eid and fields[VERSION_FIELD] == "1" and fields["v"] == "n"

@@ -760,8 +760,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
         if body.subscriber is None:
             warnings.append(f"profile {body.id!r} has no subscriber: its notifications go to "
                             "the outbox only")
-        out = ProfileStored(**rec, warnings=warnings)
-        return JSONResponse(out.model_dump(), 201 if created else 200)
+        stored = ProfileStored(**rec, warnings=warnings)
+        return JSONResponse(stored.model_dump(), 201 if created else 200)
 
     @app.get(
         "/v1/profiles/{pid}", response_model=ProfileOut, tags=["profiles"],

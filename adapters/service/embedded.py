@@ -31,6 +31,8 @@ from pathlib import Path
 
 import redis
 
+from profiles.errors import EmbeddedError as EmbeddedError  # with every user-visible error
+
 SOCKET = "redis.sock"
 DB = "redis.db"
 AOF = "appendonly.aof"
@@ -42,8 +44,6 @@ LOG = "redis.log"
 _SUN_PATH_MAX = 100  # bytes; the kernel's limit is 108 with the NUL
 
 
-class EmbeddedError(Exception):
-    """The embedded server cannot be started or reached (a user-facing message)."""
 
 
 def store_exists(data_dir: Path) -> bool:

@@ -65,6 +65,7 @@ from notifiers import store
 from notifiers.records import VERSION_FIELD
 from profiles.ast import Profile
 from profiles.errors import ProfileError
+from profiles.errors import StoreMissing as StoreMissing  # with every user-visible error
 from profiles.parser import parse_profile
 
 PROFILES = "ens:profiles"
@@ -99,8 +100,6 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path.home() / ".ens"
 
 
-class StoreMissing(Exception):
-    """A read-only command named a data directory that holds no ENS store."""
 
 
 @dataclass
@@ -607,9 +606,9 @@ def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
         recent = r.xrevrange(INGEST, count=entries)
     except redis.ResponseError:
         return None
-    for entry_id, fields in recent:
+    for entry_id, fields in recent or ():
         try:
-            for _, _, ev in decode_entry(text(entry_id), fields):
+            for _, _, ev in decode_entry(text(entry_id), fields or {}):
                 if isinstance(ev, dict):
                     found.update(ev)
         except ValueError:

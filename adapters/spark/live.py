@@ -423,7 +423,9 @@ class KeyEngine:
             starts = [r.ts for r in rows if r.ts is not None]
             if starts:  # the global engine starts at the stream's first event (replay's rule)
                 engine.advance(min(starts))
-        held: list[tuple[float, tuple[int, int, int], str, str, Event]] = st["held"]
+        # held events are stored as plain (id, ts, attrs); states written before were Events
+        held: list[tuple[float, tuple[int, int, int], str, str, Event]] = [
+            h if isinstance(h[4], Event) else (*h[:4], Event(*h[4])) for h in st["held"]]
         copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
@@ -442,7 +444,7 @@ class KeyEngine:
                 n += 1
             if engine.now is not None and wm > engine.now:
                 engine.advance(wm)
-        st["held"] = held[n:]
+        st["held"] = [(*h[:4], (h[4].id, h[4].ts, h[4].attrs)) for h in held[n:]]
         copies.update(st.get("copies", ()))
         out.events += sum(held[i][2] not in copies for i in range(n))
         st["copies"] = {h[2] for h in st["held"] if h[2] in copies}

@@ -190,6 +190,7 @@ def serve(
         dedup = parse_duration("--dedup-window", dedup_window, above=True, maximum=30 * day, off=True)
         keepalive = parse_duration("--keepalive-timeout", keepalive_timeout, above=True, maximum=day)
         headers_within = parse_duration("--header-timeout", header_timeout, above=True, maximum=day)
+        assert keepalive is not None and headers_within is not None  # not `off=True`: never None
         drift_factor = parse_number("--drift", drift, minimum=1.0)
         parse_number("--port", port, minimum=0, maximum=65535, integer=True)
         parse_number("--max-body", max_body, minimum=1, integer=True)

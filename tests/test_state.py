@@ -1,0 +1,145 @@
+"""The engine's state format (filters/state.py): versioned plain data, golden files, migrations."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from filters import state
+from filters.engine import Engine
+from profiles.events import event_from_obj
+from profiles.profile_file import parse_profile_document
+from tests.conftest import CONFORMANCE, load_case
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted((Path(__file__).parent / "cases").glob("*.yaml"))
+
+
+def _golden_profiles() -> dict:
+    pset, errors = parse_profile_document((GOLDEN / "profiles.json").read_text(), "profiles.json")
+    assert not errors
+    return {p.id: p for p in pset.profiles}
+
+
+def _events() -> list:
+    lines = (GOLDEN / "events.jsonl").read_text().splitlines()
+    return [event_from_obj(json.loads(line), f"#{n}") for n, line in enumerate(lines, 1)]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("plan", ["eager", "rare-first"])
+@pytest.mark.parametrize("profiles", ["inline", "apart"])
+def test_a_golden_snapshot_restores_and_the_stream_ends_as_if_never_stopped(version, plan, profiles) -> None:
+    """Every release restores the snapshots of every earlier format version (v1: the pickle of
+    ENS 0.1, read and then written as v2), and the rest of the stream gives the notifications of
+    an uninterrupted run (written with the golden files by the release that made them)."""
+    data = (GOLDEN / f"{version}-{plan}-{profiles}.bin").read_bytes()
+    assert state.header(data)["version"] == int(version[1:])
+    by_id = _golden_profiles() if profiles == "apart" else None
+    eng = Engine.restore(data, by_id)
+    evs = _events()
+    for ev in evs[len(evs) // 2:]:
+        eng.process(ev)
+    eng.finish()
+    got = [n.to_json() for n in eng.take_notifications()]
+    assert got == json.loads((GOLDEN / f"expect-{plan}.json").read_text())
+
+
+def test_a_v1_snapshot_is_rewritten_in_the_current_format() -> None:
+    eng = Engine.restore((GOLDEN / "v1-eager-inline.bin").read_bytes())
+    again = eng.snapshot()
+    assert state.header(again) == {"format": state.FORMAT, "version": state.VERSION, "profiles": "inline"}
+    assert Engine.restore(again).stats() == eng.stats()
+
+
+def test_a_v1_snapshot_whose_classes_are_gone_is_refused_saying_what_to_do() -> None:
+    data = (GOLDEN / "v1-eager-inline.bin").read_bytes()
+    assert b"_PM" in data
+    broken = data.replace(b"_PM", b"_PX")  # what a renamed class does to the old format
+    with pytest.raises(state.StateError) as err:
+        Engine.restore(broken)
+    msg = str(err.value)
+    assert "version 1" in msg and "_PX" in msg and "release that wrote it" in msg
+
+
+def test_a_snapshot_of_a_newer_release_is_refused() -> None:
+    data = (GOLDEN / "v2-eager-inline.bin").read_bytes()
+    newer = data.replace(b'"version":2', b'"version":9', 1)
+    with pytest.raises(state.StateError, match="newer ENS .*version 9.*upgrade"):
+        Engine.restore(newer)
+
+
+def test_the_body_never_loads_a_class_by_its_python_path() -> None:
+    head = state.MAGIC + b'{"format":"ens.engine-state","version":2,"profiles":"inline"}\n'
+    evil = head + pickle.dumps({"engine": io.BytesIO()})
+    with pytest.raises(state.StateError, match="names the class _io.BytesIO"):
+        Engine.restore(evil)
+    renamed = (GOLDEN / "v2-eager-inline.bin").read_bytes().replace(b"class:partial-match", b"class:partial-mutch")
+    with pytest.raises(state.StateError, match="holds a 'partial-mutch', which this release does not know"):
+        Engine.restore(renamed)
+    with pytest.raises(state.StateError, match="no ENS-STATE header"):
+        Engine.restore(b"hello")
+
+
+def test_a_profile_missing_from_an_apart_snapshot_is_named() -> None:
+    data = (GOLDEN / "v2-eager-apart.bin").read_bytes()
+    by_id = _golden_profiles()
+    del by_id["break-in"]
+    with pytest.raises(state.StateError, match="profile 'break-in', which was not supplied"):
+        Engine.restore(data, by_id)
+
+
+def _stored_of_every_case() -> list[state.Stored]:
+    """The engines stopped halfway through every conformance case, under every variant and plan
+    (the states a running site can hold), seen as plain data."""
+    out = []
+    for path in CASES:
+        case = load_case(path)
+        if "expect_error" in case:
+            continue
+        pset, errors = parse_profile_document(json.dumps({"profiles": case["profiles"]}, default=str))
+        if errors:
+            continue
+        evs = [event_from_obj(json.loads(json.dumps(e, default=str)), f"#{n}")
+               for n, e in enumerate(case["events"], 1)]
+        for variant in Engine.VARIANTS:
+            for plan in ("eager", "rare-first"):
+                eng = Engine(pset.profiles, variant=variant, plan=plan)
+                for ev in evs[: max(1, len(evs) // 2)]:
+                    eng.process(ev)
+                out.append(state.plain(eng.snapshot()))
+    return out
+
+
+def _walk(root: object, seen: dict[str, set[str]]) -> None:
+    stack, done = [root], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in done:
+            continue
+        done.add(id(v))
+        if isinstance(v, state.Stored):
+            if v.state is not None and not v.name.startswith("ast."):
+                seen.setdefault(v.name, set()).update(state.fields_of(v.state))
+            stack.extend(v.args)
+            stack.append(v.state)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+
+
+def test_the_schema_of_this_version_is_what_the_classes_store() -> None:
+    """A class whose stored fields change changes the format: bump `state.VERSION`, add a
+    migration from the previous version to `state.MIGRATIONS`, write the golden files of the new
+    version (tests/golden/make_golden.py) and record the new fields in `state.SCHEMA`."""
+    seen: dict[str, set[str]] = {}
+    for root in _stored_of_every_case():
+        _walk(root, seen)
+    assert "partial-match" in seen and "engine" in seen
+    assert {k: tuple(sorted(v)) for k, v in seen.items()} == {k: state.SCHEMA.get(k) for k in seen}
