@@ -52,9 +52,9 @@ def load_stats(path: str | Path | None) -> Rates | None:
 
 def count_stats(profiles: list[Profile], events: Iterable[Event], source: str = "") -> dict[str, Any]:
     """The `ens spark stats` document computed locally (tests, benchmarks; no Spark needed)."""
-    from adapters.spark.canon import filter_key
     from adapters.spark.plan import leaves
     from adapters.spark.stats import VERSION, Counter, _rates, distinct_filters
+    from filters.canon import filter_key
 
     filters, pos = distinct_filters(profiles)
     c = Counter(filters)

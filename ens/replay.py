@@ -35,7 +35,7 @@ def replay(
         if progress is not None and not i & 4095:
             progress(i)
         eng.process(ev)
-        if eng._out:
+        if eng.pending():
             out.extend(eng.take_notifications())
     if until is not None or eng.now is not None:
         eng.finish(until)

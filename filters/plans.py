@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filters import state as state_format
+from filters.canon import filter_key
 from profiles.ast import Absent, All, AnyOf, Clock, Profile, Seq
 
 MODES = ("eager", "rare-first", "auto")
@@ -80,8 +81,6 @@ class Rates:
         }
 
     def for_profile(self, profile: Profile, names: list[str], filters: list[Any]) -> dict[str, float | None]:
-        from adapters.spark.canon import filter_key  # pure: canonical filter text
-
         mine = self.by_profile.get(profile.id, {})
         out: dict[str, float | None] = {}
         for name, f in zip(names, filters, strict=True):

@@ -40,7 +40,7 @@ _MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind 
 class Entry:
     """One distinct filter in the pool, with every owner that subscribed it."""
 
-    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed", "solo")
+    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed", "solo", "fanout")
 
     def __init__(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs) -> None:
         self.key = key
@@ -52,6 +52,9 @@ class Entry:
         # the user's precompiled handler for an event matching only this entry, valid while
         # the owners do not change (None: not made yet; False: there is none)
         self.solo: Any = None
+        # the user's precomputed view of the owners for events matching several entries, valid
+        # while the owners do not change (None: not made yet)
+        self.fanout: Any = None
 
 
 class Clause:
@@ -304,22 +307,60 @@ class PrimitivePool:
         key = (f, eqs)
         entry = self._entries.get(key)
         if entry is None:
-            entry = Entry(key, f, eqs)
+            entry = self._plan(key, f, eqs, True)
             self._entries[key] = entry
-            pkey = (f, tuple(a for a, _ in eqs))
-            plans = self._plans.get(pkey)
-            if plans is not None:
-                for plan in plans:
-                    self._from_plan(entry, plan, eqs)
-            else:
-                made = [self._insert_clause(entry, parts, eqs) for parts in self._split(f)]
-                if all(m is not None for m in made) and len(self._plans) < _MAX_PLANS:
-                    self._plans[pkey] = made  # type: ignore[assignment]
         prev = entry.owners.get(owner, 0)
         entry.owners[owner] = prev + 1
         if prev == 0:
             self.owner_count += 1
-            entry.solo = None
+            entry.solo = entry.fanout = None
+        return entry
+
+    def prepare(self, f: Filter, eqs: Eqs = ()) -> Entry:
+        """An entry for `f` with its clauses planned but not indexed: `revive` puts it in.
+
+        The engine prepares the auxiliary profiles a composite will insert while it is being
+        compiled, so a partial match's insert is an index update, not a planning step.
+        """
+        if eqs:
+            eqs = tuple([(a, (bool, v) if v.__class__ is bool else v) for a, v in eqs])
+        key = (f, eqs)
+        entry = self._entries.get(key)
+        return entry if entry is not None else self._plan(key, f, eqs, False)
+
+    def revive(self, entry: Entry, owner: Hashable) -> Entry:
+        """`add` through a handle from `prepare` (or a kept one): the entry that now holds `owner`
+        (another one, if an equal filter was added since the handle was made)."""
+        if not entry.indexed:
+            held = self._entries.get(entry.key)
+            if held is not None:
+                entry = held
+            else:
+                self._entries[entry.key] = entry
+                entry.indexed = True
+                for clause in entry.clauses:
+                    self._place(clause)
+        owners = entry.owners
+        prev = owners.get(owner, 0)
+        owners[owner] = prev + 1
+        if not prev:
+            self.owner_count += 1
+            entry.solo = entry.fanout = None
+        return entry
+
+    def _plan(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs, index: bool) -> Entry:
+        """A new entry and its clauses (indexed if `index`), planned or from a stored plan."""
+        entry = Entry(key, f, eqs)
+        entry.indexed = index
+        pkey = (f, tuple(a for a, _ in eqs))
+        plans = self._plans.get(pkey)
+        if plans is not None:
+            for plan in plans:
+                self._from_plan(entry, plan, eqs, index)
+        else:
+            made = [self._insert_clause(entry, parts, eqs, index) for parts in self._split(f)]
+            if all(m is not None for m in made) and len(self._plans) < _MAX_PLANS:
+                self._plans[pkey] = made  # type: ignore[assignment]
         return entry
 
     def remove(self, f: Filter, owner: Hashable, eqs: Eqs = (), *, keep: bool = False) -> None:
@@ -340,7 +381,7 @@ class PrimitivePool:
             return
         del entry.owners[owner]
         self.owner_count -= 1
-        entry.solo = None
+        entry.solo = entry.fanout = None
         if not entry.owners and not keep:
             self._drop_entry(entry)
 
@@ -353,7 +394,7 @@ class PrimitivePool:
         owners[owner] = prev + 1
         if not prev:
             self.owner_count += 1
-            entry.solo = None
+            entry.solo = entry.fanout = None
         return True
 
     def release(self, entry: Entry, owner: Hashable, keep: bool = False) -> None:
@@ -369,7 +410,7 @@ class PrimitivePool:
             return
         del owners[owner]
         self.owner_count -= 1
-        entry.solo = None
+        entry.solo = entry.fanout = None
         if not owners and not keep:
             self._drop_entry(entry)
 
@@ -381,12 +422,16 @@ class PrimitivePool:
         if entry is not None and not entry.owners:
             self._drop_entry(entry)
 
+    def purge_entry(self, entry: Entry) -> None:
+        """`purge` through a kept handle of an indexed entry."""
+        if not entry.owners:
+            self._drop_entry(entry)
+
     def _drop_entry(self, entry: Entry) -> None:
         entry.indexed = False
         del self._entries[entry.key]
-        self._memo = None
-        self._calm = 0
         for clause in entry.clauses:
+            self._forget(clause)
             if _impure(clause):
                 self._impure -= 1
             access = clause.access
@@ -403,6 +448,39 @@ class PrimitivePool:
             else:
                 self._remove_clause(clause)
 
+    def _forget(self, clause: Clause) -> None:
+        """The memo after `clause` enters or leaves the index.
+
+        A plain-equality clause over exactly the memoized attributes changes the result for
+        one combination of values only, so only that one is forgotten: auxiliary profiles come
+        and go on every partial match, and the rest of the memo stays valid. Before the memo
+        starts, such clauses do not delay it (its attributes are read from them when it does).
+        Any other change drops the memo.
+        """
+        access = clause.access
+        plain = clause.check is None and access is not None and access[0] == "eqs" and access[3] is None
+        memo = self._memo
+        if memo is None:
+            if not plain:
+                self._calm = 0
+            return
+        if plain and access[1] == self._memo_attrs:  # type: ignore[index]
+            key = access[2]  # type: ignore[index]
+            # a (bool, v) value is never memoized (True == 1, see `_memoizable`)
+            if len(access[1]) == 1:  # type: ignore[index]
+                if key.__class__ is not tuple:
+                    memo.pop(key, None)
+                    return
+            else:
+                for v in key:
+                    if v.__class__ is tuple:
+                        break
+                else:
+                    memo.pop(key, None)
+                    return
+        self._memo = None
+        self._calm = 0
+
     @staticmethod
     def _split(f: Filter) -> list[list[Filter]]:
         if isinstance(f, Or) and len(f.items) <= _MAX_SPLIT:
@@ -414,7 +492,7 @@ class PrimitivePool:
             return out
         return [_conjuncts(f)]
 
-    def _insert_clause(self, entry: Entry, parts: list[Filter], eqs: Eqs) -> tuple | None:
+    def _insert_clause(self, entry: Entry, parts: list[Filter], eqs: Eqs, index: bool = True) -> tuple | None:
         """Choose the clause's access predicates and index it; return a reusable plan (or None)."""
         # all equalities (the filter's own and those bound by the engine) form the access key
         eq: dict[str, Any] = {}
@@ -464,7 +542,9 @@ class PrimitivePool:
             if check.__name__ == "_always":
                 check = None
         clause = Clause(entry, check, access, thr)
-        self._index(clause)
+        entry.clauses.append(clause)
+        if index:
+            self._place(clause)
         if conflict or (eqs and any(isinstance(p, Cmp) and p.op == "=" and p.attr in dict(eqs) for p in parts)):
             return None
         if access is not None and access[0] == "eqs":
@@ -475,7 +555,7 @@ class PrimitivePool:
             return None
         return ("static", access, thr, check)
 
-    def _from_plan(self, entry: Entry, plan: tuple, eqs: Eqs) -> None:
+    def _from_plan(self, entry: Entry, plan: tuple, eqs: Eqs, index: bool = True) -> None:
         """Insert a clause whose indexing was planned before for the same filter and bound attributes."""
         if plan[0] == "static":
             _, access, thr, check = plan
@@ -483,13 +563,15 @@ class PrimitivePool:
             _, schema, sources, rng, thr, check = plan
             vals = tuple(eqs[v][1] if bound else v for bound, v in sources)
             access = ("eqs", schema, vals[0] if len(vals) == 1 else vals, rng)
-        self._index(Clause(entry, check, access, thr))
+        clause = Clause(entry, check, access, thr)
+        entry.clauses.append(clause)
+        if index:
+            self._place(clause)
 
-    def _index(self, clause: Clause) -> None:
+    def _place(self, clause: Clause) -> None:
+        """Put an entry's clause into the index (under its access predicate)."""
         access = clause.access
-        clause.entry.clauses.append(clause)
-        self._memo = None
-        self._calm = 0
+        self._forget(clause)
         if _impure(clause):
             self._impure += 1
         if access is None:
@@ -748,6 +830,19 @@ def owners_by_profile(entries: list[Entry]) -> list[tuple[int, list[int]]]:
     Both engines hand an event to each profile once, with every leaf it matched, in profile
     order (the order notifications of one event come out in).
     """
+    if len(entries) == 1:  # one filter (a closing event waited for by many): sort its owners
+        owners = sorted(entries[0].owners)
+        out = []
+        i, n = 0, len(owners)
+        while i < n:
+            idx, leaf = owners[i]
+            i += 1
+            leaves = [leaf]
+            while i < n and owners[i][0] == idx:
+                leaves.append(owners[i][1])
+                i += 1
+            out.append((idx, leaves))
+        return out
     hits: dict[int, list[int]] = {}
     for entry in entries:
         for idx, leaf in entry.owners:

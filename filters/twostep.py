@@ -1036,9 +1036,11 @@ class TwoStepEngine(TimeDriven):
     [{'profile': 'p', 'ts': 5.0, 'events': {'a': 'a1', 'b': 'b1'}}]
     """
 
-    def __init__(self, profiles: Iterable[Profile] = (), *, tz: str = "UTC") -> None:
+    def __init__(
+        self, profiles: Iterable[Profile] = (), *, tz: str = "UTC", timers: TemporalPool | None = None
+    ) -> None:
         self.pool = PrimitivePool()
-        self.timers = TemporalPool()
+        self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)
         self.now: float | None = None
         self._rts: dict[int, _Runtime] = {}
@@ -1161,6 +1163,10 @@ class TwoStepEngine(TimeDriven):
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []
         return out
+
+    def pending(self) -> int:
+        """Notifications produced and not taken yet."""
+        return len(self._out)
 
     def stats(self) -> dict[str, int]:
         pms = parts = evs = 0

@@ -227,6 +227,45 @@ def test_an_idle_partition_lets_its_auxiliary_profiles_go(variant: str, expr: st
     assert st["pool_filters"] == base
 
 
+def test_plain_filters_matched_together_report_in_profile_order() -> None:
+    """The reporting fast path (every matched filter a plain one) keeps the general path's output:
+    profile order, `once` profiles and removed profiles included, the same as the two-step engine."""
+    from filters.twostep import TwoStepEngine
+
+    texts = ["v > 5", "v > 1", 'v > 3 and kind = "t"', "v > 2 once", "v > 4"]
+    profiles = [parse_profile(t, f"f{i}") for i, t in enumerate(texts)]
+    events = [Event(f"e{i}", float(i), {"kind": "t", "v": v}) for i, v in enumerate([6, 0, 4, 6, 2.5])]
+    outs = []
+    for eng in (Engine(profiles), TwoStepEngine(profiles)):
+        got = []
+        for ev in events:
+            if ev.id == "e3":
+                eng.remove_profile("f4")
+            eng.process(ev)
+            got.append([(n.profile, n.seq) for n in eng.take_notifications()])
+        outs.append(got)
+    assert outs[0] == outs[1]
+    assert [p for p, _ in outs[0][0]] == ["f0", "f1", "f2", "f3", "f4"]
+    assert [p for p, _ in outs[0][3]] == ["f0", "f1", "f2"]  # f3 fired once, f4 removed
+
+
+def test_both_engines_take_their_temporal_pool_and_say_what_is_pending() -> None:
+    from filters.temporal import TemporalPool
+    from filters.twostep import TwoStepEngine
+
+    profile = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
+    for make in (Engine, TwoStepEngine):
+        timers = TemporalPool()
+        eng = make([profile], timers=timers)
+        eng.process(Event("a1", 0.0, {"k": "A"}))
+        assert eng.timers is timers and len(timers) == 1  # the terminator went into the given pool
+        assert eng.pending() == 0
+        eng.process(Event("b1", 5.0, {"k": "B"}))
+        assert eng.pending() == 1
+        assert [n.profile for n in eng.take_notifications()] == ["p"]
+        assert eng.pending() == 0
+
+
 @pytest.mark.parametrize("variant", Engine.VARIANTS)
 def test_select_last_negation_log_stays_bounded_without_a_window(variant: str) -> None:
     """`select last` keeps the between-negation events a PM saw, to check replacements (§4.1

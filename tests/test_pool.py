@@ -179,3 +179,45 @@ def test_memo_is_used_once_the_pool_is_calm() -> None:
     for _ in range(2 * pool_module._CALM):
         assert pool.owners({"kind": "temperature", "value": 31}) in (["t", "hot"], ["hot", "t"])
     assert pool._memo is None  # a range: the values of the equality attributes do not decide
+
+
+def test_plain_inserts_over_the_memo_attributes_forget_one_key_only() -> None:
+    """Auxiliary profiles come and go on every partial match: an equality insert or delete over
+    exactly the memoized attributes keeps the memo and forgets the one combination it changes."""
+    import filters.pool as pool_module
+
+    pool = PrimitivePool()
+    pool.add(parse_filter('kind = "A" and g = 1'), "a1")
+    for _ in range(pool_module._CALM):
+        assert pool.owners({"kind": "A", "g": 1}) == ["a1"]
+    memo = pool._memo
+    assert memo is not None and pool._memo_attrs == ("g", "kind")
+    assert pool.owners({"kind": "B", "g": 2}) == []  # memoized: nobody
+    pool.add(parse_filter('kind = "B" and g = 2'), "b2")
+    assert pool._memo is memo
+    assert pool.owners({"kind": "B", "g": 2}) == ["b2"]
+    assert pool.owners({"kind": "A", "g": 1}) == ["a1"]
+    pool.remove(parse_filter('kind = "B" and g = 2'), "b2")
+    assert pool._memo is memo
+    assert pool.owners({"kind": "B", "g": 2}) == []
+    pool.add(parse_filter('kind = "B"'), "b")  # fewer attributes than the memo's: it goes
+    assert pool._memo is None
+    assert pool.owners({"kind": "B", "g": 2}) == ["b"]
+
+
+def test_a_prepared_entry_is_indexed_by_revive_and_joins_an_equal_one() -> None:
+    pool = PrimitivePool()
+    f = parse_filter('kind = "B" and g = 2')
+    entry = pool.prepare(f)
+    assert len(pool) == 0 and pool.owners({"kind": "B", "g": 2}) == []
+    assert pool.revive(entry, "o") is entry
+    assert pool.owners({"kind": "B", "g": 2}) == ["o"]
+    pool.release(entry, "o")
+    assert len(pool) == 0 and pool.owners({"kind": "B", "g": 2}) == []
+    assert pool.revive(entry, "p") is entry  # planned once: back in without planning again
+    assert pool.owners({"kind": "B", "g": 2}) == ["p"]
+    pool.release(entry, "p")
+    other = pool.add(parse_filter('kind = "B" and g = 2'), "q")
+    assert other is not entry
+    assert pool.revive(entry, "r") is other  # an equal filter was added since: its entry
+    assert pool.owners({"kind": "B", "g": 2}) == ["q", "r"]

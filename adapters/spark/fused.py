@@ -103,7 +103,7 @@ def _room_task(name: str, path: str, plan: Plan, tz: str):  # noqa: ANN202 - a m
                     row = rw.flags(ev)
                     if row[1] & USE_KEYED:
                         runner.process(ev, i)
-                        if runner.engine._out:
+                        if runner.engine.pending():
                             out.extend(_note_rows(note_batch(runner.take())))
                     if row[1] & ~USE_KEYED:
                         out.append(

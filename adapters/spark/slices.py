@@ -49,18 +49,18 @@ Key = tuple[Any, ...]
 class StepTimers(TemporalPool):
     """A temporal pool whose ties are global step keys (see the module doc)."""
 
-    def __init__(self, engine: Engine, positions: dict[str, int]) -> None:
+    def __init__(self, positions: dict[str, int]) -> None:
         super().__init__()
-        self.engine = engine
+        self.engine: Engine | None = None  # the engine scheduling here (set once it exists)
         self.positions = positions  # profile id -> position in the whole profile list
         self.step: Key = (float("-inf"), 1, -1)
         self.sub = 0
         self.event_step: Key = self.step
-        self.tags: list[tuple[Key, int]] = []  # (step, sub) of each notification in engine._out
+        self.tags: list[tuple[Key, int]] = []  # (step, sub) of each notification the engine holds
 
     def _attribute(self) -> None:
         """Notifications the engine produced since the last call belong to the current step."""
-        missing = len(self.engine._out) - len(self.tags)
+        missing = self.engine.pending() - len(self.tags)  # type: ignore[union-attr]
         if missing > 0:
             self.tags.extend([(self.step, self.sub)] * missing)
 
@@ -89,13 +89,9 @@ class SliceRunner:
         tz: str = "UTC",
         plans: tuple[str, Any] = ("eager", None),
     ) -> None:
-        self.engine = Engine(profiles, tz=tz, plan=plans[0], rates=plans[1])
-        if len(
-            self.engine.timers
-        ):  # pragma: no cover - an engine schedules nothing before time starts
-            raise RuntimeError("engine scheduled timers before its first event")
-        self.timers = StepTimers(self.engine, positions)
-        self.engine.timers = self.timers
+        self.timers = StepTimers(positions)
+        self.engine = Engine(profiles, tz=tz, plan=plans[0], rates=plans[1], timers=self.timers)
+        self.timers.engine = self.engine
         self.positions = positions
 
     def _enter(self, ts: float, arrival: int) -> None:
@@ -191,7 +187,7 @@ def run_stateless(
     runner = SliceRunner(profiles, positions, tz)  # filters: the plan does not apply
     for arrival, ev in events:
         runner.process(ev, arrival)
-        if runner.engine._out:
+        if runner.engine.pending():
             yield from runner.take()
 
 
@@ -227,7 +223,7 @@ def run_stream(
         runner.start(*start)
     for arrival, ev in events:
         runner.process(ev, arrival)
-        if runner.engine._out:
+        if runner.engine.pending():
             yield from runner.take()
     if end is not None:
         runner.finish(end)

@@ -146,3 +146,36 @@ def lazy_cmd(
         run(rs, events, rooms, repeat, seed, out, docs_img or None, pds)
     if keti:
         run_keti(keti, profiles, [r for r in keti_rooms.split(",") if r] or None, keti_limit or None, repeat)
+
+
+@app.command("engines")
+def engines_cmd(
+    repeat: int = typer.Option(5, help="Runs per engine and workload, interleaved (CPU time); the median is reported."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer events and profiles (a few minutes)."),
+    seed: int = typer.Option(7, help="Random seed (same seed, same workloads)."),
+    only: str = typer.Option("", help="Only the workloads whose name contains this text."),
+    against: str = typer.Option(
+        "", help="Another source tree (e.g. a git worktree of main): measure it too, as 'before', "
+                 "in a second worker process interleaved with this tree ('after')."),
+    md: str = typer.Option("", help="Write the table into this Markdown file (e.g. docs/benchmarks.md)."),
+    png: str = typer.Option("", help="Write the ratio plot here (e.g. docs/img/engines.png)."),
+) -> None:
+    """Single-step vs two-step on keyed, growing and paper workloads, and plain filters vs a plain loop.
+
+    Keyed composites, growth in N keyed profiles (hot and spread keys, select first and each),
+    the paper's order experiment and plain threshold filters; ratios per workload. Results:
+    docs/benchmarks.md.
+    """
+    from pathlib import Path
+
+    from bench.engines import run
+
+    if repeat < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--repeat")
+    if against and not (Path(against) / "filters" / "engine.py").is_file():
+        raise typer.BadParameter(f"{against!r} is not an ENS source tree (no filters/engine.py)",
+                                 param_hint="--against")
+    try:
+        run(repeat, quick, seed, only, against, md, png)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--only") from None
