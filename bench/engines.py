@@ -135,7 +135,7 @@ def cells(quick: bool, seed: int) -> list[Cell]:
     for inst in (1, 100):
         for shape in ("seq2", "seq3", "seq-not", "and2"):
             out.append(Cell(f"keyed {shape} x{inst}", f"keyed composites, {inst} instance{'s' * (inst > 1)}", TS,
-                            lambda s=shape, i=inst: _keyed(s, i, ev_keyed, seed)))
+                            lambda s=shape, i=inst: _keyed(s, i, ev_keyed, seed)))  # type: ignore[misc]
     for select in ("first", "each"):
         for hot in (True, False):
             if select == "each" and hot:
@@ -145,13 +145,13 @@ def cells(quick: bool, seed: int) -> list[Cell]:
                     continue  # the same: 10 keys are hot keys
                 label = f"growth {select} {'hot' if hot else 'spread'} N={n:,}"
                 group = f"growth, select {select}{' consume shared' * (select == 'each')}, {'10 hot keys' if hot else 'spread over N'}"
-                out.append(Cell(label, group, TS, lambda n=n, h=hot, s=select: _growth(n, h, s, ev_growth, seed)))
+                out.append(Cell(label, group, TS, lambda n=n, h=hot, s=select: _growth(n, h, s, ev_growth, seed)))  # type: ignore[misc]
     for g in (1, 10, 100, 1_000):
         out.append(Cell(f"paper order {g:,} groups", f"paper order experiment, unique pairs, {n_paper:,} profiles", TS,
-                        lambda g=g: _paper(n_paper, g, seed)))
+                        lambda g=g: _paper(n_paper, g, seed)))  # type: ignore[misc]
     for band in ("dense", "sparse"):
         out.append(Cell(f"plain {band}", "plain filters, 1,000 thresholds (ENS cost / loop cost)", LOOP,
-                        lambda b=band: _plain(b, ev_plain, seed)))
+                        lambda b=band: _plain(b, ev_plain, seed)))  # type: ignore[misc]
     return out
 
 
