@@ -27,6 +27,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
 

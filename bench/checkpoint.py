@@ -29,7 +29,9 @@ from profiles.parser import parse_profile  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="generated profiles (without --index)")
-    ap.add_argument("--index", default=None, help="take the profiles from an `ens spark index` snapshot")
+    ap.add_argument(
+        "--index", default=None, help="take the profiles from an `ens spark index` snapshot"
+    )
     args = ap.parse_args()
 
     t = time.perf_counter()
@@ -40,7 +42,9 @@ def main() -> None:
     else:
         from adapters.spark.generate import generate
 
-        profiles = [parse_profile(r["expr"], r["id"], r.get("subscriber")) for r in generate(args.n)]
+        profiles = [
+            parse_profile(r["expr"], r["id"], r.get("subscriber")) for r in generate(args.n)
+        ]
     print(f"{len(profiles):,} profiles in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     t = time.perf_counter()
     eng = Engine(profiles)
@@ -54,8 +58,11 @@ def main() -> None:
         took = time.perf_counter() - t
         t = time.perf_counter()
         Engine.restore(snap, by_id if apart else None)
-        res[name] = {"snapshot_s": round(took, 2), "snapshot_mb": round(len(snap) / 2**20, 2),
-                     "restore_s": round(time.perf_counter() - t, 1)}
+        res[name] = {
+            "snapshot_s": round(took, 2),
+            "snapshot_mb": round(len(snap) / 2**20, 2),
+            "restore_s": round(time.perf_counter() - t, 1),
+        }
         del snap
     res["snapshot_ratio"] = round(res["inside"]["snapshot_s"] / res["apart"]["snapshot_s"], 1)
     res["size_ratio"] = round(res["inside"]["snapshot_mb"] / res["apart"]["snapshot_mb"], 1)

@@ -26,7 +26,10 @@ PARAMS: dict[str, tuple[str, bool]] = {
 def _engine(n_comp: int, n_prim: int, params: str, variant: str = Engine.DEFAULT_VARIANT) -> Engine:
     profiles = [parse_profile(f'kind = "P" and x = {i}', f"prim{i}") for i in range(n_prim)]
     profiles += [
-        parse_profile(f'seq(a: kind = "A" and x = {i}, b: kind = "B" and x = {i}) within 1h{params}', f"comp{i}")
+        parse_profile(
+            f'seq(a: kind = "A" and x = {i}, b: kind = "B" and x = {i}) within 1h{params}',
+            f"comp{i}",
+        )
         for i in range(n_comp)
     ]
     return Engine(profiles, variant=variant)
@@ -38,7 +41,12 @@ def _attrs(kind: str, x: int, per_room: bool) -> dict:
 
 
 def measure(
-    n_comp: int, n_prim: int, label: str, rounds: int, batch: int, seed: int,
+    n_comp: int,
+    n_prim: int,
+    label: str,
+    rounds: int,
+    batch: int,
+    seed: int,
     variant: str = Engine.DEFAULT_VARIANT,
 ) -> dict:
     """Per-event times; primitive and completing events alternate so both see the same machine load.
@@ -119,14 +127,18 @@ def measure(
     }
 
 
-def run(n_comp: int, n_prim: int, rounds: int, batch: int, seed: int, variants: list[str]) -> list[dict]:
+def run(
+    n_comp: int, n_prim: int, rounds: int, batch: int, seed: int, variants: list[str]
+) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
     rows = []
     for label in PARAMS:
         for variant in variants:
-            with Console(stderr=True).status(f"{label} {variant}: {n_comp:,} composites + {n_prim:,} primitives…"):
+            with Console(stderr=True).status(
+                f"{label} {variant}: {n_comp:,} composites + {n_prim:,} primitives…"
+            ):
                 rows.append(measure(n_comp, n_prim, label, rounds, batch, seed, variant))
     table = Table(title="last event of a composite vs a primitive event (medians, same run)")
     for key in rows[0]:

@@ -40,7 +40,9 @@ def _minimal_completion(self: Any, ev: Event, seq: int, leaves: list[int]) -> No
         del self.parts[()]
     self.pm_count -= 1
     eng._nseq += 1
-    eng._out.append(Notification(self.pid, ev.ts, {"a": first, "b": ev}, None, eng._nseq, self.subscriber))
+    eng._out.append(
+        Notification(self.pid, ev.ts, {"a": first, "b": ev}, None, eng._nseq, self.subscriber)
+    )
 
 
 def _median_us(xs: list[int]) -> float:
@@ -83,8 +85,10 @@ def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> floa
         E._CompositeRuntime.on_event = _ORIGINAL  # type: ignore[method-assign]
         gc.unfreeze()
     ratio = _median_us(last) / _median_us(prim)
-    print(f"{variant:8} {'minimal' if minimal else 'engine':8} primitive {_median_us(prim):.2f} µs "
-          f"last {_median_us(last):.2f} µs  ratio {ratio:.2f}")
+    print(
+        f"{variant:8} {'minimal' if minimal else 'engine':8} primitive {_median_us(prim):.2f} µs "
+        f"last {_median_us(last):.2f} µs  ratio {ratio:.2f}"
+    )
     return ratio
 
 

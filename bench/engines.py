@@ -54,31 +54,46 @@ def _keyed(shape: str, instances: int, n_events: int, seed: int) -> tuple[list[A
         return f'{"not " if neg else ""}{name}: kind = "{kind}" and g = {i}'
 
     shapes = {
-        "seq2": lambda i: f'seq({c("a", "A", i)}, {c("b", "B", i)}) within 10m',
-        "seq3": lambda i: f'seq({c("a", "A", i)}, {c("b", "B", i)}, {c("c", "C", i)}) within 10m',
-        "seq-not": lambda i: f'seq({c("a", "A", i)}, {c("x", "X", i, True)}, {c("b", "B", i)}) within 10m',
-        "and2": lambda i: f'all({c("a", "A", i)}, {c("b", "B", i)}) within 10m',
+        "seq2": lambda i: f"seq({c('a', 'A', i)}, {c('b', 'B', i)}) within 10m",
+        "seq3": lambda i: f"seq({c('a', 'A', i)}, {c('b', 'B', i)}, {c('c', 'C', i)}) within 10m",
+        "seq-not": lambda i: (
+            f"seq({c('a', 'A', i)}, {c('x', 'X', i, True)}, {c('b', 'B', i)}) within 10m"
+        ),
+        "and2": lambda i: f"all({c('a', 'A', i)}, {c('b', 'B', i)}) within 10m",
     }
     profiles = [parse_profile(shapes[shape](i), f"{shape}-{i}") for i in range(instances)]
     rng = random.Random(seed)
     kinds = "ABCX"
-    events = [Event(f"e{t}", float(t), {"kind": rng.choice(kinds), "g": rng.randrange(instances), "v": t % 7})
-              for t in range(n_events)]
+    events = [
+        Event(
+            f"e{t}",
+            float(t),
+            {"kind": rng.choice(kinds), "g": rng.randrange(instances), "v": t % 7},
+        )
+        for t in range(n_events)
+    ]
     return profiles, events
 
 
-def _growth(n: int, hot: bool, select: str, n_events: int, seed: int) -> tuple[list[Any], list[Any]]:
+def _growth(
+    n: int, hot: bool, select: str, n_events: int, seed: int
+) -> tuple[list[Any], list[Any]]:
     """N keyed pairs `seq(a: A and x = i, b: B and x = i) within 1h`; x over 10 hot keys or all N."""
     from profiles.events import Event
     from profiles.parser import parse_profile
 
     tail = "" if select == "first" else " select each consume shared"
-    tpl = parse_profile(f'seq(a: kind = "A" and x = 0, b: kind = "B" and x = 0) within 1h{tail}', "tpl")
+    tpl = parse_profile(
+        f'seq(a: kind = "A" and x = 0, b: kind = "B" and x = 0) within 1h{tail}', "tpl"
+    )
     profiles = [_with_x(tpl, i) for i in range(n)]
     rng = random.Random(seed)
     keys = rng.sample(range(n), min(10, n)) if hot else range(n)
     keys = list(keys)
-    events = [Event(f"e{t}", float(t), {"kind": rng.choice("AB"), "x": rng.choice(keys)}) for t in range(n_events)]
+    events = [
+        Event(f"e{t}", float(t), {"kind": rng.choice("AB"), "x": rng.choice(keys)})
+        for t in range(n_events)
+    ]
     return profiles, events
 
 
@@ -90,10 +105,15 @@ def _with_x(tpl: Any, i: int) -> Any:
     from profiles.ast import And, Cmp, Component
 
     comps = tuple(
-        Component(c.name, And((c.expr.items[0], Cmp("x", "=", i))), c.negated) for c in tpl.expr.components
+        Component(c.name, And((c.expr.items[0], Cmp("x", "=", i))), c.negated)
+        for c in tpl.expr.components
     )
-    return replace(tpl, id=f"p{i}", expr=replace(tpl.expr, components=comps),
-                   source=tpl.source.replace("x = 0", f"x = {i}"))
+    return replace(
+        tpl,
+        id=f"p{i}",
+        expr=replace(tpl.expr, components=comps),
+        source=tpl.source.replace("x = 0", f"x = {i}"),
+    )
 
 
 def _paper(n: int, groups: int, seed: int) -> tuple[list[Any], list[Any]]:
@@ -134,8 +154,14 @@ def cells(quick: bool, seed: int) -> list[Cell]:
     out: list[Cell] = []
     for inst in (1, 100):
         for shape in ("seq2", "seq3", "seq-not", "and2"):
-            out.append(Cell(f"keyed {shape} x{inst}", f"keyed composites, {inst} instance{'s' * (inst > 1)}", TS,
-                            lambda s=shape, i=inst: _keyed(s, i, ev_keyed, seed)))  # type: ignore[misc]
+            out.append(
+                Cell(
+                    f"keyed {shape} x{inst}",
+                    f"keyed composites, {inst} instance{'s' * (inst > 1)}",
+                    TS,
+                    lambda s=shape, i=inst: _keyed(s, i, ev_keyed, seed),
+                )
+            )  # type: ignore[misc]
     for select in ("first", "each"):
         for hot in (True, False):
             if select == "each" and hot:
@@ -145,18 +171,39 @@ def cells(quick: bool, seed: int) -> list[Cell]:
                     continue  # the same: 10 keys are hot keys
                 label = f"growth {select} {'hot' if hot else 'spread'} N={n:,}"
                 group = f"growth, select {select}{' consume shared' * (select == 'each')}, {'10 hot keys' if hot else 'spread over N'}"
-                out.append(Cell(label, group, TS, lambda n=n, h=hot, s=select: _growth(n, h, s, ev_growth, seed)))  # type: ignore[misc]
+                out.append(
+                    Cell(
+                        label,
+                        group,
+                        TS,
+                        lambda n=n, h=hot, s=select: _growth(n, h, s, ev_growth, seed),
+                    )
+                )  # type: ignore[misc]
     for g in (1, 10, 100, 1_000):
-        out.append(Cell(f"paper order {g:,} groups", f"paper order experiment, unique pairs, {n_paper:,} profiles", TS,
-                        lambda g=g: _paper(n_paper, g, seed)))  # type: ignore[misc]
+        out.append(
+            Cell(
+                f"paper order {g:,} groups",
+                f"paper order experiment, unique pairs, {n_paper:,} profiles",
+                TS,
+                lambda g=g: _paper(n_paper, g, seed),
+            )
+        )  # type: ignore[misc]
     for band in ("dense", "sparse"):
-        out.append(Cell(f"plain {band}", "plain filters, 1,000 thresholds (ENS cost / loop cost)", LOOP,
-                        lambda b=band: _plain(b, ev_plain, seed)))  # type: ignore[misc]
+        out.append(
+            Cell(
+                f"plain {band}",
+                "plain filters, 1,000 thresholds (ENS cost / loop cost)",
+                LOOP,
+                lambda b=band: _plain(b, ev_plain, seed),
+            )
+        )  # type: ignore[misc]
     return out
 
 
 # ------------------------------------------------------------------ measuring
-def _run_engine(make: Callable[[list[Any]], Any], profiles: list[Any], events: list[Any]) -> tuple[float, int]:
+def _run_engine(
+    make: Callable[[list[Any]], Any], profiles: list[Any], events: list[Any]
+) -> tuple[float, int]:
     """One pass; notifications are taken after every event (as `ens replay` and the service do),
     the loaded state is frozen out of the collector first (as they do too: `gc.freeze`)."""
     eng = make(profiles)
@@ -253,8 +300,14 @@ def worker() -> None:
 class _Worker:
     def __init__(self, tree: Path, quick: bool, seed: int) -> None:
         env = dict(os.environ, PYTHONPATH=str(tree))
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker"], cwd=tree, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker"],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._send({"quick": quick, "seed": seed})
 
     def _send(self, msg: dict) -> dict:
@@ -277,7 +330,9 @@ class _Worker:
 
 
 # --------------------------------------------------------------------- driver
-def run(repeat: int, quick: bool, seed: int, only: str, against: str, out_md: str, out_png: str) -> list[dict]:
+def run(
+    repeat: int, quick: bool, seed: int, only: str, against: str, out_md: str, out_png: str
+) -> list[dict]:
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -286,8 +341,10 @@ def run(repeat: int, quick: bool, seed: int, only: str, against: str, out_md: st
         raise ValueError(f"no cell matches {only!r}")
     versions: dict[str, Any]
     if against:
-        versions = {"before": _Worker(Path(against).resolve(), quick, seed),
-                    "after": _Worker(Path(__file__).resolve().parents[1], quick, seed)}
+        versions = {
+            "before": _Worker(Path(against).resolve(), quick, seed),
+            "after": _Worker(Path(__file__).resolve().parents[1], quick, seed),
+        }
     else:
         versions = {"": Runner(quick, seed)}
     times: dict[tuple[str, str, str], list[float]] = {}
@@ -301,7 +358,9 @@ def run(repeat: int, quick: bool, seed: int, only: str, against: str, out_md: st
                     if rep % 2:
                         runs.reverse()
                     for v, e in runs:
-                        status.update(f"[{time.perf_counter() - t_start:,.0f} s] {c.name}: {v} {e} ({rep + 1}/{repeat})")
+                        status.update(
+                            f"[{time.perf_counter() - t_start:,.0f} s] {c.name}: {v} {e} ({rep + 1}/{repeat})"
+                        )
                         us, n = versions[v].measure(c.name, e)
                         times.setdefault((c.name, v, e), []).append(us)
                         notes[(c.name, v, e)] = n
@@ -326,7 +385,11 @@ def run(repeat: int, quick: bool, seed: int, only: str, against: str, out_md: st
     elapsed = time.perf_counter() - t_start
     _print(rows, list(versions), elapsed)
     if out_md:
-        cmd = "ens bench engines " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "engines"] else "ens bench engines"
+        cmd = (
+            "ens bench engines " + " ".join(sys.argv[3:])
+            if sys.argv[1:3] == ["bench", "engines"]
+            else "ens bench engines"
+        )
         _write_md(rows, list(versions), Path(out_md), cmd, repeat, elapsed)
     if out_png:
         _plot(rows, list(versions), Path(out_png))
@@ -338,8 +401,10 @@ def _summary(rows: list[dict], v: str) -> str:
     ratios = [r[f"{pre}ratio"] for r in rows if r["baseline"] == TS]
     if not ratios:
         return ""
-    return (f"{pre}single-step / two-step speed: median {statistics.median(ratios):.2f}x, "
-            f"min {min(ratios):.2f}x over {len(ratios)} cells")
+    return (
+        f"{pre}single-step / two-step speed: median {statistics.median(ratios):.2f}x, "
+        f"min {min(ratios):.2f}x over {len(ratios)} cells"
+    )
 
 
 def _print(rows: list[dict], versions: list[str], elapsed: float) -> None:
@@ -357,14 +422,21 @@ def _print(rows: list[dict], versions: list[str], elapsed: float) -> None:
         for v in versions:
             pre = f"{v} " if v else ""
             mark = " !" if f"{pre}mismatch" in r else ""
-            cells_ += [f"{r[pre + 'ss_us']:.2f}", f"{r[pre + 'base_us']:.2f}", _ratio(r, pre), f"{r[pre + 'notes']:,}{mark}"]
+            cells_ += [
+                f"{r[pre + 'ss_us']:.2f}",
+                f"{r[pre + 'base_us']:.2f}",
+                _ratio(r, pre),
+                f"{r[pre + 'notes']:,}{mark}",
+            ]
         table.add_row(*cells_)
     console = Console(width=200)
     console.print(table)
     for v in versions:
         console.print(_summary(rows, v))
-    console.print("ratio: two-step time / single-step time (> 1: single-step faster); "
-                  "plain rows: ENS time / loop time (a cost); ! = notification counts differ")
+    console.print(
+        "ratio: two-step time / single-step time (> 1: single-step faster); "
+        "plain rows: ENS time / loop time (a cost); ! = notification counts differ"
+    )
 
 
 def _ratio(r: dict, pre: str) -> str:
@@ -375,8 +447,15 @@ def _ratio(r: dict, pre: str) -> str:
 _BEGIN, _END = "<!-- bench engines: begin -->", "<!-- bench engines: end -->"
 
 
-def _write_md(rows: list[dict], versions: list[str], path: Path, cmd: str, repeat: int, elapsed: float) -> None:
-    lines = [_BEGIN, "", f"Command: `{cmd}` ({repeat} repeats, {elapsed:,.0f} s, CPU time, median).", ""]
+def _write_md(
+    rows: list[dict], versions: list[str], path: Path, cmd: str, repeat: int, elapsed: float
+) -> None:
+    lines = [
+        _BEGIN,
+        "",
+        f"Command: `{cmd}` ({repeat} repeats, {elapsed:,.0f} s, CPU time, median).",
+        "",
+    ]
     head = ["workload"]
     for v in versions:
         pre = f"{v} " if v else ""
@@ -391,15 +470,24 @@ def _write_md(rows: list[dict], versions: list[str], path: Path, cmd: str, repea
     lines.append("")
     for v in versions:
         lines.append(f"- {_summary(rows, v)}")
-    lines += ["- ratio: two-step time / single-step time (> 1: single-step faster); plain filter rows: "
-              "ENS time / plain-loop time per event (a cost, lower is better).", "", _END]
+    lines += [
+        "- ratio: two-step time / single-step time (> 1: single-step faster); plain filter rows: "
+        "ENS time / plain-loop time per event (a cost, lower is better).",
+        "",
+        _END,
+    ]
     block = "\n".join(lines)
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     if _BEGIN in text and _END in text:
         a, b = text.index(_BEGIN), text.index(_END) + len(_END)
         text = text[:a] + block + text[b:]
     else:
-        text = text.rstrip("\n") + "\n\n## Single-step vs two-step on every workload (`ens bench engines`)\n\n" + block + "\n"
+        text = (
+            text.rstrip("\n")
+            + "\n\n## Single-step vs two-step on every workload (`ens bench engines`)\n\n"
+            + block
+            + "\n"
+        )
     path.write_text(text)
 
 
@@ -414,9 +502,17 @@ def _plot(rows: list[dict], versions: list[str], path: Path) -> None:
     h = 0.8 / len(versions)
     for k, v in enumerate(versions):
         pre = f"{v} " if v else ""
-        ax.barh([i + k * h for i in range(len(comp))], [r[pre + "ratio"] for r in comp], height=h,
-                label=v or "single-step / two-step")
-    ax.set_yticks([i + h * (len(versions) - 1) / 2 for i in range(len(comp))], [r["cell"] for r in comp], fontsize=7)
+        ax.barh(
+            [i + k * h for i in range(len(comp))],
+            [r[pre + "ratio"] for r in comp],
+            height=h,
+            label=v or "single-step / two-step",
+        )
+    ax.set_yticks(
+        [i + h * (len(versions) - 1) / 2 for i in range(len(comp))],
+        [r["cell"] for r in comp],
+        fontsize=7,
+    )
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("speed ratio, two-step CPU time / single-step CPU time (> 1: single-step faster)")

@@ -53,9 +53,12 @@ def main(n: int = 50_000, per_block: int = 150_000) -> list[dict[str, Any]]:
             eng.take_notifications()
         cpu = time.process_time() - c0
         gc.unfreeze()
-        row = {"mode": mode, "us_per_event": round(cpu / per_block * 1e6, 2),
-               "gc_us_per_event": round(spent["gc"] / per_block * 1e6, 2),
-               "full_collections": spent["full"]}
+        row = {
+            "mode": mode,
+            "us_per_event": round(cpu / per_block * 1e6, 2),
+            "gc_us_per_event": round(spent["gc"] / per_block * 1e6, 2),
+            "full_collections": spent["full"],
+        }
         print(row)
         rows.append(row)
     gc.callbacks.remove(on_gc)

@@ -44,11 +44,16 @@ SHAPES = {
         "within 30m per room where m.value > a.value + 35"
     ),
 }
-SELECTIONS = {"first/unique": "select first consume unique", "each/shared": "select each consume shared"}
+SELECTIONS = {
+    "first/unique": "select first consume unique",
+    "each/shared": "select each consume shared",
+}
 PLANS = ("eager", "auto", "rare-first")
 
 
-def events_for(shape: str, ratio: int, n_events: int, rooms: int, seed: int, period: float = 60.0) -> list[Event]:
+def events_for(
+    shape: str, ratio: int, n_events: int, rooms: int, seed: int, period: float = 60.0
+) -> list[Event]:
     """About n_events events in time order: readings every `period` s, a window per `ratio` readings."""
     rnd = random.Random(seed)
     per_step = (1 if shape == "two" else 2) + 1.0 / ratio  # events per room and reading period
@@ -61,13 +66,27 @@ def events_for(shape: str, ratio: int, n_events: int, rooms: int, seed: int, per
         woff = rnd.randrange(ratio)
         for t in range(steps):
             ts = t * period + off
-            evs.append((ts, k, {"room": room, "kind": "temperature", "value": round(rnd.uniform(18, 30), 1)}))
+            evs.append(
+                (
+                    ts,
+                    k,
+                    {"room": room, "kind": "temperature", "value": round(rnd.uniform(18, 30), 1)},
+                )
+            )
             k += 1
             if shape != "two":
-                evs.append((ts + period / 2, k, {"room": room, "kind": "humidity", "value": round(rnd.uniform(30, 70), 1)}))
+                evs.append(
+                    (
+                        ts + period / 2,
+                        k,
+                        {"room": room, "kind": "humidity", "value": round(rnd.uniform(30, 70), 1)},
+                    )
+                )
                 k += 1
             if t % ratio == woff:
-                evs.append((ts + period / 4, k, {"room": room, "kind": "window", "state": "broken"}))
+                evs.append(
+                    (ts + period / 4, k, {"room": room, "kind": "window", "state": "broken"})
+                )
                 k += 1
     evs.sort(key=lambda x: (x[0], x[1]))
     return [Event(f"e{i}", ts, attrs) for i, (ts, _k, attrs) in enumerate(evs)]
@@ -85,7 +104,9 @@ def _run(eng: Engine, evs: list[Event], out: list) -> None:
     out.extend(eng.take_notifications())
 
 
-def _pass(profile: Profile, plan: str, rates: Rates, evs: list[Event], watch: bool) -> tuple[float, int, list]:
+def _pass(
+    profile: Profile, plan: str, rates: Rates, evs: list[Event], watch: bool
+) -> tuple[float, int, list]:
     """One replay: (CPU seconds, peak state, notifications as JSON when `watch`)."""
     eng = Engine([profile], plan=plan, rates=rates)
     out: list = []
@@ -107,7 +128,13 @@ def _pass(profile: Profile, plan: str, rates: Rates, evs: list[Event], watch: bo
 
 
 def run(
-    ratios: list[int], n_events: int, rooms: int, repeat: int, seed: int, out: str, docs_img: str | None,
+    ratios: list[int],
+    n_events: int,
+    rooms: int,
+    repeat: int,
+    seed: int,
+    out: str,
+    docs_img: str | None,
     periods: tuple[float, ...] = (60.0, 300.0),
 ) -> list[dict]:
     from rich.console import Console
@@ -137,14 +164,20 @@ def run(
                     raise SystemExit(f"DIFFERENT OUTPUT: {shape} {sel_name} {ratio}:1")
                 chosen = Engine([], plan="auto", rates=rates).plan_of(profile)
                 row = {
-                    "shape": shape, "select": sel_name, "period": period, "ratio": ratio, "events": len(evs),
+                    "shape": shape,
+                    "select": sel_name,
+                    "period": period,
+                    "ratio": ratio,
+                    "events": len(evs),
                     "notifications": len(outs["eager"]),
-                    "eager_eps": round(res["eager"][0]), "rare_first_eps": round(res["rare-first"][0]),
+                    "eager_eps": round(res["eager"][0]),
+                    "rare_first_eps": round(res["rare-first"][0]),
                     "auto_eps": round(res["auto"][0]),
                     "speedup_rare_first": round(res["rare-first"][0] / res["eager"][0], 2),
                     "speedup_auto": round(res["auto"][0] / res["eager"][0], 2),
                     "auto_plan": "rare-first" if chosen.lazy else "eager",
-                    "eager_peak": res["eager"][1], "rare_first_peak": res["rare-first"][1],
+                    "eager_peak": res["eager"][1],
+                    "rare_first_peak": res["rare-first"][1],
                     "equal_output": equal,
                 }
                 rows.append(row)
@@ -154,14 +187,36 @@ def run(
                     f"auto[{row['auto_plan']}] {row['speedup_auto']}x  peak {row['eager_peak']:,} -> "
                     f"{row['rare_first_peak']:,}  ({row['notifications']:,} notifications, equal)"
                 )
-    table = Table(title=f"rare-first vs eager ({rooms} rooms, ~{n_events:,} events, median of {repeat})")
-    for col in ("shape", "select", "period", "ratio", "eager ev/s", "rare-first ev/s", "x", "auto", "auto x", "peak eager", "peak rare-first"):
+    table = Table(
+        title=f"rare-first vs eager ({rooms} rooms, ~{n_events:,} events, median of {repeat})"
+    )
+    for col in (
+        "shape",
+        "select",
+        "period",
+        "ratio",
+        "eager ev/s",
+        "rare-first ev/s",
+        "x",
+        "auto",
+        "auto x",
+        "peak eager",
+        "peak rare-first",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
-            r["shape"], r["select"], f"{r['period']:g}s", f"{r['ratio']}:1", f"{r['eager_eps']:,}", f"{r['rare_first_eps']:,}",
-            f"{r['speedup_rare_first']}", r["auto_plan"], f"{r['speedup_auto']}",
-            f"{r['eager_peak']:,}", f"{r['rare_first_peak']:,}",
+            r["shape"],
+            r["select"],
+            f"{r['period']:g}s",
+            f"{r['ratio']}:1",
+            f"{r['eager_eps']:,}",
+            f"{r['rare_first_eps']:,}",
+            f"{r['speedup_rare_first']}",
+            r["auto_plan"],
+            f"{r['speedup_auto']}",
+            f"{r['eager_peak']:,}",
+            f"{r['rare_first_peak']:,}",
         )
     console.print(table)
     outdir = Path(out)
@@ -196,10 +251,18 @@ def plot(rows: list[dict], path: Path) -> None:
         label = f"{shape}, {sel}, {period:g}s"
         axes[0].plot(xs, [r["speedup_rare_first"] for r in rs], style, marker=marker, label=label)
         axes[1].plot(xs, [r["speedup_auto"] for r in rs], style, marker=marker, label=label)
-        axes[2].plot(xs, [max(r["eager_peak"], 1) / max(r["rare_first_peak"], 1) for r in rs], style,
-                     marker=marker, label=label)
-    titles = ("--plan rare-first vs eager: events/s", "--plan auto vs eager: events/s",
-              "peak state: eager / rare-first")
+        axes[2].plot(
+            xs,
+            [max(r["eager_peak"], 1) / max(r["rare_first_peak"], 1) for r in rs],
+            style,
+            marker=marker,
+            label=label,
+        )
+    titles = (
+        "--plan rare-first vs eager: events/s",
+        "--plan auto vs eager: events/s",
+        "peak state: eager / rare-first",
+    )
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -214,7 +277,9 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run_keti(path: str, profiles_path: str, rooms: list[str] | None, limit: int | None, repeat: int) -> dict:
+def run_keti(
+    path: str, profiles_path: str, rooms: list[str] | None, limit: int | None, repeat: int
+) -> dict:
     """The KETI feed through the facility profiles: auto and rare-first vs eager, equal output."""
     from adapters.datasets import iter_dataset
     from profiles.profile_file import load_profile_file
@@ -222,7 +287,10 @@ def run_keti(path: str, profiles_path: str, rooms: list[str] | None, limit: int 
     profiles = load_profile_file(Path(profiles_path)).profiles
     from profiles.events import event_from_obj
 
-    evs = [event_from_obj(d, f"#{i}") for i, d in enumerate(iter_dataset("keti", path, rooms=rooms, limit=limit))]
+    evs = [
+        event_from_obj(d, f"#{i}")
+        for i, d in enumerate(iter_dataset("keti", path, rooms=rooms, limit=limit))
+    ]
     rates = Rates(count_stats(profiles, evs, source=path))
     outs: dict[str, list] = {}
     eps: dict[str, float] = {}
@@ -239,10 +307,14 @@ def run_keti(path: str, profiles_path: str, rooms: list[str] | None, limit: int 
     for plan in PLANS:
         eps[plan] = len(evs) / statistics.median(times[plan])
     equal = all(o == outs["eager"] for o in outs.values())
-    print(f"KETI {path} ({len(evs):,} events, {len(profiles)} facility profiles, median of {repeat}):")
+    print(
+        f"KETI {path} ({len(evs):,} events, {len(profiles)} facility profiles, median of {repeat}):"
+    )
     for plan in PLANS:
-        print(f"  {plan:10} {eps[plan]:>10,.0f} events/s  ({eps[plan] / eps['eager']:.2f}x eager), "
-                      f"{len(outs[plan]):,} notifications")
+        print(
+            f"  {plan:10} {eps[plan]:>10,.0f} events/s  ({eps[plan] / eps['eager']:.2f}x eager), "
+            f"{len(outs[plan]):,} notifications"
+        )
     print(f"  equal output: {'yes' if equal else 'NO'}")
     for mode in ("auto", "rare-first"):
         eng = Engine([], plan=mode, rates=rates)

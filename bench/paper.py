@@ -111,8 +111,14 @@ class _Stamped(list):
         super().append(item)
 
 
-def measure_best(eng: dict, profiles: list[Profile], events: list[Event], repeats: int,
-                 progress: Callable[[str], None], label: str) -> dict[str, dict]:
+def measure_best(
+    eng: dict,
+    profiles: list[Profile],
+    events: list[Event],
+    repeats: int,
+    progress: Callable[[str], None],
+    label: str,
+) -> dict[str, dict]:
     """Every engine `repeats` times, interleaved (the machine is shared and noisy); per engine
     the run with the lowest CPU time is kept."""
     best: dict[str, dict] = {}
@@ -129,7 +135,9 @@ def measure_best(eng: dict, profiles: list[Profile], events: list[Event], repeat
     return best
 
 
-def measure(make: Callable[[list[Profile]], Any], profiles: list[Profile], events: list[Event]) -> dict:
+def measure(
+    make: Callable[[list[Profile]], Any], profiles: list[Profile], events: list[Event]
+) -> dict:
     """Run the stream once; per-event response, filter and composition times, composite response."""
     eng = make(profiles)
     out = _Stamped()
@@ -191,8 +199,15 @@ def _values(n: int, rng: random.Random) -> list[int]:
     return rng.sample(range(X_RANGE[0], X_RANGE[1] + 1), n)
 
 
-def exp_order(n: int, groups: list[int], seed: int, eng: dict, progress: Callable[[str], None],
-              repeats: int, all_pairs_max_groups: int) -> list[dict]:
+def exp_order(
+    n: int,
+    groups: list[int],
+    seed: int,
+    eng: dict,
+    progress: Callable[[str], None],
+    repeats: int,
+    all_pairs_max_groups: int,
+) -> list[dict]:
     """(a) Composition order: n profiles, n starting events in g groups."""
     rows = []
     for mode in MODES:
@@ -204,15 +219,31 @@ def exp_order(n: int, groups: list[int], seed: int, eng: dict, progress: Callabl
             profiles = profiles_for(values, mode)
             starts = rng.sample(values, n)
             events = stream(starts, g, rng)
-            res = measure_best(eng, profiles, events, repeats, progress, f"(a) {mode}, {g:,} groups")
+            res = measure_best(
+                eng, profiles, events, repeats, progress, f"(a) {mode}, {g:,} groups"
+            )
             for name, r in res.items():
-                rows.append({"experiment": "order", "mode": mode, "groups": g, "profiles": n,
-                             "cardinality": 2, "engine": name, **r})
+                rows.append(
+                    {
+                        "experiment": "order",
+                        "mode": mode,
+                        "groups": g,
+                        "profiles": n,
+                        "cardinality": 2,
+                        "engine": name,
+                        **r,
+                    }
+                )
     return rows
 
 
 def exp_profiles(
-    counts: list[int], n_start: int, groups: list[int], seed: int, eng: dict, progress: Callable[[str], None],
+    counts: list[int],
+    n_start: int,
+    groups: list[int],
+    seed: int,
+    eng: dict,
+    progress: Callable[[str], None],
     repeats: int,
 ) -> list[dict]:
     """(b) Number of profiles: n_start starting events; the first n_start profiles can start."""
@@ -225,15 +256,37 @@ def exp_profiles(
                 profiles = profiles_for(values[:n], mode)
                 starts = rng.sample(values[:n_start], n_start)
                 events = stream(starts, g, rng)
-                res = measure_best(eng, profiles, events, repeats, progress, f"(b) {mode}, {g:,} groups, {n:,} profiles")
+                res = measure_best(
+                    eng,
+                    profiles,
+                    events,
+                    repeats,
+                    progress,
+                    f"(b) {mode}, {g:,} groups, {n:,} profiles",
+                )
                 for name, r in res.items():
-                    rows.append({"experiment": "profiles", "mode": mode, "groups": g, "profiles": n,
-                                 "cardinality": 2, "engine": name, **r})
+                    rows.append(
+                        {
+                            "experiment": "profiles",
+                            "mode": mode,
+                            "groups": g,
+                            "profiles": n,
+                            "cardinality": 2,
+                            "engine": name,
+                            **r,
+                        }
+                    )
     return rows
 
 
 def exp_cardinality(
-    n: int, cards: list[int], groups: int, seed: int, eng: dict, progress: Callable[[str], None], repeats: int
+    n: int,
+    cards: list[int],
+    groups: int,
+    seed: int,
+    eng: dict,
+    progress: Callable[[str], None],
+    repeats: int,
 ) -> list[dict]:
     """(c) Profile cardinality: sequences of c components (A; M2; ...; Z)."""
     rows = []
@@ -243,38 +296,73 @@ def exp_cardinality(
             values = _values(n, rng)
             profiles = profiles_for(values, mode, c)
             events = stream(rng.sample(values, n), groups, rng, c)
-            res = measure_best(eng, profiles, events, repeats, progress, f"(c) {mode}, cardinality {c}")
+            res = measure_best(
+                eng, profiles, events, repeats, progress, f"(c) {mode}, cardinality {c}"
+            )
             for name, r in res.items():
-                rows.append({"experiment": "cardinality", "mode": mode, "groups": groups, "profiles": n,
-                             "cardinality": c, "engine": name, **r})
+                rows.append(
+                    {
+                        "experiment": "cardinality",
+                        "mode": mode,
+                        "groups": groups,
+                        "profiles": n,
+                        "cardinality": c,
+                        "engine": name,
+                        **r,
+                    }
+                )
     return rows
 
 
 # ---------------------------------------------------------------------------- output
-def _plot(rows: list[dict], exp: str, x: str, ys: list[str], title: str, path: Path,
-          split: str | None = None, logx: bool = False) -> None:
+def _plot(
+    rows: list[dict],
+    exp: str,
+    x: str,
+    ys: list[str],
+    title: str,
+    path: Path,
+    split: str | None = None,
+    logx: bool = False,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sel = [r for r in rows if r["experiment"] == exp]
-    panels = [(m, s) for m in MODES for s in sorted({r[split] for r in sel})] if split else [(m, None) for m in MODES]
-    fig, axes = plt.subplots(len(ys), len(panels), figsize=(4.2 * len(panels), 3.4 * len(ys)), squeeze=False)
+    panels = (
+        [(m, s) for m in MODES for s in sorted({r[split] for r in sel})]
+        if split
+        else [(m, None) for m in MODES]
+    )
+    fig, axes = plt.subplots(
+        len(ys), len(panels), figsize=(4.2 * len(panels), 3.4 * len(ys)), squeeze=False
+    )
     for col, (mode, sv) in enumerate(panels):
         for row, y in enumerate(ys):
             ax = axes[row][col]
             for name in dict.fromkeys(r["engine"] for r in sel):
-                pts = sorted((r[x], r[y]) for r in sel
-                             if r["engine"] == name and r["mode"] == mode and (sv is None or r[split] == sv)
-                             and r[y] > 0)  # log scale: no matches, no composite response
+                pts = sorted(
+                    (r[x], r[y])
+                    for r in sel
+                    if r["engine"] == name
+                    and r["mode"] == mode
+                    and (sv is None or r[split] == sv)
+                    and r[y] > 0
+                )  # log scale: no matches, no composite response
                 style = "--" if name == "two-step" else "-"
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=name)
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=name
+                )
             if logx:
                 ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel(x)
-            label = {"cpu_us": "response, CPU (µs/event)", "composition_us": "composition, wall (µs/event)"}
+            label = {
+                "cpu_us": "response, CPU (µs/event)",
+                "composition_us": "composition, wall (µs/event)",
+            }
             ax.set_ylabel(label.get(y, y.replace("_us", " (µs, wall)").replace("_", " ")))
             ax.set_title(f"{mode}" + (f", {sv:,} {split}" if sv is not None else ""), fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
@@ -296,23 +384,47 @@ def _ratios(rows: list[dict]) -> list[dict]:
         b = base.get(tuple(r[k] for k in key))
         if b is None:
             continue
-        out.append({**{k: r[k] for k in key}, "engine": r["engine"],
-                    "cpu_ratio": b["cpu_us"] / r["cpu_us"],
-                    "response_ratio": b["response_us"] / r["response_us"],
-                    "composition_ratio": b["composition_us"] / max(r["composition_us"], 1e-9),
-                    "z_ratio": b["z_response_us"] / max(r["z_response_us"], 1e-9),
-                    "composite_ratio": b["composite_response_us"] / max(r["composite_response_us"], 1e-9)})
+        out.append(
+            {
+                **{k: r[k] for k in key},
+                "engine": r["engine"],
+                "cpu_ratio": b["cpu_us"] / r["cpu_us"],
+                "response_ratio": b["response_us"] / r["response_us"],
+                "composition_ratio": b["composition_us"] / max(r["composition_us"], 1e-9),
+                "z_ratio": b["z_response_us"] / max(r["z_response_us"], 1e-9),
+                "composite_ratio": b["composite_response_us"]
+                / max(r["composite_response_us"], 1e-9),
+            }
+        )
     return out
 
 
 def plot_all(rows: list[dict], dest: Path, docs_img: str | None) -> None:
     plots = {
-        "paper_order.png": ("order", "groups", ["cpu_us", "z_response_us", "composite_response_us"],
-                            "(a) composition order: response time per event vs number of groups", None, True),
-        "paper_profiles.png": ("profiles", "profiles", ["cpu_us", "composite_response_us"],
-                               "(b) response time vs number of profiles", "groups", False),
-        "paper_cardinality.png": ("cardinality", "cardinality", ["cpu_us", "composition_us"],
-                                  "(c) response and composition time vs profile cardinality", None, False),
+        "paper_order.png": (
+            "order",
+            "groups",
+            ["cpu_us", "z_response_us", "composite_response_us"],
+            "(a) composition order: response time per event vs number of groups",
+            None,
+            True,
+        ),
+        "paper_profiles.png": (
+            "profiles",
+            "profiles",
+            ["cpu_us", "composite_response_us"],
+            "(b) response time vs number of profiles",
+            "groups",
+            False,
+        ),
+        "paper_cardinality.png": (
+            "cardinality",
+            "cardinality",
+            ["cpu_us", "composition_us"],
+            "(c) response and composition time vs profile cardinality",
+            None,
+            False,
+        ),
     }
     for fname, (exp, x, ys, title, split, logx) in plots.items():
         _plot(rows, exp, x, ys, title, dest / fname, split, logx)
@@ -328,8 +440,18 @@ def replot(out: str, docs_img: str | None) -> None:
     rows: list[dict] = []
     with (Path(out) / "paper.csv").open() as fh:
         for r in csv.DictReader(fh):
-            rows.append({k: (v if k in ("experiment", "mode", "engine") else float(v) if "." in v else int(v))
-                         for k, v in r.items()})
+            rows.append(
+                {
+                    k: (
+                        v
+                        if k in ("experiment", "mode", "engine")
+                        else float(v)
+                        if "." in v
+                        else int(v)
+                    )
+                    for k, v in r.items()
+                }
+            )
     plot_all(rows, Path(out), docs_img)
     Console(width=200).print(summary_table(rows, 0))
 
@@ -342,7 +464,9 @@ def summary_table(rows: list[dict], seconds: float) -> Any:
 
     names = list(dict.fromkeys(r["engine"] for r in rows))
     singles = [n for n in names if n != "two-step"]
-    title = "µs per event (CPU) and two-step / best single-step" + (f" — {seconds:,.0f} s" if seconds else "")
+    title = "µs per event (CPU) and two-step / best single-step" + (
+        f" — {seconds:,.0f} s" if seconds else ""
+    )
     table = Table(title=title)
     for col in ["exp.", "mode", "groups", "profiles", "card.", "notes"]:
         table.add_column(col, justify="right")
@@ -360,7 +484,12 @@ def summary_table(rows: list[dict], seconds: float) -> Any:
         zbest = min(by[n]["z_response_us"] for n in singles)
         cbest = min(by[n]["composite_response_us"] for n in singles)
         table.add_row(
-            k[0], k[1], f"{k[2]:,}", f"{k[3]:,}", str(k[4]), f"{two['notifications']:,}",
+            k[0],
+            k[1],
+            f"{k[2]:,}",
+            f"{k[3]:,}",
+            str(k[4]),
+            f"{two['notifications']:,}",
             *[f"{by[n]['cpu_us']:.1f}" for n in names],
             f"{two['cpu_us'] / best['cpu_us']:.2f}",
             f"{two['z_response_us'] / zbest:.2f}" if zbest else "–",
@@ -388,6 +517,7 @@ def run(out: str, quick: bool, seed: int, docs_img: str | None = None) -> list[d
     dest.mkdir(parents=True, exist_ok=True)
     log = (dest / "progress.log").open("w")
     with console.status("…") as status:
+
         def progress(msg: str) -> None:
             line = f"[{time.perf_counter() - t0:,.0f} s] {msg}"
             status.update(line)

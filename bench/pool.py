@@ -52,8 +52,13 @@ def make_events(n_profiles: int, count: int, rng: random.Random) -> list[dict]:
         r = rng.randrange(rooms)
         kind = rng.choice(KINDS)
         out.append(
-            {"building": f"B{r % buildings}", "room": f"R{r}", "sensor": f"S{r}-{kind}",
-             "kind": kind, "value": round(rng.uniform(0, 40), 2)}
+            {
+                "building": f"B{r % buildings}",
+                "room": f"R{r}",
+                "sensor": f"S{r}-{kind}",
+                "kind": kind,
+                "value": round(rng.uniform(0, 40), 2),
+            }
         )
     return out
 
@@ -138,7 +143,9 @@ def measure(n: int, n_events: int, naive_max: int, seed: int, repeat: int = 5) -
     }
 
 
-def run(sizes: list[int], n_events: int, naive_max: int, out: str, seed: int, repeat: int = 5) -> list[dict]:
+def run(
+    sizes: list[int], n_events: int, naive_max: int, out: str, seed: int, repeat: int = 5
+) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
@@ -153,9 +160,16 @@ def run(sizes: list[int], n_events: int, naive_max: int, out: str, seed: int, re
             f"({r['pool_events_per_s']:,}/s), naive {r['naive_us_per_event'] or '-'} µs/event"
         )
     cols = {
-        "profiles": "profiles", "matches_per_event": "matches/ev", "pool_us_per_event": "pool µs/ev", "pool_us_range": "passes µs/ev",
-        "pool_events_per_s": "pool ev/s", "naive_us_per_event": "naive µs/ev", "speedup": "speed-up",
-        "insert_us": "insert µs", "delete_us": "delete µs", "bytes_per_profile": "B/profile",
+        "profiles": "profiles",
+        "matches_per_event": "matches/ev",
+        "pool_us_per_event": "pool µs/ev",
+        "pool_us_range": "passes µs/ev",
+        "pool_events_per_s": "pool ev/s",
+        "naive_us_per_event": "naive µs/ev",
+        "speedup": "speed-up",
+        "insert_us": "insert µs",
+        "delete_us": "delete µs",
+        "bytes_per_profile": "B/profile",
     }
     table = Table(title="primitive pool vs naive evaluation (same run)")
     for title in cols.values():
@@ -183,7 +197,9 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [r["profiles"] for r in rows]
     ax.plot(xs, [r["pool_us_per_event"] for r in rows], "o-", label="Gough-style pool")
-    naive = [(r["profiles"], r["naive_us_per_event"]) for r in rows if r["naive_us_per_event"] != ""]
+    naive = [
+        (r["profiles"], r["naive_us_per_event"]) for r in rows if r["naive_us_per_event"] != ""
+    ]
     if naive:
         ax.plot(*zip(*naive, strict=True), "s--", label="naive (every profile)")
     ax.set_xscale("log")

@@ -85,7 +85,9 @@ def _new(fields: dict[bytes, bytes], note: dict[str, Any]) -> int:
     return len(evs)
 
 
-def _time(fn: Callable[..., int], fields: dict[bytes, bytes], note: dict[str, Any], rounds: int) -> float:
+def _time(
+    fn: Callable[..., int], fields: dict[bytes, bytes], note: dict[str, Any], rounds: int
+) -> float:
     t = time.process_time()  # CPU time of this process: less of the machine's load in it
     n = 0
     for _ in range(rounds):
@@ -99,18 +101,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
-    evs = [{"id": f"e{i}", "ts": 1700000000.0 + i, "kind": "temp", "room": f"r{i % 9}",
-            "value": 20 + i % 7} for i in range(max(args.batch, 2))][:args.batch]
+    evs = [
+        {
+            "id": f"e{i}",
+            "ts": 1700000000.0 + i,
+            "kind": "temp",
+            "room": f"r{i % 9}",
+            "value": 20 + i % 7,
+        }
+        for i in range(max(args.batch, 2))
+    ][: args.batch]
     fields = {b"b": orjson.dumps(evs), b"g": b"gw", b"v": b"n", b"ver": b"1"}
-    note = {"id": "p:e:1", "profile": "p", "ts": 1.0, "subscriber": "s",
-            "events": {"a": evs[0], "b": evs[-1]}}
+    note = {
+        "id": "p:e:1",
+        "profile": "p",
+        "ts": 1.0,
+        "subscriber": "s",
+        "events": {"a": evs[0], "b": evs[-1]},
+    }
     old, new = [], []
     for _ in range(args.repeat):  # interleaved: the machine's noise hits both alike
         old.append(_time(_old, fields, note, args.rounds))
         new.append(_time(_new, fields, note, args.rounds))
     o, n = statistics.median(old), statistics.median(new)
-    print(f"per event (batch {args.batch}): inline {o:.0f} ns, records {n:.0f} ns, "
-          f"ratio {n / o:.3f}")
+    print(
+        f"per event (batch {args.batch}): inline {o:.0f} ns, records {n:.0f} ns, ratio {n / o:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ def main() -> None:
             res[name] = times
             print(f"{name:<10}{1000 * times['batches']:>12.1f}{1000 * times['singles']:>12.1f}")
             c.close()
-        print(f"hiredis speed-up: batches {res['python']['batches'] / res['hiredis']['batches']:.2f}x, "
-              f"one-event entries {res['python']['singles'] / res['hiredis']['singles']:.2f}x")
+        print(
+            f"hiredis speed-up: batches {res['python']['batches'] / res['hiredis']['batches']:.2f}x, "
+            f"one-event entries {res['python']['singles'] / res['hiredis']['singles']:.2f}x"
+        )
         w.close()
         conn.close()
 

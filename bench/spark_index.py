@@ -47,7 +47,9 @@ print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": time.process_time
 
 
 def sub(code: str, arg: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", code, arg], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, arg], check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -57,7 +59,9 @@ def main() -> None:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--dir", default="bench/results/spark-index")
     ap.add_argument("--out", default="bench/results/spark_index.json")
-    ap.add_argument("--skip-parse", action="store_true", help="skip the (slow) serial parse baseline")
+    ap.add_argument(
+        "--skip-parse", action="store_true", help="skip the (slow) serial parse baseline"
+    )
     args = ap.parse_args()
 
     from adapters.spark.generate import write_jsonl
@@ -69,9 +73,13 @@ def main() -> None:
     src = d / f"profiles-{args.n}.jsonl"
     if not src.exists():
         write_jsonl(src, args.n, bad=0.001)
-    res: dict = {"n": args.n, "master": args.master, "source_mb": round(src.stat().st_size / 2**20, 1),
-                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                 "load_before": os.getloadavg()}
+    res: dict = {
+        "n": args.n,
+        "master": args.master,
+        "source_mb": round(src.stat().st_size / 2**20, 1),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "load_before": os.getloadavg(),
+    }
     t = time.perf_counter()
     spark = get_spark(args.master)
     res["spark_start_s"] = round(time.perf_counter() - t, 2)
@@ -84,7 +92,9 @@ def main() -> None:
     res["index_cpu_s"] = round(tree_cpu() - c, 2)
     res["manifest"] = m["counts"]
     spark.stop()
-    res["snapshot_mb"] = round(sum(f.stat().st_size for f in (d / "index").rglob("*") if f.is_file()) / 2**20, 1)
+    res["snapshot_mb"] = round(
+        sum(f.stat().st_size for f in (d / "index").rglob("*") if f.is_file()) / 2**20, 1
+    )
     res["load"] = [sub(LOAD, str(d / "index")) for _ in range(3)]
     if not args.skip_parse:
         res["parse"] = sub(PARSE, str(src))

@@ -83,8 +83,12 @@ def local(data: str, rooms: list[str], out: Path) -> dict:
     with out.open("w") as fh:
         for x in notes:
             fh.write(json.dumps(x.to_json(), separators=(", ", ": ")) + "\n")
-    return {"seconds": round(time.perf_counter() - t, 2), "cpu_s": round(time.process_time() - c, 2), "events": n,
-            "notifications": len(notes)}
+    return {
+        "seconds": round(time.perf_counter() - t, 2),
+        "cpu_s": round(time.process_time() - c, 2),
+        "events": n,
+        "notifications": len(notes),
+    }
 
 
 def spark_warm(spark, data: str, rooms: list[str], out: Path, fused: bool) -> dict:  # noqa: ANN001
@@ -95,14 +99,38 @@ def spark_warm(spark, data: str, rooms: list[str], out: Path, fused: bool) -> di
     ps = load_profile_file(PROFILES).profiles
     t, c = time.perf_counter(), tree_cpu()
     src = lambda plan: read_dataset(spark, "keti", data, "room", plan, rooms)  # noqa: E731
-    st = replay_job(spark, ps, src, str(out), key="room", dataset=("keti", data, rooms) if fused else None)
-    return {"seconds": round(time.perf_counter() - t, 2), "cpu_s": round(tree_cpu() - c, 2), "events": st.events,
-            "notifications": st.notifications, "stages": st.seconds}
+    st = replay_job(
+        spark, ps, src, str(out), key="room", dataset=("keti", data, rooms) if fused else None
+    )
+    return {
+        "seconds": round(time.perf_counter() - t, 2),
+        "cpu_s": round(tree_cpu() - c, 2),
+        "events": st.events,
+        "notifications": st.notifications,
+        "stages": st.seconds,
+    }
 
 
 def spark_cold(data: str, rooms: list[str], out: Path, master: str) -> dict:
-    cmd = [sys.executable, "-m", "ens.commands.spark", "replay", "--dataset", "keti", data, "--rooms", ",".join(rooms),
-           "--profiles", PROFILES, "--key", "room", "--out", str(out), "--master", master]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ens.commands.spark",
+        "replay",
+        "--dataset",
+        "keti",
+        data,
+        "--rooms",
+        ",".join(rooms),
+        "--profiles",
+        PROFILES,
+        "--key",
+        "room",
+        "--out",
+        str(out),
+        "--master",
+        master,
+    ]
     t = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cpu = 0.0
@@ -113,8 +141,12 @@ def spark_cold(data: str, rooms: list[str], out: Path, master: str) -> dict:
     if p.returncode:
         raise RuntimeError(err)
     log = [ln for ln in err.splitlines() if ln.startswith("spark:")]
-    return {"seconds": round(time.perf_counter() - t, 2), "cpu_s": round(cpu, 2), "command": " ".join(cmd[1:]),
-            "log": log}
+    return {
+        "seconds": round(time.perf_counter() - t, 2),
+        "cpu_s": round(cpu, 2),
+        "command": " ".join(cmd[1:]),
+        "log": log,
+    }
 
 
 def plot(results: list[dict], png: Path) -> None:
@@ -129,9 +161,18 @@ def plot(results: list[dict], png: Path) -> None:
     last = {n: {"local": loc[n], "spark_cli": cli[n]} for n in loc if n in cli}
     rooms = sorted(last)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.plot(rooms, [last[n]["local"]["seconds"] for n in rooms], "o-", label="local replay (1 core)")
-    ax.plot(rooms, [last[n]["spark_cli"]["seconds"] for n in rooms], "s-", label="ens spark replay, wall (local[2])")
-    ax.plot(rooms, [last[n]["spark_cli"]["cpu_s"] for n in rooms], "s:", label="ens spark replay, CPU s")
+    ax.plot(
+        rooms, [last[n]["local"]["seconds"] for n in rooms], "o-", label="local replay (1 core)"
+    )
+    ax.plot(
+        rooms,
+        [last[n]["spark_cli"]["seconds"] for n in rooms],
+        "s-",
+        label="ens spark replay, wall (local[2])",
+    )
+    ax.plot(
+        rooms, [last[n]["spark_cli"]["cpu_s"] for n in rooms], "s:", label="ens spark replay, CPU s"
+    )
     ax.set_xlabel("KETI rooms replayed")
     ax.set_ylabel("seconds")
     ax.set_title("KETI replay: Spark vs one local engine (identical output)")
@@ -148,9 +189,13 @@ def main() -> None:
     ap.add_argument("--data", default="../shared/data/keti")
     ap.add_argument("--rooms", default="5,10,25", help="room counts (first N rooms by name)")
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--cold", action="store_true", help="run the CLI in a subprocess (JVM start included)")
+    ap.add_argument(
+        "--cold", action="store_true", help="run the CLI in a subprocess (JVM start included)"
+    )
     ap.add_argument("--no-local", action="store_true", help="reuse the last local output")
-    ap.add_argument("--generic", action="store_true", help="also time the generic path (parse table + shuffle)")
+    ap.add_argument(
+        "--generic", action="store_true", help="also time the generic path (parse table + shuffle)"
+    )
     ap.add_argument("--out", default="bench/results/spark_replay.json")
     ap.add_argument("--plot", default=None, help="only draw this PNG from the results in --out")
     args = ap.parse_args()
@@ -168,7 +213,12 @@ def main() -> None:
         rooms = all_rooms[:n]
         d = Path("bench/results")
         lo, so = d / f"keti-{n}-local.jsonl", d / f"keti-{n}-spark.jsonl"
-        rec: dict = {"rooms": n, "master": args.master, "cpus": os.cpu_count(), "load_before": os.getloadavg()}
+        rec: dict = {
+            "rooms": n,
+            "master": args.master,
+            "cpus": os.cpu_count(),
+            "load_before": os.getloadavg(),
+        }
         if not args.no_local:
             rec["local"] = local(args.data, rooms, lo)
         if args.cold:

@@ -54,8 +54,14 @@ NORMAL = {"temperature": (22, 2), "humidity": (45, 7), "co2": (600, 120), "light
 def event(rnd: random.Random, i: int, ts: float, rooms: int) -> dict[str, Any]:
     room = rnd.randrange(rooms)
     kind = rnd.choice(KINDS)
-    ev: dict[str, Any] = {"id": f"e{i}", "ts": round(ts, 3), "kind": kind, "room": f"r{room}",
-                          "building": f"b{room % 20}", "sensor": f"s{room}-{rnd.randrange(4)}"}
+    ev: dict[str, Any] = {
+        "id": f"e{i}",
+        "ts": round(ts, 3),
+        "kind": kind,
+        "room": f"r{room}",
+        "building": f"b{room % 20}",
+        "sensor": f"s{room}-{rnd.randrange(4)}",
+    }
     if kind == "window":
         ev["state"] = rnd.choices(["open", "closed", "broken"], weights=[10, 10, 1])[0]
     elif kind == "presence":
@@ -141,7 +147,10 @@ class CpuMeter:
         for pid, (kind, cpu) in self.last.items():
             out[kind] += cpu - self.first[pid]
         now = psutil.cpu_times()
-        busy = sum(getattr(now, f) - getattr(self.sys0, f) for f in ("user", "system", "nice", "irq", "softirq"))
+        busy = sum(
+            getattr(now, f) - getattr(self.sys0, f)
+            for f in ("user", "system", "nice", "irq", "softirq")
+        )
         out["machine"] = busy  # every process of the machine (the other engineer's jobs too)
         return {k: round(v, 2) for k, v in out.items()}
 
@@ -154,9 +163,19 @@ def status(r: redis.Redis) -> dict[str, Any]:
 def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
     from adapters.service.worker import EngineWorker, WorkerConfig
 
-    w = EngineWorker(r, WorkerConfig(reorder_seconds=2.0, clock="event", name="bench", batch=20,
-                                     snapshot_interval=1e9, snapshot_inputs=10**9,
-                                     status_interval=1e9, lock_ttl=600))
+    w = EngineWorker(
+        r,
+        WorkerConfig(
+            reorder_seconds=2.0,
+            clock="event",
+            name="bench",
+            batch=20,
+            snapshot_interval=1e9,
+            snapshot_inputs=10**9,
+            status_interval=1e9,
+            lock_ttl=600,
+        ),
+    )
     t = time.perf_counter()
     w.start()
     ready = time.perf_counter() - t
@@ -168,27 +187,44 @@ def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
     w.commit()
     secs = time.perf_counter() - t0
     cpu = meter.totals()
-    return {"engine": "worker", "events": n, "seconds": round(secs, 2),
-            "events_per_s": round(n / secs), "start_s": round(ready, 1),
-            "notifications": r.xlen(store.OUTBOX), "cpu_s": cpu,
-            "cores_busy": round(cpu["machine"] / secs, 2)}
+    return {
+        "engine": "worker",
+        "events": n,
+        "seconds": round(secs, 2),
+        "events_per_s": round(n / secs),
+        "start_s": round(ready, 1),
+        "notifications": r.xlen(store.OUTBOX),
+        "cpu_s": cpu,
+        "cores_busy": round(cpu["machine"] / secs, 2),
+    }
 
 
-def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: Any,
-              work: Path) -> dict[str, Any]:
+def run_spark(
+    r: redis.Redis, url: str, master: str, n: int, rooms: int, args: Any, work: Path
+) -> dict[str, Any]:
     from adapters.spark.session import get_spark
     from adapters.spark.stream import StreamConfig, start_query
 
     t = time.perf_counter()
     spark = get_spark(master, app=f"ens-bench-{master}")
     cp = work / f"cp-{master}"
-    q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(cp), trigger=args.trigger,
-                                        lateness=2.0, clock="event"))
+    q = start_query(
+        spark,
+        StreamConfig(
+            url, key="room", checkpoint=str(cp), trigger=args.trigger, lateness=2.0, clock="event"
+        ),
+    )
     try:
         # warm: one event through every Python worker (profiles parsed, engines built)
-        r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([{"id": "warm", "ts": T0 - 100,
-                                                          "kind": "probe", "room": "r0"}]),
-                           rs.INGEST_GATEWAY: "bench"})
+        r.xadd(
+            rs.INGEST,
+            {
+                rs.INGEST_BATCH: json.dumps(
+                    [{"id": "warm", "ts": T0 - 100, "kind": "probe", "room": "r0"}]
+                ),
+                rs.INGEST_GATEWAY: "bench",
+            },
+        )
         r.incrby(rs.INGEST_IN, 1)
         deadline = time.monotonic() + 600
         while status(r).get("total_read") != 1 and time.monotonic() < deadline:
@@ -212,11 +248,18 @@ def run_spark(r: redis.Redis, url: str, master: str, n: int, rooms: int, args: A
                 meter.sample()
         secs = time.perf_counter() - t0
         cpu = meter.totals()
-        row = {"engine": f"spark {master}", "events": n, "seconds": round(secs, 2),
-               "events_per_s": round(n / secs), "start_s": round(ready, 1),
-               "notifications": r.xlen(store.OUTBOX) - before, "cpu_s": cpu,
-               "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
-               "cores_busy": round(cpu["machine"] / secs, 2), **batches(q, first_batch)}
+        row = {
+            "engine": f"spark {master}",
+            "events": n,
+            "seconds": round(secs, 2),
+            "events_per_s": round(n / secs),
+            "start_s": round(ready, 1),
+            "notifications": r.xlen(store.OUTBOX) - before,
+            "cpu_s": cpu,
+            "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
+            "cores_busy": round(cpu["machine"] / secs, 2),
+            **batches(q, first_batch),
+        }
         if args.paced:
             row.update(paced(r, args.rate, args.paced, rooms))
         return row
@@ -234,7 +277,14 @@ def batches(q: Any, first: int) -> dict[str, Any]:
     for p in prog:
         for k, v in p["durationMs"].items():
             dur[k] = dur.get(k, 0) + v / 1000
-    keep = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")
+    keep = (
+        "triggerExecution",
+        "addBatch",
+        "latestOffset",
+        "queryPlanning",
+        "walCommit",
+        "commitOffsets",
+    )
     return {"batches": len(prog), "batch_s": {k: round(dur[k], 2) for k in keep if k in dur}}
 
 
@@ -266,9 +316,13 @@ def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, 
                 got[nrec["events"]["e"]["id"]] = rs.stream_ms(since)
         time.sleep(0.2)
     lat = sorted(got[k] - t for k, t in sent.items() if k in got)
-    return {"paced_rate": rate, "probes": len(sent), "lost": len(sent) - len(lat),
-            "p50_ms": round(1000 * statistics.median(lat)),
-            "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * (len(lat) - 1)))])}
+    return {
+        "paced_rate": rate,
+        "probes": len(sent),
+        "lost": len(sent) - len(lat),
+        "p50_ms": round(1000 * statistics.median(lat)),
+        "p99_ms": round(1000 * lat[min(len(lat) - 1, int(0.99 * (len(lat) - 1)))]),
+    }
 
 
 def main() -> None:
@@ -279,8 +333,11 @@ def main() -> None:
     ap.add_argument("--trigger", default="500 milliseconds")
     ap.add_argument("--paced", type=float, default=20.0, help="seconds of paced load (0: none)")
     ap.add_argument("--rate", type=float, default=300.0, help="paced events/s")
-    ap.add_argument("--engines", default="worker,local[1],local[2],local-cluster[2,1,2048]",
-                    help="worker and Spark masters, comma-separated")
+    ap.add_argument(
+        "--engines",
+        default="worker,local[1],local[2],local-cluster[2,1,2048]",
+        help="worker and Spark masters, comma-separated",
+    )
     ap.add_argument("--out", default="docs/results/spark_stream.jsonl")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ens-bench-stream-"))

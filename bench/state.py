@@ -39,29 +39,44 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profiles", type=int, default=10_000)
     ap.add_argument("--rooms", type=int, default=50)
-    ap.add_argument("--events", type=int, default=2000, help="readings of the room before the snapshot")
+    ap.add_argument(
+        "--events", type=int, default=2000, help="readings of the room before the snapshot"
+    )
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
 
     recs = list(generate(args.profiles, rooms=args.rooms))
     room = "r1"
-    profiles = [parse_profile(r["expr"], r["id"], r["subscriber"]) for r in recs
-                if "per room" in r["expr"] or f'"{room}"' in r["expr"]]
+    profiles = [
+        parse_profile(r["expr"], r["id"], r["subscriber"])
+        for r in recs
+        if "per room" in r["expr"] or f'"{room}"' in r["expr"]
+    ]
     by_id = {p.id: p for p in profiles}
     eng = Engine(profiles)
     rng = random.Random(7)
     kinds = ["co2", "presence", "temperature", "humidity", "window", "ack", "light"]
     for i in range(args.events):
         kind = rng.choice(kinds)
-        attrs: dict = {"kind": kind, "room": room, "building": "b1", "sensor": f"{kind}-{room}",
-                       "value": rng.choice([0, 1, 20, 28, 31, 65, 80, 900, 1300, 1600])}
+        attrs: dict = {
+            "kind": kind,
+            "room": room,
+            "building": "b1",
+            "sensor": f"{kind}-{room}",
+            "value": rng.choice([0, 1, 20, 28, 31, 65, 80, 900, 1300, 1600]),
+        }
         if kind == "window":
             attrs["state"] = "broken"
         eng.process(Event(f"e{i}", 1_700_000_000 + i * 3.0, attrs))
     eng.take_notifications()
-    live = Engine.restore(eng.snapshot(profiles_apart=True), by_id).stats()  # without dormant owners
+    live = Engine.restore(
+        eng.snapshot(profiles_apart=True), by_id
+    ).stats()  # without dormant owners
 
-    rows: dict[str, dict[str, list[float]]] = {"v1": {"write": [], "read": []}, "v2": {"write": [], "read": []}}
+    rows: dict[str, dict[str, list[float]]] = {
+        "v1": {"write": [], "read": []},
+        "v2": {"write": [], "read": []},
+    }
     sizes = {}
     for _ in range(args.repeat):
         for name in ("v1", "v2"):
@@ -75,15 +90,27 @@ def main() -> None:
             assert back.stats() == live
     med = {n: {k: statistics.median(v) * 1000 for k, v in r.items()} for n, r in rows.items()}
     out = {
-        "profiles": len(profiles), "events": args.events, "state": live,
-        "v1": {"bytes": sizes["v1"], "write_ms": round(med["v1"]["write"], 2), "restore_ms": round(med["v1"]["read"], 2)},
-        "v2": {"bytes": sizes["v2"], "write_ms": round(med["v2"]["write"], 2), "restore_ms": round(med["v2"]["read"], 2)},
+        "profiles": len(profiles),
+        "events": args.events,
+        "state": live,
+        "v1": {
+            "bytes": sizes["v1"],
+            "write_ms": round(med["v1"]["write"], 2),
+            "restore_ms": round(med["v1"]["read"], 2),
+        },
+        "v2": {
+            "bytes": sizes["v2"],
+            "write_ms": round(med["v2"]["write"], 2),
+            "restore_ms": round(med["v2"]["read"], 2),
+        },
         "restore_speedup_v2_over_v1": round(med["v1"]["read"] / med["v2"]["read"], 2),
         "size_v2_over_v1": round(sizes["v2"] / sizes["v1"], 2),
     }
     print(f"{'format':8} {'bytes':>10} {'write ms':>10} {'restore ms':>11}")
     for n in ("v1", "v2"):
-        print(f"{n:8} {out[n]['bytes']:>10,} {out[n]['write_ms']:>10.2f} {out[n]['restore_ms']:>11.2f}")
+        print(
+            f"{n:8} {out[n]['bytes']:>10,} {out[n]['write_ms']:>10.2f} {out[n]['restore_ms']:>11.2f}"
+        )
     print(json.dumps(out))
 
 

@@ -37,8 +37,12 @@ def _print_version(value: bool) -> None:
 def _options(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_print_version, is_eager=True,
-                     help="Print the version of ens and exit."),
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version of ens and exit.",
+        ),
     ] = False,
 ) -> None:
     pass
@@ -101,7 +105,9 @@ def read_event_file(path: str, progress=None) -> list:  # noqa: ANN001 - list[Ev
     except UnicodeDecodeError:
         raise ENSError(f"{path}: not UTF-8 text (events are JSON lines in UTF-8)") from None
     except (OSError, EOFError) as e:  # a corrupt or truncated .gz
-        raise ENSError(f"cannot read event file {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise ENSError(
+            f"cannot read event file {path}: {getattr(e, 'strerror', None) or e}"
+        ) from None
 
 
 def parse_time_arg(text: str | None) -> float | None:
@@ -134,7 +140,9 @@ def write_lines(records: list[dict], out: str | None) -> None:
         with atomic_text(out, gzip_gz=False) as fh:  # as before: JSON lines whatever the name
             fh.write(text)
     except OSError as e:
-        raise ENSError(f"cannot write --out {out}: {e.strerror or e} ({Path(out).parent})") from None
+        raise ENSError(
+            f"cannot write --out {out}: {e.strerror or e} ({Path(out).parent})"
+        ) from None
 
 
 @app.command()
@@ -172,14 +180,21 @@ def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201
 
 
 def make_engine(  # noqa: ANN201
-    engine: str, profiles, tz: str, variant: str | None = None, plan: str = "eager", rates=None  # noqa: ANN001
+    engine: str,
+    profiles,
+    tz: str,
+    variant: str | None = None,
+    plan: str = "eager",
+    rates=None,  # noqa: ANN001
 ):
     if engine == "single-step":
         from filters.engine import Engine
 
         if variant and variant not in Engine.VARIANTS:
             raise ENSError(f"unknown variant {variant!r} (one of {', '.join(Engine.VARIANTS)})")
-        return Engine(profiles, tz=tz, variant=variant or Engine.DEFAULT_VARIANT, plan=plan, rates=rates)
+        return Engine(
+            profiles, tz=tz, variant=variant or Engine.DEFAULT_VARIANT, plan=plan, rates=rates
+        )
     if engine == "two-step":
         if variant:
             raise ENSError("--variant applies to the single-step engine only")
@@ -189,8 +204,6 @@ def make_engine(  # noqa: ANN201
 
         return TwoStepEngine(profiles, tz=tz)
     raise ENSError(f"unknown engine {engine!r} (single-step or two-step)")
-
-
 
 
 PROGRESS_BYTES = 1 << 20  # a bar for event files from 1 MiB; smaller ones take a blink
@@ -217,9 +230,14 @@ class _ReplayProgress:
             TimeRemainingColumn,
         )
 
-        self.bar = Progress(TextColumn("{task.description:<15}"), BarColumn(),
-                            TaskProgressColumn(), TimeRemainingColumn(),
-                            console=Console(stderr=True), transient=True)
+        self.bar = Progress(
+            TextColumn("{task.description:<15}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.bar.start()
         self.reading = self.bar.add_task("reading events", total=size)
 
@@ -262,12 +280,21 @@ def replay(
             metavar="[PROFILES] EVENTS",
         ),
     ],
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Write notifications here (default stdout).")] = None,
-    until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")] = None,
-    index: Annotated[
-        Path | None, typer.Option(help="Load the profiles from an `ens spark index` snapshot instead (no parsing).")
+    out: Annotated[
+        str | None, typer.Option("--out", "-o", help="Write notifications here (default stdout).")
     ] = None,
-    engine: Annotated[str, typer.Option(help="single-step (CompAS) or two-step (baseline).")] = "single-step",
+    until: Annotated[
+        str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
+    ] = None,
+    index: Annotated[
+        Path | None,
+        typer.Option(
+            help="Load the profiles from an `ens spark index` snapshot instead (no parsing)."
+        ),
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="single-step (CompAS) or two-step (baseline).")
+    ] = "single-step",
     variant: Annotated[
         str | None,
         typer.Option(
@@ -365,7 +392,9 @@ def _mount() -> None:
     app.add_typer(data.app, name="data")
     app.add_typer(spark_cli.app, name="spark")
     app.add_typer(generate_cli.app, name="generate")
-    app.add_typer(notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters.")
+    app.add_typer(
+        notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters."
+    )
     from ens.commands.service import register
 
     register(app)  # serve, post, profile, subscriber, gateway; `notifications tail`

@@ -327,8 +327,9 @@ class WebhookSink:
         self.server = ThreadingHTTPServer((HOST, 0), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
-        self._thread = threading.Thread(target=self.server.serve_forever, name="webhook-sink",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="webhook-sink", daemon=True
+        )
 
     def url(self, sid: str, ch: int) -> str:
         return f"http://{HOST}:{self.port}/hook/{sid}/{ch}"
@@ -359,11 +360,29 @@ class Service:
         self._embedded: Any = None
         self._clients: list[Any] = []
         self.cmd = [
-            sys.executable, "-m", "ens.service", "serve", "--host", HOST, "--port", str(port),
-            "--data-dir", str(data_dir), "--clock", "event", "--reorder-seconds", f"{reorder:g}",
-            "--status-interval", "5", "--log-level", "INFO",
+            sys.executable,
+            "-m",
+            "ens.service",
+            "serve",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--clock",
+            "event",
+            "--reorder-seconds",
+            f"{reorder:g}",
+            "--status-interval",
+            "5",
+            "--log-level",
+            "INFO",
             # the feed's days are replayed in event time, far from the wall clock
-            "--max-past", "off", "--max-future", "off",
+            "--max-past",
+            "off",
+            "--max-future",
+            "off",
         ]
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("ENS_")}
         # the sinks are on loopback: webhooks must not go through a proxy from the environment
@@ -374,20 +393,27 @@ class Service:
         with self.log_path.open("wb") as log:
             # Own session: Ctrl-C reaches the demo only, which then stops things in order.
             self.proc = subprocess.Popen(
-                self.cmd, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                self.cmd,
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise DemoFailure(f"the service exited with status {self.proc.returncode}:\n"
-                                  + self.log_tail())
+                raise DemoFailure(
+                    f"the service exited with status {self.proc.returncode}:\n" + self.log_tail()
+                )
             with suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/healthz", timeout=2, trust_env=False).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                raise DemoFailure(f"the service did not become healthy in {timeout:g} s:\n"
-                                  + self.log_tail())
+                raise DemoFailure(
+                    f"the service did not become healthy in {timeout:g} s:\n" + self.log_tail()
+                )
             time.sleep(0.1)
         self._attach()
 
@@ -477,11 +503,16 @@ class Display:
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.progress = Progress(
-            TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("[cyan]{task.fields[n]}[/] notifications, [green]{task.fields[m]}[/] "
-                       "mails, [magenta]{task.fields[w]}[/] webhooks"),
-            console=console, transient=False,
+            TextColumn(
+                "[cyan]{task.fields[n]}[/] notifications, [green]{task.fields[m]}[/] "
+                "mails, [magenta]{task.fields[w]}[/] webhooks"
+            ),
+            console=console,
+            transient=False,
         )
         self.tasks: dict[str, Any] = {}
 
@@ -506,16 +537,22 @@ class Display:
     def notification(self, rec: dict[str, Any]) -> None:
         part = " ".join(f"{k}={v}" for k, v in (rec.get("partition") or {}).items())
         evs = " ".join(f"{k}={e.get('id')}" for k, e in (rec.get("events") or {}).items())
-        self.line("notification", f"  [cyan]●[/] {_when(rec.get('ts'), True)}  "
-                  f"[bold]{rec.get('profile')}[/]  {part}  [dim]{evs}[/]")
+        self.line(
+            "notification",
+            f"  [cyan]●[/] {_when(rec.get('ts'), True)}  "
+            f"[bold]{rec.get('profile')}[/]  {part}  [dim]{evs}[/]",
+        )
 
     def mail(self, rcpt: str, subject: str) -> None:
         self.line("mail", f"  [green]✉[/] mail to {rcpt}: {subject}")
 
     def webhook(self, sid: str, ok: bool, payload: dict[str, Any]) -> None:
         if ok:
-            self.line("webhook", f"  [magenta]↪[/] webhook for {sid}: signature verified "
-                      f"({payload.get('profile')}, {payload.get('notification_id')})")
+            self.line(
+                "webhook",
+                f"  [magenta]↪[/] webhook for {sid}: signature verified "
+                f"({payload.get('profile')}, {payload.get('notification_id')})",
+            )
         else:
             self.line("bad webhook", f"  [red]✗ webhook for {sid}: signature INVALID[/]")
 
@@ -603,14 +640,21 @@ def _delivery_done(r: Any) -> bool:
         return False
     g = groups.get(store.GROUP)
     return bool(
-        g and g["pending"] == 0 and g["last-delivered-id"] == last[0][0]
-        and r.zcard(store.RETRY) == 0 and r.zcard(store.DIGESTS) == 0
+        g
+        and g["pending"] == 0
+        and g["last-delivered-id"] == last[0][0]
+        and r.zcard(store.RETRY) == 0
+        and r.zcard(store.DIGESTS) == 0
     )
 
 
 def _key(profile: str, ts: float, events: dict[str, str], partition: Any) -> tuple[Any, ...]:
-    return (profile, round(ts, 6), tuple(sorted(events.items())),
-            json.dumps(partition, sort_keys=True))
+    return (
+        profile,
+        round(ts, 6),
+        tuple(sorted(events.items())),
+        json.dumps(partition, sort_keys=True),
+    )
 
 
 def compare_with_replay(
@@ -624,8 +668,9 @@ def compare_with_replay(
         for n in replay(profiles, events)
     )
     got = Counter(
-        _key(n["profile"], n["ts"], {k: e["id"] for k, e in n["events"].items()},
-             n.get("partition"))
+        _key(
+            n["profile"], n["ts"], {k: e["id"] for k, e in n["events"].items()}, n.get("partition")
+        )
         for n in outbox
     )
     return sum(want.values()), want == got
@@ -657,12 +702,23 @@ def summary_rows(profiles: list[Any], outbox: list[dict[str, Any]]) -> list[Prof
 
 def print_summary(console: Console, res: DemoResult) -> None:
     table = Table(title=f"Notifications per profile ({res.feed})", title_justify="left")
-    for col, just in (("profile", "left"), ("subscriber", "left"), ("notifications", "right"),
-                      ("first (UTC)", "left"), ("last (UTC)", "left")):
+    for col, just in (
+        ("profile", "left"),
+        ("subscriber", "left"),
+        ("notifications", "right"),
+        ("first (UTC)", "left"),
+        ("last (UTC)", "left"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for row in res.rows:
-        table.add_row(row.profile, row.subscriber or "-", str(row.count), _when(row.first),
-                      _when(row.last), style=None if row.count else "dim")
+        table.add_row(
+            row.profile,
+            row.subscriber or "-",
+            str(row.count),
+            _when(row.first),
+            _when(row.last),
+            style=None if row.count else "dim",
+        )
     table.add_section()
     table.add_row("total", "", str(res.notifications), "", "")
     console.print(table)
@@ -674,29 +730,46 @@ def print_summary(console: Console, res: DemoResult) -> None:
     deliveries.add_column(justify="left")
     deliveries.add_column(justify="right")
     deliveries.add_column()
-    deliveries.add_row("mails received by the sink", f"{res.mails} / {res.mails_expected}",
-                       mark(res.mails == res.mails_expected))
-    deliveries.add_row("webhooks with a valid signature",
-                       f"{res.webhooks_valid} / {res.webhooks_expected}",
-                       mark(res.webhooks_valid == res.webhooks_expected))
-    deliveries.add_row("webhooks with a bad signature", str(res.webhooks_invalid),
-                       mark(not res.webhooks_invalid))
+    deliveries.add_row(
+        "mails received by the sink",
+        f"{res.mails} / {res.mails_expected}",
+        mark(res.mails == res.mails_expected),
+    )
+    deliveries.add_row(
+        "webhooks with a valid signature",
+        f"{res.webhooks_valid} / {res.webhooks_expected}",
+        mark(res.webhooks_valid == res.webhooks_expected),
+    )
+    deliveries.add_row(
+        "webhooks with a bad signature", str(res.webhooks_invalid), mark(not res.webhooks_invalid)
+    )
     deliveries.add_row("dead letters", str(res.dead_letters), mark(not res.dead_letters))
     if res.incidents is not None:
-        deliveries.add_row("injected incidents reported",
-                           f"{res.incidents_found} / {res.incidents}",
-                           mark(res.incidents_found == res.incidents))
-    deliveries.add_row("outbox = offline `ens replay`",
-                       f"{res.replay_notifications} notifications", mark(res.replay_match))
+        deliveries.add_row(
+            "injected incidents reported",
+            f"{res.incidents_found} / {res.incidents}",
+            mark(res.incidents_found == res.incidents),
+        )
+    deliveries.add_row(
+        "outbox = offline `ens replay`",
+        f"{res.replay_notifications} notifications",
+        mark(res.replay_match),
+    )
     if res.service_status is not None:
-        deliveries.add_row("service stopped (exit status)", str(res.service_status),
-                           mark(res.service_status == 0))
-        deliveries.add_row("processes left running", f"{len(res.leftovers)} of {len(res.pids)}",
-                           mark(not res.leftovers))
+        deliveries.add_row(
+            "service stopped (exit status)", str(res.service_status), mark(res.service_status == 0)
+        )
+        deliveries.add_row(
+            "processes left running",
+            f"{len(res.leftovers)} of {len(res.pids)}",
+            mark(not res.leftovers),
+        )
     console.print(deliveries)
     rate = res.events / res.post_seconds if res.post_seconds else 0.0
-    console.print(f"{res.events} events posted in {res.post_seconds:.1f} s ({rate:,.0f} events/s); "
-                  f"demo took {res.total_seconds:.1f} s.")
+    console.print(
+        f"{res.events} events posted in {res.post_seconds:.1f} s ({rate:,.0f} events/s); "
+        f"demo took {res.total_seconds:.1f} s."
+    )
 
 
 @contextmanager
@@ -734,18 +807,30 @@ def _run(cfg: DemoConfig, console: Console | None) -> DemoResult:
     if cfg.port:
         check_port(cfg.port)
     port = cfg.port or free_port()
-    console.print(f"[bold]ENS demo[/]: {len(feed.events)} events ({feed.name}), "
-                  f"{len(pset.profiles)} profiles from {cfg.profiles or feed.profiles}")
+    console.print(
+        f"[bold]ENS demo[/]: {len(feed.events)} events ({feed.name}), "
+        f"{len(pset.profiles)} profiles from {cfg.profiles or feed.profiles}"
+    )
 
     display = Display(console, cfg.show)
     mail_sink = MailSink(display.mail)
     hook_sink = WebhookSink(display.webhook)
     data_dir = Path(tempfile.mkdtemp(prefix="ens-demo-"))
-    service = Service(data_dir, port, cfg.reorder_seconds, {
-        "ENS_SMTP_HOST": HOST, "ENS_SMTP_PORT": str(mail_sink.port), "ENS_SMTP_SECURITY": "none",
-        "ENS_SMTP_FROM": "ENS demo <ens-demo@localhost>", "ENS_WORKER_POLL": "0.2",
-        "ENS_WORKER_NAME": "ens-demo", "ENS_ENGINE_NAME": "ens-demo", "ENS_RETRY_BASE": "0.2",
-    })
+    service = Service(
+        data_dir,
+        port,
+        cfg.reorder_seconds,
+        {
+            "ENS_SMTP_HOST": HOST,
+            "ENS_SMTP_PORT": str(mail_sink.port),
+            "ENS_SMTP_SECURITY": "none",
+            "ENS_SMTP_FROM": "ENS demo <ens-demo@localhost>",
+            "ENS_WORKER_POLL": "0.2",
+            "ENS_WORKER_NAME": "ens-demo",
+            "ENS_ENGINE_NAME": "ens-demo",
+            "ENS_RETRY_BASE": "0.2",
+        },
+    )
     watcher: OutboxWatcher | None = None
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, data_dir, True)
@@ -756,8 +841,10 @@ def _run(cfg: DemoConfig, console: Console | None) -> DemoResult:
         try:
             console.print(f"starting the service on {service.url} (embedded Redis in {data_dir})")
             service.start()
-            console.print(f"  mail sink on {HOST}:{mail_sink.port}, webhook sink on "
-                          f"http://{HOST}:{hook_sink.port}/hook/<subscriber>/<channel>")
+            console.print(
+                f"  mail sink on {HOST}:{mail_sink.port}, webhook sink on "
+                f"http://{HOST}:{hook_sink.port}/hook/<subscriber>/<channel>"
+            )
             r = service.redis()
             subs, key = _load(console, service, pset, hook_sink, r)
             watcher = OutboxWatcher(service.redis(), display.notification)
@@ -797,20 +884,35 @@ def _load(
         for sub in subs:
             _api(client, "POST", "/v1/subscribers", service.admin_token, sub)
         for p in pset.profiles:
-            _api(client, "POST", "/v1/profiles", service.admin_token,
-                 {"id": p.id, "expr": p.source, "subscriber": p.subscriber})
+            _api(
+                client,
+                "POST",
+                "/v1/profiles",
+                service.admin_token,
+                {"id": p.id, "expr": p.source, "subscriber": p.subscriber},
+            )
     if dropped:
-        console.print("[yellow]note:[/] e-mail digests are off in the demo (their windows are "
-                      "wall-clock time)")
+        console.print(
+            "[yellow]note:[/] e-mail digests are off in the demo (their windows are "
+            "wall-clock time)"
+        )
     key = rs.add_gateway(r, GATEWAY)  # no HTTP endpoint for gateways: `ens gateway add` does this
-    console.print(f"  {len(subs)} subscribers and {len(pset.profiles)} profiles loaded over the "
-                  f"admin API; gateway {GATEWAY!r} created")
+    console.print(
+        f"  {len(subs)} subscribers and {len(pset.profiles)} profiles loaded over the "
+        f"admin API; gateway {GATEWAY!r} created"
+    )
     return subs, key
 
 
 def _result(
-    cfg: DemoConfig, feed: Feed, profiles: list[Any], subs: list[dict[str, Any]],
-    outbox: list[dict[str, Any]], mails: MailSink, hooks: WebhookSink, r: Any,
+    cfg: DemoConfig,
+    feed: Feed,
+    profiles: list[Any],
+    subs: list[dict[str, Any]],
+    outbox: list[dict[str, Any]],
+    mails: MailSink,
+    hooks: WebhookSink,
+    r: Any,
 ) -> DemoResult:
     from notifiers import store
 
@@ -823,18 +925,30 @@ def _result(
         mails_expected += sum("email" in c for c in chans)
         webhooks_expected += sum("webhook" in c for c in chans)
     return DemoResult(
-        feed=feed.name, events=len(feed.events), rows=summary_rows(profiles, outbox),
-        notifications=len(outbox), replay_notifications=replay_count, replay_match=match,
-        mails=len(mails.received), mails_expected=mails_expected,
-        webhooks_valid=len(hooks.keys), webhooks_invalid=hooks.invalid,
-        webhooks_expected=webhooks_expected, dead_letters=int(r.xlen(store.DEADLETTER)),
+        feed=feed.name,
+        events=len(feed.events),
+        rows=summary_rows(profiles, outbox),
+        notifications=len(outbox),
+        replay_notifications=replay_count,
+        replay_match=match,
+        mails=len(mails.received),
+        mails_expected=mails_expected,
+        webhooks_valid=len(hooks.keys),
+        webhooks_invalid=hooks.invalid,
+        webhooks_expected=webhooks_expected,
+        dead_letters=int(r.xlen(store.DEADLETTER)),
         incidents=None if truth is None else len(truth),
         incidents_found=0 if truth is None else count_incidents(truth, outbox),
     )
 
 
 def _post_and_wait(
-    cfg: DemoConfig, feed: Feed, key: str, r: Any, service: Service, display: Display,
+    cfg: DemoConfig,
+    feed: Feed,
+    key: str,
+    r: Any,
+    service: Service,
+    display: Display,
     watcher: OutboxWatcher,
 ) -> float:
     """Post the feed in batches (progress bar), then wait for the engine and the deliveries."""
@@ -849,8 +963,9 @@ def _post_and_wait(
 
     def check_alive() -> None:
         if service.proc is not None and service.proc.poll() is not None:
-            raise DemoFailure(f"the service exited with status {service.proc.returncode}:\n"
-                              + service.log_tail())
+            raise DemoFailure(
+                f"the service exited with status {service.proc.returncode}:\n" + service.log_tail()
+            )
         if watcher.error is not None:
             raise DemoFailure(f"reading the outbox failed: {watcher.error}")
 
@@ -880,7 +995,8 @@ def _post_and_wait(
             done_events = processed()
             st = rs.worker_status(r) or {"stats": {}}
             engine_done = (
-                done_events >= total and not st["stats"].get("buffered")
+                done_events >= total
+                and not st["stats"].get("buffered")
                 and not st["stats"].get("pending_notifications")
             )
             progress.update(engine, completed=done_events)
@@ -891,9 +1007,11 @@ def _post_and_wait(
                 last, moved = state, time.monotonic()
             elif time.monotonic() - moved > cfg.stall_timeout:
                 what = "deliveries" if done_events >= total else "the engine"
-                raise DemoFailure(f"no progress for {cfg.stall_timeout:g} s, waiting for {what} "
-                                  f"({done_events}/{total} events processed, "
-                                  f"{len(watcher.records)} notifications)")
+                raise DemoFailure(
+                    f"no progress for {cfg.stall_timeout:g} s, waiting for {what} "
+                    f"({done_events}/{total} events processed, "
+                    f"{len(watcher.records)} notifications)"
+                )
             time.sleep(0.2)
         progress.update(engine, description="engine done")
         time.sleep(0.1)  # let the outbox watcher print the last records
@@ -902,7 +1020,11 @@ def _post_and_wait(
 
 
 def _keep_running(
-    console: Console, service: Service, key: str, hooks: WebhookSink, mails: MailSink,
+    console: Console,
+    service: Service,
+    key: str,
+    hooks: WebhookSink,
+    mails: MailSink,
     display: Display,
 ) -> None:
     """Print how to reach everything, then wait for Ctrl-C or SIGTERM."""
@@ -911,14 +1033,19 @@ def _keep_running(
     console.print(f"[bold]ENS keeps running[/] at {service.url}  (API docs: {service.url}/docs)")
     console.print(f"  admin token:  {service.admin_token}")
     console.print(f"  gateway key:  {key}")
-    console.print(f"  data dir:     {service.data_dir}  (e.g. ens profile list --data-dir "
-                  f"{service.data_dir})")
+    console.print(
+        f"  data dir:     {service.data_dir}  (e.g. ens profile list --data-dir {service.data_dir})"
+    )
     console.print(f"  service log:  {service.log_path}")
-    console.print(f"  mail sink:    {HOST}:{mails.port};  webhook sink: "
-                  f"http://{HOST}:{hooks.port}/hook/<subscriber>/<channel>")
-    console.print(f"  try: curl -H 'Authorization: Bearer {key}' -d "
-                  f"'{{\"ts\": {int(time.time())}, \"kind\": \"temperature\", \"value\": 35}}' "
-                  f"{service.url}/v1/events")
+    console.print(
+        f"  mail sink:    {HOST}:{mails.port};  webhook sink: "
+        f"http://{HOST}:{hooks.port}/hook/<subscriber>/<channel>"
+    )
+    console.print(
+        f"  try: curl -H 'Authorization: Bearer {key}' -d "
+        f'\'{{"ts": {int(time.time())}, "kind": "temperature", "value": 35}}\' '
+        f"{service.url}/v1/events"
+    )
     console.print("Ctrl-C stops everything.")
     try:
         while service.proc is not None and service.proc.poll() is None:

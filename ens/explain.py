@@ -13,7 +13,11 @@ from profiles.events import Event
 
 
 def _when(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" + f" (ts={ts:.3f})".replace(".000)", ")")
+    return (
+        dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        + "Z"
+        + f" (ts={ts:.3f})".replace(".000)", ")")
+    )
 
 
 def explain(

@@ -55,7 +55,9 @@ def check_tz(tz: str) -> str:
     try:
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ENSError(f"--tz: unknown time zone {tz!r} (an IANA name such as UTC or Europe/Berlin)") from None
+        raise ENSError(
+            f"--tz: unknown time zone {tz!r} (an IANA name such as UTC or Europe/Berlin)"
+        ) from None
     return tz
 
 
@@ -96,21 +98,36 @@ DURATION_HELP = "500ms, 2s, 30m, 1h, 1d or seconds"
 
 @overload
 def parse_duration(
-    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
-    maximum: float | None = None, off: Literal[False] = False,
+    flag: str,
+    value: str | float,
+    *,
+    minimum: float = 0.0,
+    above: bool = False,
+    maximum: float | None = None,
+    off: Literal[False] = False,
 ) -> float: ...
 
 
 @overload
 def parse_duration(
-    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
-    maximum: float | None = None, off: bool,
+    flag: str,
+    value: str | float,
+    *,
+    minimum: float = 0.0,
+    above: bool = False,
+    maximum: float | None = None,
+    off: bool,
 ) -> float | None: ...
 
 
 def parse_duration(
-    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
-    maximum: float | None = None, off: bool = False,
+    flag: str,
+    value: str | float,
+    *,
+    minimum: float = 0.0,
+    above: bool = False,
+    maximum: float | None = None,
+    off: bool = False,
 ) -> float | None:
     """A duration option in seconds: ``500ms``, ``2s``, ``30m``, ``1h``, ``1d`` or plain seconds.
 
@@ -132,24 +149,40 @@ def parse_duration(
 
 
 def parse_number(
-    flag: str, value: str | float, *, minimum: float = 0.0, above: bool = False,
-    maximum: float | None = None, integer: bool = False,
+    flag: str,
+    value: str | float,
+    *,
+    minimum: float = 0.0,
+    above: bool = False,
+    maximum: float | None = None,
+    integer: bool = False,
 ) -> float:
     """A finite number option within its range (NaN and infinities refused), naming ``flag``."""
     text = str(value).strip()
     try:
         number = int(text) if integer else float(text)
     except ValueError:
-        raise ENSError(f"{flag} {value!r}: expected {'an integer' if integer else 'a number'}") from None
+        raise ENSError(
+            f"{flag} {value!r}: expected {'an integer' if integer else 'a number'}"
+        ) from None
     if not math.isfinite(number):
         raise ENSError(f"{flag} {value!r}: expected a finite number")
     _check_range(flag, value, float(number), minimum, above, maximum, "")
     return number
 
 
-def _check_range(flag: str, value: object, number: float, minimum: float, above: bool,
-                 maximum: float | None, unit: str) -> None:
+def _check_range(
+    flag: str,
+    value: object,
+    number: float,
+    minimum: float,
+    above: bool,
+    maximum: float | None,
+    unit: str,
+) -> None:
     if number < minimum or (above and number == minimum):
-        raise ENSError(f"{flag} {value!r}: must be {'above' if above else 'at least'} {minimum:g}{unit}")
+        raise ENSError(
+            f"{flag} {value!r}: must be {'above' if above else 'at least'} {minimum:g}{unit}"
+        )
     if maximum is not None and number > maximum:
         raise ENSError(f"{flag} {value!r}: must be at most {maximum:g}{unit}")

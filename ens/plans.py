@@ -36,9 +36,13 @@ def load_stats(path: str | Path | None) -> Rates | None:
     except IsADirectoryError:
         raise ENSError(f"--stats: {path} is a directory, not an `ens spark stats` file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ENSError(f"--stats: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise ENSError(
+            f"--stats: cannot read {path}: {getattr(e, 'strerror', None) or e}"
+        ) from None
     except json.JSONDecodeError as e:
-        raise ENSError(f"--stats: {path}, line {e.lineno}, column {e.colno}: not JSON ({e.msg})") from None
+        raise ENSError(
+            f"--stats: {path}, line {e.lineno}, column {e.colno}: not JSON ({e.msg})"
+        ) from None
     if not isinstance(doc, dict) or doc.get("version") != 1:
         raise ENSError(f"--stats: {path} is not an `ens spark stats` document (version 1)")
     for part in ("profiles", "filters"):
@@ -47,10 +51,14 @@ def load_stats(path: str | Path | None) -> Rates | None:
     try:
         return Rates(doc)
     except (AttributeError, TypeError):
-        raise ENSError(f"--stats: {path}: every component entry must be an object with rate_per_hour") from None
+        raise ENSError(
+            f"--stats: {path}: every component entry must be an object with rate_per_hour"
+        ) from None
 
 
-def count_stats(profiles: list[Profile], events: Iterable[Event], source: str = "") -> dict[str, Any]:
+def count_stats(
+    profiles: list[Profile], events: Iterable[Event], source: str = ""
+) -> dict[str, Any]:
     """The `ens spark stats` document computed locally (tests, benchmarks; no Spark needed)."""
     from adapters.spark.plan import leaves
     from adapters.spark.stats import VERSION, Counter, _rates, distinct_filters
@@ -67,15 +75,22 @@ def count_stats(profiles: list[Profile], events: Iterable[Event], source: str = 
         last = ev.ts if last is None else max(last, ev.ts)
     hours = (last - first) / 3600.0 if first is not None and last is not None else None
     doc: dict[str, Any] = {
-        "version": VERSION, "source": source, "events": n, "first_ts": first, "last_ts": last,
+        "version": VERSION,
+        "source": source,
+        "events": n,
+        "first_ts": first,
+        "last_ts": last,
         "hours": round(hours, 6) if hours is not None else None,
         "filters": {k: _rates(c.counts[i], n, hours) for k, i in pos.items()},
         "profiles": {},
     }
     for p in profiles:
         doc["profiles"][p.id] = {
-            lf.name: {"filter": filter_key(lf.filter), "negated": lf.negated,
-                      **_rates(c.counts[pos[filter_key(lf.filter)]], n, hours)}
+            lf.name: {
+                "filter": filter_key(lf.filter),
+                "negated": lf.negated,
+                **_rates(c.counts[pos[filter_key(lf.filter)]], n, hours),
+            }
             for lf in leaves(p)
         }
     return doc

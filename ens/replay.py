@@ -44,5 +44,7 @@ def replay(
     return out
 
 
-def replay_json(profiles: Iterable[Profile], events: Iterable[Event], until: float | None = None, **kw: Any) -> list[dict[str, Any]]:
+def replay_json(
+    profiles: Iterable[Profile], events: Iterable[Event], until: float | None = None, **kw: Any
+) -> list[dict[str, Any]]:
     return [n.to_json() for n in replay(profiles, events, until, **kw)]

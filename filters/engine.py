@@ -51,7 +51,18 @@ class _PM:
     """A partial match: bound events per positive leaf, the mask of bound leaves."""
 
     # what a completion reads first: fewer cache lines touched per event
-    __slots__ = ("mask", "binds", "regs", "alive", "part", "counts", "negc", "handle", "deadline", "nlog")
+    __slots__ = (
+        "mask",
+        "binds",
+        "regs",
+        "alive",
+        "part",
+        "counts",
+        "negc",
+        "handle",
+        "deadline",
+        "nlog",
+    )
 
     def __init__(self, n: int, part: _Partition) -> None:
         self.mask = 0
@@ -98,7 +109,17 @@ class _PM:
 
 class _Partition:
     __slots__ = (  # what a completion reads first: fewer cache lines touched per event
-        "pms", "regs", "dormant", "values", "key", "held", "entries", "until", "starts", "starts_ts", "history",
+        "pms",
+        "regs",
+        "dormant",
+        "values",
+        "key",
+        "held",
+        "entries",
+        "until",
+        "starts",
+        "starts_ts",
+        "history",
         "handle",
     )
 
@@ -269,7 +290,9 @@ class _AbsentRuntime(_Runtime):
         if not self.per and now is not None and () not in self.parts:
             self._arm((), None, None, now)
 
-    def _arm(self, key: tuple, values: dict[str, Any] | None, last: Event | None, at: float) -> None:
+    def _arm(
+        self, key: tuple, values: dict[str, Any] | None, last: Event | None, at: float
+    ) -> None:
         st = self.parts.get(key)
         if st is not None:
             self.engine.timers.discard(st[1])
@@ -282,7 +305,11 @@ class _AbsentRuntime(_Runtime):
             return
         values = self.partition_values(ev.attrs)
         if self.engine.tracer is not None:
-            self.engine._trace(self.profile.id, "restarted", f"silence timer by {ev.id} until ts={_num(ev.ts + self.window)}")
+            self.engine._trace(
+                self.profile.id,
+                "restarted",
+                f"silence timer by {ev.id} until ts={_num(ev.ts + self.window)}",
+            )
         self._arm(key, values, ev, ev.ts)
 
     def on_timer(self, when: float, key: Any) -> None:
@@ -330,8 +357,23 @@ class _CompositeRuntime(_DerivedRuntime):
         self._derive()
 
     _DERIVED = (
-        "_aux", "pat", "n", "flat", "start", "start_set", "leading", "clock_leaves", "neg_conjs", "names", "neg_set", "simple", "fast", "fast_each",
-        "_wants", "_trans", "between",
+        "_aux",
+        "pat",
+        "n",
+        "flat",
+        "start",
+        "start_set",
+        "leading",
+        "clock_leaves",
+        "neg_conjs",
+        "names",
+        "neg_set",
+        "simple",
+        "fast",
+        "fast_each",
+        "_wants",
+        "_trans",
+        "between",
     )
 
     def _derive(self) -> None:
@@ -343,7 +385,9 @@ class _CompositeRuntime(_DerivedRuntime):
         if cached is None or cached[0] != self.kind:
             cached = pat._runtime_tables = (self.kind, self._tables(pat))  # type: ignore[attr-defined]
         self.__dict__.update(cached[1])
-        self._aux: dict[int, Entry] = {}  # leaf -> its auxiliary profile, planned (see `prepare_aux`)
+        self._aux: dict[
+            int, Entry
+        ] = {}  # leaf -> its auxiliary profile, planned (see `prepare_aux`)
 
     def _tables(self, pat: Pattern) -> dict[str, Any]:
         simple = not pat.conjs and not pat.leading  # no where, no history: binding needs no checks
@@ -361,7 +405,9 @@ class _CompositeRuntime(_DerivedRuntime):
             "leading": frozenset(pat.leading),
             "clock_leaves": [lf for lf in pat.leaves if lf.clock is not None],
             "neg_conjs": {
-                i: [c for c in pat.conjs if i in c.neg] for i, lf in enumerate(pat.leaves) if lf.negated
+                i: [c for c in pat.conjs if i in c.neg]
+                for i, lf in enumerate(pat.leaves)
+                if lf.negated
             },
             "names": _shared(tuple(lf.name for lf in pat.leaves)),
             "neg_set": neg_set,
@@ -370,8 +416,11 @@ class _CompositeRuntime(_DerivedRuntime):
             "fast_each": plain and self.kind == "each",
             # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask
             # only: one memo per shape (and clock leaves), shared by the profiles of that shape
-            "_wants": _WANTS.setdefault((id(pat._masks), tuple(lf.clock is None for lf in pat.leaves)), {})
-            if not pat.eq_bindings and self.kind != "last" else None,
+            "_wants": _WANTS.setdefault(
+                (id(pat._masks), tuple(lf.clock is None for lf in pat.leaves)), {}
+            )
+            if not pat.eq_bindings and self.kind != "last"
+            else None,
             # no nested window: a PM's deadline is its first event's time plus the window
             "flat": all(node.within is None for node in pat.nodes[1:]),
             # `select last`: the between-negations a replacement is checked against (§4.1 item 1)
@@ -523,7 +572,9 @@ class _CompositeRuntime(_DerivedRuntime):
             if not eqs:
                 return  # stays in the pool, unmarked, until the partition is released
             part.held.discard(key)
-            self.engine.pool.remove(self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs))
+            self.engine.pool.remove(
+                self.pat.leaves[leaf].filter, (self.idx, leaf), self._eqs(part, eqs)
+            )
             return
         self.engine.pool.release(part.entries.pop(key), (self.idx, leaf))
 
@@ -583,7 +634,9 @@ class _CompositeRuntime(_DerivedRuntime):
     def _desc(self, pm: _PM) -> str:
         return _fmt(self._events(pm)) + (f" in {pm.part.values}" if pm.part.values else "")
 
-    def _neg_blocks(self, cands: list[tuple[int, _B]], binds: dict[str, dict[str, Any]], final: bool) -> tuple[bool, list]:
+    def _neg_blocks(
+        self, cands: list[tuple[int, _B]], binds: dict[str, dict[str, Any]], final: bool
+    ) -> tuple[bool, list]:
         """Re-check pending negation candidates after a binding: (blocked?, still pending)."""
         pending = []
         for x, b in cands:
@@ -594,7 +647,9 @@ class _CompositeRuntime(_DerivedRuntime):
                 pending.append((x, b))
         return False, pending
 
-    def _neg_verdict(self, x: int, b: _B, binds: dict[str, dict[str, Any]], final: bool) -> bool | None:
+    def _neg_verdict(
+        self, x: int, b: _B, binds: dict[str, dict[str, Any]], final: bool
+    ) -> bool | None:
         """Does negation event b (leaf x) kill, given bindings? None: not decidable yet."""
         conjs = self.neg_conjs[x]
         if not conjs:
@@ -635,7 +690,9 @@ class _CompositeRuntime(_DerivedRuntime):
                     return None
             negc = pm.negc
             if negc:
-                blocked, pending = self._neg_blocks(negc, binds, final=complete and not pat.trailing)
+                blocked, pending = self._neg_blocks(
+                    negc, binds, final=complete and not pat.trailing
+                )
                 if blocked:
                     return None
             else:
@@ -681,7 +738,11 @@ class _CompositeRuntime(_DerivedRuntime):
         if not hist:
             return False
         first_seq = min(
-            [x.seq for j, x in enumerate(pm.binds) if x is not None and j != leaf and final >> j & 1]
+            [
+                x.seq
+                for j, x in enumerate(pm.binds)
+                if x is not None and j != leaf and final >> j & 1
+            ]
             + [b.seq]
         )
         lo = b.ev.ts - (self.window or 0.0)
@@ -712,8 +773,10 @@ class _CompositeRuntime(_DerivedRuntime):
                     return
             elif (self.fast or self.fast_each) and self._fast_open(part, key, ev, seq, leaves):
                 return
-        if (part is None or not part.pms) and self.start_set.isdisjoint(leaves) and (
-            not self.leading or self.leading.isdisjoint(leaves)
+        if (
+            (part is None or not part.pms)
+            and self.start_set.isdisjoint(leaves)
+            and (not self.leading or self.leading.isdisjoint(leaves))
         ):  # nothing waits, nothing starts, no history to keep (a dormant auxiliary profile's event)
             if part is not None:
                 self._tidy(part, ev.ts)
@@ -727,7 +790,9 @@ class _CompositeRuntime(_DerivedRuntime):
             part = self.parts[key] = _Partition(key, self.partition_values(ev.attrs))
         return part
 
-    def _general(self, part: _Partition | None, key: tuple, ev: Event, seq: int, leaves: list[int]) -> None:
+    def _general(
+        self, part: _Partition | None, key: tuple, ev: Event, seq: int, leaves: list[int]
+    ) -> None:
         """Every shape and selection: extend or complete the waiting PMs, apply the event's
         negations, open new PMs, keep leading-negation history (LANGUAGE.md §4)."""
         b = _B(seq, ev)
@@ -753,7 +818,14 @@ class _CompositeRuntime(_DerivedRuntime):
         self._settle(part, key, b, pos, neg, touched, consumed)
 
     def _settle(
-        self, part: _Partition | None, key: tuple, b: _B, pos: list[int], neg: Any, touched: set[int], consumed: bool
+        self,
+        part: _Partition | None,
+        key: tuple,
+        b: _B,
+        pos: list[int],
+        neg: Any,
+        touched: set[int],
+        consumed: bool,
     ) -> None:
         """After the extensions: the event's negations on the PMs it did not extend, then (if not
         consumed) the PMs it opens, the leading-negation history, and the partition's clean-up."""
@@ -786,7 +858,14 @@ class _CompositeRuntime(_DerivedRuntime):
             self._tidy(part, ev.ts)
 
     def _extend(
-        self, part: _Partition, pm: _PM, pos: list[int], b: _B, completions: list, touched: set[int], tracing: bool
+        self,
+        part: _Partition,
+        pm: _PM,
+        pos: list[int],
+        b: _B,
+        completions: list,
+        touched: set[int],
+        tracing: bool,
     ) -> None:
         """Bind the event's positive leaves `pos` to one waiting PM, as its selection says."""
         mi = self.pat.info(pm.mask)
@@ -798,12 +877,23 @@ class _CompositeRuntime(_DerivedRuntime):
         elif self.kind == "last" and pm.mask:
             self._replace(pm, mi, pos, b, completions, touched, tracing)
         elif tracing:
-            dup = next((i for i in pos if pm.binds[i] is not None and i not in self.start_set), None)
+            dup = next(
+                (i for i in pos if pm.binds[i] is not None and i not in self.start_set), None
+            )
             if dup is not None:
-                self._trace("ignored", f"{b.ev.id} as a duplicate of {self.names[dup]} for {self._desc(pm)}")
+                self._trace(
+                    "ignored", f"{b.ev.id} as a duplicate of {self.names[dup]} for {self._desc(pm)}"
+                )
 
     def _branch(
-        self, part: _Partition, pm: _PM, mi: Any, cands: list[int], b: _B, completions: list, touched: set[int],
+        self,
+        part: _Partition,
+        pm: _PM,
+        mi: Any,
+        cands: list[int],
+        b: _B,
+        completions: list,
+        touched: set[int],
         tracing: bool,
     ) -> None:
         """`select each`: every candidate leaf extends a copy of the PM (one per any-alternative set)."""
@@ -844,12 +934,17 @@ class _CompositeRuntime(_DerivedRuntime):
                         pm.counts = {}
                     pm.counts[i] = cnt  # counted, not bound: negations still apply
                     if tracing:
-                        self._trace("counted", f"{ev.id} as {self.names[i]} #{cnt} of {self.nth} for {self._desc(pm)}")
+                        self._trace(
+                            "counted",
+                            f"{ev.id} as {self.names[i]} #{cnt} of {self.nth} for {self._desc(pm)}",
+                        )
                     return True
             new = self._try_bind(pm, i, b)
             if new is None:
                 if tracing:
-                    self._trace("ignored", f"{ev.id} for {self._desc(pm)}: where/negation not satisfied")
+                    self._trace(
+                        "ignored", f"{ev.id} for {self._desc(pm)}: where/negation not satisfied"
+                    )
                 continue
             if not self._advance(pm, new, completions, tracing, ev):
                 touched.add(id(pm))
@@ -857,7 +952,14 @@ class _CompositeRuntime(_DerivedRuntime):
         return False
 
     def _replace(
-        self, pm: _PM, mi: Any, pos: list[int], b: _B, completions: list, touched: set[int], tracing: bool
+        self,
+        pm: _PM,
+        mi: Any,
+        pos: list[int],
+        b: _B,
+        completions: list,
+        touched: set[int],
+        tracing: bool,
     ) -> None:
         """`select last`: the event replaces the newest binding (or a bound leaf of an open all)."""
         ev = b.ev
@@ -867,11 +969,17 @@ class _CompositeRuntime(_DerivedRuntime):
                 new = self._try_bind(pm, i, b, replace=True)
                 if new is None:
                     if tracing:
-                        self._trace("ignored", f"{ev.id} as {self.names[i]} for {self._desc(pm)}: "
-                                    "the match would break (where/negation)")
+                        self._trace(
+                            "ignored",
+                            f"{ev.id} as {self.names[i]} for {self._desc(pm)}: "
+                            "the match would break (where/negation)",
+                        )
                     continue
                 if tracing:
-                    self._trace("replaced", f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}")
+                    self._trace(
+                        "replaced",
+                        f"{self.names[i]} by {ev.id}: {self._desc(pm)} -> {self._desc(new)}",
+                    )
                 if not self._advance(pm, new, completions, tracing, ev, replaced=True):
                     touched.add(id(pm))
                 break
@@ -944,14 +1052,18 @@ class _CompositeRuntime(_DerivedRuntime):
             part.pms.clear()
             self.pm_count -= 1
         eng._nseq += 1
-        eng._out.append(Notification(self.pid, ev.ts, events, part.values, eng._nseq, self.subscriber))
+        eng._out.append(
+            Notification(self.pid, ev.ts, events, part.values, eng._nseq, self.subscriber)
+        )
         if self.once:
             eng._deactivate(self)
         elif self.unique and (not (kept or part.held) or (part.key and self.window is None)):
             self._tidy(part, ev.ts)  # fast shapes keep no history or counts
         return True
 
-    def _fast_open(self, part: _Partition | None, key: tuple, ev: Event, seq: int, leaves: list[int]) -> bool:
+    def _fast_open(
+        self, part: _Partition | None, key: tuple, ev: Event, seq: int, leaves: list[int]
+    ) -> bool:
         """A starting event where no PM waits (the fast paths' shapes): open its PM(s) directly.
 
         What `_open` does for these shapes, without its general checks. Returns False to hand
@@ -1006,7 +1118,9 @@ class _CompositeRuntime(_DerivedRuntime):
         """`select each` without where/negations/any: the general path's steps, minus its bookkeeping."""
         trans = self._trans
         b = _B(seq, ev)
-        done: list[tuple[_PM, int, tuple[int, ...]]] = []  # (PM, leaf, match leaves) completed by this event
+        done: list[
+            tuple[_PM, int, tuple[int, ...]]
+        ] = []  # (PM, leaf, match leaves) completed by this event
         for pm in list(part.pms):
             tr = trans.get(pm.mask)
             if tr is None:
@@ -1026,9 +1140,12 @@ class _CompositeRuntime(_DerivedRuntime):
         consumed = False
         if done:
             if len(done) > 1:  # report in the order of the matches' events (their order keys)
-                done.sort(key=lambda d: tuple(
-                    seq if j == d[1] else (x.seq if x is not None else _INF) for j, x in enumerate(d[0].binds)
-                ))
+                done.sort(
+                    key=lambda d: tuple(
+                        seq if j == d[1] else (x.seq if x is not None else _INF)
+                        for j, x in enumerate(d[0].binds)
+                    )
+                )
             eng = self.engine
             names = self.names
             values = part.values
@@ -1043,7 +1160,9 @@ class _CompositeRuntime(_DerivedRuntime):
                     self._consume(part, used)
                     consumed = True
                 eng._nseq += 1
-                eng._out.append(Notification(self.pid, ev.ts, events, values, eng._nseq, self.subscriber))
+                eng._out.append(
+                    Notification(self.pid, ev.ts, events, values, eng._nseq, self.subscriber)
+                )
                 if self.once:
                     eng._deactivate(self)
                     return
@@ -1058,7 +1177,9 @@ class _CompositeRuntime(_DerivedRuntime):
         if part.history or part.starts or not part.pms:
             self._tidy(part, ev.ts)
 
-    def _advance(self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False) -> bool:
+    def _advance(
+        self, pm: _PM, new: _PM, completions: list, tracing: bool, ev: Event, replaced: bool = False
+    ) -> bool:
         """Apply an in-place change (first/last/nth) or record a completion (returns True).
 
         An extended PM is exempt from the event's negations (the event closed their
@@ -1077,7 +1198,9 @@ class _CompositeRuntime(_DerivedRuntime):
         self._changed(pm)
         return False
 
-    def _complete(self, part: _Partition, completions: list[tuple[_PM, _PM | None]], ts: float) -> bool:
+    def _complete(
+        self, part: _Partition, completions: list[tuple[_PM, _PM | None]], ts: float
+    ) -> bool:
         """Report completed matches; under unique the earliest wins and its events are consumed."""
         if len(completions) > 1:
             completions.sort(key=lambda c: c[0].order_key())
@@ -1142,7 +1265,10 @@ class _CompositeRuntime(_DerivedRuntime):
             repl.add(newest)
         binds = pm.binds
         lo = min((binds[i].seq for i in repl if binds[i] is not None), default=-1)  # type: ignore[union-attr]
-        q = max((x.seq for i, x in enumerate(binds) if x is not None and i not in repl and x.seq < lo), default=-1)
+        q = max(
+            (x.seq for i, x in enumerate(binds) if x is not None and i not in repl and x.seq < lo),
+            default=-1,
+        )
         if q >= 0 and log[0][1].seq <= q:
             pm.nlog = [(x, e) for x, e in log if e.seq > q] or None
 
@@ -1208,19 +1334,26 @@ class _CompositeRuntime(_DerivedRuntime):
         tracing = self.engine.tracer is not None
         if kind != "each" and part.pms:
             if tracing:
-                self._trace("ignored", f"{b.ev.id}: a partial match already exists ({self._desc(part.pms[0])})")
+                self._trace(
+                    "ignored",
+                    f"{b.ev.id}: a partial match already exists ({self._desc(part.pms[0])})",
+                )
             return
         if kind == "nth":
             if not self._could_start(starts, b):
                 if tracing:
-                    self._trace("ignored", f"{b.ev.id} cannot start: where not satisfied (not counted)")
+                    self._trace(
+                        "ignored", f"{b.ev.id} cannot start: where not satisfied (not counted)"
+                    )
                 return
             if not part.starts:
                 part.starts_ts = b.ev.ts
             part.starts += 1
             if part.starts < self.nth:
                 if tracing:
-                    self._trace("counted", f"{b.ev.id} as starting event #{part.starts} of {self.nth}")
+                    self._trace(
+                        "counted", f"{b.ev.id} as starting event #{part.starts} of {self.nth}"
+                    )
                 return
             part.starts = 0
         empty = _PM(self.n, part)
@@ -1280,7 +1413,11 @@ class _CompositeRuntime(_DerivedRuntime):
         if not self.flat:
             for nid in pat.info(pm.mask).started_nodes:
                 node = pat.nodes[nid]
-                lo = min(b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1)
+                lo = min(
+                    b.ev.ts
+                    for i, b in enumerate(pm.binds)
+                    if b is not None and node.leaves >> i & 1
+                )
                 nd = lo + node.within  # type: ignore[operator]
                 if d is None or nd < d:
                     d = nd
@@ -1374,7 +1511,9 @@ class _CompositeRuntime(_DerivedRuntime):
         mi = pat.info(pm.mask)
         for nid in mi.started_nodes:  # outermost first
             node = pat.nodes[nid]
-            stamps = [b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1]
+            stamps = [
+                b.ev.ts for i, b in enumerate(pm.binds) if b is not None and node.leaves >> i & 1
+            ]
             if not stamps:
                 continue  # an enclosing nested node ending at the same time already reset it
             if (end := min(stamps) + node.within) <= when:  # type: ignore[operator]
@@ -1407,9 +1546,15 @@ class _CompositeRuntime(_DerivedRuntime):
                 k += 1
             if k:
                 del h[:k]
-        if part.starts and w is not None and (part.starts_ts + w < now or (fired and part.starts_ts + w <= now)):
+        if (
+            part.starts
+            and w is not None
+            and (part.starts_ts + w < now or (fired and part.starts_ts + w <= now))
+        ):
             part.starts = 0
-        if not (part.pms or part.history or part.starts):  # `part.empty()`, inline: after every match
+        if not (
+            part.pms or part.history or part.starts
+        ):  # `part.empty()`, inline: after every match
             if part.held or part.dormant:
                 if not part.key:
                     return  # no per: one partition, its few auxiliary profiles simply stay marked off
@@ -1451,7 +1596,12 @@ class _CompositeRuntime(_DerivedRuntime):
                 continue
             for i, b in enumerate(pm.binds):
                 leaf = self.pat.leaves[i]
-                if b is not None and b.ev is not ev and leaf.clock is None and evaluate(leaf.filter, ev.attrs):
+                if (
+                    b is not None
+                    and b.ev is not ev
+                    and leaf.clock is None
+                    and evaluate(leaf.filter, ev.attrs)
+                ):
                     return f"{leaf.name} for {self._desc(pm)}"
         return None
 
@@ -1492,7 +1642,9 @@ class _ProfileRefUnpickler(pickle.Unpickler):
         try:
             return self.profiles[pid]
         except KeyError:
-            raise KeyError(f"the snapshot refers to profile {pid!r}, which was not supplied") from None
+            raise KeyError(
+                f"the snapshot refers to profile {pid!r}, which was not supplied"
+            ) from None
 
 
 def _load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
@@ -1554,7 +1706,9 @@ class Engine(TimeDriven):
         if replan_every < 0 or sample < 1 or drift < 1.0:
             raise ValueError("replan_every >= 0, sample >= 1 and drift >= 1 are required")
         self.replan_every, self.drift, self.sample = replan_every, drift, sample
-        self._online: dict[str, dict[str, float]] = {}  # profile id -> online rates its plan came from
+        self._online: dict[
+            str, dict[str, float]
+        ] = {}  # profile id -> online rates its plan came from
         self._counts: dict[tuple[int, int], int] = {}  # (runtime, leaf) -> sampled matches
         self._count_since: float | None = None
         self._counted: dict[int, tuple[str, ...]] = {}  # runtime -> its counted components' names
@@ -1602,7 +1756,9 @@ class Engine(TimeDriven):
 
     def _register_starts(self, rt: _Runtime) -> None:
         pool, idx = self.pool, rt.idx
-        self._starts[idx] = [(pool.add(f, (idx, leaf)), (idx, leaf)) for f, leaf in rt.start_registrations()]
+        self._starts[idx] = [
+            (pool.add(f, (idx, leaf)), (idx, leaf)) for f, leaf in rt.start_registrations()
+        ]
 
     def _unregister_starts(self, rt: _Runtime) -> None:
         release = self.pool.release
@@ -1654,7 +1810,9 @@ class Engine(TimeDriven):
         self._swap(idx, rt, lazy, plan.driver if plan is not None else None)
         return True
 
-    def configure_plans(self, plan: str, rates: Rates | None, replan_every: int = 0, drift: float = 4.0) -> list[str]:
+    def configure_plans(
+        self, plan: str, rates: Rates | None, replan_every: int = 0, drift: float = 4.0
+    ) -> list[str]:
         """Apply plan options to an engine restored from a snapshot taken under other ones.
 
         The state is converted where a profile's plan changes (`replan`); online counting
@@ -1700,8 +1858,12 @@ class Engine(TimeDriven):
         rates = self.rates
         online = self._online.get(profile.id) if self._online else None
         if online is not None:
-            rates = Rates({"profiles": {profile.id: {k: {"rate_per_hour": r} for k, r in online.items()}}})
-        return choose(profile, self.plan, [lf.name for lf in leaves], [lf.filter for lf in leaves], rates)
+            rates = Rates(
+                {"profiles": {profile.id: {k: {"rate_per_hour": r} for k, r in online.items()}}}
+            )
+        return choose(
+            profile, self.plan, [lf.name for lf in leaves], [lf.filter for lf in leaves], rates
+        )
 
     # ---------------------------------------------------------- online rates
     def _count_leaves(self, rt: _Runtime, add: bool) -> None:
@@ -1837,7 +1999,7 @@ class Engine(TimeDriven):
                 return
             owners = entry.owners
             if len(owners) == 1:
-                (idx, leaf), = owners
+                ((idx, leaf),) = owners
                 rt = self._rts.get(idx)
                 if rt is not None:
                     if solo is None:
@@ -1890,7 +2052,9 @@ class Engine(TimeDriven):
     def bound_duplicate(self, profile_id: str, event: Event) -> str | None:
         """Which bound component of which partial match `event` duplicates (see `ens explain`)."""
         rt = self._by_id.get(profile_id)
-        return rt.bound_duplicate(event) if isinstance(rt, _CompositeRuntime) and rt.active else None
+        return (
+            rt.bound_duplicate(event) if isinstance(rt, _CompositeRuntime) and rt.active else None
+        )
 
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []
@@ -1960,7 +2124,12 @@ class Engine(TimeDriven):
     def __setstate__(self, state: dict[str, Any]) -> None:
         fresh = state.pop("_fresh", ())
         self.__dict__.update(state)
-        for k, v in (("_online", {}), ("_counts", {}), ("_count_since", None), ("_counted", {})):  # older
+        for k, v in (
+            ("_online", {}),
+            ("_counts", {}),
+            ("_count_since", None),
+            ("_counted", {}),
+        ):  # older
             self.__dict__.setdefault(k, v)
         self.tz = ZoneInfo(state["tz"])
         for idx, profile in fresh:
@@ -1977,11 +2146,15 @@ class Engine(TimeDriven):
             if isinstance(rt, _CompositeRuntime):
                 for part in rt.parts.values():
                     part.held = set()
-                    part.regs = {k: n for k, n in part.regs.items() if n}  # dormant owners were not stored
+                    part.regs = {
+                        k: n for k, n in part.regs.items() if n
+                    }  # dormant owners were not stored
                     part.dormant = 0
                     for key, _n in part.regs.items():
                         leaf, eqs = key
-                        entry = self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), rt._eqs(part, eqs))
+                        entry = self.pool.add(
+                            rt.pat.leaves[leaf].filter, (rt.idx, leaf), rt._eqs(part, eqs)
+                        )
                         if self.variant != "marking":
                             part.entries[key] = entry
                         if self.variant != "dynamic" and not eqs:
@@ -1992,7 +2165,13 @@ class Engine(TimeDriven):
             self.tracer(profile_id, action, detail)
 
 
-for _name, _cls in (("engine", Engine), ("binding", _B), ("partial-match", _PM), ("partition", _Partition),
-                    ("filter-runtime", _FilterRuntime), ("absent-runtime", _AbsentRuntime),
-                    ("composite-runtime", _CompositeRuntime)):
+for _name, _cls in (
+    ("engine", Engine),
+    ("binding", _B),
+    ("partial-match", _PM),
+    ("partition", _Partition),
+    ("filter-runtime", _FilterRuntime),
+    ("absent-runtime", _AbsentRuntime),
+    ("composite-runtime", _CompositeRuntime),
+):
     state_format.register(_name, _cls)

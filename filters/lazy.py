@@ -84,7 +84,9 @@ class LazySeqRuntime(_DerivedRuntime):
 
     _sweep_at = float("-inf")  # snapshots from before it existed restore too
 
-    def __init__(self, engine: Engine, profile: Profile, idx: int, driver: int | None = None) -> None:
+    def __init__(
+        self, engine: Engine, profile: Profile, idx: int, driver: int | None = None
+    ) -> None:
         super().__init__(engine, profile, idx)
         self.k = driver  # the component whose events drive; None: the last (set by _derive)
         self.each = profile.select.kind == "each"
@@ -258,7 +260,11 @@ class LazySeqRuntime(_DerivedRuntime):
         for i in leaves:
             if i >= k:
                 continue
-            if i == 0 and self.open_conjs and not self._check(self.open_conjs, {self.names[0]: ev.attrs}):
+            if (
+                i == 0
+                and self.open_conjs
+                and not self._check(self.open_conjs, {self.names[0]: ev.attrs})
+            ):
                 if tracing:
                     self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
                 continue
@@ -273,7 +279,9 @@ class LazySeqRuntime(_DerivedRuntime):
             if tracing:
                 self._trace("buffered", f"{ev.id} as {self.names[i]}")
 
-    def _step_first(self, part: _LPart | None, key: tuple, ev: Event, seq: int, leaves: list[int], b: _B | None) -> None:
+    def _step_first(
+        self, part: _LPart | None, key: tuple, ev: Event, seq: int, leaves: list[int], b: _B | None
+    ) -> None:
         """`select first`, an event the driver did not consume: bind the awaited component, or open.
 
         The partition's one PM is tracked as it would be eagerly (opener, then the components
@@ -305,7 +313,9 @@ class LazySeqRuntime(_DerivedRuntime):
                 if tracing:
                     self._trace("extended", f"opened by {op.ev.id}: {ev.id} bound as {names[j]}")
             elif tracing and 0 in leaves:
-                self._trace("ignored", f"{ev.id}: a partial match already exists (opened by {op.ev.id})")
+                self._trace(
+                    "ignored", f"{ev.id}: a partial match already exists (opened by {op.ev.id})"
+                )
             return
         if 0 not in leaves:
             if part is not None:
@@ -319,7 +329,10 @@ class LazySeqRuntime(_DerivedRuntime):
             part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
         part.opener = b or _B(seq, ev)
         if tracing:
-            self._trace("opened", f"{{{self.names[0]}: {ev.id}}} (rare-first: no timer, no auxiliary profiles)")
+            self._trace(
+                "opened",
+                f"{{{self.names[0]}: {ev.id}}} (rare-first: no timer, no auxiliary profiles)",
+            )
 
     def _expire(self, part: _LPart) -> None:
         """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""
@@ -468,7 +481,10 @@ class LazySeqRuntime(_DerivedRuntime):
             made.extend(self._combos(part.bufs, k, b, False))
         if self.engine.tracer is not None:
             for pm in made:
-                self._trace("extended", "{" + ", ".join(f"{names[i]}: {x.ev.id}" for i, x in enumerate(pm)) + "}")
+                self._trace(
+                    "extended",
+                    "{" + ", ".join(f"{names[i]}: {x.ev.id}" for i, x in enumerate(pm)) + "}",
+                )
         if done:
             done.sort(key=lambda pm: [x.seq for x in pm])
             ts = ev.ts
@@ -508,7 +524,6 @@ class LazySeqRuntime(_DerivedRuntime):
         self.engine._trace(self.profile.id, action, detail)
 
 
-
 # ------------------------------------------------------------------ re-planning
 
 
@@ -536,7 +551,9 @@ def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
                     if x is not None:
                         seen[x.seq] = x
                 lp.bufs[j] = [seen[s] for s in sorted(seen)]
-            lp.pend = [[x for x in pm.binds if x is not None] for pm in pms if pm.binds[k] is not None]
+            lp.pend = [
+                [x for x in pm.binds if x is not None] for pm in pms if pm.binds[k] is not None
+            ]
         else:
             pm = pms[0]
             lp.opener = pm.binds[0]

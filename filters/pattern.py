@@ -75,7 +75,9 @@ class MaskInfo:
     enabled: list[int]  # positive leaves that may bind next, written order
     enabled_set: frozenset[int]
     negations_set: frozenset[int]
-    any_groups: dict[int, int]  # enabled leaf -> id of the innermost any-node alternative set it belongs to
+    any_groups: dict[
+        int, int
+    ]  # enabled leaf -> id of the innermost any-node alternative set it belongs to
     negations: list[int]  # negated leaves active in this state
     complete: bool
     started_nodes: list[int]  # nested nodes with a window that are started but incomplete
@@ -142,7 +144,12 @@ def where_equalities(cond: Cond | None) -> list[tuple[str, str, str, str]]:
     """`x.a = y.b` conjuncts as (x, a, y, b): they become indexed predicates of auxiliary profiles."""
     out = []
     for c in conjuncts(cond):
-        if isinstance(c, WCmp) and c.op == "=" and isinstance(c.left, Ref) and isinstance(c.right, Ref):
+        if (
+            isinstance(c, WCmp)
+            and c.op == "="
+            and isinstance(c.left, Ref)
+            and isinstance(c.right, Ref)
+        ):
             if c.left.name != c.right.name:
                 out.append((c.left.name, c.left.attr, c.right.name, c.right.attr))
     return out
@@ -190,8 +197,12 @@ class Pattern:
             p.trailing.reverse()
         shape = (
             tuple(
-                (n.kind, n.within is not None, n.parent,
-                 tuple((k, j, k == "leaf" and p.leaves[j].negated) for k, j in n.children))
+                (
+                    n.kind,
+                    n.within is not None,
+                    n.parent,
+                    tuple((k, j, k == "leaf" and p.leaves[j].negated) for k, j in n.children),
+                )
                 for n in p.nodes
             ),
             tuple(p.leading),
@@ -277,8 +288,10 @@ class Pattern:
         mi = MaskInfo([], frozenset(), frozenset(), {}, [], self._complete("node", 0, mask), [], [])
         self._walk(0, mask, mi, any_group=-1)
         for node in self.nodes[1:]:
-            if node.within is not None and self._started("node", node.idx, mask) and not self._complete(
-                "node", node.idx, mask
+            if (
+                node.within is not None
+                and self._started("node", node.idx, mask)
+                and not self._complete("node", node.idx, mask)
             ):
                 mi.started_nodes.append(node.idx)
         if mi.complete and self.trailing:
@@ -299,7 +312,11 @@ class Pattern:
                     if nid == 0 and (j in self.leading or j in self.trailing):
                         continue
                     nxt = next(
-                        ((k, jj) for k, jj in children[pos + 1 :] if not (k == "leaf" and self.leaves[jj].negated)),
+                        (
+                            (k, jj)
+                            for k, jj in children[pos + 1 :]
+                            if not (k == "leaf" and self.leaves[jj].negated)
+                        ),
                         None,
                     )
                     if prev_done and nxt is not None and not self._started(nxt[0], nxt[1], mask):
@@ -341,9 +358,7 @@ class Pattern:
         if out is None:
             new = mask | 1 << leaf
             out = [
-                c
-                for c in self.conjs
-                if not c.neg and c.mask >> leaf & 1 and c.mask & new == c.mask
+                c for c in self.conjs if not c.neg and c.mask >> leaf & 1 and c.mask & new == c.mask
             ]
             self._bind_conjs[key] = out
         return out
@@ -361,9 +376,7 @@ class Pattern:
         for node in self.nodes:
             if node.kind != "any" or not mask & node.leaves:
                 continue
-            winners = [
-                (k, j) for k, j in node.children if self._complete(k, j, mask)
-            ]
+            winners = [(k, j) for k, j in node.children if self._complete(k, j, mask)]
             if winners:
                 keep = 0
                 k, j = winners[0]

@@ -46,9 +46,14 @@ class Plan:
         by = ""
         if self.lazy:
             last = self.driver is None or self.driver == len(self.rates) - 1 or not self.rates
-            by = (" (the last component: earlier ones are buffered)" if last else
-                  " (earlier components are buffered, later ones bound as they come)")
-        lines = [f"plan: {head}" + (f", matches opened by {self.opener}{by}" if self.opener else "")]
+            by = (
+                " (the last component: earlier ones are buffered)"
+                if last
+                else " (earlier components are buffered, later ones bound as they come)"
+            )
+        lines = [
+            f"plan: {head}" + (f", matches opened by {self.opener}{by}" if self.opener else "")
+        ]
         lines.append(f"  why: {self.reason}")
         if self.rates:
             w = self.window
@@ -80,7 +85,9 @@ class Rates:
             k: _rate(c) for k, c in (doc.get("filters") or {}).items()
         }
 
-    def for_profile(self, profile: Profile, names: list[str], filters: list[Any]) -> dict[str, float | None]:
+    def for_profile(
+        self, profile: Profile, names: list[str], filters: list[Any]
+    ) -> dict[str, float | None]:
         mine = self.by_profile.get(profile.id, {})
         out: dict[str, float | None] = {}
         for name, f in zip(names, filters, strict=True):
@@ -129,13 +136,17 @@ def lazy_shape(profile: Profile) -> str | None:
         return "no within: the buffers would be unbounded"
     kind = profile.select.kind
     if kind == "last":
-        return ("select last stays eager: every duplicate of the newest binding may replace it, and "
-                "whether it may depends on the where and on the events since (LANGUAGE.md §4.1 "
-                "item 1); buffered events cannot replay that chain")
+        return (
+            "select last stays eager: every duplicate of the newest binding may replace it, and "
+            "whether it may depends on the where and on the events since (LANGUAGE.md §4.1 "
+            "item 1); buffered events cannot replay that chain"
+        )
     if kind == "nth":
-        return ("select nth stays eager: the N-th event is counted in arrival order among the "
-                "events that could bind at that moment (LANGUAGE.md §4.1 item 2); buffered events "
-                "cannot recount them")
+        return (
+            "select nth stays eager: the N-th event is counted in arrival order among the "
+            "events that could bind at that moment (LANGUAGE.md §4.1 item 2); buffered events "
+            "cannot recount them"
+        )
     return None
 
 
@@ -160,46 +171,90 @@ def choose(
     n = len(names)
     last = names[-1]
     if mode == "rare-first":
-        return Plan(profile.id, True, last, "--plan rare-first: the last component drives", measured, window, n - 1)
+        return Plan(
+            profile.id,
+            True,
+            last,
+            "--plan rare-first: the last component drives",
+            measured,
+            window,
+            n - 1,
+        )
     # auto: the measured rates decide
     if not measured or any(r is None for r in measured.values()):
-        return Plan(profile.id, False, first, "auto: no rates for every component (give --stats)", measured, window)
+        return Plan(
+            profile.id,
+            False,
+            first,
+            "auto: no rates for every component (give --stats)",
+            measured,
+            window,
+        )
     rs: list[float] = [measured[x] for x in names]  # type: ignore[misc]
     if profile.select.kind != "each":
         # `first` holds one partial match per partition, tracked online whatever the rates:
         # `ens bench lazy` measured it faster than eager at every ratio and order
         return Plan(
-            profile.id, True, last,
+            profile.id,
+            True,
+            last,
             "auto: select first: the partition's one partial match is tracked online (no timer, no "
             "auxiliary profiles), cheaper than eager whichever component is rare",
-            measured, window, n - 1,
+            measured,
+            window,
+            n - 1,
         )
     k = max(i for i, r in enumerate(rs) if r == min(rs))  # the rarest; ties: the latest
     driver = names[k]
     if k == 0:
-        return Plan(profile.id, False, first, f"auto: the first component ({first}) is the rarest: eager opens "
-                    "matches on it already", measured, window)
+        return Plan(
+            profile.id,
+            False,
+            first,
+            f"auto: the first component ({first}) is the rarest: eager opens matches on it already",
+            measured,
+            window,
+        )
     r_first, r_k = rs[0], rs[k]
     cost_eager, cost_lazy = costs(rs, window, k)
     if not r_first:
-        return Plan(profile.id, False, first, f"auto: {first} never matched (rate 0): eager opens nothing",
-                    measured, window)
+        return Plan(
+            profile.id,
+            False,
+            first,
+            f"auto: {first} never matched (rate 0): eager opens nothing",
+            measured,
+            window,
+        )
     if r_k * AUTO_FACTOR > r_first or cost_lazy >= cost_eager:
         return Plan(
-            profile.id, False, first,
+            profile.id,
+            False,
+            first,
             f"auto: {driver} is rarer than {first} by less than {AUTO_FACTOR:g}x, or the cost model prefers eager",
-            measured, window,
+            measured,
+            window,
         )
     ratio = r_first / max(r_k, 1e-12)
-    how = f"as frequent as {first} (ties go rare-first)" if ratio == 1 else f"{ratio:.4g}x rarer than {first}"
+    how = (
+        f"as frequent as {first} (ties go rare-first)"
+        if ratio == 1
+        else f"{ratio:.4g}x rarer than {first}"
+    )
     return Plan(
-        profile.id, True, driver,
+        profile.id,
+        True,
+        driver,
         f"auto: {driver} is the rarest, {how}; estimated cost {cost_lazy:.3g} vs eager {cost_eager:.3g} per window",
-        measured, window, k,
+        measured,
+        window,
+        k,
     )
 
 
-def costs(rates: list[float], window: float | None, driver: int | None = None) -> tuple[float, float]:
+def costs(
+    rates: list[float], window: float | None, driver: int | None = None
+) -> tuple[float, float]:
     """EFREQ-style costs (rate x window) of the eager and the rare-first plan, per window.
 
     Eager: every event of the first component opens a partial match and every

@@ -62,7 +62,9 @@ class Clause:
 
     __slots__ = ("entry", "check", "access", "thr")
 
-    def __init__(self, entry: Entry, check: Check | None, access: tuple | None, thr: Any = None) -> None:
+    def __init__(
+        self, entry: Entry, check: Check | None, access: tuple | None, thr: Any = None
+    ) -> None:
         self.entry = entry
         self.check = check
         self.access = access
@@ -458,7 +460,9 @@ class PrimitivePool:
         Any other change drops the memo.
         """
         access = clause.access
-        plain = clause.check is None and access is not None and access[0] == "eqs" and access[3] is None
+        plain = (
+            clause.check is None and access is not None and access[0] == "eqs" and access[3] is None
+        )
         memo = self._memo
         if memo is None:
             if not plain:
@@ -492,7 +496,9 @@ class PrimitivePool:
             return out
         return [_conjuncts(f)]
 
-    def _insert_clause(self, entry: Entry, parts: list[Filter], eqs: Eqs, index: bool = True) -> tuple | None:
+    def _insert_clause(
+        self, entry: Entry, parts: list[Filter], eqs: Eqs, index: bool = True
+    ) -> tuple | None:
         """Choose the clause's access predicates and index it; return a reusable plan (or None)."""
         # all equalities (the filter's own and those bound by the engine) form the access key
         eq: dict[str, Any] = {}
@@ -545,11 +551,15 @@ class PrimitivePool:
         entry.clauses.append(clause)
         if index:
             self._place(clause)
-        if conflict or (eqs and any(isinstance(p, Cmp) and p.op == "=" and p.attr in dict(eqs) for p in parts)):
+        if conflict or (
+            eqs and any(isinstance(p, Cmp) and p.op == "=" and p.attr in dict(eqs) for p in parts)
+        ):
             return None
         if access is not None and access[0] == "eqs":
             positions = {a: j for j, (a, _) in enumerate(eqs)}
-            sources = tuple((True, positions[a]) if a in positions else (False, eq[a]) for a in access[1])
+            sources = tuple(
+                (True, positions[a]) if a in positions else (False, eq[a]) for a in access[1]
+            )
             return ("eqs", access[1], sources, access[3], thr, check)
         if eqs:
             return None
@@ -670,7 +680,9 @@ class PrimitivePool:
         if not node.clauses:
             self._drop_node(access)
 
-    def _unbucket(self, clause: Clause, schema: tuple[str, ...], values: Any, rng: tuple | None) -> None:
+    def _unbucket(
+        self, clause: Clause, schema: tuple[str, ...], values: Any, rng: tuple | None
+    ) -> None:
         """Take `clause` out of one equality bucket (its range `rng`, or its plain set)."""
         table = self._schemas[schema]
         bucket = table[values]

@@ -42,8 +42,6 @@ VERSION = 2
 _SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
 
-
-
 # ------------------------------------------------------------------ registry
 
 _BY_NAME: dict[str, type] = {}
@@ -67,7 +65,11 @@ def _register_ast() -> None:
 
     for attr in dir(ast):
         cls = getattr(ast, attr)
-        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == ast.__name__:
+        if (
+            isinstance(cls, type)
+            and dataclasses.is_dataclass(cls)
+            and cls.__module__ == ast.__name__
+        ):
             register(f"ast.{cls.__name__}", cls)
 
 
@@ -96,22 +98,105 @@ for _cls, (_name, _args) in _SPECIAL.items():
 # their own __getstate__: the kind of state). Checked by tests/test_state.py on engines that
 # ran every conformance case under every variant and plan.
 SCHEMA: dict[str, tuple[str, ...]] = {
-    "absent-runtime": ("active", "engine", "idx", "once", "parts", "per", "pid", "profile", "subscriber", "window"),
+    "absent-runtime": (
+        "active",
+        "engine",
+        "idx",
+        "once",
+        "parts",
+        "per",
+        "pid",
+        "profile",
+        "subscriber",
+        "window",
+    ),
     "binding": ("ev", "seq"),
-    "composite-runtime": ("active", "engine", "idx", "kind", "nth", "once", "parts", "per", "pid", "pm_count",
-                          "profile", "subscriber", "unique", "window"),
-    "engine": ("_clock_users", "_clocks", "_count_since", "_counted", "_counts", "_fresh", "_next_idx", "_nseq",
-               "_online", "_out", "_rts", "_seq", "drift", "now", "plan", "rates", "replan_every", "sample",
-               "timers", "trace_only", "tracer", "tz", "variant"),
+    "composite-runtime": (
+        "active",
+        "engine",
+        "idx",
+        "kind",
+        "nth",
+        "once",
+        "parts",
+        "per",
+        "pid",
+        "pm_count",
+        "profile",
+        "subscriber",
+        "unique",
+        "window",
+    ),
+    "engine": (
+        "_clock_users",
+        "_clocks",
+        "_count_since",
+        "_counted",
+        "_counts",
+        "_fresh",
+        "_next_idx",
+        "_nseq",
+        "_online",
+        "_out",
+        "_rts",
+        "_seq",
+        "drift",
+        "now",
+        "plan",
+        "rates",
+        "replan_every",
+        "sample",
+        "timers",
+        "trace_only",
+        "tracer",
+        "tz",
+        "variant",
+    ),
     "event": ("attrs", "id", "ts"),
     "filter-runtime": ("active", "engine", "idx", "once", "per", "pid", "profile", "subscriber"),
     "lazy-partition": ("tuple[4]",),
-    "lazy-seq-runtime": ("_sweep_at", "active", "each", "engine", "idx", "k", "once", "parts", "per", "pid",
-                         "profile", "subscriber", "unique", "window"),
+    "lazy-seq-runtime": (
+        "_sweep_at",
+        "active",
+        "each",
+        "engine",
+        "idx",
+        "k",
+        "once",
+        "parts",
+        "per",
+        "pid",
+        "profile",
+        "subscriber",
+        "unique",
+        "window",
+    ),
     "notification": ("events", "partition", "profile", "seq", "subscriber", "ts"),
-    "partial-match": ("alive", "binds", "counts", "deadline", "handle", "mask", "negc", "nlog", "part", "regs"),
-    "partition": ("dormant", "handle", "held", "history", "key", "pms", "regs", "starts", "starts_ts", "until",
-                  "values"),
+    "partial-match": (
+        "alive",
+        "binds",
+        "counts",
+        "deadline",
+        "handle",
+        "mask",
+        "negc",
+        "nlog",
+        "part",
+        "regs",
+    ),
+    "partition": (
+        "dormant",
+        "handle",
+        "held",
+        "history",
+        "key",
+        "pms",
+        "regs",
+        "starts",
+        "starts_ts",
+        "until",
+        "values",
+    ),
     "rates": ("by_filter", "by_profile"),
     "temporal-pool": ("_items", "_tie"),
 }
@@ -143,9 +228,16 @@ class _Writer(pickle.Pickler):
     def persistent_id(self, obj: Any) -> str | None:
         if isinstance(obj, type):
             pid = self.pids.get(obj)
-            if pid is None and obj.__module__.split(".")[0] in ("filters", "profiles", "adapters", "ens"):
-                raise StateError(f"cannot store a {obj.__module__}.{obj.__qualname__} in an engine "
-                                 "snapshot: the class has no stable name (filters.state.register)")
+            if pid is None and obj.__module__.split(".")[0] in (
+                "filters",
+                "profiles",
+                "adapters",
+                "ens",
+            ):
+                raise StateError(
+                    f"cannot store a {obj.__module__}.{obj.__qualname__} in an engine "
+                    "snapshot: the class has no stable name (filters.state.register)"
+                )
             return pid
         if self.apart and obj.__class__ is Profile:
             return _PROFILE + obj.id
@@ -161,7 +253,11 @@ class _Writer(pickle.Pickler):
 def dump(root: Any, *, profiles_apart: bool = False) -> bytes:
     """`root` (an engine) as a version-`VERSION` snapshot; with `profiles_apart`, profiles are
     stored as their ids (`load` then needs them)."""
-    header = {"format": FORMAT, "version": VERSION, "profiles": "apart" if profiles_apart else "inline"}
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "profiles": "apart" if profiles_apart else "inline",
+    }
     buf = io.BytesIO()
     buf.write(MAGIC + json.dumps(header, separators=(",", ":")).encode() + b"\n")
     _Writer(buf, profiles_apart).dump(root)
@@ -174,8 +270,12 @@ def dump(root: Any, *, profiles_apart: bool = False) -> bytes:
 class _Reader(pickle.Unpickler):
     """Resolves stable names through the registry; refuses every class path."""
 
-    def __init__(self, f: io.BytesIO, profiles: Mapping[str, Profile],
-                 classes: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        f: io.BytesIO,
+        profiles: Mapping[str, Profile],
+        classes: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(f)
         self.profiles = profiles
         self.classes = classes if classes is not None else _BY_NAME
@@ -183,17 +283,21 @@ class _Reader(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, str):
             if pid.startswith(_CLASS):
-                cls = self.classes.get(pid[len(_CLASS):])
+                cls = self.classes.get(pid[len(_CLASS) :])
                 if cls is None:
-                    raise StateError(f"this snapshot holds a {pid[len(_CLASS):]!r}, which this release "
-                                     "does not know")
+                    raise StateError(
+                        f"this snapshot holds a {pid[len(_CLASS) :]!r}, which this release "
+                        "does not know"
+                    )
                 return cls
             if pid.startswith(_PROFILE):
                 try:
-                    return self.profiles[pid[len(_PROFILE):]]
+                    return self.profiles[pid[len(_PROFILE) :]]
                 except KeyError:
-                    raise StateError(f"the snapshot refers to profile {pid[len(_PROFILE):]!r}, "
-                                     "which was not supplied") from None
+                    raise StateError(
+                        f"the snapshot refers to profile {pid[len(_PROFILE) :]!r}, "
+                        "which was not supplied"
+                    ) from None
         raise StateError(f"not an ENS engine snapshot: unknown reference {pid!r}")
 
     def find_class(self, module: str, name: str) -> Any:
@@ -210,16 +314,23 @@ def header(data: bytes) -> dict[str, Any]:
         raise StateError("not an ENS engine snapshot (no ENS-STATE header)")
     end = data.find(b"\n", len(MAGIC))
     try:
-        head = json.loads(data[len(MAGIC):end])
+        head = json.loads(data[len(MAGIC) : end])
     except ValueError:
         raise StateError("not an ENS engine snapshot: its header is not JSON") from None
-    if not isinstance(head, dict) or head.get("format") != FORMAT or not isinstance(head.get("version"), int):
+    if (
+        not isinstance(head, dict)
+        or head.get("format") != FORMAT
+        or not isinstance(head.get("version"), int)
+    ):
         raise StateError(f"not an ENS engine snapshot: header {head!r}")
     return head
 
 
-def load(data: bytes, profiles: Mapping[str, Profile] | None = None,
-         legacy: Callable[[bytes, Mapping[str, Profile]], Any] | None = None) -> Any:
+def load(
+    data: bytes,
+    profiles: Mapping[str, Profile] | None = None,
+    legacy: Callable[[bytes, Mapping[str, Profile]], Any] | None = None,
+) -> Any:
     """The engine of a snapshot. `profiles` (id -> profile) resolves a `profiles_apart`
     snapshot; `legacy` reads a version-1 snapshot (the engine's old unpickler)."""
     head = header(data)
@@ -229,16 +340,21 @@ def load(data: bytes, profiles: Mapping[str, Profile] | None = None,
             raise StateError("a version 1 snapshot (the old pickle) needs the engine's reader")
         return _load_v1(data, profiles or {}, legacy)
     if version > VERSION:
-        raise StateError(f"this snapshot was written by a newer ENS (state format version {version}; "
-                         f"this release reads up to {VERSION}): upgrade ENS to restore it")
+        raise StateError(
+            f"this snapshot was written by a newer ENS (state format version {version}; "
+            f"this release reads up to {VERSION}): upgrade ENS to restore it"
+        )
     classes: Mapping[str, Any] = _BY_NAME
     for v in range(version, VERSION):  # an older version: its names resolve to migrating shims
         classes = {**classes, **MIGRATIONS[v]}
-    return _Reader(io.BytesIO(data[data.index(b"\n") + 1:]), profiles or {}, classes).load()
+    return _Reader(io.BytesIO(data[data.index(b"\n") + 1 :]), profiles or {}, classes).load()
 
 
-def _load_v1(data: bytes, profiles: Mapping[str, Profile],
-             legacy: Callable[[bytes, Mapping[str, Profile]], Any]) -> Any:
+def _load_v1(
+    data: bytes,
+    profiles: Mapping[str, Profile],
+    legacy: Callable[[bytes, Mapping[str, Profile]], Any],
+) -> Any:
     try:
         return legacy(data, profiles)
     except KeyError:
@@ -277,7 +393,7 @@ class _PlainReader(_Reader):
 
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, str) and pid.startswith(_CLASS):
-            name = pid[len(_CLASS):]
+            name = pid[len(_CLASS) :]
             t = self.types.get(name)
             if t is None:
                 t = self.types[name] = type("Stored", (Stored,), {"__slots__": (), "name": name})
@@ -292,13 +408,17 @@ def plain(data: bytes) -> Stored:
     schema test and looking inside a checkpoint); never builds an engine class."""
     if header(data)["version"] < 2:
         raise StateError("a version 1 snapshot (the old pickle) has no plain view")
-    return _PlainReader(io.BytesIO(data[data.index(b"\n") + 1:])).load()
+    return _PlainReader(io.BytesIO(data[data.index(b"\n") + 1 :])).load()
 
 
 def fields_of(content: Any) -> tuple[str, ...]:
     """The field names of one stored state (what `SCHEMA` records)."""
-    if isinstance(content, tuple) and len(content) == 2 and (content[0] is None or isinstance(content[0], dict)) \
-            and isinstance(content[1], dict):
+    if (
+        isinstance(content, tuple)
+        and len(content) == 2
+        and (content[0] is None or isinstance(content[0], dict))
+        and isinstance(content[1], dict)
+    ):
         return tuple(sorted({*(content[0] or {}), *content[1]}))
     if isinstance(content, dict):
         return tuple(sorted(k for k in content if isinstance(k, str)))

@@ -426,7 +426,9 @@ class _AbsentRuntime(_Runtime):
             if not self.profile.per:
                 self._arm((), None, None, now + self.window)
 
-    def _arm(self, key: tuple, values: dict[str, Any] | None, last: Event | None, at: float) -> None:
+    def _arm(
+        self, key: tuple, values: dict[str, Any] | None, last: Event | None, at: float
+    ) -> None:
         old = self.armed.get(key)
         if old is not None:
             self.engine.timers.discard(old[2])
@@ -474,10 +476,14 @@ class _CompositeRuntime(_Runtime):
         # select last: negations between positives, which a replacement must respect (§4.1)
         self.between = (
             frozenset(self.pat.neg - set(self.pat.leading) - set(self.pat.trailing))
-            if self.kind == "last" else frozenset()
+            if self.kind == "last"
+            else frozenset()
         )
         self.fast = (
-            self.pat.flat and self.pat.root.kind == "seq" and self.kind == "first" and profile.where is None
+            self.pat.flat
+            and self.pat.root.kind == "seq"
+            and self.kind == "first"
+            and profile.where is None
         )
 
     def filters(self) -> Iterable[tuple[Any, int]]:
@@ -584,7 +590,9 @@ class _CompositeRuntime(_Runtime):
             want[0] = min(b[1].ts for b in binds if b is not None) + self.window
         for n in self.pat.timed:
             if _started(n, binds) and not _done(n, binds):
-                want[n.nid] = min(binds[i][1].ts for i in n.leaves if binds[i] is not None) + n.within  # type: ignore[operator]
+                want[n.nid] = (
+                    min(binds[i][1].ts for i in n.leaves if binds[i] is not None) + n.within
+                )  # type: ignore[operator]
         timers = self.engine.timers
         for nid, h in list(pm.timers.items()):
             if want.get(nid) != h[0]:
@@ -895,7 +903,9 @@ class _CompositeRuntime(_Runtime):
             rest = list(binds)
             rest[i] = None
             base = pm.copy(rest)
-            base.cands = [(x, e) for x, e in pm.seen if e[0] not in used and self._inside(x, e[0], new)]
+            base.cands = [
+                (x, e) for x, e in pm.seen if e[0] not in used and self._inside(x, e[0], new)
+            ]
             nb = self._try(part, base, i, b)
             if nb is not None:
                 return nb, base.cands
@@ -939,7 +949,11 @@ class _CompositeRuntime(_Runtime):
         binds = pm.binds
         repl = self._replaceable(binds)
         lo = min((binds[i][0] for i in repl), default=-1)
-        fixed = [binds[i][0] for i in self.pat.pos if binds[i] is not None and i not in repl and binds[i][0] < lo]
+        fixed = [
+            binds[i][0]
+            for i in self.pat.pos
+            if binds[i] is not None and i not in repl and binds[i][0] < lo
+        ]
         if fixed:
             p = max(fixed)
             pm.seen = [s for s in pm.seen if s[1][0] > p]
@@ -1037,7 +1051,11 @@ class TwoStepEngine(TimeDriven):
     """
 
     def __init__(
-        self, profiles: Iterable[Profile] = (), *, tz: str = "UTC", timers: TemporalPool | None = None
+        self,
+        profiles: Iterable[Profile] = (),
+        *,
+        tz: str = "UTC",
+        timers: TemporalPool | None = None,
     ) -> None:
         self.pool = PrimitivePool()
         self.timers = timers if timers is not None else TemporalPool()

@@ -43,8 +43,12 @@ def describe_errors(
             msg = "unknown key"
         value = err.get("input")
         secret = any(w in str(x).lower() for x in loc for w in _SECRET_WORDS)
-        if (err["type"] != "missing" and not secret and isinstance(value, str | int | float)
-                and repr(value) not in msg):
+        if (
+            err["type"] != "missing"
+            and not secret
+            and isinstance(value, str | int | float)
+            and repr(value) not in msg
+        ):
             msg += f" (got {value!r})"
         lines.append(f"{name}: {msg}")
     return "; ".join(lines)
@@ -132,9 +136,11 @@ class WorkerConfig(BaseModel):
     concurrency: int = Field(default=8, ge=1)
     poll: float = Field(default=1.0, gt=0, description="longest idle wait between polls")
     lease: float = Field(
-        default=10.0, gt=0, le=86400,
+        default=10.0,
+        gt=0,
+        le=86400,
         description="a taken delivery is retried by anyone after this; renewed every third "
-                    "of it while its send runs, so a dead worker's deliveries come back this soon",
+        "of it while its send runs, so a dead worker's deliveries come back this soon",
     )
     claim_idle: float = Field(
         default=60.0, ge=0, description="take over other consumers' entries idle this long"
@@ -194,11 +200,14 @@ class NotifierConfig(BaseModel):
                 mark = getattr(exc, "problem_mark", None)
                 at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
                 problem = getattr(exc, "problem", None) or exc
-                raise ConfigError(f"notifier config {path}: not valid YAML/JSON{at}: {problem}"
-                                  ) from None
+                raise ConfigError(
+                    f"notifier config {path}: not valid YAML/JSON{at}: {problem}"
+                ) from None
             if base is not None and not isinstance(base, dict):
-                raise ConfigError(f"notifier config {path}: expected a mapping of settings "
-                                  f"(smtp, webhook, retry, digest, worker)")
+                raise ConfigError(
+                    f"notifier config {path}: expected a mapping of settings "
+                    f"(smtp, webhook, retry, digest, worker)"
+                )
         by_path = {p: var for var, p in ENV_VARS.items() if env.get(var)}
 
         def where(loc: tuple[Any, ...]) -> str:

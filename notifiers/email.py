@@ -146,7 +146,9 @@ def build_digest(ns: Sequence[Notification], sender: str, to: str) -> EmailMessa
     return _message(subject, sender, to, text + "\n", _html_doc(subject, sections), key)
 
 
-def compose(build: Callable[..., EmailMessage], *args: Any, **kwargs: Any) -> EmailMessage | Attempt:
+def compose(
+    build: Callable[..., EmailMessage], *args: Any, **kwargs: Any
+) -> EmailMessage | Attempt:
     """The mail ``build(*args)`` makes, or a fatal Attempt when it cannot be made.
 
     Rendering depends only on the notification (a ``ts`` of 1e12 is a year datetime cannot

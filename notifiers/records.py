@@ -66,8 +66,9 @@ def check_version(fields: Mapping[Any, Any], what: str, current: int) -> int:
     except ValueError:
         raise ValueError(f"{what} version {text(raw)!r} is not a number") from None
     if ver > current:
-        raise ValueError(f"{what} version {ver} was written by a newer ENS (this one reads up to "
-                         f"{current})")
+        raise ValueError(
+            f"{what} version {ver} was written by a newer ENS (this one reads up to {current})"
+        )
     return ver
 
 
@@ -166,8 +167,16 @@ class DeadLetter:
         }
 
     @classmethod
-    def new(cls, n: Mapping[str, Any], channel: Mapping[str, Any], ch: int, nch: int,
-            outbox_entry: str, error: str, attempts: int) -> DeadLetter:
+    def new(
+        cls,
+        n: Mapping[str, Any],
+        channel: Mapping[str, Any],
+        ch: int,
+        nch: int,
+        outbox_entry: str,
+        error: str,
+        attempts: int,
+    ) -> DeadLetter:
         """A dead letter about to be written (now)."""
         return cls("", dict(n), dict(channel), ch, nch, outbox_entry, error, attempts, time.time())
 

@@ -97,8 +97,10 @@ def _plain(data: Any) -> Any:
     if isinstance(data, BaseModel):
         data = data.model_dump(exclude_none=True)
     if isinstance(data, Mapping) and isinstance(data.get("channels"), list):
-        channels = [c.model_dump(exclude_none=True) if isinstance(c, BaseModel) else c
-                    for c in data["channels"]]
+        channels = [
+            c.model_dump(exclude_none=True) if isinstance(c, BaseModel) else c
+            for c in data["channels"]
+        ]
         data = {**data, "channels": channels}
     return data
 
@@ -168,14 +170,17 @@ class Subscriber(BaseModel):
         plain = _plain(data)  # channel models as dicts also for the discriminator
         problems = subscriber_problems(plain)
         if problems:
-            raise ValidationError.from_exception_data(cls.__name__, [
-                InitErrorDetails(
-                    type=PydanticCustomError("subscriber", "{message}", {"message": message}),
-                    loc=loc,
-                    input=data,  # the record, as for any model-level check
-                )
-                for loc, message in problems
-            ])
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("subscriber", "{message}", {"message": message}),
+                        loc=loc,
+                        input=data,  # the record, as for any model-level check
+                    )
+                    for loc, message in problems
+                ],
+            )
         return plain
 
     def webhook_secret(self, ch: WebhookChannel) -> str | None:

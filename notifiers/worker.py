@@ -302,8 +302,9 @@ class DeliveryWorker:
                 for member in taken:
                     self._held[schedule, member] = lease_end
             if self._renewer is None:
-                self._renewer = threading.Thread(target=self._renew_leases, daemon=True,
-                                                 name="ens-delivery-lease")
+                self._renewer = threading.Thread(
+                    target=self._renew_leases, daemon=True, name="ens-delivery-lease"
+                )
                 self._renewer.start()
         return taken
 
@@ -501,7 +502,9 @@ class DeliveryWorker:
                 counts.digested += 1
                 return
 
-        dest = destination(channel.webhook) if isinstance(channel, WebhookChannel) else self._smtp_dest
+        dest = (
+            destination(channel.webhook) if isinstance(channel, WebhookChannel) else self._smtp_dest
+        )
         grant = self._gate.acquire(dest, time.time())
         if not grant.ok:
             self._defer(dkey, dest, grant, kind, counts)
@@ -544,8 +547,9 @@ class DeliveryWorker:
     def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
         """Put a delivery back on the schedule at the gate's time, without an attempt."""
         self.r.zadd(RETRY, {dkey: grant.retry_at}, xx=True)  # xx: not if finished meanwhile
-        log.debug("deferred %s to %s by %.2fs: %s", dkey, dest, grant.retry_at - time.time(),
-                  grant.reason)
+        log.debug(
+            "deferred %s to %s by %.2fs: %s", dkey, dest, grant.retry_at - time.time(), grant.reason
+        )
         DEFERRED.labels(kind, grant.reason).inc()
         counts.deferred += 1
 
@@ -558,8 +562,12 @@ class DeliveryWorker:
                 log.info("circuit still open for %s: the probe failed (%s)", dest, result.error)
             else:
                 CIRCUITS_OPEN.inc()
-                log.warning("circuit open for %s (%s): nothing is sent there for %gs",
-                            dest, result.error, self._gate.cooldown)
+                log.warning(
+                    "circuit open for %s (%s): nothing is sent there for %gs",
+                    dest,
+                    result.error,
+                    self._gate.cooldown,
+                )
         elif change == CLOSED:
             CIRCUITS_OPEN.dec()
             log.info("circuit closed for %s: it answers again", dest)
@@ -655,8 +663,16 @@ class DeliveryWorker:
         with self.r.pipeline(transaction=True) as p:
             for dkey, st, why in bad:
                 nid, ch = split_delivery_key(dkey)
-                self._dead_letter(st["n"], {"email": address}, ch, st.get("nch", 0),
-                                  st.get("entry", ""), why, 0, pipe=p)
+                self._dead_letter(
+                    st["n"],
+                    {"email": address},
+                    ch,
+                    st.get("nch", 0),
+                    st.get("entry", ""),
+                    why,
+                    0,
+                    pipe=p,
+                )
                 p.set(dead_key(nid, ch), "1", ex=ttl)
                 p.hdel(STATE, dkey)
             p.execute()

@@ -33,7 +33,9 @@ class Event:
 def parse_ts(value: Any) -> float:
     """RFC 3339 with a zone offset, or epoch seconds, to float epoch seconds."""
     if isinstance(value, bool):
-        raise ValueError("ts must be an RFC 3339 string or a number of epoch seconds, not a boolean")
+        raise ValueError(
+            "ts must be an RFC 3339 string or a number of epoch seconds, not a boolean"
+        )
     if isinstance(value, (int, float)):
         ts = float(value)
         if not math.isfinite(ts):
@@ -43,14 +45,18 @@ def parse_ts(value: Any) -> float:
                 raise ValueError(
                     f"ts {value!r} looks like epoch milliseconds; send seconds (e.g. {ts / 1000:.3f})"
                 )
-            raise ValueError(f"ts {value!r} is out of range (epoch seconds, at most {MAX_EPOCH_SECONDS:g})")
+            raise ValueError(
+                f"ts {value!r} is out of range (epoch seconds, at most {MAX_EPOCH_SECONDS:g})"
+            )
         return ts
     if isinstance(value, str):
         text = value.strip()
         try:
             dt = datetime.fromisoformat(text.replace("z", "Z"))
         except ValueError:
-            raise ValueError(f"ts {value!r} is not an RFC 3339 time (e.g. 2024-03-01T22:15:00Z)") from None
+            raise ValueError(
+                f"ts {value!r} is not an RFC 3339 time (e.g. 2024-03-01T22:15:00Z)"
+            ) from None
         if dt.tzinfo is None:
             raise ValueError(f"ts {value!r} has no zone offset (add Z or e.g. +01:00)")
         return dt.timestamp()
@@ -119,7 +125,9 @@ def parse_event_line(line: str, lineno: int, source: str | None = None) -> Event
         raise EventError(str(e), where) from None
 
 
-def iter_event_lines(lines: Iterable[str], source: str | None = None) -> Iterator[Event | EventError]:
+def iter_event_lines(
+    lines: Iterable[str], source: str | None = None
+) -> Iterator[Event | EventError]:
     """Events of a JSON-lines stream (blank lines skipped); bad lines come back as EventError."""
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -130,7 +138,9 @@ def iter_event_lines(lines: Iterable[str], source: str | None = None) -> Iterato
             yield e
 
 
-def read_events(lines: Iterable[str], max_errors: int = 20, source: str | None = None) -> list[Event]:
+def read_events(
+    lines: Iterable[str], max_errors: int = 20, source: str | None = None
+) -> list[Event]:
     """All events of a stream, or EventErrors for (up to `max_errors`) bad lines.
 
     `source` (a file name) makes the errors read `FILE, line N, column C: message`.

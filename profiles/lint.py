@@ -92,8 +92,10 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
     out = []
     for n in _nodes(p):
         if any(isinstance(v, float) and math.isinf(v) for v in _numbers(n)):
-            out.append(f"profile {p.id!r}: a number is beyond the float range and reads as "
-                       "infinity (e.g. `value > 1e400` can never match)")
+            out.append(
+                f"profile {p.id!r}: a number is beyond the float range and reads as "
+                "infinity (e.g. `value > 1e400` can never match)"
+            )
             break
     if seen:
         for attr in sorted(attributes(p) - seen - EVENT_KEYS):
@@ -101,4 +103,3 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             out.append(f"profile {p.id!r}: no event seen so far has attribute {attr!r}{hint}")
     return out
-

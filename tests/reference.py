@@ -64,7 +64,9 @@ class _Part:
     values: dict[str, Any] | None = None
 
 
-def interpret(spec: SeqSpec, events: list[dict[str, Any]], until: float | None = None) -> list[dict[str, Any]]:
+def interpret(
+    spec: SeqSpec, events: list[dict[str, Any]], until: float | None = None
+) -> list[dict[str, Any]]:
     """The notifications (§6 records, in detection order) of `spec` over the events."""
     return _Run(spec, events).run(until)
 
@@ -84,7 +86,9 @@ class _Run:
         self.trailing = [j for j in range(last + 1, len(comps))]
         # between: negated component -> ordinal of the positive before it
         self.between = {
-            j: sum(1 for p in self.pos if p < j) - 1 for j in range(first + 1, last) if comps[j].negated
+            j: sum(1 for p in self.pos if p < j) - 1
+            for j in range(first + 1, last)
+            if comps[j].negated
         }
         self.key = [self._key(e) for e in self.evs]
         self.out: list[dict[str, Any]] = []
@@ -143,13 +147,19 @@ class _Run:
                     return False
             for j in self.trailing:  # after the last positive, up to first.ts + T
                 end = ts[pm[0]] + (s.within or 0.0)
-                if any(pm[-1] < p <= now and ts[p] <= end and self._kills(j, p, bound) for p in mine):
+                if any(
+                    pm[-1] < p <= now and ts[p] <= end and self._kills(j, p, bound) for p in mine
+                ):
                     return False
         return True
 
     def _report(self, ts: float, pm: list[int], part: _Part) -> None:
         names = [self.s.comps[p].name for p in self.pos]
-        note: dict[str, Any] = {"profile": self.s.id, "ts": ts, "events": {n: self.evs[p]["id"] for n, p in zip(names, pm, strict=True)}}
+        note: dict[str, Any] = {
+            "profile": self.s.id,
+            "ts": ts,
+            "events": {n: self.evs[p]["id"] for n, p in zip(names, pm, strict=True)},
+        }
         if self.s.per is not None:
             note["partition"] = part.values
         self.out.append(note)

@@ -23,11 +23,21 @@ attr = st.sampled_from(ATTRS)
 
 predicates = st.one_of(
     st.builds(Cmp, attr, st.sampled_from(["=", "!="]), scalars),
-    st.builds(Cmp, attr, st.sampled_from(["<", "<=", ">", ">="]), st.one_of(numbers, st.sampled_from(STRS))),
+    st.builds(
+        Cmp,
+        attr,
+        st.sampled_from(["<", "<=", ">", ">="]),
+        st.one_of(numbers, st.sampled_from(STRS)),
+    ),
     st.builds(In, attr, st.lists(scalars, min_size=1, max_size=3).map(tuple), st.booleans()),
     st.one_of(
         st.builds(lambda a, x, y: Between(a, min(x, y), max(x, y)), attr, numbers, numbers),
-        st.builds(lambda a, x, y: Between(a, min(x, y), max(x, y)), attr, st.sampled_from(STRS), st.sampled_from(STRS)),
+        st.builds(
+            lambda a, x, y: Between(a, min(x, y), max(x, y)),
+            attr,
+            st.sampled_from(STRS),
+            st.sampled_from(STRS),
+        ),
     ),
     st.builds(Exists, attr),
     st.builds(StartsWith, attr, st.sampled_from(["lab-", "l", "x", ""])),
@@ -51,6 +61,7 @@ events = st.dictionaries(attr, scalars, max_size=4)
 # an absent attribute, or one of another type, makes a comparison false). The kinds repeat
 # and overlap (`k in ("A", "B")`, `true`), so one event often matches several components.
 
+
 def _num(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -69,17 +80,32 @@ SEQ_FILTERS: list[tuple[str, Callable[[dict], bool]]] = [
 ]
 
 
-def _where_form(form: int, a: str, c: str, lit: int) -> tuple[str, frozenset[str], Callable[[dict], bool]]:
+def _where_form(
+    form: int, a: str, c: str, lit: int
+) -> tuple[str, frozenset[str], Callable[[dict], bool]]:
     """One where conjunct as text, its component names, and its truth (all names bound)."""
+
     def vals(b: dict) -> tuple[object, object]:
         return b[a].get("v"), b[c].get("v")
 
     if form == 0:
-        return f"{a}.v = {c}.v", frozenset({a, c}), lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] == vals(b)[1]
+        return (
+            f"{a}.v = {c}.v",
+            frozenset({a, c}),
+            lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] == vals(b)[1],
+        )
     if form == 1:
-        return f"{a}.v > {c}.v", frozenset({a, c}), lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] > vals(b)[1]
+        return (
+            f"{a}.v > {c}.v",
+            frozenset({a, c}),
+            lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] > vals(b)[1],
+        )
     if form == 2:
-        return f"{a}.v != {c}.v", frozenset({a, c}), lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] != vals(b)[1]
+        return (
+            f"{a}.v != {c}.v",
+            frozenset({a, c}),
+            lambda b: _num(vals(b)[0]) and _num(vals(b)[1]) and vals(b)[0] != vals(b)[1],
+        )
     # a single component against a literal: `where a.v >= 2` (what nth counts, §4.1 item 2)
     return f"{a}.v >= {lit}", frozenset({a}), lambda b: _num(b[a].get("v")) and b[a]["v"] >= lit
 
@@ -137,7 +163,11 @@ def tie_streams(draw: st.DrawFn) -> list[dict]:
     out, ts = [], 0
     for j in range(draw(st.integers(2, 12))):
         ts += draw(st.sampled_from([0, 0, 1, 1, 2, 3, 6]))
-        ev: dict = {"id": f"e{j + 1}", "ts": ts, "k": draw(st.sampled_from(["A", "A", "B", "B", "C", "X"]))}
+        ev: dict = {
+            "id": f"e{j + 1}",
+            "ts": ts,
+            "k": draw(st.sampled_from(["A", "A", "B", "B", "C", "X"])),
+        }
         if draw(st.integers(0, 4)):
             ev["v"] = draw(st.integers(0, 3))
         if draw(st.integers(0, 9)):

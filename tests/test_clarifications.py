@@ -42,7 +42,9 @@ def _stats(case: dict, path: Path) -> Path:
         if profile.is_filter or isinstance(profile.expr, Absent):
             continue
         names = [lf.name for lf in Pattern.build(profile).leaves]
-        doc["profiles"][p["id"]] = {n: {"rate_per_hour": 1000.0 if i == 0 else 1.0} for i, n in enumerate(names)}
+        doc["profiles"][p["id"]] = {
+            n: {"rate_per_hour": 1000.0 if i == 0 else 1.0} for i, n in enumerate(names)
+        }
     path.write_text(json.dumps(doc))
     return path
 
@@ -101,11 +103,24 @@ def test_explain_says_why_last_and_nth_stay_eager(
     expr = f'seq(a: k = "A", b: k = "B") within 1m {select}'
     prof.write_text(yaml.safe_dump({"profiles": [{"id": "p", "expr": expr}]}))
     ev = tmp_path / "e.jsonl"
-    ev.write_text("".join(json.dumps({"id": i, "ts": t, "k": i[0].upper()}) + "\n"
-                          for i, t in (("a1", 0), ("a2", 1), ("b1", 2), ("b2", 3))))
+    ev.write_text(
+        "".join(
+            json.dumps({"id": i, "ts": t, "k": i[0].upper()}) + "\n"
+            for i, t in (("a1", 0), ("a2", 1), ("b1", 2), ("b2", 3))
+        )
+    )
     stats = tmp_path / "s.json"
-    stats.write_text(json.dumps({"version": 1, "profiles": {"p": {"a": {"rate_per_hour": 1000}, "b": {"rate_per_hour": 1}}}}))
-    args = ["explain", str(prof), str(ev), "-p", "p", "--plan", plan] + (["--stats", str(stats)] if plan == "auto" else [])
+    stats.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "profiles": {"p": {"a": {"rate_per_hour": 1000}, "b": {"rate_per_hour": 1}}},
+            }
+        )
+    )
+    args = ["explain", str(prof), str(ev), "-p", "p", "--plan", plan] + (
+        ["--stats", str(stats)] if plan == "auto" else []
+    )
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.stderr
     assert "plan: eager, matches opened by a" in r.stdout
@@ -123,5 +138,7 @@ def test_explain_shows_a_refused_replacement(tmp_path: Path) -> None:
     ev.write_text("".join(json.dumps(e) + "\n" for e in case["events"]))
     r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "p1"])
     assert r.exit_code == 0, r.stderr
-    assert "ignored   b2 as b for {a: a1, b: b1}: the match would break (where/negation)" in r.stdout
+    assert (
+        "ignored   b2 as b for {a: a1, b: b1}: the match would break (where/negation)" in r.stdout
+    )
     assert "reported  {a: a1, b: b1, c: c1}" in r.stdout

@@ -20,11 +20,24 @@ EXAMPLES = Path(__file__).parents[1] / "examples" / "quickstart"
 
 def test_replay_example_writes_notifications(tmp_path: Path) -> None:
     out = tmp_path / "n.jsonl"
-    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"), "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "replay",
+            str(EXAMPLES / "profiles.yaml"),
+            str(EXAMPLES / "events.jsonl"),
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.stderr
     notes = [json.loads(x) for x in out.read_text().splitlines()]
-    assert {"profile": "break-in", "ts": 1709331000.0, "events": {"w": "w1", "p": "p1"},
-            "partition": {"room": "101"}} in notes
+    assert {
+        "profile": "break-in",
+        "ts": 1709331000.0,
+        "events": {"w": "w1", "p": "p1"},
+        "partition": {"room": "101"},
+    } in notes
 
 
 def test_check_prints_every_problem(tmp_path: Path) -> None:
@@ -39,7 +52,10 @@ def test_check_prints_every_problem(tmp_path: Path) -> None:
     assert r.exit_code == 2
     assert "profile 'a'" in r.stderr and "profile 'b'" in r.stderr and "within" in r.stderr
     # each problem names where (line and column in the expression, line in the file) and what was expected
-    assert "profile 'a': line 1, column 3 (file line 2): unexpected end of profile; expected" in r.stderr
+    assert (
+        "profile 'a': line 1, column 3 (file line 2): unexpected end of profile; expected"
+        in r.stderr
+    )
     assert "(file line 3)" in r.stderr
     assert "2 problem(s) (2 in 2 profile(s)); 1 of 3 profile(s) valid" in r.stderr
     assert "Traceback" not in r.stderr
@@ -56,8 +72,11 @@ def test_bad_event_lines_are_named_and_nothing_is_written(tmp_path: Path) -> Non
     out = tmp_path / "out.jsonl"
     r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(ev), "--out", str(out)])
     assert r.exit_code == 2
-    for needle in (f"{ev}, line 2: ts 'yesterday' is not an RFC 3339",
-                   f"{ev}, line 3, column 1: invalid JSON", f"{ev}, line 4: missing required key 'ts'"):
+    for needle in (
+        f"{ev}, line 2: ts 'yesterday' is not an RFC 3339",
+        f"{ev}, line 3, column 1: invalid JSON",
+        f"{ev}, line 4: missing required key 'ts'",
+    ):
         assert needle in r.stderr
     assert not out.exists()
 
@@ -65,24 +84,45 @@ def test_bad_event_lines_are_named_and_nothing_is_written(tmp_path: Path) -> Non
 def test_a_broken_json_line_is_located_by_file_line_and_column(tmp_path: Path) -> None:
     ev = tmp_path / "e.jsonl"
     ev.write_text('{"ts": 1, "k": "A"}\n\t{"ts": 2, "k": }\n{"ts": 3, "é": "ü",, }\n')
-    for cmd in (["replay", str(EXAMPLES / "profiles.yaml"), str(ev)],
-                ["explain", str(EXAMPLES / "profiles.yaml"), str(ev), "-p", "x"]):
+    for cmd in (
+        ["replay", str(EXAMPLES / "profiles.yaml"), str(ev)],
+        ["explain", str(EXAMPLES / "profiles.yaml"), str(ev), "-p", "x"],
+    ):
         r = runner.invoke(app, cmd)
         assert r.exit_code == 2
-        assert f"error: {ev}, line 2, column 17: invalid JSON: Expecting value\n" in r.stderr  # the tab is column 1
+        assert (
+            f"error: {ev}, line 2, column 17: invalid JSON: Expecting value\n" in r.stderr
+        )  # the tab is column 1
         assert f"error: {ev}, line 3, column 20: invalid JSON: Expecting property name" in r.stderr
 
 
 def test_missing_file_and_bad_until(tmp_path: Path) -> None:
     r = runner.invoke(app, ["replay", str(tmp_path / "nope.yaml"), "-"])
     assert r.exit_code == 2 and "nope.yaml" in r.stderr
-    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"), "--until", "soon"])
+    r = runner.invoke(
+        app,
+        [
+            "replay",
+            str(EXAMPLES / "profiles.yaml"),
+            str(EXAMPLES / "events.jsonl"),
+            "--until",
+            "soon",
+        ],
+    )
     assert r.exit_code == 2 and "--until" in r.stderr
 
 
 def test_until_accepts_rfc3339_and_fires_timers() -> None:
-    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"),
-                            "--until", "2024-03-02T01:00:00Z"])
+    r = runner.invoke(
+        app,
+        [
+            "replay",
+            str(EXAMPLES / "profiles.yaml"),
+            str(EXAMPLES / "events.jsonl"),
+            "--until",
+            "2024-03-02T01:00:00Z",
+        ],
+    )
     assert r.exit_code == 0
     silent = [json.loads(x) for x in r.stdout.splitlines() if '"silent-sensor"' in x]
     # every sensor falls silent before 01:00; h-lab twice (h2 at 23:00 re-armed it after 22:35)
@@ -97,8 +137,16 @@ def test_replay_reads_stdin() -> None:
 
 
 def test_explain_tells_the_story() -> None:
-    r = runner.invoke(app, ["explain", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl"),
-                            "--profile", "break-in"])
+    r = runner.invoke(
+        app,
+        [
+            "explain",
+            str(EXAMPLES / "profiles.yaml"),
+            str(EXAMPLES / "events.jsonl"),
+            "--profile",
+            "break-in",
+        ],
+    )
     assert r.exit_code == 0, r.stderr
     out = r.stdout
     assert "w1 @ 2024-03-01 22:01:00" in out and "opened    {w: w1}" in out
@@ -108,12 +156,22 @@ def test_explain_tells_the_story() -> None:
 
 def test_explain_shows_expiry_kill_and_duplicates(tmp_path: Path) -> None:
     prof = tmp_path / "p.yaml"
-    prof.write_text("profiles:\n  - {id: nb, expr: 'seq(a: k = \"A\", not x: k = \"X\", b: k = \"B\") within 10s'}\n")
+    prof.write_text(
+        'profiles:\n  - {id: nb, expr: \'seq(a: k = "A", not x: k = "X", b: k = "B") within 10s\'}\n'
+    )
     ev = tmp_path / "e.jsonl"
-    ev.write_text("".join(json.dumps(e) + "\n" for e in [
-        {"id": "a1", "ts": 0, "k": "A"}, {"id": "a2", "ts": 1, "k": "A"}, {"id": "x1", "ts": 2, "k": "X"},
-        {"id": "a3", "ts": 3, "k": "A"}, {"id": "b0", "ts": 30, "k": "B"},
-    ]))
+    ev.write_text(
+        "".join(
+            json.dumps(e) + "\n"
+            for e in [
+                {"id": "a1", "ts": 0, "k": "A"},
+                {"id": "a2", "ts": 1, "k": "A"},
+                {"id": "x1", "ts": 2, "k": "X"},
+                {"id": "a3", "ts": 3, "k": "A"},
+                {"id": "b0", "ts": 30, "k": "B"},
+            ]
+        )
+    )
     r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "nb"])
     out = r.stdout
     assert "ignored   a2: a partial match already exists" in out
@@ -126,8 +184,10 @@ def test_explain_shows_expiry_kill_and_duplicates(tmp_path: Path) -> None:
 def test_explain_expiry_of_a_nested_window_names_its_end(tmp_path: Path) -> None:
     """Under `select each` a nested window ending drops the match: its own end is shown."""
     prof = tmp_path / "p.yaml"
-    prof.write_text("profiles:\n  - {id: n, expr: 'seq(seq(a: k = \"A\", b: k = \"B\") within 5s, "
-                    "c: k = \"C\") within 60s select each'}\n")
+    prof.write_text(
+        'profiles:\n  - {id: n, expr: \'seq(seq(a: k = "A", b: k = "B") within 5s, '
+        'c: k = "C") within 60s select each\'}\n'
+    )
     ev = tmp_path / "e.jsonl"
     ev.write_text('{"id": "a1", "ts": 0.25, "k": "A"}\n{"id": "z1", "ts": 20, "k": "Z"}\n')
     r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "n"])
@@ -150,13 +210,22 @@ def test_explain_shows_extended_duplicates_and_consumed(tmp_path: Path) -> None:
     prof = tmp_path / "p.yaml"
     prof.write_text(
         "profiles:\n"
-        "  - {id: fu, expr: 'seq(a: k = \"A\", b: k = \"B\", c: k = \"C\") within 10s'}\n"
-        "  - {id: eu, expr: 'seq(a: k = \"A\", b: k = \"B\", c: k = \"C\") within 10s select each'}\n"
+        '  - {id: fu, expr: \'seq(a: k = "A", b: k = "B", c: k = "C") within 10s\'}\n'
+        '  - {id: eu, expr: \'seq(a: k = "A", b: k = "B", c: k = "C") within 10s select each\'}\n'
     )
     ev = tmp_path / "e.jsonl"
-    ev.write_text("".join(json.dumps({"id": i, "ts": t, "k": i[0].upper()}) + "\n" for i, t in [
-        ("a1", 0), ("a2", 1), ("b1", 2), ("b2", 3), ("c1", 4),
-    ]))
+    ev.write_text(
+        "".join(
+            json.dumps({"id": i, "ts": t, "k": i[0].upper()}) + "\n"
+            for i, t in [
+                ("a1", 0),
+                ("a2", 1),
+                ("b1", 2),
+                ("b2", 3),
+                ("c1", 4),
+            ]
+        )
+    )
     out = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "fu"]).stdout
     assert "extended  {a: a1} -> {a: a1, b: b1}" in out
     # b2 never reaches the profile (the pool no longer awaits b): explain still says why
@@ -173,8 +242,13 @@ def test_python_dash_m_ens_runs_the_cli() -> None:
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "ens", "check", str(EXAMPLES / "profiles.yaml")],
-                       capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "ens", "check", str(EXAMPLES / "profiles.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        timeout=60,
+    )
     assert r.returncode == 0 and "4 profiles OK" in r.stdout, r.stderr
 
 
@@ -182,7 +256,9 @@ def test_readme_explain_example_is_the_real_output() -> None:
     """The README's `ens explain` walkthrough shows exactly what the command prints."""
     root = Path(__file__).parents[1]
     ex = root / "examples" / "explain"
-    r = runner.invoke(app, ["explain", str(ex / "fire.yaml"), str(ex / "fire.jsonl"), "--profile", "fire"])
+    r = runner.invoke(
+        app, ["explain", str(ex / "fire.yaml"), str(ex / "fire.jsonl"), "--profile", "fire"]
+    )
     assert r.exit_code == 0, r.stderr
     readme = (root / "README.md").read_text()
     shown = readme.split("examples/explain/fire.jsonl --profile fire\n", 1)[1].split("```", 1)[0]
@@ -206,7 +282,10 @@ def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) ->
         (["replay", prof, str(badgz)], "cannot read event file"),
         (["explain", prof, str(binary), "-p", "hot"], "not UTF-8"),
         (["replay", prof, evs, "--out", str(tmp_path)], "is a directory"),
-        (["replay", prof, evs, "--out", str(tmp_path / "no" / "such" / "dir.jsonl")], "cannot write --out"),
+        (
+            ["replay", prof, evs, "--out", str(tmp_path / "no" / "such" / "dir.jsonl")],
+            "cannot write --out",
+        ),
         (["replay", prof, evs, "--tz", "Mars/Olympus"], "unknown time zone"),
         (["explain", prof, evs, "-p", "hot", "--tz", "Nope"], "unknown time zone"),
     ]
@@ -214,8 +293,14 @@ def test_unreadable_inputs_and_unwritable_out_are_user_errors(tmp_path: Path) ->
         r = runner.invoke(app, args)
         assert r.exit_code == 2, (args, r.output)
         assert needle in r.stderr, (args, r.stderr)
-        assert isinstance(r.exception, SystemExit) and "Traceback" not in r.output, (args, r.exception)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "e.jsonl.gz"]  # no temp file left
+        assert isinstance(r.exception, SystemExit) and "Traceback" not in r.output, (
+            args,
+            r.exception,
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "binary",
+        "e.jsonl.gz",
+    ]  # no temp file left
 
 
 def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) -> None:
@@ -229,14 +314,23 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
     )
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 2
-    assert ("file line 6: subscriber 'ops': channels.0.email: 'not-an-address' is not an "
-            "e-mail address") in r.stderr
-    assert "file line 7: subscriber 'ops': channels.1.webhook: 'ftp://x' is not an http(s) URL" in r.stderr
+    assert (
+        "file line 6: subscriber 'ops': channels.0.email: 'not-an-address' is not an e-mail address"
+    ) in r.stderr
+    assert (
+        "file line 7: subscriber 'ops': channels.1.webhook: 'ftp://x' is not an http(s) URL"
+        in r.stderr
+    )
     assert "file line 8: subscriber 'ops': channels.2: a channel is" in r.stderr
     # what storing rejects too: a space in an address, a key no channel has (at its own line)
-    assert "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address" in r.stderr
-    assert f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret)" \
+    assert (
+        "file line 9: subscriber 'ops': channels.3.email: 'a b@c' is not an e-mail address"
         in r.stderr
+    )
+    assert (
+        f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret)"
+        in r.stderr
+    )
     # the profile of the good subscriber stays
     assert "5 problem(s) (5 in subscribers); 1 of 1 profile(s) valid" in r.stderr
 
@@ -244,15 +338,19 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
 def test_check_counts_problems_and_profiles_that_add_up(tmp_path: Path) -> None:
     """A profile naming an unknown subscriber is not counted valid; the parts add up."""
     f = tmp_path / "one.yaml"
-    f.write_text("profiles:\n  - {id: h2, expr: 'kind = \"a\"', subscriber: nobody}\n"
-                 "  - {id: h3, expr: 'kind = '}\n  - {id: h4, expr: 'kind = \"b\"'}\n"
-                 "subscribers:\n  - {id: ops, channels: [{email: a@b.c}]}\n"
-                 "  - {id: bad, channels: [{email: nope}]}\nextra: 1\n")
+    f.write_text(
+        "profiles:\n  - {id: h2, expr: 'kind = \"a\"', subscriber: nobody}\n"
+        "  - {id: h3, expr: 'kind = '}\n  - {id: h4, expr: 'kind = \"b\"'}\n"
+        "subscribers:\n  - {id: ops, channels: [{email: a@b.c}]}\n"
+        "  - {id: bad, channels: [{email: nope}]}\nextra: 1\n"
+    )
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 2
     assert r.stderr.count("error: ") == 4
-    assert (f"{f}: 4 problem(s) (2 in 2 profile(s), 1 in subscribers, 1 elsewhere); "
-            "1 of 3 profile(s) valid") in r.stderr
+    assert (
+        f"{f}: 4 problem(s) (2 in 2 profile(s), 1 in subscribers, 1 elsewhere); "
+        "1 of 3 profile(s) valid"
+    ) in r.stderr
 
 
 def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Path) -> None:
@@ -265,10 +363,14 @@ def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Pa
     )
     r = runner.invoke(app, ["check", str(f)])
     assert r.exit_code == 2
-    assert (f"error: {f}:8:5: subscriber 'ops': chanels: unknown key (allowed: id, channels, "
-            "digest, secret)") in r.stderr  # it stored a subscriber without channels
-    assert (f"error: {f}:5:14: profile 'p2': unknown key 'exp' (allowed: id, expr, subscriber, "
-            "description)") in r.stderr
+    assert (
+        f"error: {f}:8:5: subscriber 'ops': chanels: unknown key (allowed: id, channels, "
+        "digest, secret)"
+    ) in r.stderr  # it stored a subscriber without channels
+    assert (
+        f"error: {f}:5:14: profile 'p2': unknown key 'exp' (allowed: id, expr, subscriber, "
+        "description)"
+    ) in r.stderr
     assert f"error: {f}:10:1: unknown top-level key 'profile'" in r.stderr
     for example in sorted(EXAMPLES.parent.glob("*/*.yaml")):  # the shipped files still pass
         assert runner.invoke(app, ["check", str(example)]).exit_code == 0, example
@@ -310,14 +412,19 @@ def test_spark_checks_the_data_set_name_before_starting_the_jvm(
     monkeypatch.setattr(session, "get_spark", no_jvm)
     feed = tmp_path / "feed"
     feed.mkdir()
-    for cmd in (["replay", str(feed), "--out", str(tmp_path / "o.jsonl")],
-                ["stats", str(feed), "--out", str(tmp_path / "s.json")]):
-        r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
-                                "--dataset", "ketti"])
+    for cmd in (
+        ["replay", str(feed), "--out", str(tmp_path / "o.jsonl")],
+        ["stats", str(feed), "--out", str(tmp_path / "s.json")],
+    ):
+        r = runner.invoke(
+            app,
+            ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"), "--dataset", "ketti"],
+        )
         assert r.exit_code == 2, r.output
         assert "error: unknown data set 'ketti' (known: keti" in r.stderr
-        r = runner.invoke(app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"),
-                                "--rooms", "101"])
+        r = runner.invoke(
+            app, ["spark", *cmd, "--profiles", str(EXAMPLES / "profiles.yaml"), "--rooms", "101"]
+        )
         assert r.exit_code == 2 and "--rooms applies to --dataset only" in r.stderr, r.output
 
 
@@ -391,11 +498,21 @@ def test_post_sends_to_the_ens_url_from_the_environment(tmp_path: Path) -> None:
     ev = tmp_path / "e.jsonl"
     ev.write_text("".join(json.dumps({"id": f"e{i}", "ts": i}) + "\n" for i in range(3)))
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("ENS_")}
-    env.update(ENS_URL=f"http://127.0.0.1:{httpd.server_address[1]}/", ENS_API_KEY="k",
-               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    env.update(
+        ENS_URL=f"http://127.0.0.1:{httpd.server_address[1]}/",
+        ENS_API_KEY="k",
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+    )
     try:
-        r = subprocess.run([sys.executable, "-m", "ens", "post", str(ev)], capture_output=True,
-                           text=True, cwd=Path(__file__).parents[1], env=env, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "ens", "post", str(ev)],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parents[1],
+            env=env,
+            timeout=60,
+        )
     finally:
         httpd.shutdown()
     assert r.returncode == 0, r.stderr
@@ -411,11 +528,18 @@ def test_the_cli_starts_without_importing_the_heavy_libraries() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, ens.cli; print(' '.join(m for m in ('redis', 'fastapi', 'pyspark', "
-            "'pandas', 'matplotlib', 'pydantic', 'uvicorn', 'httpx', 'lark', 'rich.console') "
-            "if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=Path(__file__).parents[1], timeout=60)
+    code = (
+        "import sys, ens.cli; print(' '.join(m for m in ('redis', 'fastapi', 'pyspark', "
+        "'pandas', 'matplotlib', 'pydantic', 'uvicorn', 'httpx', 'lark', 'rich.console') "
+        "if m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [], f"imported at start: {r.stdout}"
 
@@ -452,19 +576,42 @@ def _replay_stderr(tmp_path: Path, tty: bool) -> str:
     events = tmp_path / "big.jsonl"
     with events.open("w") as fh:
         for i in range(20000):
-            fh.write(json.dumps({"id": f"e{i}", "ts": 1709330000 + i, "kind": "temperature",
-                                 "room": f"r{i % 50}", "sensor": f"s{i % 50}",
-                                 "value": 20 + i % 7}) + "\n")
-    cmd = [sys.executable, "-m", "ens", "replay", str(EXAMPLES / "profiles.yaml"), str(events),
-           "--out", str(tmp_path / "n.jsonl")]
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"e{i}",
+                        "ts": 1709330000 + i,
+                        "kind": "temperature",
+                        "room": f"r{i % 50}",
+                        "sensor": f"s{i % 50}",
+                        "value": 20 + i % 7,
+                    }
+                )
+                + "\n"
+            )
+    cmd = [
+        sys.executable,
+        "-m",
+        "ens",
+        "replay",
+        str(EXAMPLES / "profiles.yaml"),
+        str(events),
+        "--out",
+        str(tmp_path / "n.jsonl"),
+    ]
     root = Path(__file__).parents[1]
     if not tty:
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=120)
         assert r.returncode == 0, r.stderr
         return r.stderr
     main, side = pty.openpty()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=side, cwd=root,
-                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=side,
+        cwd=root,
+        env={**os.environ, "COLUMNS": "100", "TERM": "xterm"},
+    )
     os.close(side)
     chunks = []
     while True:
@@ -503,7 +650,9 @@ def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(ens.replay, "replay", spy)
     gc.unfreeze()
-    r = runner.invoke(app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")])
+    r = runner.invoke(
+        app, ["replay", str(EXAMPLES / "profiles.yaml"), str(EXAMPLES / "events.jsonl")]
+    )
     assert r.exit_code == 0, r.stderr
     assert seen and seen[0] > 0 and gc.get_freeze_count() == 0
 
@@ -511,15 +660,18 @@ def test_replay_freezes_the_loaded_profiles_while_it_runs(monkeypatch: pytest.Mo
 def test_replay_and_check_warn_about_profiles_that_will_not_fire(tmp_path: Path) -> None:
     """Warnings, not errors: the notifications are written as before."""
     f = tmp_path / "p.yaml"
-    f.write_text("profiles:\n  - {id: typo, expr: 'knd = \"window\"'}\n"
-                 "  - {id: inf, expr: 'value > 1e400'}\n  - {id: ok, expr: 'kind = \"window\"'}\n")
+    f.write_text(
+        "profiles:\n  - {id: typo, expr: 'knd = \"window\"'}\n"
+        "  - {id: inf, expr: 'value > 1e400'}\n  - {id: ok, expr: 'kind = \"window\"'}\n"
+    )
     ev = tmp_path / "e.jsonl"
     ev.write_text('{"id": "w1", "ts": 1, "kind": "window", "value": 3}\n')
     r = runner.invoke(app, ["replay", str(f), str(ev)])
     assert r.exit_code == 0, r.output
     assert '"profile": "ok"' in r.stdout and r.stdout.count("\n") == 1
-    assert ("warning: profile 'typo': no event seen so far has attribute 'knd' "
-            "(did you mean 'kind'?)") in r.stderr
+    assert (
+        "warning: profile 'typo': no event seen so far has attribute 'knd' (did you mean 'kind'?)"
+    ) in r.stderr
     assert "warning: profile 'inf': a number is beyond the float range" in r.stderr
     assert "'ok'" not in r.stderr
     r = runner.invoke(app, ["check", str(f)])
@@ -529,9 +681,25 @@ def test_replay_and_check_warn_about_profiles_that_will_not_fire(tmp_path: Path)
 
 def test_generate_draws_no_progress_bar_into_a_pipe(tmp_path: Path) -> None:
     out = tmp_path / "f.jsonl"
-    r = subprocess.run([sys.executable, "-m", "ens", "generate", "facility", "-b", "1", "-r", "2",
-                        "--out", str(out)], capture_output=True, text=True,
-                       cwd=Path(__file__).parents[1], timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ens",
+            "generate",
+            "facility",
+            "-b",
+            "1",
+            "-r",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size > 0
     assert "events ->" not in r.stderr and "━" not in r.stderr, r.stderr
@@ -541,9 +709,14 @@ def test_bench_lazy_outside_the_checkout_checks_inputs_first_and_finds_its_defau
     tmp_path: Path,
 ) -> None:
     def bench(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ens", "bench", "lazy", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+        return subprocess.run(
+            [sys.executable, "-m", "ens", "bench", "lazy", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        )
 
     r = bench("--profiles", "missing.yaml", "--repeat", "1")
     assert r.returncode == 2, r.stderr

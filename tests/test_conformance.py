@@ -11,16 +11,29 @@ from typer.testing import CliRunner
 from ens.cli import app
 from tests.conftest import CONFORMANCE, canon, load_case
 
-CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted((Path(__file__).parent / "cases").glob("*.yaml"))
+CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(
+    (Path(__file__).parent / "cases").glob("*.yaml")
+)
 # default variant: references; "+rare-first": every seq that allows it driven by its last component
-ENGINES = ["single-step", "single-step:dynamic", "single-step:marking", "single-step+rare-first", "two-step"]
+ENGINES = [
+    "single-step",
+    "single-step:dynamic",
+    "single-step:marking",
+    "single-step+rare-first",
+    "two-step",
+]
 
 
 def engine_args(engine: str) -> list[str]:
     """`ens replay` options of an ENGINES entry (name[:variant][+plan])."""
     engine, _, plan = engine.partition("+")
     name, _, variant = engine.partition(":")
-    return ["--engine", name] + (["--variant", variant] if variant else []) + (["--plan", plan] if plan else [])
+    return (
+        ["--engine", name]
+        + (["--variant", variant] if variant else [])
+        + (["--plan", plan] if plan else [])
+    )
+
 
 runner = CliRunner()
 
@@ -60,12 +73,19 @@ def test_matches_completed_by_one_event_come_in_bound_event_order(engine: str, c
     bound events, component by component (the cases compare notifications as a multiset)."""
     want = {
         "21-select-rows-seq3": [
-            {"a": "a1", "b": "b1", "c": "c1"}, {"a": "a1", "b": "b2", "c": "c1"},
-            {"a": "a2", "b": "b1", "c": "c1"}, {"a": "a2", "b": "b2", "c": "c1"},
-            {"a": "a1", "b": "b1", "c": "c2"}, {"a": "a1", "b": "b2", "c": "c2"},
-            {"a": "a2", "b": "b1", "c": "c2"}, {"a": "a2", "b": "b2", "c": "c2"},
+            {"a": "a1", "b": "b1", "c": "c1"},
+            {"a": "a1", "b": "b2", "c": "c1"},
+            {"a": "a2", "b": "b1", "c": "c1"},
+            {"a": "a2", "b": "b2", "c": "c1"},
+            {"a": "a1", "b": "b1", "c": "c2"},
+            {"a": "a1", "b": "b2", "c": "c2"},
+            {"a": "a2", "b": "b1", "c": "c2"},
+            {"a": "a2", "b": "b2", "c": "c2"},
         ],
-        "35-unique-earliest-by-component": [{"a": "a1", "b": "b2", "c": "c1"}, {"a": "a2", "b": "b1", "c": "c1"}],
+        "35-unique-earliest-by-component": [
+            {"a": "a1", "b": "b2", "c": "c1"},
+            {"a": "a2", "b": "b1", "c": "c1"},
+        ],
     }
     for stem, events in want.items():
         prof, evs = case_files(load_case(Path(__file__).parent / "cases" / f"{stem}.yaml"))

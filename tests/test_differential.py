@@ -61,7 +61,9 @@ SELECTS = ["", "select first", "select last", "select each", "select nth 2"]
 
 
 @st.composite
-def profile_text(draw: st.DrawFn, selects: list[str] = SELECTS, negate: int = 2, alone: bool = False) -> str:
+def profile_text(
+    draw: st.DrawFn, selects: list[str] = SELECTS, negate: int = 2, alone: bool = False
+) -> str:
     """One profile: a composite of depth <= 2 with random clauses (or, rarely, a filter/absent).
 
     `selects`, `negate` (the most negated components inserted per composite) and `alone` (where
@@ -111,9 +113,9 @@ def profile_text(draw: st.DrawFn, selects: list[str] = SELECTS, negate: int = 2,
         names.extend((f"r{i}", False) for i in range(1, cnt + 1))
     elif shape == 3:
         clock = draw(st.sampled_from(["00:01", "00:02", "00:03"]))
-        body = f"seq(l0: clock(\"{clock}\"), {composite(0, False)[4:-1]})"
+        body = f'seq(l0: clock("{clock}"), {composite(0, False)[4:-1]})'
         if draw(st.booleans()):
-            body = f"all(not lc: clock(\"{draw(st.sampled_from(['00:01', '00:02']))}\"), {body})"
+            body = f'all(not lc: clock("{draw(st.sampled_from(["00:01", "00:02"]))}"), {body})'
     else:
         body = composite(draw(st.sampled_from([0, 1, 1, 1, 2])), True)
     clauses: list[str] = []
@@ -153,7 +155,9 @@ def profile_text(draw: st.DrawFn, selects: list[str] = SELECTS, negate: int = 2,
 
 
 @st.composite
-def scenario(draw: st.DrawFn, texts: st.SearchStrategy[str] | None = None) -> tuple[list[tuple[str, str]], list[dict], float | None]:
+def scenario(
+    draw: st.DrawFn, texts: st.SearchStrategy[str] | None = None
+) -> tuple[list[tuple[str, str]], list[dict], float | None]:
     profiles: list[tuple[str, str]] = []
     for i in range(draw(st.integers(1, 3))):
         text = draw(profile_text() if texts is None else texts)
@@ -180,16 +184,28 @@ def scenario(draw: st.DrawFn, texts: st.SearchStrategy[str] | None = None) -> tu
 
 
 def _events(events: list[dict]) -> list[Event]:
-    return [Event(e["id"], float(e["ts"]), {k: v for k, v in e.items() if k not in ("id", "ts")}) for e in events]
+    return [
+        Event(e["id"], float(e["ts"]), {k: v for k, v in e.items() if k not in ("id", "ts")})
+        for e in events
+    ]
 
 
-def run(make: Callable[[list[Profile]], Any], profiles: list[Profile], events: list[dict], until: float | None) -> list:
+def run(
+    make: Callable[[list[Profile]], Any],
+    profiles: list[Profile],
+    events: list[dict],
+    until: float | None,
+) -> list:
     """Notifications of a replay through the engine `make(profiles)` builds, as §6 records."""
     return [n.to_json() for n in replay(profiles, _events(events), until, engine=make(profiles))]
 
 
-def drive(eng: Any, events: list[dict], until: float | None,
-          between: Callable[[int, Any], Any] | None = None) -> list:
+def drive(
+    eng: Any,
+    events: list[dict],
+    until: float | None,
+    between: Callable[[int, Any], Any] | None = None,
+) -> list:
     """`run`, event by event: `between(i, engine)` may change the engine before event i (a
     re-plan, a snapshot restored: it returns the engine to go on with)."""
     out: list = []
@@ -204,7 +220,9 @@ def drive(eng: Any, events: list[dict], until: float | None,
     return [n.to_json() for n in out]
 
 
-def _report(texts: list[tuple[str, str]], events: list[dict], until: float | None, outs: dict[str, list]) -> None:
+def _report(
+    texts: list[tuple[str, str]], events: list[dict], until: float | None, outs: dict[str, list]
+) -> None:
     print("\nDISAGREEMENT")
     print("profiles:", json.dumps([{"id": i, "expr": t} for i, t in texts]))
     print("events:", json.dumps(events))
@@ -213,27 +231,46 @@ def _report(texts: list[tuple[str, str]], events: list[dict], until: float | Non
         print(f"{name}:", json.dumps(out))
 
 
-def check(case: tuple[list[tuple[str, str]], list[dict], float | None], variants: tuple[str, ...] = ()) -> None:
+def check(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], variants: tuple[str, ...] = ()
+) -> None:
     texts, events, until = case
     profiles = [parse_profile(text, pid) for pid, text in texts]
-    outs = {"two-step": run(TwoStepEngine, profiles, events, until), "single-step": run(Engine, profiles, events, until)}
+    outs = {
+        "two-step": run(TwoStepEngine, profiles, events, until),
+        "single-step": run(Engine, profiles, events, until),
+    }
     for v in variants:
-        outs[f"single-step:{v}"] = run(lambda ps, v=v: Engine(ps, variant=v), profiles, events, until)
+        outs[f"single-step:{v}"] = run(
+            lambda ps, v=v: Engine(ps, variant=v), profiles, events, until
+        )
     if any(out != outs["two-step"] for out in outs.values()):
         _report(texts, events, until, outs)
     for name, out in outs.items():
         assert out == outs["two-step"], name
 
 
-@settings(max_examples=500, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=500, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(scenario())
 def test_engines_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
     check(case)
 
 
-@settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario(profile_text(["select last", "select last", "select nth 2", "select nth 3"], negate=3, alone=True)))
-def test_last_and_nth_with_negations_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+@settings(
+    max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    scenario(
+        profile_text(
+            ["select last", "select last", "select nth 2", "select nth 3"], negate=3, alone=True
+        )
+    )
+)
+def test_last_and_nth_with_negations_agree(
+    case: tuple[list[tuple[str, str]], list[dict], float | None],
+) -> None:
     """Issue 22's shapes beyond the reference's flat seq: `select last`/`nth` over seq, all and
     nested composites with up to three negations per composite and where conjuncts that may
     name one component alone; every variant against the two-step engine, which checks a
@@ -241,16 +278,22 @@ def test_last_and_nth_with_negations_agree(case: tuple[list[tuple[str, str]], li
     check(case, tuple(v for v in Engine.VARIANTS if v != Engine.DEFAULT_VARIANT))
 
 
-@settings(max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(scenario())
 def test_variants_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
     """Every single-step variant besides the default against the two-step engine too."""
     check(case, tuple(v for v in Engine.VARIANTS if v != Engine.DEFAULT_VARIANT))
 
 
-@settings(max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=120, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(scenario(), st.data())
-def test_live_changes_agree(case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject) -> None:
+def test_live_changes_agree(
+    case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
+) -> None:
     """Profiles added and removed between events, and time advanced without events, through the API."""
     texts, events, until = case
     profiles = [parse_profile(text, pid) for pid, text in texts]
@@ -286,7 +329,9 @@ def test_live_changes_agree(case: tuple[list[tuple[str, str]], list[dict], float
     assert outs["single-step"] == outs["two-step"]
 
 
-@settings(max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(scenario(), st.data())
 def test_snapshot_anywhere_changes_nothing(
     case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
@@ -343,9 +388,18 @@ def seq_profile_text(draw: st.DrawFn) -> str:
         for _ in range(draw(st.integers(1, 2))):
             a, c = draw(st.sampled_from(names)), draw(st.sampled_from(names))
             form = draw(st.integers(0, 3))
-            conj.append([f"{a}.v = {c}.v", f"{a}.v > {c}.v", f"{a}.v >= {c}.v + 1", f"{a}.v != {draw(st.integers(0, 3))}"][form])
+            conj.append(
+                [
+                    f"{a}.v = {c}.v",
+                    f"{a}.v > {c}.v",
+                    f"{a}.v >= {c}.v + 1",
+                    f"{a}.v != {draw(st.integers(0, 3))}",
+                ][form]
+            )
         clauses.append("where " + " and ".join(conj))
-    clauses.append(draw(st.sampled_from(["select first", "select each", "select each", "", "select last"])))
+    clauses.append(
+        draw(st.sampled_from(["select first", "select each", "select each", "", "select last"]))
+    )
     clauses.append(draw(st.sampled_from(["consume unique", "consume shared", ""])))
     if draw(st.integers(0, 7)) == 0:
         clauses.append("once")
@@ -380,7 +434,9 @@ def check_plans(case: tuple[list[tuple[str, str]], list[dict], float | None]) ->
         assert out == outs["eager"], name
 
 
-@settings(max_examples=400, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=400, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(plan_scenario())
 def test_plans_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
     """Rare-first (every eligible profile driven by its last component) = eager = two-step,
@@ -395,34 +451,53 @@ def skewed_scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict],
     events, so that buffers are pruned a few at a time and quiet partitions are swept."""
     n = draw(st.integers(2, 4))
     kinds = "ABCD"[:n]
-    body = "seq(" + ", ".join(f"l{i + 1}: k = \"{kinds[i]}\"" for i in range(n)) + ")"
+    body = "seq(" + ", ".join(f'l{i + 1}: k = "{kinds[i]}"' for i in range(n)) + ")"
     clauses = [f"within {draw(st.sampled_from(['4s', '10s', '25s']))}", "per r"]
     if draw(st.booleans()):
-        clauses.append(draw(st.sampled_from(["where l2.v >= l1.v", "where l1.v != 2", f"where l{n}.v > l1.v"])))
+        clauses.append(
+            draw(st.sampled_from(["where l2.v >= l1.v", "where l1.v != 2", f"where l{n}.v > l1.v"]))
+        )
     clauses.append(draw(st.sampled_from(["select first", "select each"])))
     clauses.append(draw(st.sampled_from(["consume unique", "consume shared"])))
     weights = draw(st.sampled_from([(8, 1, 1, 4), (20, 2, 1, 6), (3, 3, 1, 1), (6, 1, 6, 1)]))
     pool = [kinds[i] for i in range(n) for _ in range(weights[i])]
     events, ts = [], 0
     for j in range(draw(st.integers(20, 120))):
-        ts += draw(st.sampled_from([0, 1, 1, 1, 2, 3, 5, 40] if j % 16 == 15 else [0, 1, 1, 1, 2, 3]))
-        ev: dict = {"id": f"e{j + 1}", "ts": ts, "k": draw(st.sampled_from(pool)), "v": draw(st.integers(0, 3))}
+        ts += draw(
+            st.sampled_from([0, 1, 1, 1, 2, 3, 5, 40] if j % 16 == 15 else [0, 1, 1, 1, 2, 3])
+        )
+        ev: dict = {
+            "id": f"e{j + 1}",
+            "ts": ts,
+            "k": draw(st.sampled_from(pool)),
+            "v": draw(st.integers(0, 3)),
+        }
         room = draw(st.sampled_from(["x", "y", "y", "y", None]))
         if room is not None:
             ev["r"] = room
         events.append(ev)
-    return [("s", " ".join([body, *clauses]))], events, draw(st.sampled_from([None, float(ts + 30)]))
+    return (
+        [("s", " ".join([body, *clauses]))],
+        events,
+        draw(st.sampled_from([None, float(ts + 30)])),
+    )
 
 
-@settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(skewed_scenario())
-def test_rare_first_fast_paths_agree(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
+def test_rare_first_fast_paths_agree(
+    case: tuple[list[tuple[str, str]], list[dict], float | None],
+) -> None:
     """The rare-first fast paths (a frequent event appended or ignored in a precompiled
     closure) = eager = two-step, on long skewed streams."""
     check_plans(case)
 
 
-@settings(max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(plan_scenario(), st.data())
 def test_rare_first_snapshot_and_live_changes(
     case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
@@ -466,7 +541,9 @@ def test_rare_first_snapshot_and_live_changes(
     assert outs["rare-first"] == outs["eager"]
 
 
-@settings(max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(plan_scenario(), st.data())
 def test_replan_between_any_events_changes_nothing(
     case: tuple[list[tuple[str, str]], list[dict], float | None], data: st.DataObject
@@ -497,10 +574,21 @@ def test_replan_between_any_events_changes_nothing(
     assert out == want
 
 
-@settings(max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-@given(plan_scenario(), st.integers(1, 6), st.sampled_from([1.0, 1.5, 4.0]), st.integers(1, 3), st.booleans())
+@settings(
+    max_examples=200, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    plan_scenario(),
+    st.integers(1, 6),
+    st.sampled_from([1.0, 1.5, 4.0]),
+    st.integers(1, 3),
+    st.booleans(),
+)
 def test_online_replan_changes_nothing(
-    case: tuple[list[tuple[str, str]], list[dict], float | None], every: int, drift: float, sample: int,
+    case: tuple[list[tuple[str, str]], list[dict], float | None],
+    every: int,
+    drift: float,
+    sample: int,
     snap: bool,
 ) -> None:
     """--plan auto with rates counted online: profiles flip between eager and rare-first as
@@ -516,8 +604,12 @@ def test_online_replan_changes_nothing(
         got = run(make, profiles, events, until)
     else:  # through a snapshot in the middle (the counts and online rates are state)
         half = len(events) // 2
-        got = drive(make(profiles), events, until,
-                    lambda i, eng: Engine.restore(eng.snapshot()) if i == half else eng)
+        got = drive(
+            make(profiles),
+            events,
+            until,
+            lambda i, eng: Engine.restore(eng.snapshot()) if i == half else eng,
+        )
     if got != want:
         _report(texts, events, until, {"eager": want, "online": got})
     assert got == want
@@ -533,12 +625,15 @@ def driver_rates(draw: st.DrawFn, texts: list[tuple[str, str]]) -> Rates:
             continue
         pat_names = [lf.name for lf in Pattern.build(profile).leaves]
         doc["profiles"][pid] = {
-            name: {"rate_per_hour": draw(st.sampled_from([1.0, 10.0, 100.0, 1000.0]))} for name in pat_names
+            name: {"rate_per_hour": draw(st.sampled_from([1.0, 10.0, 100.0, 1000.0]))}
+            for name in pat_names
         }
     return Rates(doc)
 
 
-@settings(max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(skewed_scenario(), plan_scenario(), st.data())
 def test_any_driver_agrees(skewed: tuple, mixed: tuple, data: st.DataObject) -> None:
     """`--plan auto` with rates that make a middle component the rarest: under `select each`
@@ -548,10 +643,13 @@ def test_any_driver_agrees(skewed: tuple, mixed: tuple, data: st.DataObject) -> 
         profiles = [parse_profile(text, pid) for pid, text in texts]
         rates = data.draw(driver_rates(texts))
         want = run(Engine, profiles, events, until)
-        got = run(lambda ps, rates=rates: Engine(ps, plan="auto", rates=rates), profiles, events, until)
+        got = run(
+            lambda ps, rates=rates: Engine(ps, plan="auto", rates=rates), profiles, events, until
+        )
         if got != want:
             _report(texts, events, until, {"eager": want, "auto": got})
         assert got == want
+
         def between(_i: int, eng: Engine, texts: list = texts) -> Engine:
             if data.draw(st.integers(0, 3), label="replan?") == 0:
                 eng.replan("auto", data.draw(driver_rates(texts)))
@@ -568,18 +666,31 @@ def test_any_driver_agrees(skewed: tuple, mixed: tuple, data: st.DataObject) -> 
 def _reference_engines(profiles: list[Profile]) -> dict[str, Callable[[list[Profile]], Any]]:
     """Every engine, single-step variant and plan (auto with rates that favour rare-first)."""
     names = [lf.name for lf in Pattern.build(profiles[0]).leaves]
-    rates = Rates({"profiles": {profiles[0].id: {n: {"rate_per_hour": 1000.0 if i == 0 else 1.0}
-                                                  for i, n in enumerate(names)}}})
+    rates = Rates(
+        {
+            "profiles": {
+                profiles[0].id: {
+                    n: {"rate_per_hour": 1000.0 if i == 0 else 1.0} for i, n in enumerate(names)
+                }
+            }
+        }
+    )
     makers: dict[str, Callable[[list[Profile]], Any]] = {"two-step": TwoStepEngine}
     for v in Engine.VARIANTS:
         for plan in ("eager", "rare-first", "auto"):
-            makers[f"{v}+{plan}"] = lambda ps, v=v, plan=plan: Engine(ps, variant=v, plan=plan, rates=rates)
+            makers[f"{v}+{plan}"] = lambda ps, v=v, plan=plan: Engine(
+                ps, variant=v, plan=plan, rates=rates
+            )
     return makers
 
 
-@settings(max_examples=400, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=400, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(flat_seq_profiles(), tie_streams(), st.sampled_from([None, 0.0, 4.0, 30.0]))
-def test_engines_agree_with_the_reference(profile: tuple[str, Any], events: list[dict], extra: float | None) -> None:
+def test_engines_agree_with_the_reference(
+    profile: tuple[str, Any], events: list[dict], extra: float | None
+) -> None:
     """`seq` profiles with negations (leading, between, trailing), `where` (often on one
     component), `select last`/`nth`/`first` and either consume, on short streams with ties and
     repeated kinds: every engine, variant and plan gives exactly what tests/reference.py, an
@@ -593,8 +704,17 @@ def test_engines_agree_with_the_reference(profile: tuple[str, Any], events: list
         return
     until = None if extra is None else float(max(e["ts"] for e in events)) + extra
     want = sorted(json.dumps(n, sort_keys=True) for n in interpret(spec, events, until))
-    outs = {name: run(make, [parsed], events, until) for name, make in _reference_engines([parsed]).items()}
-    bad = {name: out for name, out in outs.items() if sorted(json.dumps(n, sort_keys=True) for n in out) != want}
+    outs = {
+        name: run(make, [parsed], events, until)
+        for name, make in _reference_engines([parsed]).items()
+    }
+    bad = {
+        name: out
+        for name, out in outs.items()
+        if sorted(json.dumps(n, sort_keys=True) for n in out) != want
+    }
     if bad:
-        _report([(spec.id, text)], events, until, {"reference": interpret(spec, events, until), **bad})
+        _report(
+            [(spec.id, text)], events, until, {"reference": interpret(spec, events, until), **bad}
+        )
     assert not bad, sorted(bad)

@@ -28,8 +28,13 @@ time.sleep(120)
 
 
 def _holder(data: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(data)], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(data)],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -56,8 +61,9 @@ def test_the_last_user_stops_the_server_and_a_killed_one_is_forgotten(tmp_path: 
         conn.close()
 
 
-def test_a_data_dir_too_long_for_a_socket_path_gets_a_private_one(tmp_path: Path,
-                                                                  monkeypatch) -> None:  # noqa: ANN001
+def test_a_data_dir_too_long_for_a_socket_path_gets_a_private_one(
+    tmp_path: Path, monkeypatch
+) -> None:  # noqa: ANN001
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     data = tmp_path / ("x" * 90) / "store"
     sock = socket_path(data)

@@ -26,7 +26,13 @@ def test_a_million_events_keep_state_bounded_by_the_window() -> None:
     max_pms = max_timers = max_pool = 0
     notes = 0
     for i in range(1_000_000):
-        eng.process(Event(f"e{i}", i / rate, {"k": rng.choice(kinds), "sensor": i % 8, "v": rng.randrange(100)}))
+        eng.process(
+            Event(
+                f"e{i}",
+                i / rate,
+                {"k": rng.choice(kinds), "sensor": i % 8, "v": rng.randrange(100)},
+            )
+        )
         if i % 5000 == 0:
             st = eng.stats()
             max_pms = max(max_pms, st["partial_matches"])
@@ -59,7 +65,10 @@ def _events(spec: str) -> list[Event]:
 
 def test_auxiliary_profiles_come_and_go_with_partial_matches() -> None:
     """`dynamic`: an auxiliary profile is in the pool exactly while a partial match waits for it."""
-    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B", c: k = "C") within 10s per r', "p")], variant="dynamic")
+    eng = Engine(
+        [parse_profile('seq(a: k = "A", b: k = "B", c: k = "C") within 10s per r', "p")],
+        variant="dynamic",
+    )
     assert eng.stats()["pool_filters"] == 1  # only the starting component
     eng.process(Event("a1", 0, {"k": "A", "r": 1}))
     st = eng.stats()
@@ -69,7 +78,9 @@ def test_auxiliary_profiles_come_and_go_with_partial_matches() -> None:
     eng.process(Event("b1", 1, {"k": "B", "r": 1}))
     assert {e.filter.value for e in eng.pool.entries() if e.eqs} == {"C"}
     eng.process(Event("c1", 2, {"k": "C", "r": 1}))
-    assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1", "c": "c1"}]
+    assert [n.to_json()["events"] for n in eng.take_notifications()] == [
+        {"a": "a1", "b": "b1", "c": "c1"}
+    ]
     st = eng.stats()
     assert st["pool_filters"] == 1 and st["partial_matches"] == 0
     assert st["timers"] == 1  # the completed PM's terminator: left to fire as a no-op at ts 10
@@ -90,19 +101,31 @@ def test_references_keep_auxiliary_profiles_and_drop_dormant_owners() -> None:
     [aux] = [e for e in eng.pool.entries() if e.eqs]
     assert aux.owners  # dormant: nobody waits, the owner stays
     eng.process(Event("a2", 2, {"k": "A", "r": 1}))
-    assert [e for e in eng.pool.entries() if e.eqs] == [aux] and aux.owners  # taken back, same entry
+    assert [e for e in eng.pool.entries() if e.eqs] == [
+        aux
+    ] and aux.owners  # taken back, same entry
     eng.process(Event("b2", 3, {"k": "B", "r": 1}))
     eng.process(Event("b3", 4, {"k": "B", "r": 1}))  # nobody waits: reaches the profile once
     assert not aux.owners and aux.indexed
-    assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1"}, {"a": "a2", "b": "b2"}]
+    assert [n.to_json()["events"] for n in eng.take_notifications()] == [
+        {"a": "a1", "b": "b1"},
+        {"a": "a2", "b": "b2"},
+    ]
     st = eng.stats()
-    assert st["partitions"] == 1 and st["timers"] == 2  # the terminators of a1's (ts 10) and a2's (ts 12) matches
+    assert (
+        st["partitions"] == 1 and st["timers"] == 2
+    )  # the terminators of a1's (ts 10) and a2's (ts 12) matches
     eng.advance(11)  # a1's terminator: the partition is idle, but a2's window is still open
     assert eng.stats()["partitions"] == 1
     assert eng.stats()["timers"] == 1
     eng.advance(12.5)
     st = eng.stats()
-    assert st["pool_filters"] == 1 and st["pool_owners"] == 1 and st["partitions"] == 0 and st["timers"] == 0
+    assert (
+        st["pool_filters"] == 1
+        and st["pool_owners"] == 1
+        and st["partitions"] == 0
+        and st["timers"] == 0
+    )
 
 
 def test_events_not_awaited_never_reach_the_profile() -> None:
@@ -114,7 +137,9 @@ def test_events_not_awaited_never_reach_the_profile() -> None:
 
 
 def test_where_equality_becomes_an_indexed_predicate() -> None:
-    eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s where b.room = a.room', "p")])
+    eng = Engine(
+        [parse_profile('seq(a: k = "A", b: k = "B") within 10s where b.room = a.room', "p")]
+    )
     eng.process(Event("a1", 0, {"k": "A", "room": "101"}))
     aux = [e for e in eng.pool.entries() if e.eqs]
     assert aux[0].eqs == (("room", "101"),)
@@ -188,7 +213,9 @@ def test_temporal_pool_head_survives_pickling_and_old_snapshots() -> None:
     copy = pickle.loads(pickle.dumps(pool))
     assert copy.head == 7.0 and copy.pop_due(8.0, False)[3] == "seven" and copy.head == 9.0
     old = TemporalPool.__new__(TemporalPool)
-    old.__setstate__((None, {"_items": SortedList([(3.0, TIMER, 0, "x")]), "_tie": itertools.count(1)}))
+    old.__setstate__(
+        (None, {"_items": SortedList([(3.0, TIMER, 0, "x")]), "_tie": itertools.count(1)})
+    )
     assert old.head == 3.0 and old.due(3.0) and not old.due(2.9)
     assert old.pop_due(3.0, True)[3] == "x" and old.head == float("inf")
 
@@ -211,7 +238,9 @@ def test_temporal_pool_head_survives_pickling_and_old_snapshots() -> None:
         ('seq(a: k = "A", b: k = "B") per r', "A@0 B@1"),
     ],
 )
-def test_an_idle_partition_lets_its_auxiliary_profiles_go(variant: str, expr: str, events: str) -> None:
+def test_an_idle_partition_lets_its_auxiliary_profiles_go(
+    variant: str, expr: str, events: str
+) -> None:
     """Whatever ended a partition's last partial match, its auxiliary profiles (kept for the
     next one under marking/references) leave the pool once that match's window is over."""
     eng = Engine([parse_profile(expr, "p")], variant=variant)
@@ -234,7 +263,9 @@ def test_plain_filters_matched_together_report_in_profile_order() -> None:
 
     texts = ["v > 5", "v > 1", 'v > 3 and kind = "t"', "v > 2 once", "v > 4"]
     profiles = [parse_profile(t, f"f{i}") for i, t in enumerate(texts)]
-    events = [Event(f"e{i}", float(i), {"kind": "t", "v": v}) for i, v in enumerate([6, 0, 4, 6, 2.5])]
+    events = [
+        Event(f"e{i}", float(i), {"kind": "t", "v": v}) for i, v in enumerate([6, 0, 4, 6, 2.5])
+    ]
     outs = []
     for eng in (Engine(profiles), TwoStepEngine(profiles)):
         got = []
@@ -281,7 +312,9 @@ def test_select_last_negation_log_stays_bounded_without_a_window(variant: str) -
     for eng in engines:
         for ev in evs:
             eng.process(ev)
-        assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a1", "b": "b1", "c": "c1"}]
+        assert [n.to_json()["events"] for n in eng.take_notifications()] == [
+            {"a": "a1", "b": "b1", "c": "c1"}
+        ]
     eng = Engine([p], variant=variant)
     for ev in evs[:-2]:
         eng.process(ev)

@@ -35,8 +35,12 @@ def _exception_classes() -> dict[str, type[BaseException]]:
     for name in _modules():
         mod = importlib.import_module(name)
         for attr, obj in vars(mod).items():
-            if (inspect.isclass(obj) and issubclass(obj, BaseException)
-                    and obj.__module__.split(".")[0] in PACKAGES and not attr.startswith("_")):
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__.split(".")[0] in PACKAGES
+                and not attr.startswith("_")
+            ):
                 found[f"{obj.__module__}.{obj.__qualname__}"] = obj
     return found
 
@@ -44,9 +48,20 @@ def _exception_classes() -> dict[str, type[BaseException]]:
 def test_every_user_visible_error_derives_from_ens_error_in_one_module() -> None:
     classes = _exception_classes()
     # the ones the issue named, so the walk cannot pass by finding nothing
-    for name in ("DatasetError", "LockLost", "BadEvent", "TsOutOfWindow", "ConfigError",
-                 "DemoError", "DemoFailure", "ProfileError", "EventError", "ManyErrors",
-                 "StoreMissing", "EmbeddedError"):
+    for name in (
+        "DatasetError",
+        "LockLost",
+        "BadEvent",
+        "TsOutOfWindow",
+        "ConfigError",
+        "DemoError",
+        "DemoFailure",
+        "ProfileError",
+        "EventError",
+        "ManyErrors",
+        "StoreMissing",
+        "EmbeddedError",
+    ):
         assert f"profiles.errors.{name}" in classes, name
     outside = sorted(n for n in classes if not n.startswith("profiles.errors."))
     assert outside == [], f"exception classes defined outside profiles/errors.py: {outside}"
@@ -54,10 +69,15 @@ def test_every_user_visible_error_derives_from_ens_error_in_one_module() -> None
     assert loose == [], f"not derived from ENSError: {loose}"
 
 
-@pytest.mark.parametrize(("name", "base"), [
-    ("DatasetError", ValueError), ("BadEvent", ValueError), ("TsOutOfWindow", ValueError),
-    ("LockLost", RuntimeError),
-])
+@pytest.mark.parametrize(
+    ("name", "base"),
+    [
+        ("DatasetError", ValueError),
+        ("BadEvent", ValueError),
+        ("TsOutOfWindow", ValueError),
+        ("LockLost", RuntimeError),
+    ],
+)
 def test_errors_keep_their_builtin_base(name: str, base: type[Exception]) -> None:
     """`except ValueError` / `except RuntimeError` handlers written before still catch them."""
     assert issubclass(getattr(errors, name), base)
@@ -72,20 +92,40 @@ def test_old_import_paths_still_name_the_same_classes() -> None:
     from ens.demo import DemoError, DemoFailure
     from notifiers.config import ConfigError
 
-    assert (DatasetError, BadEvent, TsOutOfWindow, LockLost, DemoError, DemoFailure, ConfigError,
-            StoreMissing, EmbeddedError) == (
-        errors.DatasetError, errors.BadEvent, errors.TsOutOfWindow, errors.LockLost,
-        errors.DemoError, errors.DemoFailure, errors.ConfigError, errors.StoreMissing,
-        errors.EmbeddedError)
+    assert (
+        DatasetError,
+        BadEvent,
+        TsOutOfWindow,
+        LockLost,
+        DemoError,
+        DemoFailure,
+        ConfigError,
+        StoreMissing,
+        EmbeddedError,
+    ) == (
+        errors.DatasetError,
+        errors.BadEvent,
+        errors.TsOutOfWindow,
+        errors.LockLost,
+        errors.DemoError,
+        errors.DemoFailure,
+        errors.ConfigError,
+        errors.StoreMissing,
+        errors.EmbeddedError,
+    )
 
 
 def test_exit_status_of_a_run_that_could_not_finish_is_1() -> None:
     """ens.cli.main ends a command with the error's exit_status, no traceback."""
-    code = ("import ens.cli, sys\n"
-            "from profiles.errors import DemoFailure\n"
-            "def boom(): raise DemoFailure('the service died')\n"
-            "ens.cli.app = boom\n"
-            "ens.cli.main()\n")
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    code = (
+        "import ens.cli, sys\n"
+        "from profiles.errors import DemoFailure\n"
+        "def boom(): raise DemoFailure('the service died')\n"
+        "ens.cli.app = boom\n"
+        "ens.cli.main()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1, res.stderr
     assert res.stderr.strip() == "error: the service died"

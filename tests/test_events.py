@@ -23,7 +23,9 @@ def test_id_is_optional_and_defaults_to_the_line_number() -> None:
 
 
 def test_attributes_are_flat_scalars_and_null_means_absent() -> None:
-    ev = parse_event_line('{"ts": 1, "room": "273", "value": 31.5, "n": 2, "ok": true, "battery": null}', 1)
+    ev = parse_event_line(
+        '{"ts": 1, "room": "273", "value": 31.5, "n": 2, "ok": true, "battery": null}', 1
+    )
     assert ev.attrs == {"room": "273", "value": 31.5, "n": 2, "ok": True}
     assert "battery" not in ev.attrs
 
@@ -61,5 +63,9 @@ def test_read_events_reports_every_bad_line() -> None:
 def test_epoch_milliseconds_are_rejected_not_taken_as_seconds(ts: str) -> None:
     with pytest.raises(EventError) as e:
         parse_event_line(f'{{"ts": {ts}}}', 3)
-    assert "looks like epoch milliseconds; send seconds" in str(e.value) and "line 3" in str(e.value)
-    assert parse_event_line('{"ts": 99999999999}', 1).ts == 99999999999.0  # year 5138: still seconds
+    assert "looks like epoch milliseconds; send seconds" in str(e.value) and "line 3" in str(
+        e.value
+    )
+    assert (
+        parse_event_line('{"ts": 99999999999}', 1).ts == 99999999999.0
+    )  # year 5138: still seconds

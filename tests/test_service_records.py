@@ -44,23 +44,41 @@ pytestmark = pytest.mark.redis
 # ------------------------------------------------------------------ golden samples (previous release)
 INGEST_ONE_EVENT = {"e": '{"id":"a","ts":1.5,"kind":"door"}', "g": "gw1"}  # oldest services
 INGEST_RAW_BATCH = {"b": '[{"id":"a","ts":"1970-01-01T00:00:01.5Z","kind":"door"}]', "g": "gw1"}
-INGEST_NORMALIZED = {"b": '[{"id":"a","ts":1.5,"kind":"door"},{"ts":2.0,"kind":"x"}]', "g": "gw1",
-                     "v": "n"}
-INGEST_EXACT = {"b": '[{"id":"a","ts":1.5,"n":123456789012345678901234567890}]', "g": "gw1",
-                "v": "x"}
-JOURNAL_V1 = {b"ops": b'[["c","door","kind = \\"door\\"",null],["e","1-0.0"],["a",12.5],'
-                      b'["c","old",null,null]]', b"n": b"2", b"ctl": b"5-0"}
+INGEST_NORMALIZED = {
+    "b": '[{"id":"a","ts":1.5,"kind":"door"},{"ts":2.0,"kind":"x"}]',
+    "g": "gw1",
+    "v": "n",
+}
+INGEST_EXACT = {
+    "b": '[{"id":"a","ts":1.5,"n":123456789012345678901234567890}]',
+    "g": "gw1",
+    "v": "x",
+}
+JOURNAL_V1 = {
+    b"ops": b'[["c","door","kind = \\"door\\"",null],["e","1-0.0"],["a",12.5],'
+    b'["c","old",null,null]]',
+    b"n": b"2",
+    b"ctl": b"5-0",
+}
 CHECKPOINT_V4 = {
-    "version": 4, "epoch": "ab12cd34", "last_id": "17-0", "control_id": "3-0",
+    "version": 4,
+    "epoch": "ab12cd34",
+    "last_id": "17-0",
+    "control_id": "3-0",
     "buffer": [["17-0.1", 41, 1700000000.5, {"id": "x", "ts": 12.0, "kind": "door"}, "gw1"]],
     "watermarks": {"seq": 42, "gateways": {"gw1": [12.0, 1700000000.5]}},
     "totals": {"events": 40, "late": 1, "notifications": 7, "invalid": 0, "read": 41},
-    "late_by_gateway": {"gw1": 1}, "written_at": 1700000001.25,
+    "late_by_gateway": {"gw1": 1},
+    "written_at": 1700000001.25,
 }
 CHECKPOINT_V3 = {  # before watermarks per gateway and the read count
-    "version": 3, "epoch": "e3", "last_id": "9-0", "control_id": "0-0",
+    "version": 3,
+    "epoch": "e3",
+    "last_id": "9-0",
+    "control_id": "0-0",
     "buffer": [["9-0", 8, 1700000000.0, {"id": "y", "ts": 3.0, "kind": "door"}]],
-    "arrival": 9, "totals": {"events": 8},
+    "arrival": 9,
+    "totals": {"events": 8},
 }
 
 
@@ -70,11 +88,15 @@ def test_ingest_entries_of_the_previous_release_are_read(as_bytes: bool) -> None
         return {k.encode(): v.encode() for k, v in d.items()} if as_bytes else d
 
     assert decode_ingest("5-0", enc(INGEST_ONE_EVENT)) == [
-        ("5-0", "gw1", {"id": "a", "ts": 1.5, "kind": "door"})]
+        ("5-0", "gw1", {"id": "a", "ts": 1.5, "kind": "door"})
+    ]
     assert [key for key, _, _ in decode_ingest("6-0", enc(INGEST_RAW_BATCH))] == ["6-0.0"]
     assert not ingest_normalized(enc(INGEST_RAW_BATCH))
     evs = decode_ingest("7-0", enc(INGEST_NORMALIZED))
-    assert [(key, gw, obj["ts"]) for key, gw, obj in evs] == [("7-0.0", "gw1", 1.5), ("7-0.1", "gw1", 2.0)]
+    assert [(key, gw, obj["ts"]) for key, gw, obj in evs] == [
+        ("7-0.0", "gw1", 1.5),
+        ("7-0.1", "gw1", 2.0),
+    ]
     assert ingest_normalized(enc(INGEST_NORMALIZED)) and ingest_normalized(enc(INGEST_EXACT))
     ((_, _, big),) = decode_ingest("8-0", enc(INGEST_EXACT))
     assert big["n"] == 123456789012345678901234567890  # exact, not a float
@@ -93,8 +115,10 @@ def test_the_api_script_writes_a_versioned_entry(tmp_path: Path) -> None:
         key = rs.add_gateway(r, "gw1")
         script = r.register_script(rs.INGEST_SCRIPT)
         # gateway, key hash, format, max backlog, dedup window ms, ids kept, (id, event) pairs
-        res = script(keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key("gw1")],
-                     args=["gw1", rs.sha256(key), rs.INGEST_NORMALIZED, 0, 0, 0, "a", '{"id":"a","ts":1.5}'])
+        res = script(
+            keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key("gw1")],
+            args=["gw1", rs.sha256(key), rs.INGEST_NORMALIZED, 0, 0, 0, "a", '{"id":"a","ts":1.5}'],
+        )
         assert res[0] == "ok"
         eid = res[1]
         ((got_id, fields),) = r.xrange(rs.INGEST)
@@ -107,11 +131,18 @@ def test_journal_entry_of_the_previous_release_is_read_as_typed_operations() -> 
     entry = JournalEntry.read(JOURNAL_V1)
     assert (entry.notifications, entry.control_id) == (2, "5-0")
     assert list(entry.operations()) == [
-        ProfileChanged("door", 'kind = "door"', None), EventFed("1-0.0"), Advanced(12.5),
-        ProfileChanged("old", None, None)]
+        ProfileChanged("door", 'kind = "door"', None),
+        EventFed("1-0.0"),
+        Advanced(12.5),
+        ProfileChanged("old", None, None),
+    ]
     # the writer's wire form is the same layout, plus the version
-    ops = [op_profile("door", 'kind = "door"', None), op_event("1-0.0"), op_advance(12.5),
-           op_profile("old", None, None)]
+    ops = [
+        op_profile("door", 'kind = "door"', None),
+        op_event("1-0.0"),
+        op_advance(12.5),
+        op_profile("old", None, None),
+    ]
     fields = JournalEntry(ops, 2, "5-0").fields()
     assert json.loads(fields["ops"]) == json.loads(JOURNAL_V1[b"ops"])
     assert (fields["n"], fields["ctl"], fields[VERSION_FIELD]) == (2, "5-0", "1")
@@ -124,17 +155,25 @@ def test_journal_entry_of_the_previous_release_is_read_as_typed_operations() -> 
 def test_checkpoint_meta_of_the_previous_versions_is_read() -> None:
     m4 = CheckpointMeta.from_json(json.dumps(CHECKPOINT_V4))
     assert (m4.version, m4.epoch, m4.last_id, m4.control_id, m4.profiles, m4.counted_reads) == (
-        4, "ab12cd34", "17-0", "3-0", None, True)
-    assert m4.buffer == [HeldRow("17-0.1", 41, 1700000000.5, {"id": "x", "ts": 12.0, "kind": "door"}, "gw1")]
+        4,
+        "ab12cd34",
+        "17-0",
+        "3-0",
+        None,
+        True,
+    )
+    assert m4.buffer == [
+        HeldRow("17-0.1", 41, 1700000000.5, {"id": "x", "ts": 12.0, "kind": "door"}, "gw1")
+    ]
     assert json.loads(m4.to_json()) == CHECKPOINT_V4  # today's layout, written back unchanged
 
     m3 = CheckpointMeta.from_dict(CHECKPOINT_V3)
     assert m3.buffer[0].gateway == "?" and m3.watermarks == {"seq": 9}
     assert not m3.counted_reads and m3.late_by_gateway == {} and m3.profiles is None
 
-    v2 = {**CHECKPOINT_V3, "version": 2, "profiles": {"p": ["kind = \"a\"", None]}}
+    v2 = {**CHECKPOINT_V3, "version": 2, "profiles": {"p": ['kind = "a"', None]}}
     del v2["version"]  # the first checkpoints had no version at all
-    assert CheckpointMeta.from_dict(v2).profiles == {"p": ["kind = \"a\"", None]}
+    assert CheckpointMeta.from_dict(v2).profiles == {"p": ['kind = "a"', None]}
     with pytest.raises(ValueError, match="checkpoint version 5 was written by a newer ENS"):
         CheckpointMeta.from_dict({**CHECKPOINT_V4, "version": 5})
 

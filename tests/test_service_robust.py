@@ -29,8 +29,16 @@ MAX_BODY = 100_000
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-robust")
     with redis_server(d) as url:
-        s = Service(url, d / "serve.log", "--reorder-seconds", "0.2",
-                    "--max-body", str(MAX_BODY), "--body-timeout", "1s").start()
+        s = Service(
+            url,
+            d / "serve.log",
+            "--reorder-seconds",
+            "0.2",
+            "--max-body",
+            str(MAX_BODY),
+            "--body-timeout",
+            "1s",
+        ).start()
         try:
             yield s
         finally:
@@ -81,8 +89,9 @@ def test_redis_down_is_503_for_gateways_and_admins_and_ens_post_retries(
         key = rs.add_gateway(r, "gw-down")
         r.close()
         ev = {"ts": time.time(), "kind": "x"}
-        assert httpx.post(s.url + "/v1/events", json=ev,
-                          headers={"X-API-Key": key}).status_code == 202
+        assert (
+            httpx.post(s.url + "/v1/events", json=ev, headers={"X-API-Key": key}).status_code == 202
+        )
     finally:
         redis_cm.__exit__(None, None, None)  # Redis stops; the service keeps running
     try:
@@ -97,9 +106,23 @@ def test_redis_down_is_503_for_gateways_and_admins_and_ens_post_retries(
         events = tmp_path / "ev.jsonl"
         events.write_text(json.dumps(ev) + "\n")
         res = subprocess.run(
-            [sys.executable, "-m", "ens", "post", str(events), "--url", s.url,
-             "--api-key", key, "--retries", "1"],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "ens",
+                "post",
+                str(events),
+                "--url",
+                s.url,
+                "--api-key",
+                key,
+                "--retries",
+                "1",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert "HTTP 503; retry 1 of 1" in res.stderr, res.stderr
         assert res.returncode == 1 and "HTTP 503" in res.stderr
@@ -110,21 +133,28 @@ def test_redis_down_is_503_for_gateways_and_admins_and_ens_post_retries(
 # ----------------------------------------------------------------------------- floods
 
 
-def test_hundreds_of_concurrent_requests_are_all_served(svc: Service, key: str,
-                                                        r: redis.Redis) -> None:
+def test_hundreds_of_concurrent_requests_are_all_served(
+    svc: Service, key: str, r: redis.Redis
+) -> None:
     """More requests at once than Redis connections: they wait for one, none gets a 500."""
     n = 400
     before = r.xlen(rs.INGEST)
 
     async def flood() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=svc.url, limits=limits, timeout=60,
-                                     headers={"X-API-Key": key}) as c:
+        async with httpx.AsyncClient(
+            base_url=svc.url, limits=limits, timeout=60, headers={"X-API-Key": key}
+        ) as c:
             now = time.time()
-            return await asyncio.gather(*(
-                c.post("/v1/events", json=[{"id": f"f{i}-{j}", "ts": now, "kind": "flood"}
-                                           for j in range(5)])
-                for i in range(n)))
+            return await asyncio.gather(
+                *(
+                    c.post(
+                        "/v1/events",
+                        json=[{"id": f"f{i}-{j}", "ts": now, "kind": "flood"} for j in range(5)],
+                    )
+                    for i in range(n)
+                )
+            )
 
     answers = asyncio.run(flood())
     statuses = sorted({a.status_code for a in answers})
@@ -148,8 +178,9 @@ def test_deeply_nested_json_is_400_not_500(gw: httpx.Client, ctype: str) -> None
 
 
 @pytest.mark.parametrize("ctype", ["application/json", "application/x-ndjson"])
-def test_lone_surrogate_rejects_that_event_only(gw: httpx.Client, r: redis.Redis,
-                                                admin: httpx.Client, ctype: str) -> None:
+def test_lone_surrogate_rejects_that_event_only(
+    gw: httpx.Client, r: redis.Redis, admin: httpx.Client, ctype: str
+) -> None:
     kind = "sur-" + ctype.rsplit("/", 1)[1]
     add_profile(admin, kind, f'kind = "{kind}"')
     now = time.time()
@@ -170,7 +201,10 @@ def test_lone_surrogate_rejects_that_event_only(gw: httpx.Client, r: redis.Redis
     assert "'note'" in err["error"] and "surrogate" in err["error"]
     assert err_id["index"] == 3 and "id" not in err_id and "'id'" in err_id["error"]
     wait_for(lambda: len(outbox_for(r, kind)) >= 2, 10, "2 notifications")
-    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == [f"{kind}-ok1", f"{kind}-ok2"]
+    assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, kind)) == [
+        f"{kind}-ok1",
+        f"{kind}-ok2",
+    ]
 
 
 def test_a_number_too_long_for_python_rejects_that_event_only(
@@ -179,14 +213,21 @@ def test_a_number_too_long_for_python_rejects_that_event_only(
     kind = "longnum"
     add_profile(admin, kind, f'kind = "{kind}"')
     now = time.time()
-    items = [json.dumps({"id": "n-ok1", "ts": now, "kind": kind}),
-             json.dumps({"id": "n-bad", "ts": now, "kind": kind, "v": 0}).replace(
-                 '"v": 0', '"v": ' + "9" * 5000),
-             json.dumps({"id": "n-ok2", "ts": now + 0.001, "kind": kind}),
-             json.dumps({"id": "n-bad2", "ts": 0, "kind": kind}).replace(
-                 '"ts": 0', '"ts": ' + "1" * 5000)]
-    resp = gw.post("/v1/events", content=("[" + ",".join(items) + "]").encode(),
-                   headers={"Content-Type": "application/json"})
+    items = [
+        json.dumps({"id": "n-ok1", "ts": now, "kind": kind}),
+        json.dumps({"id": "n-bad", "ts": now, "kind": kind, "v": 0}).replace(
+            '"v": 0', '"v": ' + "9" * 5000
+        ),
+        json.dumps({"id": "n-ok2", "ts": now + 0.001, "kind": kind}),
+        json.dumps({"id": "n-bad2", "ts": 0, "kind": kind}).replace(
+            '"ts": 0', '"ts": ' + "1" * 5000
+        ),
+    ]
+    resp = gw.post(
+        "/v1/events",
+        content=("[" + ",".join(items) + "]").encode(),
+        headers={"Content-Type": "application/json"},
+    )
     assert resp.status_code == 422, resp.text
     data = resp.json()
     assert data["accepted"] == 2 and data["rejected"] == 2
@@ -236,17 +277,30 @@ def test_ts_outside_the_window_around_the_wall_clock_is_rejected(
 def test_ts_window_flags_widen_or_disable_the_bounds(tmp_path: Path) -> None:
     """`--max-past off` for backfills of old data (with --clock event)."""
     with redis_server(tmp_path) as url:
-        s = Service(url, tmp_path / "serve.log", "--max-past", "off", "--max-future", "2h",
-                    "--clock", "event").start()
+        s = Service(
+            url,
+            tmp_path / "serve.log",
+            "--max-past",
+            "off",
+            "--max-future",
+            "2h",
+            "--clock",
+            "event",
+        ).start()
         try:
             r = redis.Redis.from_url(url, decode_responses=True)
             key = rs.add_gateway(r, "gw-backfill")
             r.close()
             now = time.time()
             with s.client(key) as c:
-                resp = c.post("/v1/events", json=[{"ts": 86400.0, "kind": "old"},
-                                                  {"ts": now + 3600, "kind": "soon"},
-                                                  {"ts": now + 3 * 3600, "kind": "later"}])
+                resp = c.post(
+                    "/v1/events",
+                    json=[
+                        {"ts": 86400.0, "kind": "old"},
+                        {"ts": now + 3600, "kind": "soon"},
+                        {"ts": now + 3 * 3600, "kind": "later"},
+                    ],
+                )
             assert resp.status_code == 422 and resp.json()["accepted"] == 2, resp.text
             assert [e["index"] for e in resp.json()["errors"]] == [2]
             assert "7200 s" in resp.json()["errors"][0]["error"]
@@ -254,18 +308,40 @@ def test_ts_window_flags_widen_or_disable_the_bounds(tmp_path: Path) -> None:
             s.kill()
 
 
-@pytest.mark.parametrize(("flag", "value"), [
-    ("--max-future", "soon"), ("--max-past", "-1d"), ("--body-timeout", "0"),
-    # issue 24.7: NaN, infinities and out-of-range values of every number and duration
-    ("--default-lateness", "nan"), ("--default-lateness", "-1"), ("--reorder-seconds", "inf"),
-    ("--max-future", "nan"), ("--max-past", "inf"), ("--body-timeout", "nan"),
-    ("--idle-timeout", "nan"), ("--idle-timeout", "-0.5"), ("--snapshot-interval", "-1"),
-    ("--snapshot-interval", "0"), ("--status-interval", "nan"), ("--max-body", "-1"),
-    ("--max-body", "0"), ("--max-backlog", "-5"), ("--reorder-max-events", "0"),
-    ("--drift", "nan"), ("--drift", "0.5"), ("--replan-every", "-1"), ("--max-skew", "inf"),
-    ("--dedup-window", "nan"), ("--dedup-max", "0"), ("--keepalive-timeout", "0"),
-    ("--header-timeout", "-1s"), ("--max-connections", "-1"), ("--default-lateness", "²"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max-future", "soon"),
+        ("--max-past", "-1d"),
+        ("--body-timeout", "0"),
+        # issue 24.7: NaN, infinities and out-of-range values of every number and duration
+        ("--default-lateness", "nan"),
+        ("--default-lateness", "-1"),
+        ("--reorder-seconds", "inf"),
+        ("--max-future", "nan"),
+        ("--max-past", "inf"),
+        ("--body-timeout", "nan"),
+        ("--idle-timeout", "nan"),
+        ("--idle-timeout", "-0.5"),
+        ("--snapshot-interval", "-1"),
+        ("--snapshot-interval", "0"),
+        ("--status-interval", "nan"),
+        ("--max-body", "-1"),
+        ("--max-body", "0"),
+        ("--max-backlog", "-5"),
+        ("--reorder-max-events", "0"),
+        ("--drift", "nan"),
+        ("--drift", "0.5"),
+        ("--replan-every", "-1"),
+        ("--max-skew", "inf"),
+        ("--dedup-window", "nan"),
+        ("--dedup-max", "0"),
+        ("--keepalive-timeout", "0"),
+        ("--header-timeout", "-1s"),
+        ("--max-connections", "-1"),
+        ("--default-lateness", "²"),
+    ],
+)
 def test_serve_rejects_bad_limits(flag: str, value: str) -> None:
     from ens.cli import app as ens_app
 
@@ -274,8 +350,10 @@ def test_serve_rejects_bad_limits(flag: str, value: str) -> None:
     assert "Traceback" not in res.output
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--timeout", "nan"), ("--timeout", "0"),
-                                             ("--retry-for", "inf"), ("--retry-for", "-1s")])
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--timeout", "nan"), ("--timeout", "0"), ("--retry-for", "inf"), ("--retry-for", "-1s")],
+)
 def test_post_rejects_bad_durations(flag: str, value: str, tmp_path: Path) -> None:
     from ens.cli import app as ens_app
 
@@ -296,8 +374,15 @@ def test_every_time_option_takes_the_same_durations() -> None:
     assert parse_duration("--x", "off", off=True) is None
     from ens.cli import app as ens_app
 
-    for flag in ("--default-lateness", "--idle-timeout", "--snapshot-interval", "--max-skew",
-                 "--keepalive-timeout", "--header-timeout", "--status-interval"):
+    for flag in (
+        "--default-lateness",
+        "--idle-timeout",
+        "--snapshot-interval",
+        "--max-skew",
+        "--keepalive-timeout",
+        "--header-timeout",
+        "--status-interval",
+    ):
         res = CliRunner().invoke(ens_app, ["serve", flag, "500ms", "--port", "-1"])
         assert res.exit_code == 2 and "--port" in res.output, (flag, res.output)  # flag passed
 
@@ -317,11 +402,20 @@ def test_a_retried_event_id_is_stored_once_and_answered_as_accepted(
     kind = f"dup{time.time_ns()}"
     add_profile(admin, f"p-{kind}", f'kind = "{kind}"')
     now = time.time()
-    batch = [{"id": f"{kind}-1", "ts": now, "kind": kind}, {"id": f"{kind}-2", "ts": now, "kind": kind}]
+    batch = [
+        {"id": f"{kind}-1", "ts": now, "kind": kind},
+        {"id": f"{kind}-2", "ts": now, "kind": kind},
+    ]
     first = gw.post("/v1/events", json=batch)
     assert first.status_code == 202 and first.json() == {"accepted": 2, "rejected": 0, "errors": []}
-    again = gw.post("/v1/events", json=[*batch, {"id": f"{kind}-3", "ts": now, "kind": kind},
-                                        {"id": f"{kind}-3", "ts": now, "kind": kind}])
+    again = gw.post(
+        "/v1/events",
+        json=[
+            *batch,
+            {"id": f"{kind}-3", "ts": now, "kind": kind},
+            {"id": f"{kind}-3", "ts": now, "kind": kind},
+        ],
+    )
     assert again.status_code == 202, again.text
     assert again.json() == {"accepted": 4, "duplicates": 3, "rejected": 0, "errors": []}
     only_dups = gw.post("/v1/events", json=batch[0])
@@ -329,7 +423,10 @@ def test_a_retried_event_id_is_stored_once_and_answered_as_accepted(
     wait_for(lambda: len(outbox_for(r, f"p-{kind}")) >= 3, 10, "3 notifications")
     time.sleep(0.5)  # nothing more comes
     assert sorted(n["events"]["e"]["id"] for n in outbox_for(r, f"p-{kind}")) == [
-        f"{kind}-1", f"{kind}-2", f"{kind}-3"]
+        f"{kind}-1",
+        f"{kind}-2",
+        f"{kind}-3",
+    ]
     text = gw.get("/metrics").text
     assert metric(text, "ens_events_duplicate_total") >= 4
     assert r.zcard(rs.seen_key("gw-robust")) >= 3 and r.pttl(rs.seen_key("gw-robust")) > 0
@@ -342,7 +439,8 @@ def _raw_post(svc: Service, key: str, length: int, body: bytes = b"") -> socket.
     sock = socket.create_connection(("127.0.0.1", svc.port), timeout=10)
     sock.sendall(
         f"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode() + body
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode()
+        + body
     )
     return sock
 
@@ -428,11 +526,20 @@ def test_healthz_shows_worker_details_only_to_the_admin(svc: Service) -> None:
 def test_metrics_token_guards_the_scrape(svc: Service, tmp_path: Path) -> None:
     """Issue 17 left /metrics public (its labels name the gateways): with ENS_METRICS_TOKEN
     set, a scrape needs that token or the admin token; without it, it stays public."""
-    api = Service(svc.redis_url, tmp_path / "api.log", "--role", "api", engine=False,
-                  env={rs.ENV_METRICS_TOKEN: "scrape-me"}).start()
+    api = Service(
+        svc.redis_url,
+        tmp_path / "api.log",
+        "--role",
+        "api",
+        engine=False,
+        env={rs.ENV_METRICS_TOKEN: "scrape-me"},
+    ).start()
     try:
         assert httpx.get(api.url + "/metrics").status_code == 401
-        assert httpx.get(api.url + "/metrics", headers={"Authorization": "Bearer nope"}).status_code == 403
+        assert (
+            httpx.get(api.url + "/metrics", headers={"Authorization": "Bearer nope"}).status_code
+            == 403
+        )
         ok = httpx.get(api.url + "/metrics", headers={"Authorization": "Bearer scrape-me"})
         assert ok.status_code == 200 and "ens_events_received_total" in ok.text
         with api.client(admin=True) as admin:
@@ -452,8 +559,15 @@ def test_idle_and_trickling_connections_cannot_starve_the_service(tmp_path: Path
     make room, headers that trickle in are cut off at --header-timeout, and an idle
     keep-alive connection at --keepalive-timeout; the service answers meanwhile."""
     with redis_server(tmp_path) as url:
-        s = Service(url, tmp_path / "serve.log", "--header-timeout", "1s",
-                    "--keepalive-timeout", "1s", nofile=256).start()
+        s = Service(
+            url,
+            tmp_path / "serve.log",
+            "--header-timeout",
+            "1s",
+            "--keepalive-timeout",
+            "1s",
+            nofile=256,
+        ).start()
         idle: list[socket.socket] = []
         try:
             r = redis.Redis.from_url(url, decode_responses=True)
@@ -465,8 +579,12 @@ def test_idle_and_trickling_connections_cannot_starve_the_service(tmp_path: Path
 
             def posted() -> bool:
                 try:
-                    resp = httpx.post(s.url + "/v1/events", json={"ts": time.time(), "kind": "x"},
-                                      headers={"X-API-Key": key}, timeout=2)
+                    resp = httpx.post(
+                        s.url + "/v1/events",
+                        json={"ts": time.time(), "kind": "x"},
+                        headers={"X-API-Key": key},
+                        timeout=2,
+                    )
                 except httpx.HTTPError:
                     return False
                 return resp.status_code == 202
@@ -486,7 +604,7 @@ def test_idle_and_trickling_connections_cannot_starve_the_service(tmp_path: Path
                 t2 = time.monotonic()
                 data = b""
                 while chunk := ka.recv(65536):  # the answer, then the close of the idle
-                    data += chunk               # keep-alive connection
+                    data += chunk  # keep-alive connection
                 assert data.startswith(b"HTTP/1.1 200") and time.monotonic() - t2 < 5
             assert s.proc is not None and s.proc.poll() is None
         finally:

@@ -19,7 +19,9 @@ def test_connections_of_the_http_socket_send_without_delay() -> None:
         seen: dict[str, int] = {}
 
         async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            seen["nodelay"] = writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            seen["nodelay"] = writer.get_extra_info("socket").getsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY
+            )
             writer.close()
 
         server = await asyncio.start_server(on_conn, sock=sock)

@@ -25,7 +25,9 @@ pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.p
 def test_decode_entry_reads_batch_and_legacy_entries_with_their_identities() -> None:
     batch = {b"g": b"gw1", b"b": json.dumps([{"id": "a", "ts": 1}, {"ts": 2}]).encode()}
     assert rs.decode_entry("5-1", batch) == [
-        ("5-1.0", "gw1", {"id": "a", "ts": 1}), ("5-1.1", "gw1", {"ts": 2})]
+        ("5-1.0", "gw1", {"id": "a", "ts": 1}),
+        ("5-1.1", "gw1", {"ts": 2}),
+    ]
     legacy = {"g": "gw2", "e": '{"ts": 3}'}  # str keys: a client with decode_responses
     assert rs.decode_entry("6-0", legacy) == [("6-0", "gw2", {"ts": 3})]
     for bad in ({b"g": b"x"}, {b"b": b'{"ts": 1}'}, {b"b": b"[{"}):
@@ -65,16 +67,33 @@ def test_api_workers_serve_one_port_and_a_dead_one_is_replaced(tmp_path: Path) -
         r = redis.Redis.from_url(url, decode_responses=True)
         rs.put_profile(r, "alarm", 'kind = "alarm"')
         key = rs.add_gateway(r, "gw")
-        svc = Service(url, tmp_path / "serve.log", "--reorder-seconds", "0", "--api-workers", "2",
-                      "--max-backlog", "0", "--max-past", "off").start()
+        svc = Service(
+            url,
+            tmp_path / "serve.log",
+            "--reorder-seconds",
+            "0",
+            "--api-workers",
+            "2",
+            "--max-backlog",
+            "0",
+            "--max-past",
+            "off",
+        ).start()
         try:
             assert svc.proc is not None
             pid = svc.proc.pid
-            kids = wait_for(lambda: len(_api_processes(pid)) == 2 and _api_processes(pid),
-                            10, "two API processes")
+            kids = wait_for(
+                lambda: len(_api_processes(pid)) == 2 and _api_processes(pid),
+                10,
+                "two API processes",
+            )
             for i in range(20):  # new connections: the kernel spreads them over both
-                resp = httpx.post(svc.url + "/v1/events", json={"id": f"a{i}", "ts": 100 + i,
-                                  "kind": "alarm"}, headers={"X-API-Key": key}, timeout=5)
+                resp = httpx.post(
+                    svc.url + "/v1/events",
+                    json={"id": f"a{i}", "ts": 100 + i, "kind": "alarm"},
+                    headers={"X-API-Key": key},
+                    timeout=5,
+                )
                 assert resp.status_code == 202, resp.text
             wait_for(lambda: len(outbox_for(r, "alarm")) == 20, 10, "20 alarms")
             # /metrics sums the processes' counters, whichever process answers the scrape:
@@ -88,18 +107,28 @@ def test_api_workers_serve_one_port_and_a_dead_one_is_replaced(tmp_path: Path) -
                 assert metric(text, "ens_notifications_total") == 20
                 assert metric(text, "ens_commit_seconds_count") >= 1
             os.kill(kids[0], signal.SIGKILL)
-            new = wait_for(lambda: len(set(_api_processes(pid)) - {kids[0]}) == 2
-                           and _api_processes(pid), 10, "a new API process")
+            new = wait_for(
+                lambda: len(set(_api_processes(pid)) - {kids[0]}) == 2 and _api_processes(pid),
+                10,
+                "a new API process",
+            )
             assert kids[1] in new and kids[0] not in new  # the sibling kept serving
             for i in range(10):  # both (new connections spread over them) answer
-                resp = httpx.post(svc.url + "/v1/events", json={"id": f"b{i}", "ts": 200 + i,
-                                  "kind": "alarm"}, headers={"X-API-Key": key}, timeout=5)
+                resp = httpx.post(
+                    svc.url + "/v1/events",
+                    json={"id": f"b{i}", "ts": 200 + i, "kind": "alarm"},
+                    headers={"X-API-Key": key},
+                    timeout=5,
+                )
                 assert resp.status_code == 202, resp.text
             assert svc.proc.poll() is None
             wait_for(lambda: len(outbox_for(r, "alarm")) == 30, 10, "30 alarms")
             assert svc.stop() == 0  # a clean stop of N API processes exits 0
-            assert not any(Path(f"/proc/{k}").exists() and "zombie" not in
-                           Path(f"/proc/{k}/status").read_text() for k in new)
+            assert not any(
+                Path(f"/proc/{k}").exists()
+                and "zombie" not in Path(f"/proc/{k}/status").read_text()
+                for k in new
+            )
             text = (tmp_path / "serve.log").read_text()
             assert "exited with status -9; starting a new one" in text
             assert "stopped unexpectedly" not in text
@@ -138,20 +167,30 @@ def test_backlog_over_the_bound_answers_429_until_the_engine_catches_up(tmp_path
             f = tmp_path / "late.json"
             f.write_text(json.dumps({"id": "y", "ts": 300, "kind": "alarm"}))
             res: list[object] = []
-            th = threading.Thread(target=lambda: res.append(CliRunner().invoke(
-                cli, ["post", str(f), "--api-key", key, "--url", api.url,
-                      "--retries", "30"])))  # the engine may take long to start on a busy machine
+            th = threading.Thread(
+                target=lambda: res.append(
+                    CliRunner().invoke(
+                        cli, ["post", str(f), "--api-key", key, "--url", api.url, "--retries", "30"]
+                    )
+                )
+            )  # the engine may take long to start on a busy machine
             th.start()
             time.sleep(1.5)
             assert th.is_alive(), "ens post waits while the backlog is over the bound"
             engine = Service(url, log, *args, "--role", "engine", http=False).start()
             th.join(30)
             assert res and res[0].exit_code == 0, res[0].output  # type: ignore[attr-defined]
-            ids = wait_for(lambda: len(outbox_for(r, "alarm")) == 61 and outbox_for(r, "alarm"),
-                           15, "every accepted alarm notified")
+            ids = wait_for(
+                lambda: len(outbox_for(r, "alarm")) == 61 and outbox_for(r, "alarm"),
+                15,
+                "every accepted alarm notified",
+            )
             assert {n["events"]["e"]["id"] for n in ids} == {e["id"] for e in events} | {"y"}
-            wait_for(lambda: post.get("/healthz").json()["ingest_backlog"] == 0, 5,
-                     "backlog 0 at the next heartbeat")
+            wait_for(
+                lambda: post.get("/healthz").json()["ingest_backlog"] == 0,
+                5,
+                "backlog 0 at the next heartbeat",
+            )
             post.close()
         finally:
             api.kill()
@@ -172,11 +211,14 @@ def test_concurrent_batches_never_take_the_backlog_over_the_bound(tmp_path: Path
         statuses: list[int] = []
         try:
             assert engine.stop() == 0  # nothing reads from here on
+
             def client(c: int) -> None:
                 with httpx.Client(base_url=api.url, headers={"X-API-Key": key}, timeout=30) as h:
                     for k in range(6):
                         now = time.time()
-                        batch = [{"id": f"c{c}-{k}-{i}", "ts": now, "kind": "x"} for i in range(1000)]
+                        batch = [
+                            {"id": f"c{c}-{k}-{i}", "ts": now, "kind": "x"} for i in range(1000)
+                        ]
                         statuses.append(h.post("/v1/events", json=batch).status_code)
 
             threads = [threading.Thread(target=client, args=(c,)) for c in range(4)]
@@ -193,7 +235,9 @@ def test_concurrent_batches_never_take_the_backlog_over_the_bound(tmp_path: Path
             r.close()
 
 
-def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(tmp_path: Path) -> None:
+def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(
+    tmp_path: Path,
+) -> None:
     """`--role api` and `--role engine` on one data dir: stopping the API (which started the
     embedded Redis) leaves it to the engine; a restarted API finds it; a killed Redis is
     started again on the same socket and both roles reconnect; the last one out stops it."""
@@ -213,25 +257,34 @@ def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(tmp
         return EmbeddedRedis(data).pid()
 
     args = ("--reorder-seconds", "0", "--max-past", "off")
-    engine = Service(None, tmp_path / "engine.log", "--role", "engine", *args, data_dir=data,
-                     http=False).start()
-    api = Service(None, tmp_path / "api.log", "--role", "api", *args, data_dir=data,
-                  engine=False).start()  # healthy once the engine's heartbeat is there
+    engine = Service(
+        None, tmp_path / "engine.log", "--role", "engine", *args, data_dir=data, http=False
+    ).start()
+    api = Service(
+        None, tmp_path / "api.log", "--role", "api", *args, data_dir=data, engine=False
+    ).start()  # healthy once the engine's heartbeat is there
     watch = rs.connect(None, data, create=False)  # the test's own view, as one more user
     r = watch.text()
 
     def post_and_wait(api: Service, eid: str) -> None:
         def posted() -> bool:
             try:
-                return httpx.post(api.url + "/v1/events", json={"id": eid, "ts": time.time(),
-                                  "kind": "alarm"}, headers={"X-API-Key": key},
-                                  timeout=5).status_code == 202
+                return (
+                    httpx.post(
+                        api.url + "/v1/events",
+                        json={"id": eid, "ts": time.time(), "kind": "alarm"},
+                        headers={"X-API-Key": key},
+                        timeout=5,
+                    ).status_code
+                    == 202
+                )
             except httpx.HTTPError:
                 return False
 
         wait_for(posted, 15, f"{eid} accepted")
-        wait_for(lambda: any(n["events"]["e"]["id"] == eid for n in _outbox(r)), 20,
-                 f"{eid} notified")
+        wait_for(
+            lambda: any(n["events"]["e"]["id"] == eid for n in _outbox(r)), 20, f"{eid} notified"
+        )
 
     def _outbox(r: redis.Redis) -> list[dict]:
         try:
@@ -245,8 +298,9 @@ def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(tmp
         assert first is not None
         assert api.stop() == 0
         assert server_pid() == first  # the engine still uses it
-        api = Service(None, tmp_path / "api2.log", "--role", "api", *args, data_dir=data,
-                      engine=False).start()
+        api = Service(
+            None, tmp_path / "api2.log", "--role", "api", *args, data_dir=data, engine=False
+        ).start()
         post_and_wait(api, "a2")
         os.kill(first, signal.SIGKILL)  # Redis dies: a role starts it again, all reconnect
         wait_for(lambda: server_pid() not in (None, first), 20, "the embedded Redis restarted")

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.p
 PROFILES = {
     "door": 'seq(d: kind = "door" and state = "open", m: kind = "motion") within 30s per room',
     "climate": 'all(t: kind = "temp" and value > 25, h: kind = "hum" and value > 60) '
-               "within 20s per room select each",
+    "within 20s per room select each",
     "alarm": 'kind = "alarm"',
     "pair": 'seq(a: kind = "motion", b: kind = "motion") within 5s per room select last',
 }
@@ -64,8 +64,12 @@ def make_events(n: int, seed: int, t0: float = 1_700_000_000.0) -> list[dict[str
     out = []
     for i in range(n):
         kind = rnd.choice(KINDS)
-        ev: dict[str, Any] = {"id": f"e{i}", "ts": round(t0 + i * 1.0, 3), "kind": kind,
-                              "room": f"r{rnd.randrange(6)}"}
+        ev: dict[str, Any] = {
+            "id": f"e{i}",
+            "ts": round(t0 + i * 1.0, 3),
+            "kind": kind,
+            "room": f"r{rnd.randrange(6)}",
+        }
         if kind == "door":
             ev["state"] = rnd.choice(["open", "closed"])
         elif kind in ("temp", "hum"):
@@ -79,7 +83,7 @@ def ingest(r: redis.Redis, events: list[dict[str, Any]]) -> None:
     services), a batch as received, and a batch normalized by the API (`normalized_json`)."""
     with r.pipeline() as p:
         for i in range(0, len(events), 3):
-            group, kind = events[i:i + 3], (i // 3) % 3
+            group, kind = events[i : i + 3], (i // 3) % 3
             if kind == 0:
                 for ev in group:
                     p.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps(ev), rs.INGEST_GATEWAY: "test"})
@@ -87,9 +91,14 @@ def ingest(r: redis.Redis, events: list[dict[str, Any]]) -> None:
                 p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(group), rs.INGEST_GATEWAY: "test"})
             else:
                 body = [normalized_json(ev, event_from_obj(ev, "-"))[0] for ev in group]
-                p.xadd(rs.INGEST, {rs.INGEST_BATCH: "[" + ",".join(body) + "]",
-                                   rs.INGEST_GATEWAY: "test",
-                                   rs.INGEST_FORMAT: rs.INGEST_NORMALIZED})
+                p.xadd(
+                    rs.INGEST,
+                    {
+                        rs.INGEST_BATCH: "[" + ",".join(body) + "]",
+                        rs.INGEST_GATEWAY: "test",
+                        rs.INGEST_FORMAT: rs.INGEST_NORMALIZED,
+                    },
+                )
         p.execute()
 
 
@@ -104,17 +113,25 @@ def canon(notes: list[dict[str, Any]]) -> Counter[str]:
 
 def config(**kw: Any) -> WorkerConfig:
     base: dict[str, Any] = dict(
-        reorder_seconds=3.0, clock="event", name="w", batch=7, block=0,
-        commit_min_interval=1e9, snapshot_interval=1e9, snapshot_inputs=10**9,
-        heartbeat_interval=0, status_interval=1e9,
+        reorder_seconds=3.0,
+        clock="event",
+        name="w",
+        batch=7,
+        block=0,
+        commit_min_interval=1e9,
+        snapshot_interval=1e9,
+        snapshot_inputs=10**9,
+        heartbeat_interval=0,
+        status_interval=1e9,
         max_skew=float("inf"),  # some tests step a made-up wall clock far behind their ts
     )
     base.update(kw)
     return WorkerConfig(**base)
 
 
-def feed_to_the_end(w: EngineWorker, r: redis.Redis, rest: list[dict[str, Any]], last_ts: float,
-                    clock: list[float]) -> None:
+def feed_to_the_end(
+    w: EngineWorker, r: redis.Redis, rest: list[dict[str, Any]], last_ts: float, clock: list[float]
+) -> None:
     """Drain, ingest ``rest`` and a flush event 100 s after ``last_ts`` (it releases what the
     reorder window holds), drain again and snapshot: the end of a worker test's stream."""
     drain(w, clock)
@@ -146,7 +163,7 @@ def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redi
     w.start()
     clock = [time.time()]
     for i in range(0, len(shuffled), 10):
-        ingest(rb, shuffled[i:i + 10])
+        ingest(rb, shuffled[i : i + 10])
         drain(w, clock)
     ingest(rb, [{"id": "flush", "ts": events[-1]["ts"] + 100, "kind": "none", "room": "x"}])
     drain(w, clock)
@@ -175,8 +192,13 @@ def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redi
     ],
 )
 def test_exactly_once_across_crashes(
-    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture,
-    snapshot_at: int | None, commit_every: int, crash_at: int, rename: bool,
+    rb: redis.Redis,
+    rt: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    snapshot_at: int | None,
+    commit_every: int,
+    crash_at: int,
+    rename: bool,
 ) -> None:
     for pid, expr in PROFILES.items():
         rs.put_profile(rt, pid, expr)
@@ -253,10 +275,21 @@ def test_entries_flagged_normalized_are_still_checked_when_odd(
     rs.put_profile(rt, "f", "true")
     w = EngineWorker(rb, config(reorder_seconds=0))
     w.start()
-    batch = [{"id": "ok", "ts": 1.0, "k": 1}, {"id": "rfc", "ts": "1970-01-01T00:00:02Z"},
-             [4.0], {"id": "nots", "k": 2}, {"ts": 5.0, "k": 3}]
-    rb.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(batch), rs.INGEST_GATEWAY: "g",
-                        rs.INGEST_FORMAT: rs.INGEST_NORMALIZED})
+    batch = [
+        {"id": "ok", "ts": 1.0, "k": 1},
+        {"id": "rfc", "ts": "1970-01-01T00:00:02Z"},
+        [4.0],
+        {"id": "nots", "k": 2},
+        {"ts": 5.0, "k": 3},
+    ]
+    rb.xadd(
+        rs.INGEST,
+        {
+            rs.INGEST_BATCH: json.dumps(batch),
+            rs.INGEST_GATEWAY: "g",
+            rs.INGEST_FORMAT: rs.INGEST_NORMALIZED,
+        },
+    )
     drain(w, [time.time()])
     w.snapshot()
     got = [(n["events"]["e"]["id"], n["events"]["e"]["ts"]) for n in outbox(rt)]
@@ -296,9 +329,18 @@ def test_checkpoint_keeps_profiles_apart_and_reads_old_checkpoints(
     for e in events[:60]:
         eng.process(event_from_obj(e, ""))
     eng.take_notifications()
-    meta = {"version": 2, "epoch": "old", "last_id": "0-0", "control_id": "0-0",
-            "profiles": {pid: [expr, None] for pid, expr in PROFILES.items()}, "buffer": [],
-            "max_ts": events[59]["ts"], "floor": None, "arrival": 60, "totals": {}}
+    meta = {
+        "version": 2,
+        "epoch": "old",
+        "last_id": "0-0",
+        "control_id": "0-0",
+        "profiles": {pid: [expr, None] for pid, expr in PROFILES.items()},
+        "buffer": [],
+        "max_ts": events[59]["ts"],
+        "floor": None,
+        "arrival": 60,
+        "totals": {},
+    }
     rb.hset(rs.CHECKPOINT, mapping={"engine": eng.snapshot(), "meta": json.dumps(meta)})
     for pid, expr in PROFILES.items():
         rs.put_profile(rt, pid, expr)
@@ -370,8 +412,12 @@ def test_watermarks_per_gateway_give_the_ts_sorted_replay(
         nonlocal n
         n += 1
         kind = rnd.choice(KINDS)
-        ev: dict[str, Any] = {"id": f"e{n}", "ts": round(ts, 3), "kind": kind,
-                              "room": f"r{rnd.randrange(4)}"}
+        ev: dict[str, Any] = {
+            "id": f"e{n}",
+            "ts": round(ts, 3),
+            "kind": kind,
+            "room": f"r{rnd.randrange(4)}",
+        }
         if kind == "door":
             ev["state"] = rnd.choice(["open", "closed"])
         elif kind in ("temp", "hum"):

@@ -180,8 +180,14 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
         loads.append(str(path))
         return load_index(path)
 
-    recs = [{"id": f"r{i}", "expr": f'seq(a: kind = "door" and room = "{i}", b: kind = "motion") '
-             "within 1m per room"} for i in range(150)]
+    recs = [
+        {
+            "id": f"r{i}",
+            "expr": f'seq(a: kind = "door" and room = "{i}", b: kind = "motion") '
+            "within 1m per room",
+        }
+        for i in range(150)
+    ]
     src = tmp_path / "profiles.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recs))
     index_job(spark, str(src), str(tmp_path / "idx"))
@@ -197,8 +203,14 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
             return real(r, pid, expr, sub)
 
         monkeypatch.setattr(rs, "validate_profile", spy)
-        cfg = WorkerConfig(name="w", clock="event", reorder_seconds=0, block=0, index=str(tmp_path / "idx"),
-                           load_index=counted_load)
+        cfg = WorkerConfig(
+            name="w",
+            clock="event",
+            reorder_seconds=0,
+            block=0,
+            index=str(tmp_path / "idx"),
+            load_index=counted_load,
+        )
         w = EngineWorker(rb, cfg)
         w.start()
         assert parsed == ["r7"]  # only the profile whose stored text differs from the index
@@ -208,8 +220,13 @@ def test_serve_activates_an_index_without_parsing(spark, tmp_path: Path, monkeyp
         assert len(w.defs) == 150 and w.engine.stats()["profiles"] == 150
         assert not rt.exists(rs.JOURNAL)  # the bulk start was snapshotted, not journalled
         for i, ev in enumerate([{"kind": "door", "room": "3"}, {"kind": "motion", "room": "3"}]):
-            rt.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps({"id": f"e{i}", "ts": 100.0 + i, **ev}),
-                                rs.INGEST_GATEWAY: "test"})
+            rt.xadd(
+                rs.INGEST,
+                {
+                    rs.INGEST_EVENT: json.dumps({"id": f"e{i}", "ts": 100.0 + i, **ev}),
+                    rs.INGEST_GATEWAY: "test",
+                },
+            )
         for _ in range(5):
             w.step(block=0, now=200.0)
         w.snapshot()
@@ -267,8 +284,14 @@ def test_spark_replay_rare_first_equals_local_replay(spark, tmp_path: Path) -> N
     ps = profiles()
     feed = write_jsonl(tmp_path / "feed.jsonl", evs)
     out = tmp_path / "notes.jsonl"
-    replay_job(spark, ps, lambda plan: read_feed(spark, str(feed), "building", plan), str(out),
-               until=200.0, evaluation="rare-first")
+    replay_job(
+        spark,
+        ps,
+        lambda plan: read_feed(spark, str(feed), "building", plan),
+        str(out),
+        until=200.0,
+        evaluation="rare-first",
+    )
     assert out.read_text() == lines(replay(ps, evs, 200.0))
 
 
@@ -315,7 +338,9 @@ def test_cli_replay_csv_by_room_and_errors(spark, tmp_path: Path) -> None:
         app, ["stats", str(tmp_path / "nope.jsonl"), "--index", str(tmp_path), "--out", "s.json"]
     )
     assert res.exit_code == 2 and "not an index snapshot" in res.stderr
-    res = runner.invoke(app, ["replay", str(feed), "--profiles", str(prof), "--out", str(out), "--tz", "Nope"])
+    res = runner.invoke(
+        app, ["replay", str(feed), "--profiles", str(prof), "--out", str(out), "--tz", "Nope"]
+    )
     assert res.exit_code == 2 and "unknown time zone 'Nope'" in res.stderr
 
 
@@ -415,8 +440,13 @@ def test_a_new_spark_session_prints_no_spark_log_lines(tmp_path: Path) -> None:
     import sys
 
     code = "from adapters.spark.session import get_spark; get_spark().stop()"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).parents[1])
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
     assert res.returncode == 0, res.stderr
     # the one line left is the JVM launcher's own (Spark adds an incubator module), not a log line
     lines = [x for x in res.stderr.splitlines() if x and "Using incubator modules" not in x]

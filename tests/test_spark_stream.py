@@ -32,9 +32,9 @@ from tests.helpers_service import ROOT, Service, outbox, redis_server, replay_re
 
 PROFILES = {  # keyed (per room), global, stateless; timers: within, trailing not, absent
     "door": 'seq(d: kind = "door" and state = "open", not c: kind = "door" and state = "closed") '
-            "within 10s per room",
+    "within 10s per room",
     "climate": 'all(t: kind = "temp" and value > 25, h: kind = "hum" and value > 60) '
-               "within 10m per room select each",
+    "within 10m per room select each",
     "quiet": 'absent(kind = "alarm") within 60s per room',
     "storm": 'seq(a: kind = "alarm", b: kind = "alarm") within 30s',
     "first": 'kind = "alarm" and level > 8 once',
@@ -47,14 +47,20 @@ T0 = 1_700_000_000.0
 # `spark`: the session-wide fixture of tests/conftest.py (which marks its users `spark`)
 
 
-def make_events(n: int, rooms: int, seed: int, t0: float = T0, step: float = 0.05) -> list[dict[str, Any]]:
+def make_events(
+    n: int, rooms: int, seed: int, t0: float = T0, step: float = 0.05
+) -> list[dict[str, Any]]:
     """A facility feed: ts about `step` apart, posted up to 1 s out of ts order."""
     rnd = random.Random(seed)
     out = []
     for i in range(n):
         kind = rnd.choices(KINDS, weights=[3, 4, 3, 3, 1])[0]
-        ev: dict[str, Any] = {"id": f"e{seed}-{i}", "ts": round(t0 + i * step, 3), "kind": kind,
-                              "room": f"r{rnd.randrange(rooms)}"}
+        ev: dict[str, Any] = {
+            "id": f"e{seed}-{i}",
+            "ts": round(t0 + i * step, 3),
+            "kind": kind,
+            "room": f"r{rnd.randrange(rooms)}",
+        }
         if kind == "door":
             ev["state"] = rnd.choice(["open", "closed"])
         elif kind in ("temp", "hum"):
@@ -67,10 +73,13 @@ def make_events(n: int, rooms: int, seed: int, t0: float = T0, step: float = 0.0
 
 
 def post(svc: Service, key: str, events: list[dict[str, Any]], batch: int = 2000) -> None:
-    with httpx.Client(base_url=svc.url, timeout=30,
-                      headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"}) as c:
+    with httpx.Client(
+        base_url=svc.url,
+        timeout=30,
+        headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
+    ) as c:
         for i in range(0, len(events), batch):
-            body = "".join(json.dumps(e) + "\n" for e in events[i:i + batch])
+            body = "".join(json.dumps(e) + "\n" for e in events[i : i + batch])
             resp = c.post("/v1/events", content=body)
             assert resp.status_code == 202, resp.text
 
@@ -88,8 +97,10 @@ def canon(notes: Any, upto: float = float("inf")) -> Counter[str]:
 
 def flushes(last: float) -> list[dict[str, Any]]:
     """Two events far after the stream (matching no profile): the watermark passes everything."""
-    return [{"id": "flush1", "ts": last + 100, "kind": "none"},
-            {"id": "flush2", "ts": last + 200, "kind": "none"}]
+    return [
+        {"id": "flush1", "ts": last + 100, "kind": "none"},
+        {"id": "flush2", "ts": last + 200, "kind": "none"},
+    ]
 
 
 def settled(r: redis.Redis, n_out: int) -> bool:
@@ -110,9 +121,19 @@ def worker_outbox(tmp: Path, entries: list[Any], profiles: dict[str, str]) -> li
             for eid, fields in entries:
                 p.xadd(rs.INGEST, fields, id=eid)
             p.execute()
-        w = EngineWorker(rb, WorkerConfig(reorder_seconds=2.0, clock="event", name="w", batch=5000,
-                                          block=0, snapshot_interval=1e9, snapshot_inputs=10**9,
-                                          status_interval=1e9))
+        w = EngineWorker(
+            rb,
+            WorkerConfig(
+                reorder_seconds=2.0,
+                clock="event",
+                name="w",
+                batch=5000,
+                block=0,
+                snapshot_interval=1e9,
+                snapshot_inputs=10**9,
+                status_interval=1e9,
+            ),
+        )
         w.start()
         while w.step(block=0):
             pass
@@ -139,11 +160,29 @@ def test_stream_equals_replay_and_the_worker_on_a_facility_feed(spark: Any, tmp_
         key = rs.add_gateway(r, "gw")
         # the test waits between the two halves: with the idle rule (0.5 s) the first half's
         # tail would be released and the second half's first second turn late
-        q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(tmp_path / "cp"),
-                                            trigger="500 milliseconds", lateness=2.0,
-                                            idle_timeout=3600, clock="event"))
-        svc = Service(url, tmp_path / "serve.log", "--engine", "spark", "--max-past", "off",
-                      "--max-future", "off", engine=False)
+        q = start_query(
+            spark,
+            StreamConfig(
+                url,
+                key="room",
+                checkpoint=str(tmp_path / "cp"),
+                trigger="500 milliseconds",
+                lateness=2.0,
+                idle_timeout=3600,
+                clock="event",
+            ),
+        )
+        svc = Service(
+            url,
+            tmp_path / "serve.log",
+            "--engine",
+            "spark",
+            "--max-past",
+            "off",
+            "--max-future",
+            "off",
+            engine=False,
+        )
         try:
             svc.start()  # healthy: the query's heartbeat is in ens:engine:status
             post(svc, key, events[:25_000])
@@ -178,16 +217,35 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
 
     def pairs(t: float, n: int) -> list[dict[str, Any]]:
         """n door-then-motion pairs over 3 rooms, and an event that moves the watermark on."""
-        return [e for i in range(n) for e in (
-            {"id": f"o{t}-{i}", "ts": t + 2 * i, "kind": "door", "state": "open", "room": f"r{i % 3}"},
-            {"id": f"m{t}-{i}", "ts": t + 2 * i + 1, "kind": "motion", "room": f"r{i % 3}"},
-        )] + [{"id": f"tick{t}", "ts": t + 50, "kind": "none"}]
+        return [
+            e
+            for i in range(n)
+            for e in (
+                {
+                    "id": f"o{t}-{i}",
+                    "ts": t + 2 * i,
+                    "kind": "door",
+                    "state": "open",
+                    "room": f"r{i % 3}",
+                },
+                {"id": f"m{t}-{i}", "ts": t + 2 * i + 1, "kind": "motion", "room": f"r{i % 3}"},
+            )
+        ] + [{"id": f"tick{t}", "ts": t + 50, "kind": "none"}]
 
     with redis_server(tmp_path) as url:
         r = redis.Redis.from_url(url, decode_responses=True)
         rs.put_profile(r, "opened", 'seq(d: kind = "door", m: kind = "motion") within 5s per room')
-        q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(tmp_path / "cp"),
-                                            trigger="300 milliseconds", lateness=0.5, clock="event"))
+        q = start_query(
+            spark,
+            StreamConfig(
+                url,
+                key="room",
+                checkpoint=str(tmp_path / "cp"),
+                trigger="300 milliseconds",
+                lateness=0.5,
+                clock="event",
+            ),
+        )
         try:
             ingest(r, pairs(1000, 6))
             wait_for(lambda: len(outbox(r)) == 6, 90, "first profile's notifications")
@@ -201,15 +259,26 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
             def count(pid: str) -> int:
                 return sum(1 for n in outbox(r) if n["profile"] == pid)
 
-            wait_for(lambda: count("moved") == 6 and count("late_door") == 6 and count("opened") == 12,
-                     90, "the added profiles' notifications")
+            wait_for(
+                lambda: count("moved") == 6 and count("late_door") == 6 and count("opened") == 12,
+                90,
+                "the added profiles' notifications",
+            )
             rs.delete_profile(r, "opened")
             ingest(r, pairs(3000, 6))
-            wait_for(lambda: count("moved") == 12 and count("late_door") == 12, 90,
-                     "notifications after the removal")
+            wait_for(
+                lambda: count("moved") == 12 and count("late_door") == 12,
+                90,
+                "notifications after the removal",
+            )
             # an event behind its engine's time is fed (late), counted, never dropped
-            ingest(r, [{"id": "old", "ts": 3001.5, "kind": "door", "room": "r0"},
-                       {"id": "tick-late", "ts": 3100, "kind": "none"}])
+            ingest(
+                r,
+                [
+                    {"id": "old", "ts": 3001.5, "kind": "door", "room": "r0"},
+                    {"id": "tick-late", "ts": 3100, "kind": "none"},
+                ],
+            )
 
             def late() -> int:
                 st = rs.worker_status(r)
@@ -221,12 +290,26 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
             expr = 'seq(d: kind = "door", not c: kind = "close") within 5s per room'
             rs.put_profile(r, "unclosed", expr)
             rs.put_profile(r, "kept", expr)
-            wait_for(lambda: all(any(pid in f["d"] for _, f in r.xrange("ens:spark:plog"))
-                                 for pid in ("unclosed", "kept")), 30, "the profiles logged")
-            ingest(r, [{"id": "d9", "ts": 4000, "kind": "door", "room": "r9"},
-                       {"id": "tick9", "ts": 4001, "kind": "none"}])
-            wait_for(lambda: r.hget("ens:spark:held", "ksr9") == "0", 60,
-                     "r9's engine fed the door (its timer armed)")
+            wait_for(
+                lambda: all(
+                    any(pid in f["d"] for _, f in r.xrange("ens:spark:plog"))
+                    for pid in ("unclosed", "kept")
+                ),
+                30,
+                "the profiles logged",
+            )
+            ingest(
+                r,
+                [
+                    {"id": "d9", "ts": 4000, "kind": "door", "room": "r9"},
+                    {"id": "tick9", "ts": 4001, "kind": "none"},
+                ],
+            )
+            wait_for(
+                lambda: r.hget("ens:spark:held", "ksr9") == "0",
+                60,
+                "r9's engine fed the door (its timer armed)",
+            )
             rs.delete_profile(r, "unclosed")
             ingest(r, [{"id": "tick10", "ts": 4100, "kind": "none"}])
             wait_for(lambda: count("kept") == 1, 60, "the kept profile's timer")
@@ -240,7 +323,9 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
             q.stop()
 
 
-def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(spark: Any, tmp_path: Path) -> None:
+def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
+    spark: Any, tmp_path: Path
+) -> None:
     """Per-gateway lateness: a gateway 4 s behind with lateness 5 s holds the watermark back
     (one watermark of 0.5 s would make its events late); both gateways idle release everything
     with no event to move event time; an event fed to its key's engine and the global engine
@@ -248,12 +333,24 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(spark: Any,
     totals equal the in-process worker's."""
     from adapters.spark.stream import StreamConfig, start_query
 
-    profiles = {"pair": 'seq(d: kind = "door", m: kind = "motion") within 5s per room',  # keyed
-                "any2": 'seq(d: kind = "door", m: kind = "motion") within 2s'}  # global
+    profiles = {
+        "pair": 'seq(d: kind = "door", m: kind = "motion") within 5s per room',  # keyed
+        "any2": 'seq(d: kind = "door", m: kind = "motion") within 2s',
+    }  # global
     rnd = random.Random(4)
-    feed = [(gw, {"id": f"{gw}{i}", "ts": 100 + i * 0.5 + (0.25 if gw == "slow" else 0),
-                  "kind": rnd.choice(["door", "motion"]), "room": f"r{rnd.randrange(3)}"})
-            for gw in ("fast", "slow") for i in range(60)]
+    feed = [
+        (
+            gw,
+            {
+                "id": f"{gw}{i}",
+                "ts": 100 + i * 0.5 + (0.25 if gw == "slow" else 0),
+                "kind": rnd.choice(["door", "motion"]),
+                "room": f"r{rnd.randrange(3)}",
+            },
+        )
+        for gw in ("fast", "slow")
+        for i in range(60)
+    ]
     feed.sort(key=lambda x: x[1]["ts"] + (3.9 if x[0] == "slow" else 0))  # slow: 3.9 s behind
     late_ev = ("fast", {"id": "late", "ts": 100.1, "kind": "door", "room": "r0"})
 
@@ -276,19 +373,32 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(spark: Any,
     with redis_server(tmp_path) as url:
         r = redis.Redis.from_url(url, decode_responses=True)
         setup(r)
-        q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(tmp_path / "cp"),
-                                            trigger="300 milliseconds", lateness=0.5,
-                                            idle_timeout=0.5, clock="event"))
+        q = start_query(
+            spark,
+            StreamConfig(
+                url,
+                key="room",
+                checkpoint=str(tmp_path / "cp"),
+                trigger="300 milliseconds",
+                lateness=0.5,
+                idle_timeout=0.5,
+                clock="event",
+            ),
+        )
         try:
             write(r, feed)
             # no flush event: only the idle rule can release the last events
             # every event goes to its room's engine and the global one: counted once
-            wait_for(lambda: stats(r).get("total_events") == len(feed)
-                     and stats(r)["buffered"] == 0, 90, "every event fed")
+            wait_for(
+                lambda: stats(r).get("total_events") == len(feed) and stats(r)["buffered"] == 0,
+                90,
+                "every event fed",
+            )
             assert stats(r)["total_late"] == 0
             write(r, [late_ev])
-            wait_for(lambda: stats(r).get("total_events") == len(feed) + 1, 60,
-                     "the late event fed")
+            wait_for(
+                lambda: stats(r).get("total_events") == len(feed) + 1, 60, "the late event fed"
+            )
             time.sleep(1.0)
             got, st = outbox(r), stats(r)
             assert q.exception() is None
@@ -299,16 +409,34 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(spark: Any,
     with redis_server(tmp_path / "w") as url:  # the worker, live on the same entries
         rb = redis.Redis.from_url(url)
         setup(redis.Redis.from_url(url, decode_responses=True))
-        w = EngineWorker(rb, WorkerConfig(reorder_seconds=0.5, idle_timeout=0.5, clock="event",
-                                          name="w", block=0, snapshot_interval=1e9,
-                                          snapshot_inputs=10**9, status_interval=1e9))
+        w = EngineWorker(
+            rb,
+            WorkerConfig(
+                reorder_seconds=0.5,
+                idle_timeout=0.5,
+                clock="event",
+                name="w",
+                block=0,
+                snapshot_interval=1e9,
+                snapshot_inputs=10**9,
+                status_interval=1e9,
+            ),
+        )
         w.start()
         write(rb, feed)
-        wait_for(lambda: w.step(block=0.05) is not None and w.totals["events"] == len(feed)
-                 and not w.buffer, 30, "the worker fed everything")
+        wait_for(
+            lambda: (
+                w.step(block=0.05) is not None and w.totals["events"] == len(feed) and not w.buffer
+            ),
+            30,
+            "the worker fed everything",
+        )
         write(rb, [late_ev])
-        wait_for(lambda: w.step(block=0.05) is not None and w.totals["events"] == len(feed) + 1,
-                 30, "the worker fed the late event")
+        wait_for(
+            lambda: w.step(block=0.05) is not None and w.totals["events"] == len(feed) + 1,
+            30,
+            "the worker fed the late event",
+        )
         w.snapshot()
         by_worker = outbox(redis.Redis.from_url(url, decode_responses=True))
     assert w.totals["late"] == 1 and w.late_by_gateway == {"fast": 1}
@@ -318,12 +446,38 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(spark: Any,
 
 
 def _stream_proc(url: str, cp: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "ens", "spark", "stream", "--redis-url", url, "--key", "room",
-           "--checkpoint", str(cp), "--trigger", "300ms", "--lateness", "2s", "--clock", "event",
-           "--idle-timeout", "1h", "--master", "local[1]"]  # posts pause: see the facility test
+    cmd = [
+        sys.executable,
+        "-m",
+        "ens",
+        "spark",
+        "stream",
+        "--redis-url",
+        url,
+        "--key",
+        "room",
+        "--checkpoint",
+        str(cp),
+        "--trigger",
+        "300ms",
+        "--lateness",
+        "2s",
+        "--clock",
+        "event",
+        "--idle-timeout",
+        "1h",
+        "--master",
+        "local[1]",
+    ]  # posts pause: see the facility test
     with log.open("ab") as fh:  # its own process group: kill -9 reaches the JVM child too
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=fh, start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=fh,
+            stderr=fh,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
 
 
 def _killpg(proc: subprocess.Popen[bytes]) -> None:
@@ -351,8 +505,16 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
         for pid, expr in PROFILES.items():
             rs.put_profile(r, pid, expr)
         key = rs.add_gateway(r, "gw")
-        svc = Service(url, tmp_path / "serve.log", "--no-engine", "--max-past", "off",
-                      "--max-future", "off", engine=False)
+        svc = Service(
+            url,
+            tmp_path / "serve.log",
+            "--no-engine",
+            "--max-past",
+            "off",
+            "--max-future",
+            "off",
+            engine=False,
+        )
         proc = _stream_proc(url, cp, log)
         try:
             svc.start(timeout=90)  # healthy once the query's heartbeat is there
@@ -380,8 +542,9 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
     assert 0 < before < len(got)
     ids = [n["id"] for n in got]
     assert len(set(ids)) == len(ids), "duplicate notification ids"
-    content = Counter(json.dumps({k: v for k, v in n.items() if k != "id"}, sort_keys=True)
-                      for n in got)
+    content = Counter(
+        json.dumps({k: v for k, v in n.items() if k != "id"}, sort_keys=True) for n in got
+    )
     assert max(content.values()) == 1, "the same notification under two ids"
     assert canon(replay_records(got), upto) == want
 
@@ -394,12 +557,28 @@ def test_wall_clock_fires_timers_without_events(spark: Any, tmp_path: Path) -> N
     with redis_server(tmp_path) as url:
         r = redis.Redis.from_url(url, decode_responses=True)
         rs.put_profile(r, "silent", 'absent(kind = "beat") within 2s per room')
-        q = start_query(spark, StreamConfig(url, key="room", checkpoint=str(tmp_path / "cp"),
-                                            trigger="300 milliseconds", lateness=0.5, clock="wall"))
+        q = start_query(
+            spark,
+            StreamConfig(
+                url,
+                key="room",
+                checkpoint=str(tmp_path / "cp"),
+                trigger="300 milliseconds",
+                lateness=0.5,
+                clock="wall",
+            ),
+        )
         try:
             now = time.time()
-            r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(
-                [{"id": "b1", "ts": now, "kind": "beat", "room": "r1"}]), rs.INGEST_GATEWAY: "gw"})
+            r.xadd(
+                rs.INGEST,
+                {
+                    rs.INGEST_BATCH: json.dumps(
+                        [{"id": "b1", "ts": now, "kind": "beat", "room": "r1"}]
+                    ),
+                    rs.INGEST_GATEWAY: "gw",
+                },
+            )
             got = wait_for(lambda: outbox(r), 60, "the absent notification")
             fired = time.time()
         finally:
@@ -410,7 +589,8 @@ def test_wall_clock_fires_timers_without_events(spark: Any, tmp_path: Path) -> N
 
 
 CASES = sorted((ROOT / "tests" / "conformance").glob("*.yaml")) + sorted(
-    (ROOT / "tests" / "cases").glob("*.yaml"))
+    (ROOT / "tests" / "cases").glob("*.yaml")
+)
 
 
 @pytest.mark.parametrize("plan", ["eager", "rare-first"])
@@ -447,8 +627,11 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
             for ev in case["events"]:
                 last = rs.text(r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([ev], default=str)}))
             offset = {"plog": log_id, "epoch": "t", "n": 0}
-            rows = [x for b in read_range(url, key, "UTC", "0-0", last, offset, True)
-                    for x in b.to_pylist()]
+            rows = [
+                x
+                for b in read_range(url, key, "UTC", "0-0", last, offset, True)
+                for x in b.to_pylist()
+            ]
             stamps = [x["ts"] for x in rows if x["ts"] is not None]  # the tick: the newest ts
             rows = [x for x in rows if x["route"] != TICK]
             if "until" in case:
@@ -459,8 +642,11 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
             got = replay_records(outbox(rt))  # bare filters, written by the source
             versions = Versions(r, key)
             for route in sorted({x["route"] for x in rows}):
-                mine = [Row(x["key"], x["gw"], x["ts"], x["ev"], x["plog"], x["epoch"])
-                        for x in rows if x["route"] == route]
+                mine = [
+                    Row(x["key"], x["gw"], x["ts"], x["ev"], x["plog"], x["epoch"])
+                    for x in rows
+                    if x["route"] == route
+                ]
                 out = KeyEngine(route, versions, "UTC", (plan, None)).step(None, mine, end + 1e-6)
                 engine = _live[route][2]
                 assert engine.plan == plan
@@ -491,8 +677,9 @@ def test_gateway_watermark_is_the_services() -> None:
             wm.observe(g, ts, wall)
             progress = merge_progress(progress, {g: [ts, wall]})
         now = rnd.uniform(0, 15)
-        got, lag = gateway_watermark({g: (ts, w) for g, (ts, w) in progress.items()}, lateness,
-                                     default, idle, now)
+        got, lag = gateway_watermark(
+            {g: (ts, w) for g, (ts, w) in progress.items()}, lateness, default, idle, now
+        )
         want = wm.watermark(now)
         newest = max(ts for ts, _w in progress.values())
         assert got == (want if want != float("inf") else newest)

@@ -16,7 +16,9 @@ from profiles.profile_file import parse_profile_document
 from tests.conftest import CONFORMANCE, load_case
 
 GOLDEN = Path(__file__).parent / "golden"
-CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted((Path(__file__).parent / "cases").glob("*.yaml"))
+CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(
+    (Path(__file__).parent / "cases").glob("*.yaml")
+)
 
 
 def _golden_profiles() -> dict:
@@ -33,7 +35,9 @@ def _events() -> list:
 @pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize("plan", ["eager", "rare-first"])
 @pytest.mark.parametrize("profiles", ["inline", "apart"])
-def test_a_golden_snapshot_restores_and_the_stream_ends_as_if_never_stopped(version, plan, profiles) -> None:
+def test_a_golden_snapshot_restores_and_the_stream_ends_as_if_never_stopped(
+    version, plan, profiles
+) -> None:
     """Every release restores the snapshots of every earlier format version (v1: the pickle of
     ENS 0.1, read and then written as v2), and the rest of the stream gives the notifications of
     an uninterrupted run (written with the golden files by the release that made them)."""
@@ -42,7 +46,7 @@ def test_a_golden_snapshot_restores_and_the_stream_ends_as_if_never_stopped(vers
     by_id = _golden_profiles() if profiles == "apart" else None
     eng = Engine.restore(data, by_id)
     evs = _events()
-    for ev in evs[len(evs) // 2:]:
+    for ev in evs[len(evs) // 2 :]:
         eng.process(ev)
     eng.finish()
     got = [n.to_json() for n in eng.take_notifications()]
@@ -52,7 +56,11 @@ def test_a_golden_snapshot_restores_and_the_stream_ends_as_if_never_stopped(vers
 def test_a_v1_snapshot_is_rewritten_in_the_current_format() -> None:
     eng = Engine.restore((GOLDEN / "v1-eager-inline.bin").read_bytes())
     again = eng.snapshot()
-    assert state.header(again) == {"format": state.FORMAT, "version": state.VERSION, "profiles": "inline"}
+    assert state.header(again) == {
+        "format": state.FORMAT,
+        "version": state.VERSION,
+        "profiles": "inline",
+    }
     assert Engine.restore(again).stats() == eng.stats()
 
 
@@ -78,8 +86,14 @@ def test_the_body_never_loads_a_class_by_its_python_path() -> None:
     evil = head + pickle.dumps({"engine": io.BytesIO()})
     with pytest.raises(state.StateError, match="names the class _io.BytesIO"):
         Engine.restore(evil)
-    renamed = (GOLDEN / "v2-eager-inline.bin").read_bytes().replace(b"class:partial-match", b"class:partial-mutch")
-    with pytest.raises(state.StateError, match="holds a 'partial-mutch', which this release does not know"):
+    renamed = (
+        (GOLDEN / "v2-eager-inline.bin")
+        .read_bytes()
+        .replace(b"class:partial-match", b"class:partial-mutch")
+    )
+    with pytest.raises(
+        state.StateError, match="holds a 'partial-mutch', which this release does not know"
+    ):
         Engine.restore(renamed)
     with pytest.raises(state.StateError, match="no ENS-STATE header"):
         Engine.restore(b"hello")
@@ -101,11 +115,15 @@ def _stored_of_every_case() -> list[state.Stored]:
         case = load_case(path)
         if "expect_error" in case:
             continue
-        pset, errors = parse_profile_document(json.dumps({"profiles": case["profiles"]}, default=str))
+        pset, errors = parse_profile_document(
+            json.dumps({"profiles": case["profiles"]}, default=str)
+        )
         if errors:
             continue
-        evs = [event_from_obj(json.loads(json.dumps(e, default=str)), f"#{n}")
-               for n, e in enumerate(case["events"], 1)]
+        evs = [
+            event_from_obj(json.loads(json.dumps(e, default=str)), f"#{n}")
+            for n, e in enumerate(case["events"], 1)
+        ]
         for variant in Engine.VARIANTS:
             for plan in ("eager", "rare-first"):
                 eng = Engine(pset.profiles, variant=variant, plan=plan)

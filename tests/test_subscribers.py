@@ -37,31 +37,55 @@ BAD: list[tuple[Any, str]] = [
     ({"email": "a b@c"}, "channels.0.email: 'a b@c' is not an e-mail address"),
     ({"email": "nobody"}, "channels.0.email: 'nobody' is not an e-mail address"),
     ({"email": 42}, "channels.0.email: 42 is not an e-mail address"),
-    ({"email": "a@b.org\r\nBcc: evil@x"},
-     "channels.0.email: must not contain line breaks (got 'a@b.org\\r\\nBcc: evil@x')"),
-    ({"email": "a@b.org", "digest": -1},
-     "channels.0.digest: must be a number of seconds >= 0 (got -1)"),
-    ({"email": "a@b.org", "digest": "60"},
-     "channels.0.digest: must be a number of seconds >= 0 (got '60')"),
-    ({"email": "a@b.org", "digest": True},
-     "channels.0.digest: must be a number of seconds >= 0 (got True)"),
-    ({"email": "a@b.org", "secret": "x"}, "channels.0.secret: unknown key (allowed: email, digest)"),
-    ({"email": "a@b.org", "webhook": "https://x"},
-     "channels.0.webhook: unknown key (allowed: email, digest)"),
+    (
+        {"email": "a@b.org\r\nBcc: evil@x"},
+        "channels.0.email: must not contain line breaks (got 'a@b.org\\r\\nBcc: evil@x')",
+    ),
+    (
+        {"email": "a@b.org", "digest": -1},
+        "channels.0.digest: must be a number of seconds >= 0 (got -1)",
+    ),
+    (
+        {"email": "a@b.org", "digest": "60"},
+        "channels.0.digest: must be a number of seconds >= 0 (got '60')",
+    ),
+    (
+        {"email": "a@b.org", "digest": True},
+        "channels.0.digest: must be a number of seconds >= 0 (got True)",
+    ),
+    (
+        {"email": "a@b.org", "secret": "x"},
+        "channels.0.secret: unknown key (allowed: email, digest)",
+    ),
+    (
+        {"email": "a@b.org", "webhook": "https://x"},
+        "channels.0.webhook: unknown key (allowed: email, digest)",
+    ),
     ({"webhook": "ftp://x"}, "channels.0.webhook: 'ftp://x' is not an http(s) URL"),
     ({"webhook": None}, "channels.0.webhook: None is not an http(s) URL"),
-    ({"webhook": "https://x", "extra": 1}, "channels.0.extra: unknown key (allowed: webhook, secret)"),
-    ({"webhook": "https://x", "digest": 60},
-     "channels.0.digest: unknown key (allowed: webhook, secret)"),
+    (
+        {"webhook": "https://x", "extra": 1},
+        "channels.0.extra: unknown key (allowed: webhook, secret)",
+    ),
+    (
+        {"webhook": "https://x", "digest": 60},
+        "channels.0.digest: unknown key (allowed: webhook, secret)",
+    ),
     ({"webhook": "https://x", "secret": 5}, "channels.0.secret: must be a string, not int"),
-    ({"sms": "+1"},
-     """channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}, got keys ['sms']"""),
+    (
+        {"sms": "+1"},
+        """channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}, got keys ['sms']""",
+    ),
     ({}, """channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}, got keys []"""),
-    ("ops@example.org",
-     """channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}, got 'ops@example.org'"""),
-    ({"email": "nobody", "x": 1},
-     "channels.0.email: 'nobody' is not an e-mail address; "
-     "channels.0.x: unknown key (allowed: email, digest)"),
+    (
+        "ops@example.org",
+        """channels.0: a channel is {"email": ADDRESS} or {"webhook": URL}, got 'ops@example.org'""",
+    ),
+    (
+        {"email": "nobody", "x": 1},
+        "channels.0.email: 'nobody' is not an e-mail address; "
+        "channels.0.x: unknown key (allowed: email, digest)",
+    ),
 ]
 
 
@@ -74,14 +98,20 @@ def r(tmp_path: Path) -> Iterator[redis.Redis]:
 def check_verdicts(channels: list[Any], tmp_path: Path) -> dict[str, str]:
     """`ens check` on a file with subscriber sN holding channel N: sN -> its problems ("" = ok)."""
     f = tmp_path / "subs.json"  # JSON (a profile file may be JSON) keeps every value exact
-    f.write_text(json.dumps({"subscribers": [{"id": f"s{n}", "channels": [ch]}
-                                             for n, ch in enumerate(channels)]}, indent=1))
+    f.write_text(
+        json.dumps(
+            {"subscribers": [{"id": f"s{n}", "channels": [ch]} for n, ch in enumerate(channels)]},
+            indent=1,
+        )
+    )
     res = CliRunner().invoke(app, ["check", str(f)])
     out: dict[str, list[str]] = {f"s{n}": [] for n in range(len(channels))}
     for line in res.stderr.splitlines():
         if line.startswith("error: "):
             # a bad key is located FILE:LINE:COL at the key, any other problem at its line
-            m = re.fullmatch(r"error: (?:file line \d+|\S+:\d+:\d+): subscriber '(s\d+)': (.*)", line)
+            m = re.fullmatch(
+                r"error: (?:file line \d+|\S+:\d+:\d+): subscriber '(s\d+)': (.*)", line
+            )
             assert m, line
             out[m[1]].append(m[2])
     assert res.exit_code == (2 if any(out.values()) else 0), res.output
@@ -121,15 +151,21 @@ def test_good_channels_are_stored_as_given(r: redis.Redis) -> None:
     [
         ({"channels": []}, "id: a subscriber needs a non-empty string id"),
         ({"id": "", "channels": []}, "id: a subscriber needs a non-empty string id (got '')"),
-        ({"id": "s", "channels": {"email": "a@b"}}, "channels: must be a list of channels, not dict"),
+        (
+            {"id": "s", "channels": {"email": "a@b"}},
+            "channels: must be a list of channels, not dict",
+        ),
         ({"id": "s", "digest": -5}, "digest: must be a number of seconds >= 0 (got -5)"),
         ({"id": "s", "secret": 7}, "secret: must be a string, not int"),
-        ({"id": "s", "chanels": [{"email": "a@b.c"}]},
-         "chanels: unknown key (allowed: id, channels, digest, secret)"),
+        (
+            {"id": "s", "chanels": [{"email": "a@b.c"}]},
+            "chanels: unknown key (allowed: id, channels, digest, secret)",
+        ),
     ],
 )
-def test_subscriber_level_rules_are_shared(record: dict[str, Any], message: str,
-                                           tmp_path: Path) -> None:
+def test_subscriber_level_rules_are_shared(
+    record: dict[str, Any], message: str, tmp_path: Path
+) -> None:
     with pytest.raises(ValidationError) as err:
         store.Subscriber.model_validate(record)
     assert store.subscriber_error(err.value) == message

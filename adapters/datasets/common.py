@@ -302,13 +302,21 @@ class WideFormat(NamedTuple):
     ) -> Iterator[Event]:
         """Events of one file, or of every file in a directory merged by time."""
         files = resolve_files(Path(path), self.suffixes, self.label)
-        table = WideTable(self.name, self.building, select_channels(self.channels, rooms, kinds, str(path)))
+        table = WideTable(
+            self.name, self.building, select_channels(self.channels, rooms, kinds, str(path))
+        )
         zone = resolve_tz(tz)
-        events = heapq.merge(*(self.read_file(f, table, zone) for f in files), key=lambda e: e["ts"])
+        events = heapq.merge(
+            *(self.read_file(f, table, zone) for f in files), key=lambda e: e["ts"]
+        )
         return events if limit is None else islice(events, limit)
 
     def estimate_events(
-        self, path: Path | str, *, rooms: Iterable[str] | None = None, kinds: Iterable[str] | None = None
+        self,
+        path: Path | str,
+        *,
+        rooms: Iterable[str] | None = None,
+        kinds: Iterable[str] | None = None,
     ) -> int:
         """Rows × selected columns (for progress bars)."""
         files = resolve_files(Path(path), self.suffixes, self.label)

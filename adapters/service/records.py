@@ -47,9 +47,12 @@ IngestEvent = tuple[str, str, Any]
 
 def ingest_fields(gateway: str, batch_json: str, exact: bool) -> Fields:
     """The entry the API writes for one request (`INGEST_SCRIPT` writes the same fields)."""
-    return {INGEST_BATCH: batch_json, INGEST_GATEWAY: gateway,
-            INGEST_FORMAT: INGEST_EXACT if exact else INGEST_NORMALIZED,
-            VERSION_FIELD: str(INGEST_VERSION)}
+    return {
+        INGEST_BATCH: batch_json,
+        INGEST_GATEWAY: gateway,
+        INGEST_FORMAT: INGEST_EXACT if exact else INGEST_NORMALIZED,
+        VERSION_FIELD: str(INGEST_VERSION),
+    }
 
 
 def decode_ingest(entry_id: str, fields: Mapping[Any, Any]) -> list[IngestEvent]:
@@ -144,14 +147,21 @@ class JournalEntry:
     control_id: str
 
     def fields(self) -> Fields:
-        return {"ops": dumps(self.ops), "n": self.notifications, "ctl": self.control_id,
-                VERSION_FIELD: str(self.VERSION)}
+        return {
+            "ops": dumps(self.ops),
+            "n": self.notifications,
+            "ctl": self.control_id,
+            VERSION_FIELD: str(self.VERSION),
+        }
 
     @classmethod
     def read(cls, fields: Mapping[Any, Any]) -> JournalEntry:
         check_version(fields, "journal entry", cls.VERSION)
-        return cls(json.loads(entry_field(fields, "ops")), int(entry_field(fields, "n")),
-                   text(entry_field(fields, "ctl")))
+        return cls(
+            json.loads(entry_field(fields, "ops")),
+            int(entry_field(fields, "n")),
+            text(entry_field(fields, "ctl")),
+        )
 
     def operations(self) -> Iterator[JournalOp]:
         return map(_op, self.ops)
@@ -194,17 +204,19 @@ class CheckpointMeta:
     counted_reads: bool = True  # False: written before totals["read"] existed
 
     def to_json(self) -> str:
-        return dumps({
-            "version": self.VERSION,  # 3: profiles in ens:checkpoint:profiles; 4: watermarks per gateway
-            "epoch": self.epoch,
-            "last_id": self.last_id,
-            "control_id": self.control_id,
-            "buffer": [list(row) for row in self.buffer],
-            "watermarks": self.watermarks,
-            "totals": self.totals,
-            "late_by_gateway": self.late_by_gateway,
-            "written_at": self.written_at,
-        })
+        return dumps(
+            {
+                "version": self.VERSION,  # 3: profiles in ens:checkpoint:profiles; 4: watermarks per gateway
+                "epoch": self.epoch,
+                "last_id": self.last_id,
+                "control_id": self.control_id,
+                "buffer": [list(row) for row in self.buffer],
+                "watermarks": self.watermarks,
+                "totals": self.totals,
+                "late_by_gateway": self.late_by_gateway,
+                "written_at": self.written_at,
+            }
+        )
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> CheckpointMeta:
@@ -214,15 +226,18 @@ class CheckpointMeta:
     def from_dict(cls, meta: Mapping[str, Any]) -> CheckpointMeta:
         version = meta.get("version", 2)
         if version > cls.VERSION:
-            raise ValueError(f"checkpoint version {version} was written by a newer ENS (this one "
-                             f"reads up to {cls.VERSION})")
+            raise ValueError(
+                f"checkpoint version {version} was written by a newer ENS (this one "
+                f"reads up to {cls.VERSION})"
+            )
         totals = meta.get("totals", {})
         return cls(
             epoch=meta["epoch"],
             last_id=meta["last_id"],
             control_id=meta["control_id"],
-            buffer=[HeldRow(r[0], r[1], r[2], r[3], r[4] if len(r) > 4 else "?")
-                    for r in meta["buffer"]],
+            buffer=[
+                HeldRow(r[0], r[1], r[2], r[3], r[4] if len(r) > 4 else "?") for r in meta["buffer"]
+            ],
             watermarks=meta.get("watermarks", {"seq": meta.get("arrival", 0)}),
             totals=dict(totals),
             late_by_gateway=dict(meta.get("late_by_gateway", {})),

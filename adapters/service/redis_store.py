@@ -80,7 +80,9 @@ JOURNAL = "ens:engine:journal"
 ENGINE_LOCK = "ens:engine:lock"
 ENGINE_STATUS = "ens:engine:status"
 ADMIN = "ens:admin"
-INDEX_IMPORTED = "ens:index:imported"  # manifest fingerprint -> when an `ens serve --index` imported it
+INDEX_IMPORTED = (
+    "ens:index:imported"  # manifest fingerprint -> when an `ens serve --index` imported it
+)
 
 CONTROL_MAXLEN = 10_000  # the hash is the truth; the stream only needs to cover a short outage
 ENV_URL = "ENS_REDIS_URL"
@@ -98,8 +100,6 @@ _GATEWAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no '.': it separa
 def default_data_dir() -> Path:
     env = os.environ.get(ENV_DATA_DIR)
     return Path(env) if env else Path.home() / ".ens"
-
-
 
 
 @dataclass
@@ -176,8 +176,10 @@ def connect(
     d = Path(data_dir) if data_dir else default_data_dir()
     existed = store_exists(d)
     if not existed and not create:
-        raise StoreMissing(f"no ENS store in {d} (--data-dir or ENS_DATA_DIR; `ens serve` or "
-                           "`ens profile|subscriber|gateway add` creates one)")
+        raise StoreMissing(
+            f"no ENS store in {d} (--data-dir or ENS_DATA_DIR; `ens serve` or "
+            "`ens profile|subscriber|gateway add` creates one)"
+        )
     if not d.exists():
         d.mkdir(parents=True)
         d.chmod(0o700)  # mkdir's mode is cut by the umask; this is exact
@@ -275,7 +277,9 @@ def put_profile(
     return rec, old is None
 
 
-def import_profiles(r: redis.Redis, profiles: list[Profile], batch: int = 10_000) -> tuple[int, int]:
+def import_profiles(
+    r: redis.Redis, profiles: list[Profile], batch: int = 10_000
+) -> tuple[int, int]:
     """Store already-parsed profiles (an `ens spark index` snapshot) whose ids are not stored yet.
 
     Returns (imported, already there). Stored profiles win: an id the service already has
@@ -285,11 +289,16 @@ def import_profiles(r: redis.Redis, profiles: list[Profile], batch: int = 10_000
     now = time.time()
     imported = kept = 0
     for lo in range(0, len(profiles), batch):
-        chunk = profiles[lo:lo + batch]
+        chunk = profiles[lo : lo + batch]
         with r.pipeline(transaction=False) as p:
             for k, prof in enumerate(chunk):
-                rec = {"id": prof.id, "expr": prof.source, "subscriber": prof.subscriber,
-                       "created": now + (lo + k) * 1e-6, "updated": now}
+                rec = {
+                    "id": prof.id,
+                    "expr": prof.source,
+                    "subscriber": prof.subscriber,
+                    "created": now + (lo + k) * 1e-6,
+                    "updated": now,
+                }
                 p.hsetnx(PROFILES, prof.id, dumps(rec))
             for added in p.execute():
                 if added:
@@ -343,7 +352,9 @@ def parse_lateness(text_: str) -> float | None:
         return None
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)?", t)
     if not m:
-        raise ValueError(f"lateness {text_!r} is not a duration (e.g. 0, 500ms, 2s, 1m, or default)")
+        raise ValueError(
+            f"lateness {text_!r} is not a duration (e.g. 0, 500ms, 2s, 1m, or default)"
+        )
     return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
 
 
@@ -406,8 +417,14 @@ def list_gateways(r: redis.Redis) -> list[dict[str, Any]]:
     out = []
     for name, raw in r.hgetall(GATEWAYS).items():
         rec = json.loads(text(raw))
-        out.append({"name": text(name), "created": rec["created"], "revoked": rec.get("revoked"),
-                    "lateness": rec.get("lateness")})
+        out.append(
+            {
+                "name": text(name),
+                "created": rec["created"],
+                "revoked": rec.get("revoked"),
+                "lateness": rec.get("lateness"),
+            }
+        )
     return sorted(out, key=lambda g: g["name"])
 
 
@@ -442,7 +459,8 @@ def check_key_record(raw: Any, key: str) -> KeyCheck:
 # ARGV: gateway, key sha256, entry format, max backlog (0: none), dedup window ms (0: off),
 # most ids remembered, then (event id or "", event JSON) per event.
 # Returns {"ok", entry id or "", duplicates}, {"unknown"}, {"revoked"} or {"backlog", n}.
-INGEST_SCRIPT = """
+INGEST_SCRIPT = (
+    """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return {'unknown'} end
 local rec = cjson.decode(raw)
@@ -502,12 +520,23 @@ else
   for i = 8, #ARGV, 2 do parts[#parts + 1] = ARGV[i] end
 end
 if #parts == 0 then return {'ok', '', dups} end
-local id = redis.call('XADD', KEYS[2], '*', '""" + INGEST_BATCH + """', '[' .. table.concat(parts, ',') .. ']',
-                      '""" + INGEST_GATEWAY + """', ARGV[1], '""" + INGEST_FORMAT + """', ARGV[3],
-                      '""" + VERSION_FIELD + """', '""" + str(INGEST_VERSION) + """')
+local id = redis.call('XADD', KEYS[2], '*', '"""
+    + INGEST_BATCH
+    + """', '[' .. table.concat(parts, ',') .. ']',
+                      '"""
+    + INGEST_GATEWAY
+    + """', ARGV[1], '"""
+    + INGEST_FORMAT
+    + """', ARGV[3],
+                      '"""
+    + VERSION_FIELD
+    + """', '"""
+    + str(INGEST_VERSION)
+    + """')
 redis.call('INCRBY', KEYS[3], #parts)
 return {'ok', id, dups}
 """
+)
 INGEST_SCRIPT_KEYS = (GATEWAYS, INGEST, INGEST_IN, ENGINE_STATUS)
 INGEST_SEEN = "ens:ingest:seen:"  # + gateway: zset event id -> ms it was first accepted
 

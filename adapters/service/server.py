@@ -175,12 +175,21 @@ def supervise_api(n: int, serve: Any) -> int:
         code = os.waitstatus_to_exitcode(st)
         quick_deaths = quick_deaths + 1 if time.monotonic() - started < RESPAWN_QUICK else 0
         if quick_deaths >= RESPAWN_GIVE_UP:
-            log.error("API process http-%d exited with status %d, %d times in a row right "
-                      "after its start; giving up", slot, code, quick_deaths)
+            log.error(
+                "API process http-%d exited with status %d, %d times in a row right "
+                "after its start; giving up",
+                slot,
+                code,
+                quick_deaths,
+            )
             status = 1
             break
-        log.error("API process http-%d (pid %d) exited with status %d; starting a new one",
-                  slot, pid, code)
+        log.error(
+            "API process http-%d (pid %d) exited with status %d; starting a new one",
+            slot,
+            pid,
+            code,
+        )
         spawn(slot)
     for pid in kids:
         try:
@@ -260,13 +269,16 @@ def run(cfg: ServeConfig) -> int:
         try:
             sock = listen(cfg.host, cfg.port)
         except OSError as exc:
-            return _startup_error(f"cannot listen on {cfg.host}:{cfg.port}: "
-                                  f"{exc.strerror or exc} (use --host/--port)")
+            return _startup_error(
+                f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc} (use --host/--port)"
+            )
     conn: rs.Connection | None = None
     try:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
         # the first command also tells whether Redis is reachable
-        token_hash, generated = rs.ensure_admin_token(conn.text(), os.environ.get(rs.ENV_ADMIN_TOKEN))
+        token_hash, generated = rs.ensure_admin_token(
+            conn.text(), os.environ.get(rs.ENV_ADMIN_TOKEN)
+        )
     except (redis.RedisError, OSError, EmbeddedError) as exc:
         if sock is not None:
             sock.close()
@@ -280,8 +292,12 @@ def run(cfg: ServeConfig) -> int:
 
 
 def _serve(
-    cfg: ServeConfig, conn: rs.Connection, sock: socket.socket | None, notifier_cfg: Any,
-    token_hash: str, generated: str | None,
+    cfg: ServeConfig,
+    conn: rs.Connection,
+    sock: socket.socket | None,
+    notifier_cfg: Any,
+    token_hash: str,
+    generated: str | None,
 ) -> int:
     if generated:
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
@@ -291,8 +307,15 @@ def _serve(
         log.info("new store in %s", conn.embedded.dir if conn.embedded else conn.url)
     roles = ", ".join(r for r in ROLES if r in cfg.roles and (r != "deliver" or notifier_cfg))
     if sock is not None:
-        log.info("ENS service on http://%s:%d, %s (%s; %d API process%s)", cfg.host, cfg.port,
-                 where, roles, cfg.api_workers, "es" if cfg.api_workers > 1 else "")
+        log.info(
+            "ENS service on http://%s:%d, %s (%s; %d API process%s)",
+            cfg.host,
+            cfg.port,
+            where,
+            roles,
+            cfg.api_workers,
+            "es" if cfg.api_workers > 1 else "",
+        )
     else:
         log.info("ENS service, %s (%s)", where, roles)
 
@@ -302,27 +325,44 @@ def _serve(
     parts: list[Any] = []
     if sock is not None:
         metrics_token = os.environ.get(rs.ENV_METRICS_TOKEN) or None
-        settings = ApiSettings(conn.url, token_hash, cfg.max_body, max_backlog=cfg.max_backlog,
-                               limits=cfg.limits,
-                               metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None)
+        settings = ApiSettings(
+            conn.url,
+            token_hash,
+            cfg.max_body,
+            max_backlog=cfg.max_backlog,
+            limits=cfg.limits,
+            metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None,
+        )
 
         def make_server() -> uvicorn.Server:
-            return uvicorn.Server(uvicorn.Config(
-                create_app(settings), host=cfg.host, port=cfg.port, log_level="warning",
-                access_log=False, lifespan="on", timeout_graceful_shutdown=5,
-                **uvicorn_options(cfg.keepalive_timeout, cfg.header_timeout, cfg.max_connections),
-            ))
+            return uvicorn.Server(
+                uvicorn.Config(
+                    create_app(settings),
+                    host=cfg.host,
+                    port=cfg.port,
+                    log_level="warning",
+                    access_log=False,
+                    lifespan="on",
+                    timeout_graceful_shutdown=5,
+                    **uvicorn_options(
+                        cfg.keepalive_timeout, cfg.header_timeout, cfg.max_connections
+                    ),
+                )
+            )
 
         if cfg.api_workers > 1:  # forked before any thread starts
             n = cfg.api_workers
-            sup = _Child("http", lambda: sys.exit(supervise_api(n, lambda: make_server().run([sock]))))
+            sup = _Child(
+                "http", lambda: sys.exit(supervise_api(n, lambda: make_server().run([sock])))
+            )
             sup.start()
             parts.append(sup)
             sock.close()  # the supervisor and its children hold it
         else:
             server = make_server()
-            parts.append(_Part("http", server.run, [sock],
-                               halt=lambda: setattr(server, "should_exit", True)))
+            parts.append(
+                _Part("http", server.run, [sock], halt=lambda: setattr(server, "should_exit", True))
+            )
     if "engine" in cfg.roles:
         engine_stop = threading.Event()
         worker = EngineWorker(conn.binary(), cfg.worker)
@@ -333,8 +373,9 @@ def _serve(
 
         delivery_stop = threading.Event()
         delivery = DeliveryWorker(conn.text(), notifier_cfg)
-        parts.append(_Part("delivery-worker", delivery.run_forever, delivery_stop,
-                           halt=delivery_stop.set))
+        parts.append(
+            _Part("delivery-worker", delivery.run_forever, delivery_stop, halt=delivery_stop.set)
+        )
 
     if "engine" in cfg.roles or delivery is not None:  # an API thread would start it too
         m.Publisher.ensure(conn.url)  # after the fork: children publish their own

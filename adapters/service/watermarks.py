@@ -46,8 +46,9 @@ class Source:
 class Watermarks:
     """Held events of several sources, released in ``ts`` order behind the sources' watermarks."""
 
-    def __init__(self, default_lateness: float, idle_timeout: float, max_held: int,
-                 max_skew: float = _INF) -> None:
+    def __init__(
+        self, default_lateness: float, idle_timeout: float, max_held: int, max_skew: float = _INF
+    ) -> None:
         self.default_lateness = default_lateness
         self.idle_timeout = idle_timeout
         self.max_held = max_held
@@ -178,8 +179,10 @@ class Watermarks:
         return {
             "seq": self.seq,
             "sources": {
-                n: [None if s.newest == _NEG_INF else s.newest,
-                    None if s.last_wall == _NEG_INF else s.last_wall]
+                n: [
+                    None if s.newest == _NEG_INF else s.newest,
+                    None if s.last_wall == _NEG_INF else s.last_wall,
+                ]
                 for n, s in self.sources.items()
             },
         }

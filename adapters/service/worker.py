@@ -117,7 +117,9 @@ class WorkerConfig:
     # reads ``index`` (`ens serve` passes adapters.spark.index.load_index; the service does not
     # import the Spark adapter itself)
     load_index: Callable[[str], list[Profile]] | None = None
-    plan: str = "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
+    plan: str = (
+        "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
+    )
     rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
     replan_every: int = 0  # plan "auto": re-plan from online counts every N events (0: never)
     drift: float = 4.0  # ... when a component's rate moved by this factor
@@ -171,7 +173,13 @@ class EngineWorker:
     def _reset_state(self) -> None:
         self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
         cfg = self.cfg
-        self.engine = Engine(tz=cfg.tz, plan=cfg.plan, rates=cfg.rates, replan_every=cfg.replan_every, drift=cfg.drift)
+        self.engine = Engine(
+            tz=cfg.tz,
+            plan=cfg.plan,
+            rates=cfg.rates,
+            replan_every=cfg.replan_every,
+            drift=cfg.drift,
+        )
         self.epoch = secrets.token_hex(4)
         # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
         # kept after a `once` profile fired, so that it is not activated again
@@ -180,8 +188,9 @@ class EngineWorker:
         self.last_id = "0-0"  # last ingest entry read into engine or buffer
         self.control_id = "0-0"
         cfg = self.cfg
-        self.wm = Watermarks(cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events,
-                             cfg.max_skew)
+        self.wm = Watermarks(
+            cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events, cfg.max_skew
+        )
         self.skewed: list[str] = []  # gateways whose clocks run ahead (logged when they start)
         self.late_by_gateway: dict[str, int] = {}
         self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
@@ -212,8 +221,10 @@ class EngineWorker:
             epoch=self.epoch,
             last_id=self.last_id,
             control_id=self.control_id,
-            buffer=[HeldRow(h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source)
-                    for h in self.buffer],
+            buffer=[
+                HeldRow(h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source)
+                for h in self.buffer
+            ],
             watermarks=self.wm.state(),
             totals=dict(self.totals),
             late_by_gateway=dict(self.late_by_gateway),
@@ -254,7 +265,11 @@ class EngineWorker:
         self.wm.restore(meta.watermarks, held)
         log.info(
             "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
-            self.epoch, self.last_id, len(self.defs), len(self.buffer), self.engine.stats(),
+            self.epoch,
+            self.last_id,
+            len(self.defs),
+            len(self.buffer),
+            self.engine.stats(),
         )
         return False
 
@@ -270,8 +285,10 @@ class EngineWorker:
             if cur == self.holder:  # ours already (restart after a Redis error)
                 self.r.pexpire(rs.ENGINE_LOCK, ttl)
                 return
-            if cur and self._stale(cur) and self._steal(
-                keys=[rs.ENGINE_LOCK], args=[cur, self.holder, ttl]
+            if (
+                cur
+                and self._stale(cur)
+                and self._steal(keys=[rs.ENGINE_LOCK], args=[cur, self.holder, ttl])
             ):
                 log.warning("took over the engine lock from dead worker %s", cur)
                 return
@@ -290,7 +307,9 @@ class EngineWorker:
         now = time.monotonic()
         if now - self.last_renew < self.cfg.lock_ttl / 3:
             return
-        if not self._renew(keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]):
+        if not self._renew(
+            keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]
+        ):
             raise LockLost("the engine lock expired or was taken over")
         self.last_renew = now
 
@@ -313,7 +332,9 @@ class EngineWorker:
             self.snapshot()  # fixes the epoch: every later state descends from this one
         try:
             self.r.xgroup_create(
-                rs.INGEST, rs.ENGINE_GROUP, id=self.last_id if self.last_id != "0-0" else "0",
+                rs.INGEST,
+                rs.ENGINE_GROUP,
+                id=self.last_id if self.last_id != "0-0" else "0",
                 mkstream=True,
             )
         except redis.ResponseError as exc:
@@ -366,8 +387,11 @@ class EngineWorker:
 
     def _replay(self, pel: list[tuple[str, Any]]) -> set[str]:
         """Re-apply the journal to the restored engine; returns the event keys it fed."""
-        by_key = {key: (gw, obj, rs.entry_normalized(fields))
-                  for eid, fields in pel for key, gw, obj in self._decode(eid, fields)}
+        by_key = {
+            key: (gw, obj, rs.entry_normalized(fields))
+            for eid, fields in pel
+            for key, gw, obj in self._decode(eid, fields)
+        }
         held = {h.item.entry: h for h in self.buffer}
         fed: set[str] = set()
         entries = self.r.xrange(rs.JOURNAL)
@@ -394,16 +418,21 @@ class EngineWorker:
                         self._keepalive()
             redone = self.engine.take_notifications()
             if len(redone) != entry.notifications:
-                log.error("journal replay gave %d notifications where %s were committed: "
-                          "the engine is not deterministic", len(redone), entry.notifications)
+                log.error(
+                    "journal replay gave %d notifications where %s were committed: "
+                    "the engine is not deterministic",
+                    len(redone),
+                    entry.notifications,
+                )
             self.totals["notifications"] += len(redone)
             self.control_id = entry.control_id
         if fed:
             self.wm.discard(lambda h: h.item.entry in fed)
         if entries:
             self.changed = True
-            log.info("replayed %d journal entries (%d events) after the snapshot",
-                     len(entries), len(fed))
+            log.info(
+                "replayed %d journal entries (%d events) after the snapshot", len(entries), len(fed)
+            )
         return fed
 
     def _reconcile(self) -> bool:
@@ -424,8 +453,11 @@ class EngineWorker:
         for p in stored:
             changed += self._apply(p["id"], p, quiet)
         if changed:
-            log.info("profiles: %d active after %d change(s) made while the engine was down",
-                     len(self.defs), changed)
+            log.info(
+                "profiles: %d active after %d change(s) made while the engine was down",
+                len(self.defs),
+                changed,
+            )
         if rs.parse_id(ctl) > rs.parse_id(self.control_id):
             self.control_id = ctl
         return changed > 100
@@ -438,15 +470,33 @@ class EngineWorker:
         """
         fp = rs.index_fingerprint(self.cfg.index)  # type: ignore[arg-type]
         if self.r.hexists(rs.INDEX_IMPORTED, fp):
-            log.info("index %s: imported by an earlier start (manifest %s); not loaded again unless "
-                     "a profile needs it", self.cfg.index, fp[:12])
+            log.info(
+                "index %s: imported by an earlier start (manifest %s); not loaded again unless "
+                "a profile needs it",
+                self.cfg.index,
+                fp[:12],
+            )
             return None
         profiles = self._load_index()
         imported, kept = rs.import_profiles(self.r, list(profiles.values()))
-        self.r.hset(rs.INDEX_IMPORTED, fp, json.dumps(
-            {"path": str(self.cfg.index), "profiles": len(profiles), "imported": imported, "at": time.time()}
-        ))
-        log.info("index %s: %d imported into ens:profiles, %d already there", self.cfg.index, imported, kept)
+        self.r.hset(
+            rs.INDEX_IMPORTED,
+            fp,
+            json.dumps(
+                {
+                    "path": str(self.cfg.index),
+                    "profiles": len(profiles),
+                    "imported": imported,
+                    "at": time.time(),
+                }
+            ),
+        )
+        log.info(
+            "index %s: %d imported into ens:profiles, %d already there",
+            self.cfg.index,
+            imported,
+            kept,
+        )
         return profiles
 
     def _load_index(self) -> dict[str, Any]:
@@ -454,7 +504,12 @@ class EngineWorker:
             raise ValueError("WorkerConfig.index needs WorkerConfig.load_index (its reader)")
         t = time.perf_counter()
         profiles = self.cfg.load_index(self.cfg.index)  # type: ignore[arg-type]
-        log.info("index %s: %d profiles loaded in %.1f s", self.cfg.index, len(profiles), time.perf_counter() - t)
+        log.info(
+            "index %s: %d profiles loaded in %.1f s",
+            self.cfg.index,
+            len(profiles),
+            time.perf_counter() - t,
+        )
         return {p.id: p for p in profiles}
 
     # ------------------------------------------------------------------ profiles
@@ -511,8 +566,11 @@ class EngineWorker:
         for gw, lateness in rs.gateway_lateness(self.r, name).items():
             src = self.wm.sources.get(gw)
             if (src.lateness if src is not None else None) != lateness:
-                log.info("gateway %s: lateness %s", gw,
-                         "default" if lateness is None else f"{lateness:g} s")
+                log.info(
+                    "gateway %s: lateness %s",
+                    gw,
+                    "default" if lateness is None else f"{lateness:g} s",
+                )
             self.wm.set_lateness(gw, lateness)
 
     def _control(self) -> None:
@@ -639,7 +697,9 @@ class EngineWorker:
             log.error("unreadable ingest event %s from %s skipped: %s", key, gw, exc)
             return None
 
-    def _take(self, eid: str, fields: Any, now: float, skip: set[str] | frozenset[str] = frozenset()) -> int:
+    def _take(
+        self, eid: str, fields: Any, now: float, skip: set[str] | frozenset[str] = frozenset()
+    ) -> int:
         """Read one ingest entry into the buffer (events in ``skip`` were fed already).
 
         Returns how many events were taken.
@@ -684,7 +744,9 @@ class EngineWorker:
             self.engine.advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
-        self._input([OP_EVENT, key])  # records.op_event, inline (per event); the key: decode_entry's
+        self._input(
+            [OP_EVENT, key]
+        )  # records.op_event, inline (per event); the key: decode_entry's
         self._process(ev, gw)
 
     def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
@@ -697,7 +759,10 @@ class EngineWorker:
                 if self._interval["late"] <= 10:  # the rest only in the periodic summary
                     log.warning(
                         "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
-                        "processed in arrival order", ev.id, gw, ev.ts,
+                        "processed in arrival order",
+                        ev.id,
+                        gw,
+                        ev.ts,
                         self.engine.now - ev.ts,  # type: ignore[operator]
                     )
         try:
@@ -737,7 +802,8 @@ class EngineWorker:
                 # error (here, or from the check) makes run_forever restart from Redis.
                 if rs.text(self.r.get(rs.ENGINE_LOCK)) == self.holder:
                     raise redis.ConnectionError(
-                        "connection lost during a transaction (outcome unknown)") from None
+                        "connection lost during a transaction (outcome unknown)"
+                    ) from None
                 raise LockLost("the engine lock changed during a transaction") from None
         self.last_renew = time.monotonic()
 
@@ -784,7 +850,7 @@ class EngineWorker:
             p.hset(rs.CHECKPOINT, mapping={"engine": snap, "meta": meta})
             p.delete(rs.JOURNAL)
             for i in range(0, len(unacked), 10_000):
-                p.xack(rs.INGEST, rs.ENGINE_GROUP, *unacked[i:i + 10_000])
+                p.xack(rs.INGEST, rs.ENGINE_GROUP, *unacked[i : i + 10_000])
             if self.last_id != "0-0":
                 p.xtrim(rs.INGEST, minid=rs.next_id(self.last_id), approximate=False)
 
@@ -828,19 +894,30 @@ class EngineWorker:
         now = time.monotonic()
         if not force and now - self.last_heartbeat < self.cfg.heartbeat_interval:
             return
-        if not self._renew(keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]):
+        if not self._renew(
+            keys=[rs.ENGINE_LOCK], args=[self.holder, int(self.cfg.lock_ttl * 1000)]
+        ):
             raise LockLost("the engine lock expired or was taken over")
         stats = self.stats()
         skewed = stats["skewed_gateways"]
         for gw in set(skewed) - set(self.skewed):
-            log.warning("gateway %s sends events stamped more than %g s ahead of this clock: "
-                        "they wait for the wall clock (check its clock)", gw, self.cfg.max_skew)
+            log.warning(
+                "gateway %s sends events stamped more than %g s ahead of this clock: "
+                "they wait for the wall clock (check its clock)",
+                gw,
+                self.cfg.max_skew,
+            )
         self.skewed = skewed
         # `read` and `buffered` apart: the ingest script reads them for --max-backlog
         self.r.hset(
             rs.ENGINE_STATUS,
-            mapping={"ts": repr(time.time()), "holder": self.holder, "stats": rs.dumps(stats),
-                     "read": self.totals["read"], "buffered": len(self.buffer)},
+            mapping={
+                "ts": repr(time.time()),
+                "holder": self.holder,
+                "stats": rs.dumps(stats),
+                "read": self.totals["read"],
+                "buffered": len(self.buffer),
+            },
         )
         self.last_heartbeat = self.last_renew = now
 
@@ -863,8 +940,12 @@ class EngineWorker:
             log.info(
                 "worker: %d events (%d late), %d notifications, lag %.1f s, "
                 "%d partial matches, %d buffered",
-                iv["events"], iv["late"], iv["notifications"], self.lag(),
-                st["partial_matches"], len(self.buffer),
+                iv["events"],
+                iv["late"],
+                iv["notifications"],
+                self.lag(),
+                st["partial_matches"],
+                len(self.buffer),
             )
         self._interval = {"events": 0, "late": 0, "notifications": 0}
         self.last_status = now

@@ -16,7 +16,16 @@ from typing import Any
 from filters.canon import Scalar, boundaries, filter_key, lit, predicates
 from profiles import ast as A
 
-__all__ = ["Scalar", "boundaries", "dump_profiles", "filter_key", "intern", "lit", "load_profiles", "predicates"]
+__all__ = [
+    "Scalar",
+    "boundaries",
+    "dump_profiles",
+    "filter_key",
+    "intern",
+    "lit",
+    "load_profiles",
+    "predicates",
+]
 
 
 # ---------------------------------------------------------------- pickles

@@ -105,11 +105,19 @@ class ProfileLog:
             diff: dict[str, Any] = {pid: d for pid, d in want.items() if have.get(pid) != d}
             diff.update({pid: None for pid in have if pid not in want})
             if diff or not last or rs.parse_id(top) > rs.parse_id(ctl):
-                self.r.xadd(PLOG, {"ctl": top if rs.parse_id(top) > rs.parse_id(ctl) else ctl,
-                                   "d": json.dumps(diff)})
+                self.r.xadd(
+                    PLOG,
+                    {
+                        "ctl": top if rs.parse_id(top) > rs.parse_id(ctl) else ctl,
+                        "d": json.dumps(diff),
+                    },
+                )
                 if diff:
-                    log.info("profiles: %d change(s) since the last run (%d active)",
-                             len(diff), len(want))
+                    log.info(
+                        "profiles: %d change(s) since the last run (%d active)",
+                        len(diff),
+                        len(want),
+                    )
             self.reconciled = True
         else:
             entries = self.r.xrange(rs.CONTROL, min=f"({ctl}")
@@ -181,15 +189,23 @@ class Versions:
         loading their pickles 0.3 s. A definition's AST is a pure function of it, so a stale or
         concurrent write stores the same thing.
         """
-        todo = [k for k in ((pid, e, sub) for pid, (e, sub) in sigs.items()) if k not in self.parsed]
+        todo = [
+            k for k in ((pid, e, sub) for pid, (e, sub) in sigs.items()) if k not in self.parsed
+        ]
         if not todo:
             return
-        names = [PARSED + hashlib.sha1(json.dumps([_ast_version(), *k]).encode()).hexdigest()
-                 for k in todo]
+        names = [
+            PARSED + hashlib.sha1(json.dumps([_ast_version(), *k]).encode()).hexdigest()
+            for k in todo
+        ]
         fresh = {}
         for i in range(0, len(todo), 5000):
-            for k, name, raw in zip(todo[i:i + 5000], names[i:i + 5000],
-                                    self.r.mget(names[i:i + 5000]), strict=True):
+            for k, name, raw in zip(
+                todo[i : i + 5000],
+                names[i : i + 5000],
+                self.r.mget(names[i : i + 5000]),
+                strict=True,
+            ):
                 try:
                     p = pickle.loads(raw) if raw is not None else None  # noqa: S301 - ours
                 except Exception:  # noqa: BLE001 - written by another version: parse again
@@ -208,8 +224,11 @@ class Versions:
         v = self.cache.get(log_id)
         if v is not None:
             return v
-        base = max((c for c in self.cache.values() if rs.parse_id(c.log_id) < rs.parse_id(log_id)),
-                   key=lambda c: rs.parse_id(c.log_id), default=None)
+        base = max(
+            (c for c in self.cache.values() if rs.parse_id(c.log_id) < rs.parse_id(log_id)),
+            key=lambda c: rs.parse_id(c.log_id),
+            default=None,
+        )
         sigs = dict(base.sigs) if base else {}
         lo = f"({base.log_id}" if base else "-"
         for _eid, f in self.r.xrange(PLOG, min=lo, max=log_id):
@@ -238,8 +257,13 @@ class Versions:
 GATEWAYS = "ens:spark:gateways"  # gateway -> [newest ts, wall time of its last entry] (JSON)
 
 
-def gateway_watermark(progress: dict[str, tuple[float, float]], lateness: dict[str, float | None],
-                      default: float, idle: float, now: float | None) -> tuple[float | None, float]:
+def gateway_watermark(
+    progress: dict[str, tuple[float, float]],
+    lateness: dict[str, float | None],
+    default: float,
+    idle: float,
+    now: float | None,
+) -> tuple[float | None, float]:
     """The service's watermark (`adapters.service.watermarks.Watermarks`) over gateway progress.
 
     The smallest ``newest - lateness`` of the gateways whose last entry is within `idle` s of
@@ -258,7 +282,9 @@ def gateway_watermark(progress: dict[str, tuple[float, float]], lateness: dict[s
     return min(progress[g][0] - lat[g] for g in active), max(default, *lat.values())
 
 
-def merge_progress(old: dict[str, list[float]], new: dict[str, list[float]]) -> dict[str, list[float]]:
+def merge_progress(
+    old: dict[str, list[float]], new: dict[str, list[float]]
+) -> dict[str, list[float]]:
     """Gateway progress of two sets of entries together (a max per field: re-merging the same
     batch changes nothing, so a re-executed batch may write it again)."""
     out = dict(old)
@@ -280,8 +306,11 @@ def arrival(event_key: str) -> tuple[int, int, int]:
 
 def record(n: Notification, epoch: str, seq: Any = None) -> dict[str, Any]:
     """The outbox record (the worker's `EngineWorker.record`)."""
-    return {"id": f"{n.profile}:{epoch}:{n.seq if seq is None else seq}", **n.to_detail(),
-            "subscriber": n.subscriber}
+    return {
+        "id": f"{n.profile}:{epoch}:{n.seq if seq is None else seq}",
+        **n.to_detail(),
+        "subscriber": n.subscriber,
+    }
 
 
 def route_epoch(epoch: str, route: str) -> str:
@@ -389,7 +418,13 @@ def settle_garbage(dropped: int = 0) -> None:
 class KeyEngine:
     """One key value's engine, its reorder buffer and its applied profiles, as a state blob."""
 
-    def __init__(self, route: str, versions: Versions, tz: str = "UTC", plan: tuple[str, Any] = ("eager", None)) -> None:
+    def __init__(
+        self,
+        route: str,
+        versions: Versions,
+        tz: str = "UTC",
+        plan: tuple[str, Any] = ("eager", None),
+    ) -> None:
         self.route = route
         self.versions = versions
         self.tz = tz
@@ -413,7 +448,13 @@ class KeyEngine:
                     engine.configure_plans(self.plan, self.rates)
         else:
             epoch = next((r.epoch for r in rows), "")
-            st = {"gen": 0, "ver": None, "defs": {}, "held": [], "epoch": route_epoch(epoch, self.route)}
+            st = {
+                "gen": 0,
+                "ver": None,
+                "defs": {},
+                "held": [],
+                "epoch": route_epoch(epoch, self.route),
+            }
             engine = Engine(tz=self.tz, plan=self.plan, rates=self.rates)
         out = Stepped(None, float("inf"))
         ver = max((r.plog for r in rows), key=rs.parse_id, default=None)
@@ -425,7 +466,8 @@ class KeyEngine:
                 engine.advance(min(starts))
         # held events are stored as plain (id, ts, attrs); states written before were Events
         held: list[tuple[float, tuple[int, int, int], str, str, Event]] = [
-            h if isinstance(h[4], Event) else (*h[:4], Event(*h[4])) for h in st["held"]]
+            h if isinstance(h[4], Event) else (*h[:4], Event(*h[4])) for h in st["held"]
+        ]
         copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
@@ -477,17 +519,23 @@ class KeyEngine:
 
     def _feed(self, engine: Engine, ev: Event, key: str, gw: str, late: bool = False) -> None:
         if late:
-            log.warning("late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
-                        "processed in arrival order", ev.id, gw, ev.ts,
-                        engine.now - ev.ts)  # type: ignore[operator]
+            log.warning(
+                "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
+                "processed in arrival order",
+                ev.id,
+                gw,
+                ev.ts,
+                engine.now - ev.ts,
+            )  # type: ignore[operator]
         try:
             engine.process(ev)
         except Exception:  # a poison event must not stop the query
             log.exception("engine failed on event %s (%s); skipped", ev.id, key)
 
 
-def stateless(versions: Versions, log_id: str, epoch: str, events: list[tuple[str, Event]],
-              tz: str = "UTC") -> list[dict[str, Any]]:
+def stateless(
+    versions: Versions, log_id: str, epoch: str, events: list[tuple[str, Event]], tz: str = "UTC"
+) -> list[dict[str, Any]]:
     """Bare filters over events in any order: each match on its own, id by event key."""
     profiles = list(versions.at(log_id).by_class["s"].values())
     if not profiles or not events:
@@ -512,7 +560,7 @@ class Outbox:
         n = 0
         for i in range(0, len(records), chunk):
             args: list[Any] = [self.ttl]
-            for rec in records[i:i + chunk]:
+            for rec in records[i : i + chunk]:
                 args += [rec["id"], store.dumps(rec)]
             n += int(self.script(keys=[WRITTEN, store.OUTBOX], args=args))
         return n

@@ -91,7 +91,12 @@ def _keyed_task(plan: Plan, end: tuple[float, bool], tz: str):  # noqa: ANN202 -
         def all_keys() -> Iterator[Tagged]:
             for _route, rows in groupby(_events(batches, with_route=True), key=lambda r: r[0]):
                 yield from run_stream(
-                    plan.keyed, plan.positions, (ev for _, ev in rows), end, None, tz,
+                    plan.keyed,
+                    plan.positions,
+                    (ev for _, ev in rows),
+                    end,
+                    None,
+                    tz,
                     (plan.evaluation, plan.rates),
                 )
 
@@ -105,7 +110,15 @@ def _global_task(plan: Plan, end: tuple[float, bool], start: tuple[float, int], 
         from adapters.spark.slices import run_stream
 
         yield from _batched(
-            run_stream(plan.global_, plan.positions, _events(batches), end, start, tz, (plan.evaluation, plan.rates))
+            run_stream(
+                plan.global_,
+                plan.positions,
+                _events(batches),
+                end,
+                start,
+                tz,
+                (plan.evaluation, plan.rates),
+            )
         )
 
     return run
@@ -264,7 +277,11 @@ def _shared_stages(
         rows = rows.repartition(1).sortWithinPartitions("ts", "arrival")
         stages.append(rows.mapInArrow(_global_task(plan, end, first, tz), NOTE_DDL))  # type: ignore[arg-type]
     elif plan.global_ and end is not None:  # no events, only --until: timers of an empty stream
-        tagged = list(run_stream(plan.global_, plan.positions, [], end, None, tz, (plan.evaluation, plan.rates)))
+        tagged = list(
+            run_stream(
+                plan.global_, plan.positions, [], end, None, tz, (plan.evaluation, plan.rates)
+            )
+        )
         if tagged:
             from adapters.spark.slices import note_batch
 

@@ -231,7 +231,10 @@ def run_stream(
 
 
 def split_replay(
-    profiles: list[Profile], events: list[Event], until: float | None, key: str,
+    profiles: list[Profile],
+    events: list[Event],
+    until: float | None,
+    key: str,
     plans: tuple[str, Any] = ("eager", None),
 ) -> list[Notification]:
     """`ens.replay.replay` computed the way the Spark job computes it (the test oracle's twin)."""

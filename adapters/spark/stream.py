@@ -52,11 +52,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("ens.spark.stream")
 
 SOURCE = "ens_ingest"
-ROW_DDL = ("route string, key string, gw string, ts double, evtime timestamp, ev binary, "
-           "plog string, epoch string, nin long, wm double, wall double, counted boolean")
+ROW_DDL = (
+    "route string, key string, gw string, ts double, evtime timestamp, ev binary, "
+    "plog string, epoch string, nin long, wm double, wall double, counted boolean"
+)
 STATE_DDL = "blob binary, due double, gen long"
-STATS_DDL = ("route string, events long, late long, notes long, held long, nin long, "
-             "late_keys string, gws string")
+STATS_DDL = (
+    "route string, events long, late long, notes long, held long, nin long, "
+    "late_keys string, gws string"
+)
 PAGE = 2000
 STATUS_KEY = "ens:spark:status"
 HELD_KEY = "ens:spark:held"  # route -> events its engine holds back
@@ -104,6 +108,7 @@ def relevance(url: str, key: str, log_id: str, cls: str) -> Any:
 
 # ------------------------------------------------------------------ source
 
+
 def _source_classes() -> tuple[type, type]:
     """The DataSource / reader classes (built lazily: pyspark is imported only when used)."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -127,10 +132,18 @@ def _source_classes() -> tuple[type, type]:
 
         def initialOffset(self) -> dict[str, Any]:
             # a new query (no checkpoint): a new epoch, so its ids never meet an older query's
-            return {"ingest": "0-0", "plog": "0-0", "epoch": secrets.token_hex(4), "n": 0,
-                    "t": None, "wm": None}
+            return {
+                "ingest": "0-0",
+                "plog": "0-0",
+                "epoch": secrets.token_hex(4),
+                "n": 0,
+                "t": None,
+                "wm": None,
+            }
 
-        def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        def latestOffset(
+            self, start: dict[str, Any] | None = None, limit: Any = None
+        ) -> dict[str, Any]:
             from adapters.spark import live
 
             r = client(self.url)
@@ -158,11 +171,20 @@ def _source_classes() -> tuple[type, type]:
             wm, lag = live.gateway_watermark(
                 {rs.text(g): json.loads(v) for g, v in prog.items()},
                 {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
-                self.lateness, self.idle, now if same else start.get("t"))
+                self.lateness,
+                self.idle,
+                now if same else start.get("t"),
+            )
             if self.clock == "wall":  # timers fire by the wall clock minus the largest lateness
                 wm = now - lag if wm is None else max(wm, now - lag)
-            off = {"ingest": top, "plog": plog, "epoch": start["epoch"],
-                   "n": max(int(n or 0), int(start["n"])), "t": now, "wm": wm}
+            off = {
+                "ingest": top,
+                "plog": plog,
+                "epoch": start["epoch"],
+                "n": max(int(n or 0), int(start["n"])),
+                "t": now,
+                "wm": wm,
+            }
             if same and all(off[k] == start.get(k) for k in ("plog", "n", "wm")):
                 off = start  # nothing new: no micro-batch
             self._last = off
@@ -176,8 +198,11 @@ def _source_classes() -> tuple[type, type]:
             k = max(1, min(self.parts, hi_ms - lo_ms + 1))
             cuts = [lo_ms + (hi_ms - lo_ms + 1) * i // k for i in range(1, k)]
             bounds = [lo] + [f"{c - 1}-18446744073709551615" for c in cuts] + [hi]
-            bounds = [b for i, b in enumerate(bounds)
-                      if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])]
+            bounds = [
+                b
+                for i, b in enumerate(bounds)
+                if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])
+            ]
             end = {**end, "ctl": self._changed(start, end)}
             return [Range(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
 
@@ -185,8 +210,16 @@ def _source_classes() -> tuple[type, type]:
             return start.get("plog") != end.get("plog")
 
         def read(self, partition: Any) -> Iterator[Any]:
-            yield from read_range(self.url, self.key, self.tz, partition.lo, partition.hi,
-                                  partition.offset, partition.first, self.ttl)
+            yield from read_range(
+                self.url,
+                self.key,
+                self.tz,
+                partition.lo,
+                partition.hi,
+                partition.offset,
+                partition.first,
+                self.ttl,
+            )
 
         def commit(self, end: dict[str, Any]) -> None:
             pass
@@ -205,8 +238,16 @@ def _source_classes() -> tuple[type, type]:
     return IngestSource, IngestReader
 
 
-def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, Any],
-               first: bool, ttl: int = 7 * 86400) -> Iterator[Any]:
+def read_range(
+    url: str,
+    key: str,
+    tz: str,
+    lo: str,
+    hi: str,
+    offset: dict[str, Any],
+    first: bool,
+    ttl: int = 7 * 86400,
+) -> Iterator[Any]:
     """The rows of ingest entries in (lo, hi]: routed events, plus bookkeeping rows."""
     import pyarrow as pa
 
@@ -221,13 +262,23 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
     has_global = bool(v.by_class[live.GLOBAL])
     cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
 
-    def row(route: str, k: str | None, gw: str, ts: float | None, ev: bytes | None,
-            evtime: float | None = None, wall: float | None = None, counted: bool = True) -> None:
+    def row(
+        route: str,
+        k: str | None,
+        gw: str,
+        ts: float | None,
+        ev: bytes | None,
+        evtime: float | None = None,
+        wall: float | None = None,
+        counted: bool = True,
+    ) -> None:
         cols["route"].append(route)
         cols["key"].append(k)
         cols["gw"].append(gw)
         cols["ts"].append(ts)
-        cols["evtime"].append(int(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None)
+        cols["evtime"].append(
+            int(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
+        )
         cols["ev"].append(ev)
         cols["plog"].append(plog)
         cols["epoch"].append(epoch)
@@ -264,8 +315,14 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
                     blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
                     row("k" + rk, k, gw, ev.ts, blob)
                 if has_global and glob(ev.attrs):  # counted in `events` by one engine only
-                    row(live.GLOBAL, k, gw, ev.ts, blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL),
-                        counted=blob is None)
+                    row(
+                        live.GLOBAL,
+                        k,
+                        gw,
+                        ev.ts,
+                        blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL),
+                        counted=blob is None,
+                    )
         notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
         if notes:
             live.Outbox(r, ttl).write(notes)
@@ -287,11 +344,23 @@ def read_range(url: str, key: str, tz: str, lo: str, hi: str, offset: dict[str, 
         row(live.GLOBAL, None, "", first_ts, None)
     live.settle_garbage()
     names = list(cols)
-    types = [pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC"),
-             pa.binary(), pa.string(), pa.string(), pa.int64(), pa.float64(), pa.float64(),
-             pa.bool_()]
+    types = [
+        pa.string(),
+        pa.string(),
+        pa.string(),
+        pa.float64(),
+        pa.timestamp("us", tz="UTC"),
+        pa.binary(),
+        pa.string(),
+        pa.string(),
+        pa.int64(),
+        pa.float64(),
+        pa.float64(),
+        pa.bool_(),
+    ]
     yield pa.RecordBatch.from_arrays(
-        [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names)
+        [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names
+    )
 
 
 def register(spark: SparkSession) -> None:
@@ -300,6 +369,7 @@ def register(spark: SparkSession) -> None:
 
 
 # ------------------------------------------------------------------ engines
+
 
 @dataclass
 class StreamConfig:
@@ -321,7 +391,9 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
     url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
     plan = (cfg.plan, cfg.rates)
 
-    def run(group: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+    def run(
+        group: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
         from adapters.spark import live
@@ -329,8 +401,16 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
         route = group[0]
         frames = [p for p in pdfs if len(p)]
         pdf = pd.concat(frames) if frames else None
-        stats: dict[str, Any] = {"route": route, "events": 0, "late": 0, "notes": 0, "held": 0,
-                                 "nin": 0, "late_keys": "", "gws": ""}
+        stats: dict[str, Any] = {
+            "route": route,
+            "events": 0,
+            "late": 0,
+            "notes": 0,
+            "held": 0,
+            "nin": 0,
+            "late_keys": "",
+            "gws": "",
+        }
         if route == live.TICK:
             if pdf is not None:
                 stats["nin"] = int(pdf["nin"].max())
@@ -354,13 +434,31 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
             if old is not None and old[1] < math.inf:
                 state.setTimeoutDuration(1)
             return  # a timeout with nothing due yet: the state is not even read
-        rows = [] if pdf is None else [
-            live.Row(k if isinstance(k, str) else None, gw, None if ts != ts else ts, ev, plog, ep,
-                     bool(c))
-            for k, gw, ts, ev, plog, ep, c in zip(pdf["key"], pdf["gw"], pdf["ts"], pdf["ev"],
-                                                    pdf["plog"], pdf["epoch"], pdf["counted"],
-                                                    strict=True)
-        ]
+        rows = (
+            []
+            if pdf is None
+            else [
+                live.Row(
+                    k if isinstance(k, str) else None,
+                    gw,
+                    None if ts != ts else ts,
+                    ev,
+                    plog,
+                    ep,
+                    bool(c),
+                )
+                for k, gw, ts, ev, plog, ep, c in zip(
+                    pdf["key"],
+                    pdf["gw"],
+                    pdf["ts"],
+                    pdf["ev"],
+                    pdf["plog"],
+                    pdf["epoch"],
+                    pdf["counted"],
+                    strict=True,
+                )
+            ]
+        )
         if old is None and all(r.key is None and r.ts is None for r in rows):
             return  # only a profile change for a route without an engine: nothing to apply
         eng = live.KeyEngine(route, versions(url, key), tz, plan)
@@ -373,8 +471,13 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
         live.settle_garbage(eng.dropped)
         if out.due < math.inf:
             state.setTimeoutDuration(1)
-        stats.update(events=out.events, late=out.late, notes=len(out.records), held=out.held,
-                     late_keys=json.dumps(out.late_keys) if out.late_keys else "")
+        stats.update(
+            events=out.events,
+            late=out.late,
+            notes=len(out.records),
+            held=out.held,
+            late_keys=json.dumps(out.late_keys) if out.late_keys else "",
+        )
         yield pd.DataFrame([stats])
 
     return run
@@ -465,16 +568,29 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
         p.hlen(live.INVALID)
         res = p.execute()
     buffered, invalid = sum(int(v) for v in res[-2]), res[-1]
-    stats = {"engine": "spark", "total_read": tot.get("read", 0),
-             "total_events": tot.get("events", 0), "total_late": tot.get("late", 0),
-             "total_notifications": tot.get("notes", 0), "total_invalid": invalid,
-             "late_by_gateway": tot.get("late_by_gateway", {}), "buffered": buffered,
-             "batch": batch_id}
+    stats = {
+        "engine": "spark",
+        "total_read": tot.get("read", 0),
+        "total_events": tot.get("events", 0),
+        "total_late": tot.get("late", 0),
+        "total_notifications": tot.get("notes", 0),
+        "total_invalid": invalid,
+        "late_by_gateway": tot.get("late_by_gateway", {}),
+        "buffered": buffered,
+        "batch": batch_id,
+    }
     with r.pipeline(transaction=True) as p:
         p.hset(STATUS_KEY, mapping={"batch": max(batch_id, done), "totals": json.dumps(tot)})
-        p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER,
-                                          "stats": rs.dumps(stats), "read": stats["total_read"],
-                                          "buffered": buffered})  # read by rs.INGEST_SCRIPT
+        p.hset(
+            rs.ENGINE_STATUS,
+            mapping={
+                "ts": repr(time.time()),
+                "holder": HOLDER,
+                "stats": rs.dumps(stats),
+                "read": stats["total_read"],
+                "buffered": buffered,
+            },
+        )  # read by rs.INGEST_SCRIPT
         p.execute()
     if batch_id % 20 == 0 or tot.get("late"):
         log.info("batch %d: %s", batch_id, stats)
@@ -504,7 +620,9 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
         group_function(cfg), STATS_DDL, STATE_DDL, "append", GroupStateTimeout.ProcessingTimeTimeout
     )
     return (
-        out.writeStream.outputMode("append").format(SINK).option("url", cfg.redis_url)
+        out.writeStream.outputMode("append")
+        .format(SINK)
+        .option("url", cfg.redis_url)
         .option("checkpointLocation", cfg.checkpoint)
         .trigger(processingTime=cfg.trigger)
         .queryName("ens-stream")

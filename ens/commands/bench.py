@@ -27,23 +27,34 @@ def _counts(text: str, flag: str = "--sizes") -> list[int]:
     try:
         sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{text!r}: give profile counts as integers, e.g. 1000,10000", param_hint=flag) from None
+        raise typer.BadParameter(
+            f"{text!r}: give profile counts as integers, e.g. 1000,10000", param_hint=flag
+        ) from None
     if not sizes or min(sizes) < 1:
         raise typer.BadParameter(f"{text!r}: every count must be at least 1", param_hint=flag)
     return sizes
 
 
-app = typer.Typer(help="Benchmarks: print figures and compare against a baseline measured in the same run.", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks: print figures and compare against a baseline measured in the same run.",
+    no_args_is_help=True,
+)
 
 
 @app.command("pool")
 def pool_cmd(
     sizes: str = typer.Option("1000,10000,100000,1000000", help="Profile counts, comma-separated."),
     events: int = typer.Option(20000, help="Events per measurement."),
-    naive_max: int = typer.Option(100000, help="Skip naive evaluation above this many profiles (it is linear)."),
+    naive_max: int = typer.Option(
+        100000, help="Skip naive evaluation above this many profiles (it is linear)."
+    ),
     out: str = typer.Option(_default("bench/results"), help="Directory for CSV and PNG output."),
-    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
-    repeat: int = typer.Option(5, help="Timed passes over the events (CPU time); the median is reported."),
+    seed: int = typer.Option(
+        7, help="Random seed for profiles and events (same seed, same workload)."
+    ),
+    repeat: int = typer.Option(
+        5, help="Timed passes over the events (CPU time); the median is reported."
+    ),
 ) -> None:
     """Primitive pool: events/s and µs/event at growing profile counts vs naive evaluation.
 
@@ -64,12 +75,18 @@ def composite_cmd(
     composites: int = typer.Option(10000, help="Composite seq profiles."),
     primitives: int = typer.Option(10000, help="Primitive profiles."),
     rounds: int = typer.Option(
-        15, help="Measurement rounds, at least 2: even ones time whole events, odd ones the pool "
-                 "match alone (medians are reported)."),
+        15,
+        help="Measurement rounds, at least 2: even ones time whole events, odd ones the pool "
+        "match alone (medians are reported).",
+    ),
     batch: int = typer.Option(2000, help="Events per round and kind."),
-    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
+    seed: int = typer.Option(
+        7, help="Random seed for profiles and events (same seed, same workload)."
+    ),
     variants: str = typer.Option(
-        "references,dynamic,marking", help="Single-step variants to measure (references is the default engine)."),
+        "references,dynamic,marking",
+        help="Single-step variants to measure (references is the default engine).",
+    ),
 ) -> None:
     """Single-step claim: the last event of a composite costs about a primitive event."""
     from bench.composite import run
@@ -81,18 +98,28 @@ def composite_cmd(
     unknown = [v for v in names if v not in Engine.VARIANTS]
     if unknown or not names:
         given = ", ".join(repr(v) for v in unknown) if unknown else repr(variants)
-        raise typer.BadParameter(f"unknown variant {given} (one of {', '.join(Engine.VARIANTS)})",
-                                 param_hint="--variants")
+        raise typer.BadParameter(
+            f"unknown variant {given} (one of {', '.join(Engine.VARIANTS)})",
+            param_hint="--variants",
+        )
     run(composites, primitives, rounds, batch, seed, names)
 
 
 @app.command("paper")
 def paper_cmd(
-    out: str = typer.Option(_default("bench/results/paper"), help="Directory for CSV and PNG output."),
-    quick: bool = typer.Option(False, "--quick", help="Reduced sizes: 1,000 profiles, fewer points (about a minute)."),
-    seed: int = typer.Option(7, help="Random seed for profiles and events (same seed, same workload)."),
+    out: str = typer.Option(
+        _default("bench/results/paper"), help="Directory for CSV and PNG output."
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", help="Reduced sizes: 1,000 profiles, fewer points (about a minute)."
+    ),
+    seed: int = typer.Option(
+        7, help="Random seed for profiles and events (same seed, same workload)."
+    ),
     docs_img: str = typer.Option("", help="Also copy the PNG plots here (e.g. docs/img)."),
-    replot: bool = typer.Option(False, "--replot", help="Only redraw plots and table from OUT/paper.csv."),
+    replot: bool = typer.Option(
+        False, "--replot", help="Only redraw plots and table from OUT/paper.csv."
+    ),
 ) -> None:
     """The CompAS experiments, single-step (every variant) vs two-step (docs/paper.md).
 
@@ -104,8 +131,10 @@ def paper_cmd(
         from pathlib import Path
 
         if not (Path(out) / "paper.csv").is_file():
-            raise typer.BadParameter(f"no {Path(out) / 'paper.csv'} to replot (run without --replot first)",
-                                     param_hint="--out")
+            raise typer.BadParameter(
+                f"no {Path(out) / 'paper.csv'} to replot (run without --replot first)",
+                param_hint="--out",
+            )
         paper.replot(out, docs_img or None)
     else:
         paper.run(out, quick, seed, docs_img or None)
@@ -118,13 +147,22 @@ def lazy_cmd(
     rooms: int = typer.Option(20, help="Rooms (partitions)."),
     repeat: int = typer.Option(3, help="Timed passes per plan (CPU time); the median is reported."),
     seed: int = typer.Option(7, help="Random seed (same seed, same events)."),
-    periods: str = typer.Option("60,300", help="Seconds between a room's frequent readings, comma-separated."),
-    out: str = typer.Option(_default("bench/results/lazy"), help="Directory for CSV and PNG output."),
+    periods: str = typer.Option(
+        "60,300", help="Seconds between a room's frequent readings, comma-separated."
+    ),
+    out: str = typer.Option(
+        _default("bench/results/lazy"), help="Directory for CSV and PNG output."
+    ),
     docs_img: str = typer.Option("", help="Also copy the PNG plot here (e.g. docs/img)."),
-    keti: str = typer.Option(_default("examples/data/keti"), help="KETI folder for the facility-profile run ('' skips it)."),
+    keti: str = typer.Option(
+        _default("examples/data/keti"),
+        help="KETI folder for the facility-profile run ('' skips it).",
+    ),
     keti_rooms: str = typer.Option("", help="KETI rooms, comma-separated (default: all)."),
     keti_limit: int = typer.Option(0, help="At most this many KETI events (0: all)."),
-    profiles: str = typer.Option(_default("examples/facility/profiles.yaml"), help="Profiles for the KETI run."),
+    profiles: str = typer.Option(
+        _default("examples/facility/profiles.yaml"), help="Profiles for the KETI run."
+    ),
 ) -> None:
     """Rare-first vs eager plans: events/s and peak state at growing rate skew, then the KETI
     feed through the facility profiles (auto and rare-first vs eager, equal output). Results:
@@ -145,19 +183,31 @@ def lazy_cmd(
     if ratios.strip():
         run(rs, events, rooms, repeat, seed, out, docs_img or None, pds)
     if keti:
-        run_keti(keti, profiles, [r for r in keti_rooms.split(",") if r] or None, keti_limit or None, repeat)
+        run_keti(
+            keti,
+            profiles,
+            [r for r in keti_rooms.split(",") if r] or None,
+            keti_limit or None,
+            repeat,
+        )
 
 
 @app.command("engines")
 def engines_cmd(
-    repeat: int = typer.Option(5, help="Runs per engine and workload, interleaved (CPU time); the median is reported."),
+    repeat: int = typer.Option(
+        5, help="Runs per engine and workload, interleaved (CPU time); the median is reported."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Fewer events and profiles (a few minutes)."),
     seed: int = typer.Option(7, help="Random seed (same seed, same workloads)."),
     only: str = typer.Option("", help="Only the workloads whose name contains this text."),
     against: str = typer.Option(
-        "", help="Another source tree (e.g. a git worktree of main): measure it too, as 'before', "
-                 "in a second worker process interleaved with this tree ('after')."),
-    md: str = typer.Option("", help="Write the table into this Markdown file (e.g. docs/benchmarks.md)."),
+        "",
+        help="Another source tree (e.g. a git worktree of main): measure it too, as 'before', "
+        "in a second worker process interleaved with this tree ('after').",
+    ),
+    md: str = typer.Option(
+        "", help="Write the table into this Markdown file (e.g. docs/benchmarks.md)."
+    ),
     png: str = typer.Option("", help="Write the ratio plot here (e.g. docs/img/engines.png)."),
 ) -> None:
     """Single-step vs two-step on keyed, growing and paper workloads, and plain filters vs a plain loop.
@@ -173,8 +223,9 @@ def engines_cmd(
     if repeat < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--repeat")
     if against and not (Path(against) / "filters" / "engine.py").is_file():
-        raise typer.BadParameter(f"{against!r} is not an ENS source tree (no filters/engine.py)",
-                                 param_hint="--against")
+        raise typer.BadParameter(
+            f"{against!r} is not an ENS source tree (no filters/engine.py)", param_hint="--against"
+        )
     try:
         run(repeat, quick, seed, only, against, md, png)
     except ValueError as e:

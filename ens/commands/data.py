@@ -43,10 +43,19 @@ def list_cmd(as_json: Json = False) -> None:
 
     shared = default_source()
     if as_json:
-        output.print_json([
-            {"name": a.name, "folder": a.folder, "description": a.description,
-             "excerpt": str(DEFAULT_OUT / a.folder) if (DEFAULT_OUT / a.folder).exists() else None}
-            for a in DATASETS.values()])
+        output.print_json(
+            [
+                {
+                    "name": a.name,
+                    "folder": a.folder,
+                    "description": a.description,
+                    "excerpt": str(DEFAULT_OUT / a.folder)
+                    if (DEFAULT_OUT / a.folder).exists()
+                    else None,
+                }
+                for a in DATASETS.values()
+            ]
+        )
         return
     table = Table("name", "folder", "description", "excerpt")
     for a in DATASETS.values():

@@ -11,8 +11,10 @@ import typer
 def demo(
     profiles: Annotated[
         Path | None,
-        typer.Option(help="Profile file with subscribers (default: the example for the feed: "
-                     "facility, quickstart with --events, facility-spark with --dataset)."),
+        typer.Option(
+            help="Profile file with subscribers (default: the example for the feed: "
+            "facility, quickstart with --events, facility-spark with --dataset)."
+        ),
     ] = None,
     events: Annotated[
         Path | None, typer.Option(help="JSON-lines event file to post (not the synthetic feed).")
@@ -48,9 +50,18 @@ def demo(
     from ens.demo import DemoConfig, DemoError, DemoFailure, print_summary, run_demo
 
     cfg = DemoConfig(
-        profiles=profiles, events=events, dataset=dataset, dataset_path=dataset_path, days=days,
-        buildings=buildings, seed=seed, port=port, batch=batch, reorder_seconds=reorder_seconds,
-        show=show, keep_running=keep_running,
+        profiles=profiles,
+        events=events,
+        dataset=dataset,
+        dataset_path=dataset_path,
+        days=days,
+        buildings=buildings,
+        seed=seed,
+        port=port,
+        batch=batch,
+        reorder_seconds=reorder_seconds,
+        show=show,
+        keep_running=keep_running,
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: do not wrap at 80 columns
@@ -66,8 +77,10 @@ def demo(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if keep_running:
-        console.print(f"stopped: service exit status {result.service_status}, "
-                      f"{len(result.leftovers)} of {len(result.pids)} processes left running")
+        console.print(
+            f"stopped: service exit status {result.service_status}, "
+            f"{len(result.leftovers)} of {len(result.pids)} processes left running"
+        )
     else:
         print_summary(console, result)
     if not result.ok:

@@ -33,7 +33,6 @@ dead_letter_app = typer.Typer(
 app.add_typer(dead_letter_app, name="dead-letter")
 
 
-
 def _console() -> Console:
     return output.console()
 
@@ -49,11 +48,21 @@ def dead_letter_list(
     st = Store(redis_url, data_dir)  # held while used: it keeps an embedded server alive
     letters = store.list_dead_letters(st.r, count=limit)
     if as_json:
-        output.print_json([
-            {"id": dl.nid, "entry": dl.entry, "profile": dl.notification.get("profile"),
-             "channel": store.describe_channel(dl.channel), "ch": dl.ch, "error": dl.error,
-             "attempts": dl.attempts, "ts": dl.ts}
-            for dl in letters])
+        output.print_json(
+            [
+                {
+                    "id": dl.nid,
+                    "entry": dl.entry,
+                    "profile": dl.notification.get("profile"),
+                    "channel": store.describe_channel(dl.channel),
+                    "ch": dl.ch,
+                    "error": dl.error,
+                    "attempts": dl.attempts,
+                    "ts": dl.ts,
+                }
+                for dl in letters
+            ]
+        )
         return
     from rich.table import Table
 
@@ -98,8 +107,11 @@ def dead_letter_retry(
     if unknown and moved:
         typer.echo(f"warning: no dead letter matches {', '.join(unknown)}", err=True)
     if ids and not moved:
-        typer.echo(f"error: no dead letter matches {', '.join(ids)} "
-                   "(see ens notifications dead-letter list)", err=True)
+        typer.echo(
+            f"error: no dead letter matches {', '.join(ids)} "
+            "(see ens notifications dead-letter list)",
+            err=True,
+        )
         raise typer.Exit(2)
     typer.echo(f"{moved} dead letter(s) scheduled for delivery")
 

@@ -62,14 +62,16 @@ def serve(
     reorder_seconds: Annotated[
         str,
         typer.Option(
-            "--default-lateness", "--reorder-seconds",
+            "--default-lateness",
+            "--reorder-seconds",
             help="Lateness of gateways without their own (`ens gateway set --lateness`): "
-                 "how far out of ts order their events may arrive; also how far the wall clock "
-                 "of timers trails (500ms, 2s, or seconds).",
+            "how far out of ts order their events may arrive; also how far the wall clock "
+            "of timers trails (500ms, 2s, or seconds).",
         ),
     ] = "2s",
     idle_timeout: Annotated[
-        str, typer.Option(help="A gateway silent this long (e.g. 500ms) no longer holds events back.")
+        str,
+        typer.Option(help="A gateway silent this long (e.g. 500ms) no longer holds events back."),
     ] = "0.5s",
     reorder_max_events: Annotated[
         int, typer.Option(help="Release the oldest held events beyond this many.")
@@ -85,34 +87,46 @@ def serve(
     ] = True,
     role: Annotated[
         list[str] | None,
-        typer.Option(help="Run only these parts here: api, engine, deliver (repeat or comma "
-                          "list; default all three). Run the others as their own processes."),
+        typer.Option(
+            help="Run only these parts here: api, engine, deliver (repeat or comma "
+            "list; default all three). Run the others as their own processes."
+        ),
     ] = None,
     engine: Annotated[
         str,
-        typer.Option(help="builtin: the engine worker runs in this service; spark: it does "
-                          "not (`ens spark stream` owns detection; API and delivery as usual)."),
+        typer.Option(
+            help="builtin: the engine worker runs in this service; spark: it does "
+            "not (`ens spark stream` owns detection; API and delivery as usual)."
+        ),
     ] = "builtin",
-    no_engine: Annotated[
-        bool, typer.Option("--no-engine", help="Same as --engine spark.")
-    ] = False,
+    no_engine: Annotated[bool, typer.Option("--no-engine", help="Same as --engine spark.")] = False,
     api_workers: Annotated[
-        int, typer.Option(help="API processes accepting on the one port (forked; the engine "
-                               "worker stays single).")
+        int,
+        typer.Option(
+            help="API processes accepting on the one port (forked; the engine worker stays single)."
+        ),
     ] = 1,
     max_backlog: Annotated[
-        int, typer.Option(help="POST /v1/events answers 429 (Retry-After) while more events than "
-                               "this wait for the engine; 0: no bound.")
+        int,
+        typer.Option(
+            help="POST /v1/events answers 429 (Retry-After) while more events than "
+            "this wait for the engine; 0: no bound."
+        ),
     ] = 200_000,
     worker_name: Annotated[
         str | None,
         typer.Option(envvar="ENS_ENGINE_NAME", help="Engine consumer name (keep it stable)."),
     ] = None,
     snapshot_interval: Annotated[
-        str, typer.Option(help="Snapshot the engine state this often (e.g. 30s; also after "
-                               "2,000 commits and after each recovery); bounds recovery.")
+        str,
+        typer.Option(
+            help="Snapshot the engine state this often (e.g. 30s; also after "
+            "2,000 commits and after each recovery); bounds recovery."
+        ),
     ] = "30s",
-    status_interval: Annotated[str, typer.Option(help="Log a summary this often (e.g. 10s).")] = "10s",
+    status_interval: Annotated[
+        str, typer.Option(help="Log a summary this often (e.g. 10s).")
+    ] = "10s",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     reset_admin_token: Annotated[
         bool,
@@ -120,57 +134,89 @@ def serve(
     ] = False,
     index: Annotated[
         Path | None,
-        typer.Option(help="An `ens spark index` snapshot: its profiles are imported (ids not stored "
-                          "yet) and activated without parsing."),
+        typer.Option(
+            help="An `ens spark index` snapshot: its profiles are imported (ids not stored "
+            "yet) and activated without parsing."
+        ),
     ] = None,
     max_future: Annotated[
-        str, typer.Option(help="Reject events whose ts is further ahead of the wall clock "
-                               "(e.g. 30s, 5m; 'off': no bound).")
+        str,
+        typer.Option(
+            help="Reject events whose ts is further ahead of the wall clock "
+            "(e.g. 30s, 5m; 'off': no bound)."
+        ),
     ] = "5m",
     max_past: Annotated[
-        str, typer.Option(help="Reject events whose ts is further behind the wall clock "
-                               "(e.g. 30d; 'off' for backfills of old data).")
+        str,
+        typer.Option(
+            help="Reject events whose ts is further behind the wall clock "
+            "(e.g. 30d; 'off' for backfills of old data)."
+        ),
     ] = "30d",
     body_timeout: Annotated[
-        str, typer.Option(help="Answer 408 to a request whose body is not received within "
-                               "this time (e.g. 10s; 'off': wait for ever).")
+        str,
+        typer.Option(
+            help="Answer 408 to a request whose body is not received within "
+            "this time (e.g. 10s; 'off': wait for ever)."
+        ),
     ] = "10s",
     plan: Annotated[
         str, typer.Option(help=PLAN_HELP + " A restored snapshot is converted to it.")
     ] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
     replan_every: Annotated[
-        int, typer.Option(help="--plan auto: count component rates online (1 event in 8) and re-plan "
-                               "every N events (0: never; the plan of --stats stays).")
+        int,
+        typer.Option(
+            help="--plan auto: count component rates online (1 event in 8) and re-plan "
+            "every N events (0: never; the plan of --stats stays)."
+        ),
     ] = 0,
     drift: Annotated[
-        str, typer.Option(help="--replan-every: re-plan a profile when a component's rate moved by "
-                               "this factor since its plan was chosen.")
+        str,
+        typer.Option(
+            help="--replan-every: re-plan a profile when a component's rate moved by "
+            "this factor since its plan was chosen."
+        ),
     ] = "4",
     max_skew: Annotated[
-        str, typer.Option(help="An event stamped further ahead of the wall clock (a gateway whose "
-                               "clock runs fast) waits until the wall clock, less the default "
-                               "lateness, reaches its ts; counted in ens_gateways_skewed.")
+        str,
+        typer.Option(
+            help="An event stamped further ahead of the wall clock (a gateway whose "
+            "clock runs fast) waits until the wall clock, less the default "
+            "lateness, reaches its ts; counted in ens_gateways_skewed."
+        ),
     ] = "1s",
     dedup_window: Annotated[
-        str, typer.Option(help="Drop an event whose id its gateway sent within this time (a "
-                               "retried POST), answering it as accepted; 'off': keep every one.")
+        str,
+        typer.Option(
+            help="Drop an event whose id its gateway sent within this time (a "
+            "retried POST), answering it as accepted; 'off': keep every one."
+        ),
     ] = "10m",
     dedup_max: Annotated[
-        int, typer.Option(help="Event ids remembered per gateway for --dedup-window (the oldest "
-                               "are forgotten first).")
+        int,
+        typer.Option(
+            help="Event ids remembered per gateway for --dedup-window (the oldest "
+            "are forgotten first)."
+        ),
     ] = 100_000,
     keepalive_timeout: Annotated[
         str, typer.Option(help="Close a keep-alive connection idle this long.")
     ] = "5s",
     header_timeout: Annotated[
-        str, typer.Option(help="Close a connection whose request headers are not complete "
-                               "this long after it opened or its last answer.")
+        str,
+        typer.Option(
+            help="Close a connection whose request headers are not complete "
+            "this long after it opened or its last answer."
+        ),
     ] = "10s",
     max_connections: Annotated[
-        int, typer.Option(help="Open HTTP connections per API process; beyond it the longest idle "
-                               "is closed (or, with none idle, the new one gets 503). 0: from "
-                               "the open-file limit.")
+        int,
+        typer.Option(
+            help="Open HTTP connections per API process; beyond it the longest idle "
+            "is closed (or, with none idle, the new one gets 503). 0: from "
+            "the open-file limit."
+        ),
     ] = 0,
 ) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
@@ -180,15 +226,21 @@ def serve(
 
     try:  # every number and duration checked here, naming its option (NaN, inf, ranges)
         day = 86400.0
-        lateness = parse_duration("--default-lateness (--reorder-seconds)", reorder_seconds,
-                                  maximum=day)
+        lateness = parse_duration(
+            "--default-lateness (--reorder-seconds)", reorder_seconds, maximum=day
+        )
         idle = parse_duration("--idle-timeout", idle_timeout, maximum=day)
-        snap_every = parse_duration("--snapshot-interval", snapshot_interval, above=True,
-                                    maximum=day)
+        snap_every = parse_duration(
+            "--snapshot-interval", snapshot_interval, above=True, maximum=day
+        )
         status_every = parse_duration("--status-interval", status_interval, above=True)
         skew = parse_duration("--max-skew", max_skew, maximum=day)
-        dedup = parse_duration("--dedup-window", dedup_window, above=True, maximum=30 * day, off=True)
-        keepalive = parse_duration("--keepalive-timeout", keepalive_timeout, above=True, maximum=day)
+        dedup = parse_duration(
+            "--dedup-window", dedup_window, above=True, maximum=30 * day, off=True
+        )
+        keepalive = parse_duration(
+            "--keepalive-timeout", keepalive_timeout, above=True, maximum=day
+        )
         headers_within = parse_duration("--header-timeout", header_timeout, above=True, maximum=day)
         assert keepalive is not None and headers_within is not None  # not `off=True`: never None
         drift_factor = parse_number("--drift", drift, minimum=1.0)
@@ -203,7 +255,8 @@ def serve(
             max_future=parse_duration("--max-future", max_future, above=True, off=True),
             max_past=parse_duration("--max-past", max_past, above=True, off=True),
             body_timeout=parse_duration("--body-timeout", body_timeout, above=True, off=True),
-            dedup_window=dedup, dedup_max=dedup_max,
+            dedup_window=dedup,
+            dedup_max=dedup_max,
         )
     except ENSError as e:
         raise _fail(str(e)) from None
@@ -212,7 +265,9 @@ def serve(
     assert keepalive is not None and headers_within is not None
     if clock not in ("wall", "event"):
         raise _fail(f"--clock must be wall or event, not {clock!r}")
-    roles = tuple(dict.fromkeys(x.strip() for r in (role or ROLES) for x in r.split(",") if x.strip()))
+    roles = tuple(
+        dict.fromkeys(x.strip() for r in (role or ROLES) for x in r.split(",") if x.strip())
+    )
     bad = [r for r in roles if r not in ROLES]
     if bad or not roles:
         raise _fail(f"--role {', '.join(bad) or '(empty)'}: expected api, engine or deliver")
@@ -235,10 +290,18 @@ def serve(
     except ENSError as e:
         raise _fail(str(e)) from None
     wcfg = WorkerConfig(
-        reorder_seconds=lateness, reorder_max_events=reorder_max_events, clock=clock,
-        idle_timeout=idle, max_skew=skew,
-        tz=tz, snapshot_interval=snap_every, status_interval=status_every,
-        plan=plan, rates=rates, replan_every=replan_every, drift=float(drift_factor),
+        reorder_seconds=lateness,
+        reorder_max_events=reorder_max_events,
+        clock=clock,
+        idle_timeout=idle,
+        max_skew=skew,
+        tz=tz,
+        snapshot_interval=snap_every,
+        status_interval=status_every,
+        plan=plan,
+        rates=rates,
+        replan_every=replan_every,
+        drift=float(drift_factor),
     )
     if worker_name:
         wcfg.name = worker_name
@@ -254,10 +317,21 @@ def serve(
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     cfg = ServeConfig(
-        host=host, port=port, redis_url=redis_url, data_dir=data_dir, max_body=max_body,
-        deliver=deliver, log_level=log_level, worker=wcfg, limits=limits, roles=roles,
-        api_workers=api_workers, max_backlog=max_backlog, keepalive_timeout=keepalive,
-        header_timeout=headers_within, max_connections=max_connections,
+        host=host,
+        port=port,
+        redis_url=redis_url,
+        data_dir=data_dir,
+        max_body=max_body,
+        deliver=deliver,
+        log_level=log_level,
+        worker=wcfg,
+        limits=limits,
+        roles=roles,
+        api_workers=api_workers,
+        max_backlog=max_backlog,
+        keepalive_timeout=keepalive,
+        header_timeout=headers_within,
+        max_connections=max_connections,
     )
     raise typer.Exit(run(cfg))
 
@@ -283,8 +357,11 @@ def profile_add(
     expr: Annotated[str | None, typer.Option("--expr", help="Profile expression.")] = None,
     subscriber: Annotated[str | None, typer.Option(help="Subscriber id (with --expr).")] = None,
     replace: Annotated[
-        bool, typer.Option("--replace", help="Replace stored profiles and subscribers of the "
-                                             "same id whose definition differs.")
+        bool,
+        typer.Option(
+            "--replace",
+            help="Replace stored profiles and subscribers of the same id whose definition differs.",
+        ),
     ] = False,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
@@ -336,11 +413,14 @@ def profile_add(
     st = Store(redis_url, data_dir, create=True)
     known = {s["id"] for s in subs}
     for prof in parsed:
-        if prof.subscriber is not None and prof.subscriber not in known and not st.r.hexists(
-            store.SUBSCRIBERS, prof.subscriber
+        if (
+            prof.subscriber is not None
+            and prof.subscriber not in known
+            and not st.r.hexists(store.SUBSCRIBERS, prof.subscriber)
         ):
-            errors.append(ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)",
-                                       prof.id))
+            errors.append(
+                ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)", prof.id)
+            )
             if pset is not None:  # counted like `ens check` counts it
                 pset.profiles = [p for p in pset.profiles if p.id != prof.id]
                 pset.invalid += 1
@@ -350,8 +430,10 @@ def profile_add(
     changes = _profile_changes(st.r, parsed) + _subscriber_changes(st.r, subs)
     if changes and not replace:
         for what, lines in changes:
-            typer.echo(f"error: {what} is stored with another definition "
-                       "(--replace replaces it):", err=True)
+            typer.echo(
+                f"error: {what} is stored with another definition (--replace replaces it):",
+                err=True,
+            )
             for line in lines:
                 typer.echo(f"  {line}", err=True)
         typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
@@ -361,8 +443,11 @@ def profile_add(
         for w in lint(prof, seen):
             typer.echo(f"warning: {w}", err=True)
         if prof.subscriber is None:
-            typer.echo(f"warning: profile {prof.id!r} has no subscriber: its notifications go "
-                       "to the outbox only (ens notifications tail)", err=True)
+            typer.echo(
+                f"warning: profile {prof.id!r} has no subscriber: its notifications go "
+                "to the outbox only (ens notifications tail)",
+                err=True,
+            )
     replaced = dict(changes)
     for sub in subs:
         what = f"subscriber {sub['id']}"
@@ -415,8 +500,10 @@ def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
         if _one_line(old["expr"]) != _one_line(prof.source):
             lines += [f"- expr: {_one_line(old['expr'])}", f"+ expr: {_one_line(prof.source)}"]
         if old.get("subscriber") != prof.subscriber:
-            lines += [f"- subscriber: {old.get('subscriber') or '-'}",
-                      f"+ subscriber: {prof.subscriber or '-'}"]
+            lines += [
+                f"- subscriber: {old.get('subscriber') or '-'}",
+                f"+ subscriber: {prof.subscriber or '-'}",
+            ]
         if lines:
             out.append((f"profile {prof.id}", lines))
     return out
@@ -447,7 +534,9 @@ def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
 
 
 @profile_app.command("list")
-def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
+def profile_list(
+    redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
+) -> None:
     """Show the stored profiles."""
     st = Store(redis_url, data_dir)
     recs = rs.list_profiles(st.r)
@@ -460,8 +549,12 @@ def profile_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: 
     for col in ("id", "subscriber", "created", "expr"):
         table.add_column(col, overflow="fold")
     for p in recs:
-        table.add_row(p["id"], p.get("subscriber") or "-", _when(p.get("created")),
-                      " ".join(p["expr"].split()))
+        table.add_row(
+            p["id"],
+            p.get("subscriber") or "-",
+            _when(p.get("created")),
+            " ".join(p["expr"].split()),
+        )
     _console().print(table)
 
 
@@ -538,7 +631,9 @@ def subscriber_add(
 
 
 @subscriber_app.command("list")
-def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
+def subscriber_list(
+    redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
+) -> None:
     """Show subscribers and their channels (secrets are never shown)."""
     st = Store(redis_url, data_dir)
     subs = sorted(
@@ -546,13 +641,21 @@ def subscriber_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_jso
         key=lambda s: s.id,
     )
     if as_json:
-        output.print_json([
-            {"id": s.id, "channels": [c.model_dump(exclude={"secret"}, exclude_none=True)
-                                      for c in s.channels],
-             "digest": s.digest, "has_secret": bool(s.secret) or any(
-                 getattr(c, "secret", None) for c in s.channels),
-             "profiles": rs.profiles_of_subscriber(st.r, s.id)}
-            for s in subs])
+        output.print_json(
+            [
+                {
+                    "id": s.id,
+                    "channels": [
+                        c.model_dump(exclude={"secret"}, exclude_none=True) for c in s.channels
+                    ],
+                    "digest": s.digest,
+                    "has_secret": bool(s.secret)
+                    or any(getattr(c, "secret", None) for c in s.channels),
+                    "profiles": rs.profiles_of_subscriber(st.r, s.id),
+                }
+                for s in subs
+            ]
+        )
         return
     from rich.table import Table
 
@@ -587,8 +690,10 @@ def subscriber_rm(
 
 Lateness = Annotated[
     str | None,
-    typer.Option(help="How far out of ts order its events may arrive: 0 (in order: no wait), "
-                      "500ms, 2s, ... or `default` (the service's --default-lateness)."),
+    typer.Option(
+        help="How far out of ts order its events may arrive: 0 (in order: no wait), "
+        "500ms, 2s, ... or `default` (the service's --default-lateness)."
+    ),
 ]
 
 
@@ -639,7 +744,9 @@ def gateway_set(
 
 
 @gateway_app.command("list")
-def gateway_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False) -> None:
+def gateway_list(
+    redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
+) -> None:
     """Show gateways (names, creation, revocation)."""
     st = Store(redis_url, data_dir)
     gws = rs.list_gateways(st.r)
@@ -708,8 +815,10 @@ def _service_url(url: str) -> str:
     except httpx.InvalidURL as exc:
         raise _fail(f"--url {url!r}: {exc} (expected e.g. http://127.0.0.1:8080)") from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise _fail(f"--url {url!r}: expected an http:// or https:// URL with a host "
-                    "(e.g. http://127.0.0.1:8080)")
+        raise _fail(
+            f"--url {url!r}: expected an http:// or https:// URL with a host "
+            "(e.g. http://127.0.0.1:8080)"
+        )
     return text
 
 
@@ -751,18 +860,29 @@ def post(
     batch: Annotated[int, typer.Option(min=1, help="Events per request.")] = 500,
     timeout: Annotated[str, typer.Option(help="HTTP timeout (e.g. 30s).")] = "30s",
     retries: Annotated[
-        int | None, typer.Option(min=0, help="Most retries of a request that nothing accepted "
-                                             "(service down or restarting: connection refused, "
-                                             "503, 429) [default: as many as --retry-for allows].")
+        int | None,
+        typer.Option(
+            min=0,
+            help="Most retries of a request that nothing accepted "
+            "(service down or restarting: connection refused, "
+            "503, 429) [default: as many as --retry-for allows].",
+        ),
     ] = None,
     retry_for: Annotated[
-        str, typer.Option(help="Keep retrying such a request for up to this long (backoff with "
-                               "jitter, at least the service's Retry-After), e.g. 30s, 5m, 1h.")
+        str,
+        typer.Option(
+            help="Keep retrying such a request for up to this long (backoff with "
+            "jitter, at least the service's Retry-After), e.g. 30s, 5m, 1h."
+        ),
     ] = "5m",
     now: Annotated[
-        bool, typer.Option("--now", help="Re-stamp the events so that the last one is now, "
-                                         "keeping their spacing (for example files from the past, "
-                                         "which the service's --max-past refuses).")
+        bool,
+        typer.Option(
+            "--now",
+            help="Re-stamp the events so that the last one is now, "
+            "keeping their spacing (for example files from the past, "
+            "which the service's --max-past refuses).",
+        ),
     ] = False,
 ) -> None:
     """Send events to the service like a gateway; report rejected events by line number.
@@ -828,11 +948,16 @@ def post(
                 if wait < 0.05 or (retries is not None and k > retries):
                     if answer is not None:
                         return answer  # reported by send()
-                    raise _fail(f"cannot reach {endpoint}: {why}; gave up after {k} attempts "
-                                f"and {spent:.1f} s of waiting (--retry-for {retry_for})", 1)
+                    raise _fail(
+                        f"cannot reach {endpoint}: {why}; gave up after {k} attempts "
+                        f"and {spent:.1f} s of waiting (--retry-for {retry_for})",
+                        1,
+                    )
             of = f" of {retries}" if retries is not None else ""
-            progress.console.print(f"{why}; retry {k}{of} in {wait:.1f} s "
-                                   f"(waited {spent:.1f} s so far, at most {patience:g} s)")
+            progress.console.print(
+                f"{why}; retry {k}{of} in {wait:.1f} s "
+                f"(waited {spent:.1f} s so far, at most {patience:g} s)"
+            )
             time.sleep(wait)
             spent += wait
             waited[0] += wait
@@ -853,14 +978,20 @@ def post(
         msg = data.get("error") or resp.text
         if resp.status_code in (429, 503):
             msg += f" (gave up after waiting {waited[0]:.1f} s in all; --retry-for {retry_for})"
-        raise _fail(f"HTTP {resp.status_code} from {endpoint}: {msg}",
-                    2 if resp.status_code in (400, 401, 403, 413) else 1)
+        raise _fail(
+            f"HTTP {resp.status_code} from {endpoint}: {msg}",
+            2 if resp.status_code in (400, 401, 403, 413) else 1,
+        )
 
     console = Console(stderr=True)
     progress = Progress(
-        TextColumn("posting"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[rejected]} rejected"), console=console,
-        transient=False, disable=not console.is_terminal,  # a pipe or a log file gets no bar
+        TextColumn("posting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rejected]} rejected"),
+        console=console,
+        transient=False,
+        disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
     t0 = time.perf_counter()
     with fh, httpx.Client(timeout=http_timeout) as client, progress:

@@ -38,9 +38,7 @@ ProfilesOpt = Annotated[
 ]
 PlanOpt = Annotated[str, typer.Option(help=PLAN_HELP)]
 StatsOpt = Annotated[str | None, typer.Option("--stats", help=STATS_HELP)]
-IndexOpt = Annotated[
-    Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")
-]
+IndexOpt = Annotated[Path | None, typer.Option("--index", help="Index snapshot (ens spark index).")]
 DatasetOpt = Annotated[
     str | None, typer.Option("--dataset", help="Read FEED with a data-set adapter (keti, ...).")
 ]
@@ -255,8 +253,19 @@ def replay(
             if dataset is not None:
                 ds = (dataset, feed, [r for r in rooms.split(",") if r] if rooms else None)
             st = replay_job(
-                spark, ps, src, out, key=key, fmt=fmt, until=end, tz=tz, work=work, dataset=ds, log=log,
-                evaluation=plan, rates=rates,
+                spark,
+                ps,
+                src,
+                out,
+                key=key,
+                fmt=fmt,
+                until=end,
+                tz=tz,
+                work=work,
+                dataset=ds,
+                log=log,
+                evaluation=plan,
+                rates=rates,
             )
     typer.echo(f"{out}: {st.notifications} notifications from {st.events} events")
 
@@ -323,37 +332,54 @@ def _interval(flag: str, text: str) -> float:
 def stream(
     redis_url: Annotated[
         str | None,
-        typer.Option("--redis-url", envvar="ENS_REDIS_URL",
-                     help="The service's Redis (reachable from every executor)."),
+        typer.Option(
+            "--redis-url",
+            envvar="ENS_REDIS_URL",
+            help="The service's Redis (reachable from every executor).",
+        ),
     ] = None,
     key: Annotated[
         str, typer.Option("--key", help="Partition attribute: one engine per value, in parallel.")
     ] = "building",
     master: Master = "local[2]",
     checkpoint: Annotated[
-        str, typer.Option(help="Spark checkpoint directory (offsets, engine states); a restart "
-                               "with the same one resumes exactly where the query stopped.")
+        str,
+        typer.Option(
+            help="Spark checkpoint directory (offsets, engine states); a restart "
+            "with the same one resumes exactly where the query stopped."
+        ),
     ] = ".ens-spark-stream",
     trigger: Annotated[str, typer.Option(help="Micro-batch interval (500ms, 1s, ...).")] = "1s",
     lateness: Annotated[
-        str, typer.Option(help="How far out of ts order events may arrive (the watermark's "
-                               "delay; `ens serve --default-lateness`).")
+        str,
+        typer.Option(
+            help="How far out of ts order events may arrive (the watermark's "
+            "delay; `ens serve --default-lateness`)."
+        ),
     ] = "2s",
     idle_timeout: Annotated[
-        str, typer.Option(help="A gateway silent this long holds no event back "
-                               "(`ens serve --idle-timeout`).")
+        str,
+        typer.Option(
+            help="A gateway silent this long holds no event back (`ens serve --idle-timeout`)."
+        ),
     ] = "500ms",
     clock: Annotated[
-        str, typer.Option(help="wall: timers also fire by the wall clock minus the largest "
-                               "active lateness; event: only by event time.")
+        str,
+        typer.Option(
+            help="wall: timers also fire by the wall clock minus the largest "
+            "active lateness; event: only by event time."
+        ),
     ] = "wall",
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
     partitions: Annotated[
         int, typer.Option(help="Source partitions per micro-batch (0: 2 x cores).")
     ] = 0,
     run_for: Annotated[
-        float | None, typer.Option("--run-for", help="Stop after this many seconds (tests, "
-                                                      "benchmarks); default: until Ctrl-C.")
+        float | None,
+        typer.Option(
+            "--run-for",
+            help="Stop after this many seconds (tests, benchmarks); default: until Ctrl-C.",
+        ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     plan: PlanOpt = "eager",
@@ -393,10 +419,19 @@ def stream(
         setup_logging(log_level)
         from adapters.spark.stream import StreamConfig, start_query
 
-        cfg = StreamConfig(redis_url, key=key, checkpoint=checkpoint,
-                           trigger=f"{int(round(trig * 1000))} milliseconds", lateness=late,
-                           idle_timeout=idle, clock=clock, tz=tz, partitions=partitions, plan=plan,
-                           rates=rates)
+        cfg = StreamConfig(
+            redis_url,
+            key=key,
+            checkpoint=checkpoint,
+            trigger=f"{int(round(trig * 1000))} milliseconds",
+            lateness=late,
+            idle_timeout=idle,
+            clock=clock,
+            tz=tz,
+            partitions=partitions,
+            plan=plan,
+            rates=rates,
+        )
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
