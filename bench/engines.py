@@ -159,9 +159,9 @@ def cells(quick: bool, seed: int) -> list[Cell]:
                     f"keyed {shape} x{inst}",
                     f"keyed composites, {inst} instance{'s' * (inst > 1)}",
                     TS,
-                    lambda s=shape, i=inst: _keyed(s, i, ev_keyed, seed),
+                    lambda s=shape, i=inst: _keyed(s, i, ev_keyed, seed),  # type: ignore[misc]
                 )
-            )  # type: ignore[misc]
+            )
     for select in ("first", "each"):
         for hot in (True, False):
             if select == "each" and hot:
@@ -176,27 +176,27 @@ def cells(quick: bool, seed: int) -> list[Cell]:
                         label,
                         group,
                         TS,
-                        lambda n=n, h=hot, s=select: _growth(n, h, s, ev_growth, seed),
+                        lambda n=n, h=hot, s=select: _growth(n, h, s, ev_growth, seed),  # type: ignore[misc]
                     )
-                )  # type: ignore[misc]
+                )
     for g in (1, 10, 100, 1_000):
         out.append(
             Cell(
                 f"paper order {g:,} groups",
                 f"paper order experiment, unique pairs, {n_paper:,} profiles",
                 TS,
-                lambda g=g: _paper(n_paper, g, seed),
+                lambda g=g: _paper(n_paper, g, seed),  # type: ignore[misc]
             )
-        )  # type: ignore[misc]
+        )
     for band in ("dense", "sparse"):
         out.append(
             Cell(
                 f"plain {band}",
                 "plain filters, 1,000 thresholds (ENS cost / loop cost)",
                 LOOP,
-                lambda b=band: _plain(b, ev_plain, seed),
+                lambda b=band: _plain(b, ev_plain, seed),  # type: ignore[misc]
             )
-        )  # type: ignore[misc]
+        )
     return out
 
 

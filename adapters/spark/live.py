@@ -525,8 +525,8 @@ class KeyEngine:
                 ev.id,
                 gw,
                 ev.ts,
-                engine.now - ev.ts,
-            )  # type: ignore[operator]
+                engine.now - ev.ts,  # type: ignore[operator]
+            )
         try:
             engine.process(ev)
         except Exception:  # a poison event must not stop the query
