@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ens.options import PLAN_HELP, STATS_HELP, check_tz, tidy_help_metavars
+from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
 from profiles.errors import ENSError, ManyErrors
 
 tidy_help_metavars()
@@ -108,21 +108,6 @@ def read_event_file(path: str, progress=None) -> list:  # noqa: ANN001 - list[Ev
         raise ENSError(
             f"cannot read event file {path}: {getattr(e, 'strerror', None) or e}"
         ) from None
-
-
-def parse_time_arg(text: str | None) -> float | None:
-    if text is None:
-        return None
-    from profiles.events import parse_ts
-
-    try:
-        return parse_ts(float(text))
-    except ValueError:
-        pass
-    try:
-        return parse_ts(text)
-    except ValueError as e:
-        raise ENSError(f"--until: {e}") from None
 
 
 def write_lines(records: list[dict], out: str | None) -> None:

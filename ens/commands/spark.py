@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ens.options import PLAN_HELP, STATS_HELP, check_tz
+from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg
 from profiles.errors import ENSError, ManyErrors
 
 app = typer.Typer(
@@ -146,21 +146,6 @@ def _check_feed(
         raise ENSError(f"unknown output format {fmt!r} ({' or '.join(formats)})")
 
 
-def _until(text: str | None) -> float | None:
-    from profiles.events import parse_ts
-
-    if text is None:
-        return None
-    try:
-        return parse_ts(float(text))
-    except ValueError:
-        pass
-    try:
-        return parse_ts(text)
-    except ValueError as e:
-        raise ENSError(f"--until: {e}") from None
-
-
 def _source(
     spark: Any, feed: str, key: str, dataset: str | None, rooms: str | None, fmt: str | None
 ):  # noqa: ANN202
@@ -244,7 +229,7 @@ def replay(
         check_plan(plan)
         rates = load_stats(stats_file)
         ps = _load_profiles(profiles, index, log)
-        end = _until(until)
+        end = parse_time_arg(until)
         _check_feed(feed, fmt, ("jsonl", "parquet"), dataset, rooms)
         with _session(master) as spark:
             src = _source(spark, feed, key, dataset, rooms, input_format)
