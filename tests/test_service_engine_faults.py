@@ -90,7 +90,7 @@ def test_a_backlog_longer_than_the_lock_lease_drains(
     """Issue 24.1: one step over the whole backlog outlived the lock's TTL: LockLost, restart,
     the same step again, for ever. Steps are bounded and the lease is renewed while working."""
     caplog.set_level(logging.INFO, "ens.service.worker")
-    for i in range(60):  # enough composite profiles that the backlog takes seconds
+    for i in range(150):  # enough composite profiles that the backlog takes seconds
         rs.put_profile(
             rt,
             f"s{i}",
@@ -107,9 +107,10 @@ def test_a_backlog_longer_than_the_lock_lease_drains(
         name="w",
         clock="event",
         reorder_seconds=0.0,
-        lock_ttl=1.0,
+        lock_ttl=0.6,
         heartbeat_interval=0.1,
         status_interval=1e9,
+        step_events=2000,  # renewals come often even when CI's cores are shared
     )
     w = EngineWorker(rb, cfg)
     t, stop, died = run(w)
@@ -122,7 +123,8 @@ def test_a_backlog_longer_than_the_lock_lease_drains(
         t.join(30)
     assert not died, f"the worker died: {died!r}"
     assert w.totals["events"] >= n - 1  # the last one waits for a successor (lateness 0)
-    assert took > 2 * cfg.lock_ttl, "the backlog must outlast several leases for this test"
+    print(f"backlog drained in {took:.2f} s")
+    assert took > 3 * cfg.lock_ttl, "the backlog must outlast several leases for this test"
     assert "lock" not in caplog.text.lower().replace("took over the engine lock", "")
 
 
