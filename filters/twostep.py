@@ -12,7 +12,10 @@ that component, whether or not a partial match waits for it: the cost the
 single-step engine avoids.
 
 Written from LANGUAGE.md and docs/semantics.md only (not from filters/engine.py)
-so that the differential tests compare two independent readings.
+so that the differential tests compare two independent readings. The pattern
+tree and the questions asked of a PM's bindings are in `filters.twostep_pattern`;
+here are the runtimes: `_PartialMatches` keeps a composite's partitions, PMs and
+timers, `_CompositeRuntime` evaluates an event in four phases on top of it.
 """
 
 from __future__ import annotations
