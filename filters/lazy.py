@@ -33,20 +33,20 @@ when time passes their deadline).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from filters import state as state_format
-from filters.engine import _B, _DerivedRuntime, _shared
+from filters.composite import CompositeRuntime
+from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
-from filters.pattern import Pattern
+from filters.pattern import Conj, Pattern
+from filters.runtime import Binding, DerivedRuntime, EngineHost, PartKey, shared
 from profiles.ast import Profile
 from profiles.events import Event
 
-if TYPE_CHECKING:
-    from filters.engine import Engine
+Binds = dict[str, dict[str, Any]]  # component name -> bound event's attributes
 
 
-def _drop_expired(buf: list[_B], window: float, now: float) -> None:
+def _drop_expired(buf: list[Binding], window: float, now: float) -> None:
     """Drop the leading events of a ts-ordered buffer whose window ended before `now` (the
     caller saw the first one's did)."""
     k = 1
@@ -55,23 +55,23 @@ def _drop_expired(buf: list[_B], window: float, now: float) -> None:
     del buf[:k]
 
 
-class _LPart:
+class LazyPartition:
     """One partition: a buffer per deferred component, the opener under `first`."""
 
     __slots__ = ("values", "bufs", "opener", "pend")
 
     def __init__(self, values: dict[str, Any] | None, n: int) -> None:
         self.values = values
-        self.bufs: list[list[_B]] = [[] for _ in range(n - 1)]
-        self.opener: _B | None = None
+        self.bufs: list[list[Binding]] = [[] for _ in range(n - 1)]
+        self.opener: Binding | None = None
         # a driver before the last component: the partial matches past it, each its bound
         # events in component order (few: they hold the rare component)
-        self.pend: list[list[_B]] = []
+        self.pend: list[list[Binding]] = []
 
-    def __getstate__(self) -> tuple:
+    def __getstate__(self) -> tuple[Any, ...]:
         return (self.values, self.bufs, self.opener, self.pend)
 
-    def __setstate__(self, state: tuple) -> None:
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
         self.values, self.bufs, self.opener = state[:3]
         self.pend = state[3] if len(state) > 3 else []
 
@@ -79,20 +79,20 @@ class _LPart:
         return sum(len(b) for b in self.bufs) + (self.opener is not None) + len(self.pend)
 
 
-class LazySeqRuntime(_DerivedRuntime):
+class LazySeqRuntime(DerivedRuntime):
     """A `seq` profile evaluated rare-first (see the module docstring; shapes: `plans.lazy_shape`)."""
 
     _sweep_at = float("-inf")  # snapshots from before it existed restore too
 
     def __init__(
-        self, engine: Engine, profile: Profile, idx: int, driver: int | None = None
+        self, engine: EngineHost, profile: Profile, idx: int, driver: int | None = None
     ) -> None:
         super().__init__(engine, profile, idx)
         self.k = driver  # the component whose events drive; None: the last (set by _derive)
         self.each = profile.select.kind == "each"
         self.unique = profile.consume == "unique"
         self.window = float(profile.within)  # type: ignore[arg-type]
-        self.parts: dict[tuple, _LPart] = {}
+        self.parts: dict[tuple, LazyPartition] = {}
         self._sweep_at = float("-inf")  # event time of the next sweep of quiet partitions
         self._derive()
 
@@ -106,7 +106,7 @@ class LazySeqRuntime(_DerivedRuntime):
         self._sinks: dict[int, Callable[[Event, int], bool] | None] = {}
         self.pat = Pattern.build(self.profile)
         self.n = len(self.pat.leaves)
-        self.names = _shared(tuple(lf.name for lf in self.pat.leaves))
+        self.names = shared(tuple(lf.name for lf in self.pat.leaves))
         pat = self.pat
         # the conjuncts the eager engine checks when leaf j binds after leaves 0..j-1
         self.conjs = [pat.bind_conjs((1 << j) - 1, j) if pat.conjs else [] for j in range(self.n)]
@@ -172,7 +172,7 @@ class LazySeqRuntime(_DerivedRuntime):
                     del buf[0]  # the usual case, inline: one reading left the window
                 else:
                     _drop_expired(buf, w, now)
-            buf.append(_B(seq, ev))
+            buf.append(Binding(seq, ev))
             return True
 
         return append
@@ -234,11 +234,11 @@ class LazySeqRuntime(_DerivedRuntime):
             if fast is not None and fast(ev, seq):
                 return
         last, k = self.n - 1, self.k
-        b: _B | None = None
+        b: Binding | None = None
         if k < last:  # a middle driver (`each`): extend what lies past it, or drive
             if part is not None and (part.pend or k in leaves):
                 self._prune(part, now)
-                b = _B(seq, ev)
+                b = Binding(seq, ev)
                 if self._step_past(part, b, leaves):
                     self._tidy(key, part)
                     return  # consumed
@@ -246,7 +246,7 @@ class LazySeqRuntime(_DerivedRuntime):
                     return
         elif part is not None and last in leaves:
             self._prune(part, now)
-            b = _B(seq, ev)
+            b = Binding(seq, ev)
             if self._drive_each(part, b) if self.each else self._drive_first(part, b):
                 self._tidy(key, part)
                 return  # consumed
@@ -269,18 +269,24 @@ class LazySeqRuntime(_DerivedRuntime):
                     self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
                 continue
             if part is None:
-                part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
+                part = self.parts[key] = LazyPartition(self.partition_values(ev.attrs), self.n)
             buf = part.bufs[i]
             if buf and buf[0].ev.ts + w < now:
                 _drop_expired(buf, w, now)
             if b is None:
-                b = _B(seq, ev)
+                b = Binding(seq, ev)
             buf.append(b)
             if tracing:
                 self._trace("buffered", f"{ev.id} as {self.names[i]}")
 
     def _step_first(
-        self, part: _LPart | None, key: tuple, ev: Event, seq: int, leaves: list[int], b: _B | None
+        self,
+        part: LazyPartition | None,
+        key: PartKey,
+        ev: Event,
+        seq: int,
+        leaves: list[int],
+        b: Binding | None,
     ) -> None:
         """`select first`, an event the driver did not consume: bind the awaited component, or open.
 
@@ -309,7 +315,7 @@ class LazySeqRuntime(_DerivedRuntime):
                         if tracing:
                             self._trace("ignored", f"{ev.id} for {names[j]}: where not satisfied")
                         return
-                chain.append(b or _B(seq, ev))
+                chain.append(b or Binding(seq, ev))
                 if tracing:
                     self._trace("extended", f"opened by {op.ev.id}: {ev.id} bound as {names[j]}")
             elif tracing and 0 in leaves:
@@ -326,15 +332,15 @@ class LazySeqRuntime(_DerivedRuntime):
                 self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
             return
         if part is None:
-            part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
-        part.opener = b or _B(seq, ev)
+            part = self.parts[key] = LazyPartition(self.partition_values(ev.attrs), self.n)
+        part.opener = b or Binding(seq, ev)
         if tracing:
             self._trace(
                 "opened",
                 f"{{{self.names[0]}: {ev.id}}} (rare-first: no timer, no auxiliary profiles)",
             )
 
-    def _expire(self, part: _LPart) -> None:
+    def _expire(self, part: LazyPartition) -> None:
         """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""
         part.opener = None
         for buf in part.bufs:
@@ -345,11 +351,11 @@ class LazySeqRuntime(_DerivedRuntime):
             self._prune(part, now)
             self._tidy(key, part)
 
-    def _tidy(self, key: tuple, part: _LPart) -> None:
+    def _tidy(self, key: PartKey, part: LazyPartition) -> None:
         if not part.size() and self.parts.get(key) is part:
             del self.parts[key]
 
-    def _prune(self, part: _LPart, now: float) -> None:
+    def _prune(self, part: LazyPartition, now: float) -> None:
         """Forget what no PM alive at `now` can hold: a PM lives while first.ts + T >= now."""
         w = self.window
         op = part.opener
@@ -364,14 +370,14 @@ class LazySeqRuntime(_DerivedRuntime):
         if part.pend:
             part.pend = [pm for pm in part.pend if min(x.ev.ts for x in pm) + w >= now]
 
-    def _check(self, conjs: list, binds: dict[str, dict[str, Any]]) -> bool:
+    def _check(self, conjs: list[Conj], binds: Binds) -> bool:
         for c in conjs:
             if not c.fn(binds):
                 return False
         return True
 
     # --------------------------------------------------------------- drivers
-    def _drive_first(self, part: _LPart, b: _B) -> bool:
+    def _drive_first(self, part: LazyPartition, b: Binding) -> bool:
         """`select first`: complete the partition's one PM if it waits for the driver."""
         op = part.opener
         if op is None:
@@ -393,7 +399,7 @@ class LazySeqRuntime(_DerivedRuntime):
         self.report(b.ev.ts, events, part.values)
         return self.unique
 
-    def _drive_each(self, part: _LPart, b: _B) -> bool:
+    def _drive_each(self, part: LazyPartition, b: Binding) -> bool:
         """`select each`: every buffered combination the driver completes, earliest first."""
         if not all(part.bufs):
             return False
@@ -413,14 +419,16 @@ class LazySeqRuntime(_DerivedRuntime):
                 break
         return self.unique
 
-    def _combos(self, bufs: list[list[_B]], depth: int, b: _B, first_only: bool) -> list[list[_B]]:
+    def _combos(
+        self, bufs: list[list[Binding]], depth: int, b: Binding, first_only: bool
+    ) -> list[list[Binding]]:
         """The partial matches on components 0..depth-1 the eager engine holds (buffered
         events in component order, the first inside the window: the caller pruned) that
         `b` extends as component `depth`, each with `b`, earliest first; the conjuncts
         checked at the binding that makes them checkable, as `_try_bind` does."""
         names, conjs = self.names, self.conjs
-        found: list[list[_B]] = []
-        stack: list[_B] = []
+        found: list[list[Binding]] = []
+        stack: list[Binding] = []
         attrs: dict[str, dict[str, Any]] = {}
 
         def dfs(j: int, prev: int) -> bool:  # True: stop (first_only found one)
@@ -450,7 +458,7 @@ class LazySeqRuntime(_DerivedRuntime):
         dfs(0, -1)
         return found
 
-    def _consume(self, part: _LPart, used: set[int]) -> None:
+    def _consume(self, part: LazyPartition, used: set[int]) -> None:
         """`consume unique`: the eager engine drops every PM holding a consumed event."""
         for buf in part.bufs:
             if buf:
@@ -458,14 +466,14 @@ class LazySeqRuntime(_DerivedRuntime):
         if part.pend:
             part.pend = [pm for pm in part.pend if not any(x.seq in used for x in pm)]
 
-    def _step_past(self, part: _LPart, b: _B, leaves: list[int]) -> bool:
+    def _step_past(self, part: LazyPartition, b: Binding, leaves: list[int]) -> bool:
         """`select each` driven by a middle component k: `b` extends the partial matches past
         k (`pend`) and, as component k, every buffered combination before it; completions
         are reported earliest first (one, consumed, under `unique`). True: consumed."""
         names, conjs, last, k = self.names, self.conjs, self.n - 1, self.k
         ev = b.ev
-        done: list[list[_B]] = []
-        made: list[list[_B]] = []
+        done: list[list[Binding]] = []
+        made: list[list[Binding]] = []
         for pm in part.pend:
             j = len(pm)
             if j not in leaves:
@@ -499,7 +507,7 @@ class LazySeqRuntime(_DerivedRuntime):
         part.pend.extend(made)
         return False
 
-    def _drive_pairs(self, part: _LPart, b: _B) -> bool:
+    def _drive_pairs(self, part: LazyPartition, b: Binding) -> bool:
         """`_drive_each` for `seq(a, b)`: one loop, notifications built inline (as `_fast_each`)."""
         buf = part.bufs[0]
         n0, n1 = self.names
@@ -527,7 +535,7 @@ class LazySeqRuntime(_DerivedRuntime):
 # ------------------------------------------------------------------ re-planning
 
 
-def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
+def eager_to_lazy(old: CompositeRuntime, new: LazySeqRuntime) -> None:
     """Move an eager runtime's partial matches into `new`'s buffers (the engine re-plans).
 
     Lossless: under `each` the eager PMs are every valid prefix of buffered events, so the
@@ -540,12 +548,12 @@ def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
         pms = [pm for pm in part.pms if pm.alive]
         if not pms:
             continue
-        lp = _LPart(part.values, n)
+        lp = LazyPartition(part.values, n)
         if new.each:
             k = new.k
             ahead = [pm for pm in pms if pm.binds[k] is None]  # before the driver: buffered
             for j in range(k):
-                seen: dict[int, _B] = {}
+                seen: dict[int, Binding] = {}
                 for pm in ahead:
                     x = pm.binds[j]
                     if x is not None:
@@ -564,19 +572,17 @@ def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
         new.parts[key] = lp
 
 
-def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:
+def lazy_to_eager(old: LazySeqRuntime, new: CompositeRuntime, now: float | None) -> None:
     """Rebuild, in the eager runtime `new`, the partial matches `old`'s state stands for.
 
     Every PM alive at `now` (first.ts + T >= now): under `first` the tracked one, under
     `each` every valid prefix of buffered events in arrival order (the conjuncts checked at
     each binding). `new._add_pm` gives each its terminator and auxiliary profiles.
     """
-    from filters.engine import _PM, _Partition
-
     n, w = old.n, old.window
     for key, lp in old.parts.items():
-        part = _Partition(key, lp.values)
-        made: list[list[_B]] = []
+        part = Partition(key, lp.values)
+        made: list[list[Binding]] = []
         if not old.each:
             op = lp.opener
             if op is not None and (now is None or op.ev.ts + w >= now):
@@ -588,18 +594,20 @@ def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:
             continue
         new.parts[key] = part
         for binds in made:
-            pm = _PM(n, part)
+            pm = PartialMatch(n, part)
             for j, x in enumerate(binds):
                 pm.binds[j] = x
             pm.mask = (1 << len(binds)) - 1
             new._add_pm(part, pm)
 
 
-def _prefixes(rt: LazySeqRuntime, bufs: list[list[_B]], now: float | None) -> list[list[_B]]:
+def _prefixes(
+    rt: LazySeqRuntime, bufs: list[list[Binding]], now: float | None
+) -> list[list[Binding]]:
     """Every valid prefix (components 0..j, j < the driver) of buffered events alive at `now`."""
     n, w, names, conjs = rt.k + 1, rt.window, rt.names, rt.conjs
-    made: list[list[_B]] = []
-    stack: list[_B] = []
+    made: list[list[Binding]] = []
+    stack: list[Binding] = []
     attrs: dict[str, dict[str, Any]] = {}
 
     def dfs(j: int, prev: int) -> None:
@@ -621,7 +629,3 @@ def _prefixes(rt: LazySeqRuntime, bufs: list[list[_B]], now: float | None) -> li
 
     dfs(0, -1)
     return made
-
-
-state_format.register("lazy-seq-runtime", LazySeqRuntime)
-state_format.register("lazy-partition", _LPart)
