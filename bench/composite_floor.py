@@ -13,8 +13,9 @@ import random
 import time
 from typing import Any
 
-from filters.composite import CompositeRuntime
 from bench.composite import _engine
+from filters.auxiliary import VARIANTS
+from filters.composite import CompositeRuntime
 from filters.notification import Notification
 from profiles.events import Event
 
@@ -94,6 +95,6 @@ def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> floa
 
 if __name__ == "__main__":
     for _ in range(2):
-        for v in E.Engine.VARIANTS:
+        for v in VARIANTS:
             run(v, False)
             run(v, True)
