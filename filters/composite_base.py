@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Protocol
 
 from filters.auxiliary import AuxiliaryRegistrations, full_eqs
 from filters.matches import PartialMatch, Partition
-from filters.pattern import Conj, Leaf, Pattern
+from filters.pattern import Conj, Leaf
+from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
 from filters.pool import Entry, Eqs
 from filters.runtime import (
     Binding,
@@ -30,7 +31,7 @@ from filters.runtime import (
     fmt_events,
     shared,
 )
-from profiles.ast import Profile
+from profiles.ast import Clock, Profile
 from profiles.events import Event
 
 Transitions = dict[int, tuple[int, tuple[int, ...] | None]]  # leaf -> (new mask, completion)
@@ -329,6 +330,11 @@ class CompositeBase(DerivedRuntime):
         return full_eqs(part, eqs)
 
     # -------------------------------------------------------------- helpers
+    @property
+    def clocks(self) -> list[Clock]:
+        """The clocks (`at hh:mm`) this profile's components wait for."""
+        return [lf.clock for lf in self.clock_leaves if lf.clock is not None]
+
     def _part(self, key: PartKey, ev: Event) -> Partition:
         """The event's partition, created if it has none yet."""
         part = self.parts.get(key)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import pickle
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -28,10 +28,10 @@ from filters.composite import CompositeRuntime
 from filters.lazy import LazyPartition, LazySeqRuntime, eager_to_lazy, lazy_to_eager
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
-from filters.pattern import Pattern
+from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
 from filters.plans import MODES, Plan, Rates, choose, lazy_shape
 from filters.pool import Entry, PrimitivePool, owners_by_profile
-from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Runtime, shared
+from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Handle, Runtime, shared
 from filters.temporal import TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
 from profiles.events import Event
@@ -100,6 +100,7 @@ class Engine(TimeDriven):
     drift = 4.0
     sample = 8
     _count_pool: PrimitivePool | None = None
+    tz: ZoneInfo
 
     def __init__(
         self,
@@ -137,7 +138,7 @@ class Engine(TimeDriven):
         self._online: dict[
             str, dict[str, float]
         ] = {}  # profile id -> online rates its plan came from
-        self._counts: dict[tuple[int, int], int] = {}  # (runtime, leaf) -> sampled matches
+        self._counts: dict[Hashable, int] = {}  # (runtime, leaf) -> sampled matches
         self._count_since: float | None = None
         self._counted: dict[int, tuple[str, ...]] = {}  # runtime -> its counted components' names
         self._count_pool = PrimitivePool() if replan_every else None
@@ -158,7 +159,7 @@ class Engine(TimeDriven):
         self._seq = 0
         self._nseq = 0
         self._out: list[Notification] = []
-        self._clocks: dict[Clock, tuple | None] = {}  # clock -> its scheduled temporal entry
+        self._clocks: dict[Clock, Handle | None] = {}  # clock -> its scheduled temporal entry
         self._clock_users: dict[Clock, dict[int, CompositeRuntime]] = {}
         for p in profiles:
             self.add_profile(p)
@@ -176,12 +177,12 @@ class Engine(TimeDriven):
         self._count_leaves(rt, add=True)
         if isinstance(rt, CompositeRuntime):
             rt.prepare_aux(self.aux)
-            for lf in rt.clock_leaves:
-                self._clock_users.setdefault(lf.clock, {})[idx] = rt  # type: ignore[index]
-                if lf.clock not in self._clocks:
-                    self._clocks[lf.clock] = None  # type: ignore[index]
+            for clock in rt.clocks:
+                self._clock_users.setdefault(clock, {})[idx] = rt
+                if clock not in self._clocks:
+                    self._clocks[clock] = None
                     if self.now is not None:
-                        self._schedule_clock(lf.clock, self.now)  # type: ignore[arg-type]
+                        self._schedule_clock(clock, self.now)
         rt.activate(self.now)
 
     def _register_starts(self, rt: Runtime) -> None:
@@ -264,6 +265,7 @@ class Engine(TimeDriven):
         self._unregister_starts(rt)
         new: Runtime
         if lazy:
+            assert isinstance(rt, CompositeRuntime)
             new = LazySeqRuntime(self, rt.profile, idx, driver)
             eager_to_lazy(rt, new)
             rt.clear()  # terminators and auxiliary profiles out of the pools
@@ -356,13 +358,13 @@ class Engine(TimeDriven):
         self._online.pop(rt.profile.id, None)
         if isinstance(rt, CompositeRuntime):
             rt.clear()
-            for lf in rt.clock_leaves:
-                users = self._clock_users.get(lf.clock)  # type: ignore[arg-type]
+            for clock in rt.clocks:
+                users = self._clock_users.get(clock)
                 if users is not None:
                     users.pop(rt.idx, None)
                     if not users:
-                        del self._clock_users[lf.clock]  # type: ignore[arg-type]
-                        self.timers.discard(self._clocks.pop(lf.clock, None))  # type: ignore[arg-type]
+                        del self._clock_users[clock]
+                        self.timers.discard(self._clocks.pop(clock, None))
         else:
             rt.clear()
 
@@ -421,7 +423,9 @@ class Engine(TimeDriven):
                 return
             owners = entry.owners
             if len(owners) == 1:
-                ((idx, leaf),) = owners
+                idx: int
+                leaf: int
+                ((idx, leaf),) = owners  # type: ignore[misc]  # owners: (profile index, leaf)
                 rt = self._rts.get(idx)
                 if rt is not None:
                     if solo is None:
@@ -464,7 +468,8 @@ class Engine(TimeDriven):
         """(profile index, id, subscriber) of the entry's owners if all are plain filter
         profiles that report every match; False otherwise."""
         out = []
-        for idx, _leaf in entry.owners:
+        idx: int
+        for idx, _leaf in entry.owners:  # type: ignore[misc]  # owners: (profile index, leaf)
             rt = self._rts.get(idx)
             if rt is None or rt.__class__ is not FilterRuntime or rt.once or not rt.active:
                 return False

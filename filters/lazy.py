@@ -33,7 +33,7 @@ when time passes their deadline).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from filters.composite import CompositeRuntime
 from filters.matches import PartialMatch, Partition
@@ -88,31 +88,49 @@ class LazySeqRuntime(DerivedRuntime):
         self, engine: EngineHost, profile: Profile, idx: int, driver: int | None = None
     ) -> None:
         super().__init__(engine, profile, idx)
-        self.k = driver  # the component whose events drive; None: the last (set by _derive)
+        # the component whose events drive (-1: the last, set by `_derive`)
+        self.k: int = -1 if driver is None else driver
         self.each = profile.select.kind == "each"
         self.unique = profile.consume == "unique"
         self.window = float(profile.within)  # type: ignore[arg-type]
-        self.parts: dict[tuple, LazyPartition] = {}
+        self.parts: dict[PartKey, LazyPartition] = {}
         self._sweep_at = float("-inf")  # event time of the next sweep of quiet partitions
         self._derive()
 
-    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs", "per1", "slack", "_sinks")
+    _DERIVED: ClassVar[tuple[str, ...]] = (
+        "pat",
+        "n",
+        "names",
+        "conjs",
+        "open_conjs",
+        "per1",
+        "slack",
+        "_sinks",
+    )
+    # the tables, rebuilt by `_derive`, not stored in snapshots
+    pat: Pattern
+    n: int
+    names: tuple[str, ...]
+    conjs: list[list[Conj]]  # the conjuncts the eager engine checks when leaf j binds after 0..j-1
+    open_conjs: list[Conj]
+    per1: str | None  # the one `per` attribute, if there is exactly one
+    slack: float
+    _sinks: dict[int, Callable[[Event, int], bool] | None]  # leaf -> its handler (`sink`)
 
     def _derive(self) -> None:
         self.per1 = self.per[0] if len(self.per) == 1 else None
         # appends drop expired events once the oldest is this far behind, a few at a time
         # (a driver prunes exactly first): the buffer holds at most 1/8 more than the window
         self.slack = self.window * 1.125
-        self._sinks: dict[int, Callable[[Event, int], bool] | None] = {}
+        self._sinks = {}
         self.pat = Pattern.build(self.profile)
         self.n = len(self.pat.leaves)
         self.names = shared(tuple(lf.name for lf in self.pat.leaves))
         pat = self.pat
-        # the conjuncts the eager engine checks when leaf j binds after leaves 0..j-1
         self.conjs = [pat.bind_conjs((1 << j) - 1, j) if pat.conjs else [] for j in range(self.n)]
         self.open_conjs = self.conjs[0]
-        k = self.__dict__.get("k")  # snapshots from before drivers other than the last
-        self.k = self.n - 1 if k is None or not self.each else k
+        k = self.__dict__.get("k")  # None: snapshots from before drivers other than the last
+        self.k = self.n - 1 if k is None or k < 0 or not self.each else k
 
     def start_registrations(self) -> list[tuple[Any, int]]:
         return [(lf.filter, lf.idx) for lf in self.pat.leaves]
@@ -139,10 +157,11 @@ class LazySeqRuntime(DerivedRuntime):
         Each handler finds the partition inline (the same seven lines in the three of them):
         a shared helper would cost a call per event on the path these exist to shorten.
         """
-        made = self._sinks.get(leaf, False)
-        if made is False:
+        try:
+            return self._sinks[leaf]
+        except KeyError:
             made = self._sinks[leaf] = self._make_sink(leaf)
-        return made
+            return made
 
     def _make_sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
         if leaf == self.k or (self.per and self.per1 is None):
@@ -566,9 +585,10 @@ def eager_to_lazy(old: CompositeRuntime, new: LazySeqRuntime) -> None:
             pm = pms[0]
             lp.opener = pm.binds[0]
             for j in range(1, n - 1):
-                if pm.binds[j] is None:
+                x = pm.binds[j]
+                if x is None:
                     break
-                lp.bufs[0].append(pm.binds[j])
+                lp.bufs[0].append(x)
         new.parts[key] = lp
 
 

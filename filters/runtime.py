@@ -9,7 +9,7 @@ see the engine only through `EngineHost`, so none of their modules imports the e
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from filters.notification import Notification
 from filters.pool import Eqs, PrimitivePool
@@ -150,7 +150,7 @@ class DerivedRuntime(Runtime):
     Snapshots keep the state, not the tables: they are rebuilt on restore.
     """
 
-    _DERIVED: tuple[str, ...] = ()
+    _DERIVED: ClassVar[tuple[str, ...]] = ()
 
     def _derive(self) -> None:
         raise NotImplementedError
