@@ -25,28 +25,20 @@ from zoneinfo import ZoneInfo
 from filters import state as state_format
 from filters.auxiliary import VARIANTS, AuxiliaryRegistrations
 from filters.composite import CompositeRuntime
-from filters.lazy import LazyPartition, LazySeqRuntime, eager_to_lazy, lazy_to_eager
+from filters.lazy import LazySeqRuntime
+from filters.lazy_base import LazyPartition
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
 from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
-from filters.plans import MODES, Plan, Rates, choose, lazy_shape
+from filters.plans import MODES, Rates
 from filters.pool import Entry, PrimitivePool, owners_by_profile
-from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Handle, Runtime, shared
+from filters.replan import PlanSwitching
+from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Handle, Runtime
 from filters.temporal import TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
 from profiles.events import Event
 
 Tracer = Callable[[str, str, str], None]  # (profile id, action, detail)
-
-
-def _drifted(old: Mapping[str, float], new: Mapping[str, float], factor: float) -> bool:
-    """Did any component's rate move by `factor` or more (a rate from or to 0 always has)?"""
-    for k, r in new.items():
-        o = old.get(k, 0.0)
-        lo, hi = min(o, r), max(o, r)
-        if hi and (not lo or hi / lo >= factor):
-            return True
-    return False
 
 
 class _ProfileRefPickler(pickle.Pickler):
@@ -83,7 +75,7 @@ def _load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
     return eng
 
 
-class Engine(TimeDriven):
+class Engine(PlanSwitching, TimeDriven):
     """Deterministic event filtering: add/remove profiles, process events, advance time, take notifications.
 
     >>> eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
@@ -94,12 +86,6 @@ class Engine(TimeDriven):
 
     VARIANTS = ("dynamic", "marking", "references")
     DEFAULT_VARIANT = "references"  # the fastest: docs/benchmarks.md, docs/paper.md
-    plan = "eager"  # class defaults: snapshots written before plans existed restore eager
-    rates: Rates | None = None
-    replan_every = 0
-    drift = 4.0
-    sample = 8
-    _count_pool: PrimitivePool | None = None
     tz: ZoneInfo
 
     def __init__(
@@ -203,143 +189,14 @@ class Engine(TimeDriven):
             return AbsentRuntime(self, profile, idx)
         plan = self.plan_of(profile) if self.plan != "eager" else None
         if plan is not None and plan.lazy:
-            return LazySeqRuntime(self, profile, idx, plan.driver)
+            return self._lazy_runtime(profile, idx, plan.driver)
+        return self._eager_runtime(profile, idx)
+
+    def _lazy_runtime(self, profile: Profile, idx: int, driver: int | None) -> LazySeqRuntime:
+        return LazySeqRuntime(self, profile, idx, driver)
+
+    def _eager_runtime(self, profile: Profile, idx: int) -> CompositeRuntime:
         return CompositeRuntime(self, profile, idx)
-
-    def replan(self, plan: str | None = None, rates: Rates | None = None) -> list[str]:
-        """Change the plan mode and/or the rates; convert the runtimes whose plan changes.
-
-        The state moves with them (`filters.lazy.eager_to_lazy` / `lazy_to_eager`): no match
-        in flight is lost or reported twice. Returns the ids of the profiles converted.
-        """
-        if plan is not None:
-            if plan not in MODES:
-                raise ValueError(f"unknown plan {plan!r} (one of {', '.join(MODES)})")
-            self.plan = plan
-        if rates is not None:
-            self.rates = rates
-        changed = []
-        for idx, rt in list(self._rts.items()):
-            if isinstance(rt, (FilterRuntime, AbsentRuntime)):
-                continue
-            if self._follow_plan(idx, rt):
-                changed.append(rt.profile.id)
-        return changed
-
-    def _follow_plan(self, idx: int, rt: Runtime) -> bool:
-        """Convert `rt` if its plan (eager, or rare-first and its driver) changed."""
-        plan = self.plan_of(rt.profile) if self.plan != "eager" else None
-        lazy = plan is not None and plan.lazy
-        was_lazy = not isinstance(rt, CompositeRuntime)
-        if lazy and was_lazy and rt.k != plan.driver:  # type: ignore[attr-defined, union-attr]
-            self._swap(idx, rt, False)  # another driver: through the eager form
-            rt, was_lazy = self._rts[idx], False
-        if lazy == was_lazy:
-            return False
-        self._swap(idx, rt, lazy, plan.driver if plan is not None else None)
-        return True
-
-    def configure_plans(
-        self, plan: str, rates: Rates | None, replan_every: int = 0, drift: float = 4.0
-    ) -> list[str]:
-        """Apply plan options to an engine restored from a snapshot taken under other ones.
-
-        The state is converted where a profile's plan changes (`replan`); online counting
-        starts afresh when it is switched on.
-        """
-        if replan_every < 0 or drift < 1.0:
-            raise ValueError("replan_every >= 0 and drift >= 1 are required")
-        if replan_every and self._count_pool is None:
-            self._count_pool = PrimitivePool()
-            self.replan_every = replan_every
-            for rt in self._rts.values():
-                self._count_leaves(rt, add=True)
-        elif not replan_every:
-            self._count_pool = None
-            self._counts, self._count_since, self._online, self._counted = {}, None, {}, {}
-        self.replan_every, self.drift = replan_every, drift
-        self.rates = rates
-        return self.replan(plan)
-
-    def _swap(self, idx: int, rt: Runtime, lazy: bool, driver: int | None = None) -> None:
-        self._unregister_starts(rt)
-        new: Runtime
-        if lazy:
-            assert isinstance(rt, CompositeRuntime)
-            new = LazySeqRuntime(self, rt.profile, idx, driver)
-            eager_to_lazy(rt, new)
-            rt.clear()  # terminators and auxiliary profiles out of the pools
-        else:
-            new = CompositeRuntime(self, rt.profile, idx)
-            lazy_to_eager(rt, new, self.now)  # type: ignore[arg-type]
-        rt.active = False
-        self._rts[idx] = new
-        self._by_id[rt.profile.id] = new
-        self._register_starts(new)
-
-    def plan_of(self, profile: Profile) -> Plan:
-        """How `profile` is (or would be) evaluated by this engine, and why (`ens explain`)."""
-        if profile.is_filter or isinstance(profile.expr, Absent):
-            return choose(profile, self.plan, [], [], self.rates)
-        pat = Pattern.build(profile)
-        leaves = [lf for lf in pat.leaves if lf.clock is None]
-        rates = self.rates
-        online = self._online.get(profile.id) if self._online else None
-        if online is not None:
-            rates = Rates(
-                {"profiles": {profile.id: {k: {"rate_per_hour": r} for k, r in online.items()}}}
-            )
-        return choose(
-            profile, self.plan, [lf.name for lf in leaves], [lf.filter for lf in leaves], rates
-        )
-
-    # ---------------------------------------------------------- online rates
-    def _count_leaves(self, rt: Runtime, add: bool) -> None:
-        """Keep the counting pool in step: the leaves of profiles that could go rare-first."""
-        cp = self._count_pool
-        if cp is None or isinstance(rt, (FilterRuntime, AbsentRuntime)) or lazy_shape(rt.profile):
-            return
-        leaves = Pattern.build(rt.profile).leaves
-        for i, lf in enumerate(leaves):
-            if add:
-                cp.add(lf.filter, (rt.idx, i))
-            else:
-                cp.remove(lf.filter, (rt.idx, i))
-                self._counts.pop((rt.idx, i), None)
-        if add:
-            self._counted[rt.idx] = shared(tuple(lf.name for lf in leaves))
-        else:
-            self._counted.pop(rt.idx, None)
-
-    def _count(self, event: Event) -> None:
-        if self._count_since is None:
-            self._count_since = event.ts
-        counts = self._counts
-        for entry in self._count_pool.match(event.attrs):  # type: ignore[union-attr]
-            for owner in entry.owners:
-                counts[owner] = counts.get(owner, 0) + 1
-
-    def _online_replan(self, now: float) -> None:
-        """Plan again every profile whose counted rates drifted by `drift` since its plan."""
-        since = self._count_since
-        if since is None or now <= since:
-            return
-        scale = self.sample * 3600.0 / (now - since)
-        changed = []
-        for idx, names in list(self._counted.items()):  # the profiles that could go rare-first
-            rt = self._rts[idx]
-            rates = {name: self._counts.get((idx, i), 0) * scale for i, name in enumerate(names)}
-            old = self._online.get(rt.profile.id)
-            if old is not None and not _drifted(old, rates, self.drift):
-                continue
-            self._online[rt.profile.id] = rates
-            if self.plan != "eager" and self._follow_plan(idx, rt):
-                changed.append(rt.profile.id)
-        self._counts.clear()
-        self._count_since = now
-        if changed and self.tracer is not None:
-            for pid in changed:
-                self._trace(pid, "replanned", self.plan_of(self._by_id[pid].profile).reason)
 
     def remove_profile(self, profile_id: str) -> None:
         rt = self._by_id.get(profile_id)
