@@ -76,28 +76,9 @@ class AuxiliaryRegistrations(ABC):
             if lf.clock is None and not eqb.get(lf.idx) and lf.idx not in rt.aux_entries:
                 rt.aux_entries[lf.idx] = pool.prepare(lf.filter)
 
+    @abstractmethod
     def release(self, rt: AuxOwner, part: Partition) -> None:
         """The partition emptied: take its kept auxiliary profiles out of the pool."""
-        pool = self.pool
-        regs = part.regs
-        if part.dormant:
-            for key, n in list(regs.items()):
-                if not n:
-                    pool.release(part.entries[key], (rt.idx, key[0]), True)
-                    del regs[key]
-            part.dormant = 0
-        for key in part.held:
-            if key not in regs:
-                self.purge(rt, part, key)
-        part.held.clear()
-
-    def purge(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        """Take a kept auxiliary profile nobody waits on out of the pool."""
-        entry = part.entries.pop(key, None)
-        if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
-            self.pool.purge_entry(entry)
-        else:
-            self.pool.purge(rt.pat.leaves[key[0]].filter, full_eqs(part, key[1]))
 
     def drop_dormant(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         """A dormant registration received an event (nobody waits): take our owner off."""
@@ -110,16 +91,16 @@ class Dynamic(AuxiliaryRegistrations):
     """Insert an auxiliary profile for the first waiting PM, delete it after the last."""
 
     name = "dynamic"
+    holds = False  # keeps value-free auxiliary profiles in `part.held` (references)
 
     def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        entry = part.entries.get(key)
-        if entry is not None and self.pool.claim(entry, (rt.idx, key[0])):
-            return
-        self._add(rt, part, key)
-
-    def _add(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         leaf, eqs = key
         pool = self.pool
+        entry = part.entries.get(key)  # references: kept in the pool without owners
+        if entry is not None and pool.claim(entry, (rt.idx, leaf)):
+            return
+        if self.holds and not eqs:
+            part.held.add(key)
         if not eqs and not part.values:  # planned when the profile was added
             aux = rt.aux_entries.get(leaf)
             if aux is None:
@@ -139,6 +120,27 @@ class Dynamic(AuxiliaryRegistrations):
         part.entries[key] = self.pool.add(
             rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs)
         )
+        if self.holds and not eqs:
+            part.held.add(key)
+
+    def release(self, rt: AuxOwner, part: Partition) -> None:
+        pool = self.pool
+        regs = part.regs
+        if part.dormant:
+            for key, n in list(regs.items()):
+                if not n:
+                    pool.release(part.entries[key], (rt.idx, key[0]), True)
+                    del regs[key]
+            part.dormant = 0
+        for key in part.held:
+            if key in regs:
+                continue
+            entry = part.entries.pop(key, None)
+            if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
+                pool.purge_entry(entry)
+            else:
+                pool.purge(rt.pat.leaves[key[0]].filter, full_eqs(part, key[1]))
+        part.held.clear()
 
 
 class References(Dynamic):
@@ -146,14 +148,7 @@ class References(Dynamic):
 
     name = "references"
     keeps_dormant = True
-
-    def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        entry = part.entries.get(key)  # kept in the pool without owners
-        if entry is not None and self.pool.claim(entry, (rt.idx, key[0])):
-            return
-        if not key[1]:
-            part.held.add(key)
-        self._add(rt, part, key)
+    holds = True
 
     def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         if not key[1]:
@@ -161,11 +156,6 @@ class References(Dynamic):
             part.dormant += 1
             return
         super().remove(rt, part, key)
-
-    def restore(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        super().restore(rt, part, key)
-        if not key[1]:
-            part.held.add(key)
 
 
 class Marking(AuxiliaryRegistrations):
@@ -195,9 +185,13 @@ class Marking(AuxiliaryRegistrations):
         if not eqs:
             part.held.add(key)
 
-    def purge(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        leaf, eqs = key
-        self.pool.remove(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+    def release(self, rt: AuxOwner, part: Partition) -> None:
+        regs = part.regs
+        for key in part.held:  # never dormant: `remove` drops every count
+            if key not in regs:
+                leaf, eqs = key
+                self.pool.remove(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+        part.held.clear()
 
 
 VARIANTS: dict[str, type[AuxiliaryRegistrations]] = {

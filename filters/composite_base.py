@@ -303,10 +303,6 @@ class CompositeBase(DerivedRuntime):
             return
         self.engine.aux.remove(self, part, key)
 
-    def _release(self, part: Partition) -> None:
-        """Take a released partition's kept auxiliary profiles out of the pool."""
-        self.engine.aux.release(self, part)
-
     def _drop_dormant(self, part: Partition, leaves: list[int]) -> None:
         """References: the event reached dormant auxiliary profiles (nobody waits): take our
         owner off."""

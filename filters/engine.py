@@ -215,7 +215,7 @@ class Engine(PlanSwitching, TimeDriven):
         self._online.pop(rt.profile.id, None)
         if isinstance(rt, CompositeRuntime):
             rt.clear()
-            for clock in rt.clocks:
+            for clock in rt.clocks if rt.clock_leaves else ():
                 users = self._clock_users.get(clock)
                 if users is not None:
                     users.pop(rt.idx, None)

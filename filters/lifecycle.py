@@ -215,7 +215,7 @@ class MatchLifecycle(MatchBinder):
                 if part.handle is None:  # no window, no terminators: at the next event
                     part.handle = self.engine.timers.add(now, TIMER, (self, part))
                 return
-            self._release(part)
+            self.engine.aux.release(self, part)
         if self.parts.get(part.key) is part:
             del self.parts[part.key]
         if part.handle is not None:
@@ -235,7 +235,7 @@ class MatchLifecycle(MatchBinder):
                 pm.alive = False
                 self.engine.timers.discard(pm.handle)
                 self._sync(pm)
-            self._release(part)
+            self.engine.aux.release(self, part)
             self.engine.timers.discard(part.handle)
         self.pm_count = 0
         self.parts.clear()
