@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.settings import DEFAULTS, ServiceSettings
 from notifiers import store
 from notifiers.config import describe_errors
 from profiles.errors import BadEvent, ProfileError, TsOutOfWindow
@@ -46,23 +47,30 @@ NDJSON_TYPES = frozenset(
 
 @dataclass
 class IngestLimits:
-    """Limits of POST /v1/events beyond the body size (`ens serve` flags; None: no limit)."""
+    """Limits of POST /v1/events beyond the body size: the API's view of `ServiceSettings`
+    (seconds; None: no limit)."""
 
-    max_future: float | None = 300.0  # s an event's ts may be ahead of the wall clock
-    max_past: float | None = 30 * 86400.0  # s it may be behind (None for backfills)
-    body_timeout: float | None = 10.0  # s to receive a whole body (408 after)
-    dedup_window: float | None = 600.0  # s a gateway's event ids are remembered (None: off)
-    dedup_max: int = 100_000  # ids remembered per gateway (the oldest go first)
+    max_future: float | None = DEFAULTS.max_future  # an event's ts ahead of the wall clock
+    max_past: float | None = DEFAULTS.max_past  # ... behind it (None for backfills)
+    body_timeout: float | None = DEFAULTS.body_timeout  # to receive a whole body (408 after)
+    dedup_window: float | None = DEFAULTS.dedup_window  # a gateway's event ids are remembered
+    dedup_max: int = DEFAULTS.dedup_max  # ids remembered per gateway (the oldest go first)
+
+    @classmethod
+    def from_settings(cls, s: ServiceSettings) -> IngestLimits:
+        return cls(s.max_future, s.max_past, s.body_timeout, s.dedup_window, s.dedup_max)
 
 
 @dataclass
 class ApiSettings:
+    """What `create_app` needs: the HTTP part of `ServiceSettings` and the resolved store."""
+
     redis_url: str
     admin_token_sha256: str
-    max_body: int = 1 << 20
+    max_body: int = DEFAULTS.max_body
     heartbeat_stale: float = 5.0  # the worker beats every second
     limits: IngestLimits = field(default_factory=IngestLimits)
-    max_backlog: int = 200_000  # events accepted but not read by the engine; 0: no bound
+    max_backlog: int = DEFAULTS.max_backlog  # events not yet read by the engine; 0: no bound
     backlog_check_interval: float = 0.2  # the backlog is read at most this often per process
     # ENS_METRICS_TOKEN: /metrics wants it (or the admin token) when set; None: public
     metrics_token_sha256: str | None = None

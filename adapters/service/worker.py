@@ -67,6 +67,7 @@ from adapters.service.records import (
     op_advance,
     op_profile,
 )
+from adapters.service.settings import DEFAULTS, ServiceSettings
 from adapters.service.watermarks import Held, Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
@@ -96,33 +97,62 @@ return 0
 
 @dataclass
 class WorkerConfig:
-    reorder_seconds: float = 2.0  # the lateness of gateways without their own (--default-lateness)
-    reorder_max_events: int = 10_000
-    idle_timeout: float = 0.5  # a gateway silent this long (wall s) holds no event back
-    clock: str = "wall"  # "wall": timers fire by wall clock; "event": only by event time
-    tz: str = "UTC"
+    """The engine worker's view of `ServiceSettings` (`from_settings`); the fields without a
+    setting are internal tunables (tests shorten them)."""
+
+    reorder_seconds: float = DEFAULTS.default_lateness  # gateways without their own lateness
+    reorder_max_events: int = DEFAULTS.reorder_max_events
+    idle_timeout: float = DEFAULTS.idle_timeout  # a gateway silent this long holds nothing back
+    clock: str = DEFAULTS.clock  # "wall": timers fire by wall clock; "event": only by event time
+    tz: str = DEFAULTS.tz
     name: str = field(default_factory=socket.gethostname)
     batch: int = 1000  # most ingest entries read per step
     step_events: int = 20_000  # ... and about this many events: a step stays short (lock lease)
     block: float = 0.1  # longest XREADGROUP wait (s): the tick of the wall clock
     commit_min_interval: float = 0.01  # group notifications of steps this close together
-    snapshot_interval: float = 30.0  # snapshot the engine this often when it changed ...
+    snapshot_interval: float = DEFAULTS.snapshot_interval  # snapshot this often when changed ...
     snapshot_inputs: int = 200_000  # ... or after this many inputs (bounds recovery work)
     snapshot_journal: int = 2_000  # ... or when the journal holds this many commits
     lock_ttl: float = 15.0  # renewed every third of it while the worker works
-    max_skew: float = 1.0  # an event this far ahead of the wall clock waits for it (fast clocks)
+    max_skew: float = DEFAULTS.max_skew  # an event this far ahead of the wall clock waits for it
     heartbeat_interval: float = 1.0
-    status_interval: float = 10.0  # the "worker: N events, ..." log line
+    status_interval: float = DEFAULTS.status_interval  # the "worker: N events, ..." log line
     index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
     # reads ``index`` (`ens serve` passes adapters.spark.index.load_index; the service does not
     # import the Spark adapter itself)
     load_index: Callable[[str], list[Profile]] | None = None
-    plan: str = (
-        "eager"  # evaluation plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
-    )
+    plan: str = DEFAULTS.plan  # plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
     rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
-    replan_every: int = 0  # plan "auto": re-plan from online counts every N events (0: never)
-    drift: float = 4.0  # ... when a component's rate moved by this factor
+    replan_every: int = DEFAULTS.replan_every  # plan "auto": re-plan every N events (0: never)
+    drift: float = DEFAULTS.drift  # ... when a component's rate moved by this factor
+
+    @classmethod
+    def from_settings(
+        cls,
+        s: ServiceSettings,
+        rates: Any = None,
+        load_index: Callable[[str], list[Profile]] | None = None,
+    ) -> WorkerConfig:
+        cfg = cls(
+            reorder_seconds=s.default_lateness,
+            reorder_max_events=s.reorder_max_events,
+            clock=s.clock,
+            idle_timeout=s.idle_timeout,
+            max_skew=s.max_skew,
+            tz=s.tz,
+            snapshot_interval=s.snapshot_interval,
+            status_interval=s.status_interval,
+            plan=s.plan,
+            rates=rates,
+            replan_every=s.replan_every,
+            drift=float(s.drift),
+        )
+        if s.worker_name:
+            cfg.name = s.worker_name
+        if s.index is not None:
+            cfg.index = str(s.index)
+            cfg.load_index = load_index
+        return cfg
 
 
 class _Item(NamedTuple):
