@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any, Literal, overload
 
-from profiles.errors import ENSError
+from profiles.errors import OptionError as OptionError  # raised here; one hierarchy there
 
 _DURATION = re.compile(r"(-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*(ms|s|m|h|d)?", re.ASCII)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -28,10 +28,6 @@ PLAN_HELP = (
     "docs/plans.md."
 )
 STATS_HELP = "`ens spark stats` output (STATS.json): the component rates --plan auto decides from."
-
-
-class OptionError(ENSError, ValueError):
-    """An option value (flag, variable or config key) that is not valid; names the option."""
 
 
 @overload
