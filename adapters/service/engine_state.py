@@ -121,6 +121,10 @@ class EngineState:
     last_commit: float
     last_snapshot: float
     snapshot_bytes: int
+    holder: str  # the lease's holder name (``name|host|pid|token``)
+    skewed: list[str]  # gateways whose clocks run ahead (logged when they start)
+    last_heartbeat: float
+    last_status: float
     _preparsed: dict[str, Any] | None  # index profiles by id, during start only
     _interval: dict[str, int]
 
@@ -142,6 +146,10 @@ class EngineState:
         raise NotImplementedError
 
     def _set_def(self, pid: str, expr: str | None, sub: str | None, quiet: bool = False) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
         raise NotImplementedError
 
     def _parse(self, key: str, gw: str, obj: Any, normalized: bool = False) -> Event | None:

@@ -38,8 +38,9 @@ backlog is being worked off, only event time moves, so a slow worker does not tu
 backlog late).
 
 The parts: `adapters.service.lease` (the engine lock), `checkpointer` (snapshots),
-`journal` (commits and replay), `control` (profile and gateway changes), and here the loop:
-read, reorder, feed, commit or snapshot, heartbeat.
+`journal` (commits and replay), `control` (profile and gateway changes), `intake` (ingest
+entries -> reorder buffer -> engine), `liveness` (heartbeat, stats), and here the loop that
+drives them: start and recovery, read, feed, commit or snapshot.
 """
 
 from __future__ import annotations
@@ -54,35 +55,24 @@ from typing import Any
 
 import redis
 
-from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
-from adapters.service.engine_state import Item
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
+from adapters.service.intake import Intake
 from adapters.service.journal import Journal
 from adapters.service.lease import EngineLease
-from adapters.service.records import OP_EVENT, op_advance
+from adapters.service.liveness import Liveness
 from adapters.service.watermarks import Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
 from profiles.ast import Profile
 from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
-from profiles.events import Event, event_from_normalized, event_from_obj
 
 log = logging.getLogger("ens.service.worker")
 
 
-def _id_le(a: str, b: str) -> bool:
-    return rs.parse_id(a) <= rs.parse_id(b)
-
-
-def _gateway(fields: Any) -> str:
-    """The gateway name of an ingest entry ("?" if it has none)."""
-    return rs.text(fields.get(rs.INGEST_GATEWAY.encode(), b"?")) if fields else "?"
-
-
-class EngineWorker(Control, Journal, Checkpointer):
+class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
 
     def __init__(self, r: redis.Redis, config: WorkerConfig | None = None) -> None:
@@ -271,167 +261,3 @@ class EngineWorker(Control, Journal, Checkpointer):
         self._heartbeat()
         self._status()
         return entries
-
-    def _parse(self, key: str, gw: str, obj: Any, normalized: bool = False) -> Event | None:
-        if normalized:  # validated by the API already; anything odd gets the full check
-            try:
-                return event_from_normalized(obj, key)
-            except (TypeError, KeyError):
-                pass
-        try:
-            return event_from_obj(obj, key)
-        except (TypeError, ValueError) as exc:
-            log.error("unreadable ingest event %s from %s skipped: %s", key, gw, exc)
-            return None
-
-    def _take(
-        self, eid: str, fields: Any, now: float, skip: set[str] | frozenset[str] = frozenset()
-    ) -> int:
-        """Read one ingest entry into the buffer (events in ``skip`` were fed already).
-
-        Returns how many events were taken.
-        """
-        self.unacked.append(eid)
-        self.changed = True
-        if not fields or _id_le(eid, self.last_id):
-            return 0  # covered by the snapshot already (or trimmed)
-        self.last_id = eid
-        decoded = self._decode(eid, fields)
-        if not decoded:
-            m.EVENTS_INVALID.labels(gateway=_gateway(fields)).inc()
-            self.totals["invalid"] += 1
-        self.totals["read"] += len(decoded)
-        normalized = rs.entry_normalized(fields)
-        taken = 0
-        for key, gw, obj in decoded:
-            if key in skip:
-                continue
-            taken += 1
-            if not taken & 255:
-                self._keepalive()
-            ev = self._parse(key, gw, obj, normalized)
-            if ev is None:
-                m.EVENTS_INVALID.labels(gateway=gw).inc()
-                self.totals["invalid"] += 1
-                continue
-            self.wm.observe(gw, ev.ts, now)
-            if self.engine.now is not None and ev.ts < self.engine.now:
-                self._feed(ev, key, gw)  # late: nothing can be reordered around it any more
-                continue
-            self.wm.hold(gw, ev.ts, now, Item(key, ev))
-        return taken
-
-    def _release_due(self, now: float, caught_up: bool = True) -> None:
-        wall = self.cfg.clock == "wall" and caught_up
-        target = now - self.wm.max_active_lateness(now) if wall else float("-inf")
-        for h in self.wm.release(now, target):
-            self._feed(h.item.event, h.item.entry, h.source)
-        if wall and (self.engine.now is None or target > self.engine.now):
-            self._input(op_advance(target))
-            self.engine.advance(target)
-
-    def _feed(self, ev: Event, key: str, gw: str) -> None:
-        self._input(
-            [OP_EVENT, key]
-        )  # records.op_event, inline (per event); the key: decode_entry's
-        self._process(ev, gw)
-
-    def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
-        late = self.engine.now is not None and ev.ts < self.engine.now
-        if late:
-            self.totals["late"] += 1
-            self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
-            if not replay:
-                self._interval["late"] += 1
-                if self._interval["late"] <= 10:  # the rest only in the periodic summary
-                    log.warning(
-                        "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
-                        "processed in arrival order",
-                        ev.id,
-                        gw,
-                        ev.ts,
-                        self.engine.now - ev.ts,  # type: ignore[operator]
-                    )
-        try:
-            self.engine.process(ev)
-        except Exception:  # a poison event must not stop the service
-            log.exception("engine failed on event %s; skipped", ev.id)
-            if not replay:
-                m.ENGINE_ERRORS.inc()
-        self.totals["events"] += 1
-        if not replay:
-            m.EVENTS_PROCESSED.inc()
-            self._interval["events"] += 1
-
-    def stats(self) -> dict[str, Any]:
-        now = time.time()
-        return {
-            **self.engine.stats(),
-            "buffered": len(self.buffer),
-            "oldest_buffered_age": max((now - h.wall for h in self.buffer), default=0.0),
-            "late_by_gateway": dict(self.late_by_gateway),
-            "pending_notifications": len(self.pending),
-            "engine_time": self.engine.now,
-            "last_id": self.last_id,
-            "epoch": self.epoch,
-            "snapshot_bytes": self.snapshot_bytes,
-            "skewed_gateways": self.wm.skewed(now),
-            **{f"total_{k}": v for k, v in self.totals.items()},
-        }
-
-    def _heartbeat(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_heartbeat < self.cfg.heartbeat_interval:
-            return
-        self.lease.renew()
-        stats = self.stats()
-        skewed = stats["skewed_gateways"]
-        for gw in set(skewed) - set(self.skewed):
-            log.warning(
-                "gateway %s sends events stamped more than %g s ahead of this clock: "
-                "they wait for the wall clock (check its clock)",
-                gw,
-                self.cfg.max_skew,
-            )
-        self.skewed = skewed
-        # `read` and `buffered` apart: the ingest script reads them for --max-backlog
-        self.r.hset(
-            rs.ENGINE_STATUS,
-            mapping={
-                "ts": repr(time.time()),
-                "holder": self.holder,
-                "stats": rs.dumps(stats),
-                "read": self.totals["read"],
-                "buffered": len(self.buffer),
-            },
-        )
-        self.last_heartbeat = self.lease.last_renew = now
-
-    def lag(self) -> float:
-        """Age (s) of the oldest event not yet fed: unread ingest entries or the buffer."""
-        now = time.time()
-        ages = [now - h.wall for h in self.buffer]
-        nxt = self.r.xrange(rs.INGEST, min=f"({self.last_id}", count=1)
-        if nxt:
-            ages.append(now - rs.stream_ms(rs.text(nxt[0][0])))
-        return max(max(ages, default=0.0), 0.0)
-
-    def _status(self) -> None:
-        now = time.monotonic()
-        if now - self.last_status < self.cfg.status_interval:
-            return
-        iv = self._interval
-        if iv["events"] or iv["notifications"] or self.buffer:
-            st = self.engine.stats()
-            log.info(
-                "worker: %d events (%d late), %d notifications, lag %.1f s, "
-                "%d partial matches, %d buffered",
-                iv["events"],
-                iv["late"],
-                iv["notifications"],
-                self.lag(),
-                st["partial_matches"],
-                len(self.buffer),
-            )
-        self._interval = {"events": 0, "late": 0, "notifications": 0}
-        self.last_status = now
