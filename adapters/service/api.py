@@ -27,8 +27,8 @@ from adapters.service.routes import ingest, manage, operations
 from adapters.service.routes.base import ApiSettings as ApiSettings
 from adapters.service.routes.base import IngestLimits as IngestLimits
 from adapters.service.routes.base import async_redis, store_unavailable
+from adapters.service.routes.bodies import normalized_json as normalized_json
 from adapters.service.routes.gateways import KeyCache
-from adapters.service.routes.ingest import normalized_json as normalized_json
 from notifiers import store
 from notifiers.config import describe_errors
 from profiles.errors import BadEvent as BadEvent  # raised by the ingest route's parsing

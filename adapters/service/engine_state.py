@@ -3,7 +3,8 @@
 `EngineWorker` (`adapters.service.worker`) is assembled from parts that each keep one concern
 in a module of its own: `lease` (the engine lock), `checkpointer` (snapshots and their
 migrations), `journal` (commits and their replay after a crash), `control` (profile and
-gateway changes) and the loop in `worker`. They work on one state, declared here
+gateway changes), `intake` (ingest -> reorder buffer -> engine), `liveness` (heartbeat and
+stats) and the loop in `worker`. They work on one state, declared here
 (`EngineState`) so that each part can be read, and type-checked, alone.
 """
 

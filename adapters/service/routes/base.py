@@ -58,14 +58,14 @@ class ErrorOut(BaseModel):
     error: str
 
 
-_admin_bearer = HTTPBearer(
+admin_bearer = HTTPBearer(
     auto_error=False, scheme_name="AdminToken", description="the admin token (ENS_ADMIN_TOKEN)"
 )
 
 
 def require_admin(
     request: Request,
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
 ) -> None:
     if bearer is None:
         raise HTTPException(

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.routes.base import ApiSettings, R, _admin_bearer, require_admin
+from adapters.service.routes.base import ApiSettings, R, admin_bearer, require_admin
 from notifiers import store
 
 log = logging.getLogger("ens.service.api")
@@ -71,7 +71,7 @@ def offline_docs(app: FastAPI) -> None:
 def healthz(
     request: Request,
     r: R,
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
 ) -> JSONResponse:
     """Redis ping and the engine worker's heartbeat age (stale after a few seconds).
 
@@ -105,7 +105,7 @@ def healthz(
 def metrics(
     request: Request,
     r: R,
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
 ) -> Response:
     """Prometheus text: the service's metrics, then the notifiers' ones.
 
