@@ -134,3 +134,13 @@ def test_the_notifier_settings_take_durations_too() -> None:
         NotifierConfig.load(env={"ENS_WORKER_LEASE": "soon"})
     with pytest.raises(ConfigError, match=r"ENS_RETRY_CAP \(retry.cap\): .*greater than 0"):
         NotifierConfig.load(env={"ENS_RETRY_CAP": "0s"})
+
+
+def test_a_subscriber_digest_is_a_duration_too() -> None:
+    from ens.cli import app
+
+    res = CliRunner().invoke(
+        app, ["subscriber", "add", "s", "--email", "a@b.org", "--digest", "soon"]
+    )
+    assert res.exit_code == 2
+    assert "--digest 'soon': expected a duration (500ms, 2s, 30m, 1h, 1d or seconds)" in res.output

@@ -381,7 +381,12 @@ def subscriber_add(
     secret: Annotated[
         str | None, typer.Option(help="Webhook signing secret [generated and shown once].")
     ] = None,
-    digest: Annotated[float | None, typer.Option(help="E-mail digest window (s).")] = None,
+    digest: Annotated[
+        str | None,
+        typer.Option(
+            help="E-mail digest window: notifications within it go out as one mail (e.g. 10m)."
+        ),
+    ] = None,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -393,8 +398,11 @@ def subscriber_add(
     rec: dict[str, Any] = {"id": sid, "channels": channels}
     if secret:
         rec["secret"] = secret
-    if digest is not None:
-        rec["digest"] = digest
+    try:
+        if digest is not None:
+            rec["digest"] = parse_duration("--digest", digest)
+    except ENSError as exc:
+        raise _fail(str(exc)) from None
     try:
         rs.check_id(sid, "subscriber id")
         model = store.Subscriber.model_validate(rec)
