@@ -426,8 +426,10 @@ def _check(opt: Option, raw: Any) -> Any:
         if raw not in opt.choices:
             raise OptionError(f"{flag} must be {' or '.join(opt.choices)}, not {raw!r}")
         return raw
-    if opt.kind == "switch":
-        return bool(raw)
+    if opt.kind == "switch":  # a flag's bool, or a variable's text
+        return (
+            raw.strip().lower() in ("1", "true", "yes", "on") if isinstance(raw, str) else bool(raw)
+        )
     if opt.kind == "path":
         return Path(raw)
     if opt.kind == "roles":
