@@ -5,7 +5,8 @@ eagerly: the layers below it hold its tables and registrations (`filters.composi
 binding checks (`filters.binding`), the life of a match (`filters.lifecycle`) and the general
 event step (`filters.stepping`). Here are the event entry point and the fast paths for the
 common shapes (no where, no negation, no any): one PM under first/last extended or completed
-(`_fast_step`), a starting event (`_fast_open`), `select each` (`_fast_each`); each returns
+(`_fast_step`) or, under first, killed by a between-negation (`_fast_negate`), a starting
+event (`_fast_open`), `select each` (`_fast_each`); each returns
 the same results as the general step, written out because each call is a noticeable part of
 a completion in CPython.
 """
@@ -41,7 +42,10 @@ class CompositeRuntime(GeneralSteps):
             if part is not None and part.pms:
                 pms = part.pms
                 if self.fast and len(pms) == 1:
-                    if self._fast_step(part, pms[0], ev, seq, leaves):
+                    if self.neg_set and not self.neg_set.isdisjoint(leaves):
+                        if self._fast_negate(part, pms[0], ev, leaves):
+                            return
+                    elif self._fast_step(part, pms[0], ev, seq, leaves):
                         return
                 elif self.fast_each:
                     self._fast_each(part, ev, seq, leaves)
@@ -127,6 +131,22 @@ class CompositeRuntime(GeneralSteps):
             self._tidy(part, ev.ts)  # fast shapes keep no history or counts
         return True
 
+    def _fast_negate(self, part: Partition, pm: PartialMatch, ev: Event, leaves: list[int]) -> bool:
+        """`on_event` for an event of a between-negation (`select first`, no where): it drops
+        the PM if the negation is active (the general path's `_negate`); False for an event
+        that is a positive component too (the general path orders those)."""
+        neg_set = self.neg_set
+        for i in leaves:
+            if i not in neg_set:
+                return False
+        active = self.pat.info(pm.mask).negations_set
+        for i in leaves:
+            if i in active:
+                self._drop(pm, "killed")  # traced only by the general path
+                self._tidy(part, ev.ts)
+                break
+        return True
+
     def _fast_open(
         self, part: Partition | None, key: PartKey, ev: Event, seq: int, leaves: list[int]
     ) -> bool:
@@ -135,7 +155,19 @@ class CompositeRuntime(GeneralSteps):
         What `_open` does for these shapes, without its general checks. Returns False to hand
         the general path anything else (an event that completes at once, or starts nothing).
         """
-        tr = self.pat.transitions(0)
+        tr = self._trans.get(0)
+        if tr is None:
+            tr = self.pat.transitions(0)
+        if not self.fast_each:  # first/last: the first starting leaf opens one PM
+            for i in leaves:
+                t = tr.get(i)
+                if t is not None:
+                    if t[1] is not None:
+                        return False
+                    return self._fast_open_one(part, key, ev, seq, i, t[0])
+            if part is not None:  # it starts nothing (see below)
+                self._tidy(part, ev.ts)
+            return True
         opened = []
         for i in leaves:
             t = tr.get(i)
@@ -144,8 +176,6 @@ class CompositeRuntime(GeneralSteps):
             if t[1] is not None:
                 return False
             opened.append((i, t[0]))
-            if not self.fast_each:
-                break
         if not opened:  # it starts nothing (it reached a dormant auxiliary profile): what is
             if part is not None:  # left of the general path for it
                 self._tidy(part, ev.ts)
@@ -169,6 +199,41 @@ class CompositeRuntime(GeneralSteps):
                 pm.deadline = d = ev.ts + window
                 pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
             self._sync(pm)
+        return True
+
+    def _fast_open_one(
+        self, part: Partition | None, key: PartKey, ev: Event, seq: int, i: int, mask: int
+    ) -> bool:
+        """`_fast_open` under first/last: one PM, bound to leaf `i`; flat, it is registered
+        here (`_add_pm`, `_changed` and `_sync` of a new PM, inline: its deadline is known and
+        it holds no registrations yet)."""
+        if part is None:
+            part = self.parts[key] = Partition(key, self.partition_values(ev.attrs))
+        pm = PartialMatch(self.n, part)
+        pm.binds[i] = Binding(seq, ev)
+        pm.mask = mask
+        if not self.flat:
+            self._add_pm(part, pm)
+            return True
+        part.pms.append(pm)
+        self.pm_count += 1
+        window = self.window
+        if window is not None:
+            pm.deadline = d = ev.ts + window
+            pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
+        wants = self._wants
+        new = wants.get(mask) if wants is not None else None
+        if new is None:
+            new = self._wanted(pm)
+        if new:
+            counts = part.regs
+            for rk in new:
+                n = counts.get(rk)
+                if n:
+                    counts[rk] = n + 1
+                else:
+                    self._reg(part, rk)
+            pm.regs = new
         return True
 
     def _fast_each(self, part: Partition, ev: Event, seq: int, leaves: list[int]) -> None:

@@ -69,7 +69,9 @@ class CompositeTables:
     names: tuple[str, ...]
     neg_set: frozenset[int]
     simple: bool  # no where, no history: binding needs no checks
-    fast: bool  # first/last over positives only, no any/trailing: `_fast_step`'s exact domain
+    # first/last over positives only, no any/trailing, or first with root between-negations
+    # and nothing else: `_fast_step`'s exact domain
+    fast: bool
     fast_each: bool
     # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask
     # only: one memo per shape (and clock leaves), shared by the profiles of that shape
@@ -82,6 +84,8 @@ class CompositeTables:
         simple = not pat.conjs and not pat.leading
         neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
         plain = simple and not neg_set and not pat.has_any
+        flat = all(node.within is None for node in pat.nodes[1:])
+        kills = simple and kind == "first" and _negations_only_kill(pat, neg_set, flat)
         start = pat.info(0).enabled
         between = frozenset(neg_set - set(pat.leading) - set(pat.trailing))
         wants = None
@@ -105,12 +109,23 @@ class CompositeTables:
             names=shared(tuple(lf.name for lf in pat.leaves)),
             neg_set=neg_set,
             simple=simple,
-            fast=plain and kind in ("first", "last"),
+            fast=(plain and kind in ("first", "last")) or kills,
             fast_each=plain and kind == "each",
             wants=wants,
-            flat=all(node.within is None for node in pat.nodes[1:]),
+            flat=flat,
             between=between if kind == "last" else frozenset(),
         )
+
+
+def _negations_only_kill(pat: Pattern, neg_set: frozenset[int], flat: bool) -> bool:
+    """Between-negations of the root only (no any, trailing or nested window): under `select
+    first` without where an active negation's event just drops the PM (`_fast_negate`)."""
+    return (
+        not pat.has_any
+        and not pat.trailing
+        and flat
+        and all(pat.leaves[i].node == 0 for i in neg_set)
+    )
 
 
 def tables_for(profile: Profile, kind: str) -> CompositeTables:
