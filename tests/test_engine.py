@@ -325,3 +325,44 @@ def test_select_last_negation_log_stays_bounded_without_a_window(variant: str) -
         two.process(ev)
     (tpm,) = two._by_id["p"].parts[()].pms
     assert len(tpm.seen) == 1
+
+
+@pytest.mark.parametrize("variant", ["dynamic", "marking", "references"])
+def test_between_negation_fast_path_matches_the_general_path(variant: str) -> None:
+    """`select first` with a between-negation runs on the fast path (`_fast_negate`); a tracer
+    sends every event through the general path instead. Both must report the same matches,
+    also for events that are a component and a negation at once (`v` makes `not x` overlap
+    `a` and `b`) and with `per`."""
+    exprs = [
+        'seq(a: k = "A", not x: v > 5, b: k = "B") within 10s',
+        'seq(a: k = "A", not x: v > 5, b: k = "B") within 10s select first consume shared',
+        'seq(a: k = "A", not x: k = "X", b: k = "B", c: k = "C") within 20s per g',
+        'seq(a: k = "A", not x: k = "X", b: k = "B") within 10s per g once',
+    ]
+    rng = random.Random(5)
+    events = [
+        Event(
+            f"e{i}",
+            float(i),
+            {"k": rng.choice("ABCX"), "v": rng.randint(0, 9), "g": rng.randint(0, 2)},
+        )
+        for i in range(600)
+    ]
+
+    def run(trace: bool) -> list[tuple[str, float, tuple[tuple[str, str], ...]]]:
+        eng = Engine([parse_profile(e, f"p{n}") for n, e in enumerate(exprs)], variant=variant)
+        if trace:
+            eng.tracer = lambda *_: None
+        out = []
+        for ev in events:
+            eng.process(ev)
+            out += eng.take_notifications()
+        eng.finish()
+        out += eng.take_notifications()
+        return [
+            (n.profile, n.ts, tuple(sorted((k, e.id) for k, e in n.events.items()))) for n in out
+        ]
+
+    fast = run(trace=False)
+    assert len(fast) > 20
+    assert fast == run(trace=True)
