@@ -100,8 +100,14 @@ def _probe(sock: Path) -> redis.Redis:
     """A client that asks once: redis-py (6+) retries a refused connection ten times with
     backoff (~3-4 s), which every command paid when it found no server running; the callers
     poll with their own deadlines."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return redis.Redis(
-        unix_socket_path=str(sock), socket_timeout=2, socket_connect_timeout=2, retry=None
+        unix_socket_path=str(sock),
+        socket_timeout=2,
+        socket_connect_timeout=2,
+        retry=Retry(NoBackoff(), 0),
     )
 
 
