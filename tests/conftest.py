@@ -58,16 +58,30 @@ def spark():
 EXAMPLES_SHARE = float(os.environ.get("ENS_TEST_EXAMPLES", "1"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that takes the `spark` fixture is a spark test (marker and xdist group); property
-    tests draw EXAMPLES_SHARE of their examples."""
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that takes the `spark` fixture is a spark test, in the xdist group of the one
+    session; property tests draw EXAMPLES_SHARE of their examples. The longest tests first
+    (`slow`, then `spark`), so that `--dist loadgroup` does not start them last."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-        if item.get_closest_marker("spark"):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            _join_group(config, item, "spark")
         if EXAMPLES_SHARE < 1:
             _fewer_examples(getattr(item, "obj", None))
+    items.sort(key=lambda i: (not i.get_closest_marker("slow"), not i.get_closest_marker("spark")))
+
+
+def _join_group(config: pytest.Config, item: pytest.Item, group: str) -> None:
+    """Mark ``item`` for ``--dist loadgroup``. pytest-xdist (3.8) groups by appending
+    ``@group`` to the worker's node id through ``item._nodeid``, which pytest 9.2's structured
+    node ids no longer read (pytest-xdist#1386: the groups were silently ignored, each worker
+    started its own JVM): set the id it sends to the scheduler here."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    node_id = getattr(item, "_id", None)
+    if getattr(config.option, "loadgroup", False) and node_id is not None:
+        if not isinstance(node_id, str) and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = type(node_id).parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
 
 
 def _fewer_examples(test: object) -> None:
