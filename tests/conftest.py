@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -40,6 +41,35 @@ def canon(notes: list[dict]) -> list[str]:
         key = {k: n[k] for k in ("profile", "events", "partition") if k in n}
         out.append(json.dumps(key, sort_keys=True) + f"@{round(float(n['ts']), 6):.6f}")
     return sorted(out)
+
+
+def _build_each_cli_once() -> None:
+    """typer's CliRunner builds the app's whole click command tree on every invoke (every
+    command's annotations evaluated: ~0.3 s for `ens`, more than most commands take to run,
+    and hundreds of invokes in the suite). Build each app's tree once, as a process does; an
+    app given more commands afterwards is built again."""
+    import weakref
+
+    import typer.testing
+
+    build = typer.testing._get_command
+    built: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+
+    def shape(app: Any) -> int:
+        return len(app.registered_commands) + sum(
+            1 + shape(g.typer_instance) for g in app.registered_groups
+        )
+
+    def get_command(app: Any) -> Any:
+        hit = built.get(app)
+        if hit is None or hit[0] != shape(app):
+            hit = built[app] = (shape(app), build(app))
+        return hit[1]
+
+    typer.testing._get_command = get_command  # type: ignore[attr-defined]
+
+
+_build_each_cli_once()
 
 
 @pytest.fixture(scope="session")
