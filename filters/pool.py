@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, bisect_right
-from collections.abc import Hashable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeAlias
 
 from sortedcontainers import SortedKeyList, SortedList
 
@@ -81,18 +81,37 @@ _BIG = 1024  # above this many thresholds a range switches from a plain sorted l
 class _Range:
     """Clauses of one bucket with a range on one attribute, sorted by threshold.
 
-    Small ranges are two parallel plain lists searched with `bisect` (fastest
-    in CPython); big ones become a SortedKeyList so insert and delete stay
-    O(log n).
+    Small ranges are parallel plain lists searched with `bisect` (fastest in
+    CPython); big ones become a SortedKeyList so insert and delete stay
+    O(log n). `v op threshold` holds for a prefix (`>`, `>=`) or a suffix
+    (`<`, `<=`) of the sorted thresholds: one cut by binary search.
     """
 
-    __slots__ = ("attr", "op", "kind", "keys", "items", "big")
+    __slots__ = (
+        "attr",
+        "op",
+        "kind",
+        "classes",
+        "keys",
+        "items",
+        "ents",
+        "big",
+        "prefix",
+        "left",
+        "cut",
+    )
 
     def __init__(self, attr: str, op: str, kind: str) -> None:
         self.attr, self.op, self.kind = attr, op, kind
+        # the value classes this range compares with (a bool is not a number here)
+        self.classes: tuple[type, ...] = (str,) if kind == "s" else (int, float)
         self.keys: list[Any] = []
         self.items: list[Clause] = []
-        self.big: SortedKeyList | None = None
+        self.ents: list[Entry] = []  # items' entries: a memoized match is a slice of them
+        self.big: Any = None  # SortedKeyList of the clauses, above _BIG of them
+        self.prefix = op in (">", ">=")
+        self.left = op in (">", "<=")  # cut left of thresholds equal to v (else right)
+        self.cut: Callable[[list[Any], Any], int] = bisect_left if self.left else bisect_right
 
     def __len__(self) -> int:
         return len(self.big) if self.big is not None else len(self.items)
@@ -104,9 +123,10 @@ class _Range:
         i = bisect_right(self.keys, clause.thr)
         self.keys.insert(i, clause.thr)
         self.items.insert(i, clause)
+        self.ents.insert(i, clause.entry)
         if len(self.items) > _BIG:
             self.big = SortedKeyList(self.items, key=_thr)
-            self.keys, self.items = [], []
+            self.keys, self.items, self.ents = [], [], []
 
     def remove(self, clause: Clause) -> None:
         if self.big is not None:
@@ -117,28 +137,30 @@ class _Range:
             i += 1
         del self.keys[i]
         del self.items[i]
+        del self.ents[i]
 
     def collect(self, v: Any, out: list[Clause]) -> None:
-        op = self.op
+        """Append the clauses whose range `v` satisfies (`v` of this range's kind)."""
         big = self.big
         if big is None:
-            keys, items = self.keys, self.items
-            if op == ">":  # threshold < v
-                out.extend(items[: bisect_left(keys, v)])
-            elif op == ">=":  # threshold <= v
-                out.extend(items[: bisect_right(keys, v)])
-            elif op == "<":  # threshold > v
-                out.extend(items[bisect_right(keys, v) :])
-            else:  # "<=": threshold >= v
-                out.extend(items[bisect_left(keys, v) :])
-        elif op == ">":
-            out.extend(big.islice(0, big.bisect_key_left(v)))
-        elif op == ">=":
-            out.extend(big.islice(0, big.bisect_key_right(v)))
-        elif op == "<":
-            out.extend(big.islice(big.bisect_key_right(v)))
+            k = self.cut(self.keys, v)
+            out.extend(self.items[:k] if self.prefix else self.items[k:])
         else:
-            out.extend(big.islice(big.bisect_key_left(v)))
+            k = big.bisect_key_left(v) if self.left else big.bisect_key_right(v)
+            out.extend(big.islice(0, k) if self.prefix else big.islice(k))
+
+    def hits(self, attrs: dict[str, Any]) -> list[Entry]:
+        """The entries this range alone matches: a memoized match when it is all that an event's
+        equality values reach (one bisect and one slice, as a hand-written loop does)."""
+        v = attrs.get(self.attr)
+        if v is None or v.__class__ not in self.classes:
+            return []
+        if self.big is None:
+            k = self.cut(self.keys, v)
+            return self.ents[:k] if self.prefix else self.ents[k:]
+        out: list[Clause] = []
+        self.collect(v, out)
+        return [c.entry for c in out]
 
 
 class _Bucket:
@@ -274,6 +296,26 @@ def _conjuncts(f: Filter) -> list[Filter]:
     return [f]
 
 
+# a memoized match: the entries, or (when ranges decide) the one range or a function of the
+# event that gives them
+Memo: TypeAlias = list[Entry] | _Range | Callable[[dict[str, Any]], list[Entry]]
+
+
+class _Parts:
+    """A memoized match over several buckets' parts (entries, ranges), in `_match`'s order."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[list[Entry] | _Range, ...]) -> None:
+        self.parts = parts
+
+    def hits(self, attrs: dict[str, Any]) -> list[Entry]:
+        out: list[Entry] = []
+        for part in self.parts:
+            out += part if part.__class__ is list else part.hits(attrs)  # type: ignore[union-attr,operator]
+        return out
+
+
 class PrimitivePool:
     """Filters -> owners, with sublinear insert, delete and match."""
 
@@ -293,7 +335,7 @@ class PrimitivePool:
         # holds only plain equalities (then those values alone decide the result) and has
         # not changed for _CALM matches (a pool that changes on every event gains nothing)
         self._impure = 0  # clauses whose match depends on more than their equality values
-        self._memo: dict[Any, list[Entry]] | None = None
+        self._memo: dict[Any, Memo] | None = None
         self._memo_attrs: tuple[str, ...] = ()
         self._calm = 0
 
@@ -453,16 +495,14 @@ class PrimitivePool:
     def _forget(self, clause: Clause) -> None:
         """The memo after `clause` enters or leaves the index.
 
-        A plain-equality clause over exactly the memoized attributes changes the result for
-        one combination of values only, so only that one is forgotten: auxiliary profiles come
-        and go on every partial match, and the rest of the memo stays valid. Before the memo
-        starts, such clauses do not delay it (its attributes are read from them when it does).
-        Any other change drops the memo.
+        A clause of equalities (and at most one range) over exactly the memoized attributes
+        changes the result for one combination of values only, so only that one is forgotten:
+        auxiliary profiles come and go on every partial match, and the rest of the memo stays
+        valid. Before the memo starts, such clauses do not delay it (its attributes are read
+        from them when it does). Any other change drops the memo.
         """
         access = clause.access
-        plain = (
-            clause.check is None and access is not None and access[0] == "eqs" and access[3] is None
-        )
+        plain = clause.check is None and access is not None and access[0] == "eqs"
         memo = self._memo
         if memo is None:
             if not plain:
@@ -747,12 +787,21 @@ class PrimitivePool:
             key = tuple([attrs.get(a) for a in names])
         out = memo.get(key)
         if out is None:
-            out = self._match(attrs)
+            out = self._memo_value(attrs)
             if len(memo) < _MEMO_MAX and _memoizable(key, n == 1):
                 memo[key] = out
-        return out
+        cls = out.__class__
+        if cls is list:
+            return out  # type: ignore[return-value]
+        if cls is _Range:  # `_Range.hits`, inline: the plain threshold filter's whole match
+            v = attrs.get(out.attr)  # type: ignore[union-attr]
+            if v is None or v.__class__ not in out.classes or out.big is not None:  # type: ignore[union-attr]
+                return out.hits(attrs)  # type: ignore[union-attr]
+            k = out.cut(out.keys, v)  # type: ignore[union-attr]
+            return out.ents[:k] if out.prefix else out.ents[k:]  # type: ignore[union-attr]
+        return out(attrs)  # type: ignore[operator]
 
-    def _start_memo(self) -> dict[Any, list[Entry]]:
+    def _start_memo(self) -> dict[Any, Memo]:
         names: dict[str, None] = {}
         for schema in self._schemas:
             names.update(dict.fromkeys(schema))
@@ -760,8 +809,30 @@ class PrimitivePool:
         self._memo = {}
         return self._memo
 
-    def _match(self, attrs: dict[str, Any]) -> list[Entry]:
-        cands: list[Clause] = []
+    def _memo_value(self, attrs: dict[str, Any]) -> Memo:
+        """What the memo keeps for the equality values of `attrs`: the matching entries, or, when
+        those values reach ranges, how to match the rest (the ranges' thresholds decide)."""
+        buckets = self._buckets(attrs)
+        if not any(b.ranges for b in buckets):
+            return self._match(attrs)
+        parts: list[list[Entry] | _Range] = []
+        for b in buckets:
+            if b.plain:
+                parts.append([c.entry for c in b.plain])
+            parts.extend(b.ranges.values())
+        for part in parts:
+            clauses = part if isinstance(part, list) else part.ents
+            if part.__class__ is not list and part.big is not None:  # type: ignore[union-attr]
+                clauses = [c.entry for c in part.big]  # type: ignore[union-attr]
+            if any(len(e.clauses) > 1 for e in clauses):  # an entry may match twice: dedup
+                return self._match
+        if len(parts) == 1 and isinstance(parts[0], _Range):
+            return parts[0]  # `match` runs its `hits`
+        return _Parts(tuple(parts)).hits
+
+    def _buckets(self, attrs: dict[str, Any]) -> list[_Bucket]:
+        """The equality buckets that `attrs` reaches, one per schema at most (in schema order)."""
+        out: list[_Bucket] = []
         for schema, table in self._schemas.items():
             if len(schema) == 1:
                 v = attrs.get(schema[0])
@@ -778,10 +849,16 @@ class PrimitivePool:
                 else:
                     bucket = table.get(tuple(vals))
                     if bucket is not None:
-                        bucket.collect(attrs, cands)
+                        out.append(bucket)
                 continue
             if bucket is not None:
-                bucket.collect(attrs, cands)
+                out.append(bucket)
+        return out
+
+    def _match(self, attrs: dict[str, Any]) -> list[Entry]:
+        cands: list[Clause] = []
+        for bucket in self._buckets(attrs):
+            bucket.collect(attrs, cands)
         idx = self._idx
         if idx:
             for attr, ix in idx.items():
@@ -819,12 +896,7 @@ class PrimitivePool:
 def _impure(clause: Clause) -> bool:
     """Whether the clause's match depends on more than the values of its equality attributes."""
     access = clause.access
-    return (
-        clause.check is not None
-        or access is None
-        or access[0] not in ("eqs", "in")
-        or (access[0] == "eqs" and access[3] is not None)
-    )
+    return clause.check is not None or access is None or access[0] not in ("eqs", "in")
 
 
 def _memoizable(key: Any, single: bool) -> bool:
