@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from typing import Any
+from typing import Any, TypeAlias
 
 from sortedcontainers import SortedList
 
 _INF = float("inf")
+# (when, CLOCK or TIMER, tie-breaker (any comparable), payload): sorted by time, clocks first
+Item: TypeAlias = tuple[float, int, Any, Any]
 CLOCK = 0  # a clock event at t is processed before any event with ts >= t
 TIMER = 1  # a timer with deadline d fires once time passes d (d < ts of the next event)
 
@@ -47,28 +49,28 @@ class TemporalPool:
         items = self._items
         self.head = items[0][0] if items else _INF
 
-    def _insert(self, item: tuple) -> tuple:
+    def _insert(self, item: Item) -> Item:
         self._items.add(item)
         if item[0] < self.head:
             self.head = item[0]
         return item
 
-    def add(self, when: float, kind: int, payload: Any) -> tuple:
+    def add(self, when: float, kind: int, payload: Any) -> Item:
         """Schedule `payload`; the returned handle removes it again."""
         return self._insert((when, kind, next(self._tie), payload))
 
-    def discard(self, handle: tuple | None) -> None:
+    def discard(self, handle: Item | None) -> None:
         if handle is not None:
             self._items.discard(handle)
             if handle[0] <= self.head:
                 self._reset_head()
 
-    def pop_due(self, now: float, inclusive: bool) -> tuple | None:
+    def pop_due(self, now: float, inclusive: bool) -> Item | None:
         """The next entry due at `now`: clocks at <= now, timers at < now (<= now if inclusive)."""
         if self.head > now:
             return None
         items = self._items
-        item = items[0]
+        item: Item = items[0]
         when, kind = item[0], item[1]
         if when < now or (when == now and (inclusive or kind == CLOCK)):
             items.pop(0)

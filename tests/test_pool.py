@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from filters.compile import compile_filter, evaluate
 from filters.pool import PrimitivePool
+from filters.poolindex import _Range
 from profiles.ast import And, Cmp, In, Or
 from profiles.parser import parse_filter
 from tests.strategies import STRS, attr, events, filters, numbers, scalars
@@ -290,9 +291,10 @@ def test_memoized_ranges_agree_with_direct_evaluation(ops, evs, big) -> None:
     results are right after every insert and delete, for small and big (SortedKeyList) ranges,
     also for values of the other kind and for booleans (which are not numbers here)."""
     import filters.pool as pool_module
+    import filters.poolindex as index_module
 
-    calm, big_was = pool_module._CALM, pool_module._BIG
-    pool_module._CALM, pool_module._BIG = 0, big
+    calm, big_was = pool_module._CALM, index_module._BIG
+    pool_module._CALM, index_module._BIG = 0, big
     try:
         pool = PrimitivePool()
         live: dict[tuple, int] = {}
@@ -318,7 +320,7 @@ def test_memoized_ranges_agree_with_direct_evaluation(ops, evs, big) -> None:
                 got = [o for e in pool.match(attrs) for o in e.owners]
                 assert sorted(got, key=repr) == sorted(expected, key=repr), attrs
     finally:
-        pool_module._CALM, pool_module._BIG = calm, big_was
+        pool_module._CALM, index_module._BIG = calm, big_was
 
 
 def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
@@ -334,7 +336,7 @@ def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
         assert pool.owners({"kind": "T", "v": 2.5}) == ["gt0", "gt1", "gt2"]
     memo = pool._memo
     assert memo is not None and pool._memo_attrs == ("kind",)
-    assert isinstance(memo["T"], pool_module._Range)
+    assert isinstance(memo["T"], _Range)
     assert pool.owners({"kind": "T", "v": 0}) == []
     assert pool.owners({"kind": "T", "v": True}) == []  # a boolean is not a number
     assert pool.owners({"kind": "U", "v": 1}) == ["u"]
