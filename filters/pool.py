@@ -75,6 +75,7 @@ class PrimitivePool:
         # which ranges do) and has not changed for _CALM matches (a pool that changes on every
         # event gains nothing)
         self._impure = 0  # clauses whose match depends on more than that
+        self._ranged = 0  # equality clauses with a range (without any, a memo miss is a match)
         self._memo: dict[Any, Memo] | None = None
         self._memo_attrs: tuple[str, ...] = ()
         self._calm = 0
@@ -220,6 +221,8 @@ class PrimitivePool:
             self._forget(clause)
             if _impure(clause):
                 self._impure -= 1
+            elif _ranged(clause):
+                self._ranged -= 1
             access = clause.access
             if access is not None and access[0] == "eqs" and access[3] is None:
                 # an auxiliary profile's usual shape, inline: this runs on every completed match
@@ -286,6 +289,8 @@ class PrimitivePool:
         self._forget(clause)
         if _impure(clause):
             self._impure += 1
+        elif _ranged(clause):
+            self._ranged += 1
         self._index.place(clause)
 
     # ------------------------------------------------------------------ match
@@ -334,8 +339,13 @@ class PrimitivePool:
         """What the memo keeps for the equality values of `attrs`: the matching entries, or, when
         those values reach ranges, how to match the rest (the ranges' thresholds decide)."""
         index = self._index
+        if not self._ranged:
+            return index.match(attrs)
         buckets = index.buckets(attrs)
-        if not any(b.ranges for b in buckets):
+        for b in buckets:
+            if b.ranges:
+                break
+        else:
             return index.match(attrs, buckets)
         parts: list[list[Entry] | _Range] = []
         for b in buckets:
@@ -359,6 +369,12 @@ class PrimitivePool:
 
     def entries(self) -> Iterable[Entry]:
         return self._entries.values()
+
+
+def _ranged(clause: Clause) -> bool:
+    """Whether the clause is indexed in an equality bucket's range."""
+    access = clause.access
+    return access is not None and access[0] == "eqs" and access[3] is not None
 
 
 def _impure(clause: Clause) -> bool:
