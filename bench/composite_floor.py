@@ -13,12 +13,13 @@ import random
 import time
 from typing import Any
 
-import filters.engine as E
 from bench.composite import _engine
+from filters.auxiliary import VARIANTS
+from filters.composite import CompositeRuntime
 from filters.notification import Notification
 from profiles.events import Event
 
-_ORIGINAL = E._CompositeRuntime.on_event
+_ORIGINAL = CompositeRuntime.on_event
 
 
 def _minimal_completion(self: Any, ev: Event, seq: int, leaves: list[int]) -> None:
@@ -63,12 +64,12 @@ def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> floa
         for _ in range(rounds):
             ids = rng.sample(range(10000), batch)
             t += 1
-            E._CompositeRuntime.on_event = _ORIGINAL  # type: ignore[method-assign]
+            CompositeRuntime.on_event = _ORIGINAL  # type: ignore[method-assign]
             for i in ids:
                 eng.process(Event(f"a{t}-{i}", t, {"kind": "A", "x": i}))
             eng.take_notifications()
             if minimal:
-                E._CompositeRuntime.on_event = _minimal_completion  # type: ignore[method-assign]
+                CompositeRuntime.on_event = _minimal_completion  # type: ignore[method-assign]
             t += 1
             for i in ids:
                 p = Event(f"p{t}-{i}", t, {"kind": "P", "x": rng.randrange(10000)})
@@ -82,7 +83,7 @@ def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> floa
                 last.append(t2 - t1)
             assert len(eng.take_notifications()) == 2 * batch
     finally:
-        E._CompositeRuntime.on_event = _ORIGINAL  # type: ignore[method-assign]
+        CompositeRuntime.on_event = _ORIGINAL  # type: ignore[method-assign]
         gc.unfreeze()
     ratio = _median_us(last) / _median_us(prim)
     print(
@@ -94,6 +95,6 @@ def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> floa
 
 if __name__ == "__main__":
     for _ in range(2):
-        for v in E.Engine.VARIANTS:
+        for v in VARIANTS:
             run(v, False)
             run(v, True)

@@ -51,32 +51,14 @@ class _Gen:
             return f"(not {self.src(f.item)})"
         if isinstance(f, Exists):
             return f"({f.attr!r} in a)"
-        get = f"a.get({f.attr!r})"
+        return self._test(f, f"a.get({f.attr!r})")
+
+    def _test(self, f: Filter, get: str) -> str:
+        """Source of an attribute test; `get` reads the attribute (None when absent)."""
         if isinstance(f, Cmp):
-            v = f.value
-            if isinstance(v, bool):
-                return f"({get} is {v == (f.op == '=')!r})"
-            x = self.var()
-            kind = "is str" if isinstance(v, str) else "in _N"
-            if isinstance(v, str) and f.op == "=":
-                return f"({get} == {v!r})"
-            return f"(({x} := {get}).__class__ {kind} and {x} {_PY_OPS[f.op]} {v!r})"
+            return self._cmp(f, get)
         if isinstance(f, In):
-            x = self.var()
-            parts = []
-            strs = frozenset(v for v in f.values if isinstance(v, str))
-            nums = frozenset(v for v in f.values if not isinstance(v, (str, bool)))
-            bools = frozenset(v for v in f.values if isinstance(v, bool))
-            op = "not in" if f.negated else "in"
-            if strs:
-                parts.append(f"({x}.__class__ is str and {x} {op} {self.const(strs)})")
-            if nums:
-                parts.append(f"({x}.__class__ in _N and {x} {op} {self.const(nums)})")
-            if bools:
-                parts.append(f"({x}.__class__ is bool and {x} {op} {self.const(bools)})")
-            if not parts:
-                return "False"
-            return f"(({x} := {get}) is not None and (" + " or ".join(parts) + "))"
+            return self._in(f, get)
         if isinstance(f, Between):
             x = self.var()
             kind = "is str" if isinstance(f.low, str) else "in _N"
@@ -85,6 +67,33 @@ class _Gen:
             x = self.var()
             return f"(({x} := {get}).__class__ is str and {x}.startswith({f.prefix!r}))"
         raise TypeError(f"not a filter: {f!r}")
+
+    def _cmp(self, f: Cmp, get: str) -> str:
+        v = f.value
+        if isinstance(v, bool):
+            return f"({get} is {v == (f.op == '=')!r})"
+        x = self.var()
+        kind = "is str" if isinstance(v, str) else "in _N"
+        if isinstance(v, str) and f.op == "=":
+            return f"({get} == {v!r})"
+        return f"(({x} := {get}).__class__ {kind} and {x} {_PY_OPS[f.op]} {v!r})"
+
+    def _in(self, f: In, get: str) -> str:
+        x = self.var()
+        parts = []
+        strs = frozenset(v for v in f.values if isinstance(v, str))
+        nums = frozenset(v for v in f.values if not isinstance(v, (str, bool)))
+        bools = frozenset(v for v in f.values if isinstance(v, bool))
+        op = "not in" if f.negated else "in"
+        if strs:
+            parts.append(f"({x}.__class__ is str and {x} {op} {self.const(strs)})")
+        if nums:
+            parts.append(f"({x}.__class__ in _N and {x} {op} {self.const(nums)})")
+        if bools:
+            parts.append(f"({x}.__class__ is bool and {x} {op} {self.const(bools)})")
+        if not parts:
+            return "False"
+        return f"(({x} := {get}) is not None and (" + " or ".join(parts) + "))"
 
 
 @functools.lru_cache(maxsize=200_000)
@@ -96,7 +105,7 @@ def compile_filter(f: Filter) -> Check:
     body = gen.src(f)
     code = f"def _f(a):\n    return {body}\n"
     exec(compile(code, "<filter>", "exec"), gen.env)  # noqa: S102 - source generated from our own AST
-    fn = gen.env["_f"]
+    fn: Check = gen.env["_f"]
     fn.__doc__ = code
     return fn
 
@@ -152,16 +161,19 @@ def compare(x: Any, op: str, v: Any) -> bool:
         return False
     if kx == "bool" and op not in ("=", "!="):
         return False
+    ok: bool  # the comparisons of Any are Any to mypy
     if op == "=":
-        return x == v
-    if op == "!=":
-        return x != v
-    if op == "<":
-        return x < v
-    if op == "<=":
-        return x <= v
-    if op == ">":
-        return x > v
-    if op == ">=":
-        return x >= v
-    raise ValueError(op)
+        ok = x == v
+    elif op == "!=":
+        ok = x != v
+    elif op == "<":
+        ok = x < v
+    elif op == "<=":
+        ok = x <= v
+    elif op == ">":
+        ok = x > v
+    elif op == ">=":
+        ok = x >= v
+    else:
+        raise ValueError(op)
+    return ok

@@ -33,101 +33,14 @@ when time passes their deadline).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
-from filters import state as state_format
-from filters.engine import _B, _DerivedRuntime, _shared
-from filters.notification import Notification
-from filters.pattern import Pattern
-from profiles.ast import Profile
+from filters.lazy_base import LazyBase, LazyPartition, drop_expired
+from filters.runtime import Binding, PartKey
 from profiles.events import Event
 
-if TYPE_CHECKING:
-    from filters.engine import Engine
 
-
-def _drop_expired(buf: list[_B], window: float, now: float) -> None:
-    """Drop the leading events of a ts-ordered buffer whose window ended before `now` (the
-    caller saw the first one's did)."""
-    k = 1
-    while k < len(buf) and buf[k].ev.ts + window < now:
-        k += 1
-    del buf[:k]
-
-
-class _LPart:
-    """One partition: a buffer per deferred component, the opener under `first`."""
-
-    __slots__ = ("values", "bufs", "opener", "pend")
-
-    def __init__(self, values: dict[str, Any] | None, n: int) -> None:
-        self.values = values
-        self.bufs: list[list[_B]] = [[] for _ in range(n - 1)]
-        self.opener: _B | None = None
-        # a driver before the last component: the partial matches past it, each its bound
-        # events in component order (few: they hold the rare component)
-        self.pend: list[list[_B]] = []
-
-    def __getstate__(self) -> tuple:
-        return (self.values, self.bufs, self.opener, self.pend)
-
-    def __setstate__(self, state: tuple) -> None:
-        self.values, self.bufs, self.opener = state[:3]
-        self.pend = state[3] if len(state) > 3 else []
-
-    def size(self) -> int:
-        return sum(len(b) for b in self.bufs) + (self.opener is not None) + len(self.pend)
-
-
-class LazySeqRuntime(_DerivedRuntime):
+class LazySeqRuntime(LazyBase):
     """A `seq` profile evaluated rare-first (see the module docstring; shapes: `plans.lazy_shape`)."""
-
-    _sweep_at = float("-inf")  # snapshots from before it existed restore too
-
-    def __init__(
-        self, engine: Engine, profile: Profile, idx: int, driver: int | None = None
-    ) -> None:
-        super().__init__(engine, profile, idx)
-        self.k = driver  # the component whose events drive; None: the last (set by _derive)
-        self.each = profile.select.kind == "each"
-        self.unique = profile.consume == "unique"
-        self.window = float(profile.within)  # type: ignore[arg-type]
-        self.parts: dict[tuple, _LPart] = {}
-        self._sweep_at = float("-inf")  # event time of the next sweep of quiet partitions
-        self._derive()
-
-    _DERIVED = ("pat", "n", "names", "conjs", "open_conjs", "per1", "slack", "_sinks")
-
-    def _derive(self) -> None:
-        self.per1 = self.per[0] if len(self.per) == 1 else None
-        # appends drop expired events once the oldest is this far behind, a few at a time
-        # (a driver prunes exactly first): the buffer holds at most 1/8 more than the window
-        self.slack = self.window * 1.125
-        self._sinks: dict[int, Callable[[Event, int], bool] | None] = {}
-        self.pat = Pattern.build(self.profile)
-        self.n = len(self.pat.leaves)
-        self.names = _shared(tuple(lf.name for lf in self.pat.leaves))
-        pat = self.pat
-        # the conjuncts the eager engine checks when leaf j binds after leaves 0..j-1
-        self.conjs = [pat.bind_conjs((1 << j) - 1, j) if pat.conjs else [] for j in range(self.n)]
-        self.open_conjs = self.conjs[0]
-        k = self.__dict__.get("k")  # snapshots from before drivers other than the last
-        self.k = self.n - 1 if k is None or not self.each else k
-
-    def start_registrations(self) -> list[tuple[Any, int]]:
-        return [(lf.filter, lf.idx) for lf in self.pat.leaves]
-
-    def live(self) -> tuple[int, int]:
-        """(buffered events under `each`, tracked partial matches under `first`; partitions)."""
-        if self.each:
-            return (sum(p.size() for p in self.parts.values()), len(self.parts))
-        return (sum(1 for p in self.parts.values() if p.opener is not None), len(self.parts))
-
-    def fresh(self) -> bool:
-        return not self.parts
-
-    def clear(self) -> None:
-        self.parts.clear()
 
     # ---------------------------------------------------------------- event
     def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
@@ -139,10 +52,11 @@ class LazySeqRuntime(_DerivedRuntime):
         Each handler finds the partition inline (the same seven lines in the three of them):
         a shared helper would cost a call per event on the path these exist to shorten.
         """
-        made = self._sinks.get(leaf, False)
-        if made is False:
+        try:
+            return self._sinks[leaf]
+        except KeyError:
             made = self._sinks[leaf] = self._make_sink(leaf)
-        return made
+            return made
 
     def _make_sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
         if leaf == self.k or (self.per and self.per1 is None):
@@ -171,8 +85,8 @@ class LazySeqRuntime(_DerivedRuntime):
                 if len(buf) > 1 and buf[1].ev.ts + w >= now:
                     del buf[0]  # the usual case, inline: one reading left the window
                 else:
-                    _drop_expired(buf, w, now)
-            buf.append(_B(seq, ev))
+                    drop_expired(buf, w, now)
+            buf.append(Binding(seq, ev))
             return True
 
         return append
@@ -234,11 +148,11 @@ class LazySeqRuntime(_DerivedRuntime):
             if fast is not None and fast(ev, seq):
                 return
         last, k = self.n - 1, self.k
-        b: _B | None = None
+        b: Binding | None = None
         if k < last:  # a middle driver (`each`): extend what lies past it, or drive
             if part is not None and (part.pend or k in leaves):
                 self._prune(part, now)
-                b = _B(seq, ev)
+                b = Binding(seq, ev)
                 if self._step_past(part, b, leaves):
                     self._tidy(key, part)
                     return  # consumed
@@ -246,7 +160,7 @@ class LazySeqRuntime(_DerivedRuntime):
                     return
         elif part is not None and last in leaves:
             self._prune(part, now)
-            b = _B(seq, ev)
+            b = Binding(seq, ev)
             if self._drive_each(part, b) if self.each else self._drive_first(part, b):
                 self._tidy(key, part)
                 return  # consumed
@@ -255,8 +169,21 @@ class LazySeqRuntime(_DerivedRuntime):
         if not self.each:
             self._step_first(part, key, ev, seq, leaves, b)
             return
+        self._buffer(part, key, ev, seq, leaves, b)
+
+    def _buffer(
+        self,
+        part: LazyPartition | None,
+        key: PartKey,
+        ev: Event,
+        seq: int,
+        leaves: list[int],
+        b: Binding | None,
+    ) -> None:
+        """`select each`, an event the driver did not consume: buffer it as each component
+        before the driver it matches (a first component only if its conjuncts hold)."""
         tracing = self.engine.tracer is not None
-        w = self.window
+        w, k, now = self.window, self.k, ev.ts
         for i in leaves:
             if i >= k:
                 continue
@@ -269,18 +196,24 @@ class LazySeqRuntime(_DerivedRuntime):
                     self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
                 continue
             if part is None:
-                part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
+                part = self.parts[key] = LazyPartition(self.partition_values(ev.attrs), self.n)
             buf = part.bufs[i]
             if buf and buf[0].ev.ts + w < now:
-                _drop_expired(buf, w, now)
+                drop_expired(buf, w, now)
             if b is None:
-                b = _B(seq, ev)
+                b = Binding(seq, ev)
             buf.append(b)
             if tracing:
                 self._trace("buffered", f"{ev.id} as {self.names[i]}")
 
     def _step_first(
-        self, part: _LPart | None, key: tuple, ev: Event, seq: int, leaves: list[int], b: _B | None
+        self,
+        part: LazyPartition | None,
+        key: PartKey,
+        ev: Event,
+        seq: int,
+        leaves: list[int],
+        b: Binding | None,
     ) -> None:
         """`select first`, an event the driver did not consume: bind the awaited component, or open.
 
@@ -309,7 +242,7 @@ class LazySeqRuntime(_DerivedRuntime):
                         if tracing:
                             self._trace("ignored", f"{ev.id} for {names[j]}: where not satisfied")
                         return
-                chain.append(b or _B(seq, ev))
+                chain.append(b or Binding(seq, ev))
                 if tracing:
                     self._trace("extended", f"opened by {op.ev.id}: {ev.id} bound as {names[j]}")
             elif tracing and 0 in leaves:
@@ -326,302 +259,10 @@ class LazySeqRuntime(_DerivedRuntime):
                 self._trace("ignored", f"{ev.id} cannot start: where not satisfied")
             return
         if part is None:
-            part = self.parts[key] = _LPart(self.partition_values(ev.attrs), self.n)
-        part.opener = b or _B(seq, ev)
+            part = self.parts[key] = LazyPartition(self.partition_values(ev.attrs), self.n)
+        part.opener = b or Binding(seq, ev)
         if tracing:
             self._trace(
                 "opened",
                 f"{{{self.names[0]}: {ev.id}}} (rare-first: no timer, no auxiliary profiles)",
             )
-
-    def _expire(self, part: _LPart) -> None:
-        """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""
-        part.opener = None
-        for buf in part.bufs:
-            buf.clear()
-
-    def _sweep(self, now: float) -> None:
-        for key, part in list(self.parts.items()):
-            self._prune(part, now)
-            self._tidy(key, part)
-
-    def _tidy(self, key: tuple, part: _LPart) -> None:
-        if not part.size() and self.parts.get(key) is part:
-            del self.parts[key]
-
-    def _prune(self, part: _LPart, now: float) -> None:
-        """Forget what no PM alive at `now` can hold: a PM lives while first.ts + T >= now."""
-        w = self.window
-        op = part.opener
-        if op is not None and op.ev.ts + w < now:
-            self._expire(part)
-            return
-        if not self.each:
-            return  # `first` holds its PM's bindings, not a buffer
-        for buf in part.bufs:
-            if buf and buf[0].ev.ts + w < now:
-                _drop_expired(buf, w, now)
-        if part.pend:
-            part.pend = [pm for pm in part.pend if min(x.ev.ts for x in pm) + w >= now]
-
-    def _check(self, conjs: list, binds: dict[str, dict[str, Any]]) -> bool:
-        for c in conjs:
-            if not c.fn(binds):
-                return False
-        return True
-
-    # --------------------------------------------------------------- drivers
-    def _drive_first(self, part: _LPart, b: _B) -> bool:
-        """`select first`: complete the partition's one PM if it waits for the driver."""
-        op = part.opener
-        if op is None:
-            return False
-        chain = part.bufs[0]
-        last = self.n - 1
-        if len(chain) != last - 1:
-            return False  # the PM does not wait for the driver yet
-        names = self.names
-        binds = [op, *chain, b]
-        cs = self.conjs[last]
-        if cs and not self._check(cs, {names[j]: x.ev.attrs for j, x in enumerate(binds)}):
-            if self.engine.tracer is not None:
-                self._trace("ignored", f"{b.ev.id}: where not satisfied")
-            return False
-        events = {names[j]: x.ev for j, x in enumerate(binds)}
-        if self.unique:
-            self._expire(part)  # consumed: the partition is empty again
-        self.report(b.ev.ts, events, part.values)
-        return self.unique
-
-    def _drive_each(self, part: _LPart, b: _B) -> bool:
-        """`select each`: every buffered combination the driver completes, earliest first."""
-        if not all(part.bufs):
-            return False
-        names, last = self.names, self.n - 1
-        if last == 1 and self.engine.tracer is None:
-            return self._drive_pairs(part, b)
-        found = self._combos(part.bufs, last, b, self.unique)
-        if not found:
-            return False
-        ts = b.ev.ts
-        for combo in found:
-            events = {names[j]: x.ev for j, x in enumerate(combo)}
-            if self.unique:
-                self._consume(part, {x.seq for x in combo})
-            self.report(ts, events, part.values)
-            if not self.active:
-                break
-        return self.unique
-
-    def _combos(self, bufs: list[list[_B]], depth: int, b: _B, first_only: bool) -> list[list[_B]]:
-        """The partial matches on components 0..depth-1 the eager engine holds (buffered
-        events in component order, the first inside the window: the caller pruned) that
-        `b` extends as component `depth`, each with `b`, earliest first; the conjuncts
-        checked at the binding that makes them checkable, as `_try_bind` does."""
-        names, conjs = self.names, self.conjs
-        found: list[list[_B]] = []
-        stack: list[_B] = []
-        attrs: dict[str, dict[str, Any]] = {}
-
-        def dfs(j: int, prev: int) -> bool:  # True: stop (first_only found one)
-            if j == depth:
-                cs = conjs[depth]
-                if cs:
-                    attrs[names[depth]] = b.ev.attrs
-                    if not self._check(cs, attrs):
-                        return False
-                found.append([*stack, b])
-                return first_only
-            cs = conjs[j]
-            name = names[j]
-            for x in bufs[j]:
-                if x.seq <= prev:
-                    continue
-                attrs[name] = x.ev.attrs
-                if cs and not self._check(cs, attrs):
-                    continue
-                stack.append(x)
-                stop = dfs(j + 1, x.seq)
-                stack.pop()
-                if stop:
-                    return True
-            return False
-
-        dfs(0, -1)
-        return found
-
-    def _consume(self, part: _LPart, used: set[int]) -> None:
-        """`consume unique`: the eager engine drops every PM holding a consumed event."""
-        for buf in part.bufs:
-            if buf:
-                buf[:] = [x for x in buf if x.seq not in used]
-        if part.pend:
-            part.pend = [pm for pm in part.pend if not any(x.seq in used for x in pm)]
-
-    def _step_past(self, part: _LPart, b: _B, leaves: list[int]) -> bool:
-        """`select each` driven by a middle component k: `b` extends the partial matches past
-        k (`pend`) and, as component k, every buffered combination before it; completions
-        are reported earliest first (one, consumed, under `unique`). True: consumed."""
-        names, conjs, last, k = self.names, self.conjs, self.n - 1, self.k
-        ev = b.ev
-        done: list[list[_B]] = []
-        made: list[list[_B]] = []
-        for pm in part.pend:
-            j = len(pm)
-            if j not in leaves:
-                continue
-            cs = conjs[j]
-            if cs:
-                attrs = {names[i]: x.ev.attrs for i, x in enumerate(pm)}
-                attrs[names[j]] = ev.attrs
-                if not self._check(cs, attrs):
-                    continue
-            (done if j == last else made).append([*pm, b])
-        if k in leaves and all(part.bufs[:k]):
-            made.extend(self._combos(part.bufs, k, b, False))
-        if self.engine.tracer is not None:
-            for pm in made:
-                self._trace(
-                    "extended",
-                    "{" + ", ".join(f"{names[i]}: {x.ev.id}" for i, x in enumerate(pm)) + "}",
-                )
-        if done:
-            done.sort(key=lambda pm: [x.seq for x in pm])
-            ts = ev.ts
-            if self.unique:
-                self._consume(part, {x.seq for x in done[0]})
-                self.report(ts, {names[j]: x.ev for j, x in enumerate(done[0])}, part.values)
-                return True  # what this event made holds it: consumed too
-            for pm in done:
-                self.report(ts, {names[j]: x.ev for j, x in enumerate(pm)}, part.values)
-                if not self.active:
-                    return False
-        part.pend.extend(made)
-        return False
-
-    def _drive_pairs(self, part: _LPart, b: _B) -> bool:
-        """`_drive_each` for `seq(a, b)`: one loop, notifications built inline (as `_fast_each`)."""
-        buf = part.bufs[0]
-        n0, n1 = self.names
-        cs = self.conjs[1]
-        ev = b.ev
-        eng = self.engine
-        pid, values, sub = self.pid, part.values, self.subscriber
-        for x in buf:  # pruned: inside the window, in arrival order (= §4's reporting order)
-            if cs and not self._check(cs, {n0: x.ev.attrs, n1: ev.attrs}):
-                continue
-            eng._nseq += 1
-            eng._out.append(Notification(pid, ev.ts, {n0: x.ev, n1: ev}, values, eng._nseq, sub))
-            if self.once:
-                eng._deactivate(self)
-                return self.unique
-            if self.unique:
-                buf.remove(x)
-                return True
-        return False
-
-    def _trace(self, action: str, detail: str) -> None:
-        self.engine._trace(self.profile.id, action, detail)
-
-
-# ------------------------------------------------------------------ re-planning
-
-
-def eager_to_lazy(old: Any, new: LazySeqRuntime) -> None:
-    """Move an eager runtime's partial matches into `new`'s buffers (the engine re-plans).
-
-    Lossless: under `each` the eager PMs are every valid prefix of buffered events, so the
-    events they bind, per component, are the buffers (an event bound by no PM can never
-    be: every earlier event it could follow was there when it arrived); under `first` the
-    one PM is the opener and its bindings. `old` is cleared afterwards by the caller.
-    """
-    n = new.n
-    for key, part in old.parts.items():
-        pms = [pm for pm in part.pms if pm.alive]
-        if not pms:
-            continue
-        lp = _LPart(part.values, n)
-        if new.each:
-            k = new.k
-            ahead = [pm for pm in pms if pm.binds[k] is None]  # before the driver: buffered
-            for j in range(k):
-                seen: dict[int, _B] = {}
-                for pm in ahead:
-                    x = pm.binds[j]
-                    if x is not None:
-                        seen[x.seq] = x
-                lp.bufs[j] = [seen[s] for s in sorted(seen)]
-            lp.pend = [
-                [x for x in pm.binds if x is not None] for pm in pms if pm.binds[k] is not None
-            ]
-        else:
-            pm = pms[0]
-            lp.opener = pm.binds[0]
-            for j in range(1, n - 1):
-                if pm.binds[j] is None:
-                    break
-                lp.bufs[0].append(pm.binds[j])
-        new.parts[key] = lp
-
-
-def lazy_to_eager(old: LazySeqRuntime, new: Any, now: float | None) -> None:
-    """Rebuild, in the eager runtime `new`, the partial matches `old`'s state stands for.
-
-    Every PM alive at `now` (first.ts + T >= now): under `first` the tracked one, under
-    `each` every valid prefix of buffered events in arrival order (the conjuncts checked at
-    each binding). `new._add_pm` gives each its terminator and auxiliary profiles.
-    """
-    from filters.engine import _PM, _Partition
-
-    n, w = old.n, old.window
-    for key, lp in old.parts.items():
-        part = _Partition(key, lp.values)
-        made: list[list[_B]] = []
-        if not old.each:
-            op = lp.opener
-            if op is not None and (now is None or op.ev.ts + w >= now):
-                made.append([op, *lp.bufs[0]])
-        else:
-            made = _prefixes(old, lp.bufs, now)
-            made.extend(pm for pm in lp.pend if now is None or min(x.ev.ts for x in pm) + w >= now)
-        if not made:
-            continue
-        new.parts[key] = part
-        for binds in made:
-            pm = _PM(n, part)
-            for j, x in enumerate(binds):
-                pm.binds[j] = x
-            pm.mask = (1 << len(binds)) - 1
-            new._add_pm(part, pm)
-
-
-def _prefixes(rt: LazySeqRuntime, bufs: list[list[_B]], now: float | None) -> list[list[_B]]:
-    """Every valid prefix (components 0..j, j < the driver) of buffered events alive at `now`."""
-    n, w, names, conjs = rt.k + 1, rt.window, rt.names, rt.conjs
-    made: list[list[_B]] = []
-    stack: list[_B] = []
-    attrs: dict[str, dict[str, Any]] = {}
-
-    def dfs(j: int, prev: int) -> None:
-        if j == n - 1:
-            return
-        for x in bufs[j]:
-            if x.seq <= prev:
-                continue
-            if j == 0 and now is not None and x.ev.ts + w < now:
-                continue  # its window ended: eagerly, its PMs expired
-            attrs[names[j]] = x.ev.attrs
-            if conjs[j] and not rt._check(conjs[j], attrs):
-                continue
-            stack.append(x)
-            made.append(list(stack))
-            dfs(j + 1, x.seq)
-            stack.pop()
-        attrs.pop(names[j], None)
-
-    dfs(0, -1)
-    return made
-
-
-state_format.register("lazy-seq-runtime", LazySeqRuntime)
-state_format.register("lazy-partition", _LPart)

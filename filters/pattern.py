@@ -37,7 +37,10 @@ _NUM = (int, float)
 
 # Mask tables depend only on a pattern's shape (node kinds, negations, windows),
 # not on its filters: profiles of one shape share them.
-_SHAPE_TABLES: dict[tuple, tuple[dict[int, MaskInfo], dict[int, int], dict[int, dict]]] = {}
+Transitions = dict[int, tuple[int, tuple[int, ...] | None]]
+_SHAPE_TABLES: dict[
+    tuple[Any, ...], tuple[dict[int, MaskInfo], dict[int, int], dict[int, Transitions]]
+] = {}
 
 
 @dataclass(slots=True)
@@ -170,7 +173,7 @@ class Pattern:
     eq_bindings: dict[int, list[tuple[str, int, str]]] = field(default_factory=dict)
     _masks: dict[int, MaskInfo] = field(default_factory=dict)
     _cleared: dict[int, int] = field(default_factory=dict)
-    _trans: dict[int, dict[int, tuple[int, tuple[int, ...] | None]]] = field(default_factory=dict)
+    _trans: dict[int, Transitions] = field(default_factory=dict)
     has_any: bool = False
     _bind_conjs: dict[tuple[int, int], list[Conj]] = field(default_factory=dict)
 
@@ -255,7 +258,7 @@ class Pattern:
             mi = self._masks[mask] = self._compute(mask)
         return mi
 
-    def transitions(self, mask: int) -> dict[int, tuple[int, tuple[int, ...] | None]]:
+    def transitions(self, mask: int) -> Transitions:
         """Enabled leaf -> (next mask, the complete match's leaves in written order, or None).
 
         The engine's fast path (no where, negations or any) in one lookup; shared by shape.
@@ -304,44 +307,54 @@ class Pattern:
         node = self.nodes[nid]
         if self._complete("node", nid, mask):
             return
-        children = node.children
         if node.kind == "seq":
-            prev_done = True
-            for pos, (kind, j) in enumerate(children):
-                if kind == "leaf" and self.leaves[j].negated:
-                    if nid == 0 and (j in self.leading or j in self.trailing):
-                        continue
-                    nxt = next(
-                        (
-                            (k, jj)
-                            for k, jj in children[pos + 1 :]
-                            if not (k == "leaf" and self.leaves[jj].negated)
-                        ),
-                        None,
-                    )
-                    if prev_done and nxt is not None and not self._started(nxt[0], nxt[1], mask):
-                        mi.negations.append(j)
-                    continue
-                if self._complete(kind, j, mask):
-                    prev_done = True
-                    continue
-                self._enable(kind, j, mask, mi, any_group)
-                break
+            self._walk_seq(nid, mask, mi, any_group)
         elif node.kind == "all":
-            started = bool(mask & node.leaves)
-            for kind, j in children:
-                if kind == "leaf" and self.leaves[j].negated:
-                    if started:
-                        mi.negations.append(j)
-                    continue
-                if self._complete(kind, j, mask):
-                    if kind == "leaf":
-                        mi.all_bound.append(j)
-                    continue
-                self._enable(kind, j, mask, mi, any_group)
+            self._walk_all(nid, mask, mi, any_group)
         else:  # any: every alternative progresses; the first to complete wins
-            for kind, j in children:
+            for kind, j in node.children:
                 self._enable(kind, j, mask, mi, nid if kind == "leaf" else any_group)
+
+    def _walk_seq(self, nid: int, mask: int, mi: MaskInfo, any_group: int) -> None:
+        """A seq enables its first incomplete positive child; a negation between two positives
+        is active once the one before it is complete and the one after it has not started."""
+        children = self.nodes[nid].children
+        prev_done = True
+        for pos, (kind, j) in enumerate(children):
+            if kind == "leaf" and self.leaves[j].negated:
+                if nid == 0 and (j in self.leading or j in self.trailing):
+                    continue
+                nxt = next(
+                    (
+                        (k, jj)
+                        for k, jj in children[pos + 1 :]
+                        if not (k == "leaf" and self.leaves[jj].negated)
+                    ),
+                    None,
+                )
+                if prev_done and nxt is not None and not self._started(nxt[0], nxt[1], mask):
+                    mi.negations.append(j)
+                continue
+            if self._complete(kind, j, mask):
+                prev_done = True
+                continue
+            self._enable(kind, j, mask, mi, any_group)
+            break
+
+    def _walk_all(self, nid: int, mask: int, mi: MaskInfo, any_group: int) -> None:
+        """An all enables every incomplete child; its negations are active once it started."""
+        node = self.nodes[nid]
+        started = bool(mask & node.leaves)
+        for kind, j in node.children:
+            if kind == "leaf" and self.leaves[j].negated:
+                if started:
+                    mi.negations.append(j)
+                continue
+            if self._complete(kind, j, mask):
+                if kind == "leaf":
+                    mi.all_bound.append(j)
+                continue
+            self._enable(kind, j, mask, mi, any_group)
 
     def _enable(self, kind: str, j: int, mask: int, mi: MaskInfo, any_group: int) -> None:
         if kind == "leaf":

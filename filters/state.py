@@ -302,7 +302,7 @@ class _Reader(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("copyreg", "__newobj__"):
-            return copyreg.__newobj__
+            return copyreg.__newobj__  # type: ignore[attr-defined]  # (not in typeshed)
         raise StateError(f"not an ENS engine snapshot: its body names the class {module}.{name}")
 
 
@@ -373,6 +373,8 @@ class Stored:
 
     __slots__ = ("args", "state")
     name = ""
+    args: tuple[Any, ...]
+    state: Any
 
     def __new__(cls, *args: Any) -> Stored:
         obj = object.__new__(cls)
@@ -408,7 +410,8 @@ def plain(data: bytes) -> Stored:
     schema test and looking inside a checkpoint); never builds an engine class."""
     if header(data)["version"] < 2:
         raise StateError("a version 1 snapshot (the old pickle) has no plain view")
-    return _PlainReader(io.BytesIO(data[data.index(b"\n") + 1 :])).load()
+    stored: Stored = _PlainReader(io.BytesIO(data[data.index(b"\n") + 1 :])).load()
+    return stored
 
 
 def fields_of(content: Any) -> tuple[str, ...]:

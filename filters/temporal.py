@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from typing import Any, TypeAlias
+from typing import Any
 
 from sortedcontainers import SortedList
 
 _INF = float("inf")
-# (when, CLOCK or TIMER, tie-breaker (any comparable), payload): sorted by time, clocks first
-Item: TypeAlias = tuple[float, int, Any, Any]
 CLOCK = 0  # a clock event at t is processed before any event with ts >= t
 TIMER = 1  # a timer with deadline d fires once time passes d (d < ts of the next event)
+
+Handle = tuple[float, int, Any, Any]  # (deadline, CLOCK or TIMER, tie-breaker, payload)
 
 
 class TemporalPool:
@@ -49,28 +49,28 @@ class TemporalPool:
         items = self._items
         self.head = items[0][0] if items else _INF
 
-    def _insert(self, item: Item) -> Item:
+    def _insert(self, item: Handle) -> Handle:
         self._items.add(item)
         if item[0] < self.head:
             self.head = item[0]
         return item
 
-    def add(self, when: float, kind: int, payload: Any) -> Item:
+    def add(self, when: float, kind: int, payload: Any) -> Handle:
         """Schedule `payload`; the returned handle removes it again."""
         return self._insert((when, kind, next(self._tie), payload))
 
-    def discard(self, handle: Item | None) -> None:
+    def discard(self, handle: Handle | None) -> None:
         if handle is not None:
             self._items.discard(handle)
             if handle[0] <= self.head:
                 self._reset_head()
 
-    def pop_due(self, now: float, inclusive: bool) -> Item | None:
+    def pop_due(self, now: float, inclusive: bool) -> Handle | None:
         """The next entry due at `now`: clocks at <= now, timers at < now (<= now if inclusive)."""
         if self.head > now:
             return None
         items = self._items
-        item: Item = items[0]
+        item: Handle = items[0]
         when, kind = item[0], item[1]
         if when < now or (when == now and (inclusive or kind == CLOCK)):
             items.pop(0)

@@ -12,7 +12,10 @@ that component, whether or not a partial match waits for it: the cost the
 single-step engine avoids.
 
 Written from LANGUAGE.md and docs/semantics.md only (not from filters/engine.py)
-so that the differential tests compare two independent readings.
+so that the differential tests compare two independent readings. The pattern
+tree and the questions asked of a PM's bindings are in `filters.twostep_pattern`;
+here are the runtimes: `_PartialMatches` keeps a composite's partitions, PMs and
+timers, `_CompositeRuntime` evaluates an event in four phases on top of it.
 """
 
 from __future__ import annotations
@@ -23,302 +26,38 @@ from collections.abc import Iterable
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from filters.compile import compare, norm
+from filters.compile import norm
 from filters.notification import Notification
 from filters.pool import PrimitivePool, owners_by_profile
-from filters.temporal import TemporalPool, TimeDriven
-from profiles.ast import (
-    Absent,
-    All,
-    AnyOf,
-    Arith,
-    Clock,
-    Cond,
-    Lit,
-    Profile,
-    Ref,
-    Seq,
-    Term,
-    WAnd,
-    WCmp,
-    WNot,
-    WOr,
-    conjuncts,
-    is_filter,
-    refs_of,
-)
+from filters.temporal import Handle, TemporalPool, TimeDriven
+from filters.twostep_pattern import B, Binds, Node, TreePattern, holds, node_done, node_started
+from profiles.ast import Absent, Clock, Profile, is_filter
 from profiles.events import Event
 
-_INF = float("inf")
-B = tuple[int, Event]  # a bound event: (arrival number, event)
-
-
-# ------------------------------------------------------------------ where
-def _term(t: Term, env: dict[str, dict[str, Any]]) -> Any:
-    """Value of a where term; None when a reference is absent or the arithmetic is undefined."""
-    if isinstance(t, Ref):
-        attrs = env.get(t.name)
-        return None if attrs is None else attrs.get(t.attr)
-    if isinstance(t, Lit):
-        return t.value
-    assert isinstance(t, Arith)
-    x, y = _term(t.left, env), _term(t.right, env)
-    if x.__class__ not in (int, float) or y.__class__ not in (int, float):
-        return None
-    if t.op == "+":
-        return x + y
-    if t.op == "-":
-        return x - y
-    if t.op == "*":
-        return x * y
-    return None if y == 0 else x / y
-
-
-def _holds(c: Cond, env: dict[str, dict[str, Any]]) -> bool:
-    if isinstance(c, WCmp):
-        return compare(_term(c.left, env), c.op, _term(c.right, env))
-    if isinstance(c, WAnd):
-        return all(_holds(i, env) for i in c.items)
-    if isinstance(c, WOr):
-        return any(_holds(i, env) for i in c.items)
-    assert isinstance(c, WNot)
-    return not _holds(c.item, env)
-
-
-# ------------------------------------------------------------- the pattern
-class _Leaf:
-    """A primitive component (filter or clock), positive or negated."""
-
-    __slots__ = ("idx", "name", "filter", "clock", "negated", "parent", "anys", "path")
-
-    def __init__(self, idx: int, name: str, expr: Any, negated: bool, parent: _Node) -> None:
-        self.idx = idx
-        self.name = name
-        self.clock: Clock | None = expr if isinstance(expr, Clock) else None
-        self.filter = None if self.clock is not None else expr
-        self.negated = negated
-        self.parent = parent
-        self.anys: list[_Node] = []  # any-ancestors, innermost first
-        self.path: list[Any] = []  # ancestors from the root down, then the leaf itself
-
-
-class _Node:
-    """A composite (seq/all/any); `pos` holds its positive children in written order."""
-
-    __slots__ = ("nid", "kind", "children", "pos", "within", "parent", "leaves", "negs")
-
-    def __init__(self, nid: int, kind: str, within: float | None, parent: _Node | None) -> None:
-        self.nid = nid
-        self.kind = kind
-        self.within = within
-        self.parent = parent
-        self.children: list[_Node | _Leaf] = []
-        self.pos: list[_Node | _Leaf] = []
-        self.leaves: list[int] = []  # positive leaves under this node
-        self.negs: list[tuple[_Leaf, Any, Any]] = []  # (negated leaf, previous, next positive)
-
-
-def _done(n: _Node | _Leaf, binds: list) -> bool:
-    """Is `n` complete under `binds`?"""
-    if n.__class__ is _Leaf:
-        return binds[n.idx] is not None  # type: ignore[union-attr]
-    if n.kind == "any":  # type: ignore[union-attr]
-        return any(_done(c, binds) for c in n.pos)  # type: ignore[union-attr]
-    return all(_done(c, binds) for c in n.pos)  # type: ignore[union-attr]
-
-
-def _started(n: _Node | _Leaf, binds: list) -> bool:
-    if n.__class__ is _Leaf:
-        return binds[n.idx] is not None  # type: ignore[union-attr]
-    return any(binds[i] is not None for i in n.leaves)  # type: ignore[union-attr]
-
-
-def _enabled(n: _Node | _Leaf, binds: list, out: list[int]) -> None:
-    """Leaves the PM waits for: first incomplete child of a seq, every incomplete child of an all,
-    every alternative of an incomplete any."""
-    if n.__class__ is _Leaf:
-        if binds[n.idx] is None:  # type: ignore[union-attr]
-            out.append(n.idx)  # type: ignore[union-attr]
-        return
-    kind = n.kind  # type: ignore[union-attr]
-    if kind == "seq":
-        for c in n.pos:  # type: ignore[union-attr]
-            if not _done(c, binds):
-                _enabled(c, binds, out)
-                return
-    elif kind == "all":
-        for c in n.pos:  # type: ignore[union-attr]
-            if not _done(c, binds):
-                _enabled(c, binds, out)
-    elif not _done(n, binds):
-        for c in n.pos:  # type: ignore[union-attr]
-            _enabled(c, binds, out)
-
-
-class _Pattern:
-    """A composite profile compiled to a tree of nodes and leaves, plus its where conjuncts."""
-
-    def __init__(self, profile: Profile) -> None:
-        self.leaves: list[_Leaf] = []
-        self.nodes: list[_Node] = []
-        self.root = self._build(profile.expr, None, profile.within)
-        leaves = self.leaves
-        self.pos = [lf.idx for lf in leaves if not lf.negated]
-        self.neg = {lf.idx for lf in leaves if lf.negated}
-        self.by_name = {lf.name: lf.idx for lf in leaves}
-        starts: list[int] = []
-        _enabled(self.root, [None] * len(leaves), starts)
-        self.starts = frozenset(starts)
-        root = self.root
-        self.leading: list[int] = []
-        self.trailing: list[int] = []
-        if root.kind == "seq":
-            kids = root.children
-            for c in kids:
-                if c.__class__ is _Leaf and c.negated:  # type: ignore[union-attr]
-                    self.leading.append(c.idx)  # type: ignore[union-attr]
-                else:
-                    break
-            for c in reversed(kids):
-                if c.__class__ is _Leaf and c.negated:  # type: ignore[union-attr]
-                    self.trailing.append(c.idx)  # type: ignore[union-attr]
-                else:
-                    break
-        self.flat = root.kind != "any" and len(self.nodes) == 1 and not self.neg
-        self.timed = [n for n in self.nodes if n.within is not None and n is not root]
-        # where: conjuncts over positives are checked when their last leaf binds; those with a
-        # negated leaf decide whether that negation kills; those that can never be fully bound
-        # (two alternatives of one any) are evaluated at completion
-        self.pos_conj: dict[int, list[tuple[Cond, tuple[int, ...]]]] = {}
-        self.neg_conj: dict[int, list[tuple[Cond, tuple[int, ...]]]] = {}
-        # at completion every conjunct is evaluated on the final match, unbound references absent
-        self.late_conj: list[tuple[Cond, tuple[int, ...], bool]] = []
-        self.const_conj: list[Cond] = []
-        for c in conjuncts(profile.where):
-            idxs = sorted(self.by_name[n] for n in refs_of(c))
-            negs = [i for i in idxs if i in self.neg]
-            poss = tuple(i for i in idxs if i not in self.neg)
-            if negs:
-                for x in negs:
-                    self.neg_conj.setdefault(x, []).append((c, poss))
-            elif not poss:
-                self.const_conj.append(c)
-            else:
-                excl = any(self.exclusive(i, j) for i in poss for j in poss if i < j)
-                self.late_conj.append((c, poss, excl))
-                if not excl:
-                    for i in poss:
-                        self.pos_conj.setdefault(i, []).append((c, poss))
-
-    def _build(self, expr: Any, parent: _Node | None, within: float | None) -> _Node:
-        kind = "seq" if isinstance(expr, Seq) else "all" if isinstance(expr, All) else "any"
-        assert isinstance(expr, (Seq, All, AnyOf))
-        node = _Node(len(self.nodes), kind, within, parent)
-        self.nodes.append(node)
-        for comp in expr.components:
-            e = comp.expr
-            if isinstance(e, (Seq, All, AnyOf)):
-                child: _Node | _Leaf = self._build(e, node, e.within)
-            else:
-                child = _Leaf(len(self.leaves), comp.name, e, comp.negated, node)
-                self.leaves.append(child)
-                a: _Node | None = node
-                while a is not None:
-                    if a.kind == "any":
-                        child.anys.append(a)
-                    if not comp.negated:
-                        a.leaves.append(child.idx)
-                    a = a.parent
-                chain: list[Any] = [child]
-                a = node
-                while a is not None:
-                    chain.append(a)
-                    a = a.parent
-                child.path = chain[::-1]
-            node.children.append(child)
-            if not (child.__class__ is _Leaf and comp.negated):
-                node.pos.append(child)
-        for i, c in enumerate(node.children):
-            if c.__class__ is _Leaf and c.negated:  # type: ignore[union-attr]
-                prev = next((p for p in reversed(node.children[:i]) if p in node.pos), None)
-                nxt = next((p for p in node.children[i + 1 :] if p in node.pos), None)
-                node.negs.append((c, prev, nxt))  # type: ignore[arg-type]
-        return node
-
-    def done(self, binds: list) -> bool:
-        """Is the root complete? (A flat pattern of positive leaves needs no tree walk.)"""
-        if self.flat:
-            return None not in binds
-        return _done(self.root, binds)
-
-    def enabled(self, binds: list) -> list[int]:
-        if self.flat:
-            if self.root.kind == "seq":
-                return [binds.index(None)] if None in binds else []
-            return [i for i, b in enumerate(binds) if b is None]
-        out: list[int] = []
-        _enabled(self.root, binds, out)
-        return out
-
-    def exclusive(self, i: int, j: int) -> bool:
-        """Are leaves i and j in different alternatives of one any (never both bound)?"""
-        pi, pj = self.leaves[i].path, self.leaves[j].path
-        k = 0
-        while k < len(pi) and k < len(pj) and pi[k] is pj[k]:
-            k += 1
-        lca = pi[k - 1]
-        return lca.__class__ is _Node and lca.kind == "any"
-
-    def alt_of(self, leaf: int) -> int | None:
-        """The any node a leaf is a direct alternative of (None otherwise)."""
-        parent = self.leaves[leaf].parent
-        return parent.nid if parent.kind == "any" else None
-
-    def active_negs(self, binds: list) -> list[int]:
-        """Negated leaves (between in a seq, or in an all) active for a PM, in written order."""
-        out: list[int] = []
-        self._act(self.root, binds, out)
-        out.sort()
-        return out
-
-    def _act(self, node: _Node, binds: list, out: list[int]) -> None:
-        if node.negs:
-            if node.kind == "all":
-                if _started(node, binds) and not _done(node, binds):
-                    out.extend(x.idx for x, _, _ in node.negs)
-            else:
-                for x, prev, nxt in node.negs:
-                    if prev is None:
-                        continue  # leading: checked when a match completes
-                    if nxt is None:
-                        if _done(node, binds):  # trailing: the PM waits for its deadline
-                            out.append(x.idx)
-                    elif _done(prev, binds) and not _started(nxt, binds):
-                        out.append(x.idx)
-        for c in node.pos:
-            if c.__class__ is _Node:
-                self._act(c, binds, out)  # type: ignore[arg-type]
-
-
 # ------------------------------------------------------------ runtime state
+Key = tuple[Any, ...]  # a partition key (normalised `per` values)
+Values = dict[str, Any] | None  # a partition's `per` attributes as they came (None: no `per`)
+Completion = tuple[tuple[float, ...], Binds]  # (report order, bindings)
+
+
 class _PM:
     """A partial match: the positive leaves bound so far, plus negation candidates."""
 
     __slots__ = ("binds", "cands", "counts", "waiting", "alive", "timers", "part", "seen")
 
-    def __init__(self, binds: list, part: _Part) -> None:
+    def __init__(self, binds: Binds, part: _Part) -> None:
         self.binds = binds
         self.cands: list[tuple[int, B]] = []  # negation events waiting for their where verdict
         self.counts: dict[int, int] = {}  # nth: matching events seen per enabled leaf
         self.waiting = False  # all positives bound, waiting for a trailing negation's deadline
         self.alive = True
-        self.timers: dict[int, tuple] = {}  # node id -> temporal handle (deadline first)
+        self.timers: dict[int, Handle] = {}  # node id -> temporal handle (deadline first)
         self.part = part
         # select last: between-negation events seen while alive (bound or not), which a
         # replacement may put between its events (`_CompositeRuntime._replace`)
         self.seen: list[tuple[int, B]] = []
 
-    def copy(self, binds: list) -> _PM:
+    def copy(self, binds: Binds) -> _PM:
         pm = _PM(binds, self.part)
         pm.cands = list(self.cands)
         pm.counts = dict(self.counts)
@@ -337,13 +76,13 @@ class _Part:
 
     __slots__ = ("key", "values", "pms", "lists", "nth", "nth_timer")
 
-    def __init__(self, key: tuple, values: dict[str, Any] | None) -> None:
+    def __init__(self, key: Key, values: Values) -> None:
         self.key = key
         self.values = values
         self.pms: list[_PM] = []
         self.lists: dict[int, deque[B]] = {}
         self.nth = 0
-        self.nth_timer: tuple | None = None
+        self.nth_timer: Handle | None = None
 
 
 class _Runtime:
@@ -377,7 +116,7 @@ class _Runtime:
     def live(self) -> tuple[int, int, int]:
         return (0, 0, 0)
 
-    def partition(self, attrs: dict[str, Any]) -> tuple[tuple, dict[str, Any] | None] | None:
+    def partition(self, attrs: dict[str, Any]) -> tuple[Key, Values] | None:
         per = self.profile.per
         if not per:
             return (), None
@@ -413,12 +152,13 @@ class _AbsentRuntime(_Runtime):
     def __init__(self, engine: TwoStepEngine, profile: Profile, idx: int) -> None:
         super().__init__(engine, profile, idx)
         assert isinstance(profile.expr, Absent) and profile.within is not None
+        self.absent = profile.expr
         self.window = profile.within
-        self.armed: dict[tuple, tuple[Event | None, dict[str, Any] | None, tuple]] = {}
+        self.armed: dict[Key, tuple[Event | None, Values, Handle]] = {}
         self.started = False
 
     def filters(self) -> Iterable[tuple[Any, int]]:
-        return ((self.profile.expr.filter, 0),)  # type: ignore[union-attr]
+        return ((self.absent.filter, 0),)
 
     def activate(self, now: float | None) -> None:
         if now is not None and not self.started:
@@ -426,9 +166,7 @@ class _AbsentRuntime(_Runtime):
             if not self.profile.per:
                 self._arm((), None, None, now + self.window)
 
-    def _arm(
-        self, key: tuple, values: dict[str, Any] | None, last: Event | None, at: float
-    ) -> None:
+    def _arm(self, key: Key, values: Values, last: Event | None, at: float) -> None:
         old = self.armed.get(key)
         if old is not None:
             self.engine.timers.discard(old[2])
@@ -460,17 +198,18 @@ class _AbsentRuntime(_Runtime):
         return (0, len(self.armed), 0)
 
 
-class _CompositeRuntime(_Runtime):
-    """Step 2 for one composite profile: binding lists and partial matches per partition."""
+class _PartialMatches(_Runtime):
+    """A composite profile's partitions and partial matches: binding a leaf, timers, dropping,
+    resetting and timing out (what `_CompositeRuntime` builds its evaluation on)."""
 
     def __init__(self, engine: TwoStepEngine, profile: Profile, idx: int) -> None:
         super().__init__(engine, profile, idx)
-        self.pat = _Pattern(profile)
+        self.pat = TreePattern(profile)
         self.kind = profile.select.kind
         self.nth = profile.select.n
         self.unique = profile.consume == "unique"
         self.window = profile.within
-        self.parts: dict[tuple, _Part] = {}
+        self.parts: dict[Key, _Part] = {}
         self.has_trailing = bool(self.pat.trailing)
         self.openers = self.pat.starts | frozenset(self.pat.leading)
         # select last: negations between positives, which a replacement must respect (§4.1)
@@ -490,97 +229,69 @@ class _CompositeRuntime(_Runtime):
         return ((lf.filter, lf.idx) for lf in self.pat.leaves if lf.clock is None)
 
     def clocks(self) -> Iterable[Clock]:
-        return {lf.clock for lf in self.pat.leaves if lf.clock is not None}  # type: ignore[misc]
+        return {c for lf in self.pat.leaves if (c := lf.clock) is not None}
 
     def clock_leaves(self, clock: Clock) -> list[int]:
         return [lf.idx for lf in self.pat.leaves if lf.clock == clock]
 
-    # ------------------------------------------------------------ helpers
-    def _env(self, binds: list, extra: tuple[int, B] | None = None) -> dict[str, dict[str, Any]]:
-        leaves = self.pat.leaves
-        env = {leaves[i].name: b[1].attrs for i, b in enumerate(binds) if b is not None}
-        if extra is not None:
-            env[leaves[extra[0]].name] = extra[1][1].attrs
-        return env
-
-    def _neg_verdict(self, x: int, xb: B, binds: list) -> bool | None:
-        """Does negation event xb on leaf x satisfy its where conjuncts under `binds`?
-        True: all hold; False: one fails; None: one still needs an unbound positive."""
-        conj = self.pat.neg_conj.get(x)
-        if not conj:
-            return True
-        env = None
-        undecided = False
-        for c, poss in conj:
-            if all(binds[i] is not None for i in poss):
-                if env is None:
-                    env = self._env(binds, (x, xb))
-                if not _holds(c, env):
-                    return False
-            else:
-                undecided = True
-        return None if undecided else True
-
-    def _key(self, binds: list) -> tuple:
-        return tuple(binds[i][0] if binds[i] is not None else _INF for i in self.pat.pos)
-
-    def _complete(self, binds: list) -> bool:
+    # ------------------------------------------------------------ binding
+    def _complete(self, binds: Binds) -> bool:
         """A match to report now (a trailing negation makes the PM wait instead)."""
         return not self.has_trailing and self.pat.done(binds)
 
-    def _try(self, part: _Part, pm: _PM | None, leaf: int, b: B) -> list | None:
+    def _try(self, part: _Part, pm: _PM | None, leaf: int, b: B) -> Binds | None:
         """`pm`'s bindings with `leaf` bound to `b` (replacing a binding under `last`),
         or None when a where conjunct fails, a negation candidate blocks, or a leading
         negation blocks the completion."""
         pat = self.pat
-        binds = list(pm.binds) if pm is not None else [None] * len(pat.leaves)
+        binds: Binds = list(pm.binds) if pm is not None else [None] * len(pat.leaves)
         binds[leaf] = b
-        for a in pat.leaves[leaf].anys:
-            if _done(a, binds):
-                for alt in a.pos:
-                    if alt.__class__ is _Leaf:
-                        if alt.idx != leaf:  # type: ignore[union-attr]
-                            binds[alt.idx] = None  # type: ignore[union-attr]
-                    elif leaf not in alt.leaves:  # type: ignore[union-attr]
-                        for i in alt.leaves:  # type: ignore[union-attr]
-                            binds[i] = None
+        if pat.leaves[leaf].anys:
+            pat.drop_losers(binds, leaf)
         env = None
         for c, poss in pat.pos_conj.get(leaf, ()):
             if all(binds[i] is not None for i in poss):
                 if env is None:
-                    env = self._env(binds)
-                if not _holds(c, env):
+                    env = pat.env(binds)
+                if not holds(c, env):
                     return None
         if pm is None:
             for c in pat.const_conj:
-                if not _holds(c, {}):
+                if not holds(c, {}):
                     return None
         else:
             for x, xb in pm.cands:
-                if self._neg_verdict(x, xb, binds) is True:
+                if pat.neg_verdict(x, xb, binds) is True:
                     return None
-        if pat.done(binds):
-            if pat.late_conj:  # where holds on the final match (dropped bindings are absent)
-                env = self._env(binds)
-                for c, _, _ in pat.late_conj:
-                    if not _holds(c, env):
-                        return None
-            if pat.leading and self._leading_blocks(part, binds):
-                return None
+        if pat.done(binds) and self._completion_blocked(part, binds):
+            return None
         return binds
 
-    def _leading_blocks(self, part: _Part, binds: list) -> bool:
+    def _completion_blocked(self, part: _Part, binds: Binds) -> bool:
+        """A complete match that a where conjunct over the final match (dropped bindings
+        absent) or a leading negation rules out."""
+        pat = self.pat
+        if pat.late_conj:
+            env = pat.env(binds)
+            for c, _, _ in pat.late_conj:
+                if not holds(c, env):
+                    return True
+        return bool(pat.leading) and self._leading_blocks(part, binds)
+
+    def _leading_blocks(self, part: _Part, binds: Binds) -> bool:
         """An x of a leading `not x` before the first positive event, within T of the last."""
         bound = [v for v in binds if v is not None]
         first = min(v[0] for v in bound)
         last_ts = max(v[1].ts for v in bound)
-        lo = last_ts - self.window  # type: ignore[operator]
+        assert self.window is not None  # the parser requires a window with a leading `not`
+        lo = last_ts - self.window
         for x in self.pat.leading:
             for xb in part.lists.get(x, ()):
-                if xb[0] < first and xb[1].ts >= lo and self._neg_verdict(x, xb, binds) is True:
+                if xb[0] < first and xb[1].ts >= lo and self.pat.neg_verdict(x, xb, binds) is True:
                     return True
         return False
 
+    # ---------------------------------------------------- partial matches
     def _sync(self, pm: _PM) -> None:
         """Timers follow the bindings: the window from the first bound event, nested windows
         from their own first event (while they are incomplete)."""
@@ -588,11 +299,9 @@ class _CompositeRuntime(_Runtime):
         want: dict[int, float] = {}
         if self.window is not None:
             want[0] = min(b[1].ts for b in binds if b is not None) + self.window
-        for n in self.pat.timed:
-            if _started(n, binds) and not _done(n, binds):
-                want[n.nid] = (
-                    min(binds[i][1].ts for i in n.leaves if binds[i] is not None) + n.within
-                )  # type: ignore[operator]
+        for n, within in self.pat.timed:
+            if node_started(n, binds) and not node_done(n, binds):
+                want[n.nid] = min(b[1].ts for i in n.leaves if (b := binds[i]) is not None) + within
         timers = self.engine.timers
         for nid, h in list(pm.timers.items()):
             if want.get(nid) != h[0]:
@@ -602,7 +311,7 @@ class _CompositeRuntime(_Runtime):
             if nid not in pm.timers:
                 pm.timers[nid] = self.engine._timer(when, (self, ("pm", pm, nid)))
 
-    def _set(self, pm: _PM, binds: list) -> None:
+    def _set(self, pm: _PM, binds: Binds) -> None:
         pm.binds = binds
         pm.waiting = self.has_trailing and self.pat.done(binds)
         self._sync(pm)
@@ -613,7 +322,7 @@ class _CompositeRuntime(_Runtime):
             self.engine.timers.discard(h)
         pm.timers.clear()
 
-    def _reset(self, pm: _PM, node: _Node) -> None:
+    def _reset(self, pm: _PM, node: Node) -> None:
         """Forget the bindings of a nested composite (its negation fired or its window ended)."""
         if self.kind == "each":
             self._drop(pm)
@@ -629,11 +338,121 @@ class _CompositeRuntime(_Runtime):
         else:
             self._set(pm, binds)
 
-    def _events(self, binds: list) -> dict[str, Event]:
-        leaves = self.pat.leaves
-        return {leaves[i].name: binds[i][1] for i in self.pat.pos if binds[i] is not None}
+    def _open(self, part: _Part, nb: Binds, b: B) -> bool:
+        """Open a PM; one that is complete at once is reported and nothing of it remains."""
+        if self._complete(nb):
+            self.report(b[1].ts, self.pat.events(nb), part.values)
+            if self.unique and self.active:
+                for pm in part.pms:
+                    if pm.alive and b[0] in pm.seqs():
+                        self._drop(pm)
+                part.pms = [pm for pm in part.pms if pm.alive]
+            return True
+        pm = _PM([None] * len(nb), part)
+        self._set(pm, nb)
+        part.pms.append(pm)
+        return False
+
+    def _forget_nth(self, part: _Part) -> None:
+        part.nth = 0
+        if part.nth_timer is not None:
+            self.engine.timers.discard(part.nth_timer)
+            part.nth_timer = None
+
+    def _negate(self, pm: _PM, neg: list[int], b: B) -> None:
+        pat = self.pat
+        for x in neg:
+            if not pm.alive:
+                return
+            if x in pat.leading or x not in pat.active_negs(pm.binds):
+                continue
+            verdict = pat.neg_verdict(x, b, pm.binds)
+            if verdict is False:
+                continue
+            if verdict is None:
+                pm.cands.append((x, b))
+                continue
+            node = pat.leaves[x].parent
+            if node is pat.root:
+                self._drop(pm)
+            else:
+                self._reset(pm, node)
+
+    def _tidy(self, part: _Part) -> None:
+        if part.pms:
+            return
+        if part.nth:
+            return
+        for x in list(part.lists):
+            if x not in self.pat.leading or not part.lists[x]:
+                del part.lists[x]
+        if not part.lists:
+            del self.parts[part.key]
+
+    # -------------------------------------------------------------- timers
+    def on_timer(self, when: float, arg: Any) -> None:
+        if arg[0] == "nth":
+            self._nth_timeout(arg[1])
+        else:
+            self._pm_timeout(when, arg[1], arg[2])
+
+    def _nth_timeout(self, part: _Part) -> None:
+        """select nth: the window of the first counted start ended; the count starts over."""
+        part.nth_timer = None
+        part.nth = 0
+        if self.parts.get(part.key) is part:
+            self._tidy(part)
+
+    def _pm_timeout(self, when: float, pm: _PM, nid: int) -> None:
+        """A PM's window (node 0) or a nested node's window ended: a PM waiting for a trailing
+        negation's deadline is reported, others die; a nested node forgets its bindings."""
+        h = pm.timers.get(nid)
+        if not pm.alive or h is None or h[0] != when:
+            return
+        del pm.timers[nid]
+        part = pm.part
+        if nid == 0:
+            self._drop(pm)
+            if pm.waiting:
+                self.report(when, self.pat.events(pm.binds), part.values)
+                if not self.active:
+                    return
+                if self.unique:
+                    used = pm.seqs()
+                    for other in part.pms:
+                        if other.alive and not used.isdisjoint(other.seqs()):
+                            self._drop(other)
+        else:
+            self._reset(pm, self.pat.nodes[nid])
+        part.pms = [p for p in part.pms if p.alive]
+        if self.parts.get(part.key) is part:
+            self._tidy(part)
+
+    def clear(self) -> None:
+        for part in self.parts.values():
+            for pm in part.pms:
+                self._drop(pm)
+            self._forget_nth(part)
+        self.parts.clear()
+
+    def live(self) -> tuple[int, int, int]:
+        pms = sum(len(p.pms) for p in self.parts.values())
+        evs = sum(len(lst) for p in self.parts.values() for lst in p.lists.values())
+        return (pms, len(self.parts), evs)
+
+
+class _CompositeRuntime(_PartialMatches):
+    """Step 2 for one composite profile: binding lists and partial matches per partition.
+
+    An event's matched leaves go through four phases (`_step`): extend the waiting PMs,
+    report the completions, apply negations, open a new PM."""
 
     # ------------------------------------------------------------- events
+    def on_clock(self, ev: Event, seq: int, clock: Clock) -> None:
+        leaves = self.clock_leaves(clock)
+        if leaves:
+            self.on_event(ev, seq, leaves)
+
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
         if self.profile.per:
             got = self.partition(ev.attrs)
@@ -685,7 +504,7 @@ class _CompositeRuntime(_Runtime):
             if self.unique:
                 self._drop(pm)
                 part.pms = []
-            self.report(b[1].ts, self._events(nb), part.values)
+            self.report(b[1].ts, self.pat.events(nb), part.values)
             return
         if 0 in leaves:
             nb = [None] * len(self.pat.leaves)
@@ -694,202 +513,220 @@ class _CompositeRuntime(_Runtime):
 
     def _step(self, part: _Part, b: B, leaves: list[int]) -> None:
         pat = self.pat
-        kind = self.kind
         if pat.neg:
             pos = [i for i in leaves if i not in pat.neg]
             neg = [i for i in leaves if i in pat.neg]
         else:
             pos, neg = leaves, []
         touched: set[int] = set()
-        completions: list[tuple[tuple, list]] = []
+        completions: list[Completion] = []
         fresh: list[_PM] = []
-        # 1. extend
         if pos:
-            for pm in part.pms:
-                if not pm.alive:
-                    continue
-                en = pat.enabled(pm.binds)
-                hit = [i for i in en if i in pos]  # enabled leaves come in written order
-                if kind == "each":
-                    alts: set[int] = set()  # of one any's alternative leaves, the first that binds
-                    for i in hit:
-                        alt = pat.alt_of(i)
-                        if alt in alts:
-                            continue
-                        nb = self._try(part, pm, i, b)
-                        if nb is None:
-                            continue
-                        if alt is not None:
-                            alts.add(alt)
-                        if self._complete(nb):  # the original waits on: not exempt from the event
-                            completions.append((self._key(nb), nb))
-                        else:
-                            cp = pm.copy(nb)
-                            cp.counts = {}
-                            self._set(cp, nb)
-                            fresh.append(cp)
-                    continue
-                nb = None
-                if kind == "nth":
-                    # the event counts for the leaf it would bind under `first`; the N-th binds
-                    for i in hit:
-                        cand = self._try(part, pm, i, b)
-                        if cand is None:
-                            continue
-                        n = pm.counts.get(i, 0) + 1
-                        if n >= self.nth:
-                            nb = cand
-                            if not self._complete(nb):  # a completed PM stays as it was
-                                del pm.counts[i]
-                        else:
-                            pm.counts[i] = n
-                        break
-                else:
-                    for i in hit:
-                        nb = self._try(part, pm, i, b)
-                        if nb is not None:
-                            break
-                    if nb is None and kind == "last":
-                        nb, cands = self._replace(part, pm, b, pos)
-                        if nb is not None and not self._complete(nb):
-                            pm.cands = cands
-                if nb is None:
-                    continue
-                if self._complete(nb):
-                    completions.append((self._key(nb), nb))
-                    if self.unique:
-                        self._drop(pm)  # the PM became the match (even if an any dropped events)
-                else:
-                    touched.add(id(pm))  # extended: the event closed its negations' scope
-                    self._set(pm, nb)
-                    if pm.seen:
-                        self._forget_seen(pm)
-        # 2. complete
+            self._extend(part, b, pos, touched, completions, fresh)
         consumed = False
         if completions:
-            if len(completions) > 1:
-                completions.sort(key=lambda c: c[0])
-            if self.unique:
-                _, nb = completions[0]
-                used = {v[0] for v in nb if v is not None}
-                self.report(b[1].ts, self._events(nb), part.values)
-                if not self.active:
-                    return
-                for pm in part.pms + fresh:
-                    if pm.alive and not used.isdisjoint(pm.seqs()):
-                        self._drop(pm)
-                consumed = True
-            else:
-                for _, nb in completions:
-                    self.report(b[1].ts, self._events(nb), part.values)
-                    if not self.active:
-                        return
-        # 3. negate
+            consumed = self._report(part, b, completions, fresh)
+            if not self.active:
+                return
         if neg:
-            seen = [x for x in neg if x in self.between]
-            for pm in part.pms:
-                if pm.alive:
-                    for x in seen:
-                        self._see(pm, x, b)  # bound or not: a replacement may free it
-                    if id(pm) not in touched:
-                        self._negate(pm, neg, b)
+            self._negate_all(part, b, neg, touched)
         if fresh or not all(pm.alive for pm in part.pms):
             part.pms = [pm for pm in part.pms if pm.alive] + [pm for pm in fresh if pm.alive]
-        # 4. open
         if consumed or not pos:
             return
-        starts = [i for i in pos if i in pat.starts]
+        self._start(part, b, pos)
+
+    # ------------------------------------------------------- 1. extend
+    def _extend(
+        self,
+        part: _Part,
+        b: B,
+        pos: list[int],
+        touched: set[int],
+        completions: list[Completion],
+        fresh: list[_PM],
+    ) -> None:
+        """Bind the event in the waiting PMs; complete ones go to `completions`, `each` copies
+        to `fresh`, extended PMs' ids to `touched` (the event closed their negations' scope)."""
+        pat = self.pat
+        kind = self.kind
+        for pm in part.pms:
+            if not pm.alive:
+                continue
+            en = pat.enabled(pm.binds)
+            hit = [i for i in en if i in pos]  # enabled leaves come in written order
+            if kind == "each":
+                self._extend_each(part, pm, b, hit, completions, fresh)
+                continue
+            if kind == "nth":
+                nb = self._extend_nth(part, pm, b, hit)
+            else:
+                nb = self._extend_first(part, pm, b, hit, pos)
+            if nb is None:
+                continue
+            if self._complete(nb):
+                completions.append((pat.order_key(nb), nb))
+                if self.unique:
+                    self._drop(pm)  # the PM became the match (even if an any dropped events)
+            else:
+                touched.add(id(pm))
+                self._set(pm, nb)
+                if pm.seen:
+                    self._forget_seen(pm)
+
+    def _extend_each(
+        self,
+        part: _Part,
+        pm: _PM,
+        b: B,
+        hit: list[int],
+        completions: list[Completion],
+        fresh: list[_PM],
+    ) -> None:
+        """select each: every leaf the event can bind makes a new PM (the original waits on);
+        of one any's alternative leaves, the first that binds."""
+        alts: set[int] = set()
+        for i in hit:
+            alt = self.pat.alt_of(i)
+            if alt in alts:
+                continue
+            nb = self._try(part, pm, i, b)
+            if nb is None:
+                continue
+            if alt is not None:
+                alts.add(alt)
+            if self._complete(nb):  # the original waits on: not exempt from the event
+                completions.append((self.pat.order_key(nb), nb))
+            else:
+                cp = pm.copy(nb)
+                cp.counts = {}
+                self._set(cp, nb)
+                fresh.append(cp)
+
+    def _extend_nth(self, part: _Part, pm: _PM, b: B, hit: list[int]) -> Binds | None:
+        """select nth: the event counts for the leaf it would bind under `first`; the N-th
+        binds."""
+        for i in hit:
+            cand = self._try(part, pm, i, b)
+            if cand is None:
+                continue
+            n = pm.counts.get(i, 0) + 1
+            if n >= self.nth:
+                if not self._complete(cand):  # a completed PM stays as it was
+                    del pm.counts[i]
+                return cand
+            pm.counts[i] = n
+            return None
+        return None
+
+    def _extend_first(
+        self, part: _Part, pm: _PM, b: B, hit: list[int], pos: list[int]
+    ) -> Binds | None:
+        """select first (and last): the first enabled leaf the event can bind; under last,
+        else a replacement."""
+        nb = None
+        for i in hit:
+            nb = self._try(part, pm, i, b)
+            if nb is not None:
+                break
+        if nb is None and self.kind == "last":
+            nb, cands = self._replace(part, pm, b, pos)
+            if nb is not None and not self._complete(nb):
+                pm.cands = cands
+        return nb
+
+    # ------------------------------------------------------- 2. complete
+    def _report(self, part: _Part, b: B, completions: list[Completion], fresh: list[_PM]) -> bool:
+        """Report the completions in order; under `unique` only the first, whose events are
+        consumed (then True: the PMs that share one are dropped and nothing opens)."""
+        if len(completions) > 1:
+            completions.sort(key=lambda c: c[0])
+        if not self.unique:
+            for _, nb in completions:
+                self.report(b[1].ts, self.pat.events(nb), part.values)
+                if not self.active:
+                    return False
+            return False
+        _, nb = completions[0]
+        used = {v[0] for v in nb if v is not None}
+        self.report(b[1].ts, self.pat.events(nb), part.values)
+        if not self.active:
+            return True
+        for pm in part.pms + fresh:
+            if pm.alive and not used.isdisjoint(pm.seqs()):
+                self._drop(pm)
+        return True
+
+    # --------------------------------------------------------- 3. negate
+    def _negate_all(self, part: _Part, b: B, neg: list[int], touched: set[int]) -> None:
+        seen = [x for x in neg if x in self.between]
+        for pm in part.pms:
+            if pm.alive:
+                for x in seen:
+                    self._see(pm, x, b)  # bound or not: a replacement may free it
+                if id(pm) not in touched:
+                    self._negate(pm, neg, b)
+
+    # ----------------------------------------------------------- 4. open
+    def _start(self, part: _Part, b: B, pos: list[int]) -> None:
+        starts = [i for i in pos if i in self.pat.starts]
         if not starts:
             return
-        if kind == "each":
-            alts: set[int] = set()
-            for i in starts:
-                alt = pat.alt_of(i)
-                if alt in alts:
-                    continue
-                nb = self._try(part, None, i, b)
-                if nb is not None:
-                    if alt is not None:
-                        alts.add(alt)
-                    done = self._open(part, nb, b)
-                    if not self.active or (done and self.unique):
-                        return  # a match reported at once consumed the event
+        if self.kind == "each":
+            self._start_each(part, b, starts)
             return
         if part.pms:
             return
-        if kind == "nth":
-            # a starting event counts if it could open a PM (its where conjuncts over the
-            # starting leaf alone hold, §4.1); the N-th opens the PM if it can bind (a leading
-            # negation may still block it), and the count starts over either way
-            if not any(self._may_open(i, b) for i in starts):
-                return
-            part.nth += 1
-            if part.nth == 1 and self.window is not None:
-                part.nth_timer = self.engine._timer(b[1].ts + self.window, (self, ("nth", part)))
-            if part.nth < self.nth:
-                return
-            self._forget_nth(part)
+        if self.kind == "nth" and not self._count_nth(part, b, starts):
+            return
         for i in starts:
             nb = self._try(part, None, i, b)
             if nb is not None:
                 self._open(part, nb, b)
                 return
 
-    def _forget_nth(self, part: _Part) -> None:
-        part.nth = 0
-        if part.nth_timer is not None:
-            self.engine.timers.discard(part.nth_timer)
-            part.nth_timer = None
+    def _start_each(self, part: _Part, b: B, starts: list[int]) -> None:
+        alts: set[int] = set()
+        for i in starts:
+            alt = self.pat.alt_of(i)
+            if alt in alts:
+                continue
+            nb = self._try(part, None, i, b)
+            if nb is not None:
+                if alt is not None:
+                    alts.add(alt)
+                done = self._open(part, nb, b)
+                if not self.active or (done and self.unique):
+                    return  # a match reported at once consumed the event
 
-    def _open(self, part: _Part, nb: list, b: B) -> bool:
-        """Open a PM; one that is complete at once is reported and nothing of it remains."""
-        if self._complete(nb):
-            self.report(b[1].ts, self._events(nb), part.values)
-            if self.unique and self.active:
-                for pm in part.pms:
-                    if pm.alive and b[0] in pm.seqs():
-                        self._drop(pm)
-                part.pms = [pm for pm in part.pms if pm.alive]
-            return True
-        pm = _PM([None] * len(nb), part)
-        self._set(pm, nb)
-        part.pms.append(pm)
-        return False
-
-    def _may_open(self, i: int, b: B) -> bool:
-        """nth: do the where conjuncts that name starting leaf i alone hold for b?"""
-        env = None
-        for c, poss in self.pat.pos_conj.get(i, ()):
-            if poss == (i,):
-                if env is None:
-                    env = {self.pat.leaves[i].name: b[1].attrs}
-                if not _holds(c, env):
-                    return False
+    def _count_nth(self, part: _Part, b: B, starts: list[int]) -> bool:
+        """select nth: a starting event counts if it could open a PM (its where conjuncts over
+        the starting leaf alone hold, §4.1); the N-th opens the PM if it can bind (a leading
+        negation may still block it), and the count starts over either way."""
+        if not any(self.pat.may_open(i, b) for i in starts):
+            return False
+        part.nth += 1
+        if part.nth == 1 and self.window is not None:
+            part.nth_timer = self.engine._timer(b[1].ts + self.window, (self, ("nth", part)))
+        if part.nth < self.nth:
+            return False
+        self._forget_nth(part)
         return True
 
-    def _replaceable(self, binds: list) -> set[int]:
-        """select last: the newest bound leaf, and the bound leaf children of incomplete alls."""
-        out: set[int] = set()
-        bound = [i for i in self.pat.pos if binds[i] is not None]
-        if bound:
-            out.add(max(bound, key=lambda i: binds[i][0]))
-        for n in self.pat.nodes:
-            if n.kind == "all" and not _done(n, binds):
-                for c in n.pos:
-                    if c.__class__ is _Leaf and binds[c.idx] is not None:  # type: ignore[union-attr]
-                        out.add(c.idx)  # type: ignore[union-attr]
-        return out
-
-    def _replace(self, part: _Part, pm: _PM, b: B, pos: list[int]) -> tuple[list | None, list]:
+    # ---------------------------------------------------- select last
+    def _replace(
+        self, part: _Part, pm: _PM, b: B, pos: list[int]
+    ) -> tuple[Binds | None, list[tuple[int, B]]]:
         """select last: the event replaces the newest binding, or a bound leaf child of an
         incomplete all; of several such leaves the first in written order. (The new bindings,
         and the negation candidates that stay pending for them.)
 
         A replacement must leave a valid match (§4.1 item 1): besides `where`, every
-        between-negation event seen by the PM that now lies inside its scope (`_inside`)
-        becomes a candidate that `_try` checks against the new bindings."""
+        between-negation event seen by the PM that now lies inside its scope
+        (`TreePattern.inside`) becomes a candidate that `_try` checks against the new
+        bindings."""
         binds = pm.binds
-        for i in sorted(self._replaceable(binds)):
+        for i in sorted(self.pat.replaceable(binds)):
             if i not in pos:
                 continue
             if not self.between:
@@ -904,35 +741,12 @@ class _CompositeRuntime(_Runtime):
             rest[i] = None
             base = pm.copy(rest)
             base.cands = [
-                (x, e) for x, e in pm.seen if e[0] not in used and self._inside(x, e[0], new)
+                (x, e) for x, e in pm.seen if e[0] not in used and self.pat.inside(x, e[0], new)
             ]
             nb = self._try(part, base, i, b)
             if nb is not None:
                 return nb, base.cands
         return None, pm.cands
-
-    def _inside(self, x: int, at: int, binds: list) -> bool:
-        """Does arrival number `at` lie in the scope of between-negation x for these bindings?
-        In a seq: after the last event of the positive before x and before the first of the one
-        after it (if bound); in an all: after the node's first event (and before its last, once
-        the node is complete)."""
-        leaf = self.pat.leaves[x]
-        node = leaf.parent
-
-        def stamps(n: _Node | _Leaf) -> list[int]:
-            idxs = n.leaves if n.__class__ is _Node else [n.idx]  # type: ignore[union-attr]
-            return [binds[i][0] for i in idxs if binds[i] is not None]
-
-        if node.kind == "all":
-            got = stamps(node)
-            if not got or at < min(got):
-                return False
-            return not _done(node, binds) or at < max(got)
-        prev, nxt = next((p, q) for y, p, q in node.negs if y is leaf)
-        if prev is None or nxt is None or not _done(prev, binds) or at < max(stamps(prev)):
-            return False
-        after = stamps(nxt)
-        return not after or at < min(after)
 
     def _see(self, pm: _PM, x: int, b: B) -> None:
         """Keep between-negation event b for later replacements, unless x has no where and an
@@ -947,96 +761,16 @@ class _CompositeRuntime(_Runtime):
         """Drop seen negation events that no replacement can put in scope any more: those
         before the latest binding that can no longer be replaced."""
         binds = pm.binds
-        repl = self._replaceable(binds)
-        lo = min((binds[i][0] for i in repl), default=-1)
+        repl = self.pat.replaceable(binds)
+        lo = min((b[0] for i in repl if (b := binds[i]) is not None), default=-1)
         fixed = [
-            binds[i][0]
+            b[0]
             for i in self.pat.pos
-            if binds[i] is not None and i not in repl and binds[i][0] < lo
+            if (b := binds[i]) is not None and i not in repl and b[0] < lo
         ]
         if fixed:
             p = max(fixed)
             pm.seen = [s for s in pm.seen if s[1][0] > p]
-
-    def _negate(self, pm: _PM, neg: list[int], b: B) -> None:
-        pat = self.pat
-        for x in neg:
-            if not pm.alive:
-                return
-            if x in pat.leading or x not in pat.active_negs(pm.binds):
-                continue
-            verdict = self._neg_verdict(x, b, pm.binds)
-            if verdict is False:
-                continue
-            if verdict is None:
-                pm.cands.append((x, b))
-                continue
-            node = pat.leaves[x].parent
-            if node is pat.root:
-                self._drop(pm)
-            else:
-                self._reset(pm, node)
-
-    def _tidy(self, part: _Part) -> None:
-        if part.pms:
-            return
-        if part.nth:
-            return
-        for x in list(part.lists):
-            if x not in self.pat.leading or not part.lists[x]:
-                del part.lists[x]
-        if not part.lists:
-            del self.parts[part.key]
-
-    # -------------------------------------------------------------- clocks
-    def on_clock(self, ev: Event, seq: int, clock: Clock) -> None:
-        leaves = self.clock_leaves(clock)
-        if leaves:
-            self.on_event(ev, seq, leaves)
-
-    # -------------------------------------------------------------- timers
-    def on_timer(self, when: float, arg: Any) -> None:
-        if arg[0] == "nth":
-            part = arg[1]
-            part.nth_timer = None
-            part.nth = 0
-            if self.parts.get(part.key) is part:
-                self._tidy(part)
-            return
-        _, pm, nid = arg
-        h = pm.timers.get(nid)
-        if not pm.alive or h is None or h[0] != when:
-            return
-        del pm.timers[nid]
-        part = pm.part
-        if nid == 0:
-            self._drop(pm)
-            if pm.waiting:
-                self.report(when, self._events(pm.binds), part.values)
-                if not self.active:
-                    return
-                if self.unique:
-                    used = pm.seqs()
-                    for other in part.pms:
-                        if other.alive and not used.isdisjoint(other.seqs()):
-                            self._drop(other)
-        else:
-            self._reset(pm, self.pat.nodes[nid])
-        part.pms = [p for p in part.pms if p.alive]
-        if self.parts.get(part.key) is part:
-            self._tidy(part)
-
-    def clear(self) -> None:
-        for part in self.parts.values():
-            for pm in part.pms:
-                self._drop(pm)
-            self._forget_nth(part)
-        self.parts.clear()
-
-    def live(self) -> tuple[int, int, int]:
-        pms = sum(len(p.pms) for p in self.parts.values())
-        evs = sum(len(lst) for p in self.parts.values() for lst in p.lists.values())
-        return (pms, len(self.parts), evs)
 
 
 # ------------------------------------------------------------------ engine
@@ -1067,7 +801,7 @@ class TwoStepEngine(TimeDriven):
         self._seq = 0
         self._nseq = 0
         self._out: list[Notification] = []
-        self._clocks: dict[Clock, tuple | None] = {}
+        self._clocks: dict[Clock, Handle | None] = {}
         self._clock_users: dict[Clock, set[int]] = {}
         for p in profiles:
             self.add_profile(p)
@@ -1125,7 +859,7 @@ class TwoStepEngine(TimeDriven):
         return [rt.profile for rt in self._rts.values()]
 
     # ---------------------------------------------------------------- time
-    def _timer(self, when: float, payload: tuple) -> tuple:
+    def _timer(self, when: float, payload: tuple[Any, ...]) -> Handle:
         return self.timers.add(when, 1, payload)
 
     def _start(self, t: float) -> None:
@@ -1160,7 +894,7 @@ class TwoStepEngine(TimeDriven):
             # owners are registered once, when the profile is added, so they are in profile
             # order already (a profile's leaves on one filter are adjacent); copied because a
             # `once` profile leaves the pool while we walk them
-            owners = list(entries[0].owners)
+            owners: list[Any] = list(entries[0].owners)  # (profile, leaf) pairs
             i, n = 0, len(owners)
             while i < n:
                 idx, leaf = owners[i]

@@ -12,12 +12,24 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from profiles.errors import ConfigError as ConfigError  # raised here; one hierarchy there
+from profiles.options import duration_value
+
+Seconds = Annotated[float, BeforeValidator(duration_value)]
+"""Seconds that a file or variable may also write as a duration: ``500ms``, ``2s``, ``5m``, ..."""
 
 _DEFAULT_PORTS = {"starttls": 587, "tls": 465, "none": 25}
 _SECRET_WORDS = ("password", "secret")
@@ -62,7 +74,7 @@ class SmtpConfig(BaseModel):
     username: str | None = None
     password: SecretStr | None = None
     sender: str = "ens@localhost"
-    timeout: float = Field(default=10.0, gt=0)
+    timeout: Seconds = Field(default=10.0, gt=0)
     ca_file: str | None = Field(default=None, description="extra CA bundle, e.g. a private relay")
     verify: bool = True
 
@@ -81,8 +93,8 @@ class SmtpConfig(BaseModel):
 
 class WebhookConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    connect_timeout: float = Field(default=5.0, gt=0)
-    timeout: float = Field(default=10.0, gt=0, description="read/write timeout")
+    connect_timeout: Seconds = Field(default=5.0, gt=0)
+    timeout: Seconds = Field(default=10.0, gt=0, description="read/write timeout")
     ca_file: str | None = None
     verify: bool = True
     user_agent: str = "ens-notifier/0.1"
@@ -97,7 +109,7 @@ class WebhookConfig(BaseModel):
         ge=0,
         description="consecutive failed attempts that open a destination's circuit; 0 = off",
     )
-    breaker_cooldown: float = Field(
+    breaker_cooldown: Seconds = Field(
         default=30.0, gt=0, description="seconds an open circuit sends nothing before a probe"
     )
 
@@ -109,10 +121,10 @@ class RetryPolicy(BaseModel):
     """Exponential backoff with full jitter: a failed attempt k waits U(0, min(cap, base*2^(k-1)))."""
 
     model_config = ConfigDict(extra="forbid")
-    base: float = Field(default=1.0, gt=0)
-    cap: float = Field(default=300.0, gt=0)
+    base: Seconds = Field(default=1.0, gt=0)
+    cap: Seconds = Field(default=300.0, gt=0)
     max_attempts: int = Field(default=8, ge=1)
-    max_retry_after: float = Field(
+    max_retry_after: Seconds = Field(
         default=3600.0, ge=0, description="upper bound on a receiver's Retry-After"
     )
 
@@ -134,20 +146,22 @@ class WorkerConfig(BaseModel):
     )
     batch: int = Field(default=64, ge=1)
     concurrency: int = Field(default=8, ge=1)
-    poll: float = Field(default=1.0, gt=0, description="longest idle wait between polls")
-    lease: float = Field(
+    poll: Seconds = Field(default=1.0, gt=0, description="longest idle wait between polls")
+    lease: Seconds = Field(
         default=10.0,
         gt=0,
         le=86400,
         description="a taken delivery is retried by anyone after this; renewed every third "
         "of it while its send runs, so a dead worker's deliveries come back this soon",
     )
-    claim_idle: float = Field(
+    claim_idle: Seconds = Field(
         default=60.0, ge=0, description="take over other consumers' entries idle this long"
     )
-    delivered_ttl: int = Field(default=7 * 86400, ge=1, description="idempotency memory")
+    delivered_ttl: Annotated[int, BeforeValidator(duration_value)] = Field(
+        default=7 * 86400, ge=1, description="idempotency memory (whole seconds)"
+    )
     digest_max: int = Field(default=200, ge=1, description="most notifications in one digest")
-    outbox_retention: float = Field(
+    outbox_retention: Seconds = Field(
         default=86400.0,
         ge=0,
         description="drop acknowledged outbox entries older than this; 0 = keep",
@@ -160,7 +174,7 @@ class NotifierConfig(BaseModel):
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
-    digest: float = Field(default=0.0, ge=0, description="default digest window (s); 0 = off")
+    digest: Seconds = Field(default=0.0, ge=0, description="default digest window (s); 0 = off")
 
     @classmethod
     def from_env(

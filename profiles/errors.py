@@ -93,6 +93,10 @@ class ConfigError(ENSError):
     """A notifier configuration (SMTP, webhooks, limits) that cannot work."""
 
 
+class OptionError(ENSError, ValueError):
+    """An option's value (a flag, an ``ENS_*`` variable) that is not valid; names the option."""
+
+
 class DatasetError(ENSError, ValueError):
     """A problem with a data-set path, filter or file content."""
 

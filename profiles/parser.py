@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast as pyast
 import functools
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from typing import Any
 
@@ -34,6 +34,7 @@ from profiles.ast import (
     Clock,
     Cmp,
     Component,
+    Cond,
     Const,
     Exists,
     Expr,
@@ -153,95 +154,111 @@ def _literal(tok: Token) -> Any:
     return float(text)
 
 
+def _kids(t: Tree[Any]) -> list[Any]:
+    """A node's children; below `_Build` they are already AST values, not trees."""
+    return t.children
+
+
 @v_args(tree=True)
-class _Build(Transformer):
+class _Build(Transformer[Token, Any]):
     """Tree -> AST. Composite nodes are returned as (node, meta) pairs where positions matter."""
 
     # ---- filters
-    def f_true(self, t: Tree) -> Const:
+    def f_true(self, t: Tree[Any]) -> Const:
         return Const(True)
 
-    def f_false(self, t: Tree) -> Const:
+    def f_false(self, t: Tree[Any]) -> Const:
         return Const(False)
 
-    def attr(self, t: Tree) -> str:
-        return str(t.children[0])
+    def attr(self, t: Tree[Any]) -> str:
+        return str(_kids(t)[0])
 
-    def literal(self, t: Tree) -> Any:
-        return _literal(t.children[0])
+    def literal(self, t: Tree[Any]) -> Any:
+        return _literal(_kids(t)[0])
 
-    def literals(self, t: Tree) -> tuple:
-        return tuple(t.children)
+    def literals(self, t: Tree[Any]) -> tuple[Any, ...]:
+        return tuple(_kids(t))
 
-    def f_cmp(self, t: Tree) -> Cmp:
-        attr, op, value = t.children
+    def f_cmp(self, t: Tree[Any]) -> Cmp:
+        attr, op, value = _kids(t)
         if isinstance(value, bool) and op not in ("=", "!="):
             raise _Fail(f"booleans compare only with = and != (got {op})", t)
         return Cmp(attr, str(op), value)
 
-    def f_in(self, t: Tree) -> In:
-        return In(t.children[0], t.children[2])
+    def f_in(self, t: Tree[Any]) -> In:
+        return In(_kids(t)[0], _kids(t)[2])
 
-    def f_not_in(self, t: Tree) -> In:
-        return In(t.children[0], t.children[3], negated=True)
+    def f_not_in(self, t: Tree[Any]) -> In:
+        return In(_kids(t)[0], _kids(t)[3], negated=True)
 
-    def f_between(self, t: Tree) -> Between:
-        attr, _, low, _, high = t.children
+    def f_between(self, t: Tree[Any]) -> Between:
+        attr, _, low, _, high = _kids(t)
         if isinstance(low, bool) or isinstance(high, bool):
             raise _Fail("between needs numbers or strings, not booleans", t)
         if isinstance(low, str) != isinstance(high, str):
             raise _Fail("between needs two numbers or two strings", t)
         return Between(attr, low, high)
 
-    def f_exists(self, t: Tree) -> Exists:
-        return Exists(t.children[0])
+    def f_exists(self, t: Tree[Any]) -> Exists:
+        return Exists(_kids(t)[0])
 
-    def f_starts(self, t: Tree) -> StartsWith:
-        return StartsWith(t.children[0], _literal(t.children[3]))
+    def f_starts(self, t: Tree[Any]) -> StartsWith:
+        return StartsWith(_kids(t)[0], _literal(_kids(t)[3]))
 
-    def f_not(self, t: Tree) -> Not:
-        return Not(t.children[1])
+    def f_not(self, t: Tree[Any]) -> Not:
+        return Not(_kids(t)[1])
 
-    def or_f(self, t: Tree) -> Or:
-        return Or(tuple(c for c in t.children if not isinstance(c, Token)))
+    def or_f(self, t: Tree[Any]) -> Or:
+        return Or(tuple(c for c in _kids(t) if not isinstance(c, Token)))
 
-    def and_f(self, t: Tree) -> And:
-        return And(tuple(c for c in t.children if not isinstance(c, Token)))
+    def and_f(self, t: Tree[Any]) -> And:
+        return And(tuple(c for c in _kids(t) if not isinstance(c, Token)))
 
     # ---- where
-    def w_ref(self, t: Tree) -> Ref:
-        tok = t.children[0]
+    def w_ref(self, t: Tree[Any]) -> Ref:
+        tok = _kids(t)[0]
         name, dot, attr = str(tok).partition(".")
         if not dot:
             raise _Fail(f"{tok} is not a reference; write name.attribute, e.g. a.{tok}", tok)
         return Ref(name, attr)
 
-    def w_lit(self, t: Tree) -> Lit:
-        return Lit(_literal(t.children[0]))
+    def w_lit(self, t: Tree[Any]) -> Lit:
+        return Lit(_literal(_kids(t)[0]))
 
-    def a_bin(self, t: Tree) -> Arith:
-        left, op, right = t.children
+    def a_bin(self, t: Tree[Any]) -> Arith:
+        left, op, right = _kids(t)
         return Arith(str(op), left, right)
 
-    def a_neg(self, t: Tree) -> Arith:
-        op, operand = t.children
+    def a_neg(self, t: Tree[Any]) -> Arith:
+        op, operand = _kids(t)
         return Arith(str(op), Lit(0), operand)
 
-    def w_cmp(self, t: Tree) -> WCmp:
-        left, op, right = t.children
+    def w_cmp(self, t: Tree[Any]) -> WCmp:
+        left, op, right = _kids(t)
         return WCmp(str(op), left, right)
 
-    def w_not(self, t: Tree) -> WNot:
-        return WNot(t.children[1])
+    def w_not(self, t: Tree[Any]) -> WNot:
+        return WNot(_kids(t)[1])
 
-    def w_or(self, t: Tree) -> WOr:
-        return WOr(tuple(c for c in t.children if not isinstance(c, Token)))
+    def w_or(self, t: Tree[Any]) -> WOr:
+        return WOr(tuple(c for c in _kids(t) if not isinstance(c, Token)))
 
-    def w_and(self, t: Tree) -> WAnd:
-        return WAnd(tuple(c for c in t.children if not isinstance(c, Token)))
+    def w_and(self, t: Tree[Any]) -> WAnd:
+        return WAnd(tuple(c for c in _kids(t) if not isinstance(c, Token)))
 
 
 _BUILD = _Build()
+
+
+def _no_edge_negation(comps: list[Component], t: Tree[Any]) -> None:
+    """A nested seq may not start or end with a negation (only the top level can)."""
+    for i, c in enumerate(comps):
+        if c.negated:
+            if i == 0 or all(x.negated for x in comps[:i]) or all(x.negated for x in comps[i:]):
+                raise _Fail(
+                    f"leading or trailing negation ({c.name!r}) is supported only at the top level",
+                    t,
+                )
 
 
 class _Converter:
@@ -269,43 +286,25 @@ class _Converter:
             "clock",
         ):
             return self.composite(node, top=top)
-        return _BUILD.transform(node) if isinstance(node, Tree) else node
+        built: Expr = _BUILD.transform(node) if isinstance(node, Tree) else node
+        return built
 
-    def composite(self, t: Tree, *, top: bool, name: str | None = None) -> Expr:
+    def composite(self, t: Tree[Any], *, top: bool, name: str | None = None) -> Expr:
         kind = t.data
         if kind == "absent":
             if not top:
                 raise _Fail("absent(...) is allowed only as the whole profile, not nested", t)
-            return Absent(_BUILD.transform(t.children[1]))
+            return Absent(_BUILD.transform(_kids(t)[1]))
         if kind == "clock":
             if top:
                 raise _Fail(
                     'clock(...) is usable only as a component, e.g. seq(n: clock("22:00"), ...)', t
                 )
-            text = pyast.literal_eval(t.children[1].value)
-            m = re.fullmatch(r"([01]\d|2[0-3]):([0-5]\d)", text)
-            if not m:
-                raise _Fail(
-                    f'clock needs a time "HH:MM" (00:00 to 23:59), got {text!r}', t.children[1]
-                )
-            self.has_clock = True
-            return Clock(int(m.group(1)), int(m.group(2)))
+            return self.clock(_kids(t)[1])
         if kind == "repeat":
-            f = _BUILD.transform(t.children[1])
-            n = int(t.children[2])
-            if n < 1:
-                raise _Fail("repeat needs a count of at least 1", t.children[2])
-            base = name if name else "r"
-            comps = []
-            for i in range(1, n + 1):
-                self.position += 1
-                cname = f"{base}{i}"
-                self.claim(cname, t)
-                self.primitive.add(cname)
-                comps.append(Component(cname, f))
-            return Seq(tuple(comps))
+            return self.repeat(t, name)
         comps = []
-        for child in t.children[1].children:
+        for child in _kids(t)[1].children:
             comps.append(self.component(child))
         if kind == "any":
             for c in comps:
@@ -314,33 +313,47 @@ class _Converter:
             return AnyOf(tuple(comps))
         if not any(not c.negated for c in comps):
             raise _Fail(f"{kind}(...) needs at least one positive component", t)
-        if not top:
-            for i, c in enumerate(comps):
-                if c.negated and kind == "seq":
-                    if (
-                        i == 0
-                        or all(x.negated for x in comps[:i])
-                        or all(x.negated for x in comps[i:])
-                    ):
-                        raise _Fail(
-                            f"leading or trailing negation ({c.name!r}) is supported only at the top level",
-                            t,
-                        )
         if kind == "seq":
+            if not top:
+                _no_edge_negation(comps, t)
             return Seq(tuple(comps))
         return All(tuple(comps))
 
-    def component(self, t: Tree) -> Component:
+    def clock(self, tok: Token) -> Clock:
+        text = pyast.literal_eval(tok.value)
+        m = re.fullmatch(r"([01]\d|2[0-3]):([0-5]\d)", text)
+        if not m:
+            raise _Fail(f'clock needs a time "HH:MM" (00:00 to 23:59), got {text!r}', tok)
+        self.has_clock = True
+        return Clock(int(m.group(1)), int(m.group(2)))
+
+    def repeat(self, t: Tree[Any], name: str | None) -> Seq:
+        """repeat(F, n) is a seq of n copies of F, named r1..rN (or after its component)."""
+        f = _BUILD.transform(_kids(t)[1])
+        n = int(_kids(t)[2])
+        if n < 1:
+            raise _Fail("repeat needs a count of at least 1", _kids(t)[2])
+        base = name if name else "r"
+        comps = []
+        for i in range(1, n + 1):
+            self.position += 1
+            cname = f"{base}{i}"
+            self.claim(cname, t)
+            self.primitive.add(cname)
+            comps.append(Component(cname, f))
+        return Seq(tuple(comps))
+
+    def component(self, t: Tree[Any]) -> Component:
         self.position += 1
         pos = self.position
         if t.data == "named":
-            name_tok, cexpr = t.children[0], t.children[1]
+            name_tok, cexpr = _kids(t)[0], _kids(t)[1]
             negated = False
         elif t.data == "negated":
-            name_tok, cexpr = t.children[1], t.children[2]
+            name_tok, cexpr = _kids(t)[1], _kids(t)[2]
             negated = True
         else:
-            name_tok, cexpr = None, t.children[0]
+            name_tok, cexpr = None, _kids(t)[0]
             negated = False
         inner = cexpr.children[0]
         within = None
@@ -357,28 +370,7 @@ class _Converter:
             "repeat",
             "clock",
         ):
-            is_repeat = inner.data == "repeat"
-            if not is_repeat and inner.data != "clock":
-                self.claim(name, name_tok or t)
-            expr = self.composite(
-                inner, top=False, name=str(name_tok) if name_tok is not None else None
-            )
-            if isinstance(expr, Clock):
-                self.claim(name, name_tok or t)
-                self.primitive.add(name)
-                if within is not None:
-                    raise _Fail("a clock component cannot have its own within", t)
-            elif within is not None:
-                expr = replace(expr, within=within)
-            if negated:
-                if not isinstance(expr, Clock):
-                    raise _Fail("a negated component must be a filter", t)
-            if is_repeat:
-                # repeat binds r1..rN itself; the wrapper has no name of its own
-                return Component(f"#repeat{pos}", expr, negated)
-            if negated:
-                self.negated.add(name)
-            return Component(name, expr, negated)
+            return self.nested(t, inner, name, name_tok, within, negated, pos)
         self.claim(name, name_tok or t)
         self.primitive.add(name)
         if negated:
@@ -386,6 +378,40 @@ class _Converter:
         return Component(
             name, _BUILD.transform(inner) if isinstance(inner, Tree) else inner, negated
         )
+
+    def nested(
+        self,
+        t: Tree[Any],
+        inner: Tree[Any],
+        name: str,
+        name_tok: Token | None,
+        within: float | None,
+        negated: bool,
+        pos: int,
+    ) -> Component:
+        """A component that is itself a composite, a repeat or a clock."""
+        is_repeat = inner.data == "repeat"
+        if not is_repeat and inner.data != "clock":
+            self.claim(name, name_tok or t)
+        expr = self.composite(
+            inner, top=False, name=str(name_tok) if name_tok is not None else None
+        )
+        if isinstance(expr, Clock):
+            self.claim(name, name_tok or t)
+            self.primitive.add(name)
+            if within is not None:
+                raise _Fail("a clock component cannot have its own within", t)
+        elif within is not None and isinstance(expr, Seq | All | AnyOf):
+            expr = replace(expr, within=within)
+        if negated:
+            if not isinstance(expr, Clock):
+                raise _Fail("a negated component must be a filter", t)
+        if is_repeat:
+            # repeat binds r1..rN itself; the wrapper has no name of its own
+            return Component(f"#repeat{pos}", expr, negated)
+        if negated:
+            self.negated.add(name)
+        return Component(name, expr, negated)
 
 
 def parse_profile(text: str, profile_id: str = "?", subscriber: str | None = None) -> Profile:
@@ -418,9 +444,10 @@ def _syntax_error(e: UnexpectedInput, text: str, profile_id: str) -> ProfileErro
         line, column = len(lines), len(lines[-1]) + 1
         what = "unexpected end of profile"
     elif isinstance(e, UnexpectedCharacters):
+        at = e.pos_in_stream
         what = (
-            f"unexpected character {text[e.pos_in_stream]!r}"
-            if e.pos_in_stream < len(text)
+            f"unexpected character {text[at]!r}"
+            if at is not None and at < len(text)
             else "unexpected input"
         )
     else:
@@ -472,46 +499,79 @@ def _hint(text: str, tok: Token | None) -> str | None:
     return None
 
 
-def _build_profile(tree: Tree, text: str, profile_id: str, subscriber: str | None) -> Profile:
-    expr_tree, *clauses = tree.children
+@dataclass
+class _Clauses:
+    """The clauses after the expression, as written (`seen`: clause node by name, for
+    positions)."""
+
+    seen: dict[str, Tree[Any]] = field(default_factory=dict)
+    within: float | None = None
+    per: tuple[str, ...] = ()
+    where: Cond | None = None
+    select: Selection = field(default_factory=Selection)
+    consume: str = "unique"
+    once: bool = False
+
+    def read(self, c: Tree[Any]) -> None:
+        key = c.data
+        if key in self.seen:
+            raise _Fail(f"clause {key[2:]!r} given twice", c)
+        self.seen[key] = c
+        kids = _kids(c)
+        if key == "c_within":
+            self.within = parse_duration(str(kids[1]))
+        elif key == "c_per":
+            self.per = tuple(str(x) for x in kids[1:])
+            if len(set(self.per)) != len(self.per):
+                raise _Fail("per names an attribute twice", c)
+        elif key == "c_where":
+            self.where = _BUILD.transform(kids[1])
+        elif key == "c_select":
+            kind = str(kids[1])
+            n = 1
+            if kind == "nth":
+                n = int(kids[2])
+                if n < 1:
+                    raise _Fail("nth needs a count of at least 1", kids[2])
+            self.select = Selection(kind, n)  # type: ignore[arg-type]
+        elif key == "c_consume":
+            self.consume = str(kids[1])
+        elif key == "c_once":
+            self.once = True
+
+
+def _build_profile(tree: Tree[Any], text: str, profile_id: str, subscriber: str | None) -> Profile:
+    expr_tree, *clauses = _kids(tree)
     conv = _Converter()
     expr = conv.expr(expr_tree, top=True)
     if is_filter(expr):
         conv.primitive.add("e")
         conv.names["e"] = expr_tree
-    seen: dict[str, Any] = {}
-    within = None
-    per: tuple[str, ...] = ()
-    where = None
-    select = Selection()
-    consume = "unique"
-    once = False
+    cl = _Clauses()
     for c in clauses:
-        key = c.data
-        if key in seen:
-            raise _Fail(f"clause {key[2:]!r} given twice", c)
-        seen[key] = c
-        if key == "c_within":
-            within = parse_duration(str(c.children[1]))
-        elif key == "c_per":
-            per = tuple(str(x) for x in c.children[1:])
-            if len(set(per)) != len(per):
-                raise _Fail("per names an attribute twice", c)
-        elif key == "c_where":
-            where = _BUILD.transform(c.children[1])
-        elif key == "c_select":
-            kind = str(c.children[1])
-            n = 1
-            if kind == "nth":
-                n = int(c.children[2])
-                if n < 1:
-                    raise _Fail("nth needs a count of at least 1", c.children[2])
-            select = Selection(kind, n)  # type: ignore[arg-type]
-        elif key == "c_consume":
-            consume = str(c.children[1])
-        elif key == "c_once":
-            once = True
+        cl.read(c)
+    _check_shape(expr, expr_tree, conv, cl)
+    if cl.where is not None:
+        _check_where(cl.where, conv, cl.seen["c_where"])
+    if isinstance(expr, Seq | All | AnyOf):
+        expr = replace(expr, within=cl.within)
+    return Profile(
+        id=profile_id,
+        expr=expr,
+        within=cl.within,
+        per=cl.per,
+        where=cl.where,
+        select=cl.select,
+        consume=cl.consume,  # type: ignore[arg-type]
+        once=cl.once,
+        subscriber=subscriber,
+        source=text,
+    )
 
+
+def _check_shape(expr: Expr, expr_tree: Any, conv: _Converter, cl: _Clauses) -> None:
+    """The rules that tie the clauses to the expression (windows, per, bare filters)."""
+    seen, within = cl.seen, cl.within
     if is_filter(expr):
         for bad in ("c_within", "c_per", "c_where"):
             if bad in seen:
@@ -519,19 +579,17 @@ def _build_profile(tree: Tree, text: str, profile_id: str, subscriber: str | Non
                     f"a bare filter cannot take {bad[2:]!r}; wrap it, e.g. seq(e: ...) {bad[2:]} ...",
                     seen[bad],
                 )
-    if isinstance(expr, (Seq, All, AnyOf)) and within is None and (expr.within is not None):
-        pass
     if isinstance(expr, Absent):
         if within is None:
             raise _Fail("absent(...) needs within (how long the silence must last)", expr_tree)
         conv.primitive.add("last")
-    needs_window = select.kind == "each" and isinstance(expr, (Seq, All))
+    needs_window = cl.select.kind == "each" and isinstance(expr, (Seq, All))
     if needs_window and within is None:
         raise _Fail(
             "select each needs within: without a window the partial matches are unbounded",
             seen["c_select"],
         )
-    if conv.has_clock and per:
+    if conv.has_clock and cl.per:
         raise _Fail(
             "a profile with a clock component cannot use per (clock events have no attributes)",
             seen["c_per"],
@@ -542,32 +600,19 @@ def _build_profile(tree: Tree, text: str, profile_id: str, subscriber: str | Non
             raise _Fail(f"leading negation {comps[0].name!r} needs within", expr_tree)
         if comps[-1].negated and within is None:
             raise _Fail(f"trailing negation {comps[-1].name!r} needs within", expr_tree)
-    if where is not None:
-        for name in sorted(refs_of(where)):
-            if name not in conv.names:
-                known = ", ".join(sorted(conv.primitive)) or "none"
-                raise _Fail(
-                    f"where refers to unknown component {name!r} (known: {known})", seen["c_where"]
-                )
-            if name not in conv.primitive:
-                raise _Fail(
-                    f"where refers to {name!r}, a nested composite; refer to its primitive components",
-                    seen["c_where"],
-                )
-    if isinstance(expr, Seq | All | AnyOf):
-        expr = replace(expr, within=within)
-    return Profile(
-        id=profile_id,
-        expr=expr,
-        within=within,
-        per=per,
-        where=where,
-        select=select,
-        consume=consume,  # type: ignore[arg-type]
-        once=once,
-        subscriber=subscriber,
-        source=text,
-    )
+
+
+def _check_where(where: Cond, conv: _Converter, clause: Tree[Any]) -> None:
+    """where may name only primitive components of the profile."""
+    for name in sorted(refs_of(where)):
+        if name not in conv.names:
+            known = ", ".join(sorted(conv.primitive)) or "none"
+            raise _Fail(f"where refers to unknown component {name!r} (known: {known})", clause)
+        if name not in conv.primitive:
+            raise _Fail(
+                f"where refers to {name!r}, a nested composite; refer to its primitive components",
+                clause,
+            )
 
 
 def parse_filter(text: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -42,6 +43,35 @@ def canon(notes: list[dict]) -> list[str]:
     return sorted(out)
 
 
+def _build_each_cli_once() -> None:
+    """typer's CliRunner builds the app's whole click command tree on every invoke (every
+    command's annotations evaluated: ~0.3 s for `ens`, more than most commands take to run,
+    and hundreds of invokes in the suite). Build each app's tree once, as a process does; an
+    app given more commands afterwards is built again."""
+    import weakref
+
+    import typer.testing
+
+    build = typer.testing._get_command
+    built: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+
+    def shape(app: Any) -> int:
+        return len(app.registered_commands) + sum(
+            1 + shape(g.typer_instance) for g in app.registered_groups
+        )
+
+    def get_command(app: Any) -> Any:
+        hit = built.get(app)
+        if hit is None or hit[0] != shape(app):
+            hit = built[app] = (shape(app), build(app))
+        return hit[1]
+
+    typer.testing._get_command = get_command  # type: ignore[attr-defined]
+
+
+_build_each_cli_once()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session (one JVM) for every test that needs one: starting a JVM costs
@@ -58,16 +88,30 @@ def spark():
 EXAMPLES_SHARE = float(os.environ.get("ENS_TEST_EXAMPLES", "1"))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that takes the `spark` fixture is a spark test (marker and xdist group); property
-    tests draw EXAMPLES_SHARE of their examples."""
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that takes the `spark` fixture is a spark test, in the xdist group of the one
+    session; property tests draw EXAMPLES_SHARE of their examples. The longest tests first
+    (`slow`, then `spark`), so that `--dist loadgroup` does not start them last."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
-        if item.get_closest_marker("spark"):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            _join_group(config, item, "spark")
         if EXAMPLES_SHARE < 1:
             _fewer_examples(getattr(item, "obj", None))
+    items.sort(key=lambda i: (not i.get_closest_marker("slow"), not i.get_closest_marker("spark")))
+
+
+def _join_group(config: pytest.Config, item: pytest.Item, group: str) -> None:
+    """Mark ``item`` for ``--dist loadgroup``. pytest-xdist (3.8) groups by appending
+    ``@group`` to the worker's node id through ``item._nodeid``, which pytest 9.2's structured
+    node ids no longer read (pytest-xdist#1386: the groups were silently ignored, each worker
+    started its own JVM): set the id it sends to the scheduler here."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    node_id = getattr(item, "_id", None)
+    if getattr(config.option, "loadgroup", False) and node_id is not None:
+        if not isinstance(node_id, str) and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = type(node_id).parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
 
 
 def _fewer_examples(test: object) -> None:

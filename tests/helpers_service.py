@@ -113,7 +113,9 @@ class Service:
         self.data_dir = data_dir
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 20.0) -> Service:
+    def start(self, timeout: float = 60.0) -> Service:
+        """Start it and wait until it serves. ``timeout`` is a deadline, not a wait: a start
+        takes about a second on a quiet machine and passed 20 s at load average 12."""
         cmd = [
             sys.executable,
             "-m",

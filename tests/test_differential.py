@@ -9,6 +9,7 @@ are printed (and `print_blob` gives the `@reproduce_failure` line).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,13 @@ FILTERS = [
     'k = "C" and v >= 1',
 ]
 WITHIN = ["0s", "5s", "10s", "30s", "60s", "2m"]
+
+
+@functools.lru_cache(maxsize=4096)
+def parsed(text: str, pid: str) -> Profile:
+    """`parse_profile`, once per (text, id): the strategies and the tests parse the same few
+    texts for every example and every event (profiles are frozen, so sharing one is safe)."""
+    return parse_profile(text, pid)
 
 
 @st.composite
@@ -162,7 +170,7 @@ def scenario(
     for i in range(draw(st.integers(1, 3))):
         text = draw(profile_text() if texts is None else texts)
         try:
-            parse_profile(text, f"p{i}")
+            parsed(text, f"p{i}")
         except ProfileError:
             continue
         profiles.append((f"p{i}", text))
@@ -235,7 +243,7 @@ def check(
     case: tuple[list[tuple[str, str]], list[dict], float | None], variants: tuple[str, ...] = ()
 ) -> None:
     texts, events, until = case
-    profiles = [parse_profile(text, pid) for pid, text in texts]
+    profiles = [parsed(text, pid) for pid, text in texts]
     outs = {
         "two-step": run(TwoStepEngine, profiles, events, until),
         "single-step": run(Engine, profiles, events, until),
@@ -296,7 +304,7 @@ def test_live_changes_agree(
 ) -> None:
     """Profiles added and removed between events, and time advanced without events, through the API."""
     texts, events, until = case
-    profiles = [parse_profile(text, pid) for pid, text in texts]
+    profiles = [parsed(text, pid) for pid, text in texts]
     ops: list[tuple[str, Any]] = []
     for ev in _events(events):
         roll = data.draw(st.integers(0, 9))
@@ -339,7 +347,7 @@ def test_snapshot_anywhere_changes_nothing(
     """Snapshot and restore between any two events (whole, or with the profiles apart as the
     service stores them): the notifications are those of the uninterrupted engine."""
     texts, events, until = case
-    profiles = [parse_profile(text, pid) for pid, text in texts]
+    profiles = [parsed(text, pid) for pid, text in texts]
     evs = order_events(_events(events))
     cut = data.draw(st.integers(0, len(evs)), label="cut")
     apart = data.draw(st.booleans(), label="profiles_apart")
@@ -413,7 +421,7 @@ def plan_scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], f
     for i in range(draw(st.integers(1, 3))):
         text = draw(seq_profile_text())
         try:
-            parse_profile(text, f"q{i}")
+            parsed(text, f"q{i}")
         except ProfileError:
             continue
         profiles.append((f"q{i}", text))
@@ -422,7 +430,7 @@ def plan_scenario(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], f
 
 def check_plans(case: tuple[list[tuple[str, str]], list[dict], float | None]) -> None:
     texts, events, until = case
-    profiles = [parse_profile(text, pid) for pid, text in texts]
+    profiles = [parsed(text, pid) for pid, text in texts]
     outs = {
         "two-step": run(TwoStepEngine, profiles, events, until),
         "eager": run(Engine, profiles, events, until),
@@ -505,7 +513,7 @@ def test_rare_first_snapshot_and_live_changes(
     """Rare-first state pickles (the service snapshots the engine); profiles toggled and time
     advanced between events give the eager engine's notifications."""
     texts, events, until = case
-    profiles = [parse_profile(text, pid) for pid, text in texts]
+    profiles = [parsed(text, pid) for pid, text in texts]
     ops: list[tuple[str, Any]] = []
     for ev in order_events(_events(events)):
         roll = data.draw(st.integers(0, 11))
@@ -551,7 +559,7 @@ def test_replan_between_any_events_changes_nothing(
     """`Engine.replan` converts eager partial matches into rare-first state and back, between
     any two events (and after a snapshot): no match in flight is lost or reported twice."""
     texts, events, until = case
-    profiles = [parse_profile(text, pid) for pid, text in texts]
+    profiles = [parsed(text, pid) for pid, text in texts]
     evs = order_events(_events(events))
     want = run(Engine, profiles, events, until)
     eng = Engine(profiles, plan=data.draw(st.sampled_from(["eager", "rare-first"]), label="start"))
@@ -594,7 +602,7 @@ def test_online_replan_changes_nothing(
     """--plan auto with rates counted online: profiles flip between eager and rare-first as
     the counts drift (every few events here), with the eager output."""
     texts, events, until = case
-    profiles = [parse_profile(text, pid) for pid, text in texts]
+    profiles = [parsed(text, pid) for pid, text in texts]
     want = run(Engine, profiles, events, until)
 
     def make(ps: list[Profile]) -> Engine:
@@ -620,7 +628,7 @@ def driver_rates(draw: st.DrawFn, texts: list[tuple[str, str]]) -> Rates:
     """Rates that make any component the rarest (so `--plan auto` picks any driver)."""
     doc: dict[str, Any] = {"profiles": {}}
     for pid, text in texts:
-        profile = parse_profile(text, pid)
+        profile = parsed(text, pid)
         if profile.is_filter or isinstance(profile.expr, Absent):
             continue
         pat_names = [lf.name for lf in Pattern.build(profile).leaves]
@@ -640,7 +648,7 @@ def test_any_driver_agrees(skewed: tuple, mixed: tuple, data: st.DataObject) -> 
     it drives (earlier components buffered, later ones bound as they come), = eager =
     two-step; and re-planning between events to another driver changes nothing."""
     for texts, events, until in (skewed, mixed):
-        profiles = [parse_profile(text, pid) for pid, text in texts]
+        profiles = [parsed(text, pid) for pid, text in texts]
         rates = data.draw(driver_rates(texts))
         want = run(Engine, profiles, events, until)
         got = run(

@@ -102,3 +102,21 @@ def test_a_server_whose_directory_was_deleted_is_stopped_at_release(tmp_path: Pa
             return True
 
     wait_for(gone, 10, "the server of the deleted directory stopped")
+
+
+def test_finding_no_server_running_costs_no_retry_backoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py retries a refused connection ten times with backoff (~3-4 s): every management
+    command paid that when it found no server and started one. The probes ask once."""
+    import redis.retry
+
+    backoffs: list[float] = []
+    monkeypatch.setattr(redis.retry, "sleep", backoffs.append)
+    data = tmp_path / "d"
+    data.mkdir()
+    emb = EmbeddedRedis(data)
+    assert emb.acquire()  # probed (nothing there), then started
+    assert emb.release()  # stopped: the last user
+    assert emb._ping() == "down" and emb._pid_from_server() is None
+    assert backoffs == []

@@ -267,7 +267,8 @@ def test_gateway_lateness_is_stored_and_applied_by_the_running_worker(
     res = run(cli, svc, "gateway", "set", "gw-late", "--lateness", "soon")
     assert res.exit_code == 2
     assert res.stderr.strip() == (
-        "error: --lateness: lateness 'soon' is not a duration (e.g. 0, 500ms, 2s, 1m, or default)"
+        "error: --lateness 'soon': expected a duration (500ms, 2s, 30m, 1h, 1d or seconds) "
+        "or 'default'"
     )
     assert run(cli, svc, "gateway", "set", "nope", "--lateness", "0").exit_code == 2
     assert run(cli, svc, "gateway", "add", "gw-x", "--lateness", "-1").exit_code == 2

@@ -107,7 +107,7 @@ def test_a_backlog_longer_than_the_lock_lease_drains(
         name="w",
         clock="event",
         reorder_seconds=0.0,
-        lock_ttl=0.6,
+        lock_ttl=1.0,
         heartbeat_interval=0.1,
         status_interval=1e9,
         step_events=2000,  # renewals come often even when CI's cores are shared
@@ -124,7 +124,7 @@ def test_a_backlog_longer_than_the_lock_lease_drains(
     assert not died, f"the worker died: {died!r}"
     assert w.totals["events"] >= n - 1  # the last one waits for a successor (lateness 0)
     print(f"backlog drained in {took:.2f} s")
-    assert took > 3 * cfg.lock_ttl, "the backlog must outlast several leases for this test"
+    assert took > 2 * cfg.lock_ttl, "the backlog must outlast several leases for this test"
     assert "lock" not in caplog.text.lower().replace("took over the engine lock", "")
 
 

@@ -96,6 +96,21 @@ def _is_redis(pid: int) -> bool:
         return False
 
 
+def _probe(sock: Path) -> redis.Redis:
+    """A client that asks once: redis-py (6+) retries a refused connection ten times with
+    backoff (~3-4 s), which every command paid when it found no server running; the callers
+    poll with their own deadlines."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis(
+        unix_socket_path=str(sock),
+        socket_timeout=2,
+        socket_connect_timeout=2,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
 class EmbeddedRedis:
     """The redis-server of one data directory."""
 
@@ -187,9 +202,7 @@ class EmbeddedRedis:
 
     def _ping(self) -> str:
         """'up', 'loading' or 'down'."""
-        c = redis.Redis(
-            unix_socket_path=str(self.socket), socket_timeout=2, socket_connect_timeout=2
-        )
+        c = _probe(self.socket)
         try:
             c.ping()
             return "up"
@@ -281,9 +294,7 @@ class EmbeddedRedis:
 
     def _pid_from_server(self) -> int | None:
         """The pid the server on our socket reports (its pid file may be gone with its dir)."""
-        c = redis.Redis(
-            unix_socket_path=str(self.socket), socket_timeout=2, socket_connect_timeout=2
-        )
+        c = _probe(self.socket)
         try:
             pid = int(c.info("server")["process_id"])
         except (redis.RedisError, OSError, KeyError, ValueError):

@@ -66,6 +66,7 @@ from notifiers.records import VERSION_FIELD
 from profiles.ast import Profile
 from profiles.errors import ProfileError
 from profiles.errors import StoreMissing as StoreMissing  # with every user-visible error
+from profiles.options import DURATION_HELP, OptionError, parse_duration
 from profiles.parser import parse_profile
 
 PROFILES = "ens:profiles"
@@ -346,16 +347,19 @@ class KeyCheck:
 
 
 def parse_lateness(text_: str) -> float | None:
-    """A gateway's allowed lateness: ``2s``, ``500ms``, ``0``, seconds, or ``default`` (None)."""
+    """A gateway's allowed lateness: a duration (``0``, ``500ms``, ``2s``, ...) or ``default``
+    (None: the service's --default-lateness). Raises `OptionError` (a ValueError)."""
     t = text_.strip()
     if t == "default":
         return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)?", t)
-    if not m:
-        raise ValueError(
-            f"lateness {text_!r} is not a duration (e.g. 0, 500ms, 2s, 1m, or default)"
-        )
-    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
+    try:
+        return parse_duration("--lateness", t, maximum=86400.0)
+    except OptionError as exc:
+        if "expected a duration" in str(exc):
+            raise OptionError(
+                f"--lateness {text_!r}: expected a duration ({DURATION_HELP}) or 'default'"
+            ) from None
+        raise
 
 
 def check_gateway_name(name: str) -> str:

@@ -33,31 +33,57 @@ from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
 from adapters.service.connections import uvicorn_options
 from adapters.service.embedded import EmbeddedError
+from adapters.service.settings import DEFAULTS, ROLES, ServiceSettings
 from adapters.service.worker import EngineWorker, WorkerConfig
 
 log = logging.getLogger("ens.service")
 
 
-ROLES = ("api", "engine", "deliver")  # also the order in which they are stopped
-
-
 @dataclass
 class ServeConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
+    """The process's view of `ServiceSettings` (`from_settings`)."""
+
+    host: str = DEFAULTS.host
+    port: int = DEFAULTS.port
     redis_url: str | None = None
     data_dir: Path | None = None
-    max_body: int = 1 << 20
-    max_backlog: int = 200_000
-    deliver: bool = True
+    max_body: int = DEFAULTS.max_body
+    max_backlog: int = DEFAULTS.max_backlog
+    deliver: bool = DEFAULTS.deliver
     roles: tuple[str, ...] = ROLES  # which parts run in this process
-    api_workers: int = 1  # >1: the API runs in that many forked processes sharing the socket
-    keepalive_timeout: float = 5.0  # s an idle keep-alive connection stays open
-    header_timeout: float = 10.0  # s for a request's headers to arrive
-    max_connections: int = 0  # HTTP connections per API process (0: from the open-file limit)
-    log_level: str = "INFO"
+    api_workers: int = DEFAULTS.api_workers  # >1: forked API processes sharing the socket
+    keepalive_timeout: float = DEFAULTS.keepalive_timeout  # an idle keep-alive connection
+    header_timeout: float = DEFAULTS.header_timeout  # for a request's headers to arrive
+    max_connections: int = DEFAULTS.max_connections  # per API process (0: open-file limit)
+    log_level: str = DEFAULTS.log_level
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
+    admin_token: str | None = None  # ENS_ADMIN_TOKEN; None: generated at the first start
+    metrics_token: str | None = None  # ENS_METRICS_TOKEN; None: /metrics is public
+    notifiers_config: Path | None = None  # ENS_NOTIFIERS_CONFIG
+
+    @classmethod
+    def from_settings(cls, s: ServiceSettings, worker: WorkerConfig) -> ServeConfig:
+        return cls(
+            host=s.host,
+            port=s.port,
+            redis_url=s.redis_url,
+            data_dir=s.data_dir,
+            max_body=s.max_body,
+            max_backlog=s.max_backlog,
+            deliver=s.deliver,
+            roles=s.effective_roles,
+            api_workers=s.api_workers,
+            keepalive_timeout=s.keepalive_timeout,
+            header_timeout=s.header_timeout,
+            max_connections=s.max_connections,
+            log_level=s.log_level,
+            worker=worker,
+            limits=IngestLimits.from_settings(s),
+            admin_token=s.admin_token,
+            metrics_token=s.metrics_token,
+            notifiers_config=s.notifiers_config,
+        )
 
 
 class _Part(threading.Thread):
@@ -261,7 +287,7 @@ def run(cfg: ServeConfig) -> int:
         from notifiers.config import ConfigError, NotifierConfig
 
         try:
-            notifier_cfg = NotifierConfig.load()
+            notifier_cfg = NotifierConfig.load(cfg.notifiers_config)
         except ConfigError as exc:
             return _startup_error(str(exc))
     sock = None
@@ -276,9 +302,7 @@ def run(cfg: ServeConfig) -> int:
     try:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
         # the first command also tells whether Redis is reachable
-        token_hash, generated = rs.ensure_admin_token(
-            conn.text(), os.environ.get(rs.ENV_ADMIN_TOKEN)
-        )
+        token_hash, generated = rs.ensure_admin_token(conn.text(), cfg.admin_token)
     except (redis.RedisError, OSError, EmbeddedError) as exc:
         if sock is not None:
             sock.close()
@@ -324,7 +348,7 @@ def _serve(
     # engine worker (final snapshot, lock released), then delivery.
     parts: list[Any] = []
     if sock is not None:
-        metrics_token = os.environ.get(rs.ENV_METRICS_TOKEN) or None
+        metrics_token = cfg.metrics_token
         settings = ApiSettings(
             conn.url,
             token_hash,

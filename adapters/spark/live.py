@@ -350,8 +350,9 @@ def _share_patterns() -> None:
     and again whenever a key's previous batch ran in another worker); compiling the patterns
     was ~70% of a restore (10^4 profiles: 0.2 of 0.3 s). A `Pattern` is not changed after
     `build` except for its memo tables (pure functions of a mask), so engines may share it,
-    and the runtime tables `_CompositeRuntime._derive` computes from it.
+    and the runtime tables `filters.composite_base.tables_for` computes from it.
     """
+    from filters import composite_base
     from filters import engine as core
     from filters.pattern import Pattern
 
@@ -380,6 +381,7 @@ def _share_patterns() -> None:
             return hit[1]
 
     core.Pattern = SharedPattern  # type: ignore[misc]
+    composite_base.Pattern = SharedPattern  # type: ignore[misc]  # the runtimes' tables
 
 
 _live: dict[str, tuple[str, int, Engine]] = {}  # route -> (epoch, gen, engine): no restore

@@ -8,20 +8,23 @@ Only ``post`` goes through HTTP, like a gateway.
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from adapters.service.settings import DEFAULTS, Option, ServiceSettings
 from ens.commands import output
 from ens.commands.output import Json
 from ens.commands.store import DataDir, RedisUrl, Store
-from ens.options import PLAN_HELP, STATS_HELP, check_tz, lazy_module, parse_duration, parse_number
+from ens.options import lazy_module, parse_duration
 from profiles.errors import ENSError, ProfileError
 
 if TYPE_CHECKING:
@@ -54,286 +57,62 @@ def _when(ts: float | None) -> str:
 # ----------------------------------------------------------------------------- serve
 
 
-def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port.")] = 8080,
-    redis_url: RedisUrl = None,
-    data_dir: DataDir = None,
-    reorder_seconds: Annotated[
-        str,
-        typer.Option(
-            "--default-lateness",
-            "--reorder-seconds",
-            help="Lateness of gateways without their own (`ens gateway set --lateness`): "
-            "how far out of ts order their events may arrive; also how far the wall clock "
-            "of timers trails (500ms, 2s, or seconds).",
-        ),
-    ] = "2s",
-    idle_timeout: Annotated[
-        str,
-        typer.Option(help="A gateway silent this long (e.g. 500ms) no longer holds events back."),
-    ] = "0.5s",
-    reorder_max_events: Annotated[
-        int, typer.Option(help="Release the oldest held events beyond this many.")
-    ] = 10_000,
-    clock: Annotated[
-        str, typer.Option(help="wall: timers fire by wall clock; event: only by event time.")
-    ] = "wall",
-    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
-    max_body: Annotated[int, typer.Option(help="Largest POST body in bytes (413 above).")] = 1
-    << 20,
-    deliver: Annotated[
-        bool, typer.Option(help="Also run the notifier delivery worker (webhooks, e-mail).")
-    ] = True,
-    role: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Run only these parts here: api, engine, deliver (repeat or comma "
-            "list; default all three). Run the others as their own processes."
-        ),
-    ] = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            help="builtin: the engine worker runs in this service; spark: it does "
-            "not (`ens spark stream` owns detection; API and delivery as usual)."
-        ),
-    ] = "builtin",
-    no_engine: Annotated[bool, typer.Option("--no-engine", help="Same as --engine spark.")] = False,
-    api_workers: Annotated[
-        int,
-        typer.Option(
-            help="API processes accepting on the one port (forked; the engine worker stays single)."
-        ),
-    ] = 1,
-    max_backlog: Annotated[
-        int,
-        typer.Option(
-            help="POST /v1/events answers 429 (Retry-After) while more events than "
-            "this wait for the engine; 0: no bound."
-        ),
-    ] = 200_000,
-    worker_name: Annotated[
-        str | None,
-        typer.Option(envvar="ENS_ENGINE_NAME", help="Engine consumer name (keep it stable)."),
-    ] = None,
-    snapshot_interval: Annotated[
-        str,
-        typer.Option(
-            help="Snapshot the engine state this often (e.g. 30s; also after "
-            "2,000 commits and after each recovery); bounds recovery."
-        ),
-    ] = "30s",
-    status_interval: Annotated[
-        str, typer.Option(help="Log a summary this often (e.g. 10s).")
-    ] = "10s",
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
-    reset_admin_token: Annotated[
-        bool,
-        typer.Option("--reset-admin-token", help="Issue a new admin token (printed once) first."),
-    ] = False,
-    index: Annotated[
-        Path | None,
-        typer.Option(
-            help="An `ens spark index` snapshot: its profiles are imported (ids not stored "
-            "yet) and activated without parsing."
-        ),
-    ] = None,
-    max_future: Annotated[
-        str,
-        typer.Option(
-            help="Reject events whose ts is further ahead of the wall clock "
-            "(e.g. 30s, 5m; 'off': no bound)."
-        ),
-    ] = "5m",
-    max_past: Annotated[
-        str,
-        typer.Option(
-            help="Reject events whose ts is further behind the wall clock "
-            "(e.g. 30d; 'off' for backfills of old data)."
-        ),
-    ] = "30d",
-    body_timeout: Annotated[
-        str,
-        typer.Option(
-            help="Answer 408 to a request whose body is not received within "
-            "this time (e.g. 10s; 'off': wait for ever)."
-        ),
-    ] = "10s",
-    plan: Annotated[
-        str, typer.Option(help=PLAN_HELP + " A restored snapshot is converted to it.")
-    ] = "eager",
-    stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
-    replan_every: Annotated[
-        int,
-        typer.Option(
-            help="--plan auto: count component rates online (1 event in 8) and re-plan "
-            "every N events (0: never; the plan of --stats stays)."
-        ),
-    ] = 0,
-    drift: Annotated[
-        str,
-        typer.Option(
-            help="--replan-every: re-plan a profile when a component's rate moved by "
-            "this factor since its plan was chosen."
-        ),
-    ] = "4",
-    max_skew: Annotated[
-        str,
-        typer.Option(
-            help="An event stamped further ahead of the wall clock (a gateway whose "
-            "clock runs fast) waits until the wall clock, less the default "
-            "lateness, reaches its ts; counted in ens_gateways_skewed."
-        ),
-    ] = "1s",
-    dedup_window: Annotated[
-        str,
-        typer.Option(
-            help="Drop an event whose id its gateway sent within this time (a "
-            "retried POST), answering it as accepted; 'off': keep every one."
-        ),
-    ] = "10m",
-    dedup_max: Annotated[
-        int,
-        typer.Option(
-            help="Event ids remembered per gateway for --dedup-window (the oldest "
-            "are forgotten first)."
-        ),
-    ] = 100_000,
-    keepalive_timeout: Annotated[
-        str, typer.Option(help="Close a keep-alive connection idle this long.")
-    ] = "5s",
-    header_timeout: Annotated[
-        str,
-        typer.Option(
-            help="Close a connection whose request headers are not complete "
-            "this long after it opened or its last answer."
-        ),
-    ] = "10s",
-    max_connections: Annotated[
-        int,
-        typer.Option(
-            help="Open HTTP connections per API process; beyond it the longest idle "
-            "is closed (or, with none idle, the new one gets 503). 0: from "
-            "the open-file limit."
-        ),
-    ] = 0,
-) -> None:
+def _serve_parameter(name: str, opt: Option) -> inspect.Parameter:
+    """`ens serve`'s parameter for one setting: flags, variable, help and default from its
+    declaration in `ServiceSettings`. Numbers and durations arrive as text and are checked by
+    `ServiceSettings.load`, so every one fails the same way."""
+    kind = opt.kind
+    default: Any = opt.shown
+    annotation: Any = str | None if default is None else str
+    decls: tuple[str, ...] = opt.flags
+    if kind == "switch":
+        default = bool(getattr(DEFAULTS, name))
+        annotation = bool
+        if opt.switch_off:
+            decls = (f"{opt.flags[0]}/{opt.switch_off}",)
+    elif kind == "path":
+        annotation, default = Path | None, None
+    elif kind == "roles":
+        annotation, default = list[str] | None, None
+    info = typer.Option(*decls, envvar=opt.env, help=opt.help)
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=Annotated[annotation, info],
+        default=default,
+    )
+
+
+def serve(**values: Any) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
-    from adapters.service.api import IngestLimits
-    from adapters.service.server import ROLES, ServeConfig, run
+    from adapters.service.server import ServeConfig, run
     from adapters.service.worker import WorkerConfig
+    from ens.plans import check_plan, load_stats
 
-    try:  # every number and duration checked here, naming its option (NaN, inf, ranges)
-        day = 86400.0
-        lateness = parse_duration(
-            "--default-lateness (--reorder-seconds)", reorder_seconds, maximum=day
-        )
-        idle = parse_duration("--idle-timeout", idle_timeout, maximum=day)
-        snap_every = parse_duration(
-            "--snapshot-interval", snapshot_interval, above=True, maximum=day
-        )
-        status_every = parse_duration("--status-interval", status_interval, above=True)
-        skew = parse_duration("--max-skew", max_skew, maximum=day)
-        dedup = parse_duration(
-            "--dedup-window", dedup_window, above=True, maximum=30 * day, off=True
-        )
-        keepalive = parse_duration(
-            "--keepalive-timeout", keepalive_timeout, above=True, maximum=day
-        )
-        headers_within = parse_duration("--header-timeout", header_timeout, above=True, maximum=day)
-        assert keepalive is not None and headers_within is not None  # not `off=True`: never None
-        drift_factor = parse_number("--drift", drift, minimum=1.0)
-        parse_number("--port", port, minimum=0, maximum=65535, integer=True)
-        parse_number("--max-body", max_body, minimum=1, integer=True)
-        parse_number("--max-backlog", max_backlog, minimum=0, integer=True)
-        parse_number("--reorder-max-events", reorder_max_events, minimum=1, integer=True)
-        parse_number("--replan-every", replan_every, minimum=0, integer=True)
-        parse_number("--dedup-max", dedup_max, minimum=1, integer=True)
-        parse_number("--max-connections", max_connections, minimum=0, integer=True)
-        limits = IngestLimits(
-            max_future=parse_duration("--max-future", max_future, above=True, off=True),
-            max_past=parse_duration("--max-past", max_past, above=True, off=True),
-            body_timeout=parse_duration("--body-timeout", body_timeout, above=True, off=True),
-            dedup_window=dedup,
-            dedup_max=dedup_max,
-        )
+    try:  # every value checked by the one settings object, naming its option
+        settings = ServiceSettings.load(values, os.environ)
+        check_plan(settings.plan)
+        rates = load_stats(settings.stats)
     except ENSError as e:
         raise _fail(str(e)) from None
-    assert lateness is not None and idle is not None and snap_every is not None
-    assert status_every is not None and skew is not None  # no off=True: never None
-    assert keepalive is not None and headers_within is not None
-    if clock not in ("wall", "event"):
-        raise _fail(f"--clock must be wall or event, not {clock!r}")
-    roles = tuple(
-        dict.fromkeys(x.strip() for r in (role or ROLES) for x in r.split(",") if x.strip())
-    )
-    bad = [r for r in roles if r not in ROLES]
-    if bad or not roles:
-        raise _fail(f"--role {', '.join(bad) or '(empty)'}: expected api, engine or deliver")
-    if engine not in ("builtin", "spark"):
-        raise _fail(f"--engine must be builtin or spark, not {engine!r}")
-    if engine == "spark" or no_engine:  # detection runs elsewhere: keep the other parts only
-        roles = tuple(r for r in roles if r != "engine")
-        if not roles:
-            raise _fail("--engine spark leaves nothing to run here (--role engine only)")
-    if api_workers < 1:
-        raise _fail(f"--api-workers must be at least 1, not {api_workers}")
-    if max_backlog < 0:
-        raise _fail(f"--max-backlog must be 0 (no bound) or more, not {max_backlog}")
-    try:
-        check_tz(tz)
-        from ens.plans import check_plan, load_stats
+    load_index: Callable[[str], list[Any]] | None = None
+    if settings.index is not None:  # the Spark adapter only with --index
+        from adapters.spark import index
 
-        check_plan(plan)
-        rates = load_stats(stats)
-    except ENSError as e:
-        raise _fail(str(e)) from None
-    wcfg = WorkerConfig(
-        reorder_seconds=lateness,
-        reorder_max_events=reorder_max_events,
-        clock=clock,
-        idle_timeout=idle,
-        max_skew=skew,
-        tz=tz,
-        snapshot_interval=snap_every,
-        status_interval=status_every,
-        plan=plan,
-        rates=rates,
-        replan_every=replan_every,
-        drift=float(drift_factor),
-    )
-    if worker_name:
-        wcfg.name = worker_name
-    if index is not None:
-        if not (index / "manifest.json").is_file():
-            raise _fail(f"--index {index}: not an `ens spark index` snapshot (no manifest.json)")
-        from adapters.spark.index import load_index
-
-        wcfg.index = str(index)
-        wcfg.load_index = load_index
-    if reset_admin_token:
-        st = Store(redis_url, data_dir, create=True)
+        load_index = index.load_index
+    if settings.reset_admin_token:
+        st = Store(settings.redis_url, settings.data_dir, create=True)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
-    cfg = ServeConfig(
-        host=host,
-        port=port,
-        redis_url=redis_url,
-        data_dir=data_dir,
-        max_body=max_body,
-        deliver=deliver,
-        log_level=log_level,
-        worker=wcfg,
-        limits=limits,
-        roles=roles,
-        api_workers=api_workers,
-        max_backlog=max_backlog,
-        keepalive_timeout=keepalive,
-        header_timeout=headers_within,
-        max_connections=max_connections,
-    )
-    raise typer.Exit(run(cfg))
+    worker = WorkerConfig.from_settings(settings, rates, load_index)
+    raise typer.Exit(run(ServeConfig.from_settings(settings, worker)))
+
+
+_SERVE_PARAMETERS = [
+    _serve_parameter(name, opt) for name, opt in ServiceSettings.options() if opt.flags
+]
+serve.__signature__ = inspect.Signature(_SERVE_PARAMETERS)  # type: ignore[attr-defined]
+serve.__annotations__ = {p.name: p.annotation for p in _SERVE_PARAMETERS}
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -602,7 +381,12 @@ def subscriber_add(
     secret: Annotated[
         str | None, typer.Option(help="Webhook signing secret [generated and shown once].")
     ] = None,
-    digest: Annotated[float | None, typer.Option(help="E-mail digest window (s).")] = None,
+    digest: Annotated[
+        str | None,
+        typer.Option(
+            help="E-mail digest window: notifications within it go out as one mail (e.g. 10m)."
+        ),
+    ] = None,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -614,8 +398,11 @@ def subscriber_add(
     rec: dict[str, Any] = {"id": sid, "channels": channels}
     if secret:
         rec["secret"] = secret
-    if digest is not None:
-        rec["digest"] = digest
+    try:
+        if digest is not None:
+            rec["digest"] = parse_duration("--digest", digest)
+    except ENSError as exc:
+        raise _fail(str(exc)) from None
     try:
         rs.check_id(sid, "subscriber id")
         model = store.Subscriber.model_validate(rec)
@@ -701,7 +488,7 @@ def _lateness(text: str | None) -> float | None:
     try:
         return None if text is None else rs.parse_lateness(text)
     except ValueError as exc:
-        raise _fail(f"--lateness: {exc}") from None
+        raise _fail(str(exc)) from None
 
 
 @gateway_app.command("add")

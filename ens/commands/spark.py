@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg
+from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_duration, parse_time_arg
 from profiles.errors import ENSError, ManyErrors
 
 app = typer.Typer(
@@ -296,21 +296,8 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def _interval(flag: str, text: str) -> float:
-    """'500ms', '1s', '2m', '1.5' (seconds) -> seconds."""
-    t = text.strip().lower()
-    units = (("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
-    try:
-        for suffix, mult in units:
-            if t.endswith(suffix):
-                v = float(t[: -len(suffix)]) * mult
-                break
-        else:
-            v = float(t)
-    except ValueError:
-        raise ENSError(f"{flag} {text!r}: expected a duration such as 500ms, 1s or 2m") from None
-    if not v >= 0 or v == float("inf"):
-        raise ENSError(f"{flag} {text!r}: must be a finite duration >= 0")
-    return v
+    """'500ms', '1s', '2m', '1.5' (seconds) -> seconds: the one duration type."""
+    return parse_duration(flag, text)
 
 
 @app.command()

@@ -1,0 +1,166 @@
+"""What the parts of the engine worker share: its configuration view and its state.
+
+`EngineWorker` (`adapters.service.worker`) is assembled from parts that each keep one concern
+in a module of its own: `lease` (the engine lock), `checkpointer` (snapshots and their
+migrations), `journal` (commits and their replay after a crash), `control` (profile and
+gateway changes), `intake` (ingest -> reorder buffer -> engine), `liveness` (heartbeat and
+stats) and the loop in `worker`. They work on one state, declared here
+(`EngineState`) so that each part can be read, and type-checked, alone.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import redis
+
+from adapters.service.lease import EngineLease
+from adapters.service.settings import DEFAULTS, ServiceSettings
+from adapters.service.watermarks import Held, Watermarks
+from filters.engine import Engine
+from filters.notification import Notification
+from profiles.ast import Profile
+from profiles.events import Event
+
+
+@dataclass
+class WorkerConfig:
+    """The engine worker's view of `ServiceSettings` (`from_settings`); the fields without a
+    setting are internal tunables (tests shorten them)."""
+
+    reorder_seconds: float = DEFAULTS.default_lateness  # gateways without their own lateness
+    reorder_max_events: int = DEFAULTS.reorder_max_events
+    idle_timeout: float = DEFAULTS.idle_timeout  # a gateway silent this long holds nothing back
+    clock: str = DEFAULTS.clock  # "wall": timers fire by wall clock; "event": only by event time
+    tz: str = DEFAULTS.tz
+    name: str = field(default_factory=socket.gethostname)
+    batch: int = 1000  # most ingest entries read per step
+    step_events: int = 20_000  # ... and about this many events: a step stays short (lock lease)
+    block: float = 0.1  # longest XREADGROUP wait (s): the tick of the wall clock
+    commit_min_interval: float = 0.01  # group notifications of steps this close together
+    snapshot_interval: float = DEFAULTS.snapshot_interval  # snapshot this often when changed ...
+    snapshot_inputs: int = 200_000  # ... or after this many inputs (bounds recovery work)
+    snapshot_journal: int = 2_000  # ... or when the journal holds this many commits
+    lock_ttl: float = 15.0  # renewed every third of it while the worker works
+    max_skew: float = DEFAULTS.max_skew  # an event this far ahead of the wall clock waits for it
+    heartbeat_interval: float = 1.0
+    status_interval: float = DEFAULTS.status_interval  # the "worker: N events, ..." log line
+    index: str | None = None  # an `ens spark index` snapshot: its profiles are used unparsed
+    # reads ``index`` (`ens serve` passes adapters.spark.index.load_index; the service does not
+    # import the Spark adapter itself)
+    load_index: Callable[[str], list[Profile]] | None = None
+    plan: str = DEFAULTS.plan  # plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
+    rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
+    replan_every: int = DEFAULTS.replan_every  # plan "auto": re-plan every N events (0: never)
+    drift: float = DEFAULTS.drift  # ... when a component's rate moved by this factor
+
+    @classmethod
+    def from_settings(
+        cls,
+        s: ServiceSettings,
+        rates: Any = None,
+        load_index: Callable[[str], list[Profile]] | None = None,
+    ) -> WorkerConfig:
+        cfg = cls(
+            reorder_seconds=s.default_lateness,
+            reorder_max_events=s.reorder_max_events,
+            clock=s.clock,
+            idle_timeout=s.idle_timeout,
+            max_skew=s.max_skew,
+            tz=s.tz,
+            snapshot_interval=s.snapshot_interval,
+            status_interval=s.status_interval,
+            plan=s.plan,
+            rates=rates,
+            replan_every=s.replan_every,
+            drift=float(s.drift),
+        )
+        if s.worker_name:
+            cfg.name = s.worker_name
+        if s.index is not None:
+            cfg.index = str(s.index)
+            cfg.load_index = load_index
+        return cfg
+
+
+class Item(NamedTuple):
+    """What the watermark buffer holds for the worker: the ingest entry and its event."""
+
+    entry: str
+    event: Event
+
+
+class EngineState:
+    """The engine worker's state; `EngineWorker.__init__` and `_reset_state` set it.
+
+    The methods below are the ones a part calls on another; each is defined by its part.
+    """
+
+    r: redis.Redis
+    cfg: WorkerConfig
+    lease: EngineLease
+    engine: Engine
+    epoch: str
+    # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
+    # kept after a `once` profile fired, so that it is not activated again
+    defs: dict[str, Profile]
+    dirty: set[str]  # ids whose definition changed since the last snapshot
+    last_id: str  # last ingest entry read into engine or buffer
+    control_id: str
+    wm: Watermarks
+    late_by_gateway: dict[str, int]
+    unacked: list[str]  # read, to be XACKed by the next snapshot
+    inputs: list[list[Any]]  # the input log since the last commit
+    pending: list[Notification]  # detected, not committed
+    since_snapshot: int  # inputs since the last snapshot
+    journal_len: int  # commits in ens:engine:journal (since the last snapshot)
+    totals: dict[str, int]
+    changed: bool  # anything to snapshot
+    last_commit: float
+    last_snapshot: float
+    snapshot_bytes: int
+    holder: str  # the lease's holder name (``name|host|pid|token``)
+    skewed: list[str]  # gateways whose clocks run ahead (logged when they start)
+    last_heartbeat: float
+    last_status: float
+    _preparsed: dict[str, Any] | None  # index profiles by id, during start only
+    _interval: dict[str, int]
+
+    @property
+    def buffer(self) -> list[Held]:
+        """The held events (a heap; ``h.item`` is an `Item`)."""
+        return self.wm.heap
+
+    def _reset_state(self) -> None:
+        raise NotImplementedError
+
+    def _keepalive(self) -> None:
+        raise NotImplementedError
+
+    def _transaction(self, write: Callable[[Any], None]) -> None:
+        raise NotImplementedError
+
+    def _input(self, op: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _set_def(self, pid: str, expr: str | None, sub: str | None, quiet: bool = False) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
+        raise NotImplementedError
+
+    def _parse(self, key: str, gw: str, obj: Any, normalized: bool = False) -> Event | None:
+        raise NotImplementedError
+
+    def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
+        raise NotImplementedError
+
+    def record(self, n: Notification) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _published(self, records: list[dict[str, Any]]) -> None:
+        raise NotImplementedError

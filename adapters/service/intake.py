@@ -1,0 +1,121 @@
+"""Intake of the engine worker: ingest entries read into the reorder buffer (per-gateway
+watermarks, `adapters.service.watermarks`), released in ``ts`` order and fed to the engine,
+each feed an input of the journal. A late event is fed at once, counted and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from adapters.service import metrics as m
+from adapters.service import redis_store as rs
+from adapters.service.engine_state import EngineState, Item
+from adapters.service.records import OP_EVENT, op_advance
+from profiles.events import Event, event_from_normalized, event_from_obj
+
+log = logging.getLogger("ens.service.worker")
+
+
+def _id_le(a: str, b: str) -> bool:
+    return rs.parse_id(a) <= rs.parse_id(b)
+
+
+def _gateway(fields: Any) -> str:
+    """The gateway name of an ingest entry ("?" if it has none)."""
+    return rs.text(fields.get(rs.INGEST_GATEWAY.encode(), b"?")) if fields else "?"
+
+
+class Intake(EngineState):
+    """The intake part of `EngineWorker`: ingest entries -> buffer -> engine."""
+
+    def _parse(self, key: str, gw: str, obj: Any, normalized: bool = False) -> Event | None:
+        if normalized:  # validated by the API already; anything odd gets the full check
+            try:
+                return event_from_normalized(obj, key)
+            except (TypeError, KeyError):
+                pass
+        try:
+            return event_from_obj(obj, key)
+        except (TypeError, ValueError) as exc:
+            log.error("unreadable ingest event %s from %s skipped: %s", key, gw, exc)
+            return None
+
+    def _take(
+        self, eid: str, fields: Any, now: float, skip: set[str] | frozenset[str] = frozenset()
+    ) -> int:
+        """Read one ingest entry into the buffer (events in ``skip`` were fed already).
+
+        Returns how many events were taken.
+        """
+        self.unacked.append(eid)
+        self.changed = True
+        if not fields or _id_le(eid, self.last_id):
+            return 0  # covered by the snapshot already (or trimmed)
+        self.last_id = eid
+        decoded = self._decode(eid, fields)
+        if not decoded:
+            m.EVENTS_INVALID.labels(gateway=_gateway(fields)).inc()
+            self.totals["invalid"] += 1
+        self.totals["read"] += len(decoded)
+        normalized = rs.entry_normalized(fields)
+        taken = 0
+        for key, gw, obj in decoded:
+            if key in skip:
+                continue
+            taken += 1
+            if not taken & 255:
+                self._keepalive()
+            ev = self._parse(key, gw, obj, normalized)
+            if ev is None:
+                m.EVENTS_INVALID.labels(gateway=gw).inc()
+                self.totals["invalid"] += 1
+                continue
+            self.wm.observe(gw, ev.ts, now)
+            if self.engine.now is not None and ev.ts < self.engine.now:
+                self._feed(ev, key, gw)  # late: nothing can be reordered around it any more
+                continue
+            self.wm.hold(gw, ev.ts, now, Item(key, ev))
+        return taken
+
+    def _release_due(self, now: float, caught_up: bool = True) -> None:
+        wall = self.cfg.clock == "wall" and caught_up
+        target = now - self.wm.max_active_lateness(now) if wall else float("-inf")
+        for h in self.wm.release(now, target):
+            self._feed(h.item.event, h.item.entry, h.source)
+        if wall and (self.engine.now is None or target > self.engine.now):
+            self._input(op_advance(target))
+            self.engine.advance(target)
+
+    def _feed(self, ev: Event, key: str, gw: str) -> None:
+        self._input(
+            [OP_EVENT, key]
+        )  # records.op_event, inline (per event); the key: decode_entry's
+        self._process(ev, gw)
+
+    def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
+        late = self.engine.now is not None and ev.ts < self.engine.now
+        if late:
+            self.totals["late"] += 1
+            self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
+            if not replay:
+                self._interval["late"] += 1
+                if self._interval["late"] <= 10:  # the rest only in the periodic summary
+                    log.warning(
+                        "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
+                        "processed in arrival order",
+                        ev.id,
+                        gw,
+                        ev.ts,
+                        self.engine.now - ev.ts,  # type: ignore[operator]
+                    )
+        try:
+            self.engine.process(ev)
+        except Exception:  # a poison event must not stop the service
+            log.exception("engine failed on event %s; skipped", ev.id)
+            if not replay:
+                m.ENGINE_ERRORS.inc()
+        self.totals["events"] += 1
+        if not replay:
+            m.EVENTS_PROCESSED.inc()
+            self._interval["events"] += 1

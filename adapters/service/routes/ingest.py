@@ -1,0 +1,214 @@
+"""`POST /v1/events`: gateways' events, validated one by one and appended to the ingest
+stream in one atomic script before the answer (202, or 422 listing the rejected ones)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import redis
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from adapters.service import metrics as m
+from adapters.service import redis_store as rs
+from adapters.service.routes.base import (
+    STORE_RETRY_AFTER,
+    ApiSettings,
+    ErrorOut,
+    too_busy,
+)
+from adapters.service.routes.bodies import (
+    check_ts_window,
+    check_values,
+    error_id,
+    may_hold_surrogates,
+    normalized_json,
+    parse_batch,
+    read_body,
+)
+from adapters.service.routes.gateways import Gateway, key_refused
+from profiles.errors import TsOutOfWindow
+from profiles.events import event_from_obj
+
+log = logging.getLogger("ens.service.api")
+router = APIRouter()
+
+
+class EventErrorOut(BaseModel):
+    index: int = Field(description="0-based position of the event in the batch")
+    line: int | None = Field(default=None, description="1-based line (JSON-lines bodies)")
+    id: str | None = Field(default=None, description="the event's `id`, when it has a usable one")
+    error: str
+
+
+class IngestResult(BaseModel):
+    accepted: int = Field(
+        description="events appended to the ingest stream (durable), "
+        "including duplicates of events accepted before"
+    )
+    duplicates: int | None = Field(
+        default=None,
+        description="of the accepted, events whose id "
+        "this gateway sent within --dedup-window: stored once, not "
+        "again (absent when none)",
+    )
+    rejected: int
+    errors: list[EventErrorOut] = Field(default_factory=list)
+
+
+_EVENTS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "oneOf": [
+                    {"type": "object", "description": "one event"},
+                    {"type": "array", "items": {"type": "object"}, "description": "a batch"},
+                ]
+            },
+            "example": {
+                "id": "e7",
+                "ts": "2024-03-01T22:15:00Z",
+                "room": "273",
+                "kind": "temperature",
+                "value": 31.5,
+            },
+        },
+        "application/x-ndjson": {
+            "schema": {"type": "string", "description": "one JSON event per line"}
+        },
+    },
+}
+
+
+async def _over_backlog(request: Request) -> bool:
+    """Back-pressure: is the ingest backlog (`rs.ingest_backlog`'s count) over the bound?
+
+    Two reads (the API's event count and the worker's heartbeat), at most every
+    `backlog_check_interval` per process, so a request does not pay them each time.
+    """
+    settings: ApiSettings = request.app.state.settings
+    backlog_seen: list[float] = request.app.state.backlog_seen  # (time read, backlog)
+    now = time.monotonic()
+    if now - backlog_seen[0] >= settings.backlog_check_interval:
+        async with request.app.state.aredis.pipeline(transaction=False) as p:
+            p.get(rs.INGEST_IN)
+            p.hget(rs.ENGINE_STATUS, "stats")
+            appended, stats = await p.execute()
+        st = json.loads(stats) if stats else {}
+        backlog = max(int(appended or 0) - int(st.get("total_read", 0)), 0)
+        backlog_seen[:] = [now, backlog + int(st.get("buffered", 0))]
+    return backlog_seen[1] > settings.max_backlog
+
+
+@router.post(
+    "/v1/events",
+    status_code=202,
+    response_model=IngestResult,
+    tags=["events"],
+    summary="Ingest events (one object, an array, or JSON lines)",
+    responses={
+        400: {"model": ErrorOut, "description": "unparseable body; nothing accepted"},
+        401: {"model": ErrorOut, "description": "missing or unknown API key"},
+        403: {"model": ErrorOut, "description": "revoked API key"},
+        408: {"model": ErrorOut, "description": "body not received within --body-timeout"},
+        413: {"model": ErrorOut, "description": "body over the size limit"},
+        429: {
+            "model": ErrorOut,
+            "description": "ingest backlog over --max-backlog; nothing "
+            "accepted, retry after Retry-After seconds",
+        },
+        422: {
+            "model": IngestResult,
+            "description": "some events invalid; the valid ones ARE accepted (see accepted)",
+        },
+        503: {"model": ErrorOut, "description": "ingest store unavailable; nothing accepted"},
+    },
+    openapi_extra={"requestBody": _EVENTS_BODY},
+)
+async def post_events(request: Request, gw: Gateway) -> JSONResponse:
+    """Validate every event; append the valid ones to `ens:ingest` before answering.
+
+    `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
+    ingest entry id is used); other values must be scalars (LANGUAGE.md §1).
+    """
+    settings: ApiSettings = request.app.state.settings
+    body = await read_body(request, settings.max_body, settings.limits.body_timeout)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    items, problem = parse_batch(body, ctype)
+    if problem:
+        m.REQUESTS.labels(status="400").inc()
+        return JSONResponse({"error": problem}, 400)
+    valid: list[str] = []  # per event: its id (or ""), its normalized JSON
+    exact = False  # some event needs the standard library's exact integer parsing
+    errors: list[EventErrorOut] = []
+    now = time.time()
+    odd = may_hold_surrogates(body)
+    for index, line, obj in items:
+        try:
+            if isinstance(obj, ValueError):
+                raise obj
+            if odd:
+                check_values(obj)
+            ev = event_from_obj(obj, "-")
+            check_ts_window(ev.ts, now, settings.limits)
+            text, plain = normalized_json(obj, ev)
+            valid.append("" if obj.get("id") is None else str(obj["id"]))
+            valid.append(text)
+            exact = exact or not plain
+        except ValueError as exc:
+            if isinstance(exc, TsOutOfWindow):
+                m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
+            errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
+    accepted = len(valid) // 2
+    duplicates = 0
+    if valid:
+        limits = settings.limits
+        try:
+            if settings.max_backlog and await _over_backlog(request):
+                return too_busy(settings.max_backlog)
+            # one entry per request (rs.decode_entry reads it back), written only if the
+            # key is still valid, the backlog bound allows it, and without the events
+            # whose ids were seen: the checks and the write are one atomic round trip
+            res = await request.app.state.ingest_script(
+                keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key(gw)],
+                args=[
+                    gw,
+                    request.state.key_sha256,
+                    rs.INGEST_EXACT if exact else rs.INGEST_NORMALIZED,
+                    settings.max_backlog,
+                    int(limits.dedup_window * 1000) if limits.dedup_window else 0,
+                    limits.dedup_max,
+                    *valid,
+                ],
+            )
+            status_ = rs.text(res[0])
+            if status_ in ("unknown", "revoked"):
+                request.app.state.key_cache.drop(request.state.api_key)
+                raise key_refused(status_, gw)
+            if status_ == "backlog":
+                request.app.state.backlog_seen[:] = [time.monotonic(), int(res[1])]
+                return too_busy(settings.max_backlog)
+            duplicates = int(res[2])
+        except redis.RedisError as exc:
+            log.error("ingest write failed: %s", exc)
+            m.REQUESTS.labels(status="503").inc()
+            return JSONResponse(
+                {"error": "ingest store unavailable; retry later"},
+                503,
+                headers={"Retry-After": STORE_RETRY_AFTER},
+            )
+        m.EVENTS_IN.labels(gateway=gw).inc(accepted - duplicates)
+        if duplicates:
+            m.EVENTS_DUPLICATE.labels(gateway=gw).inc(duplicates)
+    if errors:
+        m.EVENTS_INVALID.labels(gateway=gw).inc(len(errors))
+    status = 422 if errors else 202
+    m.REQUESTS.labels(status=str(status)).inc()
+    result = IngestResult(
+        accepted=accepted, duplicates=duplicates or None, rejected=len(errors), errors=errors
+    )
+    return JSONResponse(result.model_dump(exclude_none=True), status)

@@ -1,0 +1,200 @@
+"""`/v1/profiles` and `/v1/subscribers` (admin token): what the engine matches and whom it
+notifies. The running engine picks changes up at once (the control stream)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
+
+from adapters.service import redis_store as rs
+from adapters.service.routes.base import Admin, ErrorOut, R
+from notifiers import store
+from profiles.errors import ProfileError
+
+router = APIRouter()
+
+
+class ProfileIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt `subscribr` is an error, not dropped
+    id: str = Field(examples=["p4"])
+    expr: str = Field(
+        examples=[
+            'seq(w: kind = "window" and state = "broken", p: kind = "presence") within 30m per room'
+        ]
+    )
+    subscriber: str | None = Field(default=None, description="an existing subscriber id")
+
+
+class ProfileOut(ProfileIn):
+    model_config = ConfigDict(extra="ignore")
+    created: float
+    updated: float | None = None
+
+
+class ProfileStored(ProfileOut):
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what looks wrong but is valid: no subscriber, a number read as infinity, "
+        "an attribute no recent event has carried",
+    )
+
+
+class ProfileErrorOut(BaseModel):
+    error: str = Field(description="the message `ens check` prints")
+    profile: str | None = None
+    line: int | None = Field(default=None, description="1-based, inside expr")
+    column: int | None = None
+    expected: list[str] = Field(default_factory=list)
+
+
+class SubscriberOut(BaseModel):
+    id: str
+    channels: list[dict[str, Any]]
+    digest: float | None = None
+    has_secret: bool = Field(description="a signing secret is set (never shown after creation)")
+
+
+def _redact(sub: store.Subscriber) -> SubscriberOut:
+    return SubscriberOut(
+        id=sub.id,
+        channels=[store.redact(c.model_dump(exclude_none=True)) for c in sub.channels],
+        digest=sub.digest,
+        has_secret=bool(sub.secret) or any(getattr(c, "secret", None) for c in sub.channels),
+    )
+
+
+@router.get("/v1/profiles", response_model=list[ProfileOut], tags=["profiles"])
+def list_profiles(_: Admin, r: R) -> list[dict[str, Any]]:
+    """Every stored profile, oldest first."""
+    return rs.list_profiles(r)
+
+
+@router.post(
+    "/v1/profiles",
+    response_model=ProfileStored,
+    status_code=201,
+    tags=["profiles"],
+    responses={
+        200: {"model": ProfileStored, "description": "replaced an existing profile"},
+        415: {"model": ErrorOut, "description": "the body is not sent as JSON"},
+        422: {"model": ProfileErrorOut, "description": "the profile does not parse/validate"},
+    },
+)
+def add_profile(body: ProfileIn, _: Admin, r: R) -> JSONResponse:
+    """Validate and store a profile; the running engine picks it up without a restart.
+
+    Replacing a profile (same id) drops its partial matches.
+    """
+    try:
+        rec, created = rs.put_profile(r, body.id, body.expr, body.subscriber)
+    except ProfileError as exc:
+        out = ProfileErrorOut(
+            error=str(exc),
+            profile=exc.profile_id,
+            line=exc.line,
+            column=exc.column,
+            expected=exc.expected,
+        )
+        return JSONResponse(out.model_dump(), 422)
+    from profiles.lint import warnings as lint
+    from profiles.parser import parse_profile
+
+    warnings = lint(parse_profile(body.expr, body.id, body.subscriber), rs.seen_attributes(r))
+    if body.subscriber is None:
+        warnings.append(
+            f"profile {body.id!r} has no subscriber: its notifications go to the outbox only"
+        )
+    stored = ProfileStored(**rec, warnings=warnings)
+    return JSONResponse(stored.model_dump(), 201 if created else 200)
+
+
+@router.get(
+    "/v1/profiles/{pid}",
+    response_model=ProfileOut,
+    tags=["profiles"],
+    responses={404: {"model": ErrorOut}},
+)
+def get_profile(pid: str, _: Admin, r: R) -> dict[str, Any]:
+    rec = rs.get_profile(r, pid)
+    if rec is None:
+        raise HTTPException(404, f"no profile {pid!r}")
+    return rec
+
+
+@router.delete(
+    "/v1/profiles/{pid}",
+    status_code=204,
+    tags=["profiles"],
+    responses={404: {"model": ErrorOut}},
+)
+def delete_profile(pid: str, _: Admin, r: R) -> Response:
+    """Remove a profile; the engine drops it (and its partial matches) at once."""
+    if not rs.delete_profile(r, pid):
+        raise HTTPException(404, f"no profile {pid!r}")
+    return Response(status_code=204)
+
+
+@router.get("/v1/subscribers", response_model=list[SubscriberOut], tags=["subscribers"])
+def list_subscribers(_: Admin, r: R) -> list[SubscriberOut]:
+    """Every subscriber; signing secrets are never shown here."""
+    out = []
+    for raw in r.hgetall(store.SUBSCRIBERS).values():
+        out.append(_redact(store.Subscriber.model_validate_json(raw)))
+    return sorted(out, key=lambda s: s.id)
+
+
+@router.get(
+    "/v1/subscribers/{sid}",
+    response_model=SubscriberOut,
+    tags=["subscribers"],
+    responses={404: {"model": ErrorOut}},
+)
+def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
+    sub = store.get_subscriber(r, sid)
+    if sub is None:
+        raise HTTPException(404, f"no subscriber {sid!r}")
+    return _redact(sub)
+
+
+@router.post(
+    "/v1/subscribers",
+    status_code=201,
+    tags=["subscribers"],
+    response_model=store.Subscriber,
+    responses={422: {"description": "invalid subscriber"}},
+)
+def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
+    """Store a subscriber (replacing one with the same id).
+
+    A webhook without a secret gets a generated one: the response shows it, once.
+    """
+    try:
+        rs.check_id(body.id, "subscriber id")
+    except ProfileError as exc:
+        return JSONResponse({"error": str(exc)}, 422)
+    try:
+        saved = store.put_subscriber(r, body)
+    except ValidationError as exc:
+        return JSONResponse({"error": store.subscriber_error(exc)}, 422)
+    return JSONResponse(json.loads(saved.to_json()), 201)
+
+
+@router.delete(
+    "/v1/subscribers/{sid}",
+    status_code=204,
+    tags=["subscribers"],
+    responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}},
+)
+def delete_subscriber(sid: str, _: Admin, r: R) -> Response:
+    """Remove a subscriber that no profile uses (409 lists the profiles that do)."""
+    users = rs.profiles_of_subscriber(r, sid)
+    if users:
+        raise HTTPException(409, f"subscriber {sid!r} is used by profiles {users}")
+    if not r.hdel(store.SUBSCRIBERS, sid):
+        raise HTTPException(404, f"no subscriber {sid!r}")
+    return Response(status_code=204)

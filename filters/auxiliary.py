@@ -1,0 +1,199 @@
+"""How auxiliary profiles enter and leave the primitive pool: the three variants of the engine.
+
+A partial match waiting for a component has that component's filter in the pool as an
+*auxiliary profile* (with the partition's `per` values and the where-values bound so far as
+equality predicates). A partition counts, per registration key (leaf, eqs), the PMs waiting
+on it (`Partition.regs`); the variant decides what happens when that count leaves or
+reaches zero:
+
+- `dynamic`: insert on the first waiting PM, delete after the last one.
+- `marking`: keep an auxiliary profile without bound where-values in the pool, unmarked,
+  until the partition is released; the next PM marks it again for free.
+- `references`: like marking, but the profile's owner stays on it too (*dormant*): the next
+  PM takes it back for free, and the first event it receives while dormant takes it off.
+
+The engine picks one implementation when it is built (`VARIANTS[name](pool)`); runtimes call
+it only when a count changes between 0 and 1, never per event.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol
+
+from filters.matches import Partition
+from filters.pattern import Pattern
+from filters.pool import Entry, Eqs, PrimitivePool
+from filters.runtime import RegKey
+
+
+class AuxOwner(Protocol):
+    """The composite runtime, as the registrations see it."""
+
+    idx: int
+    pat: Pattern
+    aux_entries: dict[int, Entry]  # leaf -> its auxiliary profile, planned once (`prepare`)
+
+
+def full_eqs(part: Partition, eqs: Eqs) -> Eqs:
+    """The equality predicates of a registration in `part`: its `per` values, then `eqs`."""
+    if part.values:
+        return tuple(part.values.items()) + eqs
+    return eqs
+
+
+class AuxiliaryRegistrations(ABC):
+    """One variant: what a partition's first waiting PM inserts and its last one leaves."""
+
+    name: str = ""
+    prepares = True  # plans auxiliary profiles without bound values once per profile
+    keeps_dormant = False  # `remove` leaves the owner on a value-free profile (references)
+
+    def __init__(self, pool: PrimitivePool) -> None:
+        self.pool = pool
+
+    @abstractmethod
+    def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        """The first PM of `part` waits on `key` (`part.regs[key]` was just set to 1)."""
+
+    @abstractmethod
+    def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        """The last PM of `part` waiting on `key` stopped (`part.regs[key]` is 1): drop the
+        count (or leave it 0, dormant) and the pool entry as the variant says."""
+
+    @abstractmethod
+    def restore(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        """Put a restored snapshot's registration back into a fresh pool."""
+
+    def prepare(self, rt: AuxOwner) -> None:
+        """Plan, once, the auxiliary profiles that do not depend on bound values (no where-
+        equality): a partial match then inserts its own by an index update only."""
+        if not self.prepares:
+            return
+        pool = self.pool
+        eqb = rt.pat.eq_bindings
+        for lf in rt.pat.leaves:
+            if lf.clock is None and not eqb.get(lf.idx) and lf.idx not in rt.aux_entries:
+                rt.aux_entries[lf.idx] = pool.prepare(lf.filter)
+
+    @abstractmethod
+    def release(self, rt: AuxOwner, part: Partition) -> None:
+        """The partition emptied: take its kept auxiliary profiles out of the pool."""
+
+    def drop_dormant(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        """A dormant registration received an event (nobody waits): take our owner off."""
+        del part.regs[key]
+        part.dormant -= 1
+        self.pool.release(part.entries[key], (rt.idx, key[0]), True)
+
+
+class Dynamic(AuxiliaryRegistrations):
+    """Insert an auxiliary profile for the first waiting PM, delete it after the last."""
+
+    name = "dynamic"
+    holds = False  # keeps value-free auxiliary profiles in `part.held` (references)
+
+    def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        leaf, eqs = key
+        pool = self.pool
+        entry = part.entries.get(key)  # references: kept in the pool without owners
+        if entry is not None and pool.claim(entry, (rt.idx, leaf)):
+            return
+        if self.holds and not eqs:
+            part.held.add(key)
+        if not eqs and not part.values:  # planned when the profile was added
+            aux = rt.aux_entries.get(leaf)
+            if aux is None:
+                aux = rt.aux_entries[leaf] = pool.prepare(rt.pat.leaves[leaf].filter)
+            part.entries[key] = pool.revive(aux, (rt.idx, leaf))
+            return
+        part.entries[key] = pool.add(
+            rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs)
+        )
+
+    def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        del part.regs[key]
+        self.pool.release(part.entries.pop(key), (rt.idx, key[0]))
+
+    def restore(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        leaf, eqs = key
+        part.entries[key] = self.pool.add(
+            rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs)
+        )
+        if self.holds and not eqs:
+            part.held.add(key)
+
+    def release(self, rt: AuxOwner, part: Partition) -> None:
+        pool = self.pool
+        regs = part.regs
+        if part.dormant:
+            for key, n in list(regs.items()):
+                if not n:
+                    pool.release(part.entries[key], (rt.idx, key[0]), True)
+                    del regs[key]
+            part.dormant = 0
+        for key in part.held:
+            if key in regs:
+                continue
+            entry = part.entries.pop(key, None)
+            if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
+                pool.purge_entry(entry)
+            else:
+                pool.purge(rt.pat.leaves[key[0]].filter, full_eqs(part, key[1]))
+        part.held.clear()
+
+
+class References(Dynamic):
+    """Keep value-free auxiliary profiles with their owner (dormant) until the partition goes."""
+
+    name = "references"
+    keeps_dormant = True
+    holds = True
+
+    def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        if not key[1]:
+            part.regs[key] = 0
+            part.dormant += 1
+            return
+        super().remove(rt, part, key)
+
+
+class Marking(AuxiliaryRegistrations):
+    """Keep value-free auxiliary profiles in the pool, unmarked, until the partition goes."""
+
+    name = "marking"
+    prepares = False
+
+    def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        if key in part.held:
+            return  # already in the pool, unmarked: marking it is the count
+        part.held.add(key)
+        leaf, eqs = key
+        self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+
+    def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        del part.regs[key]
+        leaf, eqs = key
+        if not eqs:
+            return  # stays in the pool, unmarked, until the partition is released
+        part.held.discard(key)
+        self.pool.remove(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+
+    def restore(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        leaf, eqs = key
+        self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+        if not eqs:
+            part.held.add(key)
+
+    def release(self, rt: AuxOwner, part: Partition) -> None:
+        regs = part.regs
+        for key in part.held:  # never dormant: `remove` drops every count
+            if key not in regs:
+                leaf, eqs = key
+                self.pool.remove(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+        part.held.clear()
+
+
+VARIANTS: dict[str, type[AuxiliaryRegistrations]] = {
+    cls.name: cls for cls in (Dynamic, Marking, References)
+}

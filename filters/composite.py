@@ -1,0 +1,271 @@
+"""The eager composite runtime (CompAS single-step detection) and its fast paths.
+
+`CompositeRuntime` is what `filters.engine.Engine` runs for a composite profile evaluated
+eagerly: the layers below it hold its tables and registrations (`filters.composite_base`),
+binding checks (`filters.binding`), the life of a match (`filters.lifecycle`) and the general
+event step (`filters.stepping`). Here are the event entry point and the fast paths for the
+common shapes (no where, no negation, no any): one PM under first/last extended or completed
+(`_fast_step`), a starting event (`_fast_open`), `select each` (`_fast_each`); each returns
+the same results as the general step, written out because each call is a noticeable part of
+a completion in CPython.
+"""
+
+from __future__ import annotations
+
+from filters.compile import evaluate
+from filters.matches import PartialMatch, Partition
+from filters.notification import Notification
+from filters.runtime import INF, Binding, PartKey
+from filters.stepping import GeneralSteps
+from filters.temporal import TIMER
+from profiles.ast import Clock
+from profiles.events import Event
+
+Done = tuple[PartialMatch, int, tuple[int, ...]]  # (PM, leaf, match leaves) an event completes
+
+
+class CompositeRuntime(GeneralSteps):
+    """A composite profile evaluated eagerly: partial matches, auxiliary profiles, terminators."""
+
+    def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        if self.per:
+            key = self.partition_key(ev.attrs)
+            if key is None:
+                return
+        else:
+            key = ()
+        part = self.parts.get(key)
+        if part is not None and part.dormant:
+            self._drop_dormant(part, leaves)
+        if self.engine.tracer is None:
+            if part is not None and part.pms:
+                pms = part.pms
+                if self.fast and len(pms) == 1:
+                    if self._fast_step(part, pms[0], ev, seq, leaves):
+                        return
+                elif self.fast_each:
+                    self._fast_each(part, ev, seq, leaves)
+                    return
+            elif (self.fast or self.fast_each) and self._fast_open(part, key, ev, seq, leaves):
+                return
+        if (
+            (part is None or not part.pms)
+            and self.start_set.isdisjoint(leaves)
+            and (not self.leading or self.leading.isdisjoint(leaves))
+        ):  # nothing waits, nothing starts, no history to keep (a dormant auxiliary profile's event)
+            if part is not None:
+                self._tidy(part, ev.ts)
+            return
+        self._general(part, key, ev, seq, leaves)
+
+    def _fast_step(
+        self, part: Partition, pm: PartialMatch, ev: Event, seq: int, leaves: list[int]
+    ) -> bool:
+        """The common case in one place: a single PM (first/last) extended or completed by the event.
+
+        Same semantics as the general path; returns False to hand anything
+        else (replacements, duplicates under last) to it. This is the step
+        that makes the last event of a composite cost about a primitive one,
+        so the completion is written out here rather than called piecewise
+        (`_unreg`, `report`, `_tidy`): each call is a
+        noticeable part of it in CPython.
+        """
+        tr = self._trans.get(pm.mask)
+        if tr is None:
+            tr = self.pat.transitions(pm.mask)
+        for i in leaves:
+            t = tr.get(i)
+            if t is not None:
+                break
+        else:
+            return self.kind == "first"  # a duplicate: ignored (and a PM exists, so nothing opens)
+        new_mask, order = t
+        if order is None:
+            pm.binds[i] = Binding(seq, ev)
+            pm.mask = new_mask
+            if self.flat and (pm.handle is not None or self.window is None):
+                self._sync(pm)  # the first event, hence the deadline, stays
+            else:
+                self._changed(pm)
+            return True
+        binds = pm.binds
+        names = self.names
+        events = {}
+        for j in order:  # a loop, not a comprehension: no closure cells on 3.11
+            events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
+        eng = self.engine
+        kept = False  # an auxiliary profile stays held: the partition stays (no `_tidy` needed)
+        if self.unique:
+            pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
+            d = pm.deadline
+            if d is not None and d > part.until:
+                part.until = d
+            regs = pm.regs
+            if regs:
+                pm.regs = ()
+                counts = part.regs
+                keep = eng.aux.keeps_dormant
+                for key in regs:
+                    n = counts[key]
+                    if n > 1:
+                        counts[key] = n - 1
+                    elif keep and not key[1]:  # `_unreg`'s commonest case, inline
+                        counts[key] = 0
+                        part.dormant += 1
+                        kept = True
+                    else:
+                        self._unreg(part, key)
+            part.pms.clear()
+            self.pm_count -= 1
+        eng._nseq += 1
+        eng._out.append(
+            Notification(self.pid, ev.ts, events, part.values, eng._nseq, self.subscriber)
+        )
+        if self.once:
+            eng._deactivate(self)
+        elif self.unique and (not (kept or part.held) or (part.key and self.window is None)):
+            self._tidy(part, ev.ts)  # fast shapes keep no history or counts
+        return True
+
+    def _fast_open(
+        self, part: Partition | None, key: PartKey, ev: Event, seq: int, leaves: list[int]
+    ) -> bool:
+        """A starting event where no PM waits (the fast paths' shapes): open its PM(s) directly.
+
+        What `_open` does for these shapes, without its general checks. Returns False to hand
+        the general path anything else (an event that completes at once, or starts nothing).
+        """
+        tr = self.pat.transitions(0)
+        opened = []
+        for i in leaves:
+            t = tr.get(i)
+            if t is None:
+                continue
+            if t[1] is not None:
+                return False
+            opened.append((i, t[0]))
+            if not self.fast_each:
+                break
+        if not opened:  # it starts nothing (it reached a dormant auxiliary profile): what is
+            if part is not None:  # left of the general path for it
+                self._tidy(part, ev.ts)
+            return True
+        if part is None:
+            part = self.parts[key] = Partition(key, self.partition_values(ev.attrs))
+        b = Binding(seq, ev)
+        pms = part.pms
+        flat = self.flat
+        window = self.window
+        for i, mask in opened:
+            pm = PartialMatch(self.n, part)
+            pm.binds[i] = b
+            pm.mask = mask
+            if not flat:
+                self._add_pm(part, pm)
+                continue
+            pms.append(pm)  # `_add_pm` and `_changed`, inline: the deadline is known
+            self.pm_count += 1
+            if window is not None:
+                pm.deadline = d = ev.ts + window
+                pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
+            self._sync(pm)
+        return True
+
+    def _fast_each(self, part: Partition, ev: Event, seq: int, leaves: list[int]) -> None:
+        """`select each` without where/negations/any: the general path's steps, minus its bookkeeping."""
+        trans = self._trans
+        b = Binding(seq, ev)
+        done: list[Done] = []
+        for pm in list(part.pms):
+            tr = trans.get(pm.mask)
+            if tr is None:
+                tr = self.pat.transitions(pm.mask)
+            for i in leaves:
+                t = tr.get(i)
+                if t is None:
+                    continue
+                new_mask, order = t
+                if order is not None:
+                    done.append((pm, i, order))
+                else:
+                    new = pm.copy()
+                    new.binds[i] = b
+                    new.mask = new_mask
+                    self._add_pm(part, new)
+        consumed = False
+        if done:
+            consumed = self._report_each(part, done, ev, seq)
+            if not self.active:  # `once`: reported, and gone
+                return
+        if not consumed:
+            start_set = self.start_set
+            for i in leaves:
+                if i in start_set:
+                    self._open(part, [i for i in leaves if i in start_set], b)
+                    if not self.active:
+                        return
+                    break
+        if part.history or part.starts or not part.pms:
+            self._tidy(part, ev.ts)
+
+    def _report_each(self, part: Partition, done: list[Done], ev: Event, seq: int) -> bool:
+        """`_fast_each`'s completions, reported in the order of their events (under `unique`
+        the earliest, its events consumed: returns True)."""
+        if len(done) > 1:  # report in the order of the matches' events (their order keys)
+            done.sort(
+                key=lambda d: tuple(
+                    seq if j == d[1] else (x.seq if x is not None else INF)
+                    for j, x in enumerate(d[0].binds)
+                )
+            )
+        eng = self.engine
+        names = self.names
+        values = part.values
+        consumed = False
+        for pm, i, order in done[:1] if self.unique else done:
+            binds = pm.binds
+            events = {}
+            for j in order:
+                events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
+            if self.unique:
+                used = {x.seq for x in binds if x is not None}
+                used.add(seq)
+                self._consume(part, used)
+                consumed = True
+            eng._nseq += 1
+            eng._out.append(
+                Notification(self.pid, ev.ts, events, values, eng._nseq, self.subscriber)
+            )
+            if self.once:
+                eng._deactivate(self)
+                break
+        return consumed
+
+    def on_clock(self, ev: Event, seq: int, clock: Clock) -> None:
+        leaves = [lf.idx for lf in self.clock_leaves if lf.clock == clock]
+        if leaves:
+            self.on_event(ev, seq, leaves)
+
+    def bound_duplicate(self, ev: Event) -> str | None:
+        """The partial match for which `ev` repeats an already bound component, described.
+
+        Such an event never reaches the profile: the pool holds auxiliary profiles only
+        for the components still awaited. `ens explain` asks, to say why nothing happened.
+        """
+        key = self.partition_key(ev.attrs)
+        part = self.parts.get(key) if key is not None else None
+        if part is None:
+            return None
+        for pm in part.pms:
+            if not pm.alive:
+                continue
+            for i, b in enumerate(pm.binds):
+                leaf = self.pat.leaves[i]
+                if (
+                    b is not None
+                    and b.ev is not ev
+                    and leaf.clock is None
+                    and evaluate(leaf.filter, ev.attrs)
+                ):
+                    return f"{leaf.name} for {self._desc(pm)}"
+        return None

@@ -1,0 +1,127 @@
+"""The state of an eagerly evaluated composite: partial matches and their partitions.
+
+A `Partition` holds the partial matches (PMs) of one `per` value combination, the auxiliary
+registrations they wait on (counted: `regs`), leading-negation history and `nth` counters;
+a `PartialMatch` holds the events bound so far per positive leaf. Small slotted objects: a
+site keeps many of them in flight, and a snapshot stores them (stable names `partial-match`,
+`partition`, registered in `filters.engine`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from filters.pool import Entry
+from filters.runtime import INF, Binding, Handle, PartKey, RegKey
+
+
+class PartialMatch:
+    """A partial match: bound events per positive leaf, the mask of bound leaves."""
+
+    # what a completion reads first: fewer cache lines touched per event
+    __slots__ = (
+        "mask",
+        "binds",
+        "regs",
+        "alive",
+        "part",
+        "counts",
+        "negc",
+        "handle",
+        "deadline",
+        "nlog",
+    )
+
+    def __init__(self, n: int, part: Partition) -> None:
+        self.mask = 0
+        self.binds: list[Binding | None] = [None] * n
+        self.counts: dict[int, int] | None = None
+        # negation candidates awaiting later bindings
+        self.negc: list[tuple[int, Binding]] | None = None
+        self.handle: Handle | None = None  # temporal-pool entry
+        self.regs: tuple[RegKey, ...] = ()  # auxiliary registrations held
+        self.alive = True
+        self.part = part
+        self.deadline: float | None = None
+        # `select last` with between-negations: the negation events this PM saw (in scope or
+        # not), for checking a replacement against them (`MatchBinder.rebind_base`)
+        self.nlog: list[tuple[int, Binding]] | None = None
+
+    def __setstate__(self, state: tuple[Any, dict[str, Any]]) -> None:
+        self.nlog = None  # not in snapshots written before it existed
+        for k, v in state[1].items():
+            setattr(self, k, v)
+
+    def copy(self) -> PartialMatch:
+        pm = PartialMatch.__new__(PartialMatch)
+        pm.mask = self.mask
+        pm.binds = list(self.binds)
+        pm.counts = dict(self.counts) if self.counts else None
+        pm.negc = list(self.negc) if self.negc else None
+        pm.handle = None
+        pm.regs = ()
+        pm.alive = True
+        pm.part = self.part
+        pm.deadline = None
+        pm.nlog = list(self.nlog) if self.nlog else None
+        return pm
+
+    def order_key(self) -> tuple[float, ...]:
+        return tuple(b.seq if b is not None else INF for b in self.binds)
+
+    def seqs(self) -> set[int]:
+        return {b.seq for b in self.binds if b is not None}
+
+    def first_ts(self) -> float:
+        return min(b.ev.ts for b in self.binds if b is not None)
+
+
+class Partition:
+    """One `per` value combination of a composite: its PMs and what they hold in the pools."""
+
+    __slots__ = (  # what a completion reads first: fewer cache lines touched per event
+        "pms",
+        "regs",
+        "dormant",
+        "values",
+        "key",
+        "held",
+        "entries",
+        "until",
+        "starts",
+        "starts_ts",
+        "history",
+        "handle",
+    )
+
+    def __init__(self, key: PartKey, values: dict[str, Any] | None) -> None:
+        self.key = key
+        self.values = values
+        self.pms: list[PartialMatch] = []
+        # (leaf, eqs) -> number of PMs waiting on it; 0: dormant (references: nobody waits, our
+        # owner is still in the pool; the next PM takes it back for free)
+        self.regs: dict[RegKey, int] = {}
+        self.held: set[RegKey] = set()  # marking/references: auxiliary profiles kept in the pool
+        self.entries: dict[RegKey, Entry] = {}  # (leaf, eqs) -> its pool entry (dynamic/references)
+        self.dormant = 0  # how many keys of `regs` are dormant
+        self.until = 0.0  # the latest deadline of a PM that left: its terminator lets `held` go
+        self.starts = 0  # nth: starting events counted while no PM exists
+        self.starts_ts = 0.0
+        self.history: list[tuple[int, float, int, Binding]] = []  # leading negations seen
+        self.handle: Handle | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the pool handles: the pool is rebuilt on restore (see Engine.__setstate__)."""
+        return {k: getattr(self, k) for k in self.__slots__ if k != "entries"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.until = 0.0  # not in snapshots written before it existed
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.entries = {}
+
+    def empty(self) -> bool:
+        return not (self.pms or self.history or self.starts)
+
+    def idle(self) -> bool:
+        return not (self.pms or self.history or self.starts or self.held)

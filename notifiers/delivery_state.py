@@ -1,0 +1,126 @@
+"""What the parts of the delivery worker share: its counts and its state.
+
+`DeliveryWorker` (`notifiers.worker`) is assembled from parts that each keep one concern in
+a module of its own: `outbox_intake` (outbox entries taken into the schedule, acknowledged
+when done), `leases` (deliveries leased from the schedules, leases renewed while a send
+runs), `sending` (one delivery: webhook or e-mail, retry, dead letter) and `digests` (e-mails
+parked and sent as one). They work on one state, declared here (`DeliveryState`), so that
+each part can be read, and type-checked, alone.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+from notifiers.attempt import Attempt
+from notifiers.config import NotifierConfig
+from notifiers.destinations import DestinationGate, Grant
+from notifiers.email import SmtpSender
+from notifiers.store import Subscriber
+from notifiers.webhook import WebhookSender
+
+
+@dataclass(slots=True)
+class Counts:
+    """What one `DeliveryWorker.run_once` did."""
+
+    read: int = 0  # outbox entries taken in (new, re-claimed or taken over)
+    delivered: int = 0  # deliveries that succeeded (a digest counts each notification in it)
+    retried: int = 0  # failed attempts re-scheduled
+    dead: int = 0  # deliveries dead-lettered
+    digested: int = 0  # e-mail deliveries parked for a digest
+    skipped: int = 0  # nothing to do: already delivered, no subscriber, stale schedule entry
+    acked: int = 0  # outbox entries acknowledged
+    deferred: int = 0  # re-scheduled without an attempt: destination busy or circuit open
+
+    def add(self, outcome: str, k: int = 1) -> None:
+        setattr(self, outcome, getattr(self, outcome) + k)
+
+    def merge(self, other: Counts) -> None:
+        for key, value in asdict(other).items():
+            self.add(key, value)
+
+    def busy(self) -> bool:
+        return any(asdict(self).values())
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _entry_age(entry: str | None) -> float | None:
+    """Seconds since an outbox entry was written: a stream id starts with its ms timestamp."""
+    try:
+        return max(time.time() - int(str(entry).split("-")[0]) / 1000, 0.0)
+    except ValueError:
+        return None
+
+
+class DeliveryState:
+    """The delivery worker's state; `DeliveryWorker.__init__` sets it.
+
+    The methods below are the ones a part calls on another; each is defined by its part.
+    """
+
+    r: redis.Redis
+    config: NotifierConfig
+    consumer: str
+    _rng: random.Random
+    _webhook: WebhookSender
+    _smtp: SmtpSender
+    _gate: DestinationGate
+    _smtp_dest: str  # the relay, gated as a webhook origin is
+    _lease: Any  # the registered scripts
+    _renew: Any
+    _take_script: Any
+    _digest_done: Any
+    # (schedule, member) -> the lease end this worker set, while its send runs
+    _held: dict[tuple[str, str], float]
+    _held_lock: threading.Lock
+    _closed: threading.Event
+    _renewer: threading.Thread | None
+    _started: bool
+    _last_claim: float
+    _last_trim: float
+
+    def _done(self, schedule: str, member: str) -> None:
+        raise NotImplementedError
+
+    def _next_due(self) -> float:
+        raise NotImplementedError
+
+    def _take(self, eid: str, fields: Mapping[Any, Any], counts: Counts) -> None:
+        raise NotImplementedError
+
+    def _ack(self, eid: str | None, counts: Counts | None = None) -> None:
+        raise NotImplementedError
+
+    def _maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
+        raise NotImplementedError
+
+    def _subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
+        raise NotImplementedError
+
+    def _park(self, dkey: str, address: str, window: float) -> None:
+        raise NotImplementedError
+
+    def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
+        raise NotImplementedError
+
+    def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
+        raise NotImplementedError
+
+    def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
+        raise NotImplementedError
+
+    def _dead_letter(self, *args: Any, **kw: Any) -> None:
+        raise NotImplementedError
+
+    def _finish_dead(self, *args: Any, **kw: Any) -> None:
+        raise NotImplementedError

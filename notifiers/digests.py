@@ -1,0 +1,204 @@
+"""Digests of the delivery worker: an e-mail delivery with a digest window is parked in
+``ens:digest:<addr>``; when the oldest parked one is ``window`` seconds old the whole batch
+goes out as one mail.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from notifiers.attempt import Attempt
+from notifiers.delivery_state import Counts, DeliveryState
+from notifiers.email import build_digest, build_message, compose
+from notifiers.metrics import (
+    ATTEMPT_SECONDS,
+    DEFERRED,
+    DELIVERIES,
+)
+from notifiers.store import (
+    DIGEST_ATTEMPTS,
+    DIGEST_WINDOW,
+    DIGESTS,
+    RETRY,
+    STATE,
+    dead_key,
+    delivered_key,
+    digest_key,
+    entry_order,
+    split_delivery_key,
+    text,
+)
+
+log = logging.getLogger("ens.notifiers")
+
+# KEYS: DIGESTS, digest buffer, DIGEST_WINDOW, DIGEST_ATTEMPTS; ARGV: address, members done.
+# Drops the done members; re-schedules the address for what arrived meanwhile, or forgets it.
+_DIGEST_DONE = """
+for i = 2, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
+redis.call('HDEL', KEYS[4], ARGV[1])
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #first == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  return 0
+end
+local window = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
+redis.call('ZADD', KEYS[1], tonumber(first[2]) + window, ARGV[1])
+return 1
+"""
+
+
+class Digests(DeliveryState):
+    """The digest part of `DeliveryWorker`."""
+
+    def _park(self, dkey: str, address: str, window: float) -> None:
+        now = time.time()
+        with self.r.pipeline(transaction=True) as p:
+            p.zadd(digest_key(address), {dkey: now}, nx=True)
+            p.zadd(DIGESTS, {address: now + window}, nx=True)
+            p.hset(DIGEST_WINDOW, address, repr(window))
+            p.zrem(RETRY, dkey)
+            p.execute()
+
+    def _flush_digest(self, address: str) -> Counts:
+        counts = Counts()
+        try:
+            self._flush_digest_one(address, counts)
+        except Exception:
+            log.exception("digest for %s failed unexpectedly; it will be retried", address)
+        finally:
+            self._done(DIGESTS, address)
+        return counts
+
+    def _drop_unbuildable(
+        self, address: str, states: list[tuple[str, dict[str, Any]]], counts: Counts
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Dead-letter the parked notifications whose mail cannot be rendered (a permanent
+        error: retrying the digest would fail forever); returns the others."""
+        good: list[tuple[str, dict[str, Any]]] = []
+        bad: list[tuple[str, dict[str, Any], str]] = []
+        for dkey, st in states:
+            built = compose(build_message, st["n"], self.config.smtp.sender, address, key=dkey)
+            if isinstance(built, Attempt):
+                bad.append((dkey, st, built.error))
+            else:
+                good.append((dkey, st))
+        if not bad:
+            return good
+        ttl = self.config.worker.delivered_ttl
+        with self.r.pipeline(transaction=True) as p:
+            for dkey, st, why in bad:
+                nid, ch = split_delivery_key(dkey)
+                self._dead_letter(
+                    st["n"],
+                    {"email": address},
+                    ch,
+                    st.get("nch", 0),
+                    st.get("entry", ""),
+                    why,
+                    0,
+                    pipe=p,
+                )
+                p.set(dead_key(nid, ch), "1", ex=ttl)
+                p.hdel(STATE, dkey)
+            p.execute()
+        for dkey, st, why in bad:
+            log.warning("dead-lettered %s (digest of %s): %s", dkey, address, why)
+            DELIVERIES.labels("email", "dead").inc()
+            counts.dead += 1
+            self._maybe_ack(st, counts)
+        return good
+
+    def _flush_digest_one(self, address: str, counts: Counts) -> None:
+        buf = digest_key(address)
+        members = [text(m) for m in self.r.zrange(buf, 0, self.config.worker.digest_max - 1)]
+        states: list[tuple[str, dict[str, Any]]] = []
+        for dkey, raw in zip(members, self.r.hmget(STATE, members) if members else [], strict=True):
+            nid, ch = split_delivery_key(dkey)
+            if raw is not None and not self.r.exists(delivered_key(nid, ch), dead_key(nid, ch)):
+                states.append((dkey, json.loads(text(raw))))
+        args = [address, *members]
+        keys = [DIGESTS, buf, DIGEST_WINDOW, DIGEST_ATTEMPTS]
+        if not states:
+            self._digest_done(keys=keys, args=args)
+            return
+        # in the order the engine emitted them (the outbox), not the order they were parked:
+        # deliveries are parked by concurrent threads
+        states.sort(key=lambda s: entry_order(s[1].get("entry") or "0"))
+        sender = self.config.smtp.sender
+        states = self._drop_unbuildable(address, states, counts)
+        if not states:
+            self._digest_done(keys=keys, args=args)
+            return
+        ns = [st["n"] for _, st in states]
+        if len(ns) == 1:
+            msg = build_message(ns[0], sender, address, key=states[0][0])
+        else:
+            msg = build_digest(ns, sender, address)
+        grant = self._gate.acquire(self._smtp_dest, time.time())
+        if not grant.ok:  # the relay is busy or its circuit open: the digest comes back then
+            self.r.zadd(DIGESTS, {address: grant.retry_at})
+            DEFERRED.labels("email", grant.reason).inc()
+            counts.deferred += 1
+            return
+        started = time.monotonic()
+        result = Attempt.fatal("not sent")
+        try:
+            result = self._smtp.send(msg)
+        finally:
+            self._release(self._smtp_dest, grant, time.monotonic() - started, result)
+        elapsed = time.monotonic() - started
+        ATTEMPT_SECONDS.labels("email").observe(elapsed)
+        attempts = int(self.r.hincrby(DIGEST_ATTEMPTS, address, 1))
+        if result.ok:
+            ttl = self.config.worker.delivered_ttl
+            with self.r.pipeline(transaction=True) as p:
+                for dkey, _ in states:
+                    p.set(delivered_key(*split_delivery_key(dkey)), "1", ex=ttl)
+                    p.hdel(STATE, dkey)
+                self._digest_done(keys=keys, args=args, client=p)
+                p.execute()
+            log.info(
+                "delivered digest of %d notification(s) to %s attempt=%d (%s, %.3fs)",
+                len(states),
+                address,
+                attempts,
+                result.detail,
+                elapsed,
+            )
+            for _, st in states:
+                self._delivered("email", st, counts)
+        elif result.retryable and attempts < self.config.retry.max_attempts:
+            delay = self.config.retry.delay(attempts, result.retry_after, self._rng)
+            self.r.zadd(DIGESTS, {address: time.time() + delay})
+            log.info("retry digest to %s in %.2fs: %s", address, delay, result.error)
+            DELIVERIES.labels("email", "retry").inc()
+            counts.retried += 1
+        else:
+            why = result.error if not result.retryable else f"gave up: {result.error}"
+            ttl = self.config.worker.delivered_ttl
+            with self.r.pipeline(transaction=True) as p:
+                for dkey, st in states:
+                    nid, ch = split_delivery_key(dkey)
+                    self._dead_letter(
+                        st["n"],
+                        {"email": address},
+                        ch,
+                        st.get("nch", 0),
+                        st.get("entry", ""),
+                        why,
+                        attempts,
+                        pipe=p,
+                    )
+                    p.set(dead_key(nid, ch), "1", ex=ttl)
+                    p.hdel(STATE, dkey)
+                self._digest_done(keys=keys, args=args, client=p)
+                p.execute()
+            log.warning("dead-lettered digest of %d to %s: %s", len(states), address, why)
+            for _, st in states:
+                DELIVERIES.labels("email", "dead").inc()
+                counts.dead += 1
+                self._maybe_ack(st, counts)

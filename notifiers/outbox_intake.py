@@ -1,0 +1,183 @@
+"""Outbox intake of the delivery worker: entries read through the consumer group (new ones,
+this consumer's pending ones after a restart, other consumers' idle ones) are *taken*: every
+open channel of the subscriber gets a delivery state and a slot in the retry schedule. An
+entry is acknowledged once none of its deliveries is left open.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from notifiers import store
+from notifiers.delivery_state import Counts, DeliveryState
+from notifiers.metrics import DELIVERIES
+from notifiers.records import OutboxRecord
+from notifiers.store import (
+    GROUP,
+    OUTBOX,
+    OUTBOX_FIELD,
+    RETRY,
+    STATE,
+    SUBSCRIBERS,
+    Subscriber,
+    dead_key,
+    delivered_key,
+    delivery_key,
+    dumps,
+    text,
+)
+
+log = logging.getLogger("ens.notifiers")
+
+# KEYS: STATE, RETRY, then (delivered key, dead key) per channel; ARGV: now, then
+# (delivery key, state JSON) per channel. Returns how many deliveries are still open.
+_TAKE = """
+local open = 0
+for i = 0, (#ARGV - 1) / 2 - 1 do
+  local dkey, st = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+  if redis.call('EXISTS', KEYS[3 + 2 * i]) == 1 or redis.call('EXISTS', KEYS[4 + 2 * i]) == 1 then
+    redis.call('HDEL', KEYS[1], dkey)
+  else
+    open = open + 1
+    if redis.call('HSETNX', KEYS[1], dkey, st) == 1 then
+      redis.call('ZADD', KEYS[2], 'NX', ARGV[1], dkey)
+    end
+  end
+end
+return open
+"""
+
+
+class OutboxIntake(DeliveryState):
+    """The outbox intake part of `DeliveryWorker`."""
+
+    def _intake(self, counts: Counts, block: float) -> None:
+        """Re-claim, take over, trim, and take new outbox entries into the schedule."""
+        w = self.config.worker
+        if not self._started:
+            store.ensure_group(self.r)
+            self._reclaim_own(counts)
+            self._started = True
+        now = time.time()
+        if now - self._last_claim >= w.claim_idle / 2:
+            self._last_claim = now
+            self._take_over(counts)
+        if w.outbox_retention and now - self._last_trim >= 60:
+            self._last_trim = now
+            store.trim_outbox(self.r, w.outbox_retention)
+        if block > 0 and self._next_due() > now:
+            entries = self._read(max(int(block * 1000), 1))  # BLOCK 0 would wait for ever
+        else:
+            entries = self._read(None)
+        for eid, fields in entries:
+            self._take(eid, fields, counts)
+
+    def _read(self, block_ms: int | None) -> list[tuple[str, dict[str, str]]]:
+        try:
+            resp: Any = self.r.xreadgroup(  # redis-py types replies as a union
+                GROUP, self.consumer, {OUTBOX: ">"}, count=self.config.worker.batch, block=block_ms
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            store.ensure_group(self.r)  # the stream was deleted under us
+            return []
+        return [(text(eid), f or {}) for _, entries in resp or [] for eid, f in entries]
+
+    def _reclaim_own(self, counts: Counts) -> None:
+        """Re-take this consumer's pending entries: what a previous run read but never acked."""
+        last = "0"
+        while True:
+            resp: Any = self.r.xreadgroup(
+                GROUP, self.consumer, {OUTBOX: last}, count=self.config.worker.batch
+            )
+            entries = [(text(e), f) for _, es in resp or [] for e, f in es]
+            if not entries:
+                return
+            for eid, fields in entries:
+                self._take(eid, fields or {}, counts)
+            last = entries[-1][0]
+
+    def _take_over(self, counts: Counts) -> None:
+        """XAUTOCLAIM entries other consumers left pending longer than ``claim_idle``."""
+        start = "0-0"
+        idle_ms = int(self.config.worker.claim_idle * 1000)
+        for _ in range(1000):  # bounded: a huge backlog is finished on the next rounds
+            resp = self.r.xautoclaim(
+                OUTBOX, GROUP, self.consumer, idle_ms, start, count=self.config.worker.batch
+            )
+            start, entries = text(resp[0]), resp[1]
+            for entry in entries:
+                if entry is None:  # Redis 6.2 reports deleted entries as nil
+                    continue
+                eid, fields = entry
+                self._take(text(eid), fields or {}, counts)
+            if start == "0-0":
+                return
+
+    def _take(self, eid: str, fields: Mapping[Any, Any], counts: Counts) -> None:
+        """Schedule every open channel of one outbox entry; ack it if none is open."""
+        counts.read += 1
+        try:
+            n = dict(OutboxRecord.read(fields).notification)
+        except ValueError as exc:
+            raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
+            log.error("outbox entry %s is malformed (%s); dead-lettered", eid, exc)
+            self._dead_letter({"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
+            DELIVERIES.labels("none", "dead").inc()
+            counts.dead += 1
+            self._ack(eid, counts)
+            return
+        nid, sid = n["id"], n.get("subscriber")
+        if sid is None:
+            log.info("notification %s (%s) has no subscriber; nothing to deliver", nid, eid)
+            DELIVERIES.labels("none", "skipped").inc()
+            counts.skipped += 1
+            self._ack(eid, counts)
+            return
+        sub, error = self._subscriber(sid)
+        if sub is None or not sub.channels:
+            error = error or f"subscriber {sid!r} has no channels"
+            log.warning("notification %s: %s; dead-lettered", nid, error)
+            self._dead_letter(n, {}, -1, 0, eid, error, 0)
+            DELIVERIES.labels("none", "dead").inc()
+            counts.dead += 1
+            self._ack(eid, counts)
+            return
+        nch = len(sub.channels)
+        keys: list[str] = [STATE, RETRY]
+        args: list[Any] = [time.time()]
+        for ch in range(nch):
+            keys += [delivered_key(nid, ch), dead_key(nid, ch)]
+            state = {"n": n, "ch": ch, "nch": nch, "entry": eid, "attempts": 0}
+            args += [delivery_key(nid, ch), dumps(state)]
+        if int(self._take_script(keys=keys, args=args)) == 0:
+            self._ack(eid, counts)
+
+    def _ack(self, eid: str | None, counts: Counts | None = None) -> None:
+        if eid and self.r.xack(OUTBOX, GROUP, eid) and counts is not None:
+            counts.acked += 1
+
+    def _maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
+        """Ack the outbox entry once no delivery of its notification is left open.
+
+        Each finisher deletes its own state *before* looking, so of two deliveries finishing
+        at once at least the later one sees none left.
+        """
+        nid, nch = st["n"]["id"], int(st.get("nch", 0))
+        if nch and not any(self.r.hmget(STATE, [delivery_key(nid, i) for i in range(nch)])):
+            self._ack(st.get("entry"), counts)
+
+    def _subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
+        raw = self.r.hget(SUBSCRIBERS, sid)
+        if raw is None:
+            return None, f"unknown subscriber {sid!r}"
+        try:
+            return Subscriber.model_validate_json(text(raw)), ""
+        except ValueError as exc:
+            return None, f"invalid subscriber record {sid!r}: {exc}"

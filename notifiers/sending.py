@@ -1,0 +1,219 @@
+"""One delivery of the delivery worker: a webhook request or an e-mail, through its
+destination's gate (in-flight limit, circuit breaker); a failure is re-scheduled with backoff,
+the last one (or a permanent one) dead-lettered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from notifiers import store
+from notifiers.attempt import Attempt
+from notifiers.delivery_state import Counts, DeliveryState, _entry_age
+from notifiers.destinations import CLOSED, OPENED, Grant
+from notifiers.email import build_message, compose
+from notifiers.metrics import (
+    ATTEMPT_SECONDS,
+    CIRCUIT_TRIPS,
+    CIRCUITS_OPEN,
+    DEFERRED,
+    DELIVERIES,
+    LATENCY,
+)
+from notifiers.store import (
+    DEADLETTER,
+    RETRY,
+    STATE,
+    EmailChannel,
+    WebhookChannel,
+    dead_key,
+    delivered_key,
+    describe_channel,
+    dumps,
+    split_delivery_key,
+    text,
+)
+from notifiers.webhook import destination
+
+log = logging.getLogger("ens.notifiers")
+
+
+class Sending(DeliveryState):
+    """The sending part of `DeliveryWorker`."""
+
+    def _deliver(self, dkey: str) -> Counts:
+        counts = Counts()
+        try:
+            self._deliver_one(dkey, counts)
+        except Exception:  # a bug or a Redis hiccup: the lease brings the delivery back later
+            log.exception("delivery %s failed unexpectedly; it will be retried", dkey)
+        finally:
+            self._done(RETRY, dkey)
+        return counts
+
+    def _deliver_one(self, dkey: str, counts: Counts) -> None:
+        raw = self.r.hget(STATE, dkey)
+        if raw is None:  # finished elsewhere; drop the stale schedule slot
+            self.r.zrem(RETRY, dkey)
+            counts.skipped += 1
+            return
+        st = json.loads(text(raw))
+        n, nid, ch = st["n"], *split_delivery_key(dkey)
+        if self.r.exists(delivered_key(nid, ch), dead_key(nid, ch)):
+            with self.r.pipeline(transaction=True) as p:
+                p.zrem(RETRY, dkey)
+                p.hdel(STATE, dkey)
+                p.execute()
+            counts.skipped += 1
+            self._maybe_ack(st, counts)
+            return
+        sub, error = self._subscriber(str(n.get("subscriber")))
+        if sub is not None and ch >= len(sub.channels):
+            error = f"subscriber {sub.id!r} has no channel #{ch} any more"
+        if sub is None or error:
+            self._finish_dead(dkey, st, {}, "none", error, counts)
+            return
+        channel = sub.channels[ch]
+        kind = "webhook" if isinstance(channel, WebhookChannel) else "email"
+        chan = channel.model_dump(exclude_none=True)
+        if isinstance(channel, EmailChannel):
+            window = next(
+                w for w in (channel.digest, sub.digest, self.config.digest) if w is not None
+            )
+            if window > 0:
+                self._park(dkey, channel.email, window)
+                log.info("parked nid=%s ch=%d for the digest of %s", nid, ch, channel.email)
+                DELIVERIES.labels(kind, "digested").inc()
+                counts.digested += 1
+                return
+
+        dest = (
+            destination(channel.webhook) if isinstance(channel, WebhookChannel) else self._smtp_dest
+        )
+        grant = self._gate.acquire(dest, time.time())
+        if not grant.ok:
+            self._defer(dkey, dest, grant, kind, counts)
+            return
+        st["attempts"] = int(st.get("attempts", 0)) + 1
+        started = time.monotonic()
+        result = Attempt.fatal("no signing secret for this webhook")
+        try:
+            if isinstance(channel, WebhookChannel):
+                secret = sub.webhook_secret(channel)
+                if secret:
+                    result = self._webhook.send(channel.webhook, secret, n)
+            else:
+                msg = compose(build_message, n, self.config.smtp.sender, channel.email, key=dkey)
+                result = msg if isinstance(msg, Attempt) else self._smtp.send(msg)
+        finally:  # the slot is given back whatever happened
+            self._release(dest, grant, time.monotonic() - started, result)
+        elapsed = time.monotonic() - started
+        ATTEMPT_SECONDS.labels(kind).observe(elapsed)
+
+        where = f"nid={nid} ch={ch} {describe_channel(chan)} attempt={st['attempts']}"
+        if result.ok:
+            with self.r.pipeline(transaction=True) as p:
+                p.set(delivered_key(nid, ch), "1", ex=self.config.worker.delivered_ttl)
+                p.zrem(RETRY, dkey)
+                p.hdel(STATE, dkey)
+                p.execute()
+            log.info("delivered %s (%s, %.3fs)", where, result.detail, elapsed)
+            self._delivered(kind, st, counts)
+        elif result.retryable and st["attempts"] < self.config.retry.max_attempts:
+            delay = self.config.retry.delay(st["attempts"], result.retry_after, self._rng)
+            st["error"] = result.error
+            with self.r.pipeline(transaction=True) as p:
+                p.hset(STATE, dkey, dumps(st))
+                p.zadd(RETRY, {dkey: time.time() + delay})
+                p.execute()
+            log.info("retry %s in %.2fs: %s", where, delay, result.error)
+            DELIVERIES.labels(kind, "retry").inc()
+            counts.retried += 1
+        else:
+            why = result.error if not result.retryable else f"gave up: {result.error}"
+            self._finish_dead(dkey, st, chan, kind, why, counts)
+
+    def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
+        """Put a delivery back on the schedule at the gate's time, without an attempt."""
+        self.r.zadd(RETRY, {dkey: grant.retry_at}, xx=True)  # xx: not if finished meanwhile
+        log.debug(
+            "deferred %s to %s by %.2fs: %s", dkey, dest, grant.retry_at - time.time(), grant.reason
+        )
+        DEFERRED.labels(kind, grant.reason).inc()
+        counts.deferred += 1
+
+    def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
+        failed = not result.ok and result.retryable  # an answered 4xx shows the server alive
+        change = self._gate.release(dest, grant, time.time(), elapsed, failed)
+        if change == OPENED:
+            CIRCUIT_TRIPS.inc()
+            if grant.probe:  # already counted open; one line per outage, not per probe
+                log.info("circuit still open for %s: the probe failed (%s)", dest, result.error)
+            else:
+                CIRCUITS_OPEN.inc()
+                log.warning(
+                    "circuit open for %s (%s): nothing is sent there for %gs",
+                    dest,
+                    result.error,
+                    self._gate.cooldown,
+                )
+        elif change == CLOSED:
+            CIRCUITS_OPEN.dec()
+            log.info("circuit closed for %s: it answers again", dest)
+
+    def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
+        DELIVERIES.labels(kind, "delivered").inc()
+        age = _entry_age(st.get("entry"))
+        if age is not None:
+            LATENCY.labels(kind).observe(age)
+        counts.delivered += 1
+        self._maybe_ack(st, counts)
+
+    def _dead_letter(
+        self,
+        n: Mapping[str, Any],
+        chan: Mapping[str, Any],
+        ch: int,
+        nch: int,
+        entry: str,
+        error: str,
+        attempts: int,
+        pipe: Any = None,
+    ) -> None:
+        fields: Any = store.dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
+        (pipe or self.r).xadd(DEADLETTER, fields)
+
+    def _finish_dead(
+        self,
+        dkey: str,
+        st: dict[str, Any],
+        chan: Mapping[str, Any],
+        kind: str,
+        error: str,
+        counts: Counts,
+    ) -> None:
+        nid, ch = split_delivery_key(dkey)
+        attempts = int(st.get("attempts", 0))
+        with self.r.pipeline(transaction=True) as p:
+            self._dead_letter(
+                st["n"], chan, ch, st.get("nch", 0), st.get("entry", ""), error, attempts, pipe=p
+            )
+            p.set(dead_key(nid, ch), "1", ex=self.config.worker.delivered_ttl)
+            p.zrem(RETRY, dkey)
+            p.hdel(STATE, dkey)
+            p.execute()
+        log.warning(
+            "dead-lettered nid=%s ch=%d %s after %d attempt(s): %s",
+            nid,
+            ch,
+            describe_channel(chan),
+            attempts,
+            error,
+        )
+        DELIVERIES.labels(kind, "dead").inc()
+        counts.dead += 1
+        self._maybe_ack(st, counts)

@@ -1,0 +1,146 @@
+"""The delivery worker's parts, one at a time, against a real redis-server: outbox intake
+(`notifiers.outbox_intake`), leases (`notifiers.leases`), sending (`notifiers.sending`) and
+digests (`notifiers.digests`). The whole worker is tested in test_notifiers_webhook.py and
+test_notifiers_email.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from notifiers import store
+from notifiers.worker import Counts, DeliveryWorker
+from tests.helpers_notifiers import SECRET, Receiver, fast_config, notification, redis_server
+
+pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
+
+
+@pytest.fixture
+def r(tmp_path) -> Iterator[redis.Redis]:
+    with redis_server(tmp_path) as client:
+        yield client
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver().start()
+    yield rec
+    rec.stop()
+
+
+def worker(r: redis.Redis, consumer: str = "w1") -> DeliveryWorker:
+    return DeliveryWorker(r, fast_config(consumer=consumer))
+
+
+# ----------------------------------------------------------------------------- outbox intake
+
+
+def test_intake_schedules_every_channel_and_acks_what_has_nothing_to_deliver(
+    r: redis.Redis,
+) -> None:
+    store.put_subscriber(
+        r,
+        {
+            "id": "s1",
+            "channels": [{"webhook": "http://127.0.0.1:9/a"}, {"webhook": "http://127.0.0.1:9/b"}],
+            "secret": SECRET,
+        },
+    )
+    store.enqueue(r, notification("n1"))
+    store.enqueue(r, notification("n2", subscriber=None))
+    r.xadd(store.OUTBOX, {store.OUTBOX_FIELD: "{not json"})
+    with worker(r) as w:
+        counts = Counts()
+        w._intake(counts, 0)
+    assert (counts.read, counts.skipped, counts.dead, counts.acked) == (3, 1, 1, 2)
+    assert sorted(r.hkeys(store.STATE)) == [
+        store.delivery_key("n1", 0),
+        store.delivery_key("n1", 1),
+    ]
+    assert r.zcard(store.RETRY) == 2
+    assert r.xlen(store.DEADLETTER) == 1  # the malformed entry, kept for a human
+    assert r.xpending(store.OUTBOX, store.GROUP)["pending"] == 1  # n1: until both are done
+
+
+# ----------------------------------------------------------------------------- leases
+
+
+def test_a_due_delivery_is_leased_to_one_worker_and_its_lease_renewed_while_held(
+    r: redis.Redis,
+) -> None:
+    r.zadd(store.RETRY, {"d1": time.time() - 1})
+    cfg = fast_config()
+    cfg.worker.lease = 0.3
+    with DeliveryWorker(r, cfg) as a, worker(r, "w2") as b:
+        assert a._lease_due(store.RETRY, 10) == ["d1"]
+        assert b._lease_due(store.RETRY, 10) == []  # its due time is now the lease end
+        first_end = r.zscore(store.RETRY, "d1")
+        assert first_end is not None and first_end > time.time()
+        deadline = time.monotonic() + 10
+        while r.zscore(store.RETRY, "d1") == first_end:  # renewed every third of the lease
+            assert time.monotonic() < deadline, "the lease was not renewed"
+            time.sleep(0.02)
+        a._done(store.RETRY, "d1")  # the send is over: no more renewals
+        end = r.zscore(store.RETRY, "d1")
+        time.sleep(0.5)
+        assert r.zscore(store.RETRY, "d1") == end
+        assert b._lease_due(store.RETRY, 10) == ["d1"]  # the lease ran out: anyone takes it
+    assert a._next_due() > time.time()
+
+
+# ----------------------------------------------------------------------------- sending
+
+
+def test_a_delivery_sent_is_remembered_and_its_outbox_entry_acked(
+    r: redis.Redis, receiver: Receiver
+) -> None:
+    store.put_subscriber(r, {"id": "s1", "channels": [{"webhook": receiver.url}], "secret": SECRET})
+    store.enqueue(r, notification("n1"))
+    with worker(r) as w:
+        w._intake(Counts(), 0)
+        (dkey,) = w._lease_due(store.RETRY, 10)
+        counts = w._deliver(dkey)
+    assert (counts.delivered, counts.acked) == (1, 1)
+    assert list(receiver.accepted) and r.exists(store.delivered_key("n1", 0))
+    assert not r.hlen(store.STATE) and not r.zcard(store.RETRY)
+    assert r.xpending(store.OUTBOX, store.GROUP)["pending"] == 0
+
+
+def test_a_failed_delivery_is_rescheduled_then_dead_lettered(
+    r: redis.Redis, receiver: Receiver
+) -> None:
+    receiver.script.extend([500] * 10)
+    store.put_subscriber(r, {"id": "s1", "channels": [{"webhook": receiver.url}], "secret": SECRET})
+    store.enqueue(r, notification("n1"))
+    with DeliveryWorker(r, fast_config(max_attempts=2)) as w:
+        w._intake(Counts(), 0)
+        (dkey,) = w._lease_due(store.RETRY, 10)
+        assert w._deliver(dkey).retried == 1
+        assert r.zscore(store.RETRY, dkey) is not None  # back in the schedule, with backoff
+        time.sleep(0.2)  # fast_config's backoff is at most 0.1 s
+        (again,) = w._lease_due(store.RETRY, 10)
+        assert w._deliver(again).dead == 1
+    assert r.xlen(store.DEADLETTER) == 1 and r.exists(store.dead_key("n1", 0))
+    assert r.xpending(store.OUTBOX, store.GROUP)["pending"] == 0
+
+
+# ----------------------------------------------------------------------------- digests
+
+
+def test_a_digest_delivery_is_parked_until_its_window_ends(r: redis.Redis) -> None:
+    store.put_subscriber(r, {"id": "s1", "channels": [{"email": "ops@example.org"}], "digest": 60})
+    store.enqueue(r, notification("n1"))
+    store.enqueue(r, notification("n2"))
+    with worker(r) as w:
+        w._intake(Counts(), 0)
+        counts = Counts()
+        for dkey in w._lease_due(store.RETRY, 10):
+            counts.merge(w._deliver(dkey))
+        assert counts.digested == 2
+        assert r.zcard(store.digest_key("ops@example.org")) == 2 and not r.zcard(store.RETRY)
+        due = r.zscore(store.DIGESTS, "ops@example.org")
+        assert due is not None and 55 < due - time.time() <= 60
+        assert w._lease_due(store.DIGESTS, 10) == []  # not before the window ends
