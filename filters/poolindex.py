@@ -428,8 +428,8 @@ class ClauseIndex:
         equality buckets `attrs` reaches if found already (else found here, inline: hot path)."""
         cands: list[Clause] = []
         if buckets is not None:
-            for bucket in buckets:
-                bucket.collect(attrs, cands)
+            for found in buckets:
+                found.collect(attrs, cands)
         else:
             for schema, table in self.schemas.items():
                 if len(schema) == 1:
