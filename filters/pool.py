@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeAlias
 
-from filters.poolindex import Clause, ClauseIndex, Entry, _Range
+from filters.poolindex import Clause, ClauseIndex, Entry, Range
 from filters.poolplan import Eqs, Plan, from_plan, plan_clause, split
 from profiles.ast import Filter
 
@@ -38,7 +38,7 @@ _MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind 
 
 # a memoized match: the entries, or (when ranges decide) the one range or a function of the
 # event that gives them
-Memo: TypeAlias = list[Entry] | _Range | Callable[[dict[str, Any]], list[Entry]]
+Memo: TypeAlias = list[Entry] | Range | Callable[[dict[str, Any]], list[Entry]]
 
 
 class _Parts:
@@ -46,7 +46,7 @@ class _Parts:
 
     __slots__ = ("parts",)
 
-    def __init__(self, parts: tuple[list[Entry] | _Range, ...]) -> None:
+    def __init__(self, parts: tuple[list[Entry] | Range, ...]) -> None:
         self.parts = parts
 
     def hits(self, attrs: dict[str, Any]) -> list[Entry]:
@@ -319,7 +319,7 @@ class PrimitivePool:
                 memo[key] = out
         if isinstance(out, list):
             return out
-        if isinstance(out, _Range):  # `_Range.hits`, inline: the plain threshold filter's match
+        if isinstance(out, Range):  # `Range.hits`, inline: the plain threshold filter's match
             v = attrs.get(out.attr)
             if v is None or v.__class__ not in out.classes or out.big is not None:
                 return out.hits(attrs)
@@ -347,7 +347,7 @@ class PrimitivePool:
                 break
         else:
             return index.match(attrs, buckets)
-        parts: list[list[Entry] | _Range] = []
+        parts: list[list[Entry] | Range] = []
         for b in buckets:
             if b.plain:
                 parts.append([c.entry for c in b.plain])
@@ -356,7 +356,7 @@ class PrimitivePool:
             entries = part if isinstance(part, list) else part.entries()
             if any(len(e.clauses) > 1 for e in entries):  # an entry may match twice: dedup
                 return self._match
-        if len(parts) == 1 and isinstance(parts[0], _Range):
+        if len(parts) == 1 and isinstance(parts[0], Range):
             return parts[0]  # `match` runs its `hits`
         return _Parts(tuple(parts)).hits
 

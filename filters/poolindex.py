@@ -1,7 +1,7 @@
 """The primitive pool's index: clauses under their access predicates (see filters/pool.py).
 
 Equality clauses go into buckets, one per combination of equality values (`_Bucket`), with
-their range, if any, sorted by threshold inside the bucket (`_Range`); `in` lists put the clause
+their range, if any, sorted by threshold inside the bucket (`Range`); `in` lists put the clause
 into one bucket per value. Clauses without equality are indexed per attribute (`_AttrIndex`):
 ranges and `between` in sorted lists, `starts with` by prefix length, `exists`. Clauses with no
 indexable predicate are scanned. `ClauseIndex` places and removes clauses and collects the
@@ -65,7 +65,7 @@ def _thr(c: Clause) -> Any:
 _BIG = 1024  # above this many thresholds a range switches from a plain sorted list to SortedKeyList
 
 
-class _Range:
+class Range:
     """Clauses of one bucket with a range on one attribute, sorted by threshold.
 
     Small ranges are parallel plain lists searched with `bisect` (fastest in
@@ -165,7 +165,7 @@ class _Bucket:
 
     def __init__(self) -> None:
         self.plain: dict[Clause, None] = {}
-        self.ranges: dict[tuple[str, str, str], _Range] = {}
+        self.ranges: dict[tuple[str, str, str], Range] = {}
 
     def collect(self, attrs: dict[str, Any], out: list[Clause]) -> None:
         if self.plain:
@@ -283,7 +283,7 @@ class ClauseIndex:
             else:
                 rng = bucket.ranges.get(access[3])
                 if rng is None:
-                    rng = bucket.ranges[access[3]] = _Range(*access[3])
+                    rng = bucket.ranges[access[3]] = Range(*access[3])
                 rng.add(clause)
         elif access[0] == "in":
             for k in dict.fromkeys(access[2]):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from filters.compile import compile_filter, evaluate
 from filters.pool import PrimitivePool
-from filters.poolindex import _Range
+from filters.poolindex import Range
 from profiles.ast import And, Cmp, In, Or
 from profiles.parser import parse_filter
 from tests.strategies import STRS, attr, events, filters, numbers, scalars
@@ -336,7 +336,7 @@ def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
         assert pool.owners({"kind": "T", "v": 2.5}) == ["gt0", "gt1", "gt2"]
     memo = pool._memo
     assert memo is not None and pool._memo_attrs == ("kind",)
-    assert isinstance(memo["T"], _Range)
+    assert isinstance(memo["T"], Range)
     assert pool.owners({"kind": "T", "v": 0}) == []
     assert pool.owners({"kind": "T", "v": True}) == []  # a boolean is not a number
     assert pool.owners({"kind": "U", "v": 1}) == ["u"]
