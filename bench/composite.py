@@ -23,7 +23,9 @@ PARAMS: dict[str, tuple[str, bool]] = {
 }
 
 
-def _engine(n_comp: int, n_prim: int, params: str, variant: str = Engine.DEFAULT_VARIANT) -> Engine:
+def build_engine(
+    n_comp: int, n_prim: int, params: str, variant: str = Engine.DEFAULT_VARIANT
+) -> Engine:
     profiles = [parse_profile(f'kind = "P" and x = {i}', f"prim{i}") for i in range(n_prim)]
     profiles += [
         parse_profile(
@@ -35,7 +37,7 @@ def _engine(n_comp: int, n_prim: int, params: str, variant: str = Engine.DEFAULT
     return Engine(profiles, variant=variant)
 
 
-def _attrs(kind: str, x: int, per_room: bool) -> dict:
+def attrs_of(kind: str, x: int, per_room: bool) -> dict:
     """A room (one of the KETI building's 51) only where the profiles partition by it."""
     return {"kind": kind, "x": x, "room": f"r{x % 51}"} if per_room else {"kind": kind, "x": x}
 
@@ -56,7 +58,7 @@ def measure(
     event would warm the caches for the second measurement.)
     """
     params, per_room = PARAMS[label]
-    eng = _engine(n_comp, n_prim, params, variant)
+    eng = build_engine(n_comp, n_prim, params, variant)
     gc.collect()
     gc.freeze()
     rng = random.Random(seed)
@@ -75,15 +77,15 @@ def measure(
         ids = rng.sample(range(n_comp), batch)
         t += 1
         for i in ids:
-            ev = Event(f"a{t}-{i}", t, _attrs("A", i, per_room))
+            ev = Event(f"a{t}-{i}", t, attrs_of("A", i, per_room))
             t0 = clock()
             eng.process(ev)
             first.append(clock() - t0)
         eng.take_notifications()
         t += 1
         for i in ids:
-            p_ev = Event(f"p{t}-{i}", t, _attrs("P", rng.randrange(n_prim), per_room))
-            b_ev = Event(f"b{t}-{i}", t, _attrs("B", i, per_room))
+            p_ev = Event(f"p{t}-{i}", t, attrs_of("P", rng.randrange(n_prim), per_room))
+            b_ev = Event(f"b{t}-{i}", t, attrs_of("B", i, per_room))
             if not end_to_end:
                 t0 = clock()
                 eng.pool.match(p_ev.attrs)

@@ -13,7 +13,7 @@ import random
 import time
 from typing import Any
 
-from bench.composite import _engine
+from bench.composite import build_engine
 from filters.auxiliary import VARIANTS
 from filters.composite import CompositeRuntime
 from filters.notification import Notification
@@ -52,7 +52,7 @@ def _median_us(xs: list[int]) -> float:
 
 def run(variant: str, minimal: bool, rounds: int = 6, batch: int = 2000) -> float:
     """Print and return last/primitive for the engine or the minimal completion."""
-    eng = _engine(10000, 10000, "", variant)
+    eng = build_engine(10000, 10000, "", variant)
     rng = random.Random(1)
     clock = time.perf_counter_ns
     prim: list[int] = []

@@ -17,12 +17,12 @@ import sys
 import time
 from typing import Any
 
-from bench.composite import _attrs, _engine
+from bench.composite import attrs_of, build_engine
 from profiles.events import Event
 
 
 def main(n: int = 50_000, per_block: int = 150_000) -> list[dict[str, Any]]:
-    eng = _engine(n, n, " per room")
+    eng = build_engine(n, n, " per room")
     rng = random.Random(1)
     spent = {"gc": 0.0, "full": 0, "t0": 0.0}
 
@@ -47,9 +47,9 @@ def main(n: int = 50_000, per_block: int = 150_000) -> list[dict[str, Any]]:
         for _ in range(per_block // 3):
             i = rng.randrange(n)
             t += 1
-            eng.process(Event(f"a{t}", t, _attrs("A", i, True)))
-            eng.process(Event(f"p{t}", t, _attrs("P", rng.randrange(n), True)))
-            eng.process(Event(f"b{t}", t, _attrs("B", i, True)))
+            eng.process(Event(f"a{t}", t, attrs_of("A", i, True)))
+            eng.process(Event(f"p{t}", t, attrs_of("P", rng.randrange(n), True)))
+            eng.process(Event(f"b{t}", t, attrs_of("B", i, True)))
             eng.take_notifications()
         cpu = time.process_time() - c0
         gc.unfreeze()

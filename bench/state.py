@@ -24,14 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.spark.generate import generate  # noqa: E402
 from filters import state  # noqa: E402
-from filters.engine import Engine, _load_pickle, _ProfileRefPickler  # noqa: E402
+from filters.engine import Engine, ProfileRefPickler, load_pickle  # noqa: E402
 from profiles.events import Event  # noqa: E402
 from profiles.parser import parse_profile  # noqa: E402
 
 
 def _v1(eng: Engine) -> bytes:
     buf = io.BytesIO()
-    _ProfileRefPickler(buf, 5).dump(eng)
+    ProfileRefPickler(buf, 5).dump(eng)
     return buf.getvalue()
 
 
@@ -85,7 +85,7 @@ def main() -> None:
             rows[name]["write"].append(time.process_time() - t)
             sizes[name] = len(data)
             t = time.process_time()
-            back = _load_pickle(data, by_id) if name == "v1" else state.load(data, by_id)
+            back = load_pickle(data, by_id) if name == "v1" else state.load(data, by_id)
             rows[name]["read"].append(time.process_time() - t)
             assert back.stats() == live
     med = {n: {k: statistics.median(v) * 1000 for k, v in r.items()} for n, r in rows.items()}

@@ -61,7 +61,7 @@ def count_stats(
 ) -> dict[str, Any]:
     """The `ens spark stats` document computed locally (tests, benchmarks; no Spark needed)."""
     from adapters.spark.plan import leaves
-    from adapters.spark.stats import VERSION, Counter, _rates, distinct_filters
+    from adapters.spark.stats import VERSION, Counter, distinct_filters, rates_of
     from filters.canon import filter_key
 
     filters, pos = distinct_filters(profiles)
@@ -81,7 +81,7 @@ def count_stats(
         "first_ts": first,
         "last_ts": last,
         "hours": round(hours, 6) if hours is not None else None,
-        "filters": {k: _rates(c.counts[i], n, hours) for k, i in pos.items()},
+        "filters": {k: rates_of(c.counts[i], n, hours) for k, i in pos.items()},
         "profiles": {},
     }
     for p in profiles:
@@ -89,7 +89,7 @@ def count_stats(
             lf.name: {
                 "filter": filter_key(lf.filter),
                 "negated": lf.negated,
-                **_rates(c.counts[pos[filter_key(lf.filter)]], n, hours),
+                **rates_of(c.counts[pos[filter_key(lf.filter)]], n, hours),
             }
             for lf in leaves(p)
         }

@@ -41,7 +41,7 @@ from profiles.events import Event
 Tracer = Callable[[str, str, str], None]  # (profile id, action, detail)
 
 
-class _ProfileRefPickler(pickle.Pickler):
+class ProfileRefPickler(pickle.Pickler):
     """Stores profiles as references to their id."""
 
     def persistent_id(self, obj: Any) -> str | None:
@@ -67,7 +67,7 @@ class _ProfileRefUnpickler(pickle.Unpickler):
             ) from None
 
 
-def _load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
+def load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
     """Version 1 of the state format: the pickled engine (ENS 0.1)."""
     eng = _ProfileRefUnpickler(io.BytesIO(data), profiles).load()
     if not isinstance(eng, Engine):
@@ -378,7 +378,7 @@ class Engine(PlanSwitching, TimeDriven):
         """An engine from `snapshot()` (any version this release reads, the old pickle included);
         the primitive pool is rebuilt from the state. `profiles` (id -> profile) resolves the
         references of a `profiles_apart` snapshot. Unreadable state raises `StateError`."""
-        eng = state_format.load(data, profiles, legacy=_load_pickle)
+        eng = state_format.load(data, profiles, legacy=load_pickle)
         if not isinstance(eng, Engine):
             raise state_format.StateError("not an engine snapshot")
         return eng

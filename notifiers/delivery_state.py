@@ -54,7 +54,7 @@ class Counts:
         return asdict(self)
 
 
-def _entry_age(entry: str | None) -> float | None:
+def entry_age(entry: str | None) -> float | None:
     """Seconds since an outbox entry was written: a stream id starts with its ms timestamp."""
     try:
         return max(time.time() - int(str(entry).split("-")[0]) / 1000, 0.0)

@@ -36,7 +36,7 @@ log = logging.getLogger("ens.notifiers")
 
 # KEYS: DIGESTS, digest buffer, DIGEST_WINDOW, DIGEST_ATTEMPTS; ARGV: address, members done.
 # Drops the done members; re-schedules the address for what arrived meanwhile, or forgets it.
-_DIGEST_DONE = """
+DIGEST_DONE = """
 for i = 2, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 redis.call('HDEL', KEYS[4], ARGV[1])
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')

@@ -24,7 +24,7 @@ log = logging.getLogger("ens.notifiers")
 
 # Take the due members of a schedule zset and push their score to the lease end, atomically,
 # so two workers never take the same delivery and a crashed taker's work comes back by itself.
-_LEASE = """
+LEASE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], m) end
 return due
@@ -32,7 +32,7 @@ return due
 
 # Extend leases still held: each member whose score is still the lease end this worker set
 # (not re-scheduled or finished meanwhile) gets the new end. ARGV: new end, (member, old end)...
-_RENEW = """
+RENEW = """
 local n = 0
 for i = 2, #ARGV, 2 do
   local cur = redis.call('ZSCORE', KEYS[1], ARGV[i])

@@ -36,7 +36,7 @@ log = logging.getLogger("ens.notifiers")
 
 # KEYS: STATE, RETRY, then (delivered key, dead key) per channel; ARGV: now, then
 # (delivery key, state JSON) per channel. Returns how many deliveries are still open.
-_TAKE = """
+TAKE = """
 local open = 0
 for i = 0, (#ARGV - 1) / 2 - 1 do
   local dkey, st = ARGV[2 + 2 * i], ARGV[3 + 2 * i]

@@ -13,7 +13,7 @@ from typing import Any
 
 from notifiers import store
 from notifiers.attempt import Attempt
-from notifiers.delivery_state import Counts, DeliveryState, _entry_age
+from notifiers.delivery_state import Counts, DeliveryState, entry_age
 from notifiers.destinations import CLOSED, OPENED, Grant
 from notifiers.email import build_message, compose
 from notifiers.metrics import (
@@ -167,7 +167,7 @@ class Sending(DeliveryState):
 
     def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
         DELIVERIES.labels(kind, "delivered").inc()
-        age = _entry_age(st.get("entry"))
+        age = entry_age(st.get("entry"))
         if age is not None:
             LATENCY.labels(kind).observe(age)
         counts.delivered += 1

@@ -33,11 +33,11 @@ import redis
 from notifiers.config import NotifierConfig
 from notifiers.delivery_state import Counts as Counts  # what a round did
 from notifiers.destinations import DestinationGate
-from notifiers.digests import _DIGEST_DONE, Digests
+from notifiers.digests import DIGEST_DONE, Digests
 from notifiers.email import SmtpSender
-from notifiers.leases import _LEASE, _RENEW, Leases
+from notifiers.leases import LEASE, RENEW, Leases
 from notifiers.metrics import CIRCUITS_OPEN
-from notifiers.outbox_intake import _TAKE, OutboxIntake
+from notifiers.outbox_intake import TAKE, OutboxIntake
 from notifiers.sending import Sending
 from notifiers.store import (
     DIGESTS,
@@ -76,15 +76,15 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         )
         smtp = self.config.smtp  # the relay is one destination, gated as a webhook origin is
         self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
-        self._lease = self.r.register_script(_LEASE)
-        self._renew = self.r.register_script(_RENEW)
+        self._lease = self.r.register_script(LEASE)
+        self._renew = self.r.register_script(RENEW)
         # (schedule, member) -> the lease end this worker set, while its send runs
         self._held: dict[tuple[str, str], float] = {}
         self._held_lock = threading.Lock()
         self._closed = threading.Event()
         self._renewer: threading.Thread | None = None
-        self._take_script = self.r.register_script(_TAKE)
-        self._digest_done = self.r.register_script(_DIGEST_DONE)
+        self._take_script = self.r.register_script(TAKE)
+        self._digest_done = self.r.register_script(DIGEST_DONE)
         self._started = False
         self._last_claim = self._last_trim = float("-inf")
 

@@ -7,9 +7,10 @@ from hypothesis import strategies as st
 
 from filters.compile import compile_filter, evaluate
 from filters.pool import PrimitivePool
-from profiles.ast import And, Cmp, In
+from filters.poolindex import Range
+from profiles.ast import And, Cmp, In, Or
 from profiles.parser import parse_filter
-from tests.strategies import attr, events, filters, scalars
+from tests.strategies import STRS, attr, events, filters, numbers, scalars
 
 
 @settings(max_examples=400, deadline=None)
@@ -236,3 +237,109 @@ def test_a_prepared_entry_is_indexed_by_revive_and_joins_an_equal_one() -> None:
     assert other is not entry
     assert pool.revive(entry, "r") is other  # an equal filter was added since: its entry
     assert pool.owners({"kind": "B", "g": 2}) == ["q", "r"]
+
+
+# the memo's ranged domain: equalities plus one range each (a plain threshold filter's shape),
+# `or` of them (an entry with two clauses that may both match: the memo must not report it twice)
+ranges = st.builds(
+    Cmp,
+    attr,
+    st.sampled_from(["<", "<=", ">", ">="]),
+    st.one_of(numbers, st.sampled_from(STRS)),
+)
+kinds = st.sampled_from(["x", "y", 1])
+keyed = st.one_of(  # one schema (`kind`): the memo keeps a range per kind and forgets one kind
+    st.builds(lambda k, r: And((Cmp("kind", "=", k), r)), kinds, ranges),
+    st.builds(lambda k: Cmp("kind", "=", k), kinds),
+)
+ranged_filters = st.one_of(
+    keyed,
+    keyed,
+    st.builds(lambda a, v, r: And((Cmp(a, "=", v), r)), attr, scalars, ranges),
+    st.builds(
+        lambda a, v, b, w, r: And((Cmp(a, "=", v), Cmp(b, "=", w), r)),
+        attr,
+        scalars,
+        attr,
+        scalars,
+        ranges,
+    ),
+    st.builds(
+        lambda a, v, r, s: Or((And((Cmp(a, "=", v), r)), And((Cmp(a, "=", v), s)))),
+        attr,
+        scalars,
+        ranges,
+        ranges,
+    ),
+)
+ranged_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add", "add", "remove"]),
+        st.one_of(ranged_filters, ranged_filters, eq_filters),
+        st.integers(0, 5),
+        st.lists(st.tuples(st.sampled_from(["a", "room"]), scalars), max_size=1),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(ranged_ops, st.lists(events, min_size=1, max_size=6), st.sampled_from([1, 3, 1024]))
+def test_memoized_ranges_agree_with_direct_evaluation(ops, evs, big) -> None:
+    """Equalities with a range are memoized too (the range's thresholds decide, by bisect):
+    results are right after every insert and delete, for small and big (SortedKeyList) ranges,
+    also for values of the other kind and for booleans (which are not numbers here)."""
+    import filters.pool as pool_module
+    import filters.poolindex as index_module
+
+    calm, big_was = pool_module._CALM, index_module._BIG
+    pool_module._CALM, index_module._BIG = 0, big
+    try:
+        pool = PrimitivePool()
+        live: dict[tuple, int] = {}
+        for op, f, owner, eqs in ops:
+            eqs = tuple(eqs)
+            if op == "add":
+                pool.add(f, owner, eqs)
+                live[(f, owner, eqs)] = live.get((f, owner, eqs), 0) + 1
+            elif live:
+                victim = sorted(live, key=repr)[owner % len(live)]
+                pool.remove(*victim)
+                live[victim] -= 1
+                if not live[victim]:
+                    del live[victim]
+            for attrs in evs + [
+                {**a, k: flip} for a in evs for k in a for flip in (True, 1, 2.5, "x", 0)
+            ]:
+                expected = [
+                    o
+                    for f2, o, eq2 in live
+                    if evaluate(And((f2, *[Cmp(a, "=", v) for a, v in eq2])) if eq2 else f2, attrs)
+                ]
+                got = [o for e in pool.match(attrs) for o in e.owners]
+                assert sorted(got, key=repr) == sorted(expected, key=repr), attrs
+    finally:
+        pool_module._CALM, index_module._BIG = calm, big_was
+
+
+def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
+    """`kind = "T" and v > t` filters: the memo keeps the range per kind, a match is one bisect;
+    a new threshold forgets that kind only."""
+    import filters.pool as pool_module
+
+    pool = PrimitivePool()
+    for t in range(10):
+        pool.add(parse_filter(f'kind = "T" and v > {t}'), f"gt{t}")
+    pool.add(parse_filter('kind = "U" and v < 5'), "u")
+    for _ in range(pool_module._CALM):
+        assert pool.owners({"kind": "T", "v": 2.5}) == ["gt0", "gt1", "gt2"]
+    memo = pool._memo
+    assert memo is not None and pool._memo_attrs == ("kind",)
+    assert isinstance(memo["T"], Range)
+    assert pool.owners({"kind": "T", "v": 0}) == []
+    assert pool.owners({"kind": "T", "v": True}) == []  # a boolean is not a number
+    assert pool.owners({"kind": "U", "v": 1}) == ["u"]
+    pool.add(parse_filter('kind = "T" and v > -1'), "gt-1")
+    assert pool._memo is memo and "T" not in memo and "U" in memo
+    assert pool.owners({"kind": "T", "v": 0}) == ["gt-1"]

@@ -99,7 +99,7 @@ class Rowifier:
         return (arrival, ev.ts, route, use, to_blob(ev), None)
 
 
-def _with_arrival(spark: SparkSession, df: DataFrame, path: str) -> DataFrame:
+def with_arrival(spark: SparkSession, df: DataFrame, path: str) -> DataFrame:
     """Add `arrival` = 1-based record number over the files (in name order), computed in the JVM.
 
     One file in one split needs no counting job: the row id is the position.
@@ -136,7 +136,7 @@ def read_feed(
     fmt = feed_format(path, fmt)
     if fmt == "jsonl":
         raw = spark.read.text(path)
-        return spread(_with_arrival(spark, raw, path), path).mapInArrow(
+        return spread(with_arrival(spark, raw, path), path).mapInArrow(
             _parse_lines(key, plan), EVENT_DDL
         )
     if fmt == "csv":
@@ -145,7 +145,7 @@ def read_feed(
         raw = spark.read.parquet(path)
     if "ts" not in raw.columns:
         raise ENSError(f"{path}: no 'ts' column (columns: {', '.join(raw.columns)})")
-    return spread(_with_arrival(spark, raw, path), path).mapInArrow(
+    return spread(with_arrival(spark, raw, path), path).mapInArrow(
         _parse_records(key, plan, fmt == "csv"), EVENT_DDL
     )
 
@@ -274,7 +274,7 @@ def read_dataset(
     return jobs.mapInArrow(_read_dataset_files(name, path, key, plan), EVENT_DDL)
 
 
-def _adapter_event(obj: dict[str, Any]) -> Event:
+def adapter_event(obj: dict[str, Any]) -> Event:
     """An adapter's event dict as an Event, without `event_from_obj`'s checks.
 
     Adapters emit fresh dicts of flat, finite, typed values with an id and an
@@ -300,7 +300,7 @@ def _read_dataset_files(name: str, path: str, key: str, plan: Plan | None):  # n
             ):
                 rows = []
                 for obj in ad.iter_events(path, rooms=[room], kinds=[sensor]):
-                    rows.append(rw.row(_adapter_event(obj), i))
+                    rows.append(rw.row(adapter_event(obj), i))
                     if len(rows) >= 20000:
                         yield _batch(rows)
                         rows = []

@@ -80,7 +80,7 @@ def _room_task(name: str, path: str, plan: Plan, tz: str):  # noqa: ANN202 - a m
         import pyarrow as pa
 
         from adapters.datasets import get_adapter
-        from adapters.spark.feed import USE_KEYED, Rowifier, _adapter_event, to_blob
+        from adapters.spark.feed import USE_KEYED, Rowifier, adapter_event, to_blob
         from adapters.spark.slices import SliceRunner, note_batch
 
         ad = get_adapter(name)
@@ -95,7 +95,7 @@ def _room_task(name: str, path: str, plan: Plan, tz: str):  # noqa: ANN202 - a m
                 out: list[dict[str, Any]] = []
                 n, first, last = 0, None, None
                 for _ts, i, obj in heapq.merge(*streams, key=lambda x: (x[0], x[1])):
-                    ev = _adapter_event(obj)
+                    ev = adapter_event(obj)
                     n += 1
                     if first is None:
                         first = (ev.ts, i)

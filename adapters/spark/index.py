@@ -92,7 +92,7 @@ def _json_record(line: str, rec: int) -> dict[str, Any] | None:
 def _records_parquet(spark: SparkSession, path: str) -> DataFrame:
     from pyspark.sql import functions as F
 
-    from adapters.spark.feed import _with_arrival
+    from adapters.spark.feed import with_arrival
 
     raw = spark.read.parquet(path)
     missing = {"id", "expr"} - set(raw.columns)
@@ -104,7 +104,7 @@ def _records_parquet(spark: SparkSession, path: str) -> DataFrame:
         F.col("expr").cast("string").alias("expr"),
         sub.cast("string").alias("subscriber"),
     )
-    df = _with_arrival(spark, raw, path)
+    df = with_arrival(spark, raw, path)
     bad = F.when(F.col("id").isNull() | (F.col("id") == ""), "profile has no id").when(
         F.col("expr").isNull() | (F.trim("expr") == ""), "missing expr"
     )
@@ -154,7 +154,7 @@ def read_records(
     """
     from pyspark.sql import functions as F
 
-    from adapters.spark.feed import _with_arrival
+    from adapters.spark.feed import with_arrival
 
     p = Path(path)
     if not p.exists():
@@ -166,7 +166,7 @@ def read_records(
     if name.endswith(".parquet") or p.is_dir():
         df = _records_parquet(spark, path)
         return df, df.select("id", "record"), "parquet", []
-    raw = _with_arrival(spark, spark.read.text(path), path)
+    raw = with_arrival(spark, spark.read.text(path), path)
     ids = raw.select(
         F.get_json_object("value", "$.id").alias("id"), F.col("arrival").alias("record")
     )

@@ -112,7 +112,7 @@ def _count_task(filters: list[Any]):  # noqa: ANN202 - a mapInArrow function
     return run
 
 
-def _rates(n: int, events: int, hours: float | None) -> dict[str, Any]:
+def rates_of(n: int, events: int, hours: float | None) -> dict[str, Any]:
     return {
         "matches": n,
         "rate_per_hour": round(n / hours, 6) if hours else None,
@@ -175,7 +175,7 @@ def stats_job(
         "first_ts": first_ts,
         "last_ts": last,
         "hours": round(hours, 6) if hours is not None else None,
-        "filters": {k: _rates(counts[pos[k]], events, hours) for k in keys},
+        "filters": {k: rates_of(counts[pos[k]], events, hours) for k in keys},
         "profiles": {},
     }
     for p in profiles:
@@ -185,7 +185,7 @@ def stats_job(
             comps[lf.name] = {
                 "filter": k,
                 "negated": lf.negated,
-                **_rates(counts[pos[k]], events, hours),
+                **rates_of(counts[pos[k]], events, hours),
             }
         doc["profiles"][p.id] = comps
     tmp = target.with_name(f".{target.name}.tmp")
