@@ -273,15 +273,25 @@ def run_phase(
     return time.perf_counter() - t0
 
 
+@contextmanager
+def warm_client(base: str, key: str) -> Iterator[httpx.Client]:
+    """A gateway's client whose first request (a GET, not an event) is already made.
+
+    Building a client loads a TLS context (~30-50 ms) and its first request pays this
+    process's lazy imports and a new connection: the bench's cost, not the service's latency,
+    so it happens before any probe's clock starts.
+    """
+    with httpx.Client(base_url=base, headers={"X-API-Key": key}) as c:
+        c.get("/healthz")
+        yield c
+
+
 def wait_probe(
     r: redis.Redis, base: str, key: str, gen: Gen, sent: dict[str, float], timeout: float = 600
 ) -> float:
     """Post a final probe; return seconds until its notification is in the outbox."""
     ev = gen.event(probe=True)
-    # the client is built (and its connection opened) before the clock starts: building one
-    # loads a TLS context (~30-50 ms), which is the bench's cost, not the service's latency
-    with httpx.Client(base_url=base, headers={"X-API-Key": key}) as c:
-        c.get("/healthz")
+    with warm_client(base, key) as c:
         t = time.time()
         c.post("/v1/events", json=ev).raise_for_status()
     sent[ev["id"]] = t
@@ -388,10 +398,7 @@ def _idle_phase(
     sent: dict[str, float] = {}
     # idle means idle: the other gateways have been silent for longer than the idle timeout
     time.sleep((0.5 if args.idle_timeout is None else args.idle_timeout) + 0.5)
-    with httpx.Client(base_url=base, headers={"X-API-Key": key}) as c:
-        # the client's own first request (connection, lazy imports in this process) is not
-        # the service's latency: make it before the probes (it is not an event)
-        c.get("/healthz")
+    with warm_client(base, key) as c:
         for _ in range(args.idle):
             ev = gen.event(probe=True)
             t = time.time()
