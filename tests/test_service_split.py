@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import redis
 import typer
@@ -235,15 +238,45 @@ def test_concurrent_batches_never_take_the_backlog_over_the_bound(tmp_path: Path
             r.close()
 
 
+@pytest.fixture
+def shared_data_dir(tmp_path: Path) -> Iterator[tuple[Path, list[Service]]]:
+    """A data directory for the embedded Redis and a list of the services the test starts on
+    it (the test appends them). At teardown, whether the test passed, failed or was
+    interrupted: the services still running are SIGKILLed, then the directory's redis-server
+    is stopped (a daemon: it would outlive the test, and the pytest worker)."""
+    data = tmp_path / "d"
+    services: list[Service] = []
+    yield data, services
+    for svc in services:
+        svc.kill()
+    stop_embedded_redis(data)
+
+
+def stop_embedded_redis(data_dir: Path) -> None:
+    """Stop the embedded redis-server of ``data_dir`` if one still runs."""
+    from adapters.service.embedded import EmbeddedRedis
+
+    pid = EmbeddedRedis(data_dir).pid()
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        psutil.Process(pid).wait(15)
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(
-    tmp_path: Path,
+    tmp_path: Path, shared_data_dir: tuple[Path, list[Service]]
 ) -> None:
     """`--role api` and `--role engine` on one data dir: stopping the API (which started the
     embedded Redis) leaves it to the engine; a restarted API finds it; a killed Redis is
     started again on the same socket and both roles reconnect; the last one out stops it."""
-    import psutil
-
-    data = tmp_path / "d"
+    data, started = shared_data_dir
     conn = rs.connect(None, data)  # as a management command would: creates the store
     r = conn.text()
     rs.put_profile(r, "alarm", 'kind = "alarm"')
@@ -259,10 +292,11 @@ def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(
     args = ("--reorder-seconds", "0", "--max-past", "off")
     engine = Service(
         None, tmp_path / "engine.log", "--role", "engine", *args, data_dir=data, http=False
-    ).start()
-    api = Service(
-        None, tmp_path / "api.log", "--role", "api", *args, data_dir=data, engine=False
-    ).start()  # healthy once the engine's heartbeat is there
+    )
+    api = Service(None, tmp_path / "api.log", "--role", "api", *args, data_dir=data, engine=False)
+    started += [engine, api]
+    engine.start()
+    api.start()  # healthy once the engine's heartbeat is there
     watch = rs.connect(None, data, create=False)  # the test's own view, as one more user
     r = watch.text()
 
@@ -300,7 +334,9 @@ def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(
         assert server_pid() == first  # the engine still uses it
         api = Service(
             None, tmp_path / "api2.log", "--role", "api", *args, data_dir=data, engine=False
-        ).start()
+        )
+        started.append(api)
+        api.start()
         post_and_wait(api, "a2")
         os.kill(first, signal.SIGKILL)  # Redis dies: a role starts it again, all reconnect
         wait_for(lambda: server_pid() not in (None, first), 20, "the embedded Redis restarted")

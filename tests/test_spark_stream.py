@@ -16,6 +16,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,32 +112,79 @@ def settled(r: redis.Redis, n_out: int) -> bool:
     return bool(r.xlen("ens:outbox") >= n_out and st and st["stats"].get("buffered") == 0)
 
 
+def provision(
+    r: redis.Redis, profiles: dict[str, str], gateways: dict[str, float | None] | None = None
+) -> dict[str, str]:
+    """Store ``profiles`` and create ``gateways`` (name -> own lateness, None: the default)
+    as the management commands do; returns each gateway's API key."""
+    for pid, expr in profiles.items():
+        rs.put_profile(r, pid, expr)
+    return {gw: rs.add_gateway(r, gw, lateness=lat) for gw, lat in (gateways or {}).items()}
+
+
+@dataclass
+class LiveStream:
+    """A running streaming query and its Redis (`live_stream`)."""
+
+    url: str
+    r: redis.Redis  # decodes responses
+    q: Any  # the StreamingQuery
+    keys: dict[str, str]  # gateway -> its API key
+
+
+@contextmanager
+def live_stream(
+    spark: Any,
+    tmp_path: Path,
+    profiles: dict[str, str],
+    gateways: dict[str, float | None] | None = None,
+    **config: Any,
+) -> Iterator[LiveStream]:
+    """A redis-server holding ``profiles`` and ``gateways`` (name -> own lateness), and the
+    query started over it: keyed by room, event clock, a 300 ms trigger, its checkpoint in
+    ``tmp_path``, unless ``config`` (`StreamConfig` fields) says otherwise. Stopped on exit."""
+    from adapters.spark.stream import StreamConfig, start_query
+
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        keys = provision(r, profiles, gateways)
+        settings = {"key": "room", "trigger": "300 milliseconds", "clock": "event", **config}
+        q = start_query(spark, StreamConfig(url, checkpoint=str(tmp_path / "cp"), **settings))
+        try:
+            yield LiveStream(url, r, q, keys)
+        finally:
+            q.stop()
+            r.close()
+
+
+def event_worker(rb: redis.Redis, **config: Any) -> EngineWorker:
+    """The in-process engine worker to compare with: event clock, no blocking reads, no
+    snapshots or status on its own (``config``: other `WorkerConfig` fields)."""
+    base: dict[str, Any] = dict(
+        clock="event",
+        name="w",
+        block=0,
+        snapshot_interval=1e9,
+        snapshot_inputs=10**9,
+        status_interval=1e9,
+    )
+    w = EngineWorker(rb, WorkerConfig(**{**base, **config}))
+    w.start()
+    return w
+
+
 def worker_outbox(tmp: Path, entries: list[Any], profiles: dict[str, str]) -> list[dict[str, Any]]:
     """The in-process engine worker (event clock, same lateness) over a copy of the entries."""
     tmp.mkdir(exist_ok=True)
     with redis_server(tmp) as url:
         rb = redis.Redis.from_url(url)
         rt = redis.Redis.from_url(url, decode_responses=True)
-        for pid, expr in profiles.items():
-            rs.put_profile(rt, pid, expr)
+        provision(rt, profiles)
         with rb.pipeline() as p:
             for eid, fields in entries:
                 p.xadd(rs.INGEST, fields, id=eid)
             p.execute()
-        w = EngineWorker(
-            rb,
-            WorkerConfig(
-                reorder_seconds=2.0,
-                clock="event",
-                name="w",
-                batch=5000,
-                block=0,
-                snapshot_interval=1e9,
-                snapshot_inputs=10**9,
-                status_interval=1e9,
-            ),
-        )
-        w.start()
+        w = event_worker(rb, reorder_seconds=2.0, batch=5000)
         while w.step(block=0):
             pass
         w.snapshot()
@@ -146,32 +196,17 @@ def worker_outbox(tmp: Path, entries: list[Any], profiles: dict[str, str]) -> li
 
 def test_stream_equals_replay_and_the_worker_on_a_facility_feed(spark: Any, tmp_path: Path) -> None:
     """50k events over 24 rooms posted through POST /v1/events while the query runs."""
-    from adapters.spark.stream import StreamConfig, start_query
-
     events = make_events(50_000, rooms=24, seed=5)
     last = max(e["ts"] for e in events)
     upto = last + 50  # every notification up to here is final once flush2 is posted
     want = expected(PROFILES, events, upto)
     assert len(want) > 1000 and {json.loads(k)["profile"] for k in want} == set(PROFILES)
-    with redis_server(tmp_path) as url:
-        r = redis.Redis.from_url(url, decode_responses=True)
-        for pid, expr in PROFILES.items():
-            rs.put_profile(r, pid, expr)
-        key = rs.add_gateway(r, "gw")
-        # the test waits between the two halves: with the idle rule (0.5 s) the first half's
-        # tail would be released and the second half's first second turn late
-        q = start_query(
-            spark,
-            StreamConfig(
-                url,
-                key="room",
-                checkpoint=str(tmp_path / "cp"),
-                trigger="500 milliseconds",
-                lateness=2.0,
-                idle_timeout=3600,
-                clock="event",
-            ),
-        )
+    # the test waits between the two halves: with the idle rule (0.5 s) the first half's tail
+    # would be released and the second half's first second turn late
+    with live_stream(
+        spark, tmp_path, PROFILES, {"gw": None}, trigger="500 milliseconds", idle_timeout=3600
+    ) as live:
+        r, url = live.r, live.url
         svc = Service(
             url,
             tmp_path / "serve.log",
@@ -185,18 +220,17 @@ def test_stream_equals_replay_and_the_worker_on_a_facility_feed(spark: Any, tmp_
         )
         try:
             svc.start()  # healthy: the query's heartbeat is in ens:engine:status
-            post(svc, key, events[:25_000])
+            post(svc, live.keys["gw"], events[:25_000])
             wait_for(lambda: r.xlen("ens:outbox") > 0, 120, "first notifications")
-            post(svc, key, events[25_000:] + flushes(last))
+            post(svc, live.keys["gw"], events[25_000:] + flushes(last))
             n_all = sum(want.values())
             wait_for(lambda: settled(r, n_all), 240, "the outbox complete")
             time.sleep(1.5)  # a few more micro-batches: nothing more may arrive
-            assert q.exception() is None
+            assert live.q.exception() is None
             got = outbox(r)
             entries = redis.Redis.from_url(url).xrange(rs.INGEST)
             assert "engine worker" not in (tmp_path / "serve.log").read_text()
         finally:
-            q.stop()
             svc.stop()
             svc.kill()
     ids = [n["id"] for n in got]
@@ -210,7 +244,6 @@ def test_stream_equals_replay_and_the_worker_on_a_facility_feed(spark: Any, tmp_
 def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: Path) -> None:
     """Profiles added and removed while the query runs take effect without a restart; an
     entry the job cannot decode is counted and skipped, and the query keeps going."""
-    from adapters.spark.stream import StreamConfig, start_query
 
     def ingest(r: redis.Redis, evs: list[dict[str, Any]]) -> None:
         r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs), rs.INGEST_GATEWAY: "gw"})
@@ -232,95 +265,81 @@ def test_profile_changes_live_and_bad_entries_are_skipped(spark: Any, tmp_path: 
             )
         ] + [{"id": f"tick{t}", "ts": t + 50, "kind": "none"}]
 
-    with redis_server(tmp_path) as url:
-        r = redis.Redis.from_url(url, decode_responses=True)
-        rs.put_profile(r, "opened", 'seq(d: kind = "door", m: kind = "motion") within 5s per room')
-        q = start_query(
-            spark,
-            StreamConfig(
-                url,
-                key="room",
-                checkpoint=str(tmp_path / "cp"),
-                trigger="300 milliseconds",
-                lateness=0.5,
-                clock="event",
-            ),
+    opened = {"opened": 'seq(d: kind = "door", m: kind = "motion") within 5s per room'}
+    with live_stream(spark, tmp_path, opened, lateness=0.5) as live:
+        r, q = live.r, live.q
+        ingest(r, pairs(1000, 6))
+        wait_for(lambda: len(outbox(r)) == 6, 90, "first profile's notifications")
+        rs.put_profile(r, "moved", 'kind = "motion"')  # stateless
+        rs.put_profile(r, "late_door", 'seq(d: kind = "door", m: kind = "motion") within 5s')
+        r.xadd(rs.INGEST, {rs.INGEST_BATCH: "not json", rs.INGEST_GATEWAY: "gw"})
+        r.xadd(rs.INGEST, {"x": "neither e nor b"})
+        ingest(r, [{"id": "nots", "kind": "door"}])  # no ts: cannot be an event
+        ingest(r, pairs(2000, 6))
+
+        def count(pid: str) -> int:
+            return sum(1 for n in outbox(r) if n["profile"] == pid)
+
+        wait_for(
+            lambda: count("moved") == 6 and count("late_door") == 6 and count("opened") == 12,
+            90,
+            "the added profiles' notifications",
         )
-        try:
-            ingest(r, pairs(1000, 6))
-            wait_for(lambda: len(outbox(r)) == 6, 90, "first profile's notifications")
-            rs.put_profile(r, "moved", 'kind = "motion"')  # stateless
-            rs.put_profile(r, "late_door", 'seq(d: kind = "door", m: kind = "motion") within 5s')
-            r.xadd(rs.INGEST, {rs.INGEST_BATCH: "not json", rs.INGEST_GATEWAY: "gw"})
-            r.xadd(rs.INGEST, {"x": "neither e nor b"})
-            ingest(r, [{"id": "nots", "kind": "door"}])  # no ts: cannot be an event
-            ingest(r, pairs(2000, 6))
+        rs.delete_profile(r, "opened")
+        ingest(r, pairs(3000, 6))
+        wait_for(
+            lambda: count("moved") == 12 and count("late_door") == 12,
+            90,
+            "notifications after the removal",
+        )
+        # an event behind its engine's time is fed (late), counted, never dropped
+        ingest(
+            r,
+            [
+                {"id": "old", "ts": 3001.5, "kind": "door", "room": "r0"},
+                {"id": "tick-late", "ts": 3100, "kind": "none"},
+            ],
+        )
 
-            def count(pid: str) -> int:
-                return sum(1 for n in outbox(r) if n["profile"] == pid)
-
-            wait_for(
-                lambda: count("moved") == 6 and count("late_door") == 6 and count("opened") == 12,
-                90,
-                "the added profiles' notifications",
-            )
-            rs.delete_profile(r, "opened")
-            ingest(r, pairs(3000, 6))
-            wait_for(
-                lambda: count("moved") == 12 and count("late_door") == 12,
-                90,
-                "notifications after the removal",
-            )
-            # an event behind its engine's time is fed (late), counted, never dropped
-            ingest(
-                r,
-                [
-                    {"id": "old", "ts": 3001.5, "kind": "door", "room": "r0"},
-                    {"id": "tick-late", "ts": 3100, "kind": "none"},
-                ],
-            )
-
-            def late() -> int:
-                st = rs.worker_status(r)
-                return st["stats"].get("total_late", 0) if st else 0
-
-            wait_for(lambda: late() == 1, 60, "the late event counted")
-            # removing a profile reaches idle keys too: r9's armed timer never reports, while
-            # the same profile under another id (kept) does
-            expr = 'seq(d: kind = "door", not c: kind = "close") within 5s per room'
-            rs.put_profile(r, "unclosed", expr)
-            rs.put_profile(r, "kept", expr)
-            wait_for(
-                lambda: all(
-                    any(pid in f["d"] for _, f in r.xrange("ens:spark:plog"))
-                    for pid in ("unclosed", "kept")
-                ),
-                30,
-                "the profiles logged",
-            )
-            ingest(
-                r,
-                [
-                    {"id": "d9", "ts": 4000, "kind": "door", "room": "r9"},
-                    {"id": "tick9", "ts": 4001, "kind": "none"},
-                ],
-            )
-            wait_for(
-                lambda: r.hget("ens:spark:held", "ksr9") == "0",
-                60,
-                "r9's engine fed the door (its timer armed)",
-            )
-            rs.delete_profile(r, "unclosed")
-            ingest(r, [{"id": "tick10", "ts": 4100, "kind": "none"}])
-            wait_for(lambda: count("kept") == 1, 60, "the kept profile's timer")
-            time.sleep(1.0)
-            assert count("opened") == 12 and count("late_door") == 12 and count("unclosed") == 0
-            assert q.isActive and q.exception() is None
-            assert r.hlen("ens:spark:invalid") == 3
+        def late() -> int:
             st = rs.worker_status(r)
-            assert st is not None and st["stats"]["total_invalid"] == 3 and late() == 1
-        finally:
-            q.stop()
+            return st["stats"].get("total_late", 0) if st else 0
+
+        wait_for(lambda: late() == 1, 60, "the late event counted")
+        # removing a profile reaches idle keys too: r9's armed timer never reports, while
+        # the same profile under another id (kept) does
+        expr = 'seq(d: kind = "door", not c: kind = "close") within 5s per room'
+        rs.put_profile(r, "unclosed", expr)
+        rs.put_profile(r, "kept", expr)
+        wait_for(
+            lambda: all(
+                any(pid in f["d"] for _, f in r.xrange("ens:spark:plog"))
+                for pid in ("unclosed", "kept")
+            ),
+            30,
+            "the profiles logged",
+        )
+        ingest(
+            r,
+            [
+                {"id": "d9", "ts": 4000, "kind": "door", "room": "r9"},
+                {"id": "tick9", "ts": 4001, "kind": "none"},
+            ],
+        )
+        wait_for(
+            lambda: r.hget("ens:spark:held", "ksr9") == "0",
+            60,
+            "r9's engine fed the door (its timer armed)",
+        )
+        rs.delete_profile(r, "unclosed")
+        ingest(r, [{"id": "tick10", "ts": 4100, "kind": "none"}])
+        wait_for(lambda: count("kept") == 1, 60, "the kept profile's timer")
+        time.sleep(1.0)
+        assert count("opened") == 12 and count("late_door") == 12 and count("unclosed") == 0
+        assert q.isActive and q.exception() is None
+        assert r.hlen("ens:spark:invalid") == 3
+        st = rs.worker_status(r)
+        assert st is not None and st["stats"]["total_invalid"] == 3 and late() == 1
 
 
 def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
@@ -331,8 +350,6 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
     with no event to move event time; an event fed to its key's engine and the global engine
     counts once in total_events, and once in total_late when late for both. Outbox and those
     totals equal the in-process worker's."""
-    from adapters.spark.stream import StreamConfig, start_query
-
     profiles = {
         "pair": 'seq(d: kind = "door", m: kind = "motion") within 5s per room',  # keyed
         "any2": 'seq(d: kind = "door", m: kind = "motion") within 2s',
@@ -354,11 +371,7 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
     feed.sort(key=lambda x: x[1]["ts"] + (3.9 if x[0] == "slow" else 0))  # slow: 3.9 s behind
     late_ev = ("fast", {"id": "late", "ts": 100.1, "kind": "door", "room": "r0"})
 
-    def setup(r: redis.Redis) -> None:
-        for pid, expr in profiles.items():
-            rs.put_profile(r, pid, expr)
-        rs.add_gateway(r, "fast")
-        rs.add_gateway(r, "slow", lateness=5.0)
+    gateways = {"fast": None, "slow": 5.0}
 
     def write(r: redis.Redis, items: list[tuple[str, dict[str, Any]]]) -> None:
         with r.pipeline() as p:
@@ -370,59 +383,28 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
         st = rs.worker_status(r)
         return st["stats"] if st else {}
 
-    with redis_server(tmp_path) as url:
-        r = redis.Redis.from_url(url, decode_responses=True)
-        setup(r)
-        q = start_query(
-            spark,
-            StreamConfig(
-                url,
-                key="room",
-                checkpoint=str(tmp_path / "cp"),
-                trigger="300 milliseconds",
-                lateness=0.5,
-                idle_timeout=0.5,
-                clock="event",
-            ),
+    with live_stream(spark, tmp_path, profiles, gateways, lateness=0.5, idle_timeout=0.5) as live:
+        r = live.r
+        write(r, feed)
+        # no flush event: only the idle rule can release the last events
+        # every event goes to its room's engine and the global one: counted once
+        wait_for(
+            lambda: stats(r).get("total_events") == len(feed) and stats(r)["buffered"] == 0,
+            90,
+            "every event fed",
         )
-        try:
-            write(r, feed)
-            # no flush event: only the idle rule can release the last events
-            # every event goes to its room's engine and the global one: counted once
-            wait_for(
-                lambda: stats(r).get("total_events") == len(feed) and stats(r)["buffered"] == 0,
-                90,
-                "every event fed",
-            )
-            assert stats(r)["total_late"] == 0
-            write(r, [late_ev])
-            wait_for(
-                lambda: stats(r).get("total_events") == len(feed) + 1, 60, "the late event fed"
-            )
-            time.sleep(1.0)
-            got, st = outbox(r), stats(r)
-            assert q.exception() is None
-        finally:
-            q.stop()
+        assert stats(r)["total_late"] == 0
+        write(r, [late_ev])
+        wait_for(lambda: stats(r).get("total_events") == len(feed) + 1, 60, "the late event fed")
+        time.sleep(1.0)
+        got, st = outbox(r), stats(r)
+        assert live.q.exception() is None
     assert st["total_late"] == 1 and st["late_by_gateway"] == {"fast": 1}  # fed twice, counted once
     (tmp_path / "w").mkdir()
     with redis_server(tmp_path / "w") as url:  # the worker, live on the same entries
         rb = redis.Redis.from_url(url)
-        setup(redis.Redis.from_url(url, decode_responses=True))
-        w = EngineWorker(
-            rb,
-            WorkerConfig(
-                reorder_seconds=0.5,
-                idle_timeout=0.5,
-                clock="event",
-                name="w",
-                block=0,
-                snapshot_interval=1e9,
-                snapshot_inputs=10**9,
-                status_interval=1e9,
-            ),
-        )
-        w.start()
+        provision(redis.Redis.from_url(url, decode_responses=True), profiles, gateways)
+        w = event_worker(rb, reorder_seconds=0.5, idle_timeout=0.5)
         write(rb, feed)
         wait_for(
             lambda: (
@@ -502,9 +484,7 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
     cp, log = tmp_path / "cp", tmp_path / "stream.log"
     with redis_server(tmp_path) as url:
         r = redis.Redis.from_url(url, decode_responses=True)
-        for pid, expr in PROFILES.items():
-            rs.put_profile(r, pid, expr)
-        key = rs.add_gateway(r, "gw")
+        key = provision(r, PROFILES, {"gw": None})["gw"]
         svc = Service(
             url,
             tmp_path / "serve.log",
@@ -552,37 +532,13 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
 def test_wall_clock_fires_timers_without_events(spark: Any, tmp_path: Path) -> None:
     """`--clock wall`: an `absent` fires once the batch's wall clock minus the lateness passes
     its deadline, with no later event to move event time."""
-    from adapters.spark.stream import StreamConfig, start_query
-
-    with redis_server(tmp_path) as url:
-        r = redis.Redis.from_url(url, decode_responses=True)
-        rs.put_profile(r, "silent", 'absent(kind = "beat") within 2s per room')
-        q = start_query(
-            spark,
-            StreamConfig(
-                url,
-                key="room",
-                checkpoint=str(tmp_path / "cp"),
-                trigger="300 milliseconds",
-                lateness=0.5,
-                clock="wall",
-            ),
-        )
-        try:
-            now = time.time()
-            r.xadd(
-                rs.INGEST,
-                {
-                    rs.INGEST_BATCH: json.dumps(
-                        [{"id": "b1", "ts": now, "kind": "beat", "room": "r1"}]
-                    ),
-                    rs.INGEST_GATEWAY: "gw",
-                },
-            )
-            got = wait_for(lambda: outbox(r), 60, "the absent notification")
-            fired = time.time()
-        finally:
-            q.stop()
+    silent = {"silent": 'absent(kind = "beat") within 2s per room'}
+    with live_stream(spark, tmp_path, silent, lateness=0.5, clock="wall") as live:
+        now = time.time()
+        beat = {"id": "b1", "ts": now, "kind": "beat", "room": "r1"}
+        live.r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([beat]), rs.INGEST_GATEWAY: "gw"})
+        got = wait_for(lambda: outbox(live.r), 60, "the absent notification")
+        fired = time.time()
     assert [(n["profile"], n["events"]["last"]["id"]) for n in got] == [("silent", "b1")]
     assert abs(got[0]["ts"] - (now + 2.0)) < 1e-3
     assert fired >= now + 2.5  # not before the wall clock passed deadline + lateness
