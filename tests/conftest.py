@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,92 @@ def _build_each_cli_once() -> None:
 
 
 _build_each_cli_once()
+
+
+@pytest.fixture(autouse=True)
+def _objects_before_the_test_out_of_gc_scans() -> Iterator[None]:
+    """What the worker holds before a test (pytest, hypothesis, every imported module: ~10^6
+    objects) is long-lived: out of the collector's scans while the test runs (`gc.freeze`,
+    O(1)), given back afterwards (`gc.unfreeze`, O(1): nothing is kept from collection for
+    good). `ens replay`'s own `gc.collect()` before it freezes its engine scanned all of
+    them, 0.18 s a replay in-process; so did every full collection a test set off."""
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+# One redis-server per test process (xdist worker), each test that asks for `redis_url`
+# (`rb`, `rt`, `r`) on a database of its own: starting and stopping a server per test cost
+# ~0.2 s. Tests about the server's life (killed, restarted, persisted, embedded) start their
+# own with `tests.helpers_service.redis_server`.
+REDIS_DATABASES = 1000
+
+
+@pytest.fixture(scope="session")
+def _redis_of_this_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisOfWorker]:
+    from tests.helpers_service import redis_server
+
+    with redis_server(tmp_path_factory.mktemp("redis"), databases=REDIS_DATABASES) as url:
+        yield RedisOfWorker(url)
+
+
+class RedisOfWorker:
+    """The worker's redis-server and the next database to hand out (0 is never used)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.databases = itertools.cycle(range(1, REDIS_DATABASES))
+
+
+@pytest.fixture
+def redis_url(_redis_of_this_worker: RedisOfWorker) -> Iterator[str]:
+    """The URL of an empty Redis database for this test alone (emptied before: a thread a
+    failed test left behind may still write into the one it had, a thousand tests ago)."""
+    import redis
+
+    url = _redis_of_this_worker.url
+    db = next(_redis_of_this_worker.databases)
+    with redis.Redis.from_url(url, db=db) as c:
+        c.flushdb()
+    yield f"{url}?db={db}"
+    with redis.Redis.from_url(url, db=db) as c:  # its memory back
+        c.flushdb(asynchronous=True)
+
+
+@pytest.fixture
+def rb(redis_url: str) -> Iterator[Any]:
+    """A client of the test's database that returns bytes (as the engine worker's)."""
+    import redis
+
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def rt(redis_url: str) -> Iterator[Any]:
+    """A client of the test's database that decodes responses (as the management commands')."""
+    import redis
+
+    c = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def r(rt: Any) -> Any:
+    """`rt` under the name the delivery tests give it."""
+    return rt
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    """A webhook receiver on loopback (`tests.helpers_notifiers.Receiver`)."""
+    from tests.helpers_notifiers import Receiver
+
+    rec = Receiver().start()
+    yield rec
+    rec.stop()
 
 
 @pytest.fixture(scope="session")

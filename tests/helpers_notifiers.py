@@ -89,7 +89,9 @@ def redis_server(tmp_path: Path) -> Iterator[redis.Redis]:
 
 
 def redis_url(client: redis.Redis) -> str:
-    return "unix://" + client.connection_pool.connection_kwargs["path"]
+    """The URL ``client`` connects to (a unix socket; its database)."""
+    kw = client.connection_pool.connection_kwargs
+    return f"unix://{kw['path']}?db={kw.get('db', 0)}"
 
 
 def fast_config(

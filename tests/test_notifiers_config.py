@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -24,18 +23,11 @@ from tests.helpers_notifiers import (
     drive,
     fast_config,
     notification,
-    redis_server,
     redis_url,
     settled,
 )
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
-
-
-@pytest.fixture
-def r(tmp_path) -> Iterator[redis.Redis]:
-    with redis_server(tmp_path) as client:
-        yield client
 
 
 def test_config_from_env():
@@ -242,7 +234,7 @@ def test_trim_outbox_keeps_unread_and_unacknowledged_entries(r):
 
 
 def test_worker_works_with_a_client_that_does_not_decode(r):
-    raw = redis.Redis(unix_socket_path=r.connection_pool.connection_kwargs["path"])
+    raw = redis.Redis.from_url(redis_url(r))  # decode_responses off
     rec = Receiver().start()
     try:
         store.put_subscriber(

@@ -19,19 +19,12 @@ from tests.helpers_notifiers import (
     fast_config,
     free_port,
     notification,
-    redis_server,
     self_signed_cert,
     settled,
     smtp_server,
 )
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
-
-
-@pytest.fixture
-def r(tmp_path) -> Iterator[redis.Redis]:
-    with redis_server(tmp_path) as client:
-        yield client
 
 
 @pytest.fixture

@@ -6,29 +6,15 @@ test_notifiers_email.py."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
 
 from notifiers import store
 from notifiers.worker import Counts, DeliveryWorker
-from tests.helpers_notifiers import SECRET, Receiver, fast_config, notification, redis_server
+from tests.helpers_notifiers import SECRET, Receiver, fast_config, notification
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
-
-
-@pytest.fixture
-def r(tmp_path) -> Iterator[redis.Redis]:
-    with redis_server(tmp_path) as client:
-        yield client
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    rec = Receiver().start()
-    yield rec
-    rec.stop()
 
 
 def worker(r: redis.Redis, consumer: str = "w1") -> DeliveryWorker:

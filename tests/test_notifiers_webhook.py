@@ -7,7 +7,6 @@ import hmac
 import random
 import threading
 import time
-from collections.abc import Iterator
 from email.utils import formatdate
 
 import pytest
@@ -30,26 +29,12 @@ from tests.helpers_notifiers import (
     drive,
     fast_config,
     notification,
-    redis_server,
     redis_url,
     settled,
 )
 from tests.helpers_service import wait_for
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
-
-
-@pytest.fixture
-def r(tmp_path) -> Iterator[redis.Redis]:
-    with redis_server(tmp_path) as client:
-        yield client
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    rec = Receiver().start()
-    yield rec
-    rec.stop()
 
 
 def subscribe(r: redis.Redis, *urls: str, sid: str = "s1") -> None:

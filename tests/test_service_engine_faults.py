@@ -10,8 +10,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,30 +20,10 @@ from adapters.service import redis_store as rs
 from adapters.service.api import normalized_json
 from adapters.service.worker import EngineWorker, WorkerConfig
 from profiles.events import event_from_obj
-from tests.helpers_service import outbox, redis_server, wait_for
+from tests.helpers_service import outbox, wait_for
 from tests.test_service_worker import PROFILES, canon, expected, make_events, replay_records
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    with redis_server(tmp_path) as url:
-        yield url
-
-
-@pytest.fixture
-def rb(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def rt(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield c
-    c.close()
 
 
 def append(

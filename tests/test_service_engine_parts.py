@@ -9,8 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,31 +19,11 @@ from adapters.service.lease import EngineLease
 from adapters.service.records import JournalEntry
 from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
 from notifiers import store
-from tests.helpers_service import outbox, redis_server
+from tests.helpers_service import outbox
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    with redis_server(tmp_path) as url:
-        yield url
-
-
-@pytest.fixture
-def rb(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)  # the worker's client: bytes
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def rt(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, decode_responses=True)  # the management commands'
-    yield c
-    c.close()
 
 
 def config(**kw: Any) -> WorkerConfig:

@@ -12,8 +12,6 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +23,7 @@ from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
 from ens.replay import replay
 from profiles.events import event_from_obj
 from profiles.parser import parse_profile
-from tests.helpers_service import outbox, redis_server, replay_records
+from tests.helpers_service import outbox, replay_records
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -37,26 +35,6 @@ PROFILES = {
     "pair": 'seq(a: kind = "motion", b: kind = "motion") within 5s per room select last',
 }
 KINDS = ["door", "motion", "temp", "hum", "alarm"]
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    with redis_server(tmp_path) as url:
-        yield url
-
-
-@pytest.fixture
-def rb(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def rt(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield c
-    c.close()
 
 
 def make_events(n: int, seed: int, t0: float = 1_700_000_000.0) -> list[dict[str, Any]]:

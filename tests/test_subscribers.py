@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from typer.testing import CliRunner
 
 from ens.cli import app
 from notifiers import store
-from tests.helpers_notifiers import redis_server
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -87,12 +85,6 @@ BAD: list[tuple[Any, str]] = [
         "channels.0.x: unknown key (allowed: email, digest)",
     ),
 ]
-
-
-@pytest.fixture
-def r(tmp_path: Path) -> Iterator[redis.Redis]:
-    with redis_server(tmp_path) as client:
-        yield client
 
 
 def check_verdicts(channels: list[Any], tmp_path: Path) -> dict[str, str]:
