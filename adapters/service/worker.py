@@ -55,6 +55,7 @@ from typing import Any
 
 import redis
 
+from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
@@ -86,6 +87,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
         self.started = False
         self._reset_state()
         self._interval = {"events": 0, "late": 0, "notifications": 0}
+        self.unpublished = 0
         self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
 
     def _reset_state(self) -> None:
@@ -249,6 +251,9 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
         # only event time moves.
         self._release_due(now, caught_up=not (self.read_full or self.queued))
         self.pending.extend(self.engine.take_notifications())
+        if self.unpublished:
+            m.EVENTS_PROCESSED.inc(self.unpublished)
+            self.unpublished = 0
         mono = time.monotonic()
         if self.changed and (
             mono - self.last_snapshot >= self.cfg.snapshot_interval
