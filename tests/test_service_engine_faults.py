@@ -241,6 +241,41 @@ def test_a_gateway_clock_ahead_does_not_move_engine_time(rb: redis.Redis) -> Non
     assert w.totals["late"] == 0
 
 
+def test_a_gateway_clock_ahead_does_not_move_engine_time_across_a_quiet_moment(
+    rb: redis.Redis,
+) -> None:
+    """Issue 24.3 as the probe met it: after the early event nobody posts for longer than the
+    idle timeout, so no gateway's watermark holds it back. Before the fix it was fed then
+    (engine time jumped 240 s) and every later event was late (60 of 60 here); it now waits
+    for the wall clock."""
+    w = EngineWorker(
+        rb,
+        WorkerConfig(
+            name="w",
+            clock="wall",  # the service's default
+            reorder_seconds=2.0,
+            idle_timeout=1.0,
+            heartbeat_interval=0,
+            status_interval=1e9,
+        ),
+    )
+    w.start()
+    now = time.time()
+    append(rb, [{"id": "future", "ts": now + 240, "kind": "door"}], gateway="fast")
+    w.step(block=0, now=now)
+    for k in range(1, 30):  # a quiet moment: nobody posts for 3 s (> idle timeout)
+        w.step(block=0, now=now + k * 0.1)
+    for k in range(30, 90):  # then another gateway posts in real time
+        t = now + k * 0.1
+        append(rb, [{"id": f"ok{k}", "ts": t - 0.01, "kind": "motion"}], gateway="slow")
+        w.step(block=0, now=t)
+        assert w.engine.now is None or w.engine.now <= t
+    assert w.totals["late"] == 0
+    assert w.totals["events"] >= 30
+    assert "future" in [h.item.event.id for h in w.buffer]
+    assert w.stats()["skewed_gateways"] == ["fast"]
+
+
 def test_restarts_more_frequent_than_the_snapshot_interval_do_not_grow_recovery(
     rb: redis.Redis, rt: redis.Redis
 ) -> None:
