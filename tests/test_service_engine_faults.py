@@ -247,7 +247,7 @@ def test_a_gateway_clock_ahead_does_not_move_engine_time_across_a_quiet_moment(
     """Issue 24.3 as the probe met it: after the early event nobody posts for longer than the
     idle timeout, so no gateway's watermark holds it back. Before the fix it was fed then
     (engine time jumped 240 s) and every later event was late (60 of 60 here); it now waits
-    for the wall clock."""
+    for the wall clock, across a restart too."""
     w = EngineWorker(
         rb,
         WorkerConfig(
@@ -274,6 +274,18 @@ def test_a_gateway_clock_ahead_does_not_move_engine_time_across_a_quiet_moment(
     assert w.totals["events"] >= 30
     assert "future" in [h.item.event.id for h in w.buffer]
     assert w.stats()["skewed_gateways"] == ["fast"]
+    # ... and across a restart (it survived one before the fix): killed, a successor recovers
+    w.snapshot()
+    rb.delete(rs.ENGINE_LOCK)
+    w2 = EngineWorker(rb, w.cfg)
+    w2.start()
+    for k in range(90, 120):
+        t = now + k * 0.1
+        append(rb, [{"id": f"ok{k}", "ts": t - 0.01, "kind": "motion"}], gateway="slow")
+        w2.step(block=0, now=t)
+        assert w2.engine.now is None or w2.engine.now <= t
+    assert w2.totals["late"] == 0
+    assert "future" in [h.item.event.id for h in w2.buffer]
 
 
 def test_restarts_more_frequent_than_the_snapshot_interval_do_not_grow_recovery(
