@@ -87,8 +87,8 @@ _build_each_cli_once()
 
 @pytest.fixture(autouse=True)
 def _objects_before_the_test_out_of_gc_scans() -> Iterator[None]:
-    """What the worker holds before a test (pytest, hypothesis, every imported module: ~10^6
-    objects) is long-lived: out of the collector's scans while the test runs (`gc.freeze`,
+    """What the worker holds before a test (pytest, hypothesis, every imported module) is
+    long-lived: out of the collector's scans while the test runs (`gc.freeze`,
     O(1)), given back afterwards (`gc.unfreeze`, O(1): nothing is kept from collection for
     good). `ens replay`'s own `gc.collect()` before it freezes its engine scanned all of
     them, 0.18 s a replay in-process; so did every full collection a test set off."""
@@ -98,8 +98,8 @@ def _objects_before_the_test_out_of_gc_scans() -> Iterator[None]:
 
 
 # One redis-server per test process (xdist worker), each test that asks for `redis_url`
-# (`rb`, `rt`, `r`) on a database of its own: starting and stopping a server per test cost
-# ~0.2 s. Tests about the server's life (killed, restarted, persisted, embedded) start their
+# (`rb`, `rt`, `r`) on a database of its own: starting and stopping a server per test took
+# ~0.2 s of wall time (little CPU). Tests about the server's life (killed, restarted, persisted, embedded) start their
 # own with `tests.helpers_service.redis_server`.
 REDIS_DATABASES = 1000
 
