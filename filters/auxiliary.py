@@ -96,7 +96,8 @@ class Dynamic(AuxiliaryRegistrations):
     def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         leaf, eqs = key
         pool = self.pool
-        entry = part.entries.get(key)  # references: kept in the pool without owners
+        entries = part.entries
+        entry = entries.get(key)  # references: kept in the pool without owners
         if entry is not None and pool.claim(entry, (rt.idx, leaf)):
             return
         if self.holds and not eqs:
@@ -105,7 +106,9 @@ class Dynamic(AuxiliaryRegistrations):
             aux = rt.aux_entries.get(leaf)
             if aux is None:
                 aux = rt.aux_entries[leaf] = pool.prepare(rt.pat.leaves[leaf].filter)
-            part.entries[key] = pool.revive(aux, (rt.idx, leaf))
+            live = entries[key] = pool.revive(aux, (rt.idx, leaf))
+            if live is not aux:  # the pool's own entry: the next PM's `revive` is a count
+                rt.aux_entries[leaf] = live
             return
         part.entries[key] = pool.add(
             rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs)

@@ -20,7 +20,10 @@ class MatchLifecycle(MatchBinder):
     """Partial matches and partitions over time: deadlines, expiry, clean-up."""
 
     def _add_pm(self, part: Partition, pm: PartialMatch) -> None:
-        part.pms.append(pm)
+        if part.pms:
+            part.pms.append(pm)
+        else:
+            part.pms = [pm]
         self.pm_count += 1
         self._changed(pm)
 
@@ -77,7 +80,9 @@ class MatchLifecycle(MatchBinder):
         part = pm.part
         if pm.deadline is not None and pm.deadline > part.until:
             part.until = pm.deadline
-        part.pms.remove(pm)
+        pms = part.pms
+        assert isinstance(pms, list)  # an alive PM is in its partition's list
+        pms.remove(pm)
         self.pm_count -= 1
 
     def _reset(self, pm: PartialMatch, nid: int, why: str) -> None:
@@ -208,6 +213,7 @@ class MatchLifecycle(MatchBinder):
         """An empty partition: forget it, unless its kept auxiliary profiles must wait."""
         if part.held or part.dormant:
             if not part.key:
+                part.pms = ()  # kept idle: no list of its own (see `Partition`)
                 return  # no per: one partition, its few auxiliary profiles simply stay marked off
             if not fired:
                 if self.window is not None:
@@ -234,6 +240,7 @@ class MatchLifecycle(MatchBinder):
             for pm in list(part.pms):
                 pm.alive = False
                 self.engine.timers.discard(pm.handle)
+                pm.handle = None
                 self._sync(pm)
             self.engine.aux.release(self, part)
             self.engine.timers.discard(part.handle)
