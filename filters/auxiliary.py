@@ -135,15 +135,19 @@ class Dynamic(AuxiliaryRegistrations):
                     pool.release(part.entries[key], (rt.idx, key[0]), True)
                     del regs[key]
             part.dormant = 0
-        for key in part.held:
+        held = part.held
+        if not held:
+            return
+        for key in held:
             if key in regs:
                 continue
             entry = part.entries.pop(key, None)
             if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
-                pool.purge_entry(entry)
+                if not entry.owners:  # (`purge_entry`'s test: others share it, e.g. `once` ends)
+                    pool.purge_entry(entry)
             else:
                 pool.purge(rt.pat.leaves[key[0]].filter, full_eqs(part, key[1]))
-        part.held.clear()
+        held.clear()
 
 
 class References(Dynamic):

@@ -213,7 +213,8 @@ class CompositeRuntime(GeneralSteps):
         here (`_add_pm`, `_changed` and `_sync` of a new PM, inline: its deadline is known and
         it holds no registrations yet)."""
         if part is None:
-            part = self.parts[key] = Partition(key, self.partition_values(ev.attrs))
+            values = self.partition_values(ev.attrs) if self.per else None
+            part = self.parts[key] = Partition(key, values)
         pm = PartialMatch(self.n, part)
         pm.binds[i] = Binding(seq, ev)
         pm.mask = mask
@@ -235,12 +236,16 @@ class CompositeRuntime(GeneralSteps):
             new = self._wanted(pm)
         if new:
             counts = part.regs
-            for rk in new:
+            for rk in new:  # `_reg`, inline
                 n = counts.get(rk)
                 if n:
                     counts[rk] = n + 1
-                else:
-                    self._reg(part, rk)
+                elif n is None:
+                    counts[rk] = 1
+                    self.engine.aux.insert(self, part, rk)
+                else:  # dormant (references): our owner never left the pool
+                    counts[rk] = 1
+                    part.dormant -= 1
             pm.regs = new
         return True
 

@@ -236,13 +236,17 @@ class MatchLifecycle(MatchBinder):
         return not self.parts and not self.pm_count and not self.clock_leaves
 
     def clear(self) -> None:
+        eng = self.engine
+        timers, aux = eng.timers, eng.aux
         for part in list(self.parts.values()):
-            for pm in list(part.pms):
-                pm.alive = False
-                self.engine.timers.discard(pm.handle)
-                pm.handle = None
-                self._sync(pm)
-            self.engine.aux.release(self, part)
-            self.engine.timers.discard(part.handle)
+            if part.pms:
+                for pm in list(part.pms):
+                    pm.alive = False
+                    timers.discard(pm.handle)
+                    pm.handle = None
+                    self._sync(pm)
+            aux.release(self, part)
+            if part.handle is not None:
+                timers.discard(part.handle)
         self.pm_count = 0
         self.parts.clear()
