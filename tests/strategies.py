@@ -110,19 +110,35 @@ def _where_form(
     return f"{a}.v >= {lit}", frozenset({a}), lambda b: _num(b[a].get("v")) and b[a]["v"] >= lit
 
 
+RARE_FILTERS = [f for f in SEQ_FILTERS if f[0] in ('k = "X"', 'k = "C"', "v >= 2")]
+FLAT_SELECTS = ["last", "last", "nth 2", "nth 2", "nth 3", "first"]
+
+
 @st.composite
-def flat_seq_profiles(draw: st.DrawFn, pid: str = "p") -> tuple[str, Any]:
-    """(profile text, tests.reference.SeqSpec): seq of 1-4 components, some negated (leading,
-    between, trailing), mostly under select last / nth, often with a where on one component."""
+def flat_seq_profiles(
+    draw: st.DrawFn,
+    pid: str = "p",
+    sizes: tuple[int, int] = (1, 4),
+    selects: list[str] = FLAT_SELECTS,
+    between: bool = False,
+) -> tuple[str, Any]:
+    """(profile text, tests.reference.SeqSpec): seq of 1-4 components (`sizes`), some negated
+    (leading, between, trailing), mostly under select last / nth, often with a where on one
+    component. `between` puts a negation right before a positive that has a positive after it
+    (the shape where a `select last` replacement can jump over a negated event), gives negated
+    components the filters that match few events, and no `per` (so more events meet)."""
     from tests.reference import Comp, Conj, SeqSpec
 
-    n = draw(st.integers(1, 4))
+    n = draw(st.integers(*sizes))
     negs = [draw(st.integers(0, 2)) == 0 for _ in range(n)]
     if all(negs):
         negs[draw(st.integers(0, n - 1))] = False
+    if between and n >= 4:
+        at = draw(st.integers(1, n - 3))  # positive before, negation at `at`, two positives after
+        negs[at - 1], negs[at], negs[at + 1], negs[at + 2] = False, True, False, False
     comps, parts = [], []
     for i, neg in enumerate(negs):
-        text, fn = draw(st.sampled_from(SEQ_FILTERS))
+        text, fn = draw(st.sampled_from(RARE_FILTERS if neg and between else SEQ_FILTERS))
         name = f"{'x' if neg else 'c'}{i + 1}"
         comps.append(Comp(name, neg, fn))
         parts.append(f"{'not ' if neg else ''}{name}: {text}")
@@ -132,7 +148,7 @@ def flat_seq_profiles(draw: st.DrawFn, pid: str = "p") -> tuple[str, Any]:
     if within is None and (negs[0] or negs[-1]):
         within = 5.0  # leading and trailing negations need a window
     clauses = [] if within is None else [f"within {within:g}s"]
-    per = draw(st.booleans())
+    per = draw(st.booleans()) and not between
     if per:
         clauses.append("per r")
     conjs, texts = [], []
@@ -147,7 +163,7 @@ def flat_seq_profiles(draw: st.DrawFn, pid: str = "p") -> tuple[str, Any]:
         conjs.append(Conj(refs, fn))
     if texts:
         clauses.append("where " + " and ".join(texts))
-    select = draw(st.sampled_from(["last", "last", "nth 2", "nth 2", "nth 3", "first"]))
+    select = draw(st.sampled_from(selects))
     clauses.append(f"select {select}")
     shared = draw(st.booleans())
     clauses.append("consume shared" if shared else "consume unique")
@@ -158,10 +174,10 @@ def flat_seq_profiles(draw: st.DrawFn, pid: str = "p") -> tuple[str, Any]:
 
 
 @st.composite
-def tie_streams(draw: st.DrawFn) -> list[dict]:
+def tie_streams(draw: st.DrawFn, longest: int = 12) -> list[dict]:
     """Short streams with ties in ts and repeated kinds (duplicates of every component)."""
     out, ts = [], 0
-    for j in range(draw(st.integers(2, 12))):
+    for j in range(draw(st.integers(2, longest))):
         ts += draw(st.sampled_from([0, 0, 1, 1, 2, 3, 6]))
         ev: dict = {
             "id": f"e{j + 1}",

@@ -14,6 +14,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -26,8 +27,10 @@ import redis
 
 from adapters.service import redis_store as rs
 from ens.replay import replay
+from notifiers import store
 from profiles.events import event_from_obj
 from profiles.parser import parse_profile
+from tests.helpers_notifiers import SECRET, Receiver, notification
 from tests.helpers_service import (
     Service,
     outbox,
@@ -288,3 +291,58 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
+
+
+def test_kill_9_of_the_deliverer_mid_send_hands_its_deliveries_over_within_seconds(
+    tmp_path: Path,
+) -> None:
+    """Issue 24.9 with real processes: `ens notifications deliver` is SIGKILLed while its sends
+    hang at the receiver. A second deliverer takes the abandoned deliveries over when their
+    short lease runs out (seconds, not the old 120 s) and delivers every notification; a
+    delivery sent twice carries the same Idempotency-Key, so the receiver keeps one."""
+    n = 12
+    receiver = Receiver()
+    receiver.script.append((200, {}, 60.0))  # the first send hangs past the kill
+    receiver.start()
+    log = tmp_path / "deliver.log"
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url)
+        procs: list[subprocess.Popen[bytes]] = []
+
+        def deliverer() -> subprocess.Popen[bytes]:
+            with log.open("ab") as fh:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "ens", "notifications", "deliver", "--redis-url", url],
+                    stdout=fh,
+                    stderr=fh,
+                )
+            procs.append(proc)
+            return proc
+
+        try:
+            store.put_subscriber(
+                r, {"id": "s1", "channels": [{"webhook": receiver.url}], "secret": SECRET}
+            )
+            for i in range(n):
+                store.enqueue(r, notification(f"n{i}"))
+            first = deliverer()
+            wait_for(lambda: len(receiver.hits) >= 1, 60, "a send in flight")
+            hung = receiver.hits[0].key
+            first.kill()
+            first.wait(10)
+            killed = time.monotonic()
+            deliverer()
+            # the defaults' lease (10 s) plus a deliverer's start on a busy machine; it was 120 s
+            wait_for(lambda: receiver.counts()[hung] >= 2, 45, "the hung send taken over")
+            took = time.monotonic() - killed
+            print(f"the hung delivery was sent again {took:.1f} s after the kill")
+            wait_for(lambda: len(receiver.accepted) == n, 30, "every notification delivered")
+            keys = set(receiver.counts())
+            assert keys == set(receiver.accepted) and len(keys) == n  # no delivery re-keyed
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+            receiver.stop()
+            r.close()

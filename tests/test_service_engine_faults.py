@@ -126,6 +126,11 @@ def test_a_backlog_longer_than_the_lock_lease_drains(
     print(f"backlog drained in {took:.2f} s")
     assert took > 1.5 * cfg.lock_ttl, "the backlog must outlast the lease for this test"
     assert "lock" not in caplog.text.lower().replace("took over the engine lock", "")
+    # what it processed was committed, not just counted in memory: a successor recovers it
+    # (before the fix the one step over the whole backlog lost the lock at its commit)
+    successor = EngineWorker(rb, cfg)
+    successor.start()
+    assert successor.totals["events"] >= n - 1
 
 
 def test_a_connection_lost_during_a_commit_is_a_redis_error_not_a_lost_lock(
@@ -234,6 +239,53 @@ def test_a_gateway_clock_ahead_does_not_move_engine_time(rb: redis.Redis) -> Non
     w.step(block=0, now=now + 240.3)  # its time has come: fed, in ts order
     assert "future" not in [h.item.event.id for h in w.buffer]
     assert w.totals["late"] == 0
+
+
+def test_a_gateway_clock_ahead_does_not_move_engine_time_across_a_quiet_moment(
+    rb: redis.Redis,
+) -> None:
+    """Issue 24.3 as the probe met it: after the early event nobody posts for longer than the
+    idle timeout, so no gateway's watermark holds it back. Before the fix it was fed then
+    (engine time jumped 240 s) and every later event was late (60 of 60 here); it now waits
+    for the wall clock, across a restart too."""
+    w = EngineWorker(
+        rb,
+        WorkerConfig(
+            name="w",
+            clock="wall",  # the service's default
+            reorder_seconds=2.0,
+            idle_timeout=1.0,
+            heartbeat_interval=0,
+            status_interval=1e9,
+        ),
+    )
+    w.start()
+    now = time.time()
+    append(rb, [{"id": "future", "ts": now + 240, "kind": "door"}], gateway="fast")
+    w.step(block=0, now=now)
+    for k in range(1, 30):  # a quiet moment: nobody posts for 3 s (> idle timeout)
+        w.step(block=0, now=now + k * 0.1)
+    for k in range(30, 90):  # then another gateway posts in real time
+        t = now + k * 0.1
+        append(rb, [{"id": f"ok{k}", "ts": t - 0.01, "kind": "motion"}], gateway="slow")
+        w.step(block=0, now=t)
+        assert w.engine.now is None or w.engine.now <= t
+    assert w.totals["late"] == 0
+    assert w.totals["events"] >= 30
+    assert "future" in [h.item.event.id for h in w.buffer]
+    assert w.stats()["skewed_gateways"] == ["fast"]
+    # ... and across a restart (it survived one before the fix): killed, a successor recovers
+    w.snapshot()
+    rb.delete(rs.ENGINE_LOCK)
+    w2 = EngineWorker(rb, w.cfg)
+    w2.start()
+    for k in range(90, 120):
+        t = now + k * 0.1
+        append(rb, [{"id": f"ok{k}", "ts": t - 0.01, "kind": "motion"}], gateway="slow")
+        w2.step(block=0, now=t)
+        assert w2.engine.now is None or w2.engine.now <= t
+    assert w2.totals["late"] == 0
+    assert "future" in [h.item.event.id for h in w2.buffer]
 
 
 def test_restarts_more_frequent_than_the_snapshot_interval_do_not_grow_recovery(

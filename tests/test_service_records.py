@@ -114,10 +114,12 @@ def test_the_api_script_writes_a_versioned_entry(tmp_path: Path) -> None:
         r = redis.Redis.from_url(url, decode_responses=True)
         key = rs.add_gateway(r, "gw1")
         script = r.register_script(rs.INGEST_SCRIPT)
-        # gateway, key hash, format, max backlog, dedup window ms, ids kept, (id, event) pairs
+        # gateway, key hash, format, max backlog, dedup window ms, ids kept, ids, events
         res = script(
             keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key("gw1")],
-            args=["gw1", rs.sha256(key), rs.INGEST_NORMALIZED, 0, 0, 0, "a", '{"id":"a","ts":1.5}'],
+            args=rs.ingest_args(
+                "gw1", rs.sha256(key), rs.INGEST_NORMALIZED, 0, 0, 0, ["a"], ['{"id":"a","ts":1.5}']
+            ),
         )
         assert res[0] == "ok"
         eid = res[1]

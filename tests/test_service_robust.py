@@ -394,6 +394,45 @@ def test_a_trailing_slash_is_not_redirected(gw: httpx.Client) -> None:
     assert gw.get("/v1/profiles/", follow_redirects=False).status_code in (401, 404)
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/events/", [{"ts": "now", "kind": "x"}], {404}),
+        ("/v1/events/", [], {404}),
+        ("/v1/events", [{"id": "dup-in-batch", "ts": "now", "kind": "x"}] * 2, {202}),
+        ("/v1/events", [{"ts": "now+240", "kind": "x"}], {202}),  # inside --max-future
+        ("/v1/events", [{"ts": "\u00b2", "kind": "x"}], {422}),  # a Unicode digit
+        ("/v1/events", [{"ts": "\u0661\u0662", "kind": "x"}], {422}),  # Arabic-Indic digits
+        # NaN and Infinity are not JSON: the body is refused whole, naming the token
+        ("/v1/events", [{"ts": "NaN", "kind": "x"}], {400}),
+        ("/v1/events", [{"ts": "Infinity", "kind": "x"}], {400}),
+        ("/v1/events", [{"ts": "now", "kind": "x", "v": "NaN"}], {400}),
+        ("/v1/events", [{"id": 7, "ts": "now", "kind": "x"}], {202, 422}),
+    ],
+)
+def test_the_issue_24_inputs_are_never_a_server_error(
+    gw: httpx.Client, path: str, body: list[dict], status: set[int]
+) -> None:
+    """The bad or odd inputs of issue 24's second probe (a trailing slash, an event id twice,
+    a clock ahead inside --max-future, Unicode digits and non-finite numbers), each next to a
+    good event: never 5xx, and the good event is kept unless the body is not JSON at all."""
+    now = time.time()
+    events = [
+        {**ev, "ts": now + (240 if ev["ts"] == "now+240" else 0)}
+        if ev["ts"] in ("now", "now+240")
+        else ev
+        for ev in body
+    ]
+    text = json.dumps([*events, {"ts": now, "kind": "good"}]).replace('"NaN"', "NaN")
+    text = text.replace('"Infinity"', "Infinity")
+    resp = gw.post(path, content=text, headers={"Content-Type": "application/json"})
+    assert resp.status_code in status, resp.text
+    if resp.status_code == 400:
+        assert "is not valid JSON" in resp.json()["error"], resp.text
+    elif resp.status_code != 404:
+        assert resp.json()["accepted"] >= 1, resp.text  # the good event
+
+
 def test_a_retried_event_id_is_stored_once_and_answered_as_accepted(
     svc: Service, gw: httpx.Client, r: redis.Redis, admin: httpx.Client
 ) -> None:

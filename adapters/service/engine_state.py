@@ -128,6 +128,7 @@ class EngineState:
     last_status: float
     _preparsed: dict[str, Any] | None  # index profiles by id, during start only
     _interval: dict[str, int]
+    unpublished: int  # events fed since the step last added them to ens_events_processed
 
     @property
     def buffer(self) -> list[Held]:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis
 import redis.asyncio
 
@@ -461,7 +462,9 @@ def check_key_record(raw: Any, key: str) -> KeyCheck:
 # concurrent requests cannot overshoot --max-backlog together.
 # KEYS: GATEWAYS, INGEST, INGEST_IN, ENGINE_STATUS, the gateway's seen-ids zset (`seen_key`).
 # ARGV: gateway, key sha256, entry format, max backlog (0: none), dedup window ms (0: off),
-# most ids remembered, then (event id or "", event JSON) per event.
+# most ids remembered, the events' ids as a JSON array ("" for an event without one), and the
+# events' JSON one per line (`ingest_args`): two arguments, not two per event, because
+# packing a command costs the API per argument.
 # Returns {"ok", entry id or "", duplicates}, {"unknown"}, {"revoked"} or {"backlog", n}.
 INGEST_SCRIPT = (
     """
@@ -472,7 +475,8 @@ if rec['sha256'] ~= ARGV[2] then return {'unknown'} end
 if rec['revoked'] and rec['revoked'] ~= cjson.null and rec['revoked'] ~= false then
   return {'revoked'}
 end
-local n = (#ARGV - 6) / 2
+local all_ids = cjson.decode(ARGV[7])
+local n = #all_ids
 local maxb = tonumber(ARGV[4])
 if maxb > 0 then
   local st = redis.call('HMGET', KEYS[4], 'read', 'buffered')
@@ -482,7 +486,8 @@ if maxb > 0 then
   if backlog > 0 and backlog + n > maxb then return {'backlog', backlog} end
 end
 local win = tonumber(ARGV[5])
-local parts = {}
+local body
+local kept = n
 local dups = 0
 if win > 0 then
   local t = redis.call('TIME')
@@ -491,8 +496,8 @@ if win > 0 then
   -- the ids' scores in chunks (one call per 500, not one per event), then one ZADD per chunk
   local known, fresh = {}, {}
   local ids = {}
-  for i = 7, #ARGV, 2 do
-    if ARGV[i] ~= '' then ids[#ids + 1] = ARGV[i] end
+  for i = 1, n do
+    if all_ids[i] ~= '' then ids[#ids + 1] = all_ids[i] end
   end
   for c = 1, #ids, 500 do
     local chunk = {unpack(ids, c, math.min(c + 499, #ids))}
@@ -501,8 +506,11 @@ if win > 0 then
       if scores[k] then known[chunk[k]] = true end
     end
   end
-  for i = 7, #ARGV, 2 do
-    local id = ARGV[i]
+  local parts = {}
+  local i = 0
+  for text in string.gmatch(ARGV[8], '[^\\n]+') do
+    i = i + 1
+    local id = all_ids[i]
     if id ~= '' and known[id] then
       dups = dups + 1
     else
@@ -511,7 +519,7 @@ if win > 0 then
         fresh[#fresh + 1] = now
         fresh[#fresh + 1] = id
       end
-      parts[#parts + 1] = ARGV[i + 1]
+      parts[#parts + 1] = text
     end
   end
   for c = 1, #fresh, 1000 do
@@ -520,13 +528,15 @@ if win > 0 then
   local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[6])
   if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
   redis.call('PEXPIRE', KEYS[5], win)
+  kept = #parts
+  if kept > 0 then body = '[' .. table.concat(parts, ',') .. ']' end
 else
-  for i = 8, #ARGV, 2 do parts[#parts + 1] = ARGV[i] end
+  body = '[' .. string.gsub(ARGV[8], '\\n', ',') .. ']'
 end
-if #parts == 0 then return {'ok', '', dups} end
+if kept == 0 then return {'ok', '', dups} end
 local id = redis.call('XADD', KEYS[2], '*', '"""
     + INGEST_BATCH
-    + """', '[' .. table.concat(parts, ',') .. ']',
+    + """', body,
                       '"""
     + INGEST_GATEWAY
     + """', ARGV[1], '"""
@@ -537,10 +547,36 @@ local id = redis.call('XADD', KEYS[2], '*', '"""
     + """', '"""
     + str(INGEST_VERSION)
     + """')
-redis.call('INCRBY', KEYS[3], #parts)
+redis.call('INCRBY', KEYS[3], kept)
 return {'ok', id, dups}
 """
 )
+
+
+def ingest_args(
+    gateway: str,
+    key_sha256: str,
+    entry_format: str,
+    max_backlog: int,
+    dedup_window_ms: int,
+    dedup_max: int,
+    ids: list[str],
+    texts: list[str],
+) -> list[Any]:
+    """`INGEST_SCRIPT`'s arguments for events with these ids ("" for none) and normalized
+    JSON texts (one line each: a JSON encoder never writes a raw newline)."""
+    return [
+        gateway,
+        key_sha256,
+        entry_format,
+        max_backlog,
+        dedup_window_ms,
+        dedup_max,
+        orjson.dumps(ids),
+        "\n".join(texts),
+    ]
+
+
 INGEST_SCRIPT_KEYS = (GATEWAYS, INGEST, INGEST_IN, ENGINE_STATUS)
 INGEST_SEEN = "ens:ingest:seen:"  # + gateway: zset event id -> ms it was first accepted
 

@@ -55,6 +55,7 @@ from typing import Any
 
 import redis
 
+from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
@@ -71,6 +72,11 @@ from profiles.errors import LockLost as LockLost  # raised here; one hierarchy t
 
 log = logging.getLogger("ens.service.worker")
 
+# A blocked read's timeout fires on Redis' timer tick (100 ms at the default hz 10): shorter
+# waits are polled, napping at most POLL_NAP between reads (`EngineWorker._read`).
+BLOCK_TICK_MS = 100
+POLL_NAP = 0.005
+
 
 class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
@@ -86,6 +92,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
         self.started = False
         self._reset_state()
         self._interval = {"events": 0, "late": 0, "notifications": 0}
+        self.unpublished = 0
         self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
 
     def _reset_state(self) -> None:
@@ -209,6 +216,34 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
             except (redis.RedisError, LockLost) as exc:
                 log.error("final snapshot failed (%s); the next start redoes the work", exc)
 
+    def _read(self, block: float) -> list[tuple[Any, Any]]:
+        """The next ingest entries (last first), waiting at most about ``block`` seconds.
+
+        A blocked XREADGROUP returns as soon as an entry comes, but its *timeout* fires on
+        the server's timer tick (every 1000/hz ms: 100 ms with Redis' default hz 10), not at
+        the requested moment. A wait shorter than that (a held event falling due, a commit
+        to group) is polled instead: a read that does not block, then a nap of at most
+        `POLL_NAP`, so an event is released within a few ms of its time, not up to a tick
+        late.
+        """
+        ms = int(block * 1000)
+        if ms >= BLOCK_TICK_MS:
+            resp: Any = self._xread(ms)  # redis-py types replies as a union
+        else:
+            resp = self._xread(None)
+            if not resp and block > 0:
+                time.sleep(min(block, POLL_NAP))
+        return list(reversed(resp[0][1])) if resp else []
+
+    def _xread(self, block_ms: int | None) -> Any:
+        return self.r.xreadgroup(
+            rs.ENGINE_GROUP,
+            self.cfg.name,
+            {rs.INGEST: ">"},
+            count=self.cfg.batch,
+            block=block_ms,
+        )
+
     def step(self, block: float | None = None, now: float | None = None) -> int:
         """Read a batch, apply profile changes, release due events, commit/snapshot when due.
 
@@ -226,14 +261,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
                 if due is not None:
                     block = min(block, max(due - t, 0.001))
         if not self.queued:
-            resp: Any = self.r.xreadgroup(  # redis-py types replies as a union
-                rs.ENGINE_GROUP,
-                self.cfg.name,
-                {rs.INGEST: ">"},
-                count=self.cfg.batch,
-                block=max(int(block * 1000), 1) if block > 0 else None,
-            )
-            self.queued = list(reversed(resp[0][1])) if resp else []
+            self.queued = self._read(block)
             self.read_full = len(self.queued) >= self.cfg.batch
         now = time.time() if now is None else now
         self._control()  # first: a profile added before an event was posted sees that event
@@ -249,6 +277,9 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
         # only event time moves.
         self._release_due(now, caught_up=not (self.read_full or self.queued))
         self.pending.extend(self.engine.take_notifications())
+        if self.unpublished:
+            m.EVENTS_PROCESSED.inc(self.unpublished)
+            self.unpublished = 0
         mono = time.monotonic()
         if self.changed and (
             mono - self.last_snapshot >= self.cfg.snapshot_interval

@@ -142,7 +142,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     if problem:
         m.REQUESTS.labels(status="400").inc()
         return JSONResponse({"error": problem}, 400)
-    valid: list[str] = []  # per event: its id (or ""), its normalized JSON
+    ids: list[str] = []  # per valid event: its id (or "")
+    texts: list[str] = []  # ... and its normalized JSON
     exact = False  # some event needs the standard library's exact integer parsing
     errors: list[EventErrorOut] = []
     now = time.time()
@@ -156,16 +157,16 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             ev = event_from_obj(obj, "-")
             check_ts_window(ev.ts, now, settings.limits)
             text, plain = normalized_json(obj, ev)
-            valid.append("" if obj.get("id") is None else str(obj["id"]))
-            valid.append(text)
+            ids.append("" if obj.get("id") is None else str(obj["id"]))
+            texts.append(text)
             exact = exact or not plain
         except ValueError as exc:
             if isinstance(exc, TsOutOfWindow):
                 m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
             errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
-    accepted = len(valid) // 2
+    accepted = len(texts)
     duplicates = 0
-    if valid:
+    if texts:
         limits = settings.limits
         try:
             if settings.max_backlog and await _over_backlog(request):
@@ -175,15 +176,16 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             # whose ids were seen: the checks and the write are one atomic round trip
             res = await request.app.state.ingest_script(
                 keys=[*rs.INGEST_SCRIPT_KEYS, rs.seen_key(gw)],
-                args=[
+                args=rs.ingest_args(
                     gw,
                     request.state.key_sha256,
                     rs.INGEST_EXACT if exact else rs.INGEST_NORMALIZED,
                     settings.max_backlog,
                     int(limits.dedup_window * 1000) if limits.dedup_window else 0,
                     limits.dedup_max,
-                    *valid,
-                ],
+                    ids,
+                    texts,
+                ),
             )
             status_ = rs.text(res[0])
             if status_ in ("unknown", "revoked"):
