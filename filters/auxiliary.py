@@ -96,7 +96,8 @@ class Dynamic(AuxiliaryRegistrations):
     def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         leaf, eqs = key
         pool = self.pool
-        entry = part.entries.get(key)  # references: kept in the pool without owners
+        entries = part.entries
+        entry = entries.get(key)  # references: kept in the pool without owners
         if entry is not None and pool.claim(entry, (rt.idx, leaf)):
             return
         if self.holds and not eqs:
@@ -105,7 +106,9 @@ class Dynamic(AuxiliaryRegistrations):
             aux = rt.aux_entries.get(leaf)
             if aux is None:
                 aux = rt.aux_entries[leaf] = pool.prepare(rt.pat.leaves[leaf].filter)
-            part.entries[key] = pool.revive(aux, (rt.idx, leaf))
+            live = entries[key] = pool.revive(aux, (rt.idx, leaf))
+            if live is not aux:  # the pool's own entry: the next PM's `revive` is a count
+                rt.aux_entries[leaf] = live
             return
         part.entries[key] = pool.add(
             rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs)
@@ -132,15 +135,19 @@ class Dynamic(AuxiliaryRegistrations):
                     pool.release(part.entries[key], (rt.idx, key[0]), True)
                     del regs[key]
             part.dormant = 0
-        for key in part.held:
+        held = part.held
+        if not held:
+            return
+        for key in held:
             if key in regs:
                 continue
             entry = part.entries.pop(key, None)
             if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
-                pool.purge_entry(entry)
+                if not entry.owners:  # (`purge_entry`'s test: others share it, e.g. `once` ends)
+                    pool.purge_entry(entry)
             else:
                 pool.purge(rt.pat.leaves[key[0]].filter, full_eqs(part, key[1]))
-        part.held.clear()
+        held.clear()
 
 
 class References(Dynamic):

@@ -13,6 +13,8 @@ a completion in CPython.
 
 from __future__ import annotations
 
+from typing import cast
+
 from filters.compile import evaluate
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
@@ -101,6 +103,7 @@ class CompositeRuntime(GeneralSteps):
         kept = False  # an auxiliary profile stays held: the partition stays (no `_tidy` needed)
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
+            pm.handle = None  # (as `_drop` does): no cycle pm -> terminator -> pm left for the GC
             d = pm.deadline
             if d is not None and d > part.until:
                 part.until = d
@@ -119,7 +122,7 @@ class CompositeRuntime(GeneralSteps):
                         kept = True
                     else:
                         self._unreg(part, key)
-            part.pms.clear()
+            cast("list[PartialMatch]", part.pms).clear()  # a list: it held `pm`
             self.pm_count -= 1
         eng._nseq += 1
         eng._out.append(
@@ -184,6 +187,8 @@ class CompositeRuntime(GeneralSteps):
             part = self.parts[key] = Partition(key, self.partition_values(ev.attrs))
         b = Binding(seq, ev)
         pms = part.pms
+        if not isinstance(pms, list):  # an idle partition's `()`
+            pms = part.pms = []
         flat = self.flat
         window = self.window
         for i, mask in opened:
@@ -208,14 +213,18 @@ class CompositeRuntime(GeneralSteps):
         here (`_add_pm`, `_changed` and `_sync` of a new PM, inline: its deadline is known and
         it holds no registrations yet)."""
         if part is None:
-            part = self.parts[key] = Partition(key, self.partition_values(ev.attrs))
+            values = self.partition_values(ev.attrs) if self.per else None
+            part = self.parts[key] = Partition(key, values)
         pm = PartialMatch(self.n, part)
         pm.binds[i] = Binding(seq, ev)
         pm.mask = mask
         if not self.flat:
             self._add_pm(part, pm)
             return True
-        part.pms.append(pm)
+        if part.pms:
+            part.pms.append(pm)
+        else:
+            part.pms = [pm]
         self.pm_count += 1
         window = self.window
         if window is not None:
@@ -227,12 +236,16 @@ class CompositeRuntime(GeneralSteps):
             new = self._wanted(pm)
         if new:
             counts = part.regs
-            for rk in new:
+            for rk in new:  # `_reg`, inline
                 n = counts.get(rk)
                 if n:
                     counts[rk] = n + 1
-                else:
-                    self._reg(part, rk)
+                elif n is None:
+                    counts[rk] = 1
+                    self.engine.aux.insert(self, part, rk)
+                else:  # dormant (references): our owner never left the pool
+                    counts[rk] = 1
+                    part.dormant -= 1
             pm.regs = new
         return True
 

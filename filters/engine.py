@@ -211,7 +211,8 @@ class Engine(PlanSwitching, TimeDriven):
         del self._by_id[rt.profile.id]
         del self._rts[rt.idx]
         self._unregister_starts(rt)
-        self._count_leaves(rt, add=False)
+        if self._count_pool is not None:  # online re-planning counts the profile's leaves
+            self._count_leaves(rt, add=False)
         self._online.pop(rt.profile.id, None)
         if isinstance(rt, CompositeRuntime):
             rt.clear()

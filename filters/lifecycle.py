@@ -20,7 +20,10 @@ class MatchLifecycle(MatchBinder):
     """Partial matches and partitions over time: deadlines, expiry, clean-up."""
 
     def _add_pm(self, part: Partition, pm: PartialMatch) -> None:
-        part.pms.append(pm)
+        if part.pms:
+            part.pms.append(pm)
+        else:
+            part.pms = [pm]
         self.pm_count += 1
         self._changed(pm)
 
@@ -77,7 +80,9 @@ class MatchLifecycle(MatchBinder):
         part = pm.part
         if pm.deadline is not None and pm.deadline > part.until:
             part.until = pm.deadline
-        part.pms.remove(pm)
+        pms = part.pms
+        assert isinstance(pms, list)  # an alive PM is in its partition's list
+        pms.remove(pm)
         self.pm_count -= 1
 
     def _reset(self, pm: PartialMatch, nid: int, why: str) -> None:
@@ -208,6 +213,7 @@ class MatchLifecycle(MatchBinder):
         """An empty partition: forget it, unless its kept auxiliary profiles must wait."""
         if part.held or part.dormant:
             if not part.key:
+                part.pms = ()  # kept idle: no list of its own (see `Partition`)
                 return  # no per: one partition, its few auxiliary profiles simply stay marked off
             if not fired:
                 if self.window is not None:
@@ -230,12 +236,17 @@ class MatchLifecycle(MatchBinder):
         return not self.parts and not self.pm_count and not self.clock_leaves
 
     def clear(self) -> None:
+        eng = self.engine
+        timers, aux = eng.timers, eng.aux
         for part in list(self.parts.values()):
-            for pm in list(part.pms):
-                pm.alive = False
-                self.engine.timers.discard(pm.handle)
-                self._sync(pm)
-            self.engine.aux.release(self, part)
-            self.engine.timers.discard(part.handle)
+            if part.pms:
+                for pm in list(part.pms):
+                    pm.alive = False
+                    timers.discard(pm.handle)
+                    pm.handle = None
+                    self._sync(pm)
+            aux.release(self, part)
+            if part.handle is not None:
+                timers.discard(part.handle)
         self.pm_count = 0
         self.parts.clear()

@@ -97,7 +97,9 @@ class Partition:
     def __init__(self, key: PartKey, values: dict[str, Any] | None) -> None:
         self.key = key
         self.values = values
-        self.pms: list[PartialMatch] = []
+        # an idle partition kept for its auxiliary profiles holds `()` here, not a list of its
+        # own (a site keeps one per profile without `per`: fewer objects for the collector)
+        self.pms: list[PartialMatch] | tuple[()] = []
         # (leaf, eqs) -> number of PMs waiting on it; 0: dormant (references: nobody waits, our
         # owner is still in the pool; the next PM takes it back for free)
         self.regs: dict[RegKey, int] = {}
@@ -107,12 +109,17 @@ class Partition:
         self.until = 0.0  # the latest deadline of a PM that left: its terminator lets `held` go
         self.starts = 0  # nth: starting events counted while no PM exists
         self.starts_ts = 0.0
-        self.history: list[tuple[int, float, int, Binding]] = []  # leading negations seen
+        # leading negations seen; `()` until the first (most patterns have none)
+        self.history: list[tuple[int, float, int, Binding]] | tuple[()] = ()
         self.handle: Handle | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Without the pool handles: the pool is rebuilt on restore (see Engine.__setstate__)."""
-        return {k: getattr(self, k) for k in self.__slots__ if k != "entries"}
+        state = {k: getattr(self, k) for k in self.__slots__ if k != "entries"}
+        for k in ("pms", "history"):  # stored as lists, whether or not one was made
+            if not state[k]:
+                state[k] = []
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.until = 0.0  # not in snapshots written before it existed

@@ -83,8 +83,11 @@ class GeneralSteps(MatchLifecycle):
             if lead:
                 if part is None:
                     part = self._part(key, ev)
+                hist = part.history
+                if not hist:
+                    hist = part.history = []
                 for i in lead:
-                    part.history.append((seq, ev.ts, i, b))
+                    hist.append((seq, ev.ts, i, b))
         if part is not None:
             self._tidy(part, ev.ts)
 
