@@ -215,7 +215,7 @@ def test_a_held_event_is_released_at_its_time_not_at_the_redis_timer_tick(
     """Redis times a blocked read out on its timer tick (every 100 ms at its default hz 10),
     whatever timeout was asked for: a worker that blocked until a held event falls due
     released it up to a tick late (the paced bench's unexplained ~45 ms)."""
-    w = EngineWorker(rb, config(clock="wall", reorder_seconds=0.03, block=1.0))
+    w = EngineWorker(rb, config(clock="wall", reorder_seconds=0.02, block=1.0))
     w.start()
     delays = []
     for i in range(5):
@@ -227,5 +227,5 @@ def test_a_held_event_is_released_at_its_time_not_at_the_redis_timer_tick(
             w.step()
         assert w.totals["events"] == i + 1, "the held event was never released"
         delays.append(time.time() - t)
-    # held for its 30 ms; a tick late would be ~100 ms every time
-    assert sorted(delays)[2] < 0.075, [f"{d * 1000:.0f} ms" for d in delays]
+    # held for its 20 ms; a tick late is ~100 ms every time (the margin is for a busy machine)
+    assert sorted(delays)[2] < 0.085, [f"{d * 1000:.0f} ms" for d in delays]
