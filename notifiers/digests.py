@@ -88,29 +88,44 @@ class Digests(DeliveryState):
                 good.append((dkey, st))
         if not bad:
             return good
-        ttl = self.config.worker.delivered_ttl
         with self.r.pipeline(transaction=True) as p:
-            for dkey, st, why in bad:
-                nid, ch = split_delivery_key(dkey)
-                self._dead_letter(
-                    st["n"],
-                    {"email": address},
-                    ch,
-                    st.get("nch", 0),
-                    st.get("entry", ""),
-                    why,
-                    0,
-                    pipe=p,
-                )
-                p.set(dead_key(nid, ch), "1", ex=ttl)
-                p.hdel(STATE, dkey)
+            self._dead_letter_parked(p, address, bad, 0)
             p.execute()
-        for dkey, st, why in bad:
+        for dkey, _, why in bad:
             log.warning("dead-lettered %s (digest of %s): %s", dkey, address, why)
+        self._count_dead([st for _, st, _ in bad], counts)
+        return good
+
+    def _dead_letter_parked(
+        self,
+        pipe: Any,
+        address: str,
+        parked: list[tuple[str, dict[str, Any], str]],
+        attempts: int,
+    ) -> None:
+        """Queue on ``pipe`` the dead letters of parked notifications (delivery key, state,
+        why): each marked dead for ``delivered_ttl`` and its state dropped."""
+        ttl = self.config.worker.delivered_ttl
+        for dkey, st, why in parked:
+            nid, ch = split_delivery_key(dkey)
+            self._dead_letter(
+                st["n"],
+                {"email": address},
+                ch,
+                st.get("nch", 0),
+                st.get("entry", ""),
+                why,
+                attempts,
+                pipe=pipe,
+            )
+            pipe.set(dead_key(nid, ch), "1", ex=ttl)
+            pipe.hdel(STATE, dkey)
+
+    def _count_dead(self, states: list[dict[str, Any]], counts: Counts) -> None:
+        for st in states:
             DELIVERIES.labels("email", "dead").inc()
             counts.dead += 1
             self._maybe_ack(st, counts)
-        return good
 
     def _flush_digest_one(self, address: str, counts: Counts) -> None:
         buf = digest_key(address)
@@ -179,26 +194,9 @@ class Digests(DeliveryState):
             counts.retried += 1
         else:
             why = result.error if not result.retryable else f"gave up: {result.error}"
-            ttl = self.config.worker.delivered_ttl
             with self.r.pipeline(transaction=True) as p:
-                for dkey, st in states:
-                    nid, ch = split_delivery_key(dkey)
-                    self._dead_letter(
-                        st["n"],
-                        {"email": address},
-                        ch,
-                        st.get("nch", 0),
-                        st.get("entry", ""),
-                        why,
-                        attempts,
-                        pipe=p,
-                    )
-                    p.set(dead_key(nid, ch), "1", ex=ttl)
-                    p.hdel(STATE, dkey)
+                self._dead_letter_parked(p, address, [(k, st, why) for k, st in states], attempts)
                 self._digest_done(keys=keys, args=args, client=p)
                 p.execute()
             log.warning("dead-lettered digest of %d to %s: %s", len(states), address, why)
-            for _, st in states:
-                DELIVERIES.labels("email", "dead").inc()
-                counts.dead += 1
-                self._maybe_ack(st, counts)
+            self._count_dead([st for _, st in states], counts)
