@@ -23,6 +23,7 @@ import httpx
 import redis
 
 from adapters.service import redis_store as rs
+from adapters.service.worker import WorkerConfig
 from notifiers import store
 
 ADMIN_TOKEN = "test-admin-token"
@@ -239,3 +240,21 @@ def replay_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rec["partition"] = n["partition"]
         out.append(rec)
     return out
+
+
+def worker_config(**kw: Any) -> WorkerConfig:
+    """An engine worker's config for tests that step it by hand: event time, no blocking,
+    no periodic snapshot, heartbeat every step, no status lines, no clock-skew hold.
+    ``kw`` overrides any of them."""
+    base: dict[str, Any] = dict(
+        name="w",
+        clock="event",
+        block=0,
+        snapshot_interval=1e9,
+        snapshot_inputs=10**9,
+        heartbeat_interval=0,
+        status_interval=1e9,
+        max_skew=float("inf"),
+    )
+    base.update(kw)
+    return WorkerConfig(**base)

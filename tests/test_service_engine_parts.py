@@ -19,7 +19,7 @@ from adapters.service.lease import EngineLease
 from adapters.service.records import JournalEntry
 from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
 from notifiers import store
-from tests.helpers_service import outbox
+from tests.helpers_service import outbox, worker_config
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -27,20 +27,7 @@ T0 = 1_700_000_000.0
 
 
 def config(**kw: Any) -> WorkerConfig:
-    base: dict[str, Any] = dict(
-        name="w",
-        clock="event",
-        reorder_seconds=0.0,
-        block=0,
-        commit_min_interval=0,
-        snapshot_interval=1e9,
-        snapshot_inputs=10**9,
-        heartbeat_interval=0,
-        status_interval=1e9,
-        max_skew=float("inf"),
-    )
-    base.update(kw)
-    return WorkerConfig(**base)
+    return worker_config(**{"reorder_seconds": 0.0, "commit_min_interval": 0, **kw})
 
 
 def post(r: redis.Redis, *events: dict[str, Any]) -> None:

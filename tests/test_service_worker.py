@@ -23,7 +23,7 @@ from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
 from ens.replay import replay
 from profiles.events import event_from_obj
 from profiles.parser import parse_profile
-from tests.helpers_service import outbox, replay_records
+from tests.helpers_service import outbox, replay_records, worker_config
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -90,21 +90,8 @@ def canon(notes: list[dict[str, Any]]) -> Counter[str]:
 
 
 def config(**kw: Any) -> WorkerConfig:
-    base: dict[str, Any] = dict(
-        reorder_seconds=3.0,
-        clock="event",
-        name="w",
-        batch=7,
-        block=0,
-        commit_min_interval=1e9,
-        snapshot_interval=1e9,
-        snapshot_inputs=10**9,
-        heartbeat_interval=0,
-        status_interval=1e9,
-        max_skew=float("inf"),  # some tests step a made-up wall clock far behind their ts
-    )
-    base.update(kw)
-    return WorkerConfig(**base)
+    # max_skew off (worker_config): some tests step a made-up wall clock far behind their ts
+    return worker_config(**{"reorder_seconds": 3.0, "batch": 7, "commit_min_interval": 1e9, **kw})
 
 
 def feed_to_the_end(
