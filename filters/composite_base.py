@@ -52,9 +52,9 @@ _WANTS: dict[tuple[int, tuple[bool, ...]], Wants] = {}
 class CompositeTables:
     """What the runtime reads of a pattern, computed once per pattern and selection kind.
 
-    Read-only (the memos `trans` and `wants` are pure functions of a mask), so runtimes of one
-    shared pattern (`Pattern.build` may return one per profile, as `ens spark stream` does)
-    share them, and a restore is cheap.
+    Read-only (the memos `trans` and `wants` are pure functions of a mask), so the runtimes of
+    one profile share them (`Pattern.build` compiles a profile once per process), and a restore
+    is cheap.
     """
 
     kind: str
@@ -129,8 +129,8 @@ def _negations_only_kill(pat: Pattern, neg_set: frozenset[int], flat: bool) -> b
 
 
 def tables_for(profile: Profile, kind: str) -> CompositeTables:
-    """The tables of `profile`'s pattern, kept on the pattern object (`Pattern.build` may
-    share it between profiles and runtimes)."""
+    """The tables of `profile`'s pattern, kept on the pattern object (one per `Profile` object:
+    every engine, partition and restore over it shares them)."""
     pat = Pattern.build(profile)
     memo = pat.__dict__
     cached = memo.get("_runtime_tables")

@@ -47,10 +47,40 @@ class PartialMatch:
         # not), for checking a replacement against them (`MatchBinder.rebind_base`)
         self.nlog: list[tuple[int, Binding]] | None = None
 
+    def __getstate__(self) -> tuple[None, dict[str, Any]]:
+        """Pickle's form for slotted objects. A finished PM is kept only by its terminator,
+        which reads `alive` and `part` (`on_timer`): its events are not stored (most PMs of a
+        busy engine's snapshot are such, docs/state.md), its fields are."""
+        if self.alive:
+            binds: list[Binding | None] = self.binds
+            counts, negc, nlog = self.counts, self.negc, self.nlog
+        else:
+            binds, counts, negc, nlog = [], None, None, None
+        return None, {
+            "mask": self.mask,
+            "binds": binds,
+            "regs": self.regs,
+            "alive": self.alive,
+            "part": self.part,
+            "counts": counts,
+            "negc": negc,
+            "handle": self.handle,
+            "deadline": self.deadline,
+            "nlog": nlog,
+        }
+
     def __setstate__(self, state: tuple[Any, dict[str, Any]]) -> None:
-        self.nlog = None  # not in snapshots written before it existed
-        for k, v in state[1].items():
-            setattr(self, k, v)
+        d = state[1]
+        self.mask = d["mask"]
+        self.binds = d["binds"]
+        self.regs = d["regs"]
+        self.alive = d["alive"]
+        self.part = d["part"]
+        self.counts = d["counts"]
+        self.negc = d["negc"]
+        self.handle = d["handle"]
+        self.deadline = d["deadline"]
+        self.nlog = d.get("nlog")  # not in snapshots written before it existed
 
     def copy(self) -> PartialMatch:
         pm = PartialMatch.__new__(PartialMatch)

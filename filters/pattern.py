@@ -35,6 +35,21 @@ from profiles.ast import (
 
 _NUM = (int, float)
 
+# one object per distinct leaf filter in this process (see `Pattern.compile`); emptied when it
+# grows past a bound, which only costs the sharing
+_FILTERS: dict[Any, Any] = {}
+_FILTERS_MAX = 200_000
+
+
+def _one_filter(f: Any) -> Any:
+    got = _FILTERS.get(f)
+    if got is None:
+        if len(_FILTERS) >= _FILTERS_MAX:
+            _FILTERS.clear()
+        got = _FILTERS[f] = f
+    return got
+
+
 # Mask tables depend only on a pattern's shape (node kinds, negations, windows),
 # not on its filters: profiles of one shape share them.
 Transitions = dict[int, tuple[int, tuple[int, ...] | None]]
@@ -179,6 +194,20 @@ class Pattern:
 
     @classmethod
     def build(cls, profile: Profile) -> Pattern:
+        """The profile's pattern, compiled once per `Profile` object (kept on it): engines,
+        partitions and restores over the same profiles share it. A pattern is not changed after
+        it is compiled except for its memo tables, which are pure functions of a mask."""
+        pat = profile.compiled
+        if pat.__class__ is cls:
+            return pat  # type: ignore[return-value]  # checked just above
+        pat = cls.compile(profile)
+        object.__setattr__(profile, "compiled", pat)
+        return pat
+
+    @classmethod
+    def compile(cls, profile: Profile) -> Pattern:
+        """A new pattern of `profile`: equal leaf filters of all profiles as one object, so the
+        pool's dict lookups compare them by identity instead of walking two trees."""
         p = cls(profile)
         expr = profile.expr
         if is_filter(expr):
@@ -244,7 +273,8 @@ class Pattern:
             else:
                 li = len(self.leaves)
                 clock = comp.expr if isinstance(comp.expr, Clock) else None
-                self.leaves.append(Leaf(li, comp.name, comp.expr, comp.negated, nid, clock))
+                f = comp.expr if clock is not None else _one_filter(comp.expr)
+                self.leaves.append(Leaf(li, comp.name, f, comp.negated, nid, clock))
                 self.by_name[comp.name] = li
                 node.children.append(("leaf", li))
                 if not comp.negated:

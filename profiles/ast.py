@@ -257,6 +257,10 @@ class Profile:
     once: bool = False
     subscriber: str | None = None
     source: str = ""
+    # what an engine compiles from this profile (its pattern), kept with the profile so every
+    # engine and every restore over the same object compiles it once; not compared, not
+    # pickled (`_reduce` passes constructor arguments only), filled by `filters.pattern`
+    compiled: object = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def is_filter(self) -> bool:

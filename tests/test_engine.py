@@ -403,3 +403,31 @@ def test_matches_leave_no_reference_cycles_for_the_collector(variant: str) -> No
         gc.set_debug(0)
         gc.garbage.clear()
     assert cyclic == []
+
+
+def test_a_profile_is_compiled_once_and_equal_leaf_filters_are_one_object() -> None:
+    """Engines and restores over the same `Profile` share its pattern (restores are ~5x
+    faster, docs/state.md); the compiled pattern is not part of the profile's value."""
+    import pickle
+
+    from filters.pattern import Pattern
+
+    p = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
+    q = parse_profile('seq(x: k = "A", y: k = "C") within 5s', "q")
+    assert p.compiled is None
+    Engine([p, q])
+    assert p.compiled is Pattern.build(p) and Pattern.build(p) is Pattern.build(p)
+    assert Pattern.build(p).leaves[0].filter is Pattern.build(q).leaves[0].filter
+    again = pickle.loads(pickle.dumps(p))
+    assert again == p and hash(again) == hash(p) and again.compiled is None
+    assert "compiled" not in repr(p)
+    # two engines over one profile: the shared pattern changes nothing in either's output
+    evs = [Event(f"e{i}", float(i), {"k": k}) for i, k in enumerate("ABCAB")]
+    outs = []
+    for variant in Engine.VARIANTS:
+        eng = Engine([p, q], variant=variant)
+        for ev in evs:
+            eng.process(ev)
+        eng.finish()
+        outs.append([n.to_json() for n in eng.take_notifications()])
+    assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 3

@@ -161,3 +161,82 @@ def test_the_schema_of_this_version_is_what_the_classes_store() -> None:
         _walk(root, seen)
     assert "partial-match" in seen and "engine" in seen
     assert {k: tuple(sorted(v)) for k, v in seen.items()} == {k: state.SCHEMA.get(k) for k in seen}
+
+
+def _stored(root: object, name: str) -> list[state.Stored]:
+    """Every stored object called `name` in a plain snapshot graph."""
+    found: list[state.Stored] = []
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, state.Stored):
+            if x.name == name:
+                found.append(x)
+            todo.extend([x.args, x.state])
+        elif isinstance(x, dict):
+            todo.extend(x.keys())
+            todo.extend(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            todo.extend(x)
+        elif hasattr(x, "__iter__") and not isinstance(x, (str, bytes)):
+            todo.extend(list(x))  # the temporal pool's sorted list
+    return found
+
+
+def test_a_finished_match_is_stored_without_its_events_and_the_stream_continues_the_same() -> None:
+    from profiles.events import Event
+    from profiles.parser import parse_profile
+
+    p = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
+    evs = [Event(f"e{i}", float(i), {"k": k}) for i, k in enumerate("ABAAB")]
+    whole = Engine([p])
+    for ev in evs:
+        whole.process(ev)
+    whole.finish()
+    stopped = Engine([p])
+    for ev in evs[:2]:  # a1 b1: one match completed, its terminator still in the pool
+        stopped.process(ev)
+    first = [n.to_json() for n in stopped.take_notifications()]
+    data = stopped.snapshot()
+    pms = _stored(state.plain(data), "partial-match")
+    assert pms and all(not pm.state[1]["alive"] for pm in pms)
+    assert all(pm.state[1]["binds"] == [] for pm in pms)  # no events of a finished match
+    assert sorted(state.SCHEMA["partial-match"]) == sorted(pms[0].state[1])  # same fields
+    back = Engine.restore(data)
+    for ev in evs[2:]:
+        back.process(ev)
+    back.finish()
+    rest = [n.to_json() for n in back.take_notifications()]
+    assert first + rest == [n.to_json() for n in whole.take_notifications()]
+    assert len(first + rest) == 2
+
+
+def test_reading_and_writing_pause_the_collector_and_leave_it_as_it_was() -> None:
+    import gc
+
+    data = (GOLDEN / "v2-eager-apart.bin").read_bytes()
+    seen: list[bool] = []
+    gc.callbacks.append(lambda phase, info: seen.append(phase == "start"))
+    try:
+        assert gc.isenabled()
+        eng = Engine.restore(data, _golden_profiles())
+        assert gc.isenabled()
+        eng.snapshot()
+        assert gc.isenabled()
+        with pytest.raises(state.StateError):
+            Engine.restore(data[:-20], _golden_profiles())  # a cut body: refused while paused
+        assert gc.isenabled()
+        gc.disable()
+        Engine.restore(data, _golden_profiles())
+        assert not gc.isenabled()  # an outer pause is kept
+    finally:
+        gc.enable()
+        gc.callbacks.pop()
+    with state.collector_paused():
+        seen.clear()
+        [[i] for i in range(100_000)]  # would trigger young collections
+        assert not seen

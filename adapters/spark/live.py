@@ -343,47 +343,6 @@ class Stepped:
     late_keys: dict[str, str] = field(default_factory=dict)  # late event key -> gateway
 
 
-def _share_patterns() -> None:
-    """Compile each profile's pattern once per process, not once per engine restore.
-
-    A Python worker restores many engines over the same `Profile` objects (one per key value,
-    and again whenever a key's previous batch ran in another worker); compiling the patterns
-    was ~70% of a restore (10^4 profiles: 0.2 of 0.3 s). A `Pattern` is not changed after
-    `build` except for its memo tables (pure functions of a mask), so engines may share it,
-    and the runtime tables `filters.composite_base.tables_for` computes from it.
-    """
-    from filters import composite_base
-    from filters import engine as core
-    from filters.pattern import Pattern
-
-    if getattr(core.Pattern, "shared", False):
-        return
-    memo: dict[int, tuple[Profile, Pattern]] = {}
-    filters: dict[Any, Any] = {}  # one object per distinct leaf filter (see below)
-
-    class SharedPattern(Pattern):
-        shared = True
-
-        @classmethod
-        def build(cls, profile: Profile) -> Pattern:
-            hit = memo.get(id(profile))
-            if hit is None or hit[0] is not profile:
-                if len(memo) > 200_000:
-                    memo.clear()
-                pat = Pattern.build(profile)
-                for lf in pat.leaves:  # equal filters of many profiles as one object: the
-                    # pool's dict lookups then compare by identity, not by walking two ASTs
-                    if lf.clock is None:
-                        lf.filter = filters.setdefault(lf.filter, lf.filter)
-                if len(filters) > 200_000:
-                    filters.clear()
-                hit = memo[id(profile)] = (profile, pat)
-            return hit[1]
-
-    core.Pattern = SharedPattern  # type: ignore[misc]
-    composite_base.Pattern = SharedPattern  # type: ignore[misc]  # the runtimes' tables
-
-
 _live: dict[str, tuple[str, int, Engine]] = {}  # route -> (epoch, gen, engine): no restore
 _dropped = 0  # engines this process let go of since its last full collection
 _calls = 0  # calls since then
@@ -433,7 +392,6 @@ class KeyEngine:
         self.plan, self.rates = plan  # --plan / --stats: the engines' evaluation plan
         self.cls = GLOBAL if route == GLOBAL else "k"
         self.dropped = 0  # stale cached engines let go of (see `settle_garbage`)
-        _share_patterns()
 
     def step(self, blob: bytes | None, rows: list[Row], wm: float | None) -> Stepped:
         """Apply the batch's profile version, take the rows, feed what the watermark `wm`
