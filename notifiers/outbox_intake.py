@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -31,6 +31,7 @@ from notifiers.store import (
     dumps,
     text,
 )
+from notifiers.stream_wait import read_by
 
 log = logging.getLogger("ens.notifiers")
 
@@ -56,8 +57,12 @@ return open
 class OutboxIntake(DeliveryState):
     """The outbox intake part of `DeliveryWorker`."""
 
-    def _intake(self, counts: Counts, block: float) -> None:
-        """Re-claim, take over, trim, and take new outbox entries into the schedule."""
+    def _intake(
+        self, counts: Counts, block: float, nap: Callable[[float], object] = time.sleep
+    ) -> None:
+        """Re-claim, take over, trim, and take new outbox entries into the schedule, waiting
+        at most about ``block`` seconds for them (`read_by`; `nap` may end a poll's pause
+        early, e.g. when a send in flight finishes)."""
         w = self.config.worker
         if not self._started:
             store.ensure_group(self.r)
@@ -71,7 +76,7 @@ class OutboxIntake(DeliveryState):
             self._last_trim = now
             store.trim_outbox(self.r, w.outbox_retention)
         if block > 0 and self._next_due() > now:
-            entries = self._read(max(int(block * 1000), 1))  # BLOCK 0 would wait for ever
+            entries = read_by(self._read, block, nap)
         else:
             entries = self._read(None)
         for eid, fields in entries:

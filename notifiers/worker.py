@@ -27,6 +27,7 @@ import random
 import threading
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import redis
 
@@ -132,7 +133,10 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
                     futures.wait(inflight, timeout=w.poll, return_when=futures.FIRST_COMPLETED)
                     continue
                 block = self._idle_wait()
-                self._intake(total, min(block, 0.05) if inflight else block)
+                if inflight:  # a finished send ends the pause at once: its slot is free
+                    self._intake(total, min(block, 0.05), partial(_first_done, inflight))
+                else:
+                    self._intake(total, block)
                 for key in self._lease_due(RETRY, min(free, w.batch)):
                     inflight.add(self._pool.submit(self._deliver, key))
                 free = w.concurrency - len(inflight)
@@ -151,3 +155,7 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         for f in done:
             total.merge(f.result())  # _deliver/_flush_digest never raise
         inflight -= done
+
+
+def _first_done(inflight: set[Future[Counts]], timeout: float) -> None:
+    futures.wait(inflight, timeout=timeout, return_when=futures.FIRST_COMPLETED)

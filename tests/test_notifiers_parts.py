@@ -130,3 +130,47 @@ def test_a_digest_delivery_is_parked_until_its_window_ends(r: redis.Redis) -> No
         due = r.zscore(store.DIGESTS, "ops@example.org")
         assert due is not None and 55 < due - time.time() <= 60
         assert w._lease_due(store.DIGESTS, 10) == []  # not before the window ends
+
+
+def _after_a_tick(c: redis.Redis) -> None:
+    """Return just after one of Redis' timer ticks: a blocked read times out on the next."""
+    c.xread({"ens:test:tick": "$"}, block=1)
+
+
+def test_a_wait_shorter_than_a_redis_tick_ends_on_time_and_an_entry_wakes_it_at_once(
+    r: redis.Redis,
+) -> None:
+    """`read_by` waits what it is asked, not up to the timer tick (100 ms at Redis' default hz
+    10) on which Redis times out a blocked XREADGROUP; both workers wait through it."""
+    from notifiers.stream_wait import read_by
+
+    r.xgroup_create("ens:test:s", "g", id="$", mkstream=True)
+
+    def read(block_ms: int | None) -> object:
+        return r.xreadgroup("g", "c", {"ens:test:s": ">"}, count=10, block=block_ms)
+
+    short, blocked = [], []
+    for _ in range(5):
+        _after_a_tick(r)
+        t = time.monotonic()
+        deadline = t + 0.03
+        while time.monotonic() < deadline:  # the caller's loop: wait again for what is left
+            assert not read_by(read, deadline - time.monotonic())
+        short.append(time.monotonic() - t)
+        _after_a_tick(r)
+        t = time.monotonic()
+        read(30)  # what a blocked read does with the same 30 ms
+        blocked.append(time.monotonic() - t)
+    # ~30 ms; a tick late is ~100 ms (the margin is for a busy machine)
+    assert sorted(short)[2] < 0.07, [f"{d * 1000:.0f} ms" for d in short]
+    assert sorted(blocked)[2] > 0.07  # the tick this works around is there
+    # a long wait blocks (no busy polling) and ends before its deadline, not a tick after
+    t = time.monotonic()
+    assert not read_by(read, 0.35)
+    assert 0.15 <= time.monotonic() - t < 0.35
+    # an entry ends any wait at once
+    _after_a_tick(r)
+    r.xadd("ens:test:s", {"k": "v"})
+    t = time.monotonic()
+    got = read_by(read, 5.0)
+    assert got and time.monotonic() - t < 1.0

@@ -67,16 +67,11 @@ from adapters.service.liveness import Liveness
 from adapters.service.watermarks import Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
+from notifiers.stream_wait import read_by
 from profiles.ast import Profile
 from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
 
 log = logging.getLogger("ens.service.worker")
-
-# A blocked read's timeout fires on Redis' timer tick (100 ms at the default hz 10): shorter
-# waits are polled, napping at most POLL_NAP between reads (`EngineWorker._read`).
-BLOCK_TICK_MS = 100
-POLL_NAP = 0.005
-
 
 class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
@@ -217,22 +212,10 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
                 log.error("final snapshot failed (%s); the next start redoes the work", exc)
 
     def _read(self, block: float) -> list[tuple[Any, Any]]:
-        """The next ingest entries (last first), waiting at most about ``block`` seconds.
-
-        A blocked XREADGROUP returns as soon as an entry comes, but its *timeout* fires on
-        the server's timer tick (every 1000/hz ms: 100 ms with Redis' default hz 10), not at
-        the requested moment. A wait shorter than that (a held event falling due, a commit
-        to group) is polled instead: a read that does not block, then a nap of at most
-        `POLL_NAP`, so an event is released within a few ms of its time, not up to a tick
-        late.
-        """
-        ms = int(block * 1000)
-        if ms >= BLOCK_TICK_MS:
-            resp: Any = self._xread(ms)  # redis-py types replies as a union
-        else:
-            resp = self._xread(None)
-            if not resp and block > 0:
-                time.sleep(min(block, POLL_NAP))
+        """The next ingest entries (last first), waiting at most about ``block`` seconds and
+        not a Redis timer tick longer (`notifiers.stream_wait`): a held event is released
+        within a few ms of its time."""
+        resp = read_by(self._xread, block)
         return list(reversed(resp[0][1])) if resp else []
 
     def _xread(self, block_ms: int | None) -> Any:
