@@ -73,6 +73,7 @@ from profiles.errors import LockLost as LockLost  # raised here; one hierarchy t
 
 log = logging.getLogger("ens.service.worker")
 
+
 class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
 
