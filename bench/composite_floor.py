@@ -16,7 +16,6 @@ from typing import Any
 from bench.composite import build_engine
 from filters.auxiliary import VARIANTS
 from filters.composite import CompositeRuntime
-from filters.notification import Notification
 from profiles.events import Event
 
 _ORIGINAL = CompositeRuntime.on_event
@@ -40,10 +39,7 @@ def _minimal_completion(self: Any, ev: Event, seq: int, leaves: list[int]) -> No
     if eng.variant == "dynamic":
         del self.parts[()]
     self.pm_count -= 1
-    eng._nseq += 1
-    eng._out.append(
-        Notification(self.pid, ev.ts, {"a": first, "b": ev}, None, eng._nseq, self.subscriber)
-    )
+    self.report(ev.ts, {"a": first, "b": ev}, None)
 
 
 def _median_us(xs: list[int]) -> float:

@@ -94,12 +94,11 @@ def events_for(
 
 def _run(eng: Engine, evs: list[Event], out: list) -> None:
     """Feed every event and finish, collecting the notifications into `out` (the timed loop)."""
-    process, pending = eng.process, eng._out  # `take_notifications` swaps the list: re-read it
+    process, pending, take = eng.process, eng.pending, eng.take_notifications
     for ev in evs:
         process(ev)
-        if pending:
-            out.extend(eng.take_notifications())
-            pending = eng._out
+        if pending():
+            out.extend(take())
     eng.finish(None)
     out.extend(eng.take_notifications())
 
@@ -115,7 +114,7 @@ def _pass(
     if watch:
         for i, ev in enumerate(evs):
             eng.process(ev)
-            if eng._out:
+            if eng.pending():
                 out.extend(eng.take_notifications())
             if not i & 63:
                 peak = max(peak, eng.stats()["partial_matches"])

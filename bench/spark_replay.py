@@ -75,7 +75,7 @@ def local(data: str, rooms: list[str], out: Path) -> dict:
     for obj in iter_dataset("keti", data, rooms=rooms):
         eng.process(event_from_obj(obj, ""))
         n += 1
-        if eng._out:
+        if eng.pending():
             notes.extend(eng.take_notifications())
     eng.finish()
     notes.extend(eng.take_notifications())
