@@ -298,8 +298,12 @@ def worker() -> None:
 
 
 class _Worker:
-    def __init__(self, tree: Path, quick: bool, seed: int) -> None:
-        env = dict(os.environ, PYTHONPATH=str(tree))
+    """A measuring process for one tree, with a fixed string-hash seed: set and dict orders of
+    profile ids change with it, and so does the two-step baseline's cost (paper order at 1,000
+    groups: 175-350 µs/event over four seeds), so before and after must share it."""
+
+    def __init__(self, tree: Path, quick: bool, seed: int, hash_seed: int) -> None:
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED=str(hash_seed))
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker"],
             cwd=tree,
@@ -331,7 +335,14 @@ class _Worker:
 
 # --------------------------------------------------------------------- driver
 def run(
-    repeat: int, quick: bool, seed: int, only: str, against: str, out_md: str, out_png: str
+    repeat: int,
+    quick: bool,
+    seed: int,
+    only: str,
+    against: str,
+    out_md: str,
+    out_png: str,
+    hash_seeds: int = 1,
 ) -> list[dict]:
     from rich.console import Console
 
@@ -339,14 +350,12 @@ def run(
     all_cells = [c for c in cells(quick, seed) if not only or only in c.name]
     if not all_cells:
         raise ValueError(f"no cell matches {only!r}")
-    versions: dict[str, Any]
-    if against:
-        versions = {
-            "before": _Worker(Path(against).resolve(), quick, seed),
-            "after": _Worker(Path(__file__).resolve().parents[1], quick, seed),
-        }
-    else:
-        versions = {"": Runner(quick, seed)}
+    here = Path(__file__).resolve().parents[1]
+    trees = {"before": Path(against).resolve(), "after": here} if against else {"": here}
+    # Repeat k runs in the tree's worker with hash seed k % hash_seeds (seeds 0, 1, ...).
+    versions = {
+        v: [_Worker(tree, quick, seed, h) for h in range(hash_seeds)] for v, tree in trees.items()
+    }
     times: dict[tuple[str, str, str], list[float]] = {}
     notes: dict[tuple[str, str, str], int] = {}
     t_start = time.perf_counter()
@@ -361,13 +370,13 @@ def run(
                         status.update(
                             f"[{time.perf_counter() - t_start:,.0f} s] {c.name}: {v} {e} ({rep + 1}/{repeat})"
                         )
-                        us, n = versions[v].measure(c.name, e)
+                        us, n = versions[v][rep % hash_seeds].measure(c.name, e)
                         times.setdefault((c.name, v, e), []).append(us)
                         notes[(c.name, v, e)] = n
     finally:
-        for v in versions.values():
-            if isinstance(v, _Worker):
-                v.close()
+        for workers in versions.values():
+            for w in workers:
+                w.close()
     rows = []
     for c in all_cells:
         row: dict[str, Any] = {"cell": c.name, "group": c.group, "baseline": c.baseline}

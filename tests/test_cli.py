@@ -390,6 +390,8 @@ def test_bench_arguments_are_checked_before_measuring(tmp_path: Path) -> None:
         (["bench", "pool", "--events", "0"], "--events"),
         (["bench", "paper", "--replot", "--out", str(tmp_path)], "paper.csv"),
         (["bench", "composite", "--variants", "references,fast"], "unknown variant 'fast'"),
+        (["bench", "engines", "--repeat", "2", "--hash-seeds", "3"], "between 1 and --repeat"),
+        (["bench", "engines", "--only", "no such cell"], "no cell matches"),
     ]:
         r = runner.invoke(app, args)
         assert r.exit_code == 2, (args, r.output)

@@ -209,6 +209,11 @@ def engines_cmd(
         "", help="Write the table into this Markdown file (e.g. docs/benchmarks.md)."
     ),
     png: str = typer.Option("", help="Write the ratio plot here (e.g. docs/img/engines.png)."),
+    hash_seeds: int = typer.Option(
+        1,
+        help="Worker processes per tree, string-hash seeds 0..K-1; repeat k runs in worker "
+        "k mod K (hash order moves the two-step baseline's cost).",
+    ),
 ) -> None:
     """Single-step vs two-step on keyed, growing and paper workloads, and plain filters vs a plain loop.
 
@@ -222,11 +227,15 @@ def engines_cmd(
 
     if repeat < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--repeat")
+    if not 1 <= hash_seeds <= repeat:
+        raise typer.BadParameter(
+            f"must be between 1 and --repeat ({repeat})", param_hint="--hash-seeds"
+        )
     if against and not (Path(against) / "filters" / "engine.py").is_file():
         raise typer.BadParameter(
             f"{against!r} is not an ENS source tree (no filters/engine.py)", param_hint="--against"
         )
     try:
-        run(repeat, quick, seed, only, against, md, png)
+        run(repeat, quick, seed, only, against, md, png, hash_seeds)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--only") from None
