@@ -20,7 +20,6 @@ from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
 from filters.runtime import INF, Binding, PartKey
 from filters.stepping import GeneralSteps
-from filters.temporal import TIMER
 from profiles.ast import Clock
 from profiles.events import Event
 
@@ -103,7 +102,10 @@ class CompositeRuntime(GeneralSteps):
         kept = False  # an auxiliary profile stays held: the partition stays (no `_tidy` needed)
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
+            h = pm.handle
             pm.handle = None  # (as `_drop` does): no cycle pm -> terminator -> pm left for the GC
+            if not part.key and h is not None and self.flat:  # its no-op is not needed: gone
+                eng.timers.discard_ordered(self.window, h)
             d = pm.deadline
             if d is not None and d > part.until:
                 part.until = d
@@ -202,7 +204,7 @@ class CompositeRuntime(GeneralSteps):
             self.pm_count += 1
             if window is not None:
                 pm.deadline = d = ev.ts + window
-                pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
+                pm.handle = self.engine.timers.add_ordered(window, d, (self, pm))
             self._sync(pm)
         return True
 
@@ -229,7 +231,7 @@ class CompositeRuntime(GeneralSteps):
         window = self.window
         if window is not None:
             pm.deadline = d = ev.ts + window
-            pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
+            pm.handle = self.engine.timers.add_ordered(window, d, (self, pm))
         wants = self._wants
         new = wants.get(mask) if wants is not None else None
         if new is None:

@@ -145,6 +145,7 @@ class CompositeBase(DerivedRuntime):
 
     _DERIVED: ClassVar[tuple[str, ...]] = (
         "aux_entries",
+        "owners",
         "pat",
         "n",
         "flat",
@@ -181,6 +182,7 @@ class CompositeBase(DerivedRuntime):
     flat: bool
     between: frozenset[int]
     aux_entries: dict[int, Entry]  # leaf -> its auxiliary profile, planned (`prepare_aux`)
+    owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf), its owner in the pool: one object
     engine: CompositeHost
 
     def __init__(self, engine: CompositeHost, profile: Profile, idx: int) -> None:
@@ -206,6 +208,7 @@ class CompositeBase(DerivedRuntime):
         )
         self._wants, self.flat, self.between = t.wants, t.flat, t.between
         self.aux_entries = {}
+        self.owners = tuple([(self.idx, i) for i in range(t.n)])
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> list[tuple[Any, int]]:

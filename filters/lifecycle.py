@@ -51,9 +51,16 @@ class MatchLifecycle(MatchBinder):
         d = self._deadline(pm)
         if d != pm.deadline or (pm.handle is None and d is not None):
             timers = self.engine.timers
-            timers.discard(pm.handle)
+            if d is None:
+                timers.discard(pm.handle)
+                pm.handle = None
+            elif self.flat:  # d is the first event's time plus the window: in the window's lane
+                timers.discard_ordered(self.window, pm.handle)
+                pm.handle = timers.add_ordered(self.window, d, (self, pm))
+            else:
+                timers.discard(pm.handle)
+                pm.handle = timers.add(d, TIMER, (self, pm))
             pm.deadline = d
-            pm.handle = timers.add(d, TIMER, (self, pm)) if d is not None else None
         self._sync(pm)
 
     def _drop(self, pm: PartialMatch, why: str, ended: float | None = None) -> None:
@@ -74,8 +81,12 @@ class MatchLifecycle(MatchBinder):
         # The terminator is not taken out of the temporal pool: it fires as a no-op at its
         # deadline (or lets the partition's auxiliary profiles go, see `_tidy`). A sorted-list
         # delete per completed match costs more than the no-op, and dead entries are bounded
-        # by the window like live ones.
+        # by the window like live ones. Without `per`, history or counts (the fast shapes) the
+        # firing does nothing at all: a terminator in its lane is taken out (a bisect).
+        h = pm.handle
         pm.handle = None
+        if h is not None and self.flat and (self.fast or self.fast_each) and not pm.part.key:
+            self.engine.timers.discard_ordered(self.window, h)
         self._sync(pm)
         part = pm.part
         if pm.deadline is not None and pm.deadline > part.until:

@@ -191,8 +191,10 @@ def test_a_finished_match_is_stored_without_its_events_and_the_stream_continues_
     from profiles.events import Event
     from profiles.parser import parse_profile
 
-    p = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
-    evs = [Event(f"e{i}", float(i), {"k": k}) for i, k in enumerate("ABAAB")]
+    # with `per`: a completed match's terminator stays to release the partition's auxiliary
+    # profiles (without, it is taken out at once and nothing of the match is stored)
+    p = parse_profile('seq(a: k = "A", b: k = "B") within 10s per r', "p")
+    evs = [Event(f"e{i}", float(i), {"k": k, "r": 1}) for i, k in enumerate("ABAAB")]
     whole = Engine([p])
     for ev in evs:
         whole.process(ev)
