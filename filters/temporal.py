@@ -48,7 +48,7 @@ class _Lane:
             items.clear()
             self.start = 0
             return None
-        if i > 64 and i * 2 > n:  # compact: what was popped no longer counts
+        if i >= 32:  # compact: fired entries would keep their partial matches alive
             del items[:i]
             i = 0
         self.start = i
