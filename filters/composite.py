@@ -191,6 +191,8 @@ class CompositeRuntime(GeneralSteps):
             if part is not None:  # left of the general path for it
                 self._tidy(part, ev.ts)
             return True
+        if len(opened) == 1:  # the usual case: what first/last do
+            return self._fast_open_one(part, key, ev, seq, *opened[0])
         if part is None:
             part = self.parts[key] = Partition(key, self.partition_values(ev.attrs))
         b = Binding(seq, ev)
