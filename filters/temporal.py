@@ -71,10 +71,12 @@ class TemporalPool:
     Entries live in one sorted list, or, when added with `add_ordered`, in a lane of entries
     added in deadline order; `_heads` is a heap of (first entry, lane) over the lanes (an
     entry whose handle is no longer its lane's first is stale and skipped). Entries leave in
-    (deadline, kind, tie) order whichever holds them.
+    (deadline, kind, tie) order whichever holds them. `_first` is the sorted list's first
+    entry (None if empty), kept here: `SortedList`'s `len` and indexing are Python calls, and
+    with lanes the sorted list is mostly empty.
     """
 
-    __slots__ = ("_items", "_tie", "head", "_lanes", "_heads", "_nlane")
+    __slots__ = ("_items", "_tie", "head", "_lanes", "_heads", "_nlane", "_first")
 
     def __init__(self) -> None:
         self._items: SortedList = SortedList()
@@ -83,6 +85,7 @@ class TemporalPool:
         self._lanes: dict[Any, _Lane] = {}
         self._heads: list[tuple[Handle, _Lane]] = []
         self._nlane = 0  # live entries in lanes
+        self._first: Handle | None = None
 
     def __len__(self) -> int:
         return len(self._items) + self._nlane
@@ -104,6 +107,7 @@ class TemporalPool:
         self._lanes, self._heads, self._nlane = {}, [], 0
         for k, v in slots.items():
             setattr(self, k, v)
+        self._first = self._items[0] if self._items else None
         self._reset_head()  # not stored: snapshots from before it existed restore too
 
     def _reset_head(self) -> None:
@@ -113,14 +117,17 @@ class TemporalPool:
             if lane.start < len(lane.items) and lane.items[lane.start] is h:
                 break
             heappop(heads)
-        items = self._items
-        head = items[0][0] if items else _INF
+        first = self._first
+        head = first[0] if first is not None else _INF
         if heads and heads[0][0][0] < head:
             head = heads[0][0][0]
         self.head = head
 
     def _insert(self, item: Handle) -> Handle:
         self._items.add(item)
+        first = self._first
+        if first is None or item < first:
+            self._first = item
         if item[0] < self.head:
             self.head = item[0]
         return item
@@ -151,7 +158,9 @@ class TemporalPool:
         if handle is not None:
             if self._nlane and self._discard_laned(handle):
                 return
-            self._items.discard(handle)
+            items = self._items
+            items.discard(handle)
+            self._first = items[0] if items else None
             if handle[0] <= self.head:
                 self._reset_head()
 
@@ -196,16 +205,21 @@ class TemporalPool:
         """The next entry due at `now`: clocks at <= now, timers at < now (<= now if inclusive)."""
         if self.head > now:
             return None
-        items = self._items
+        first = self._first
         heads = self._heads
-        if heads and (not items or heads[0][0] < items[0]):
+        ln: _Lane | None
+        if heads and (first is None or heads[0][0] < first):
             item, ln = heads[0]
-        else:
-            item, ln = items[0], None
+        elif first is not None:
+            item, ln = first, None
+        else:  # empty (`now` is inf)
+            return None
         when, kind = item[0], item[1]
         if when < now or (when == now and (inclusive or kind == CLOCK)):
             if ln is None:
+                items = self._items
                 items.pop(0)
+                self._first = items[0] if items else None
             else:
                 self._pop_lane(ln)
             self._reset_head()
