@@ -33,6 +33,7 @@ class AuxOwner(Protocol):
     idx: int
     pat: Pattern
     aux_entries: dict[int, Entry]  # leaf -> its auxiliary profile, planned once (`prepare`)
+    owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf): its owner in the pool, one object
 
 
 def full_eqs(part: Partition, eqs: Eqs) -> Eqs:
@@ -40,6 +41,14 @@ def full_eqs(part: Partition, eqs: Eqs) -> Eqs:
     if part.values:
         return tuple(part.values.items()) + eqs
     return eqs
+
+
+def entry_of(rt: AuxOwner, part: Partition, key: RegKey) -> Entry:
+    """The pool entry a registration holds: without `per` and bound values, the runtime's own
+    for the leaf (one partition has it: no dict per partition), else the partition's."""
+    if not key[1] and not part.values:
+        return rt.aux_entries[key[0]]
+    return part.entries[key]  # type: ignore[index]  # made by the insert that registered it
 
 
 class AuxiliaryRegistrations(ABC):
@@ -84,7 +93,7 @@ class AuxiliaryRegistrations(ABC):
         """A dormant registration received an event (nobody waits): take our owner off."""
         del part.regs[key]
         part.dormant -= 1
-        self.pool.release(part.entries[key], (rt.idx, key[0]), True)
+        self.pool.release(entry_of(rt, part, key), rt.owners[key[0]], True)
 
 
 class Dynamic(AuxiliaryRegistrations):
@@ -96,33 +105,44 @@ class Dynamic(AuxiliaryRegistrations):
     def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         leaf, eqs = key
         pool = self.pool
-        entries = part.entries
-        entry = entries.get(key)  # references: kept in the pool without owners
-        if entry is not None and pool.claim(entry, (rt.idx, leaf)):
-            return
-        if self.holds and not eqs:
-            part.held.add(key)
-        if not eqs and not part.values:  # planned when the profile was added
+        owner = rt.owners[leaf]
+        if not eqs and not part.values:  # the runtime's entry, planned with the profile
+            if self.holds:
+                part.held.add(key)
             aux = rt.aux_entries.get(leaf)
             if aux is None:
                 aux = rt.aux_entries[leaf] = pool.prepare(rt.pat.leaves[leaf].filter)
-            live = entries[key] = pool.revive(aux, (rt.idx, leaf))
+            live = pool.revive(aux, owner)  # kept in the pool (references): a count
             if live is not aux:  # the pool's own entry: the next PM's `revive` is a count
                 rt.aux_entries[leaf] = live
             return
-        part.entries[key] = pool.add(
-            rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs)
-        )
+        entries = part.entries
+        if entries is None:
+            entries = part.entries = {}
+        entry = entries.get(key)  # references: kept in the pool without owners
+        if entry is not None and pool.claim(entry, owner):
+            return
+        if self.holds and not eqs:
+            part.held.add(key)
+        entries[key] = pool.add(rt.pat.leaves[leaf].filter, owner, full_eqs(part, eqs))
 
     def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         del part.regs[key]
-        self.pool.release(part.entries.pop(key), (rt.idx, key[0]))
+        if key[1] or part.values:
+            entry = part.entries.pop(key)  # type: ignore[union-attr]  # made by `insert`
+        else:
+            entry = rt.aux_entries[key[0]]
+        self.pool.release(entry, rt.owners[key[0]])
 
     def restore(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         leaf, eqs = key
-        part.entries[key] = self.pool.add(
-            rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs)
-        )
+        entry = self.pool.add(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
+        if eqs or part.values:
+            if part.entries is None:
+                part.entries = {}
+            part.entries[key] = entry
+        else:
+            rt.aux_entries[leaf] = entry
         if self.holds and not eqs:
             part.held.add(key)
 
@@ -132,16 +152,20 @@ class Dynamic(AuxiliaryRegistrations):
         if part.dormant:
             for key, n in list(regs.items()):
                 if not n:
-                    pool.release(part.entries[key], (rt.idx, key[0]), True)
+                    pool.release(entry_of(rt, part, key), rt.owners[key[0]], True)
                     del regs[key]
             part.dormant = 0
         held = part.held
         if not held:
             return
+        entries = part.entries
         for key in held:
             if key in regs:
                 continue
-            entry = part.entries.pop(key, None)
+            if key[1] or part.values:
+                entry = entries.pop(key, None) if entries else None
+            else:
+                entry = rt.aux_entries.get(key[0])
             if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
                 if not entry.owners:  # (`purge_entry`'s test: others share it, e.g. `once` ends)
                     pool.purge_entry(entry)
@@ -176,7 +200,7 @@ class Marking(AuxiliaryRegistrations):
             return  # already in the pool, unmarked: marking it is the count
         part.held.add(key)
         leaf, eqs = key
-        self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+        self.pool.add(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
 
     def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         del part.regs[key]
@@ -184,11 +208,11 @@ class Marking(AuxiliaryRegistrations):
         if not eqs:
             return  # stays in the pool, unmarked, until the partition is released
         part.held.discard(key)
-        self.pool.remove(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+        self.pool.remove(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
 
     def restore(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         leaf, eqs = key
-        self.pool.add(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+        self.pool.add(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
         if not eqs:
             part.held.add(key)
 
@@ -197,7 +221,7 @@ class Marking(AuxiliaryRegistrations):
         for key in part.held:  # never dormant: `remove` drops every count
             if key not in regs:
                 leaf, eqs = key
-                self.pool.remove(rt.pat.leaves[leaf].filter, (rt.idx, leaf), full_eqs(part, eqs))
+                self.pool.remove(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
         part.held.clear()
 
 

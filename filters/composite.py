@@ -18,9 +18,8 @@ from typing import cast
 from filters.compile import evaluate
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
-from filters.runtime import INF, Binding, PartKey
+from filters.runtime import INF, Binding, PartKey, RegKey
 from filters.stepping import GeneralSteps
-from filters.temporal import TIMER
 from profiles.ast import Clock
 from profiles.events import Event
 
@@ -103,6 +102,8 @@ class CompositeRuntime(GeneralSteps):
         kept = False  # an auxiliary profile stays held: the partition stays (no `_tidy` needed)
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
+            if self.drops_done:  # without `per` its no-op is not needed: taken out
+                eng.timers.discard_ordered(self.window, pm.handle)
             pm.handle = None  # (as `_drop` does): no cycle pm -> terminator -> pm left for the GC
             d = pm.deadline
             if d is not None and d > part.until:
@@ -110,18 +111,7 @@ class CompositeRuntime(GeneralSteps):
             regs = pm.regs
             if regs:
                 pm.regs = ()
-                counts = part.regs
-                keep = eng.aux.keeps_dormant
-                for key in regs:
-                    n = counts[key]
-                    if n > 1:
-                        counts[key] = n - 1
-                    elif keep and not key[1]:  # `_unreg`'s commonest case, inline
-                        counts[key] = 0
-                        part.dormant += 1
-                        kept = True
-                    else:
-                        self._unreg(part, key)
+                kept = self._unreg_done(part, regs)
             cast("list[PartialMatch]", part.pms).clear()  # a list: it held `pm`
             self.pm_count -= 1
         eng._nseq += 1
@@ -133,6 +123,24 @@ class CompositeRuntime(GeneralSteps):
         elif self.unique and (not (kept or part.held) or (part.key and self.window is None)):
             self._tidy(part, ev.ts)  # fast shapes keep no history or counts
         return True
+
+    def _unreg_done(self, part: Partition, regs: tuple[RegKey, ...]) -> bool:
+        """`_unreg` of a completed PM's registrations, its commonest cases inline; True if an
+        auxiliary profile stays (dormant, references)."""
+        counts = part.regs
+        keep = self.engine.aux.keeps_dormant
+        kept = False
+        for key in regs:
+            n = counts[key]
+            if n > 1:
+                counts[key] = n - 1
+            elif keep and not key[1]:
+                counts[key] = 0
+                part.dormant += 1
+                kept = True
+            else:
+                self._unreg(part, key)
+        return kept
 
     def _fast_negate(self, part: Partition, pm: PartialMatch, ev: Event, leaves: list[int]) -> bool:
         """`on_event` for an event of a between-negation (`select first`, no where): it drops
@@ -183,6 +191,8 @@ class CompositeRuntime(GeneralSteps):
             if part is not None:  # left of the general path for it
                 self._tidy(part, ev.ts)
             return True
+        if len(opened) == 1:  # the usual case: what first/last do
+            return self._fast_open_one(part, key, ev, seq, *opened[0])
         if part is None:
             part = self.parts[key] = Partition(key, self.partition_values(ev.attrs))
         b = Binding(seq, ev)
@@ -202,7 +212,7 @@ class CompositeRuntime(GeneralSteps):
             self.pm_count += 1
             if window is not None:
                 pm.deadline = d = ev.ts + window
-                pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
+                pm.handle = self.engine.timers.add_ordered(window, d, (self, pm))
             self._sync(pm)
         return True
 
@@ -229,7 +239,7 @@ class CompositeRuntime(GeneralSteps):
         window = self.window
         if window is not None:
             pm.deadline = d = ev.ts + window
-            pm.handle = self.engine.timers.add(d, TIMER, (self, pm))
+            pm.handle = self.engine.timers.add_ordered(window, d, (self, pm))
         wants = self._wants
         new = wants.get(mask) if wants is not None else None
         if new is None:

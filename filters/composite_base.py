@@ -145,6 +145,9 @@ class CompositeBase(DerivedRuntime):
 
     _DERIVED: ClassVar[tuple[str, ...]] = (
         "aux_entries",
+        "owners",
+        "free_keys",
+        "drops_done",
         "pat",
         "n",
         "flat",
@@ -181,6 +184,11 @@ class CompositeBase(DerivedRuntime):
     flat: bool
     between: frozenset[int]
     aux_entries: dict[int, Entry]  # leaf -> its auxiliary profile, planned (`prepare_aux`)
+    owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf), its owner in the pool: one object
+    free_keys: tuple[RegKey, ...]  # leaf -> (leaf, ()): its registration without bound values
+    # a fast shape without `per`, flat: a finished PM's terminator would fire as a pure no-op
+    # (one idle partition, no history or counts), so it is taken out of its lane instead
+    drops_done: bool
     engine: CompositeHost
 
     def __init__(self, engine: CompositeHost, profile: Profile, idx: int) -> None:
@@ -206,6 +214,9 @@ class CompositeBase(DerivedRuntime):
         )
         self._wants, self.flat, self.between = t.wants, t.flat, t.between
         self.aux_entries = {}
+        self.owners = tuple([(self.idx, i) for i in range(t.n)])
+        self.free_keys = tuple([shared((i, ())) for i in range(t.n)])
+        self.drops_done = t.flat and (t.fast or t.fast_each) and not self.per
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> list[tuple[Any, int]]:
@@ -322,8 +333,9 @@ class CompositeBase(DerivedRuntime):
         """References: the event reached dormant auxiliary profiles (nobody waits): take our
         owner off."""
         regs = part.regs
+        keys = self.free_keys
         for i in leaves:
-            key = shared((i, ()))
+            key = keys[i]
             if regs.get(key) == 0:
                 self.engine.aux.drop_dormant(self, part, key)
 

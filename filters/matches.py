@@ -134,7 +134,9 @@ class Partition:
         # owner is still in the pool; the next PM takes it back for free)
         self.regs: dict[RegKey, int] = {}
         self.held: set[RegKey] = set()  # marking/references: auxiliary profiles kept in the pool
-        self.entries: dict[RegKey, Entry] = {}  # (leaf, eqs) -> its pool entry (dynamic/references)
+        # (leaf, eqs) -> its pool entry (dynamic/references), made on first use: a registration
+        # without `per` and bound values uses its runtime's entry (`filters.auxiliary.entry_of`)
+        self.entries: dict[RegKey, Entry] | None = None
         self.dormant = 0  # how many keys of `regs` are dormant
         self.until = 0.0  # the latest deadline of a PM that left: its terminator lets `held` go
         self.starts = 0  # nth: starting events counted while no PM exists
@@ -155,7 +157,7 @@ class Partition:
         self.until = 0.0  # not in snapshots written before it existed
         for k, v in state.items():
             setattr(self, k, v)
-        self.entries = {}
+        self.entries = None
 
     def empty(self) -> bool:
         return not (self.pms or self.history or self.starts)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+from bisect import bisect_left
+from heapq import heappop, heappush, heapreplace
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -20,37 +22,112 @@ TIMER = 1  # a timer with deadline d fires once time passes d (d < ts of the nex
 Handle = tuple[float, int, Any, Any]  # (deadline, CLOCK or TIMER, tie-breaker, payload)
 
 
-class TemporalPool:
-    """Deadlines in time order; `head` (the earliest, inf if none) is what every event checks."""
+class _Lane:
+    """Timers added in nondecreasing (deadline, tie) order: a sorted list read from `start`.
 
-    __slots__ = ("_items", "_tie", "head")
+    A composite's terminators of one window length arrive in the order of their deadlines
+    (the window starts at the current event): appending and popping the front replaces a
+    sorted-list insert and delete per partial match. A discarded entry is replaced by a
+    tombstone of the same sort key (`_DEAD` payload), skipped when it reaches the front.
+    """
+
+    __slots__ = ("items", "start")
+
+    def __init__(self) -> None:
+        self.items: list[Handle] = []
+        self.start = 0
+
+    def front(self) -> Handle | None:
+        """The first live entry (tombstones at the front are dropped)."""
+        items = self.items
+        i = self.start
+        n = len(items)
+        while i < n and items[i][3] is _DEAD:
+            i += 1
+        if i == n:
+            items.clear()
+            self.start = 0
+            return None
+        if i >= 32:  # compact: fired entries would keep their partial matches alive
+            del items[:i]
+            i = 0
+        self.start = i
+        return items[i]
+
+    def find(self, handle: Handle) -> int:
+        """The index of `handle` in the lane, -1 if it is not there."""
+        items = self.items
+        # by the sort key alone: a payload is never compared (a tombstone's is not comparable)
+        i = bisect_left(items, (handle[0], handle[1], handle[2]), self.start)
+        return i if i < len(items) and items[i] is handle else -1
+
+
+_DEAD = object()  # a discarded lane entry's payload
+
+
+class TemporalPool:
+    """Deadlines in time order; `head` (the earliest, inf if none) is what every event checks.
+
+    Entries live in one sorted list, or, when added with `add_ordered`, in a lane of entries
+    added in deadline order; `_heads` is a heap of (first entry, lane) over the lanes (an
+    entry whose handle is no longer its lane's first is stale and skipped). Entries leave in
+    (deadline, kind, tie) order whichever holds them. `_first` is the sorted list's first
+    entry (None if empty), kept here: `SortedList`'s `len` and indexing are Python calls, and
+    with lanes the sorted list is mostly empty.
+    """
+
+    __slots__ = ("_items", "_tie", "head", "_lanes", "_heads", "_nlane", "_first")
 
     def __init__(self) -> None:
         self._items: SortedList = SortedList()
         self._tie = itertools.count()
         self.head = _INF
+        self._lanes: dict[Any, _Lane] = {}
+        self._heads: list[tuple[Handle, _Lane]] = []
+        self._nlane = 0  # live entries in lanes
+        self._first: Handle | None = None
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) + self._nlane
 
     def __getstate__(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        # (instance dict of a subclass, slots), pickle's own form for slotted classes
-        return getattr(self, "__dict__", None), {"_items": self._items, "_tie": self._tie}
+        # (instance dict of a subclass, slots), pickle's own form for slotted classes; the
+        # lanes' entries are stored in the sorted list (same format as without lanes)
+        items = self._items
+        if self._nlane:
+            items = SortedList(items)
+            for lane in self._lanes.values():
+                items.update(h for h in lane.items[lane.start :] if h[3] is not _DEAD)
+        return getattr(self, "__dict__", None), {"_items": items, "_tie": self._tie}
 
     def __setstate__(self, state: tuple[dict[str, Any] | None, dict[str, Any]]) -> None:
         inst, slots = state
         if inst:
             self.__dict__.update(inst)
+        self._lanes, self._heads, self._nlane = {}, [], 0
         for k, v in slots.items():
             setattr(self, k, v)
+        self._first = self._items[0] if self._items else None
         self._reset_head()  # not stored: snapshots from before it existed restore too
 
     def _reset_head(self) -> None:
-        items = self._items
-        self.head = items[0][0] if items else _INF
+        heads = self._heads
+        while heads:  # drop stale lane heads
+            h, lane = heads[0]
+            if lane.start < len(lane.items) and lane.items[lane.start] is h:
+                break
+            heappop(heads)
+        first = self._first
+        head = first[0] if first is not None else _INF
+        if heads and heads[0][0][0] < head:
+            head = heads[0][0][0]
+        self.head = head
 
     def _insert(self, item: Handle) -> Handle:
         self._items.add(item)
+        first = self._first
+        if first is None or item < first:
+            self._first = item
         if item[0] < self.head:
             self.head = item[0]
         return item
@@ -59,21 +136,92 @@ class TemporalPool:
         """Schedule `payload`; the returned handle removes it again."""
         return self._insert((when, kind, next(self._tie), payload))
 
+    def add_ordered(self, lane: Any, when: float, payload: Any) -> Handle:
+        """`add` of a timer in lane `lane`, whose deadlines usually come in nondecreasing
+        order (a window length's terminators); one that does not goes to the sorted list."""
+        ln = self._lanes.get(lane)
+        if ln is None:
+            ln = self._lanes[lane] = _Lane()
+        items = ln.items
+        if items and items[-1][0] > when:
+            return self.add(when, TIMER, payload)
+        item = (when, TIMER, next(self._tie), payload)
+        if len(items) == ln.start:  # empty: the new entry heads the lane
+            heappush(self._heads, (item, ln))
+            if when < self.head:
+                self.head = when
+        items.append(item)
+        self._nlane += 1
+        return item
+
     def discard(self, handle: Handle | None) -> None:
         if handle is not None:
-            self._items.discard(handle)
+            if self._nlane and self._discard_laned(handle):
+                return
+            items = self._items
+            items.discard(handle)
+            self._first = items[0] if items else None
             if handle[0] <= self.head:
                 self._reset_head()
+
+    def discard_ordered(self, lane: Any, handle: Handle | None) -> None:
+        """`discard` of a handle from `add_ordered(lane, ...)` (found without a search)."""
+        if handle is not None:
+            ln = self._lanes.get(lane)
+            if ln is not None and self._discard_in(ln, handle):
+                return
+            self.discard(handle)
+
+    def _discard_laned(self, handle: Handle) -> bool:
+        for ln in self._lanes.values():
+            if self._discard_in(ln, handle):
+                return True
+        return False
+
+    def _discard_in(self, ln: _Lane, handle: Handle) -> bool:
+        i = ln.find(handle)
+        if i < 0:
+            return False
+        ln.items[i] = (handle[0], handle[1], handle[2], _DEAD)
+        self._nlane -= 1
+        if i == ln.start:  # it headed the lane: the next entry does
+            new = ln.front()
+            if new is not None:
+                heappush(self._heads, (new, ln))
+            self._reset_head()
+        return True
+
+    def _pop_lane(self, ln: _Lane) -> None:
+        """Take the first entry off lane `ln` (the heap's top)."""
+        ln.start += 1
+        self._nlane -= 1
+        new = ln.front()
+        if new is None:
+            heappop(self._heads)
+        else:
+            heapreplace(self._heads, (new, ln))
 
     def pop_due(self, now: float, inclusive: bool) -> Handle | None:
         """The next entry due at `now`: clocks at <= now, timers at < now (<= now if inclusive)."""
         if self.head > now:
             return None
-        items = self._items
-        item: Handle = items[0]
+        first = self._first
+        heads = self._heads
+        ln: _Lane | None
+        if heads and (first is None or heads[0][0] < first):
+            item, ln = heads[0]
+        elif first is not None:
+            item, ln = first, None
+        else:  # empty (`now` is inf)
+            return None
         when, kind = item[0], item[1]
         if when < now or (when == now and (inclusive or kind == CLOCK)):
-            items.pop(0)
+            if ln is None:
+                items = self._items
+                items.pop(0)
+                self._first = items[0] if items else None
+            else:
+                self._pop_lane(ln)
             self._reset_head()
             return item
         return None
@@ -83,7 +231,7 @@ class TemporalPool:
         return self.head <= now
 
     def next_time(self) -> float | None:
-        return self.head if self._items else None
+        return self.head if len(self) else None
 
 
 class TimeDriven:

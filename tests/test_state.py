@@ -191,8 +191,10 @@ def test_a_finished_match_is_stored_without_its_events_and_the_stream_continues_
     from profiles.events import Event
     from profiles.parser import parse_profile
 
-    p = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
-    evs = [Event(f"e{i}", float(i), {"k": k}) for i, k in enumerate("ABAAB")]
+    # with `per`: a completed match's terminator stays to release the partition's auxiliary
+    # profiles (without, it is taken out at once and nothing of the match is stored)
+    p = parse_profile('seq(a: k = "A", b: k = "B") within 10s per r', "p")
+    evs = [Event(f"e{i}", float(i), {"k": k, "r": 1}) for i, k in enumerate("ABAAB")]
     whole = Engine([p])
     for ev in evs:
         whole.process(ev)
@@ -240,3 +242,60 @@ def test_reading_and_writing_pause_the_collector_and_leave_it_as_it_was() -> Non
         seen.clear()
         [[i] for i in range(100_000)]  # would trigger young collections
         assert not seen
+
+
+def test_a_partition_stored_by_older_releases_restores_without_its_pool_entries() -> None:
+    """`Partition.entries` is not stored and is made on first use: a state written before
+    (without `until`, or with an `entries` dict of the pool's objects) restores with none."""
+    from filters.matches import Partition
+
+    old = {
+        "pms": [],
+        "regs": {(1, ()): 1},
+        "dormant": 0,
+        "values": None,
+        "key": (),
+        "held": {(1, ())},
+        "entries": {(1, ()): object()},  # a release that stored them
+        "starts": 0,
+        "starts_ts": 0.0,
+        "history": [],
+        "handle": None,
+    }
+    part = Partition.__new__(Partition)
+    part.__setstate__(old)
+    assert part.entries is None and part.until == 0.0 and part.regs == {(1, ()): 1}
+
+
+@pytest.mark.parametrize("variant", ["references", "dynamic", "marking"])
+@pytest.mark.parametrize("per", ["", " per r"])
+def test_registrations_without_per_restore_into_the_runtime_entry(variant: str, per: str) -> None:
+    """A snapshot taken while partial matches wait (their auxiliary profiles in the pool, kept
+    dormant or held after a completion) continues as if never stopped, with or without `per`."""
+    from profiles.events import Event
+    from profiles.parser import parse_profile
+
+    ps = [
+        parse_profile(f'seq(a: k = "A", b: k = "B", c: k = "C") within 10s{per}', "p"),
+        parse_profile(f'seq(a: k = "A", b: k = "B") within 5s select each{per}', "q"),
+    ]
+    evs = [Event(f"e{i}", float(i), {"k": k, "r": 1}) for i, k in enumerate("ABCABBACABCBA")]
+    whole = Engine(ps, variant=variant)
+    for ev in evs:
+        whole.process(ev)
+    whole.finish()
+    want = [n.to_json() for n in whole.take_notifications()]
+    assert len(want) > 3
+    for cut in range(1, len(evs)):
+        first = Engine(ps, variant=variant)
+        for ev in evs[:cut]:
+            first.process(ev)
+        got = [n.to_json() for n in first.take_notifications()]
+        back = Engine.restore(first.snapshot())
+        for ev in evs[cut:]:
+            back.process(ev)
+        back.finish()
+        got += [n.to_json() for n in back.take_notifications()]
+        assert [(n["profile"], n["events"]) for n in got] == [
+            (n["profile"], n["events"]) for n in want
+        ], cut

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from filters.engine import Engine
 from filters.notification import Notification
-from filters.temporal import CLOCK, TemporalPool
+from filters.temporal import CLOCK, TIMER, TemporalPool
 from profiles.ast import Profile
 from profiles.events import Event
 
@@ -67,6 +67,10 @@ class StepTimers(TemporalPool):
     def add(self, when: float, kind: int, payload: Any) -> tuple:
         owner = -1 if kind == CLOCK else self.positions[payload[0].profile.id]
         return self._insert((when, kind, (self.step, self.sub, owner, next(self._tie)), payload))
+
+    def add_ordered(self, lane: Any, when: float, payload: Any) -> tuple:
+        """No lanes: step keys as ties do not follow the deadlines' order."""
+        return self.add(when, TIMER, payload)
 
     def pop_due(self, now: float, inclusive: bool) -> tuple | None:
         item = super().pop_due(now, inclusive)
