@@ -33,8 +33,17 @@ from profiles.ast import Filter
 __all__ = ["Entry", "Eqs", "PrimitivePool", "owners_by_profile"]
 
 _MAX_PLANS = 100_000
+_MAX_PREPARED = 100_000  # prepared entries kept for equal filters (`prepare`)
 _CALM = 64  # matches without a pool change before results are memoized
 _MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind x state)
+# the memo reviews its hit rate every _TRIAL look-ups; if at least _MISSES of them missed
+# (unique keys, or a key forgotten by an auxiliary insert before it is looked up again) it
+# only costs, so matching goes without it for _PAUSE matches (doubled after every failed
+# review since the last good one, up to _PAUSE_MAX), then it starts again, empty
+_TRIAL = 256
+_MISSES = _TRIAL * 7 // 8
+_PAUSE = 1024
+_PAUSE_MAX = 65_536
 
 # a memoized match: the entries, or (when ranges decide) the one range or a function of the
 # event that gives them
@@ -78,7 +87,13 @@ class PrimitivePool:
         self._ranged = 0  # equality clauses with a range (without any, a memo miss is a match)
         self._memo: dict[Any, Memo] | None = None
         self._memo_attrs: tuple[str, ...] = ()
-        self._calm = 0
+        self._calm = 0  # negative while the memo is paused
+        self._looks = 0  # memo look-ups since its last review
+        self._misses = 0  # of which missed
+        self._pause = _PAUSE  # the next pause's length
+        # (filter, eqs) -> the entry `prepare` made for it (equal auxiliary filters of many
+        # profiles share one handle: one entry and one set of clauses, revived by a count)
+        self._prepared: dict[tuple[Filter, Eqs], Entry] = {}
 
     def __len__(self) -> int:
         """Number of distinct filters stored."""
@@ -111,7 +126,14 @@ class PrimitivePool:
             eqs = tuple([(a, (bool, v) if v.__class__ is bool else v) for a, v in eqs])
         key = (f, eqs)
         entry = self._entries.get(key)
-        return entry if entry is not None else self._plan(key, f, eqs, False)
+        if entry is not None:
+            return entry
+        entry = self._prepared.get(key)
+        if entry is None:
+            entry = self._plan(key, f, eqs, False)
+            if len(self._prepared) < _MAX_PREPARED:
+                self._prepared[key] = entry
+        return entry
 
     def revive(self, entry: Entry, owner: Hashable) -> Entry:
         """`add` through a handle from `prepare` (or a kept one): the entry that now holds `owner`
@@ -201,6 +223,21 @@ class PrimitivePool:
         if not owners and not keep:
             self._drop_entry(entry)
 
+    def release_all(self, held: Iterable[tuple[Entry, Hashable]]) -> None:
+        """`release` of several (entry, owner) pairs: a profile's starting entries when it goes
+        (every completed `once` profile: one call, not one per entry)."""
+        for entry, owner in held:
+            owners = entry.owners
+            n = owners[owner] - 1
+            if n:
+                owners[owner] = n
+                continue
+            del owners[owner]
+            self.owner_count -= 1
+            entry.solo = entry.fanout = None
+            if not owners:
+                self._drop_entry(entry)
+
     def purge(self, f: Filter, eqs: Eqs = ()) -> None:
         """Remove a kept filter that has no owners left."""
         if eqs:
@@ -250,23 +287,12 @@ class PrimitivePool:
         plain = clause.check is None and access is not None and access[0] == "eqs"
         memo = self._memo
         if memo is None:
-            if not plain:
+            if not plain and self._calm > 0:  # (a paused memo stays paused)
                 self._calm = 0
             return
         if plain and access is not None and access[1] == self._memo_attrs:
-            key = access[2]
-            # a (bool, v) value is never memoized (True == 1, see `_memoizable`)
-            if len(access[1]) == 1:
-                if key.__class__ is not tuple:
-                    memo.pop(key, None)
-                    return
-            else:
-                for v in key:
-                    if v.__class__ is tuple:
-                        break
-                else:
-                    memo.pop(key, None)
-                    return
+            memo.pop(access[2], None)  # the bucket's values are the memo's key (`match`)
+            return
         self._memo = None
         self._calm = 0
 
@@ -303,20 +329,32 @@ class PrimitivePool:
                 return self._match(attrs)
             memo = self._start_memo()
         names = self._memo_attrs
-        n = len(names)  # spelled out for the usual sizes: 3x faster than tuple(map(...))
-        if n == 1:
+        # the key: the equality attributes' values as the buckets hold them (`norm`: a boolean
+        # is (bool, v), as True == 1 for a dict); spelled out for the usual sizes (3x faster
+        # than a generic tuple)
+        if len(names) == 1:
             key = attrs.get(names[0])
-        elif n == 2:
-            key = (attrs.get(names[0]), attrs.get(names[1]))
-        elif n == 3:
-            key = (attrs.get(names[0]), attrs.get(names[1]), attrs.get(names[2]))
+            if key.__class__ is bool:
+                key = (bool, key)
+        elif len(names) == 2:
+            a = attrs.get(names[0])
+            b = attrs.get(names[1])
+            if a.__class__ is bool:
+                a = (bool, a)
+            if b.__class__ is bool:
+                b = (bool, b)
+            key = (a, b)
         else:
-            key = tuple([attrs.get(a) for a in names])
+            key = tuple([(bool, v) if v.__class__ is bool else v for v in map(attrs.get, names)])
+        self._looks += 1
         out = memo.get(key)
         if out is None:
             out = self._memo_value(attrs)
-            if len(memo) < _MEMO_MAX and _memoizable(key, n == 1):
+            if len(memo) < _MEMO_MAX:
                 memo[key] = out
+            self._misses += 1
+            if self._looks >= _TRIAL:
+                self._review()
         if isinstance(out, list):
             return out
         if isinstance(out, Range):  # `Range.hits`, inline: the plain threshold filter's match
@@ -327,12 +365,23 @@ class PrimitivePool:
             return out.ents[:k] if out.prefix else out.ents[k:]
         return out(attrs)
 
+    def _review(self) -> None:
+        """Every _TRIAL look-ups (at a miss): keep the memo, or pause it if nearly all missed."""
+        if self._misses < _MISSES:
+            self._pause = _PAUSE
+        else:
+            self._memo = None
+            self._calm = _CALM - self._pause  # `match` counts it up to _CALM, then starts again
+            self._pause = min(2 * self._pause, _PAUSE_MAX)
+        self._looks = self._misses = 0
+
     def _start_memo(self) -> dict[Any, Memo]:
         names: dict[str, None] = {}
         for schema in self._schemas:
             names.update(dict.fromkeys(schema))
         self._memo_attrs = tuple(sorted(names)) or ("",)
         self._memo = {}
+        self._looks = self._misses = 0
         return self._memo
 
     def _memo_value(self, attrs: dict[str, Any]) -> Memo:
@@ -381,15 +430,6 @@ def _impure(clause: Clause) -> bool:
     """Whether the clause's match depends on more than the values of its equality attributes."""
     access = clause.access
     return clause.check is not None or access is None or access[0] not in ("eqs", "in")
-
-
-def _memoizable(key: Any, single: bool) -> bool:
-    """A key that no other key of different match result equals: `True == 1 == 1.0` as dict keys,
-    but the pool tells booleans from numbers, and NaN equals nothing."""
-    for v in (key,) if single else key:
-        if v.__class__ is not str and v is not None and (v == 0 or v == 1 or v != v):
-            return False
-    return True
 
 
 def owners_by_profile(entries: list[Entry]) -> list[tuple[int, list[int]]]:
