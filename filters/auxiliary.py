@@ -129,13 +129,18 @@ class Dynamic(AuxiliaryRegistrations):
     def release(self, rt: AuxOwner, part: Partition) -> None:
         pool = self.pool
         regs = part.regs
-        if part.dormant:
-            for key, n in list(regs.items()):
-                if not n:
-                    pool.release(part.entries[key], (rt.idx, key[0]), True)
-                    del regs[key]
-            part.dormant = 0
         held = part.held
+        if part.dormant:
+            entries = part.entries
+            idx = rt.idx
+            for key in [k for k, n in regs.items() if not n]:
+                del regs[key]
+                if key in held:  # leaves for good (as in the loop below): our owner, then the
+                    held.discard(key)  # entry if that was the last (every `once` completion)
+                    pool.release(entries.pop(key), (idx, key[0]))
+                else:
+                    pool.release(entries[key], (idx, key[0]), True)
+            part.dormant = 0
         if not held:
             return
         for key in held:

@@ -19,6 +19,7 @@ import datetime as dt
 import io
 import pickle
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from operator import itemgetter
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -44,6 +45,7 @@ Tracer = Callable[[str, str, str], None]  # (profile id, action, detail)
 # of a profile (runtimes never change them, see `Engine._fan_out`)
 _NONE = 64
 _ONE: tuple[list[int], ...] = tuple([i] for i in range(_NONE))
+_first = itemgetter(0)
 
 
 class ProfileRefPickler(pickle.Pickler):
@@ -327,7 +329,8 @@ class Engine(PlanSwitching, TimeDriven):
             return
         # one filter (a closing event waited for by many): its owners sorted, adjacent per
         # profile (what `owners_by_profile` does, without a list per profile)
-        owners: list[tuple[int, int]] = sorted(entries[0].owners)  # type: ignore[arg-type]
+        # sorted by profile index alone (ints: the sort's fast path), a profile's leaves below
+        owners: list[tuple[int, int]] = sorted(entries[0].owners, key=_first)  # type: ignore[arg-type]
         i, n = 0, len(owners)
         while i < n:
             idx, leaf = owners[i]
@@ -337,6 +340,7 @@ class Engine(PlanSwitching, TimeDriven):
                 while i < n and owners[i][0] == idx:
                     leaves.append(owners[i][1])
                     i += 1
+                leaves.sort()
             else:
                 leaves = _ONE[leaf] if leaf < _NONE else [leaf]
             rt = rts.get(idx)

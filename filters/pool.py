@@ -255,24 +255,38 @@ class PrimitivePool:
         entry.indexed = False
         del self._entries[entry.key]
         for clause in entry.clauses:
-            self._forget(clause)
-            if _impure(clause):
-                self._impure -= 1
-            elif _ranged(clause):
-                self._ranged -= 1
             access = clause.access
             if access is not None and access[0] == "eqs" and access[3] is None:
-                # an auxiliary profile's usual shape, inline: this runs on every completed match
-                table = self._schemas[access[1]]
+                # an equality clause (an auxiliary profile's or a starting component's usual
+                # shape), inline: this runs on every completed match and every `once` profile
+                # that reports
+                if clause.check is None:
+                    memo = self._memo
+                    if memo is not None:  # `_forget`: one key, or the whole memo
+                        if access[1] == self._memo_attrs:
+                            memo.pop(access[2], None)
+                        else:
+                            self._memo = None
+                            self._calm = 0
+                else:
+                    self._forget(clause)
+                    self._impure -= 1
+                schema = access[1]
+                table = self._schemas[schema]
                 bucket = table[access[2]]
                 plain = bucket.plain
                 del plain[clause]
                 if not plain and not bucket.ranges:
                     del table[access[2]]
                     if not table:
-                        del self._schemas[access[1]]
-            else:
-                self._index.remove(clause)
+                        del self._schemas[schema]
+                continue
+            self._forget(clause)
+            if _impure(clause):
+                self._impure -= 1
+            elif _ranged(clause):
+                self._ranged -= 1
+            self._index.remove(clause)
 
     def _forget(self, clause: Clause) -> None:
         """The memo after `clause` enters or leaves the index.
