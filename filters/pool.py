@@ -39,7 +39,8 @@ _MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind 
 # the memo reviews its hit rate every _TRIAL look-ups; if at least _MISSES of them missed
 # (unique keys, or a key forgotten by an auxiliary insert before it is looked up again) it
 # only costs, so matching goes without it for _PAUSE matches (doubled after every failed
-# review since the last good one, up to _PAUSE_MAX), then it starts again, empty
+# review since the last good one, up to _PAUSE_MAX), then it takes up again where it was (kept
+# up to date meanwhile: a memo still filling with many value combinations resumes warm)
 _TRIAL = 256
 _MISSES = _TRIAL * 7 // 8
 _PAUSE = 1024
@@ -88,6 +89,7 @@ class PrimitivePool:
         self._memo: dict[Any, Memo] | None = None
         self._memo_attrs: tuple[str, ...] = ()
         self._calm = 0  # negative while the memo is paused
+        self._paused: dict[Any, Memo] | None = None  # the memo while paused
         self._looks = 0  # memo look-ups since its last review
         self._misses = 0  # of which missed
         self._pause = _PAUSE  # the next pause's length
@@ -262,12 +264,13 @@ class PrimitivePool:
                 # that reports
                 if clause.check is None:
                     memo = self._memo
+                    if memo is None:
+                        memo = self._paused
                     if memo is not None:  # `_forget`: one key, or the whole memo
                         if access[1] == self._memo_attrs:
                             memo.pop(access[2], None)
                         else:
-                            self._memo = None
-                            self._calm = 0
+                            self._drop_memo()
                 else:
                     self._forget(clause)
                     self._impure -= 1
@@ -301,14 +304,22 @@ class PrimitivePool:
         plain = clause.check is None and access is not None and access[0] == "eqs"
         memo = self._memo
         if memo is None:
-            if not plain and self._calm > 0:  # (a paused memo stays paused)
-                self._calm = 0
-            return
+            memo = self._paused
+            if memo is None:
+                if not plain and self._calm > 0:  # (a paused memo stays paused)
+                    self._calm = 0
+                return
         if plain and access is not None and access[1] == self._memo_attrs:
             memo.pop(access[2], None)  # the bucket's values are the memo's key (`match`)
             return
-        self._memo = None
-        self._calm = 0
+        self._drop_memo()
+
+    def _drop_memo(self) -> None:
+        """Forget the memo (running or paused): it starts afresh after _CALM quiet matches (a
+        paused one when its pause ends)."""
+        self._memo = self._paused = None
+        if self._calm > 0:  # (a paused one's pause goes on)
+            self._calm = 0
 
     def _insert_clause(
         self, entry: Entry, parts: list[Filter], eqs: Eqs, index: bool
@@ -384,18 +395,23 @@ class PrimitivePool:
         if self._misses < _MISSES:
             self._pause = _PAUSE
         else:
-            self._memo = None
-            self._calm = _CALM - self._pause  # `match` counts it up to _CALM, then starts again
+            self._paused, self._memo = self._memo, None
+            self._calm = _CALM - self._pause  # `match` counts it up to _CALM, then resumes
             self._pause = min(2 * self._pause, _PAUSE_MAX)
         self._looks = self._misses = 0
 
     def _start_memo(self) -> dict[Any, Memo]:
+        self._looks = self._misses = 0
+        memo = self._paused
+        if memo is not None:  # resumed: its attributes and keys were kept up to date
+            self._paused = None
+            self._memo = memo
+            return memo
         names: dict[str, None] = {}
         for schema in self._schemas:
             names.update(dict.fromkeys(schema))
         self._memo_attrs = tuple(sorted(names)) or ("",)
         self._memo = {}
-        self._looks = self._misses = 0
         return self._memo
 
     def _memo_value(self, attrs: dict[str, Any]) -> Memo:
