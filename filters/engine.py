@@ -210,12 +210,8 @@ class Engine(PlanSwitching, TimeDriven):
         self._deactivate(rt)
 
     def _deactivate(self, rt: Runtime) -> None:
-        """Take `rt` out: its starting entries, its state (`clear`), its clocks.
-
-        A `once` profile calls this when it reports: the paper's closing event completes
-        2,000-10,000 of them, so the steps are few and direct (one pool call for the starting
-        entries through their kept handles, `clear` for the partitions' auxiliary entries).
-        """
+        """Take `rt` out: starting entries, state (`clear`), clocks. A `once` profile calls it
+        when it reports (a paper closing event completes 2,000-10,000): few, direct steps."""
         if not rt.active:
             return
         rt.active = False
@@ -228,19 +224,8 @@ class Engine(PlanSwitching, TimeDriven):
         if self._online:
             self._online.pop(rt.pid, None)
         rt.clear()
-        if rt.__class__ is CompositeRuntime or isinstance(rt, CompositeRuntime):
-            if rt.clock_leaves:
-                self._drop_clock_user(rt)
-
-    def _drop_clock_user(self, rt: CompositeRuntime) -> None:
-        """A removed profile's clocks: a clock nobody waits for any more leaves the timers."""
-        for clock in rt.clocks:
-            users = self._clock_users.get(clock)
-            if users is not None:
-                users.pop(rt.idx, None)
-                if not users:
-                    del self._clock_users[clock]
-                    self.timers.discard(self._clocks.pop(clock, None))
+        if isinstance(rt, CompositeRuntime) and rt.clock_leaves:
+            _drop_clock_user(self, rt)
 
     @property
     def profiles(self) -> list[Profile]:
@@ -313,13 +298,9 @@ class Engine(PlanSwitching, TimeDriven):
         self._fan_out(entries, event, seq)
 
     def _fan_out(self, entries: list[Entry], event: Event, seq: int) -> None:
-        """Hand the event to every owner of the matched entries, once per profile with all the
-        leaves it matched (sorted), in profile order: the order notifications come out in.
-
-        A profile that matched one leaf gets a shared one-element list (`_ONE`): the closing
-        event of a group reaches thousands of profiles, one leaf each. Runtimes only read the
-        `leaves` they are given (never change or keep them).
-        """
+        """The event to each owner profile once, with the leaves it matched (sorted), in profile
+        order (the notifications' order). One leaf: a shared `[leaf]` (`_ONE`; a closing event
+        reaches thousands of profiles): runtimes only read `leaves`, never change or keep it."""
         rts = self._rts
         if len(entries) > 1:
             for idx, leaves in owners_by_profile(entries):
@@ -327,9 +308,8 @@ class Engine(PlanSwitching, TimeDriven):
                 if rt is not None and rt.active:
                     rt.on_event(event, seq, leaves)
             return
-        # one filter (a closing event waited for by many): its owners sorted, adjacent per
-        # profile (what `owners_by_profile` does, without a list per profile)
-        # sorted by profile index alone (ints: the sort's fast path), a profile's leaves below
+        # one filter (a closing event waited for by many): `owners_by_profile` without a list
+        # per profile; sorted by profile index alone (ints: the sort's fast path), leaves below
         owners: list[tuple[int, int]] = sorted(entries[0].owners, key=_first)  # type: ignore[arg-type]
         i, n = 0, len(owners)
         while i < n:
@@ -482,6 +462,17 @@ class Engine(PlanSwitching, TimeDriven):
     def _trace(self, profile_id: str, action: str, detail: str) -> None:
         if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):
             self.tracer(profile_id, action, detail)
+
+
+def _drop_clock_user(eng: Engine, rt: CompositeRuntime) -> None:
+    """A removed profile's clocks: a clock nobody waits for any more leaves the timers."""
+    for clock in rt.clocks:
+        users = eng._clock_users.get(clock)
+        if users is not None:
+            users.pop(rt.idx, None)
+            if not users:
+                del eng._clock_users[clock]
+                eng.timers.discard(eng._clocks.pop(clock, None))
 
 
 for _name, _cls in (

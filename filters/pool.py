@@ -141,11 +141,10 @@ class PrimitivePool:
         """`add` through a handle from `prepare` (or a kept one): the entry that now holds `owner`
         (another one, if an equal filter was added since the handle was made)."""
         if not entry.indexed:
-            held = self._entries.get(entry.key)
-            if held is not None:
+            held = self._entries.setdefault(entry.key, entry)  # (one hash of the filter)
+            if held is not entry:
                 entry = held
             else:
-                self._entries[entry.key] = entry
                 entry.indexed = True
                 for clause in entry.clauses:
                     self._place(clause)
@@ -337,6 +336,22 @@ class PrimitivePool:
 
     def _place(self, clause: Clause) -> None:
         """Put an entry's clause into the index (under its access predicate)."""
+        access = clause.access
+        if clause.check is None and access is not None and access[0] == "eqs":
+            # equalities (and a range): an auxiliary profile's shape, inline (`_forget`, the
+            # counts): a group's first partial match puts its closing component back
+            memo = self._memo
+            if memo is None:
+                memo = self._paused
+            if memo is not None:
+                if access[1] == self._memo_attrs:
+                    memo.pop(access[2], None)
+                else:
+                    self._drop_memo()
+            if access[3] is not None:
+                self._ranged += 1
+            self._index.place(clause)
+            return
         self._forget(clause)
         if _impure(clause):
             self._impure += 1
