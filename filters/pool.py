@@ -374,14 +374,14 @@ class PrimitivePool:
         # than a generic tuple)
         if len(names) == 1:
             key = attrs.get(names[0])
-            if key.__class__ is bool:
+            if key is True or key is False:  # (cheaper than a class test)
                 key = (bool, key)
         elif len(names) == 2:
             a = attrs.get(names[0])
             b = attrs.get(names[1])
-            if a.__class__ is bool:
+            if a is True or a is False:
                 a = (bool, a)
-            if b.__class__ is bool:
+            if b is True or b is False:
                 b = (bool, b)
             key = (a, b)
         else:

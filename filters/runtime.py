@@ -101,7 +101,7 @@ class Runtime:
 
     def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
         """A fast handler for events matching only `leaf` (see `LazySeqRuntime.sink`); most
-        runtimes have none."""
+        runtimes have none (a class that may have one sets `has_sink`)."""
         return None
 
     def live(self) -> tuple[int, int]:
