@@ -149,13 +149,21 @@ class Dynamic(AuxiliaryRegistrations):
     def release(self, rt: AuxOwner, part: Partition) -> None:
         pool = self.pool
         regs = part.regs
-        if part.dormant:
-            for key, n in list(regs.items()):
-                if not n:
-                    pool.release(entry_of(rt, part, key), rt.owners[key[0]], True)
-                    del regs[key]
-            part.dormant = 0
         held = part.held
+        if part.dormant:
+            owners = rt.owners
+            for key in [k for k, n in regs.items() if not n]:
+                del regs[key]
+                if key in held:  # leaves for good (as in the loop below): our owner, then the
+                    held.discard(key)  # entry if that was the last (every `once` completion)
+                    if key[1] or part.values:
+                        entry = part.entries.pop(key)  # type: ignore[union-attr]
+                    else:
+                        entry = rt.aux_entries[key[0]]
+                    pool.release(entry, owners[key[0]])
+                else:
+                    pool.release(entry_of(rt, part, key), owners[key[0]], True)
+            part.dormant = 0
         if not held:
             return
         entries = part.entries

@@ -231,8 +231,9 @@ class CompositeRuntime(GeneralSteps):
         if not self.flat:
             self._add_pm(part, pm)
             return True
-        if part.pms:
-            part.pms.append(pm)
+        pms = part.pms
+        if isinstance(pms, list):  # (a new partition's empty list too: no second one)
+            pms.append(pm)
         else:
             part.pms = [pm]
         self.pm_count += 1

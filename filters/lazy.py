@@ -42,6 +42,8 @@ from profiles.events import Event
 class LazySeqRuntime(LazyBase):
     """A `seq` profile evaluated rare-first (see the module docstring; shapes: `plans.lazy_shape`)."""
 
+    has_sink = True
+
     # ---------------------------------------------------------------- event
     def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
         """A precompiled handler for events that match only `leaf` among this profile's

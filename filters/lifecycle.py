@@ -268,17 +268,22 @@ class MatchLifecycle(MatchBinder):
         return not self.parts and not self.pm_count and not self.clock_leaves
 
     def clear(self) -> None:
-        eng = self.engine
-        timers, aux = eng.timers, eng.aux
-        for part in list(self.parts.values()):
-            if part.pms:
-                for pm in list(part.pms):
-                    pm.alive = False
-                    timers.discard(pm.handle)
-                    pm.handle = None
-                    self._sync(pm)
-            aux.release(self, part)
-            if part.handle is not None:
-                timers.discard(part.handle)
+        """The profile goes (removed, or `once` and reported): its PMs, timers and auxiliary
+        profiles. A partition holding no registrations (most, after a completion) costs a look."""
+        parts = self.parts
+        if parts:
+            eng = self.engine
+            timers, aux = eng.timers, eng.aux
+            for part in parts.values():  # (nothing below adds or drops a partition)
+                if part.pms:
+                    for pm in list(part.pms):
+                        pm.alive = False
+                        timers.discard(pm.handle)
+                        pm.handle = None
+                        self._sync(pm)
+                if part.regs or part.held:
+                    aux.release(self, part)
+                if part.handle is not None:
+                    timers.discard(part.handle)
+            parts.clear()
         self.pm_count = 0
-        self.parts.clear()

@@ -33,8 +33,18 @@ from profiles.ast import Filter
 __all__ = ["Entry", "Eqs", "PrimitivePool", "owners_by_profile"]
 
 _MAX_PLANS = 100_000
+_MAX_PREPARED = 100_000  # prepared entries kept for equal filters (`prepare`)
 _CALM = 64  # matches without a pool change before results are memoized
 _MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind x state)
+# the memo reviews its hit rate every _TRIAL look-ups; if at least _MISSES of them missed
+# (unique keys, or a key forgotten by an auxiliary insert before it is looked up again) it
+# only costs, so matching goes without it for _PAUSE matches (doubled after every failed
+# review since the last good one, up to _PAUSE_MAX), then it takes up again where it was (kept
+# up to date meanwhile: a memo still filling with many value combinations resumes warm)
+_TRIAL = 256
+_MISSES = _TRIAL * 7 // 8
+_PAUSE = 1024
+_PAUSE_MAX = 65_536
 
 # a memoized match: the entries, or (when ranges decide) the one range or a function of the
 # event that gives them
@@ -78,7 +88,14 @@ class PrimitivePool:
         self._ranged = 0  # equality clauses with a range (without any, a memo miss is a match)
         self._memo: dict[Any, Memo] | None = None
         self._memo_attrs: tuple[str, ...] = ()
-        self._calm = 0
+        self._calm = 0  # negative while the memo is paused
+        self._paused: dict[Any, Memo] | None = None  # the memo while paused
+        self._looks = 0  # memo look-ups since its last review
+        self._misses = 0  # of which missed
+        self._pause = _PAUSE  # the next pause's length
+        # (filter, eqs) -> the entry `prepare` made for it (equal auxiliary filters of many
+        # profiles share one handle: one entry and one set of clauses, revived by a count)
+        self._prepared: dict[tuple[Filter, Eqs], Entry] = {}
 
     def __len__(self) -> int:
         """Number of distinct filters stored."""
@@ -111,17 +128,23 @@ class PrimitivePool:
             eqs = tuple([(a, (bool, v) if v.__class__ is bool else v) for a, v in eqs])
         key = (f, eqs)
         entry = self._entries.get(key)
-        return entry if entry is not None else self._plan(key, f, eqs, False)
+        if entry is not None:
+            return entry
+        entry = self._prepared.get(key)
+        if entry is None:
+            entry = self._plan(key, f, eqs, False)
+            if len(self._prepared) < _MAX_PREPARED:
+                self._prepared[key] = entry
+        return entry
 
     def revive(self, entry: Entry, owner: Hashable) -> Entry:
         """`add` through a handle from `prepare` (or a kept one): the entry that now holds `owner`
         (another one, if an equal filter was added since the handle was made)."""
         if not entry.indexed:
-            held = self._entries.get(entry.key)
-            if held is not None:
+            held = self._entries.setdefault(entry.key, entry)  # (one hash of the filter)
+            if held is not entry:
                 entry = held
             else:
-                self._entries[entry.key] = entry
                 entry.indexed = True
                 for clause in entry.clauses:
                     self._place(clause)
@@ -201,6 +224,21 @@ class PrimitivePool:
         if not owners and not keep:
             self._drop_entry(entry)
 
+    def release_all(self, held: Iterable[tuple[Entry, Hashable]]) -> None:
+        """`release` of several (entry, owner) pairs: a profile's starting entries when it goes
+        (every completed `once` profile: one call, not one per entry)."""
+        for entry, owner in held:
+            owners = entry.owners
+            n = owners[owner] - 1
+            if n:
+                owners[owner] = n
+                continue
+            del owners[owner]
+            self.owner_count -= 1
+            entry.solo = entry.fanout = None
+            if not owners:
+                self._drop_entry(entry)
+
     def purge(self, f: Filter, eqs: Eqs = ()) -> None:
         """Remove a kept filter that has no owners left."""
         if eqs:
@@ -218,24 +256,39 @@ class PrimitivePool:
         entry.indexed = False
         del self._entries[entry.key]
         for clause in entry.clauses:
-            self._forget(clause)
-            if _impure(clause):
-                self._impure -= 1
-            elif _ranged(clause):
-                self._ranged -= 1
             access = clause.access
             if access is not None and access[0] == "eqs" and access[3] is None:
-                # an auxiliary profile's usual shape, inline: this runs on every completed match
-                table = self._schemas[access[1]]
+                # an equality clause (an auxiliary profile's or a starting component's usual
+                # shape), inline: this runs on every completed match and every `once` profile
+                # that reports
+                if clause.check is None:
+                    memo = self._memo
+                    if memo is None:
+                        memo = self._paused
+                    if memo is not None:  # `_forget`: one key, or the whole memo
+                        if access[1] == self._memo_attrs:
+                            memo.pop(access[2], None)
+                        else:
+                            self._drop_memo()
+                else:
+                    self._forget(clause)
+                    self._impure -= 1
+                schema = access[1]
+                table = self._schemas[schema]
                 bucket = table[access[2]]
                 plain = bucket.plain
                 del plain[clause]
                 if not plain and not bucket.ranges:
                     del table[access[2]]
                     if not table:
-                        del self._schemas[access[1]]
-            else:
-                self._index.remove(clause)
+                        del self._schemas[schema]
+                continue
+            self._forget(clause)
+            if _impure(clause):
+                self._impure -= 1
+            elif _ranged(clause):
+                self._ranged -= 1
+            self._index.remove(clause)
 
     def _forget(self, clause: Clause) -> None:
         """The memo after `clause` enters or leaves the index.
@@ -250,25 +303,22 @@ class PrimitivePool:
         plain = clause.check is None and access is not None and access[0] == "eqs"
         memo = self._memo
         if memo is None:
-            if not plain:
-                self._calm = 0
-            return
+            memo = self._paused
+            if memo is None:
+                if not plain and self._calm > 0:  # (a paused memo stays paused)
+                    self._calm = 0
+                return
         if plain and access is not None and access[1] == self._memo_attrs:
-            key = access[2]
-            # a (bool, v) value is never memoized (True == 1, see `_memoizable`)
-            if len(access[1]) == 1:
-                if key.__class__ is not tuple:
-                    memo.pop(key, None)
-                    return
-            else:
-                for v in key:
-                    if v.__class__ is tuple:
-                        break
-                else:
-                    memo.pop(key, None)
-                    return
-        self._memo = None
-        self._calm = 0
+            memo.pop(access[2], None)  # the bucket's values are the memo's key (`match`)
+            return
+        self._drop_memo()
+
+    def _drop_memo(self) -> None:
+        """Forget the memo (running or paused): it starts afresh after _CALM quiet matches (a
+        paused one when its pause ends)."""
+        self._memo = self._paused = None
+        if self._calm > 0:  # (a paused one's pause goes on)
+            self._calm = 0
 
     def _insert_clause(
         self, entry: Entry, parts: list[Filter], eqs: Eqs, index: bool
@@ -286,6 +336,22 @@ class PrimitivePool:
 
     def _place(self, clause: Clause) -> None:
         """Put an entry's clause into the index (under its access predicate)."""
+        access = clause.access
+        if clause.check is None and access is not None and access[0] == "eqs":
+            # equalities (and a range): an auxiliary profile's shape, inline (`_forget`, the
+            # counts): a group's first partial match puts its closing component back
+            memo = self._memo
+            if memo is None:
+                memo = self._paused
+            if memo is not None:
+                if access[1] == self._memo_attrs:
+                    memo.pop(access[2], None)
+                else:
+                    self._drop_memo()
+            if access[3] is not None:
+                self._ranged += 1
+            self._index.place(clause)
+            return
         self._forget(clause)
         if _impure(clause):
             self._impure += 1
@@ -303,20 +369,32 @@ class PrimitivePool:
                 return self._match(attrs)
             memo = self._start_memo()
         names = self._memo_attrs
-        n = len(names)  # spelled out for the usual sizes: 3x faster than tuple(map(...))
-        if n == 1:
+        # the key: the equality attributes' values as the buckets hold them (`norm`: a boolean
+        # is (bool, v), as True == 1 for a dict); spelled out for the usual sizes (3x faster
+        # than a generic tuple)
+        if len(names) == 1:
             key = attrs.get(names[0])
-        elif n == 2:
-            key = (attrs.get(names[0]), attrs.get(names[1]))
-        elif n == 3:
-            key = (attrs.get(names[0]), attrs.get(names[1]), attrs.get(names[2]))
+            if key is True or key is False:  # (cheaper than a class test)
+                key = (bool, key)
+        elif len(names) == 2:
+            a = attrs.get(names[0])
+            b = attrs.get(names[1])
+            if a is True or a is False:
+                a = (bool, a)
+            if b is True or b is False:
+                b = (bool, b)
+            key = (a, b)
         else:
-            key = tuple([attrs.get(a) for a in names])
+            key = tuple([(bool, v) if v.__class__ is bool else v for v in map(attrs.get, names)])
+        self._looks += 1
         out = memo.get(key)
         if out is None:
             out = self._memo_value(attrs)
-            if len(memo) < _MEMO_MAX and _memoizable(key, n == 1):
+            if len(memo) < _MEMO_MAX:
                 memo[key] = out
+            self._misses += 1
+            if self._looks >= _TRIAL:
+                self._review()
         if isinstance(out, list):
             return out
         if isinstance(out, Range):  # `Range.hits`, inline: the plain threshold filter's match
@@ -327,7 +405,23 @@ class PrimitivePool:
             return out.ents[:k] if out.prefix else out.ents[k:]
         return out(attrs)
 
+    def _review(self) -> None:
+        """Every _TRIAL look-ups (at a miss): keep the memo, or pause it if nearly all missed."""
+        if self._misses < _MISSES:
+            self._pause = _PAUSE
+        else:
+            self._paused, self._memo = self._memo, None
+            self._calm = _CALM - self._pause  # `match` counts it up to _CALM, then resumes
+            self._pause = min(2 * self._pause, _PAUSE_MAX)
+        self._looks = self._misses = 0
+
     def _start_memo(self) -> dict[Any, Memo]:
+        self._looks = self._misses = 0
+        memo = self._paused
+        if memo is not None:  # resumed: its attributes and keys were kept up to date
+            self._paused = None
+            self._memo = memo
+            return memo
         names: dict[str, None] = {}
         for schema in self._schemas:
             names.update(dict.fromkeys(schema))
@@ -381,15 +475,6 @@ def _impure(clause: Clause) -> bool:
     """Whether the clause's match depends on more than the values of its equality attributes."""
     access = clause.access
     return clause.check is not None or access is None or access[0] not in ("eqs", "in")
-
-
-def _memoizable(key: Any, single: bool) -> bool:
-    """A key that no other key of different match result equals: `True == 1 == 1.0` as dict keys,
-    but the pool tells booleans from numbers, and NaN equals nothing."""
-    for v in (key,) if single else key:
-        if v.__class__ is not str and v is not None and (v == 0 or v == 1 or v != v):
-            return False
-    return True
 
 
 def owners_by_profile(entries: list[Entry]) -> list[tuple[int, list[int]]]:

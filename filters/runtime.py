@@ -70,7 +70,13 @@ def fmt_events(events: Mapping[str, Event]) -> str:
 
 
 class Runtime:
-    """One profile's state inside the engine."""
+    """One profile's state inside the engine.
+
+    `on_event` gets the leaves the event matched as a list it must only read: the engine hands
+    the same one-element list to every runtime that matched one leaf (`Engine._fan_out`).
+    """
+
+    has_sink: ClassVar[bool] = False  # `sink` may return a handler (the engine asks only then)
 
     def __init__(self, engine: EngineHost, profile: Profile, idx: int) -> None:
         self.engine = engine
@@ -84,6 +90,7 @@ class Runtime:
         return ()
 
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
+        """`ev` (arrival number `seq`) matched `leaves` of this profile (sorted; read-only)."""
         raise NotImplementedError
 
     def on_timer(self, when: float, payload: Any) -> None:
@@ -94,7 +101,7 @@ class Runtime:
 
     def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
         """A fast handler for events matching only `leaf` (see `LazySeqRuntime.sink`); most
-        runtimes have none."""
+        runtimes have none (a class that may have one sets `has_sink`)."""
         return None
 
     def live(self) -> tuple[int, int]:

@@ -206,7 +206,7 @@ def test_memo_is_used_once_the_pool_is_calm() -> None:
     assert pool._memo is not None and pool._memo_attrs == ("kind", "state")
     assert pool.owners({"kind": "window", "state": "broken"}) == ["w"]
     assert pool.owners({"kind": "window", "state": True}) == []
-    assert ("window", "broken") in pool._memo and ("window", True) not in pool._memo
+    assert ("window", "broken") in pool._memo and ("window", (bool, True)) in pool._memo
     pool.add(parse_filter("value > 30"), "hot")
     assert pool._memo is None
     for _ in range(2 * pool_module._CALM):
@@ -344,3 +344,130 @@ def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
     pool.add(parse_filter('kind = "T" and v > -1'), "gt-1")
     assert pool._memo is memo and "T" not in memo and "U" in memo
     assert pool.owners({"kind": "T", "v": 0}) == ["gt-1"]
+
+
+def test_booleans_and_numbers_are_memoized_apart() -> None:
+    """`flag = true` and `flag = 1` (or `x = 1` and `x = true`) share a dict key (True == 1),
+    not a result: the memo keys booleans as the buckets do, and memoizes both."""
+    import filters.pool as pool_module
+
+    pool = PrimitivePool()
+    filters_ = {
+        "flag-true": "flag = true",
+        "flag-1": "flag = 1",
+        "x-1": "x = 1",
+        "x-true": "x = true",
+        "x-false": "x = false",
+        "x-0": "x = 0",
+    }
+    for owner, text in filters_.items():
+        pool.add(parse_filter(text), owner)
+    evs = [
+        {"flag": True},
+        {"flag": 1},
+        {"flag": 1.0},
+        {"x": 1},
+        {"x": True},
+        {"x": False},
+        {"x": 0},
+        {"x": 0.0},
+        {"flag": True, "x": 1},
+        {"flag": 1, "x": True},
+    ]
+    for _ in range(pool_module._CALM):
+        pool.owners({"other": 1})
+    for _ in range(3):  # the second and third rounds are answered from the memo
+        for attrs in evs:
+            expected = {o for o, t in filters_.items() if evaluate(parse_filter(t), attrs)}
+            assert set(pool.owners(attrs)) == expected, attrs
+    memo = pool._memo
+    assert memo is not None and pool._memo_attrs == ("flag", "x")
+    assert ((bool, True), None) in memo and (1, None) in memo
+    assert (None, (bool, True)) in memo and (None, 1) in memo
+    assert (None, (bool, False)) in memo and (None, 0) in memo
+    assert memo[((bool, True), None)] != memo[(1, None)]
+
+
+def test_the_memo_pauses_while_nearly_every_look_up_misses() -> None:
+    """Unique keys (every event a new `x`): the memo only costs, so it pauses, resumes after
+    the pause as it was (kept up to date meanwhile) and stays on for a stream it serves; every
+    result equals direct evaluation."""
+    import filters.pool as pool_module
+
+    pool = PrimitivePool()
+    live: dict[str, str] = {}
+    for i in range(50):
+        live[f"a{i}"] = f'k = "A" and x = {i}'
+    live["z"] = 'k = "Z"'
+    for owner, text in live.items():
+        pool.add(parse_filter(text), owner)
+
+    def check(attrs: dict[str, Any]) -> None:
+        expected = {o for o, t in live.items() if evaluate(parse_filter(t), attrs)}
+        assert set(pool.owners(attrs)) == expected, attrs
+
+    n = 0
+    for _ in range(pool_module._CALM + pool_module._TRIAL):  # a new x every event
+        check({"k": "A", "x": n})
+        n += 1
+    assert pool._memo is None and pool._paused is not None  # paused, kept
+    kept = pool._paused
+    pool.remove(parse_filter('k = "A" and x = 3'), "a3")  # kept up to date while paused
+    del live["a3"]
+    assert pool._paused is kept
+    for _ in range(pool_module._PAUSE - pool_module._CALM):
+        check({"k": "A", "x": n})
+        n += 1
+    assert pool._memo is None
+    for _ in range(2 * pool_module._CALM):
+        check({"k": "A", "x": n})
+        n += 1
+    assert pool._memo is kept  # resumed where it was
+    for _ in range(2 * pool_module._TRIAL):  # a few keys, over and over: the memo serves them
+        for x in (1, 2, 3, 4):
+            check({"k": "A", "x": x})
+    check({"k": "A", "x": n})  # a miss: the review (at a miss) keeps the memo, pauses reset
+    assert pool._memo is kept and pool._pause == pool_module._PAUSE
+    pool.add(parse_filter('k = "A" and x = 3'), "a3")
+    live["a3"] = 'k = "A" and x = 3'
+    check({"k": "A", "x": 3})
+    pool.add(parse_filter("x in (1, 2)"), "in")  # not an equality over the memo's attributes
+    live["in"] = "x in (1, 2)"
+    assert pool._memo is None and pool._paused is None
+    for x in range(6):
+        check({"k": "A", "x": x})
+
+
+@settings(max_examples=150, deadline=None)
+@given(eq_ops, st.lists(events, min_size=1, max_size=6))
+def test_a_paused_memo_agrees_with_direct_evaluation(ops, evs) -> None:
+    """The memo pausing after every few look-ups and resuming (kept up to date meanwhile): the
+    results stay those of direct evaluation after every insert and delete."""
+    import filters.pool as pool_module
+
+    saved = (
+        pool_module._CALM,
+        pool_module._TRIAL,
+        pool_module._MISSES,
+        pool_module._PAUSE,
+        pool_module._PAUSE_MAX,
+    )
+    (
+        pool_module._CALM,
+        pool_module._TRIAL,
+        pool_module._MISSES,
+        pool_module._PAUSE,
+        pool_module._PAUSE_MAX,
+    ) = (0, 3, 1, 2, 4)
+    try:
+        check_ops_against_direct_evaluation(
+            ops, evs, (True, 1, 1.0, False, 0), lambda pool, attrs: pool.owners(attrs), set
+        )
+    finally:
+        (
+            pool_module._CALM,
+            pool_module._TRIAL,
+            pool_module._MISSES,
+            pool_module._PAUSE,
+            pool_module._PAUSE_MAX,
+        ) = saved
