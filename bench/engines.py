@@ -121,7 +121,7 @@ def _paper(n: int, groups: int, seed: int) -> tuple[list[Any], list[Any]]:
     from bench import paper
 
     rng = random.Random(seed)
-    values = paper._values(n, rng)
+    values = paper.sample_values(n, rng)
     profiles = paper.profiles_for(values, "unique pairs")
     starts = rng.sample(values, n)
     return profiles, paper.stream(starts, groups, rng)

@@ -141,7 +141,7 @@ def measure(
     """Run the stream once; per-event response, filter and composition times, composite response."""
     eng = make(profiles)
     out = _Stamped()
-    eng._out = out  # both engines append notifications to `_out`; we never swap it back
+    eng.collect_into(out)  # never taken: every notification is stamped as it is appended
     pool = eng.pool
     inner = pool.match
     spent = [0]
@@ -195,7 +195,7 @@ def measure(
 
 
 # ------------------------------------------------------------------------ experiments
-def _values(n: int, rng: random.Random) -> list[int]:
+def sample_values(n: int, rng: random.Random) -> list[int]:
     return rng.sample(range(X_RANGE[0], X_RANGE[1] + 1), n)
 
 
@@ -215,7 +215,7 @@ def exp_order(
             if mode == "all pairs" and g > all_pairs_max_groups:
                 continue  # n (g + 1) / 2 notifications: the output, not the filter, is measured
             rng = random.Random(seed)
-            values = _values(n, rng)
+            values = sample_values(n, rng)
             profiles = profiles_for(values, mode)
             starts = rng.sample(values, n)
             events = stream(starts, g, rng)
@@ -252,7 +252,7 @@ def exp_profiles(
         for g in groups:
             for n in counts:
                 rng = random.Random(seed)
-                values = _values(max(counts + [n_start]), rng)
+                values = sample_values(max(counts + [n_start]), rng)
                 profiles = profiles_for(values[:n], mode)
                 starts = rng.sample(values[:n_start], n_start)
                 events = stream(starts, g, rng)
@@ -293,7 +293,7 @@ def exp_cardinality(
     for mode in MODES:
         for c in cards:
             rng = random.Random(seed)
-            values = _values(n, rng)
+            values = sample_values(n, rng)
             profiles = profiles_for(values, mode, c)
             events = stream(rng.sample(values, n), groups, rng, c)
             res = measure_best(

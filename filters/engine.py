@@ -367,6 +367,11 @@ class Engine(PlanSwitching, TimeDriven):
         rt = self._by_id.get(profile_id)
         return rt.bound_duplicate(event) if isinstance(rt, CompositeRuntime) and rt.active else None
 
+    def collect_into(self, out: list[Notification]) -> None:
+        """Append notifications to `out` from now on, until `take_notifications` starts a new
+        list: instrumentation (`bench/paper.py` time-stamps every append)."""
+        self._out = out
+
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []
         return out

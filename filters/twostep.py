@@ -912,6 +912,11 @@ class TwoStepEngine(TimeDriven):
             if rt is not None and rt.active:
                 rt.on_event(event, seq, leaves)
 
+    def collect_into(self, out: list[Notification]) -> None:
+        """Append notifications to `out` from now on, until `take_notifications` starts a new
+        list: instrumentation (`bench/paper.py` time-stamps every append)."""
+        self._out = out
+
     def take_notifications(self) -> list[Notification]:
         out, self._out = self._out, []
         return out

@@ -727,3 +727,19 @@ def test_bench_lazy_outside_the_checkout_checks_inputs_first_and_finds_its_defau
     assert r.returncode == 0, r.stderr
     assert "KETI" in r.stdout
     assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
+
+
+def test_paper_bench_stamps_every_notification_of_both_engines() -> None:
+    import random
+
+    from bench import paper
+
+    rng = random.Random(1)
+    values = paper.sample_values(50, rng)
+    profiles = paper.profiles_for(values, "unique pairs")
+    events = paper.stream(rng.sample(values, 50), 5, rng)
+    makers = paper.engines()
+    assert {"single-step:dynamic", "two-step"} <= set(makers)
+    for make in makers.values():
+        r = paper.measure(make, profiles, events)
+        assert r["notifications"] == 50 and r["composite_response_us"] > 0

@@ -297,6 +297,24 @@ def test_both_engines_take_their_temporal_pool_and_say_what_is_pending() -> None
         assert eng.pending() == 0
 
 
+def test_both_engines_append_to_a_given_output_list_until_notifications_are_taken() -> None:
+    from filters.twostep import TwoStepEngine
+
+    profile = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
+    for make in (Engine, TwoStepEngine):
+        eng = make([profile])
+        out: list = []
+        eng.collect_into(out)
+        eng.process(Event("a1", 0.0, {"k": "A"}))
+        eng.process(Event("b1", 5.0, {"k": "B"}))
+        assert [n.events["b"].id for n in out] == ["b1"] and eng.pending() == 1
+        assert eng.take_notifications() is out
+        eng.process(Event("a2", 6.0, {"k": "A"}))
+        eng.process(Event("b2", 7.0, {"k": "B"}))
+        assert len(out) == 1  # a new list after the take
+        assert [n.events["b"].id for n in eng.take_notifications()] == ["b2"]
+
+
 @pytest.mark.parametrize("variant", Engine.VARIANTS)
 def test_select_last_negation_log_stays_bounded_without_a_window(variant: str) -> None:
     """`select last` keeps the between-negation events a PM saw, to check replacements (§4.1
