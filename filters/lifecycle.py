@@ -82,9 +82,10 @@ class MatchLifecycle(MatchBinder):
         # deadline (or lets the partition's auxiliary profiles go, see `_tidy`). A sorted-list
         # delete per completed match costs more than the no-op, and dead entries are bounded
         # by the window like live ones. Without `per`, history or counts (the fast shapes) the
-        # firing does nothing at all: a terminator in its lane is taken out (a bisect).
+        # firing does nothing at all: a terminator in its lane is taken out (a bisect) unless
+        # it heads the lane (`TemporalPool.retire`).
         if self.drops_done:
-            self.engine.timers.discard_ordered(self.window, pm.handle)
+            self.engine.timers.retire(self.window, pm.handle)
         pm.handle = None
         self._sync(pm)
         part = pm.part
