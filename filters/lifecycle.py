@@ -139,7 +139,10 @@ class MatchLifecycle(MatchBinder):
             return
         pm.handle = None
         part = pm.part
-        if self.window is not None and (end := pm.first_ts() + self.window) <= when:
+        end = pm.deadline  # flat: the first event's time plus the window (`_changed`)
+        if end is None or not self.flat:
+            end = pm.first_ts() + self.window if self.window is not None else None
+        if end is not None and end <= when:
             if (self.fast or self.fast_each) and self.engine.tracer is None:
                 self._expire(pm, part, when)
                 return
