@@ -370,7 +370,16 @@ class CompositeBase(DerivedRuntime):
                     continue
                 del regs[key]
                 part.dormant -= 1
-                self.engine.pool.release(self.aux_entries[i], self.owners[i], True)
+                entry = self.aux_entries[i]  # `PrimitivePool.release(..., keep=True)`, inline
+                owners = entry.owners
+                owner = self.owners[i]
+                n = owners[owner] - 1
+                if n:
+                    owners[owner] = n
+                    continue
+                del owners[owner]
+                self.engine.pool.owner_count -= 1
+                entry.solo = entry.fanout = None
 
     def restore_registrations(self, aux: AuxiliaryRegistrations) -> None:
         """After a restore: put the registrations of the stored partitions into the new pool
