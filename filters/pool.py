@@ -370,12 +370,10 @@ class PrimitivePool:
                 return self._match(attrs)
             memo = self._start_memo()
         names = self._memo_attrs
-        # the key: the equality attributes' values as the buckets hold them (`norm`: a boolean
-        # is (bool, v), as True == 1 for a dict); spelled out for the usual sizes (3x faster
-        # than a generic tuple)
+        # the key: the equality attributes' values as the buckets hold them (a boolean is
+        # (bool, v), as True == 1 for a dict); spelled out for the usual sizes (3x faster)
         key: Any
-        n = self._memo_n
-        if n == 2:
+        if (n := self._memo_n) == 2:
             a = attrs.get(names[0])
             b = attrs.get(names[1])
             if a is True or a is False:
@@ -428,10 +426,10 @@ class PrimitivePool:
         names: dict[str, None] = {}
         for schema in self._schemas:
             names.update(dict.fromkeys(schema))
-        self._memo_attrs = tuple(sorted(names)) or ("",)
-        self._memo_n = len(self._memo_attrs)
-        self._memo = {}
-        return self._memo
+        self._memo_attrs = attrs = tuple(sorted(names)) or ("",)
+        self._memo_n, memo = len(attrs), {}
+        self._memo = memo
+        return memo
 
     def _memo_value(self, attrs: dict[str, Any]) -> Memo:
         """What the memo keeps for the equality values of `attrs`: the matching entries, or, when
