@@ -112,6 +112,14 @@ class Dynamic(AuxiliaryRegistrations):
             aux = rt.aux_entries.get(leaf)
             if aux is None:
                 aux = rt.aux_entries[leaf] = pool.prepare(rt.pat.leaves[leaf].filter)
+            elif aux.indexed:  # `revive` of an entry in the pool (kept by references), inline:
+                owners = aux.owners  # a waiting PM's next component, every cycle of a key
+                prev = owners.get(owner, 0)
+                owners[owner] = prev + 1
+                if not prev:
+                    pool.owner_count += 1
+                    aux.solo = aux.fanout = None
+                return
             live = pool.revive(aux, owner)  # kept in the pool (references): a count
             if live is not aux:  # the pool's own entry: the next PM's `revive` is a count
                 rt.aux_entries[leaf] = live

@@ -297,18 +297,46 @@ class CompositeBase(DerivedRuntime):
         return tuple(vals)
 
     def _sync(self, pm: PartialMatch) -> None:
-        """Make the pool hold exactly the auxiliary profiles this PM waits on."""
-        new = self._wanted(pm) if pm.alive else ()
+        """Make the pool hold exactly the auxiliary profiles this PM waits on.
+
+        A step of a PM (every middle event of a `seq`) lands here: `_wanted`, `_unreg` and
+        `_reg` are written out for their commonest cases (a count that stays above zero, a
+        value-free registration going dormant or coming back), as `_unreg_done` does.
+        """
+        if pm.alive:
+            wants = self._wants
+            new = wants.get(pm.mask) if wants is not None else None
+            if new is None:
+                new = self._wanted(pm)
+        else:
+            new = ()
         old = pm.regs
         if new == old:
             return
         part = pm.part
+        counts = part.regs
+        aux = self.engine.aux
         for key in old:
             if key not in new:
-                self._unreg(part, key)
+                n = counts[key]
+                if n > 1:
+                    counts[key] = n - 1
+                elif aux.keeps_dormant and not key[1]:  # `References.remove`
+                    counts[key] = 0
+                    part.dormant += 1
+                else:
+                    aux.remove(self, part, key)
         for key in new:
             if key not in old:
-                self._reg(part, key)
+                m = counts.get(key)
+                if m:
+                    counts[key] = m + 1
+                elif m is None:
+                    counts[key] = 1
+                    aux.insert(self, part, key)
+                else:  # dormant (references): our owner never left the pool
+                    counts[key] = 1
+                    part.dormant -= 1
         pm.regs = new
 
     def _reg(self, part: Partition, key: RegKey) -> None:
@@ -331,13 +359,27 @@ class CompositeBase(DerivedRuntime):
 
     def _drop_dormant(self, part: Partition, leaves: list[int]) -> None:
         """References: the event reached dormant auxiliary profiles (nobody waits): take our
-        owner off."""
+        owner off (`AuxiliaryRegistrations.drop_dormant`, inline for a value-free key)."""
         regs = part.regs
         keys = self.free_keys
         for i in leaves:
             key = keys[i]
             if regs.get(key) == 0:
-                self.engine.aux.drop_dormant(self, part, key)
+                if part.values:
+                    self.engine.aux.drop_dormant(self, part, key)
+                    continue
+                del regs[key]
+                part.dormant -= 1
+                entry = self.aux_entries[i]  # `PrimitivePool.release(..., keep=True)`, inline
+                owners = entry.owners
+                owner = self.owners[i]
+                n = owners[owner] - 1
+                if n:
+                    owners[owner] = n
+                    continue
+                del owners[owner]
+                self.engine.pool.owner_count -= 1
+                entry.solo = entry.fanout = None
 
     def restore_registrations(self, aux: AuxiliaryRegistrations) -> None:
         """After a restore: put the registrations of the stored partitions into the new pool

@@ -117,8 +117,11 @@ class MatchLifecycle(MatchBinder):
         if not part.pms:
             return
         for pm in list(part.pms):
-            if pm.alive and any(b is not None and b.seq in seqs for b in pm.binds):
-                self._drop(pm, "consumed")
+            if pm.alive:
+                for b in pm.binds:  # a loop, not `any` over a generator: every `each` completion
+                    if b is not None and b.seq in seqs:
+                        self._drop(pm, "consumed")
+                        break
 
     # ----------------------------------------------------------------- timers
     def on_timer(self, when: float, payload: Any) -> None:
@@ -137,7 +140,10 @@ class MatchLifecycle(MatchBinder):
             return
         pm.handle = None
         part = pm.part
-        if self.window is not None and (end := pm.first_ts() + self.window) <= when:
+        end = pm.deadline  # flat: the first event's time plus the window (`_changed`)
+        if end is None or not self.flat:
+            end = pm.first_ts() + self.window if self.window is not None else None
+        if end is not None and end <= when:
             if (self.fast or self.fast_each) and self.engine.tracer is None:
                 self._expire(pm, part, when)
                 return
@@ -157,8 +163,17 @@ class MatchLifecycle(MatchBinder):
         regs = pm.regs
         if regs:
             pm.regs = ()
-            for key in regs:
-                self._unreg(part, key)
+            counts = part.regs
+            aux = self.engine.aux
+            for key in regs:  # `_unreg`, inline (as `_sync`)
+                n = counts[key]
+                if n > 1:
+                    counts[key] = n - 1
+                elif aux.keeps_dormant and not key[1]:
+                    counts[key] = 0
+                    part.dormant += 1
+                else:
+                    aux.remove(self, part, key)
         d = pm.deadline
         if d is not None and d > part.until:
             part.until = d
@@ -221,6 +236,9 @@ class MatchLifecycle(MatchBinder):
         if w is not None and (part.history or part.starts):
             self._forget_stale(part, now, w, fired)
         if not (part.pms or part.history or part.starts):  # `part.empty()`, inline
+            if not part.key and (part.held or part.dormant):
+                part.pms = ()  # `_drop_partition`'s commonest case, inline: kept idle
+                return
             self._drop_partition(part, now, fired)
             return
         if not part.pms and w is not None and part.handle is None:

@@ -103,7 +103,16 @@ class PartialMatch:
         return {b.seq for b in self.binds if b is not None}
 
     def first_ts(self) -> float:
-        return min(b.ev.ts for b in self.binds if b is not None)
+        """The earliest bound event's time (a loop, not `min` over a generator: every PM's
+        deadline is computed from it)."""
+        first: float | None = None
+        for b in self.binds:
+            if b is not None:
+                ts = b.ev.ts
+                if first is None or ts < first:
+                    first = ts
+        assert first is not None  # a PM binds an event
+        return first
 
 
 class Partition:

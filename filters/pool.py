@@ -88,6 +88,7 @@ class PrimitivePool:
         self._ranged = 0  # equality clauses with a range (without any, a memo miss is a match)
         self._memo: dict[Any, Memo] | None = None
         self._memo_attrs: tuple[str, ...] = ()
+        self._memo_n = 0  # len(_memo_attrs): `match` reads it on every event
         self._calm = 0  # negative while the memo is paused
         self._paused: dict[Any, Memo] | None = None  # the memo while paused
         self._looks = 0  # memo look-ups since its last review
@@ -369,14 +370,10 @@ class PrimitivePool:
                 return self._match(attrs)
             memo = self._start_memo()
         names = self._memo_attrs
-        # the key: the equality attributes' values as the buckets hold them (`norm`: a boolean
-        # is (bool, v), as True == 1 for a dict); spelled out for the usual sizes (3x faster
-        # than a generic tuple)
-        if len(names) == 1:
-            key = attrs.get(names[0])
-            if key is True or key is False:  # (cheaper than a class test)
-                key = (bool, key)
-        elif len(names) == 2:
+        # the key: the equality attributes' values as the buckets hold them (a boolean is
+        # (bool, v), as True == 1 for a dict); spelled out for the usual sizes (3x faster)
+        key: Any
+        if (n := self._memo_n) == 2:
             a = attrs.get(names[0])
             b = attrs.get(names[1])
             if a is True or a is False:
@@ -384,6 +381,10 @@ class PrimitivePool:
             if b is True or b is False:
                 b = (bool, b)
             key = (a, b)
+        elif n == 1:
+            key = attrs.get(names[0])
+            if key is True or key is False:  # (cheaper than a class test)
+                key = (bool, key)
         else:
             key = tuple([(bool, v) if v.__class__ is bool else v for v in map(attrs.get, names)])
         self._looks += 1
@@ -395,15 +396,15 @@ class PrimitivePool:
             self._misses += 1
             if self._looks >= _TRIAL:
                 self._review()
-        if isinstance(out, list):
-            return out
+        if out.__class__ is list:  # (cheaper than `isinstance`: every event)
+            return out  # type: ignore[return-value]
         if isinstance(out, Range):  # `Range.hits`, inline: the plain threshold filter's match
             v = attrs.get(out.attr)
             if v is None or v.__class__ not in out.classes or out.big is not None:
                 return out.hits(attrs)
             k = out.cut(out.keys, v)
             return out.ents[:k] if out.prefix else out.ents[k:]
-        return out(attrs)
+        return out(attrs)  # type: ignore[operator]  # (not a list: the `__class__` test)
 
     def _review(self) -> None:
         """Every _TRIAL look-ups (at a miss): keep the memo, or pause it if nearly all missed."""
@@ -425,9 +426,10 @@ class PrimitivePool:
         names: dict[str, None] = {}
         for schema in self._schemas:
             names.update(dict.fromkeys(schema))
-        self._memo_attrs = tuple(sorted(names)) or ("",)
-        self._memo = {}
-        return self._memo
+        self._memo_attrs = attrs = tuple(sorted(names)) or ("",)
+        self._memo_n, memo = len(attrs), {}
+        self._memo = memo
+        return memo
 
     def _memo_value(self, attrs: dict[str, Any]) -> Memo:
         """What the memo keeps for the equality values of `attrs`: the matching entries, or, when
