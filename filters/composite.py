@@ -427,9 +427,10 @@ def leaf_sink(rt: CompositeRuntime, i: int) -> Callable[[Event, int], bool] | No
         if len(pms) == 1:
             pm = pms[0]
             tr = trans.get(pm.mask)
-            if tr is not None and i not in tr and first:
-                return True  # a duplicate: ignored
-            if rt._fast_step(part, pm, ev, seq, one):
+            if tr is not None and i not in tr:
+                if first:
+                    return True  # a duplicate: ignored
+            elif rt._fast_step(part, pm, ev, seq, one):
                 return True
         rt.on_event(ev, seq, one)
         return True
