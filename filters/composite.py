@@ -412,10 +412,13 @@ def leaf_sink(rt: CompositeRuntime, i: int) -> Callable[[Event, int], bool] | No
             return True
         pms = part.pms
         if part.dormant and part.regs.get(fkey) == 0:
-            if pms or opens or t0 is not None:
+            if pms or (t0 is not None and not opens):
                 rt.on_event(ev, seq, one)
-            else:  # nobody waits on it: our owner leaves (`_drop_dormant`), the rest is `_tidy`
-                rt.engine.aux.drop_dormant(rt, part, fkey)
+                return True
+            rt.engine.aux.drop_dormant(rt, part, fkey)  # nobody waits on it: our owner leaves
+            if opens:  # (`_drop_dormant`), then what `_fast_open` does
+                rt._fast_open_one(part, key, ev, seq, i, opens)
+            else:
                 rt._tidy(part, ev.ts)
             return True
         if not pms:

@@ -46,7 +46,7 @@ Tracer = Callable[[str, str, str], None]  # (profile id, action, detail)
 _NONE = 64
 _ONE: tuple[list[int], ...] = tuple([i] for i in range(_NONE))
 _first = itemgetter(0)
-_ASK = 16  # the events an entry with one owner sees before `Engine.process` asks for its `sink`
+_ASK = 32  # the events an entry with one owner sees before `Engine.process` asks for its `sink`
 
 
 class ProfileRefPickler(pickle.Pickler):

@@ -465,12 +465,17 @@ def test_busy_composite_handlers_keep_the_notifications(tail: str) -> None:
     texts = [
         f'seq(a: k = "A" and x = {i}, b: k = "B" and x = {i}, c: k = "C" and x = {i}) within 20s'
         for i in range(3)
-    ] + ['seq(a: k = "A" and x = 9, b: k = "B" and x = 9) within 5s']
+    ] + [
+        'seq(a: k = "A" and x = 9, b: k = "B" and x = 9) within 5s',
+        'all(a: k = "A" and x = 8, b: k = "B" and x = 8) within 5s',
+    ]
     profiles = [parse_profile(t + tail, f"p{i}") for i, t in enumerate(texts)]
     rng = random.Random(7)
     events = [
         Event(
-            f"e{t}", float(t), {"k": rng.choice("ABC"), "x": rng.choice([0, 1, 2, 9]), "g": t % 2}
+            f"e{t}",
+            float(t),
+            {"k": rng.choice("ABC"), "x": rng.choice([0, 1, 2, 8, 9]), "g": t % 2},
         )
         for t in range(600)
     ]
