@@ -13,7 +13,8 @@ a completion in CPython.
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Callable
+from typing import ClassVar, cast
 
 from filters.compile import evaluate
 from filters.matches import PartialMatch, Partition
@@ -28,6 +29,24 @@ Done = tuple[PartialMatch, int, tuple[int, ...]]  # (PM, leaf, match leaves) an 
 
 class CompositeRuntime(GeneralSteps):
     """A composite profile evaluated eagerly: partial matches, auxiliary profiles, terminators."""
+
+    has_sink = True
+    _DERIVED: ClassVar[tuple[str, ...]] = (*GeneralSteps._DERIVED, "_sinks")
+    _sinks: dict[int, Callable[[Event, int], bool] | None]  # leaf -> its handler (`sink`)
+
+    def _derive(self) -> None:
+        super()._derive()
+        self._sinks = {}
+
+    def sink(self, leaf: int) -> Callable[[Event, int], bool] | None:
+        """The engine's handler for an event that matched only `leaf` of this profile (one pool
+        entry, one owner): `on_event` for that leaf with the fast shapes' common steps inline
+        (`leaf_sink`). Made once per leaf; valid while no tracer is set (the engine checks)."""
+        sinks = self._sinks
+        if leaf in sinks:  # (None: this leaf has none)
+            return sinks[leaf]
+        made = sinks[leaf] = leaf_sink(self, leaf)
+        return made
 
     def on_event(self, ev: Event, seq: int, leaves: list[int]) -> None:
         if self.per:
@@ -360,3 +379,65 @@ class CompositeRuntime(GeneralSteps):
                 ):
                     return f"{leaf.name} for {self._desc(pm)}"
         return None
+
+
+def leaf_sink(rt: CompositeRuntime, i: int) -> Callable[[Event, int], bool] | None:
+    """`rt.on_event(ev, seq, [i])` without a tracer, for the fast shapes under first/last (None
+    for other shapes, negated and clock leaves): the engine calls it instead of dispatching to
+    `on_event` (an entry with one owner, `Engine.process`). Each event of a growth or keyed
+    workload is one of four cases, done here with the profile's tables in locals: a duplicate
+    of a bound component (ignored), an extension or completion (`_fast_step`), an opening
+    (`_fast_open_one`, this leaf's transition from the empty match looked up once) and an event
+    that only reached a dormant auxiliary profile (`_drop_dormant`, `_tidy`). Anything else
+    goes to `on_event`. Always True: the event is handled."""
+    if not rt.fast or i in rt.neg_set or rt.pat.leaves[i].clock is not None:
+        return None
+    parts, trans, one, fkey = rt.parts, rt._trans, [i], rt.free_keys[i]
+    t0 = rt.pat.transitions(0).get(i)  # from the empty match: opens a PM (None: starts nothing)
+    opens = t0[0] if t0 is not None and t0[1] is None else 0
+    first = rt.kind == "first"
+    per = rt.per
+
+    def handle(ev: Event, seq: int) -> bool:
+        if per:
+            key = rt.partition_key(ev.attrs)
+            if key is None:
+                return True
+        else:
+            key = ()
+        part = parts.get(key)
+        if part is None:
+            if opens:
+                rt._fast_open_one(None, key, ev, seq, i, opens)
+            else:
+                rt.on_event(ev, seq, one)
+            return True
+        pms = part.pms
+        if part.dormant and part.regs.get(fkey) == 0:
+            if pms or (t0 is not None and not opens):
+                rt.on_event(ev, seq, one)
+                return True
+            rt.engine.aux.drop_dormant(rt, part, fkey)  # nobody waits on it: our owner leaves
+            if opens:  # (`_drop_dormant`), then what `_fast_open` does
+                rt._fast_open_one(part, key, ev, seq, i, opens)
+            else:
+                rt._tidy(part, ev.ts)
+            return True
+        if not pms:
+            if opens:
+                rt._fast_open_one(part, key, ev, seq, i, opens)
+            else:
+                rt.on_event(ev, seq, one)
+            return True
+        if len(pms) == 1:
+            pm = pms[0]
+            tr = trans.get(pm.mask)
+            if tr is not None and i not in tr:
+                if first:
+                    return True  # a duplicate: ignored
+            elif rt._fast_step(part, pm, ev, seq, one):
+                return True
+        rt.on_event(ev, seq, one)
+        return True
+
+    return handle

@@ -46,6 +46,7 @@ Tracer = Callable[[str, str, str], None]  # (profile id, action, detail)
 _NONE = 64
 _ONE: tuple[list[int], ...] = tuple([i] for i in range(_NONE))
 _first = itemgetter(0)
+_ASK = 32  # the events an entry with one owner sees before `Engine.process` asks for its `sink`
 
 
 class ProfileRefPickler(pickle.Pickler):
@@ -287,8 +288,10 @@ class Engine(PlanSwitching, TimeDriven):
                 ((idx, leaf),) = owners  # type: ignore[misc]  # owners: (profile index, leaf)
                 rt = self._rts.get(idx)
                 if rt is not None:
-                    if solo is None:
-                        entry.solo = (rt.has_sink and rt.sink(leaf)) or False
+                    if solo is None:  # a handler (`sink`) from an entry's _ASK-th event on:
+                        hits = entry.hits = entry.hits + 1  # most entries of a spread
+                        if hits >= _ASK:  # workload see a few, and one costs a closure
+                            entry.solo = (rt.has_sink and rt.sink(leaf)) or False
                     rt.on_event(event, seq, _ONE[leaf] if leaf < _NONE else [leaf])
                 return
             if not owners:  # an auxiliary profile kept in the pool while nobody waits on it

@@ -27,7 +27,7 @@ _INF = float("inf")
 class Entry:
     """One distinct filter in the pool, with every owner that subscribed it."""
 
-    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed", "solo", "fanout")
+    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed", "solo", "fanout", "hits")
 
     def __init__(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs) -> None:
         self.key = key
@@ -42,6 +42,7 @@ class Entry:
         # the user's precomputed view of the owners for events matching several entries, valid
         # while the owners do not change (None: not made yet)
         self.fanout: Any = None
+        self.hits = 0  # events seen with one owner and no handler (`Engine.process`)
 
 
 class Clause:

@@ -449,3 +449,56 @@ def test_a_profile_is_compiled_once_and_equal_leaf_filters_are_one_object() -> N
         eng.finish()
         outs.append([n.to_json() for n in eng.take_notifications()])
     assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 3
+
+
+@pytest.mark.parametrize(
+    "tail",
+    ["", " select last", " per g", " select last per g", " once", " consume shared"],
+)
+def test_busy_composite_handlers_keep_the_notifications(tail: str) -> None:
+    """An entry with one owner that keeps receiving events gets the composite's `sink` (the
+    engine's per-leaf handler): the notifications stay those of the general dispatch (a tracer
+    turns the handlers off) and of the two-step engine, across opens, duplicates, completions,
+    dormant auxiliary profiles and expiries; a snapshot taken midway restores and goes on."""
+    from filters.twostep import TwoStepEngine
+
+    texts = [
+        f'seq(a: k = "A" and x = {i}, b: k = "B" and x = {i}, c: k = "C" and x = {i}) within 20s'
+        for i in range(3)
+    ] + [
+        'seq(a: k = "A" and x = 9, b: k = "B" and x = 9) within 5s',
+        'all(a: k = "A" and x = 8, b: k = "B" and x = 8) within 5s',
+    ]
+    profiles = [parse_profile(t + tail, f"p{i}") for i, t in enumerate(texts)]
+    rng = random.Random(7)
+    events = [
+        Event(
+            f"e{t}",
+            float(t),
+            {"k": rng.choice("ABC"), "x": rng.choice([0, 1, 2, 8, 9]), "g": t % 2},
+        )
+        for t in range(600)
+    ]
+
+    def run(eng: object, trace: bool = False, snap_at: int = -1) -> list[tuple[str, float, tuple]]:
+        if trace:
+            eng.tracer = lambda *a: None  # type: ignore[attr-defined]
+        out = []
+        for t, ev in enumerate(events):
+            if t == snap_at:
+                eng = Engine.restore(eng.snapshot())  # type: ignore[attr-defined]
+            eng.process(ev)  # type: ignore[attr-defined]
+            out += [
+                (n.profile, n.ts, tuple(e.id for e in n.events.values()))
+                for n in eng.take_notifications()  # type: ignore[attr-defined]
+            ]
+        return out
+
+    eng = Engine(profiles)
+    fast = run(eng)
+    made = any(callable(e.solo) for e in eng.pool.entries())
+    assert made or tail == " once", "no handler was made"  # (`once` profiles left early)
+    assert fast == run(Engine(profiles), trace=True)
+    assert fast == run(TwoStepEngine(profiles))
+    assert fast == run(Engine(profiles), snap_at=300)
+    assert fast
