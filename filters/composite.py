@@ -121,10 +121,6 @@ class CompositeRuntime(GeneralSteps):
         kept = False  # an auxiliary profile stays held: the partition stays (no `_tidy` needed)
         if self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
-            if (
-                self.drops_done
-            ):  # without `per` its no-op is not needed: out, unless it heads its lane
-                eng.timers.retire(self.window, pm.handle)
             pm.handle = None  # (as `_drop` does): no cycle pm -> terminator -> pm left for the GC
             d = pm.deadline
             if d is not None and d > part.until:

@@ -147,7 +147,6 @@ class CompositeBase(DerivedRuntime):
         "aux_entries",
         "owners",
         "free_keys",
-        "drops_done",
         "pat",
         "n",
         "flat",
@@ -188,7 +187,6 @@ class CompositeBase(DerivedRuntime):
     free_keys: tuple[RegKey, ...]  # leaf -> (leaf, ()): its registration without bound values
     # a fast shape without `per`, flat: a finished PM's terminator would fire as a pure no-op
     # (one idle partition, no history or counts), so it is taken out of its lane instead
-    drops_done: bool
     engine: CompositeHost
 
     def __init__(self, engine: CompositeHost, profile: Profile, idx: int) -> None:
@@ -216,7 +214,6 @@ class CompositeBase(DerivedRuntime):
         self.aux_entries = {}
         self.owners = tuple([(self.idx, i) for i in range(t.n)])
         self.free_keys = tuple([shared((i, ())) for i in range(t.n)])
-        self.drops_done = t.flat and (t.fast or t.fast_each) and not self.per
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> list[tuple[Any, int]]:

@@ -81,11 +81,8 @@ class MatchLifecycle(MatchBinder):
         # The terminator is not taken out of the temporal pool: it fires as a no-op at its
         # deadline (or lets the partition's auxiliary profiles go, see `_tidy`). A sorted-list
         # delete per completed match costs more than the no-op, and dead entries are bounded
-        # by the window like live ones. Without `per`, history or counts (the fast shapes) the
-        # firing does nothing at all: a terminator in its lane is taken out (a bisect) unless
-        # it heads the lane (`TemporalPool.retire`).
-        if self.drops_done:
-            self.engine.timers.retire(self.window, pm.handle)
+        # by the window like live ones (taking it out of its lane on completion was measured:
+        # it put 1-3 µs on the completing event and no gain elsewhere).
         pm.handle = None
         self._sync(pm)
         part = pm.part

@@ -172,30 +172,6 @@ class TemporalPool:
                 return
             self.discard(handle)
 
-    def retire(self, lane: Any, handle: Handle | None) -> bool:
-        """A handle from `add_ordered(lane, ...)` whose firing is now a no-op (its partial match
-        completed): taken out if that is a bisect and a store; True if it was.
-
-        The lane's first entry, or one in the sorted list, is left to fire: taking the first out
-        re-heaps the lane's next live entry, and that work would land on the completing event,
-        which single-step detection keeps near the cost of a primitive one (`ens bench
-        composite`); at the deadline the pop does the same work anyway.
-        """
-        if handle is None:
-            return False
-        ln = self._lanes.get(lane)
-        if ln is None:
-            return False
-        items = ln.items
-        start = ln.start
-        key = (handle[0], handle[1], handle[2])
-        i = bisect_left(items, key, start)  # the sort key alone: a tombstone is not comparable
-        if i > start and i < len(items) and items[i] is handle:
-            items[i] = (*key, _DEAD)
-            self._nlane -= 1
-            return True
-        return False
-
     def _discard_laned(self, handle: Handle) -> bool:
         for ln in self._lanes.values():
             if self._discard_in(ln, handle):

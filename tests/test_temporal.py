@@ -11,14 +11,12 @@ from hypothesis import strategies as st
 from filters.temporal import CLOCK, TIMER, TemporalPool
 
 # one operation: ("add", kind, dt) | ("lane", lane, dt) | ("discard", pick, ordered)
-# | ("retire", pick)
 # | ("pop", dt, inclusive) | ("pickle",); dt is relative to the current time, so lanes get
 # deadlines mostly in order, sometimes not (a late event)
 _ops = st.one_of(
     st.tuples(st.just("add"), st.sampled_from([CLOCK, TIMER]), st.integers(-2, 12)),
     st.tuples(st.just("lane"), st.sampled_from([5, 10]), st.integers(-1, 12)),
     st.tuples(st.just("discard"), st.integers(0, 10_000), st.booleans()),
-    st.tuples(st.just("retire"), st.integers(0, 10_000)),
     st.tuples(st.just("pop"), st.integers(0, 6), st.booleans()),
     st.tuples(st.just("pickle")),
 )
@@ -69,12 +67,6 @@ def test_lanes_fire_as_one_sorted_list(ops: list[tuple[Any, ...]]) -> None:
             else:
                 pool.discard(h)
             ref.discard(h)
-        elif op[0] == "retire" and handles:
-            h, lane = handles[op[1] % len(handles)]
-            if lane is not None and pool.retire(lane, h):  # taken out: it never fires
-                assert any(x is h for x in ref.items)  # (pending, not fired or discarded)
-                ref.discard(h)
-            # else left to fire (a no-op for its owner): the reference keeps it too
         elif op[0] == "pop":
             now += op[1]
             while True:
@@ -103,14 +95,3 @@ def test_a_snapshot_stores_the_lanes_in_the_sorted_list() -> None:
     assert [h[3] for h in slots["_items"]] == ["a", "c", "b"]  # the stored format is unchanged
     back = pickle.loads(pickle.dumps(pool))
     assert [back.pop_due(20.0, False)[3] for _ in range(3)] == ["a", "c", "b"]
-
-
-def test_retire_takes_out_all_but_the_first_entry_of_a_lane() -> None:
-    pool = TemporalPool()
-    a, b, c = (pool.add_ordered(10, 10.0 + i, p) for i, p in enumerate("abc"))
-    assert pool.retire(10, b) and not pool.retire(10, b)  # once
-    assert not pool.retire(10, a)  # the first: left to fire (the head stays where it is)
-    assert pool.head == 10.0 and len(pool) == 2
-    assert [pool.pop_due(20.0, False)[3] for _ in range(2)] == ["a", "c"]
-    assert pool.pop_due(20.0, False) is None
-    assert not pool.retire(10, c) and not pool.retire(99, c)  # fired; no such lane
