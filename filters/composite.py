@@ -19,7 +19,7 @@ from typing import ClassVar, cast
 from filters.compile import evaluate
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
-from filters.runtime import INF, Binding, PartKey, RegKey
+from filters.runtime import INF, Binding, PartKey
 from filters.stepping import GeneralSteps
 from profiles.ast import Clock
 from profiles.events import Event
@@ -140,24 +140,6 @@ class CompositeRuntime(GeneralSteps):
         elif self.unique and (not (kept or part.held) or (part.key and self.window is None)):
             self._tidy(part, ev.ts)  # fast shapes keep no history or counts
         return True
-
-    def _unreg_done(self, part: Partition, regs: tuple[RegKey, ...]) -> bool:
-        """`_unreg` of a completed PM's registrations, its commonest cases inline; True if an
-        auxiliary profile stays (dormant, references)."""
-        counts = part.regs
-        keep = self.engine.aux.keeps_dormant
-        kept = False
-        for key in regs:
-            n = counts[key]
-            if n > 1:
-                counts[key] = n - 1
-            elif keep and not key[1]:
-                counts[key] = 0
-                part.dormant += 1
-                kept = True
-            else:
-                self._unreg(part, key)
-        return kept
 
     def _fast_negate(self, part: Partition, pm: PartialMatch, ev: Event, leaves: list[int]) -> bool:
         """`on_event` for an event of a between-negation (`select first`, no where): it drops

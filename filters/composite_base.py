@@ -346,6 +346,24 @@ class CompositeBase(DerivedRuntime):
         part.regs[key] = 1
         self.engine.aux.insert(self, part, key)
 
+    def _unreg_done(self, part: Partition, regs: tuple[RegKey, ...]) -> bool:
+        """`_unreg` of a finished PM's registrations (completed or expired), its commonest cases inline; True if an
+        auxiliary profile stays (dormant, references)."""
+        counts = part.regs
+        keep = self.engine.aux.keeps_dormant
+        kept = False
+        for key in regs:
+            n = counts[key]
+            if n > 1:
+                counts[key] = n - 1
+            elif keep and not key[1]:
+                counts[key] = 0
+                part.dormant += 1
+                kept = True
+            else:
+                self._unreg(part, key)
+        return kept
+
     def _unreg(self, part: Partition, key: RegKey) -> None:
         """No PM of the partition waits on `key` any more: the variant decides what stays."""
         n = part.regs[key] - 1

@@ -160,17 +160,7 @@ class MatchLifecycle(MatchBinder):
         regs = pm.regs
         if regs:
             pm.regs = ()
-            counts = part.regs
-            aux = self.engine.aux
-            for key in regs:  # `_unreg`, inline (as `_sync`)
-                n = counts[key]
-                if n > 1:
-                    counts[key] = n - 1
-                elif aux.keeps_dormant and not key[1]:
-                    counts[key] = 0
-                    part.dormant += 1
-                else:
-                    aux.remove(self, part, key)
+            self._unreg_done(part, regs)
         d = pm.deadline
         if d is not None and d > part.until:
             part.until = d
