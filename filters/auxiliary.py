@@ -11,6 +11,9 @@ reaches zero:
   until the partition is released; the next PM marks it again for free.
 - `references`: like marking, but the profile's owner stays on it too (*dormant*): the next
   PM takes it back for free, and the first event it receives while dormant takes it off.
+  A profile without `per` has its value-free auxiliary profiles indexed, ownerless, from
+  the moment it is added until it goes: an event that reaches one while nobody waits still
+  reaches no profile, and a partial match's insert is an owner count (no index update).
 
 The engine picks one implementation when it is built (`VARIANTS[name](pool)`); runtimes call
 it only when a count changes between 0 and 1, never per event.
@@ -57,6 +60,9 @@ class AuxiliaryRegistrations(ABC):
     name: str = ""
     prepares = True  # plans auxiliary profiles without bound values once per profile
     keeps_dormant = False  # `remove` leaves the owner on a value-free profile (references)
+    # a profile's value-free auxiliary profiles are indexed when it is added and stay for its
+    # life, ownerless while nobody waits (references): a partial match adds its owner, a count
+    preindexes = False
 
     def __init__(self, pool: PrimitivePool) -> None:
         self.pool = pool
@@ -83,7 +89,16 @@ class AuxiliaryRegistrations(ABC):
         eqb = rt.pat.eq_bindings
         for lf in rt.pat.leaves:
             if lf.clock is None and not eqb.get(lf.idx) and lf.idx not in rt.aux_entries:
-                rt.aux_entries[lf.idx] = pool.prepare(lf.filter)
+                entry = pool.prepare(lf.filter)
+                rt.aux_entries[lf.idx] = pool.index(entry) if self.preindexes else entry
+
+    def drop_profile(self, rt: AuxOwner) -> None:
+        """The profile goes: its indexed value-free auxiliary profiles that nobody holds leave."""
+        if self.preindexes:
+            pool = self.pool
+            for entry in rt.aux_entries.values():
+                if entry.indexed and not entry.owners:
+                    pool.purge_entry(entry)
 
     @abstractmethod
     def release(self, rt: AuxOwner, part: Partition) -> None:
@@ -166,9 +181,9 @@ class Dynamic(AuxiliaryRegistrations):
                     held.discard(key)  # entry if that was the last (every `once` completion)
                     if key[1] or part.values:
                         entry = part.entries.pop(key)  # type: ignore[union-attr]
-                    else:
-                        entry = rt.aux_entries[key[0]]
-                    pool.release(entry, owners[key[0]])
+                        pool.release(entry, owners[key[0]])
+                    else:  # (a preindexed one stays: see `drop_profile`)
+                        pool.release(rt.aux_entries[key[0]], owners[key[0]], self.preindexes)
                 else:
                     pool.release(entry_of(rt, part, key), owners[key[0]], True)
             part.dormant = 0
@@ -180,6 +195,8 @@ class Dynamic(AuxiliaryRegistrations):
                 continue
             if key[1] or part.values:
                 entry = entries.pop(key, None) if entries else None
+            elif self.preindexes:
+                continue  # stays indexed while the profile lives (`drop_profile`)
             else:
                 entry = rt.aux_entries.get(key[0])
             if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
@@ -196,6 +213,7 @@ class References(Dynamic):
     name = "references"
     keeps_dormant = True
     holds = True
+    preindexes = True
 
     def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         if not key[1]:

@@ -292,4 +292,6 @@ class MatchLifecycle(MatchBinder):
                 if part.handle is not None:
                     timers.discard(part.handle)
             parts.clear()
+        if self.aux_entries:
+            self.engine.aux.drop_profile(self)
         self.pm_count = 0

@@ -23,10 +23,12 @@ state); a combination whose buckets hold ranges memoizes the ranges, so its matc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
-from typing import Any, TypeAlias
+from collections.abc import Hashable, Iterable
+from typing import Any
 
+from filters import poolmemo
 from filters.poolindex import Clause, ClauseIndex, Entry, Range
+from filters.poolmemo import MatchMemo
 from filters.poolplan import Eqs, Plan, from_plan, plan_clause, split
 from profiles.ast import Filter
 
@@ -34,39 +36,9 @@ __all__ = ["Entry", "Eqs", "PrimitivePool", "owners_by_profile"]
 
 _MAX_PLANS = 100_000
 _MAX_PREPARED = 100_000  # prepared entries kept for equal filters (`prepare`)
-_CALM = 64  # matches without a pool change before results are memoized
-_MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind x state)
-# the memo reviews its hit rate every _TRIAL look-ups; if at least _MISSES of them missed
-# (unique keys, or a key forgotten by an auxiliary insert before it is looked up again) it
-# only costs, so matching goes without it for _PAUSE matches (doubled after every failed
-# review since the last good one, up to _PAUSE_MAX), then it takes up again where it was (kept
-# up to date meanwhile: a memo still filling with many value combinations resumes warm)
-_TRIAL = 256
-_MISSES = _TRIAL * 7 // 8
-_PAUSE = 1024
-_PAUSE_MAX = 65_536
-
-# a memoized match: the entries, or (when ranges decide) the one range or a function of the
-# event that gives them
-Memo: TypeAlias = list[Entry] | Range | Callable[[dict[str, Any]], list[Entry]]
 
 
-class _Parts:
-    """A memoized match over several buckets' parts (entries, ranges), in the index's order."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, parts: tuple[list[Entry] | Range, ...]) -> None:
-        self.parts = parts
-
-    def hits(self, attrs: dict[str, Any]) -> list[Entry]:
-        out: list[Entry] = []
-        for part in self.parts:
-            out += part if isinstance(part, list) else part.hits(attrs)
-        return out
-
-
-class PrimitivePool:
+class PrimitivePool(MatchMemo):
     """Filters -> owners, with sublinear insert, delete and match."""
 
     def __init__(self) -> None:
@@ -80,20 +52,7 @@ class PrimitivePool:
         # differ only in bound values, so they are inserted without planning again
         self._plans: dict[tuple[Filter, tuple[str, ...]], list[Plan]] = {}
         self.owner_count = 0
-        # match results memoized by the values of the equality attributes, while the pool
-        # holds only equalities with at most one range (then those values decide the result, or
-        # which ranges do) and has not changed for _CALM matches (a pool that changes on every
-        # event gains nothing)
-        self._impure = 0  # clauses whose match depends on more than that
-        self._ranged = 0  # equality clauses with a range (without any, a memo miss is a match)
-        self._memo: dict[Any, Memo] | None = None
-        self._memo_attrs: tuple[str, ...] = ()
-        self._memo_n = 0  # len(_memo_attrs): `match` reads it on every event
-        self._calm = 0  # negative while the memo is paused
-        self._paused: dict[Any, Memo] | None = None  # the memo while paused
-        self._looks = 0  # memo look-ups since its last review
-        self._misses = 0  # of which missed
-        self._pause = _PAUSE  # the next pause's length
+        super().__init__()  # the memo (filters/poolmemo.py)
         # (filter, eqs) -> the entry `prepare` made for it (equal auxiliary filters of many
         # profiles share one handle: one entry and one set of clauses, revived by a count)
         self._prepared: dict[tuple[Filter, Eqs], Entry] = {}
@@ -142,13 +101,7 @@ class PrimitivePool:
         """`add` through a handle from `prepare` (or a kept one): the entry that now holds `owner`
         (another one, if an equal filter was added since the handle was made)."""
         if not entry.indexed:
-            held = self._entries.setdefault(entry.key, entry)  # (one hash of the filter)
-            if held is not entry:
-                entry = held
-            else:
-                entry.indexed = True
-                for clause in entry.clauses:
-                    self._place(clause)
+            entry = self.index(entry)
         owners = entry.owners
         prev = owners.get(owner, 0)
         owners[owner] = prev + 1
@@ -156,6 +109,18 @@ class PrimitivePool:
             self.owner_count += 1
             entry.solo = entry.fanout = None
         return entry
+
+    def index(self, entry: Entry) -> Entry:
+        """Put an entry from `prepare` into the index, without an owner (it matches and reports
+        nobody): the entry now indexed for its filter (another one, if an equal filter was added)."""
+        if entry.indexed:
+            return entry
+        held = self._entries.setdefault(entry.key, entry)  # (one hash of the filter)
+        if held is entry:
+            entry.indexed = True
+            for clause in entry.clauses:
+                self._place(clause)
+        return held
 
     def _plan(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs, index: bool) -> Entry:
         """A new entry and its clauses (indexed if `index`), planned or from a stored plan."""
@@ -291,36 +256,6 @@ class PrimitivePool:
                 self._ranged -= 1
             self._index.remove(clause)
 
-    def _forget(self, clause: Clause) -> None:
-        """The memo after `clause` enters or leaves the index.
-
-        A clause of equalities (and at most one range) over exactly the memoized attributes
-        changes the result for one combination of values only, so only that one is forgotten:
-        auxiliary profiles come and go on every partial match, and the rest of the memo stays
-        valid. Before the memo starts, such clauses do not delay it (its attributes are read
-        from them when it does). Any other change drops the memo.
-        """
-        access = clause.access
-        plain = clause.check is None and access is not None and access[0] == "eqs"
-        memo = self._memo
-        if memo is None:
-            memo = self._paused
-            if memo is None:
-                if not plain and self._calm > 0:  # (a paused memo stays paused)
-                    self._calm = 0
-                return
-        if plain and access is not None and access[1] == self._memo_attrs:
-            memo.pop(access[2], None)  # the bucket's values are the memo's key (`match`)
-            return
-        self._drop_memo()
-
-    def _drop_memo(self) -> None:
-        """Forget the memo (running or paused): it starts afresh after _CALM quiet matches (a
-        paused one when its pause ends)."""
-        self._memo = self._paused = None
-        if self._calm > 0:  # (a paused one's pause goes on)
-            self._calm = 0
-
     def _insert_clause(
         self, entry: Entry, parts: list[Filter], eqs: Eqs, index: bool
     ) -> Plan | None:
@@ -366,7 +301,7 @@ class PrimitivePool:
         memo = self._memo
         if memo is None:
             self._calm += 1
-            if self._calm < _CALM or self._impure:
+            if self._calm < poolmemo.CALM or self._impure:
                 return self._match(attrs)
             memo = self._start_memo()
         names = self._memo_attrs
@@ -391,10 +326,10 @@ class PrimitivePool:
         out = memo.get(key)
         if out is None:
             out = self._memo_value(attrs)
-            if len(memo) < _MEMO_MAX:
+            if len(memo) < poolmemo.MEMO_MAX:
                 memo[key] = out
             self._misses += 1
-            if self._looks >= _TRIAL:
+            if self._looks >= poolmemo.TRIAL:
                 self._review()
         if out.__class__ is list:  # (cheaper than `isinstance`: every event)
             return out  # type: ignore[return-value]
@@ -405,56 +340,6 @@ class PrimitivePool:
             k = out.cut(out.keys, v)
             return out.ents[:k] if out.prefix else out.ents[k:]
         return out(attrs)  # type: ignore[operator]  # (not a list: the `__class__` test)
-
-    def _review(self) -> None:
-        """Every _TRIAL look-ups (at a miss): keep the memo, or pause it if nearly all missed."""
-        if self._misses < _MISSES:
-            self._pause = _PAUSE
-        else:
-            self._paused, self._memo = self._memo, None
-            self._calm = _CALM - self._pause  # `match` counts it up to _CALM, then resumes
-            self._pause = min(2 * self._pause, _PAUSE_MAX)
-        self._looks = self._misses = 0
-
-    def _start_memo(self) -> dict[Any, Memo]:
-        self._looks = self._misses = 0
-        memo = self._paused
-        if memo is not None:  # resumed: its attributes and keys were kept up to date
-            self._paused = None
-            self._memo = memo
-            return memo
-        names: dict[str, None] = {}
-        for schema in self._schemas:
-            names.update(dict.fromkeys(schema))
-        self._memo_attrs = attrs = tuple(sorted(names)) or ("",)
-        self._memo_n, memo = len(attrs), {}
-        self._memo = memo
-        return memo
-
-    def _memo_value(self, attrs: dict[str, Any]) -> Memo:
-        """What the memo keeps for the equality values of `attrs`: the matching entries, or, when
-        those values reach ranges, how to match the rest (the ranges' thresholds decide)."""
-        index = self._index
-        if not self._ranged:
-            return index.match(attrs)
-        buckets = index.buckets(attrs)
-        for b in buckets:
-            if b.ranges:
-                break
-        else:
-            return index.match(attrs, buckets)
-        parts: list[list[Entry] | Range] = []
-        for b in buckets:
-            if b.plain:
-                parts.append([c.entry for c in b.plain])
-            parts.extend(b.ranges.values())
-        for part in parts:
-            entries = part if isinstance(part, list) else part.entries()
-            if any(len(e.clauses) > 1 for e in entries):  # an entry may match twice: dedup
-                return self._match
-        if len(parts) == 1 and isinstance(parts[0], Range):
-            return parts[0]  # `match` runs its `hits`
-        return _Parts(tuple(parts)).hits
 
     def owners(self, attrs: dict[str, Any]) -> list[Hashable]:
         """Owners of every matching filter (an owner of several matching filters appears once)."""
