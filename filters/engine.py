@@ -291,7 +291,9 @@ class Engine(PlanSwitching, TimeDriven):
                     if solo is None:  # a handler (`sink`) from an entry's _ASK-th event on:
                         hits = entry.hits = entry.hits + 1  # most entries of a spread
                         if hits >= _ASK:  # workload see a few, and one costs a closure
-                            entry.solo = (rt.has_sink and rt.sink(leaf)) or False
+                            solo = entry.solo = (rt.has_sink and rt.sink(leaf)) or False
+                            if solo and solo(event, seq):  # (made once per leaf, asked again
+                                return  # after every change of the entry's owners)
                     rt.on_event(event, seq, _ONE[leaf] if leaf < _NONE else [leaf])
                 return
             if not owners:  # an auxiliary profile kept in the pool while nobody waits on it
