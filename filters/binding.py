@@ -22,6 +22,8 @@ NegCands = list[tuple[int, Binding]]  # (negated leaf, its event) awaiting later
 class MatchBinder(CompositeBase):
     """The binding checks of the eager composite runtime."""
 
+    __slots__ = ()
+
     def _neg_blocks(self, cands: NegCands, binds: Binds, final: bool) -> tuple[bool, NegCands]:
         """Re-check pending negation candidates after a binding: (blocked?, still pending)."""
         pending = []

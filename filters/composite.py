@@ -31,6 +31,7 @@ class CompositeRuntime(GeneralSteps):
     """A composite profile evaluated eagerly: partial matches, auxiliary profiles, terminators."""
 
     has_sink = True
+    __slots__ = ("_sinks",)
     _DERIVED: ClassVar[tuple[str, ...]] = (*GeneralSteps._DERIVED, "_sinks")
     _sinks: dict[int, Callable[[Event, int], bool] | None]  # leaf -> its handler (`sink`)
 

@@ -165,6 +165,16 @@ class CompositeBase(DerivedRuntime):
         "between",
     )
 
+    __slots__ = (  # the fields a snapshot stores (in the order they are set), then `_DERIVED`
+        "kind",
+        "nth",
+        "unique",
+        "window",
+        "parts",
+        "pm_count",
+        *_DERIVED,
+    )
+
     # the tables (`CompositeTables`), rebuilt by `_derive`, not stored in snapshots
     pat: Pattern
     n: int

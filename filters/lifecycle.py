@@ -19,6 +19,8 @@ from filters.temporal import TIMER
 class MatchLifecycle(MatchBinder):
     """Partial matches and partitions over time: deadlines, expiry, clean-up."""
 
+    __slots__ = ()
+
     def _add_pm(self, part: Partition, pm: PartialMatch) -> None:
         if part.pms:
             part.pms.append(pm)

@@ -21,6 +21,8 @@ Completions = list[tuple[PartialMatch, PartialMatch | None]]  # (completed state
 class GeneralSteps(MatchLifecycle):
     """Extend, complete, negate and open partial matches for one event."""
 
+    __slots__ = ()
+
     def _general(
         self, part: Partition | None, key: PartKey, ev: Event, seq: int, leaves: list[int]
     ) -> None:
