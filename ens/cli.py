@@ -5,13 +5,19 @@ from __future__ import annotations
 import gc
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
 from profiles.errors import ENSError, ManyErrors
+
+if TYPE_CHECKING:  # (imported where used: `ens --help` stays quick)
+    from filters.interface import DetectionEngine
+    from filters.plans import Rates
+    from profiles.ast import Profile
 
 tidy_help_metavars()
 app = typer.Typer(
@@ -164,14 +170,14 @@ def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201
     return pset, read_event_file(events)
 
 
-def make_engine(  # noqa: ANN201
+def make_engine(
     engine: str,
-    profiles,
+    profiles: Iterable[Profile],
     tz: str,
     variant: str | None = None,
     plan: str = "eager",
-    rates=None,  # noqa: ANN001
-):
+    rates: Rates | None = None,
+) -> DetectionEngine:
     if engine == "single-step":
         from filters.engine import Engine
 

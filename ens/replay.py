@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from filters.engine import Engine
+from filters.interface import DetectionEngine
 from filters.notification import Notification
 from profiles.ast import Profile
 from profiles.events import Event
@@ -21,7 +22,7 @@ def replay(
     events: Iterable[Event],
     until: float | None = None,
     *,
-    engine: Engine | None = None,
+    engine: DetectionEngine | None = None,
     tz: str = "UTC",
     progress: Callable[[int], None] | None = None,
 ) -> list[Notification]:
@@ -29,7 +30,7 @@ def replay(
 
     ``progress(events done)`` is called every 4096 events, if given (the CLI's bar).
     """
-    eng = engine if engine is not None else Engine(profiles, tz=tz)
+    eng: DetectionEngine = engine if engine is not None else Engine(profiles, tz=tz)
     out: list[Notification] = []
     for i, ev in enumerate(order_events(events)):
         if progress is not None and not i & 4095:

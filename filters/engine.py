@@ -30,6 +30,7 @@ from filters.lazy import LazySeqRuntime
 from filters.lazy_base import LazyPartition
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
+from filters.output import NotificationOutput
 from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
 from filters.plans import MODES, Rates
 from filters.pool import Entry, PrimitivePool, owners_by_profile
@@ -83,7 +84,7 @@ def load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
     return eng
 
 
-class Engine(PlanSwitching, TimeDriven):
+class Engine(PlanSwitching, TimeDriven, NotificationOutput):
     """Deterministic event filtering: add/remove profiles, process events, advance time, take notifications.
 
     >>> eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
@@ -151,8 +152,7 @@ class Engine(PlanSwitching, TimeDriven):
         self._by_id: dict[str, Runtime] = {}
         self._next_idx = 0
         self._seq = 0
-        self._nseq = 0
-        self._out: list[Notification] = []
+        NotificationOutput.__init__(self)
         self._clocks: dict[Clock, Handle | None] = {}  # clock -> its scheduled temporal entry
         self._clock_users: dict[Clock, dict[int, CompositeRuntime]] = {}
         for p in profiles:
@@ -371,19 +371,6 @@ class Engine(PlanSwitching, TimeDriven):
         """Which bound component of which partial match `event` duplicates (see `ens explain`)."""
         rt = self._by_id.get(profile_id)
         return rt.bound_duplicate(event) if isinstance(rt, CompositeRuntime) and rt.active else None
-
-    def collect_into(self, out: list[Notification]) -> None:
-        """Append notifications to `out` from now on, until `take_notifications` starts a new
-        list: instrumentation (`bench/paper.py` time-stamps every append)."""
-        self._out = out
-
-    def take_notifications(self) -> list[Notification]:
-        out, self._out = self._out, []
-        return out
-
-    def pending(self) -> int:
-        """Notifications produced and not taken yet."""
-        return len(self._out)
 
     # ---------------------------------------------------------------- stats
     def stats(self) -> dict[str, int]:

@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo
 
 from filters.compile import norm
 from filters.notification import Notification
+from filters.output import NotificationOutput
 from filters.pool import PrimitivePool, owners_by_profile
 from filters.temporal import Handle, TemporalPool, TimeDriven
 from filters.twostep_pattern import B, Binds, Node, TreePattern, holds, node_done, node_started
@@ -774,7 +775,7 @@ class _CompositeRuntime(_PartialMatches):
 
 
 # ------------------------------------------------------------------ engine
-class TwoStepEngine(TimeDriven):
+class TwoStepEngine(TimeDriven, NotificationOutput):
     """Same interface as `filters.engine.Engine`; primitive filtering, then composite evaluation.
 
     >>> from profiles.parser import parse_profile
@@ -799,8 +800,7 @@ class TwoStepEngine(TimeDriven):
         self._by_id: dict[str, _Runtime] = {}
         self._next = 0
         self._seq = 0
-        self._nseq = 0
-        self._out: list[Notification] = []
+        NotificationOutput.__init__(self)
         self._clocks: dict[Clock, Handle | None] = {}
         self._clock_users: dict[Clock, set[int]] = {}
         for p in profiles:
@@ -911,19 +911,6 @@ class TwoStepEngine(TimeDriven):
             rt = rts.get(idx)
             if rt is not None and rt.active:
                 rt.on_event(event, seq, leaves)
-
-    def collect_into(self, out: list[Notification]) -> None:
-        """Append notifications to `out` from now on, until `take_notifications` starts a new
-        list: instrumentation (`bench/paper.py` time-stamps every append)."""
-        self._out = out
-
-    def take_notifications(self) -> list[Notification]:
-        out, self._out = self._out, []
-        return out
-
-    def pending(self) -> int:
-        """Notifications produced and not taken yet."""
-        return len(self._out)
 
     def stats(self) -> dict[str, int]:
         pms = parts = evs = 0

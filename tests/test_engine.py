@@ -7,6 +7,9 @@ import random
 import pytest
 
 from filters.engine import Engine
+from filters.interface import DetectionEngine
+from filters.notification import Notification
+from filters.twostep import TwoStepEngine
 from profiles.events import Event
 from profiles.parser import parse_profile
 
@@ -515,3 +518,23 @@ def test_busy_composite_handlers_keep_the_notifications(tail: str) -> None:
     assert fast == run(TwoStepEngine(profiles))
     assert fast == run(Engine(profiles), snap_at=300)
     assert fast
+
+
+@pytest.mark.parametrize("make", [Engine, TwoStepEngine], ids=["single-step", "two-step"])
+def test_both_engines_implement_the_public_interface(make: type) -> None:
+    """`filters.interface.DetectionEngine`: what `ens replay --engine` and the benches swap."""
+    eng = make([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
+    assert isinstance(eng, DetectionEngine)
+    out: list[Notification] = []
+    eng.collect_into(out)  # (instrumentation: notifications go to the caller's list)
+    eng.process(Event("a1", 0, {"k": "A"}))
+    eng.process(Event("b1", 1, {"k": "B"}))
+    assert eng.pending() == 1 and [n.profile for n in out] == ["p"]
+    assert eng.take_notifications() is out and eng.pending() == 0
+    eng.add_profile(parse_profile('k = "C"', "q"))
+    assert [p.id for p in eng.profiles] == ["p", "q"]
+    eng.remove_profile("p")
+    eng.process(Event("c1", 2, {"k": "C"}))
+    eng.finish(30)
+    assert [(n.profile, n.seq) for n in eng.take_notifications()] == [("q", 2)]
+    assert eng.now == 30 and eng.stats()["profiles"] == 1
