@@ -104,6 +104,10 @@ class AuxiliaryRegistrations(ABC):
     def release(self, rt: AuxOwner, part: Partition) -> None:
         """The partition emptied: take its kept auxiliary profiles out of the pool."""
 
+    def retire(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        """`remove` when the profile goes next (`once`, reported): nothing needs to stay."""
+        self.remove(rt, part, key)
+
     def drop_dormant(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         """A dormant registration received an event (nobody waits): take our owner off."""
         del part.regs[key]
@@ -221,6 +225,14 @@ class References(Dynamic):
             part.dormant += 1
             return
         super().remove(rt, part, key)
+
+    def retire(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
+        part.held.discard(key)  # (`release` finds nothing left to purge)
+        if key[1] or part.values:
+            super().remove(rt, part, key)
+            return
+        del part.regs[key]  # our owner off; the entry stays indexed (`drop_profile`)
+        self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]], True)
 
 
 class Marking(AuxiliaryRegistrations):

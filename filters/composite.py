@@ -120,7 +120,9 @@ class CompositeRuntime(GeneralSteps):
             events[names[j]] = ev if j == i else binds[j].ev  # type: ignore[union-attr]
         eng = self.engine
         kept = False  # an auxiliary profile stays held: the partition stays (no `_tidy` needed)
-        if self.unique:
+        if self.once:
+            self._retire(part, pm)
+        elif self.unique:
             pm.alive = False  # its terminator stays and fires as a no-op (see `_drop`)
             pm.handle = None  # (as `_drop` does): no cycle pm -> terminator -> pm left for the GC
             d = pm.deadline
@@ -141,6 +143,27 @@ class CompositeRuntime(GeneralSteps):
         elif self.unique and (not (kept or part.held) or (part.key and self.window is None)):
             self._tidy(part, ev.ts)  # fast shapes keep no history or counts
         return True
+
+    def _retire(self, part: Partition, pm: PartialMatch) -> None:
+        """`_fast_step`'s completing PM of a `once` profile, which goes next (`Engine._deactivate`):
+        its registrations leave the pool now, for good (`AuxiliaryRegistrations.retire`),
+        instead of going dormant for `clear` to release them (a paper closing event completes
+        10^4 such profiles). Its terminator stays and fires as a no-op."""
+        pm.alive = False
+        pm.handle = None
+        regs = pm.regs
+        if regs:
+            pm.regs = ()
+            counts = part.regs
+            aux = self.engine.aux
+            for key in regs:
+                n = counts[key]
+                if n > 1:
+                    counts[key] = n - 1
+                else:
+                    aux.retire(self, part, key)
+        cast("list[PartialMatch]", part.pms).clear()  # a list: it held `pm`
+        self.pm_count -= 1
 
     def _fast_negate(self, part: Partition, pm: PartialMatch, ev: Event, leaves: list[int]) -> bool:
         """`on_event` for an event of a between-negation (`select first`, no where): it drops

@@ -538,3 +538,25 @@ def test_both_engines_implement_the_public_interface(make: type) -> None:
     eng.finish(30)
     assert [(n.profile, n.seq) for n in eng.take_notifications()] == [("q", 2)]
     assert eng.now == 30 and eng.stats()["profiles"] == 1
+
+
+@pytest.mark.parametrize("variant", ["dynamic", "marking", "references"])
+@pytest.mark.parametrize("tail", ["once", "per r once", "within 10s where b.r = a.r once"])
+def test_a_reported_once_profile_leaves_nothing_in_the_pools(variant: str, tail: str) -> None:
+    """A `once` profile's completion releases its registrations for good (`_retire`), then the
+    profile goes: nothing of it stays in the primitive pool, whichever the variant."""
+    profiles = [
+        parse_profile(f'seq(a: k = "A" and x = {i}, b: k = "B") {tail}', f"p{i}") for i in range(3)
+    ]
+    eng = Engine(profiles, variant=variant)
+    for t, (k, x) in enumerate([("A", 0), ("A", 1), ("B", 9), ("A", 2), ("B", 9), ("B", 9)]):
+        eng.process(Event(f"{k.lower()}{t}", float(t), {"k": k, "x": x, "r": 1}))
+    got = [(n.profile, n.to_json()["events"]) for n in eng.take_notifications()]
+    assert got == [
+        ("p0", {"a": "a0", "b": "b2"}),
+        ("p1", {"a": "a1", "b": "b2"}),
+        ("p2", {"a": "a3", "b": "b4"}),
+    ]
+    st = eng.stats()
+    assert st["profiles"] == st["partial_matches"] == st["partitions"] == 0
+    assert len(eng.pool) == 0 and eng.pool.owner_count == 0
