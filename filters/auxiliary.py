@@ -13,7 +13,9 @@ reaches zero:
   PM takes it back for free, and the first event it receives while dormant takes it off.
   A profile without `per` has its value-free auxiliary profiles indexed, ownerless, from
   the moment it is added until it goes: an event that reaches one while nobody waits still
-  reaches no profile, and a partial match's insert is an owner count (no index update).
+  reaches no profile, and a partial match's insert is an owner count (no index update); as
+  that costs no index update, its owner leaves with the last waiting PM (no dormancy: an
+  event reaching a dormant owner took the general path to take it off).
 
 The engine picks one implementation when it is built (`VARIANTS[name](pool)`); runtimes call
 it only when a count changes between 0 and 1, never per event.
@@ -59,7 +61,8 @@ class AuxiliaryRegistrations(ABC):
 
     name: str = ""
     prepares = True  # plans auxiliary profiles without bound values once per profile
-    keeps_dormant = False  # `remove` leaves the owner on a value-free profile (references)
+    # `remove` leaves the owner on a value-free profile of a `per` partition (references)
+    keeps_dormant = False
     # a profile's value-free auxiliary profiles are indexed when it is added and stay for its
     # life, ownerless while nobody waits (references): a partial match adds its owner, a count
     preindexes = False
@@ -212,7 +215,8 @@ class Dynamic(AuxiliaryRegistrations):
 
 
 class References(Dynamic):
-    """Keep value-free auxiliary profiles with their owner (dormant) until the partition goes."""
+    """Keep value-free auxiliary profiles with their owner (dormant) until the partition goes
+    (`per` partitions); index those of a profile without `per` while it lives (`preindexes`)."""
 
     name = "references"
     keeps_dormant = True
@@ -221,8 +225,12 @@ class References(Dynamic):
 
     def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         if not key[1]:
-            part.regs[key] = 0
-            part.dormant += 1
+            if part.values:
+                part.regs[key] = 0
+                part.dormant += 1
+                return
+            del part.regs[key]  # preindexed (no `per`): our owner off, the entry stays indexed
+            self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]], True)
             return
         super().remove(rt, part, key)
 

@@ -328,7 +328,7 @@ class CompositeBase(DerivedRuntime):
                 n = counts[key]
                 if n > 1:
                     counts[key] = n - 1
-                elif aux.keeps_dormant and not key[1]:  # `References.remove`
+                elif aux.keeps_dormant and not key[1] and part.values:  # `References.remove`
                     counts[key] = 0
                     part.dormant += 1
                 else:
@@ -366,7 +366,7 @@ class CompositeBase(DerivedRuntime):
             n = counts[key]
             if n > 1:
                 counts[key] = n - 1
-            elif keep and not key[1]:
+            elif keep and not key[1] and part.values:
                 counts[key] = 0
                 part.dormant += 1
                 kept = True
