@@ -39,6 +39,7 @@ class AuxOwner(Protocol):
     pat: Pattern
     aux_entries: dict[int, Entry]  # leaf -> its auxiliary profile, planned once (`prepare`)
     owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf): its owner in the pool, one object
+    aux_pins: tuple[Entry, ...]  # what `prepare` pinned (`drop_profile` unpins)
 
 
 def full_eqs(part: Partition, eqs: Eqs) -> Eqs:
@@ -93,15 +94,18 @@ class AuxiliaryRegistrations(ABC):
         for lf in rt.pat.leaves:
             if lf.clock is None and not eqb.get(lf.idx) and lf.idx not in rt.aux_entries:
                 entry = pool.prepare(lf.filter)
-                rt.aux_entries[lf.idx] = pool.index(entry) if self.preindexes else entry
+                if self.preindexes:
+                    entry = pool.pin(entry)
+                    rt.aux_pins += (entry,)
+                rt.aux_entries[lf.idx] = entry
 
     def drop_profile(self, rt: AuxOwner) -> None:
-        """The profile goes: its indexed value-free auxiliary profiles that nobody holds leave."""
-        if self.preindexes:
-            pool = self.pool
-            for entry in rt.aux_entries.values():
-                if entry.indexed and not entry.owners:
-                    pool.purge_entry(entry)
+        """The profile goes: its pinned auxiliary profiles leave if nobody else holds them."""
+        pins = rt.aux_pins
+        if pins:
+            rt.aux_pins = ()
+            for entry in pins:
+                self.pool.unpin(entry)
 
     @abstractmethod
     def release(self, rt: AuxOwner, part: Partition) -> None:
@@ -189,8 +193,8 @@ class Dynamic(AuxiliaryRegistrations):
                     if key[1] or part.values:
                         entry = part.entries.pop(key)  # type: ignore[union-attr]
                         pool.release(entry, owners[key[0]])
-                    else:  # (a preindexed one stays: see `drop_profile`)
-                        pool.release(rt.aux_entries[key[0]], owners[key[0]], self.preindexes)
+                    else:  # (a pinned one stays indexed: see `drop_profile`)
+                        pool.release(rt.aux_entries[key[0]], owners[key[0]])
                 else:
                     pool.release(entry_of(rt, part, key), owners[key[0]], True)
             part.dormant = 0
@@ -202,8 +206,6 @@ class Dynamic(AuxiliaryRegistrations):
                 continue
             if key[1] or part.values:
                 entry = entries.pop(key, None) if entries else None
-            elif self.preindexes:
-                continue  # stays indexed while the profile lives (`drop_profile`)
             else:
                 entry = rt.aux_entries.get(key[0])
             if entry is not None and entry.indexed:  # the pool's entry for the key: no look-up
@@ -229,8 +231,8 @@ class References(Dynamic):
                 part.regs[key] = 0
                 part.dormant += 1
                 return
-            del part.regs[key]  # preindexed (no `per`): our owner off, the entry stays indexed
-            self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]], True)
+            del part.regs[key]  # no `per`: our owner off (a pinned entry stays indexed)
+            self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]])
             return
         super().remove(rt, part, key)
 
@@ -239,8 +241,8 @@ class References(Dynamic):
         if key[1] or part.values:
             super().remove(rt, part, key)
             return
-        del part.regs[key]  # our owner off; the entry stays indexed (`drop_profile`)
-        self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]], True)
+        del part.regs[key]  # our owner off (a pinned entry stays indexed: `drop_profile`)
+        self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]])
 
 
 class Marking(AuxiliaryRegistrations):

@@ -145,6 +145,7 @@ class CompositeBase(DerivedRuntime):
 
     _DERIVED: ClassVar[tuple[str, ...]] = (
         "aux_entries",
+        "aux_pins",
         "owners",
         "free_keys",
         "pat",
@@ -193,6 +194,7 @@ class CompositeBase(DerivedRuntime):
     flat: bool
     between: frozenset[int]
     aux_entries: dict[int, Entry]  # leaf -> its auxiliary profile, planned (`prepare_aux`)
+    aux_pins: tuple[Entry, ...]  # those kept indexed while the profile lives (references)
     owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf), its owner in the pool: one object
     free_keys: tuple[RegKey, ...]  # leaf -> (leaf, ()): its registration without bound values
     # a fast shape without `per`, flat: a finished PM's terminator would fire as a pure no-op
@@ -222,6 +224,7 @@ class CompositeBase(DerivedRuntime):
         )
         self._wants, self.flat, self.between = t.wants, t.flat, t.between
         self.aux_entries = {}
+        self.aux_pins = ()
         self.owners = tuple([(self.idx, i) for i in range(t.n)])
         self.free_keys = tuple([shared((i, ())) for i in range(t.n)])
 

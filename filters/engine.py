@@ -169,8 +169,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         self._by_id[profile.id] = rt
         self._register_starts(rt)
         self._count_leaves(rt, add=True)
-        if isinstance(rt, CompositeRuntime):
-            rt.prepare_aux(self.aux)
+        if isinstance(rt, CompositeRuntime):  # (its auxiliary profiles prepared: `_eager_runtime`)
             for clock in rt.clocks:
                 self._clock_users.setdefault(clock, {})[idx] = rt
                 if clock not in self._clocks:
@@ -202,7 +201,9 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         return LazySeqRuntime(self, profile, idx, driver)
 
     def _eager_runtime(self, profile: Profile, idx: int) -> CompositeRuntime:
-        return CompositeRuntime(self, profile, idx)
+        rt = CompositeRuntime(self, profile, idx)
+        rt.prepare_aux(self.aux)
+        return rt
 
     def remove_profile(self, profile_id: str) -> None:
         rt = self._by_id.get(profile_id)
@@ -441,12 +442,12 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         ):  # older
             self.__dict__.setdefault(k, v)
         self.tz = ZoneInfo(state["tz"])
+        self.pool = PrimitivePool()
+        self.aux = VARIANTS[self.variant](self.pool)
         for idx, profile in fresh:
             self._rts[idx] = self._runtime(profile, idx)
         self._rts = dict(sorted(self._rts.items()))
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
-        self.pool = PrimitivePool()
-        self.aux = VARIANTS[self.variant](self.pool)
         self._starts = {}
         self._count_pool = PrimitivePool() if self.replan_every else None
         self._counted = {}
@@ -454,6 +455,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             self._count_leaves(rt, add=True)
             self._register_starts(rt)
             if isinstance(rt, CompositeRuntime):
+                rt.prepare_aux(self.aux)
                 rt.restore_registrations(self.aux)
 
     def _trace(self, profile_id: str, action: str, detail: str) -> None:

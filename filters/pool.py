@@ -122,6 +122,18 @@ class PrimitivePool(MatchMemo):
                 self._place(clause)
         return held
 
+    def pin(self, entry: Entry) -> Entry:
+        """`index`, and keep the entry indexed without owners until `unpin` (a profile's
+        auxiliary profile while the profile lives: equal ones of many profiles are one entry)."""
+        entry = self.index(entry)
+        entry.pins += 1
+        return entry
+
+    def unpin(self, entry: Entry) -> None:
+        entry.pins -= 1
+        if not entry.pins and not entry.owners and entry.indexed:
+            self._drop_entry(entry)
+
     def _plan(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs, index: bool) -> Entry:
         """A new entry and its clauses (indexed if `index`), planned or from a stored plan."""
         entry = Entry(key, f, eqs)
@@ -158,7 +170,7 @@ class PrimitivePool(MatchMemo):
         del entry.owners[owner]
         self.owner_count -= 1
         entry.solo = entry.fanout = None
-        if not entry.owners and not keep:
+        if not entry.owners and not keep and not entry.pins:
             self._drop_entry(entry)
 
     def claim(self, entry: Entry, owner: Hashable) -> bool:
@@ -187,7 +199,7 @@ class PrimitivePool(MatchMemo):
         del owners[owner]
         self.owner_count -= 1
         entry.solo = entry.fanout = None
-        if not owners and not keep:
+        if not owners and not keep and not entry.pins:
             self._drop_entry(entry)
 
     def release_all(self, held: Iterable[tuple[Entry, Hashable]]) -> None:
@@ -202,7 +214,7 @@ class PrimitivePool(MatchMemo):
             del owners[owner]
             self.owner_count -= 1
             entry.solo = entry.fanout = None
-            if not owners:
+            if not owners and not entry.pins:
                 self._drop_entry(entry)
 
     def purge(self, f: Filter, eqs: Eqs = ()) -> None:
@@ -210,12 +222,12 @@ class PrimitivePool(MatchMemo):
         if eqs:
             eqs = tuple([(a, (bool, v) if v.__class__ is bool else v) for a, v in eqs])
         entry = self._entries.get((f, eqs))
-        if entry is not None and not entry.owners:
+        if entry is not None and not entry.owners and not entry.pins:
             self._drop_entry(entry)
 
     def purge_entry(self, entry: Entry) -> None:
         """`purge` through a kept handle of an indexed entry."""
-        if not entry.owners:
+        if not entry.owners and not entry.pins:
             self._drop_entry(entry)
 
     def _drop_entry(self, entry: Entry) -> None:

@@ -27,7 +27,18 @@ _INF = float("inf")
 class Entry:
     """One distinct filter in the pool, with every owner that subscribed it."""
 
-    __slots__ = ("key", "filter", "eqs", "owners", "clauses", "indexed", "solo", "fanout", "hits")
+    __slots__ = (
+        "key",
+        "filter",
+        "eqs",
+        "owners",
+        "clauses",
+        "indexed",
+        "solo",
+        "fanout",
+        "hits",
+        "pins",
+    )
 
     def __init__(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs) -> None:
         self.key = key
@@ -43,6 +54,7 @@ class Entry:
         # while the owners do not change (None: not made yet)
         self.fanout: Any = None
         self.hits = 0  # events seen with one owner and no handler (`Engine.process`)
+        self.pins = 0  # users that keep it indexed without owning it (`PrimitivePool.pin`)
 
 
 class Clause:

@@ -560,3 +560,33 @@ def test_a_reported_once_profile_leaves_nothing_in_the_pools(variant: str, tail:
     st = eng.stats()
     assert st["profiles"] == st["partial_matches"] == st["partitions"] == 0
     assert len(eng.pool) == 0 and eng.pool.owner_count == 0
+
+
+def test_a_shared_auxiliary_profile_stays_indexed_while_a_profile_pins_it() -> None:
+    """references, no `per`: equal auxiliary filters of many profiles are one entry, pinned by
+    each of them (`PrimitivePool.pin`); it stays indexed while one lives, also across a
+    restore and a change of plan, and goes with the last (no entry left behind)."""
+    ps = [
+        parse_profile(f'seq(a: k = "A" and x = {i}, b: k = "B") within 10s', f"p{i}")
+        for i in range(3)
+    ]
+    eng = Engine(ps)
+    [shared] = [e for e in eng.pool.entries() if e.filter == ps[0].expr.components[1].expr]
+    assert shared.pins == 3 and not shared.owners
+    eng.process(Event("a0", 0, {"k": "A", "x": 0}))
+    eng.process(Event("b1", 1, {"k": "B"}))  # p0 completes: its owner leaves, the entry stays
+    assert shared.indexed and not shared.owners
+    assert [n.profile for n in eng.take_notifications()] == ["p0"]
+    eng.remove_profile("p0")
+    assert shared.indexed and shared.pins == 2
+    eng = Engine.restore(eng.snapshot())  # a restored engine pins again
+    assert eng.replan("rare-first") == ["p1", "p2"]  # and back: the eager runtimes pin again
+    assert eng.replan("eager") == ["p1", "p2"]
+    eng.process(Event("a2", 2, {"k": "A", "x": 1}))
+    eng.process(Event("b3", 3, {"k": "B"}))
+    assert [n.to_json()["events"] for n in eng.take_notifications()] == [{"a": "a2", "b": "b3"}]
+    [shared] = [e for e in eng.pool.entries() if e.filter == ps[0].expr.components[1].expr]
+    assert shared.pins == 2
+    eng.remove_profile("p1")
+    eng.remove_profile("p2")
+    assert len(eng.pool) == 0 and eng.pool.owner_count == 0
