@@ -40,6 +40,7 @@ class AuxOwner(Protocol):
     aux_entries: dict[int, Entry]  # leaf -> its auxiliary profile, planned once (`prepare`)
     owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf): its owner in the pool, one object
     aux_pins: tuple[Entry, ...]  # what `prepare` pinned (`drop_profile` unpins)
+    start_set: frozenset[int]  # its starting leaves (in the pool while it lives)
 
 
 def full_eqs(part: Partition, eqs: Eqs) -> Eqs:
@@ -94,7 +95,7 @@ class AuxiliaryRegistrations(ABC):
         for lf in rt.pat.leaves:
             if lf.clock is None and not eqb.get(lf.idx) and lf.idx not in rt.aux_entries:
                 entry = pool.prepare(lf.filter)
-                if self.preindexes:
+                if self.preindexes and lf.idx not in rt.start_set:  # (a start is indexed anyway)
                     entry = pool.pin(entry)
                     rt.aux_pins += (entry,)
                 rt.aux_entries[lf.idx] = entry
