@@ -342,7 +342,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             owners = entry.fanout
             if owners is None:
                 owners = entry.fanout = self._plain_owners(entry)
-            if not owners:
+            if owners is False:  # (`()`: an entry nobody owns, e.g. a pinned one, adds nothing)
                 return False
             hits += owners
         if len(hits) > 1:

@@ -590,3 +590,26 @@ def test_a_shared_auxiliary_profile_stays_indexed_while_a_profile_pins_it() -> N
     eng.remove_profile("p1")
     eng.remove_profile("p2")
     assert len(eng.pool) == 0 and eng.pool.owner_count == 0
+
+
+def test_plain_filters_report_alongside_an_ownerless_pinned_entry() -> None:
+    """An event matching plain filter profiles and a pinned auxiliary profile nobody waits on:
+    the plain ones report (in profile order), the ownerless entry adds nothing."""
+    ps = [
+        parse_profile('k = "B" and v > 1', "f1"),
+        parse_profile('seq(a: k = "A", b: k = "B" and z = 0) within 10s', "s"),
+        parse_profile('k = "B"', "f2"),
+    ]
+    eng = Engine(ps)
+    [pinned] = [e for e in eng.pool.match({"k": "B", "v": 2, "z": 0}) if not e.owners]
+    assert pinned.pins == 1  # with f1's and f2's entries: three
+    eng.process(Event("b1", 0, {"k": "B", "v": 2, "z": 0}))
+    eng.process(Event("a2", 1, {"k": "A"}))
+    eng.process(Event("b3", 2, {"k": "B", "v": 0, "z": 0}))
+    got = [(n.profile, n.to_json()["events"]) for n in eng.take_notifications()]
+    assert got == [
+        ("f1", {"e": "b1"}),
+        ("f2", {"e": "b1"}),
+        ("s", {"a": "a2", "b": "b3"}),
+        ("f2", {"e": "b3"}),
+    ]
