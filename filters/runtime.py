@@ -78,10 +78,10 @@ class Runtime:
 
     has_sink: ClassVar[bool] = False  # `sink` may return a handler (the engine asks only then)
     # slotted: one engine runs 10^4 runtimes, each touched by few events (paper, spread keys),
-    # and a slotted object is one block of memory: a first touch loads fewer cache lines
-    # (measured: a PM's opening 8.1 -> 6.8 us, docs/benchmarks.md). `__dict__` for the
-    # runtimes that keep unslotted fields (rare-first, absent); a snapshot stores the same
-    # dict of fields as before (`__getstate__`).
+    # and a slotted object is one block of memory with no dict (one A/B: a PM's opening
+    # 8.1 -> 6.8 us; repeats within noise, docs/benchmarks.md). `__dict__` for the runtimes
+    # that keep unslotted fields (rare-first, absent); a snapshot stores the same dict of
+    # fields as before (`__getstate__`).
     __slots__ = (
         "engine",
         "profile",
