@@ -14,7 +14,7 @@ a completion in CPython.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import ClassVar
 
 from filters.compile import evaluate
 from filters.matches import PartialMatch, Partition
@@ -132,7 +132,7 @@ class CompositeRuntime(GeneralSteps):
             if regs:
                 pm.regs = ()
                 kept = self._unreg_done(part, regs)
-            cast("list[PartialMatch]", part.pms).clear()  # a list: it held `pm`
+            part.pms.clear()  # type: ignore[union-attr]  # a list: it held `pm` (no `cast` call)
             self.pm_count -= 1
         eng._nseq += 1
         eng._out.append(
@@ -162,7 +162,7 @@ class CompositeRuntime(GeneralSteps):
                     counts[key] = n - 1
                 else:
                     aux.retire(self, part, key)
-        cast("list[PartialMatch]", part.pms).clear()  # a list: it held `pm`
+        part.pms.clear()  # type: ignore[union-attr]  # a list: it held `pm` (no `cast` call)
         self.pm_count -= 1
 
     def _fast_negate(self, part: Partition, pm: PartialMatch, ev: Event, leaves: list[int]) -> bool:
