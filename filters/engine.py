@@ -169,7 +169,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         self._by_id[profile.id] = rt
         self._register_starts(rt)
         self._count_leaves(rt, add=True)
-        if isinstance(rt, CompositeRuntime):  # (its auxiliary profiles prepared: `_eager_runtime`)
+        if isinstance(rt, CompositeRuntime):
             for clock in rt.clocks:
                 self._clock_users.setdefault(clock, {})[idx] = rt
                 if clock not in self._clocks:
@@ -179,10 +179,14 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         rt.activate(self.now)
 
     def _register_starts(self, rt: Runtime) -> None:
+        """The profile's starting components into the pool, then (a composite) its auxiliary
+        profiles prepared or pinned (after: a start's filter is then the pool's own entry)."""
         pool, idx = self.pool, rt.idx
         self._starts[idx] = [
             (pool.add(f, (idx, leaf)), (idx, leaf)) for f, leaf in rt.start_registrations()
         ]
+        if isinstance(rt, CompositeRuntime):
+            rt.prepare_aux(self.aux)
 
     def _unregister_starts(self, rt: Runtime) -> None:
         self.pool.release_all(self._starts.pop(rt.idx))
@@ -201,9 +205,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         return LazySeqRuntime(self, profile, idx, driver)
 
     def _eager_runtime(self, profile: Profile, idx: int) -> CompositeRuntime:
-        rt = CompositeRuntime(self, profile, idx)
-        rt.prepare_aux(self.aux)
-        return rt
+        return CompositeRuntime(self, profile, idx)
 
     def remove_profile(self, profile_id: str) -> None:
         rt = self._by_id.get(profile_id)
@@ -455,7 +457,6 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             self._count_leaves(rt, add=True)
             self._register_starts(rt)
             if isinstance(rt, CompositeRuntime):
-                rt.prepare_aux(self.aux)
                 rt.restore_registrations(self.aux)
 
     def _trace(self, profile_id: str, action: str, detail: str) -> None:

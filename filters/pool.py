@@ -130,9 +130,14 @@ class PrimitivePool(MatchMemo):
         return entry
 
     def unpin(self, entry: Entry) -> None:
+        """One user fewer; the last one's `unpin` drops an ownerless entry, and forgets it as
+        prepared (`prepare`'s cache would otherwise keep every removed profile's filters)."""
         entry.pins -= 1
-        if not entry.pins and not entry.owners and entry.indexed:
-            self._drop_entry(entry)
+        if not entry.pins and not entry.owners:
+            if entry.indexed:
+                self._drop_entry(entry)
+            if self._prepared.get(entry.key) is entry:
+                del self._prepared[entry.key]
 
     def _plan(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs, index: bool) -> Entry:
         """A new entry and its clauses (indexed if `index`), planned or from a stored plan."""

@@ -613,3 +613,18 @@ def test_plain_filters_report_alongside_an_ownerless_pinned_entry() -> None:
         ("s", {"a": "a2", "b": "b3"}),
         ("f2", {"e": "b3"}),
     ]
+
+
+def test_removed_profiles_leave_no_prepared_filters_behind() -> None:
+    """Profile churn (add, run, remove) under the default variant: the pool's cache of
+    prepared auxiliary filters does not keep the filters of removed profiles."""
+    eng = Engine()
+    for i in range(50):
+        eng.add_profile(
+            parse_profile(f'seq(a: k = "A", b: k = "B" and x = {i}) within 10s', f"p{i}")
+        )
+        eng.process(Event(f"a{i}", float(i), {"k": "A"}))
+        eng.process(Event(f"b{i}", i + 0.5, {"k": "B", "x": i}))
+        eng.remove_profile(f"p{i}")
+    assert len(eng.take_notifications()) == 50
+    assert len(eng.pool) == 0 and not eng.pool._prepared
