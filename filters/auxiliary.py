@@ -101,12 +101,17 @@ class AuxiliaryRegistrations(ABC):
                 rt.aux_entries[lf.idx] = entry
 
     def drop_profile(self, rt: AuxOwner) -> None:
-        """The profile goes: its pinned auxiliary profiles leave if nobody else holds them."""
+        """The profile goes: its pinned auxiliary profiles leave if nobody else holds them;
+        unpinned ones out of the pool (`dynamic`) leave `prepare`'s cache."""
         pins = rt.aux_pins
         if pins:
             rt.aux_pins = ()
             for entry in pins:
                 self.pool.unpin(entry)
+        elif not self.preindexes:
+            for entry in rt.aux_entries.values():
+                if not entry.indexed:
+                    self.pool.forget(entry)
 
     @abstractmethod
     def release(self, rt: AuxOwner, part: Partition) -> None:

@@ -129,6 +129,11 @@ class PrimitivePool(MatchMemo):
         entry.pins += 1
         return entry
 
+    def forget(self, entry: Entry) -> None:
+        """Out of `prepare`'s cache (its profile went; one still holding it can `revive` it)."""
+        if self._prepared.get(entry.key) is entry:
+            del self._prepared[entry.key]
+
     def unpin(self, entry: Entry) -> None:
         """One user fewer; the last one's `unpin` drops an ownerless entry, and forgets it as
         prepared (`prepare`'s cache would otherwise keep every removed profile's filters)."""
@@ -136,8 +141,7 @@ class PrimitivePool(MatchMemo):
         if not entry.pins and not entry.owners:
             if entry.indexed:
                 self._drop_entry(entry)
-            if self._prepared.get(entry.key) is entry:
-                del self._prepared[entry.key]
+            self.forget(entry)
 
     def _plan(self, key: tuple[Filter, Eqs], f: Filter, eqs: Eqs, index: bool) -> Entry:
         """A new entry and its clauses (indexed if `index`), planned or from a stored plan."""

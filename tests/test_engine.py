@@ -615,10 +615,11 @@ def test_plain_filters_report_alongside_an_ownerless_pinned_entry() -> None:
     ]
 
 
-def test_removed_profiles_leave_no_prepared_filters_behind() -> None:
-    """Profile churn (add, run, remove) under the default variant: the pool's cache of
-    prepared auxiliary filters does not keep the filters of removed profiles."""
-    eng = Engine()
+@pytest.mark.parametrize("variant", ["references", "dynamic", "marking"])
+def test_removed_profiles_leave_no_prepared_filters_behind(variant: str) -> None:
+    """Profile churn (add, run, remove): the pool's cache of prepared auxiliary filters does
+    not keep the filters of removed profiles."""
+    eng = Engine(variant=variant)
     for i in range(50):
         eng.add_profile(
             parse_profile(f'seq(a: k = "A", b: k = "B" and x = {i}) within 10s', f"p{i}")
