@@ -92,10 +92,13 @@ class AuxiliaryRegistrations(ABC):
             return
         pool = self.pool
         eqb = rt.pat.eq_bindings
+        pins = self.preindexes and not rt.aux_pins  # (pinned once per runtime)
         for lf in rt.pat.leaves:
-            if lf.clock is None and not eqb.get(lf.idx) and lf.idx not in rt.aux_entries:
-                entry = pool.prepare(lf.filter)
-                if self.preindexes and lf.idx not in rt.start_set:  # (a start is indexed anyway)
+            if lf.clock is None and not eqb.get(lf.idx):
+                entry = rt.aux_entries.get(lf.idx)  # (a converted runtime's PMs made some)
+                if entry is None:
+                    entry = pool.prepare(lf.filter)
+                if pins and lf.idx not in rt.start_set:  # (a start is indexed anyway)
                     entry = pool.pin(entry)
                     rt.aux_pins += (entry,)
                 rt.aux_entries[lf.idx] = entry

@@ -629,3 +629,24 @@ def test_removed_profiles_leave_no_prepared_filters_behind(variant: str) -> None
         eng.remove_profile(f"p{i}")
     assert len(eng.take_notifications()) == 50
     assert len(eng.pool) == 0 and not eng.pool._prepared
+
+
+def test_a_plan_change_with_matches_in_flight_keeps_the_pins() -> None:
+    """To rare-first and back while partial matches wait: the eager runtime that takes them
+    over pins its auxiliary profiles too (one pin per profile), and nothing stays behind."""
+    ps = [
+        parse_profile(f'seq(a: k = "A", b: k = "B", c: k = "C" and x = {i}) within 100s', f"p{i}")
+        for i in range(2)
+    ]
+    eng = Engine(ps)
+    eng.process(Event("a0", 0, {"k": "A"}))
+    eng.process(Event("b1", 1, {"k": "B"}))  # both wait for their c now
+    assert eng.replan("rare-first") == ["p0", "p1"]
+    assert eng.replan("eager") == ["p0", "p1"]
+    pinned = [e for e in eng.pool.entries() if e.pins]
+    assert sorted(e.pins for e in pinned) == [1, 1, 2]  # c0, c1; b shared by both
+    eng.process(Event("c2", 2, {"k": "C", "x": 1}))
+    assert [n.profile for n in eng.take_notifications()] == ["p1"]
+    eng.remove_profile("p0")
+    eng.remove_profile("p1")
+    assert len(eng.pool) == 0 and eng.pool.owner_count == 0
