@@ -201,9 +201,9 @@ class Dynamic(AuxiliaryRegistrations):
                     held.discard(key)  # entry if that was the last (every `once` completion)
                     if key[1] or part.values:
                         entry = part.entries.pop(key)  # type: ignore[union-attr]
-                        pool.release(entry, owners[key[0]])
                     else:  # (a pinned one stays indexed: see `drop_profile`)
-                        pool.release(rt.aux_entries[key[0]], owners[key[0]])
+                        entry = rt.aux_entries[key[0]]
+                    pool.release(entry, owners[key[0]])
                 else:
                     pool.release(entry_of(rt, part, key), owners[key[0]], True)
             part.dormant = 0
@@ -235,23 +235,15 @@ class References(Dynamic):
     preindexes = True
 
     def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        if not key[1]:
-            if part.values:
-                part.regs[key] = 0
-                part.dormant += 1
-                return
-            del part.regs[key]  # no `per`: our owner off (a pinned entry stays indexed)
-            self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]])
+        if not key[1] and part.values:  # dormant: our owner stays on the partition's entry
+            part.regs[key] = 0
+            part.dormant += 1
             return
-        super().remove(rt, part, key)
+        super().remove(rt, part, key)  # (no `per`: our owner off, a pinned entry stays indexed)
 
     def retire(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         part.held.discard(key)  # (`release` finds nothing left to purge)
-        if key[1] or part.values:
-            super().remove(rt, part, key)
-            return
-        del part.regs[key]  # our owner off (a pinned entry stays indexed: `drop_profile`)
-        self.pool.release(rt.aux_entries[key[0]], rt.owners[key[0]])
+        super().remove(rt, part, key)  # never dormant: the profile goes
 
 
 class Marking(AuxiliaryRegistrations):

@@ -197,8 +197,6 @@ class CompositeBase(DerivedRuntime):
     aux_pins: tuple[Entry, ...]  # those kept indexed while the profile lives (references)
     owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf), its owner in the pool: one object
     free_keys: tuple[RegKey, ...]  # leaf -> (leaf, ()): its registration without bound values
-    # a fast shape without `per`, flat: a finished PM's terminator would fire as a pure no-op
-    # (one idle partition, no history or counts), so it is taken out of its lane instead
     engine: CompositeHost
 
     def __init__(self, engine: CompositeHost, profile: Profile, idx: int) -> None:

@@ -294,6 +294,6 @@ class MatchLifecycle(MatchBinder):
                 if part.handle is not None:
                     timers.discard(part.handle)
             parts.clear()
-        if self.aux_pins or self.aux_entries:
+        if self.aux_entries:  # (its pins among them)
             self.engine.aux.drop_profile(self)
         self.pm_count = 0
