@@ -50,6 +50,15 @@ def full_eqs(part: Partition, eqs: Eqs) -> Eqs:
     return eqs
 
 
+def hold(part: Partition, key: RegKey) -> None:
+    """Record that `part` keeps `key`'s auxiliary profile in the pool (its set made on demand)."""
+    held = part.held
+    if held is None:
+        part.held = {key}
+    else:
+        held.add(key)
+
+
 def entry_of(rt: AuxOwner, part: Partition, key: RegKey) -> Entry:
     """The pool entry a registration holds: without `per` and bound values, the runtime's own
     for the leaf (one partition has it: no dict per partition), else the partition's."""
@@ -142,12 +151,12 @@ class Dynamic(AuxiliaryRegistrations):
         pool = self.pool
         owner = rt.owners[leaf]
         if not eqs and not part.values:  # the runtime's entry, planned with the profile
-            if self.holds:
-                part.held.add(key)
             aux = rt.aux_entries.get(leaf)
             if aux is None:
                 aux = rt.aux_entries[leaf] = pool.prepare(rt.pat.leaves[leaf].filter)
             elif aux.indexed:  # `revive` of an entry in the pool (kept by references), inline:
+                if self.holds and not aux.pins:  # (a pinned one stays while the profile lives)
+                    hold(part, key)
                 owners = aux.owners  # a waiting PM's next component, every cycle of a key
                 prev = owners.get(owner, 0)
                 owners[owner] = prev + 1
@@ -155,6 +164,8 @@ class Dynamic(AuxiliaryRegistrations):
                     pool.owner_count += 1
                     aux.solo = aux.fanout = None
                 return
+            if self.holds:
+                hold(part, key)
             live = pool.revive(aux, owner)  # kept in the pool (references): a count
             if live is not aux:  # the pool's own entry: the next PM's `revive` is a count
                 rt.aux_entries[leaf] = live
@@ -166,7 +177,7 @@ class Dynamic(AuxiliaryRegistrations):
         if entry is not None and pool.claim(entry, owner):
             return
         if self.holds and not eqs:
-            part.held.add(key)
+            hold(part, key)
         entries[key] = pool.add(rt.pat.leaves[leaf].filter, owner, full_eqs(part, eqs))
 
     def remove(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
@@ -186,8 +197,8 @@ class Dynamic(AuxiliaryRegistrations):
             part.entries[key] = entry
         else:
             rt.aux_entries[leaf] = entry
-        if self.holds and not eqs:
-            part.held.add(key)
+        if self.holds and not eqs and not entry.pins:
+            hold(part, key)
 
     def release(self, rt: AuxOwner, part: Partition) -> None:
         pool = self.pool
@@ -197,7 +208,9 @@ class Dynamic(AuxiliaryRegistrations):
             owners = rt.owners
             for key in [k for k, n in regs.items() if not n]:
                 del regs[key]
-                if key in held:  # leaves for good (as in the loop below): our owner, then the
+                if (
+                    held and key in held
+                ):  # leaves for good (as in the loop below): our owner, then the
                     held.discard(key)  # entry if that was the last (every `once` completion)
                     if key[1] or part.values:
                         entry = part.entries.pop(key)  # type: ignore[union-attr]
@@ -242,7 +255,9 @@ class References(Dynamic):
         super().remove(rt, part, key)  # (no `per`: our owner off, a pinned entry stays indexed)
 
     def retire(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        part.held.discard(key)  # (`release` finds nothing left to purge)
+        held = part.held
+        if held:
+            held.discard(key)  # (`release` finds nothing left to purge)
         super().remove(rt, part, key)  # never dormant: the profile goes
 
 
@@ -253,9 +268,10 @@ class Marking(AuxiliaryRegistrations):
     prepares = False
 
     def insert(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
-        if key in part.held:
+        held = part.held
+        if held and key in held:
             return  # already in the pool, unmarked: marking it is the count
-        part.held.add(key)
+        hold(part, key)
         leaf, eqs = key
         self.pool.add(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
 
@@ -264,22 +280,26 @@ class Marking(AuxiliaryRegistrations):
         leaf, eqs = key
         if not eqs:
             return  # stays in the pool, unmarked, until the partition is released
-        part.held.discard(key)
+        if part.held:
+            part.held.discard(key)
         self.pool.remove(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
 
     def restore(self, rt: AuxOwner, part: Partition, key: RegKey) -> None:
         leaf, eqs = key
         self.pool.add(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
         if not eqs:
-            part.held.add(key)
+            hold(part, key)
 
     def release(self, rt: AuxOwner, part: Partition) -> None:
         regs = part.regs
-        for key in part.held:  # never dormant: `remove` drops every count
+        held = part.held
+        if not held:
+            return
+        for key in held:  # never dormant: `remove` drops every count
             if key not in regs:
                 leaf, eqs = key
                 self.pool.remove(rt.pat.leaves[leaf].filter, rt.owners[leaf], full_eqs(part, eqs))
-        part.held.clear()
+        held.clear()
 
 
 VARIANTS: dict[str, type[AuxiliaryRegistrations]] = {

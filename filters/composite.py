@@ -140,7 +140,9 @@ class CompositeRuntime(GeneralSteps):
         )
         if self.once:
             eng._deactivate(self)
-        elif self.unique and (not (kept or part.held) or (part.key and self.window is None)):
+        elif self.unique and (
+            not (kept or part.held or self.aux_pins) or (part.key and self.window is None)
+        ):
             self._tidy(part, ev.ts)  # fast shapes keep no history or counts
         return True
 

@@ -411,7 +411,7 @@ class CompositeBase(DerivedRuntime):
         """After a restore: put the registrations of the stored partitions into the new pool
         (dormant owners were not stored)."""
         for part in self.parts.values():
-            part.held = set()
+            part.held = None
             part.regs = {k: n for k, n in part.regs.items() if n}
             part.dormant = 0
             for key in part.regs:

@@ -134,7 +134,7 @@ class MatchLifecycle(MatchBinder):
             # a finished PM's terminator: its partition, if idle since, lets its auxiliary
             # profiles go now (see `_tidy`)
             part = pm.part
-            if not part.pms and (part.held or part.dormant) and when >= part.until:
+            if not part.pms and (part.held or part.dormant or self.aux_pins) and when >= part.until:
                 self._tidy(part, when, fired=True)
             return
         pm.handle = None
@@ -225,7 +225,7 @@ class MatchLifecycle(MatchBinder):
         if w is not None and (part.history or part.starts):
             self._forget_stale(part, now, w, fired)
         if not (part.pms or part.history or part.starts):  # `part.empty()`, inline
-            if not part.key and (part.held or part.dormant):
+            if not part.key and (part.held or part.dormant or self.aux_pins):
                 part.pms = ()  # `_drop_partition`'s commonest case, inline: kept idle
                 return
             self._drop_partition(part, now, fired)
@@ -251,7 +251,7 @@ class MatchLifecycle(MatchBinder):
 
     def _drop_partition(self, part: Partition, now: float, fired: bool) -> None:
         """An empty partition: forget it, unless its kept auxiliary profiles must wait."""
-        if part.held or part.dormant:
+        if part.held or part.dormant or self.aux_pins:
             if not part.key:
                 part.pms = ()  # kept idle: no list of its own (see `Partition`)
                 return  # no per: one partition, its few auxiliary profiles simply stay marked off

@@ -142,7 +142,9 @@ class Partition:
         # (leaf, eqs) -> number of PMs waiting on it; 0: dormant (references: nobody waits, our
         # owner is still in the pool; the next PM takes it back for free)
         self.regs: dict[RegKey, int] = {}
-        self.held: set[RegKey] = set()  # marking/references: auxiliary profiles kept in the pool
+        # marking/references: auxiliary profiles kept in the pool (None until the first: most
+        # partitions hold none, a pinned profile's never do; a set is the dearest field to make)
+        self.held: set[RegKey] | None = None
         # (leaf, eqs) -> its pool entry (dynamic/references), made on first use: a registration
         # without `per` and bound values uses its runtime's entry (`filters.auxiliary.entry_of`)
         self.entries: dict[RegKey, Entry] | None = None
@@ -160,6 +162,8 @@ class Partition:
         for k in ("pms", "history"):  # stored as lists, whether or not one was made
             if not state[k]:
                 state[k] = []
+        if state["held"] is None:  # stored as a set, whether or not one was made
+            state["held"] = set()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -167,6 +171,8 @@ class Partition:
         for k, v in state.items():
             setattr(self, k, v)
         self.entries = None
+        if not self.held:
+            self.held = None
 
     def empty(self) -> bool:
         return not (self.pms or self.history or self.starts)
