@@ -283,6 +283,8 @@ class CompositeRuntime(GeneralSteps):
                     counts[rk] = 1
                     part.dormant -= 1
             pm.regs = new
+        if self.opens_once:
+            self.engine.release_starts(self)
         return True
 
     def _fast_each(self, part: Partition, ev: Event, seq: int, leaves: list[int]) -> None:

@@ -43,6 +43,8 @@ class CompositeHost(EngineHost, Protocol):
 
     aux: AuxiliaryRegistrations
 
+    def release_starts(self, rt: Any) -> None: ...
+
 
 # (shape's mask tables, which leaves are filters) -> mask -> auxiliary registrations wanted
 _WANTS: dict[tuple[int, tuple[bool, ...]], Wants] = {}
@@ -164,6 +166,7 @@ class CompositeBase(DerivedRuntime):
         "_wants",
         "_trans",
         "between",
+        "opens_once",
     )
 
     __slots__ = (  # the fields a snapshot stores (in the order they are set), then `_DERIVED`
@@ -197,6 +200,11 @@ class CompositeBase(DerivedRuntime):
     aux_pins: tuple[Entry, ...]  # those kept indexed while the profile lives (references)
     owners: tuple[tuple[int, int], ...]  # leaf -> (idx, leaf), its owner in the pool: one object
     free_keys: tuple[RegKey, ...]  # leaf -> (leaf, ()): its registration without bound values
+    # `once`, `select first`, no `per`, no window, negation, where or `any` (a fast, flat shape):
+    # its first PM can only end by completing, which retires the profile, so no later starting
+    # event can open another; its starting entries leave the pool when that PM opens
+    # (`CompositeHost.release_starts`), while they are hot from the match that opened it
+    opens_once: bool
     engine: CompositeHost
 
     def __init__(self, engine: CompositeHost, profile: Profile, idx: int) -> None:
@@ -225,6 +233,15 @@ class CompositeBase(DerivedRuntime):
         self.aux_pins = ()
         self.owners = tuple([(self.idx, i) for i in range(t.n)])
         self.free_keys = tuple([shared((i, ())) for i in range(t.n)])
+        self.opens_once = (
+            self.once
+            and t.fast
+            and t.kind == "first"
+            and not t.neg_set
+            and t.flat
+            and self.window is None
+            and not self.per
+        )
 
     # --------------------------------------------------------- registrations
     def start_registrations(self) -> list[tuple[Any, int]]:

@@ -191,6 +191,14 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
     def _unregister_starts(self, rt: Runtime) -> None:
         self.pool.release_all(self._starts.pop(rt.idx))
 
+    def release_starts(self, rt: Runtime) -> None:
+        """`rt`'s starting entries leave the pool while the profile stays (`opens_once`: no
+        starting event can do anything for it any more)."""
+        held = self._starts.get(rt.idx)
+        if held:
+            self._starts[rt.idx] = []
+            self.pool.release_all(held)
+
     def _runtime(self, profile: Profile, idx: int) -> Runtime:
         if profile.is_filter:
             return FilterRuntime(self, profile, idx)

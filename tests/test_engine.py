@@ -152,6 +152,68 @@ def test_events_not_awaited_never_reach_the_profile(variant: str) -> None:
     assert len(eng.pool) == 0  # the profile's auxiliary profiles go with it
 
 
+@pytest.mark.parametrize("variant", Engine.VARIANTS)
+def test_a_once_profile_waiting_for_its_last_component_leaves_its_start_out_of_the_pool(
+    variant: str,
+) -> None:
+    """`once`, `select first`, no window, `per` or negation: its first partial match can only
+    end by completing, which retires the profile, so a later A could do nothing for it. Its
+    starting entry leaves the pool when the match opens (a repeated A reaches no profile); the
+    notifications are those of the two-step engine, which keeps every start registered."""
+    from filters.twostep import TwoStepEngine
+
+    text = 'seq(a: k = "A" and x = 1, b: k = "B") once'
+    eng = Engine([parse_profile(text, "p")], variant=variant)
+    assert eng.pool.owners({"k": "A", "x": 1}) == [(0, 0)]
+    stream = [
+        Event("a1", 1, {"k": "A", "x": 1}),
+        Event("a2", 2, {"k": "A", "x": 1}),
+        Event("b1", 3, {"k": "B"}),
+        Event("a3", 4, {"k": "A", "x": 1}),
+        Event("b2", 5, {"k": "B"}),
+    ]
+    eng.process(stream[0])
+    assert eng.pool.owners({"k": "A", "x": 1}) == []  # the start is not awaited any more
+    assert eng.pool.owners({"k": "B"}) == [(0, 1)]
+    two = TwoStepEngine([parse_profile(text, "p")])
+    for ev in stream[1:]:
+        eng.process(ev)
+    for ev in stream:
+        two.process(ev)
+    got = [n.to_json() for n in eng.take_notifications()]
+    assert got == [n.to_json() for n in two.take_notifications()]
+    assert got == [{"profile": "p", "ts": 3.0, "events": {"a": "a1", "b": "b1"}}]
+    assert len(eng.pool) == 0 and eng.stats()["profiles"] == 0
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        " within 2s once",  # its match can expire: a later A opens the next one
+        " once per r",  # another partition's A opens its own
+        " select last once",  # a later A replaces the bound one
+        " within 10s select each once",  # every A opens a match
+        " select nth 2 once",  # the A counts
+        "",  # not `once`: the next match after a completion
+    ],
+)
+def test_a_profile_whose_later_starts_still_count_keeps_them_in_the_pool(tail: str) -> None:
+    text = 'seq(a: k = "A", b: k = "B")' + tail
+    eng = Engine([parse_profile(text, "p")])
+    eng.process(Event("a1", 1, {"k": "A", "r": 1}))
+    assert eng.pool.owners({"k": "A", "r": 1}) == [(0, 0)]
+
+
+def test_a_negation_keeps_the_start_of_a_once_profile_in_the_pool() -> None:
+    """A negation can kill the waiting match: the next A must open a new one."""
+    eng = Engine([parse_profile('seq(a: k = "A", not x: k = "X", b: k = "B") once', "p")])
+    for i, k in enumerate("AXAB"):
+        eng.process(Event(f"{k.lower()}{i}", float(i), {"k": k}))
+        assert eng.pool.owners({"k": "A"}) == ([(0, 0)] if i < 3 else [])
+    got = [n.to_json()["events"] for n in eng.take_notifications()]
+    assert got == [{"a": "a2", "b": "b3"}]
+
+
 def test_where_equality_becomes_an_indexed_predicate() -> None:
     eng = Engine(
         [parse_profile('seq(a: k = "A", b: k = "B") within 10s where b.room = a.room', "p")]
