@@ -182,9 +182,15 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         """The profile's starting components into the pool, then (a composite) its auxiliary
         profiles prepared or pinned (after: a start's filter is then the pool's own entry)."""
         pool, idx = self.pool, rt.idx
-        self._starts[idx] = [
-            (pool.add(f, (idx, leaf)), (idx, leaf)) for f, leaf in rt.start_registrations()
-        ]
+        # one owner object per leaf, the one the pool keeps: a release then finds it in the
+        # owners dict by identity (no second tuple to read and compare); a composite's own
+        # (`owners`), which its auxiliary registrations use too
+        mine = rt.owners if isinstance(rt, CompositeRuntime) else None
+        held = []
+        for f, leaf in rt.start_registrations():
+            owner = mine[leaf] if mine is not None else (idx, leaf)
+            held.append((pool.add(f, owner), owner))
+        self._starts[idx] = held
         if isinstance(rt, CompositeRuntime):
             rt.prepare_aux(self.aux)
 
