@@ -140,9 +140,6 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         self.pool = PrimitivePool()
         # how auxiliary profiles enter and leave the pool (`filters.auxiliary`)
         self.aux: AuxiliaryRegistrations = VARIANTS[variant](self.pool)
-        # runtime index -> the pool entries of its starting components and their owners (what
-        # leaves the pool with the profile, without looking the filters up again)
-        self._starts: dict[int, list[tuple[Entry, tuple[int, int]]]] = {}
         self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)
         self.now: float | None = None
@@ -190,19 +187,20 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         for f, leaf in rt.start_registrations():
             owner = mine[leaf] if mine is not None else (idx, leaf)
             held.append((pool.add(f, owner), owner))
-        self._starts[idx] = held
+        rt.starts = tuple(held)
         if isinstance(rt, CompositeRuntime):
             rt.prepare_aux(self.aux)
 
     def _unregister_starts(self, rt: Runtime) -> None:
-        self.pool.release_all(self._starts.pop(rt.idx))
+        self.pool.release_all(rt.starts)
+        rt.starts = ()
 
     def release_starts(self, rt: Runtime) -> None:
         """`rt`'s starting entries leave the pool while the profile stays (`opens_once`: no
         starting event can do anything for it any more)."""
-        held = self._starts.get(rt.idx)
+        held = rt.starts
         if held:
-            self._starts[rt.idx] = []
+            rt.starts = ()
             self.pool.release_all(held)
 
     def _runtime(self, profile: Profile, idx: int) -> Runtime:
@@ -236,7 +234,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         idx = rt.idx
         del self._by_id[rt.pid]
         del self._rts[idx]
-        self.pool.release_all(self._starts.pop(idx))
+        self.pool.release_all(rt.starts)
+        rt.starts = ()
         if self._count_pool is not None:  # online re-planning counts the profile's leaves
             self._count_leaves(rt, add=False)
         if self._online:
@@ -433,7 +432,6 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         del state["pool"]
         del state["aux"]
         del state["_by_id"]
-        del state["_starts"]
         state.pop("_count_pool", None)
         state["tracer"] = None
         state["tz"] = self.tz.key
@@ -464,7 +462,6 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             self._rts[idx] = self._runtime(profile, idx)
         self._rts = dict(sorted(self._rts.items()))
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
-        self._starts = {}
         self._count_pool = PrimitivePool() if self.replan_every else None
         self._counted = {}
         for rt in self._rts.values():

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from filters.notification import Notification
-from filters.pool import Eqs, PrimitivePool
+from filters.pool import Entry, Eqs, PrimitivePool
 from filters.temporal import TIMER, TemporalPool
 from profiles.ast import Absent, Filter, Profile
 from profiles.events import Event
@@ -91,6 +91,7 @@ class Runtime:
         "pid",
         "subscriber",
         "once",
+        "starts",
         "__dict__",
     )
 
@@ -101,10 +102,19 @@ class Runtime:
         self.active = True
         self.per = profile.per
         self.pid, self.subscriber, self.once = profile.id, profile.subscriber, profile.once
+        # the pool entries of its starting components and their owners, set by the engine (what
+        # leaves the pool with the profile, without looking the filters up again); on the
+        # runtime, not in a dict of the engine: one look-up fewer when a profile goes
+        self.starts: tuple[tuple[Entry, tuple[int, int]], ...] = ()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The fields as one dict (slotted, then the rest), as when runtimes had no slots."""
-        state = {k: getattr(self, k) for k in slot_fields(type(self)) if hasattr(self, k)}
+        """The fields as one dict (slotted, then the rest), as when runtimes had no slots; not
+        the pool's entries (`starts`: the pool is rebuilt on restore)."""
+        state = {
+            k: getattr(self, k)
+            for k in slot_fields(type(self))
+            if k != "starts" and hasattr(self, k)
+        }
         state.update(self.__dict__)
         return state
 
