@@ -162,6 +162,8 @@ class CompositeRuntime(GeneralSteps):
                 n = counts[key]
                 if n > 1:
                     counts[key] = n - 1
+                elif not (key[1] or part.values) and self._leave_pinned(key[0]):
+                    del counts[key]  # (a pinned entry is not held: nothing else to retire)
                 else:
                     aux.retire(self, part, key)
         part.pms.clear()  # type: ignore[union-attr]  # a list: it held `pm` (no `cast` call)

@@ -349,6 +349,8 @@ class CompositeBase(DerivedRuntime):
                 elif aux.keeps_dormant and not key[1] and part.values:  # `References.remove`
                     counts[key] = 0
                     part.dormant += 1
+                elif not (key[1] or part.values) and self._leave_pinned(key[0]):
+                    del counts[key]
                 else:
                     aux.remove(self, part, key)
         for key in new:
@@ -388,9 +390,30 @@ class CompositeBase(DerivedRuntime):
                 counts[key] = 0
                 part.dormant += 1
                 kept = True
+            elif not (key[1] or part.values) and self._leave_pinned(key[0]):
+                del counts[key]
             else:
                 self._unreg(part, key)
         return kept
+
+    def _leave_pinned(self, leaf: int) -> bool:
+        """Our owner off `leaf`'s entry if it is pinned (references, no `per`): the entry stays
+        indexed, so this is all `remove` does (`References.remove` -> `PrimitivePool.release`,
+        written out: every completed match of a profile without `per` ends here). False: not
+        pinned, the variant decides."""
+        entry = self.aux_entries.get(leaf)
+        if entry is None or not entry.pins:
+            return False
+        owners = entry.owners
+        owner = self.owners[leaf]
+        n = owners[owner] - 1
+        if n:
+            owners[owner] = n
+        else:
+            del owners[owner]
+            self.engine.pool.owner_count -= 1
+            entry.solo = entry.fanout = None
+        return True
 
     def _unreg(self, part: Partition, key: RegKey) -> None:
         """No PM of the partition waits on `key` any more: the variant decides what stays."""
