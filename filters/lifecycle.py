@@ -132,9 +132,10 @@ class MatchLifecycle(MatchBinder):
         pm: PartialMatch = payload
         if not pm.alive:
             # a finished PM's terminator: its partition, if idle since, lets its auxiliary
-            # profiles go now (see `_tidy`)
+            # profiles go now (see `_tidy`); one holding only pinned ones has nothing to let
+            # go (it stays, its emptied list kept for the next PM)
             part = pm.part
-            if not part.pms and (part.held or part.dormant or self.aux_pins) and when >= part.until:
+            if not part.pms and (part.held or part.dormant) and when >= part.until:
                 self._tidy(part, when, fired=True)
             return
         pm.handle = None

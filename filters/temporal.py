@@ -191,16 +191,6 @@ class TemporalPool:
             self._reset_head()
         return True
 
-    def _pop_lane(self, ln: _Lane) -> None:
-        """Take the first entry off lane `ln` (the heap's top)."""
-        ln.start += 1
-        self._nlane -= 1
-        new = ln.front()
-        if new is None:
-            heappop(self._heads)
-        else:
-            heapreplace(self._heads, (new, ln))
-
     def pop_due(self, now: float, inclusive: bool) -> Handle | None:
         """The next entry due at `now`: clocks at <= now, timers at < now (<= now if inclusive)."""
         if self.head > now:
@@ -220,8 +210,18 @@ class TemporalPool:
                 items = self._items
                 items.pop(0)
                 self._first = items[0] if items else None
-            else:
-                self._pop_lane(ln)
+            else:  # the lane's first off; `_Lane.front`'s common case inline (every terminator)
+                ln.start = i = ln.start + 1
+                self._nlane -= 1
+                items = ln.items
+                if i < 32 and i < len(items) and items[i][3] is not _DEAD:
+                    heapreplace(heads, (items[i], ln))
+                else:
+                    new = ln.front()
+                    if new is None:
+                        heappop(heads)
+                    else:
+                        heapreplace(heads, (new, ln))
             self._reset_head()
             return item
         return None
