@@ -712,3 +712,38 @@ def test_a_plan_change_with_matches_in_flight_keeps_the_pins() -> None:
     eng.remove_profile("p0")
     eng.remove_profile("p1")
     assert len(eng.pool) == 0 and eng.pool.owner_count == 0
+
+
+@pytest.mark.parametrize("select", ["", " select each"])
+def test_a_match_that_ends_takes_its_owner_off_the_pinned_entry_and_leaves_it_indexed(
+    select: str,
+) -> None:
+    """Completion, expiry and a middle step each leave the pinned entry of the component no
+    longer awaited without our owner (`_leave_pinned`), indexed while the profile lives; with
+    two matches waiting on one entry the owner stays until the second one ends."""
+    eng = Engine(
+        [parse_profile(f'seq(a: k = "A", b: k = "B", c: k = "C") within 10s{select}', "p")]
+    )
+    [b_entry] = eng.pool.match({"k": "B"})
+    [c_entry] = eng.pool.match({"k": "C"})
+    assert b_entry.pins == c_entry.pins == 1 and not b_entry.owners and not c_entry.owners
+    eng.process(Event("a1", 0, {"k": "A"}))
+    assert list(b_entry.owners) == [(0, 1)] and not c_entry.owners
+    eng.process(Event("b1", 1, {"k": "B"}))  # a middle step: b off, c on
+    if select:  # `each`: the match on a1 waits for b again through a copy
+        assert list(b_entry.owners) == [(0, 1)]
+    else:
+        assert not b_entry.owners
+    assert list(c_entry.owners) == [(0, 2)]
+    eng.process(Event("c1", 2, {"k": "C"}))  # completed
+    assert [n.to_json()["events"] for n in eng.take_notifications()] == [
+        {"a": "a1", "b": "b1", "c": "c1"}
+    ]
+    if not select:
+        assert not c_entry.owners and eng.pool.owner_count == 1  # (the start's owner)
+    eng.process(Event("a2", 3, {"k": "A"}))
+    eng.process(Event("x", 20, {"k": "X"}))  # every window ended: expired
+    assert not b_entry.owners and not c_entry.owners and eng.pool.owner_count == 1
+    assert b_entry.indexed and c_entry.indexed and len(eng.pool) == 3
+    eng.remove_profile("p")
+    assert len(eng.pool) == 0 and eng.pool.owner_count == 0
