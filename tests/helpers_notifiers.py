@@ -364,6 +364,7 @@ class Hang:
         self.sock.settimeout(0.05)
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
+        self.accepted_at: list[float] = []  # time.monotonic() of each accept, in order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
@@ -379,6 +380,7 @@ class Hang:
                 continue
             except OSError:
                 return
+            self.accepted_at.append(time.monotonic())
             self.conns.append(conn)
 
     def start(self) -> Hang:
