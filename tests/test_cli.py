@@ -743,3 +743,23 @@ def test_paper_bench_stamps_every_notification_of_both_engines() -> None:
     for make in makers.values():
         r = paper.measure(make, profiles, events)
         assert r["notifications"] == 50 and r["composite_response_us"] > 0
+
+
+def test_engines_bench_reports_the_median_of_each_repeats_own_ratio(tmp_path: Path) -> None:
+    """`ens bench engines`: a cell's ratio is the median over repeats of baseline / single-step
+    within a repeat (both runs back to back in one worker), not a ratio of two medians; the
+    notification counts agree and the table lands between its markers."""
+    import statistics
+
+    from bench import engines
+
+    md = tmp_path / "b.md"
+    md.write_text("# B\n\nkept\n")
+    [row] = engines.run(3, True, 0, "paper order 1 groups", "", str(md), "", hash_seeds=1)
+    pairs = row["runs"]
+    assert len(pairs) == 3 and all(s > 0 and b > 0 for s, b in pairs)
+    assert row["ratio"] == statistics.median(b / s for s, b in pairs)
+    assert row["ss_us"] == statistics.median(s for s, _ in pairs)
+    assert "mismatch" not in row and row["notes"] > 0
+    text = md.read_text()
+    assert text.startswith("# B\n\nkept\n") and "| paper order 1 groups |" in text
