@@ -387,7 +387,8 @@ def run(
             pre = f"{v} " if v else ""
             row[f"{pre}ss_us"] = statistics.median(ss_runs)
             row[f"{pre}base_us"] = statistics.median(base_runs)
-            row[f"{pre}runs"] = list(zip(ss_runs, base_runs, strict=True))  # (single-step, baseline)
+            # (single-step, baseline) per repeat
+            row[f"{pre}runs"] = list(zip(ss_runs, base_runs, strict=True))
             # paired: a repeat's two runs are back to back in one worker, so each repeat's
             # ratio cancels the machine's drift between repeats (medians of the times do not)
             row[f"{pre}ratio"] = statistics.median(
