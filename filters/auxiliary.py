@@ -208,10 +208,10 @@ class Dynamic(AuxiliaryRegistrations):
             owners = rt.owners
             for key in [k for k, n in regs.items() if not n]:
                 del regs[key]
-                if (
-                    held and key in held
-                ):  # leaves for good (as in the loop below): our owner, then the
-                    held.discard(key)  # entry if that was the last (every `once` completion)
+                # held: it leaves for good (as in the loop below): our owner, then the entry
+                # if that was the last (every `once` completion)
+                if held and key in held:
+                    held.discard(key)
                     if key[1] or part.values:
                         entry = part.entries.pop(key)  # type: ignore[union-attr]
                     else:  # (a pinned one stays indexed: see `drop_profile`)

@@ -28,6 +28,7 @@ from filters.runtime import (
     EngineHost,
     PartKey,
     RegKey,
+    Runtime,
     fmt_events,
     shared,
 )
@@ -43,7 +44,7 @@ class CompositeHost(EngineHost, Protocol):
 
     aux: AuxiliaryRegistrations
 
-    def release_starts(self, rt: Any) -> None: ...
+    def release_starts(self, rt: Runtime) -> None: ...
 
 
 # (shape's mask tables, which leaves are filters) -> mask -> auxiliary registrations wanted

@@ -191,13 +191,9 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         if isinstance(rt, CompositeRuntime):
             rt.prepare_aux(self.aux)
 
-    def _unregister_starts(self, rt: Runtime) -> None:
-        self.pool.release_all(rt.starts)
-        rt.starts = ()
-
     def release_starts(self, rt: Runtime) -> None:
-        """`rt`'s starting entries leave the pool while the profile stays (`opens_once`: no
-        starting event can do anything for it any more)."""
+        """`rt`'s starting entries leave the pool: the profile goes, changes plan, or (its
+        runtime's `opens_once`) stays but no starting event can do anything for it any more."""
         held = rt.starts
         if held:
             rt.starts = ()
@@ -234,8 +230,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         idx = rt.idx
         del self._by_id[rt.pid]
         del self._rts[idx]
-        self.pool.release_all(rt.starts)
-        rt.starts = ()
+        self.release_starts(rt)
         if self._count_pool is not None:  # online re-planning counts the profile's leaves
             self._count_leaves(rt, add=False)
         if self._online:

@@ -61,7 +61,7 @@ class PlanSwitching:
     def _eager_runtime(self, profile: Profile, idx: int) -> CompositeRuntime:
         raise NotImplementedError
 
-    def _unregister_starts(self, rt: Runtime) -> None:
+    def release_starts(self, rt: Runtime) -> None:
         raise NotImplementedError
 
     def _trace(self, profile_id: str, action: str, detail: str) -> None:
@@ -123,7 +123,7 @@ class PlanSwitching:
         return self.replan(plan)
 
     def _swap(self, idx: int, rt: Runtime, lazy: bool, driver: int | None = None) -> None:
-        self._unregister_starts(rt)
+        self.release_starts(rt)
         new: Runtime
         if lazy:
             assert isinstance(rt, CompositeRuntime)
