@@ -181,27 +181,27 @@ def check_ops_against_direct_evaluation(
 def test_memoized_matches_agree_with_direct_evaluation(ops, evs) -> None:
     """With memoization from the first match (`CALM` 0): results are right after every insert
     and delete, also for booleans against 0 and 1 (equal as dict keys, not as values)."""
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
-    calm = pool_module.CALM
-    pool_module.CALM = 0
+    calm = memo_module.CALM
+    memo_module.CALM = 0
     try:
         check_ops_against_direct_evaluation(
             ops, evs, (True, 1, 1.0, False, 0), lambda pool, attrs: pool.owners(attrs), set
         )
     finally:
-        pool_module.CALM = calm
+        memo_module.CALM = calm
 
 
 def test_memo_is_used_once_the_pool_is_calm() -> None:
     """A pool without ranges or residual checks memoizes by its equality attributes' values;
     a change drops the memo, a range predicate keeps it off."""
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
     pool = PrimitivePool()
     pool.add(parse_filter('kind = "window" and state = "broken"'), "w")
     pool.add(parse_filter('kind = "temperature"'), "t")
-    for _ in range(pool_module.CALM):
+    for _ in range(memo_module.CALM):
         assert pool.owners({"kind": "temperature", "room": "r1"}) == ["t"]
     assert pool._memo is not None and pool._memo_attrs == ("kind", "state")
     assert pool.owners({"kind": "window", "state": "broken"}) == ["w"]
@@ -209,7 +209,7 @@ def test_memo_is_used_once_the_pool_is_calm() -> None:
     assert ("window", "broken") in pool._memo and ("window", (bool, True)) in pool._memo
     pool.add(parse_filter("value > 30"), "hot")
     assert pool._memo is None
-    for _ in range(2 * pool_module.CALM):
+    for _ in range(2 * memo_module.CALM):
         assert pool.owners({"kind": "temperature", "value": 31}) in (["t", "hot"], ["hot", "t"])
     assert pool._memo is None  # a range: the values of the equality attributes do not decide
 
@@ -217,11 +217,11 @@ def test_memo_is_used_once_the_pool_is_calm() -> None:
 def test_plain_inserts_over_the_memo_attributes_forget_one_key_only() -> None:
     """Auxiliary profiles come and go on every partial match: an equality insert or delete over
     exactly the memoized attributes keeps the memo and forgets the one combination it changes."""
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
     pool = PrimitivePool()
     pool.add(parse_filter('kind = "A" and g = 1'), "a1")
-    for _ in range(pool_module.CALM):
+    for _ in range(memo_module.CALM):
         assert pool.owners({"kind": "A", "g": 1}) == ["a1"]
     memo = pool._memo
     assert memo is not None and pool._memo_attrs == ("g", "kind")
@@ -308,10 +308,10 @@ def test_memoized_ranges_agree_with_direct_evaluation(ops, evs, big) -> None:
     results are right after every insert and delete, for small and big (SortedKeyList) ranges,
     also for values of the other kind and for booleans (which are not numbers here)."""
     import filters.poolindex as index_module
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
-    calm, big_was = pool_module.CALM, index_module._BIG
-    pool_module.CALM, index_module._BIG = 0, big
+    calm, big_was = memo_module.CALM, index_module._BIG
+    memo_module.CALM, index_module._BIG = 0, big
     try:
         check_ops_against_direct_evaluation(
             ops,
@@ -321,19 +321,19 @@ def test_memoized_ranges_agree_with_direct_evaluation(ops, evs, big) -> None:
             lambda owners: sorted(owners, key=repr),  # a list: an owner reported twice fails
         )
     finally:
-        pool_module.CALM, index_module._BIG = calm, big_was
+        memo_module.CALM, index_module._BIG = calm, big_was
 
 
 def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
     """`kind = "T" and v > t` filters: the memo keeps the range per kind, a match is one bisect;
     a new threshold forgets that kind only."""
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
     pool = PrimitivePool()
     for t in range(10):
         pool.add(parse_filter(f'kind = "T" and v > {t}'), f"gt{t}")
     pool.add(parse_filter('kind = "U" and v < 5'), "u")
-    for _ in range(pool_module.CALM):
+    for _ in range(memo_module.CALM):
         assert pool.owners({"kind": "T", "v": 2.5}) == ["gt0", "gt1", "gt2"]
     memo = pool._memo
     assert memo is not None and pool._memo_attrs == ("kind",)
@@ -349,7 +349,7 @@ def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
 def test_booleans_and_numbers_are_memoized_apart() -> None:
     """`flag = true` and `flag = 1` (or `x = 1` and `x = true`) share a dict key (True == 1),
     not a result: the memo keys booleans as the buckets do, and memoizes both."""
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
     pool = PrimitivePool()
     filters_ = {
@@ -374,7 +374,7 @@ def test_booleans_and_numbers_are_memoized_apart() -> None:
         {"flag": True, "x": 1},
         {"flag": 1, "x": True},
     ]
-    for _ in range(pool_module.CALM):
+    for _ in range(memo_module.CALM):
         pool.owners({"other": 1})
     for _ in range(3):  # the second and third rounds are answered from the memo
         for attrs in evs:
@@ -392,7 +392,7 @@ def test_the_memo_pauses_while_nearly_every_look_up_misses() -> None:
     """Unique keys (every event a new `x`): the memo only costs, so it pauses, resumes after
     the pause as it was (kept up to date meanwhile) and stays on for a stream it serves; every
     result equals direct evaluation."""
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
     pool = PrimitivePool()
     live: dict[str, str] = {}
@@ -407,7 +407,7 @@ def test_the_memo_pauses_while_nearly_every_look_up_misses() -> None:
         assert set(pool.owners(attrs)) == expected, attrs
 
     n = 0
-    for _ in range(pool_module.CALM + pool_module.TRIAL):  # a new x every event
+    for _ in range(memo_module.CALM + memo_module.TRIAL):  # a new x every event
         check({"k": "A", "x": n})
         n += 1
     assert pool._memo is None and pool._paused is not None  # paused, kept
@@ -415,19 +415,19 @@ def test_the_memo_pauses_while_nearly_every_look_up_misses() -> None:
     pool.remove(parse_filter('k = "A" and x = 3'), "a3")  # kept up to date while paused
     del live["a3"]
     assert pool._paused is kept
-    for _ in range(pool_module.PAUSE - pool_module.CALM):
+    for _ in range(memo_module.PAUSE - memo_module.CALM):
         check({"k": "A", "x": n})
         n += 1
     assert pool._memo is None
-    for _ in range(2 * pool_module.CALM):
+    for _ in range(2 * memo_module.CALM):
         check({"k": "A", "x": n})
         n += 1
     assert pool._memo is kept  # resumed where it was
-    for _ in range(2 * pool_module.TRIAL):  # a few keys, over and over: the memo serves them
+    for _ in range(2 * memo_module.TRIAL):  # a few keys, over and over: the memo serves them
         for x in (1, 2, 3, 4):
             check({"k": "A", "x": x})
     check({"k": "A", "x": n})  # a miss: the review (at a miss) keeps the memo, pauses reset
-    assert pool._memo is kept and pool._pause == pool_module.PAUSE
+    assert pool._memo is kept and pool._pause == memo_module.PAUSE
     pool.add(parse_filter('k = "A" and x = 3'), "a3")
     live["a3"] = 'k = "A" and x = 3'
     check({"k": "A", "x": 3})
@@ -443,21 +443,21 @@ def test_the_memo_pauses_while_nearly_every_look_up_misses() -> None:
 def test_a_paused_memo_agrees_with_direct_evaluation(ops, evs) -> None:
     """The memo pausing after every few look-ups and resuming (kept up to date meanwhile): the
     results stay those of direct evaluation after every insert and delete."""
-    import filters.poolmemo as pool_module
+    import filters.poolmemo as memo_module
 
     saved = (
-        pool_module.CALM,
-        pool_module.TRIAL,
-        pool_module.MISSES,
-        pool_module.PAUSE,
-        pool_module.PAUSE_MAX,
+        memo_module.CALM,
+        memo_module.TRIAL,
+        memo_module.MISSES,
+        memo_module.PAUSE,
+        memo_module.PAUSE_MAX,
     )
     (
-        pool_module.CALM,
-        pool_module.TRIAL,
-        pool_module.MISSES,
-        pool_module.PAUSE,
-        pool_module.PAUSE_MAX,
+        memo_module.CALM,
+        memo_module.TRIAL,
+        memo_module.MISSES,
+        memo_module.PAUSE,
+        memo_module.PAUSE_MAX,
     ) = (0, 3, 1, 2, 4)
     try:
         check_ops_against_direct_evaluation(
@@ -465,9 +465,9 @@ def test_a_paused_memo_agrees_with_direct_evaluation(ops, evs) -> None:
         )
     finally:
         (
-            pool_module.CALM,
-            pool_module.TRIAL,
-            pool_module.MISSES,
-            pool_module.PAUSE,
-            pool_module.PAUSE_MAX,
+            memo_module.CALM,
+            memo_module.TRIAL,
+            memo_module.MISSES,
+            memo_module.PAUSE,
+            memo_module.PAUSE_MAX,
         ) = saved
