@@ -387,16 +387,13 @@ def run(
             pre = f"{v} " if v else ""
             row[f"{pre}ss_us"] = statistics.median(ss_runs)
             row[f"{pre}base_us"] = statistics.median(base_runs)
-            # (single-step, baseline) per repeat
-            row[f"{pre}runs"] = list(zip(ss_runs, base_runs, strict=True))
-            # paired: a repeat's two runs are back to back in one worker, so each repeat's
-            # ratio cancels the machine's drift between repeats (medians of the times do not)
-            row[f"{pre}ratio"] = statistics.median(
-                [
-                    s / b if c.baseline == LOOP else b / s
-                    for s, b in zip(ss_runs, base_runs, strict=True)
-                ]
-            )
+            # (single-step, baseline) per repeat; paired: a repeat's two runs are back to back
+            # in one worker, so its ratio cancels the machine's drift between repeats (the
+            # medians of the times do not)
+            runs = list(zip(ss_runs, base_runs, strict=True))
+            row[f"{pre}runs"] = runs
+            loop = c.baseline == LOOP
+            row[f"{pre}ratio"] = statistics.median([s / b if loop else b / s for s, b in runs])
             row[f"{pre}notes"] = notes[(c.name, v, SS)]
             if notes[(c.name, v, SS)] != notes[(c.name, v, c.baseline)]:
                 row[f"{pre}mismatch"] = (notes[(c.name, v, SS)], notes[(c.name, v, c.baseline)])
