@@ -390,10 +390,10 @@ def run(
             # (single-step, baseline) per repeat; paired: a repeat's two runs are back to back
             # in one worker, so its ratio cancels the machine's drift between repeats (the
             # medians of the times do not)
-            runs = list(zip(ss_runs, base_runs, strict=True))
-            row[f"{pre}runs"] = runs
+            pairs = list(zip(ss_runs, base_runs, strict=True))
+            row[f"{pre}runs"] = pairs
             loop = c.baseline == LOOP
-            row[f"{pre}ratio"] = statistics.median([s / b if loop else b / s for s, b in runs])
+            row[f"{pre}ratio"] = statistics.median([s / b if loop else b / s for s, b in pairs])
             row[f"{pre}notes"] = notes[(c.name, v, SS)]
             if notes[(c.name, v, SS)] != notes[(c.name, v, c.baseline)]:
                 row[f"{pre}mismatch"] = (notes[(c.name, v, SS)], notes[(c.name, v, c.baseline)])
