@@ -21,6 +21,7 @@ from adapters.service.routes.base import (
     too_busy,
 )
 from adapters.service.routes.bodies import (
+    check_gateway,
     check_ts_window,
     check_values,
     error_id,
@@ -133,7 +134,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     """Validate every event; append the valid ones to `ens:ingest` before answering.
 
     `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
-    ingest entry id is used); other values must be scalars (LANGUAGE.md §1).
+    ingest entry id is used); other values must be scalars (LANGUAGE.md §1). `gateway` is
+    reserved: every event carries the gateway of the API key, and one naming another is refused.
     """
     settings: ApiSettings = request.app.state.settings
     body = await read_body(request, settings.max_body, settings.limits.body_timeout)
@@ -155,6 +157,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             if odd:
                 check_values(obj)
             ev = event_from_obj(obj, "-")
+            check_gateway(obj, gw)
             check_ts_window(ev.ts, now, settings.limits)
             text, plain = normalized_json(obj, ev)
             ids.append("" if obj.get("id") is None else str(obj["id"]))

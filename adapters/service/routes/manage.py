@@ -171,7 +171,8 @@ def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
 def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
     """Store a subscriber (replacing one with the same id).
 
-    A webhook without a secret gets a generated one: the response shows it, once.
+    A webhook without a secret gets a generated one: the response shows it, once. Webhook
+    URLs are shown masked (`store.redact`), as everywhere: the caller has them.
     """
     try:
         rs.check_id(body.id, "subscriber id")
@@ -181,7 +182,11 @@ def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
         saved = store.put_subscriber(r, body)
     except ValidationError as exc:
         return JSONResponse({"error": store.subscriber_error(exc)}, 422)
-    return JSONResponse(json.loads(saved.to_json()), 201)
+    out = json.loads(saved.to_json())
+    for channel in out.get("channels", []):
+        if "webhook" in channel:
+            channel["webhook"] = store.redact(channel)["webhook"]
+    return JSONResponse(out, 201)
 
 
 @router.delete(
