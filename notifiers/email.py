@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 import smtplib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -23,9 +24,15 @@ from notifiers.config import SmtpConfig
 Notification = Mapping[str, Any]
 
 
+# C0 and C1 control characters and DEL: NUL, CR, LF, ESC, ... (str.split() misses NUL and ESC)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _clean(value: Any) -> str:
-    """One line of text: header values must not contain line breaks."""
-    return " ".join(str(value).split())
+    """One line of printable text for a header built from event data: a line break would
+    inject headers, and a NUL or other control character breaks or smuggles through mail
+    software. Each becomes a space; runs of white space one."""
+    return " ".join(_CONTROL.sub(" ", str(value)).split())
 
 
 def fmt_ts(ts: Any, seconds: bool = True) -> str:
