@@ -24,7 +24,7 @@ import typer
 from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
-from adapters.service.records import GATEWAY_ATTR, decode_ingest
+from adapters.service.records import decode_ingest
 from ens.commands.service import register
 from ens.replay import replay
 from notifiers import store
@@ -156,7 +156,7 @@ def test_a_gateway_cannot_pose_as_another_and_notifications_carry_its_name(
     of_b = notes("door-of-b", 1)  # b1 comes after the refused event: it would be first
     assert [n["events"]["e"]["id"] for n in of_b] == ["b1"]
     assert sorted(n["events"]["e"]["id"] for n in of_a) == ["a1", "a2", "a3"]
-    assert {n["events"]["e"][GATEWAY_ATTR] for n in of_a} == {"gwa"}
+    assert {n["events"]["e"]["gateway"] for n in of_a} == {"gwa"}
     assert of_b[0]["events"]["e"] == {
         "id": "b1",
         "ts": pytest.approx(now + 0.004),
