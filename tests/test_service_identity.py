@@ -217,6 +217,7 @@ def test_webhook_credentials_are_never_shown_nor_logged(
     cli: typer.Typer,
     receiver: Receiver,
     caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     """A URL with a password and a token in its query, stored by the CLI and by the API:
     `ens subscriber list` (table and JSON), GET /v1/subscribers, the API's answers, the
@@ -283,6 +284,15 @@ def test_webhook_credentials_are_never_shown_nor_logged(
         shown["ens notifications dead-letter list"] = dead.stdout
         dead_json = run(cli, svc, "notifications", "dead-letter", "list", "--json")
         shown["ens notifications dead-letter list --json"] = dead_json.stdout
+        changed = tmp_path / "leaky.yaml"  # the same URL with another token: a replacement
+        changed.write_text(
+            "subscribers:\n  - id: leaky\n    channels:\n"
+            f"      - webhook: '{good.replace(TOKEN, TOKEN[::-1])}'\n"
+        )
+        replaced = run(cli, svc, "profile", "add", str(changed))
+        assert replaced.exit_code == 2
+        shown["ens profile add (replacement refused)"] = replaced.output
+        assert TOKEN[::-1] not in replaced.output
     finally:
         refusing.stop()
 
@@ -296,6 +306,7 @@ def test_webhook_credentials_are_never_shown_nor_logged(
     assert "delivered nid=leak:" in log_text and f"webhook {masked} attempt=1" in log_text
     assert "dead-lettered" in log_text
     assert "<secret>" in dead.stdout
+    assert "(credentials or query values of a webhook URL changed)" in replaced.output
     (letter,) = json.loads(dead_json.stdout)
     assert letter["channel"] == (
         f"webhook http://ens:<secret>@127.0.0.1:{refusing.port}/hook?token=<secret>&x=<secret>"
