@@ -141,7 +141,8 @@ def delete_profile(pid: str, _: Admin, r: R) -> Response:
 
 @router.get("/v1/subscribers", response_model=list[SubscriberOut], tags=["subscribers"])
 def list_subscribers(_: Admin, r: R) -> list[SubscriberOut]:
-    """Every subscriber; signing secrets are never shown here."""
+    """Every subscriber; signing secrets are never shown, webhook URLs are masked (`<secret>`
+    for their password and query values)."""
     out = []
     for raw in r.hgetall(store.SUBSCRIBERS).values():
         out.append(_redact(store.Subscriber.model_validate_json(raw)))
