@@ -152,6 +152,10 @@ def test_a_gateway_cannot_pose_as_another_and_notifications_carry_its_name(
             f"{n} notification(s) of {pid}",
         )
 
+    assert (
+        'ens_events_rejected_gateway_total{gateway="gwa"} 1.0'
+        in httpx.get(svc.url + "/metrics").text
+    )
     of_a = notes("door-of-a", 3)
     of_b = notes("door-of-b", 1)  # b1 comes after the refused event: it would be first
     assert [n["events"]["e"]["id"] for n in of_b] == ["b1"]

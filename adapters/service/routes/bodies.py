@@ -156,15 +156,24 @@ def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
         )
 
 
+class ForeignGateway(ValueError):
+    """An event names another gateway than the one of its API key (`check_gateway`)."""
+
+    def __init__(self, message: str, named: Any) -> None:
+        super().__init__(message)
+        self.named = named
+
+
 def check_gateway(obj: dict[str, Any], gateway: str) -> None:
     """Refuse an event that names another gateway than its API key's: `GATEWAY_ATTR` is the
     service's (every event is stamped with its gateway when read), and a body that could set it
     could fire another gateway's profiles. Its own name, or null, is harmless and accepted."""
     value = obj.get(GATEWAY_ATTR)
     if value is not None and value != gateway:
-        raise ValueError(
+        raise ForeignGateway(
             f"key {GATEWAY_ATTR!r} is reserved: the service sets it to the gateway of the "
-            f"API key ({gateway!r}); remove it from the event (got {value!r})"
+            f"API key ({gateway!r}); remove it from the event (got {value!r})",
+            value,
         )
 
 
