@@ -427,8 +427,8 @@ def subscriber_add(
 def subscriber_list(
     redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
 ) -> None:
-    """Show subscribers and their channels (secrets are never shown; a webhook URL's
-    password and query values read <secret>)."""
+    """Show subscribers and their channels (secrets are never shown; a webhook URL is shown
+    with its password and query values masked)."""
     st = Store(redis_url, data_dir)
     subs = sorted(
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
