@@ -46,10 +46,13 @@ def test_event_data_with_nul_and_line_breaks_never_reaches_the_subject(
     r: redis.Redis, sink: RawSink, smtp_port: int
 ) -> None:
     """A partition value (an event attribute) with NUL, CR/LF and ESC: the mail goes out with
-    a one-line Subject of printable characters, no injected header, one recipient."""
+    a one-line Subject of printable characters, no injected header, one recipient; nor does
+    an attribute's NUL reach the body."""
     store.put_subscriber(r, {"id": "s1", "channels": [{"email": "alice@example.org"}]})
     room = "1\x00\r\nBcc: mallory@example.org\x1b[2J\x7f"
-    store.enqueue(r, notification("n-nul", partition={"room": room}))
+    n = notification("n-nul", partition={"room": room})
+    n["events"]["a"]["note"] = "x\x00y\x1b"
+    store.enqueue(r, n)
     with DeliveryWorker(r, fast_config(smtp_port)) as w:
         drive(w, lambda: bool(sink.raw) and settled(r))
     (raw,) = sink.raw
@@ -60,7 +63,7 @@ def test_event_data_with_nul_and_line_breaks_never_reaches_the_subject(
         subject
         == b"Subject: [ENS] p4 matched at 2024-03-01 22:10 UTC (room 1 Bcc: mallory@example.org [2J )"
     )
-    assert b"\x00" not in head and b"\x1b" not in head and b"\x7f" not in head
+    assert b"\x00" not in raw and b"\x1b" not in raw and b"\x7f" not in raw  # nor in the body
     assert not any(line.lower().startswith(b"bcc:") for line in unfolded)
     assert sink.envelopes == [("ens@example.org", ["alice@example.org"])]
     parsed = sink.messages[0]["Subject"]
