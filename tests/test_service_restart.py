@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from adapters.service import redis_store as rs
-from tests.helpers_service import ROOT, Service, outbox_for, redis_server, wait_for
+from tests.helpers_service import ROOT, Service, outbox, outbox_for, redis_server, wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -103,8 +103,8 @@ def test_the_service_starts_again_after_a_profile_with_state_was_removed(
 def test_the_service_starts_again_after_profile_churn_with_events_in_flight(
     tmp_path: Path,
 ) -> None:
-    """~20 adds and removes in quick succession of profiles holding partial matches, while
-    events are posted; then SIGTERM and two starts."""
+    """20 adds and 20 removes in two seconds of profiles that match (and so leave terminators)
+    while events are posted; then SIGTERM and two starts."""
     log = tmp_path / "serve.log"
     with redis_server(tmp_path, aof=True) as url:
         r = redis.Redis.from_url(url, decode_responses=True)
@@ -114,7 +114,7 @@ def test_the_service_starts_again_after_profile_churn_with_events_in_flight(
         svc = Service(url, log, *args).start()
         done = threading.Event()
 
-        def traffic() -> None:
+        def traffic() -> None:  # events in flight all along
             i = 0
             while not done.is_set():
                 i += 1
@@ -125,14 +125,21 @@ def test_the_service_starts_again_after_profile_churn_with_events_in_flight(
         t = threading.Thread(target=traffic, daemon=True)
         t.start()
         try:
-            for i in range(20):  # add/remove through Redis as `ens profile add/rm` does
-                rs.put_profile(r, f"c{i % 4}", W.replace("10s", f"{10 + i}s"))
-                time.sleep(0.02)
-                if i % 2:
-                    rs.delete_profile(r, f"c{(i - 1) % 4}")
-                time.sleep(0.02)
-            for pid in [p["id"] for p in rs.list_profiles(r) if p["id"] != "probe"]:
-                rs.delete_profile(r, pid)
+            for i in range(24):  # as `ens profile add/rm` do; each profile lives 4 rounds
+                rs.put_profile(r, f"c{i}", W.replace("10s", f"{10 + i % 3}s"))
+                if i >= 4:
+                    rs.delete_profile(r, f"c{i - 4}")
+                now = time.time()
+                room = f"k{i}"
+                post(
+                    svc,
+                    key,
+                    {"id": f"a{i}", "ts": now, "kind": "A", "room": room},
+                    {"id": f"c{i}", "ts": now + 0.001, "kind": "C", "room": room},
+                )
+                time.sleep(0.1)
+            for i in range(20, 24):
+                rs.delete_profile(r, f"c{i}")
             wait_for(
                 lambda: (rs.worker_status(r) or {}).get("stats", {}).get("profiles") == 1,
                 20,
@@ -140,6 +147,8 @@ def test_the_service_starts_again_after_profile_churn_with_events_in_flight(
             )
             done.set()
             t.join(10)
+            matched = {x["profile"] for x in outbox(r) if x["profile"] != "probe"}
+            assert len(matched) >= 10, matched  # the removed profiles held state
             assert svc.stop() == 0
             for n in range(2):
                 svc = Service(url, log, *args).start()
