@@ -23,7 +23,15 @@ import pytest
 import redis
 
 from adapters.service import redis_store as rs
-from tests.helpers_service import ROOT, Service, outbox, outbox_for, redis_server, wait_for
+from tests.helpers_service import (
+    ROOT,
+    Service,
+    metric,
+    outbox,
+    outbox_for,
+    redis_server,
+    wait_for,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -160,3 +168,35 @@ def test_the_service_starts_again_after_profile_churn_with_events_in_flight(
             r.close()
     text = log.read_text()
     assert "StateError" not in text and "Traceback" not in text, text[-3000:]
+
+
+def test_the_service_starts_on_a_checkpoint_it_cannot_restore(tmp_path: Path) -> None:
+    """A damaged checkpoint is renamed aside (ERROR in the log), counted on /metrics, and the
+    service comes up on a new engine state with the checkpoint's profiles."""
+    log = tmp_path / "serve.log"
+    with redis_server(tmp_path, aof=True) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        rb = redis.Redis.from_url(url)
+        key = rs.add_gateway(r, "gw")
+        rs.put_profile(r, "probe", 'kind = "probe"')
+        args = ("--reorder-seconds", "0")
+        svc = Service(url, log, *args).start()
+        try:
+            probe(svc, r, key, 0)
+            assert svc.stop() == 0
+            engine = rb.hget(rs.CHECKPOINT, "engine")
+            assert engine is not None
+            rb.hset(rs.CHECKPOINT, "engine", engine[: len(engine) // 2])
+            svc = Service(url, log, *args).start()
+            probe(svc, r, key, 1)
+            text = httpx.get(svc.url + "/metrics", timeout=5).text
+            assert metric(text, "ens_checkpoints_set_aside_total") == 1, text
+            assert len(r.keys(rs.CHECKPOINT_ASIDE + "*")) == 2  # the checkpoint, its profiles
+            assert svc.stop() == 0
+        finally:
+            svc.kill()
+            r.close()
+            rb.close()
+    text = log.read_text()
+    assert "ERROR ens.service.worker: the engine checkpoint cannot be restored" in text, text
+    assert "Traceback" not in text, text[-3000:]
