@@ -56,8 +56,10 @@ class Checkpointer(EngineState):
                 return True
             self._restore(cp[0], CheckpointMeta.from_dict(cp[1]))
             return False
-        except redis.RedisError:
-            raise  # Redis away: `run_forever` starts again from Redis
+        except (redis.RedisError, MemoryError):
+            # Redis away (`run_forever` starts again from Redis), or short of memory: not
+            # the checkpoint's fault
+            raise
         except Exception as exc:  # noqa: BLE001 - whatever the reason, the start must go on
             self._set_aside(exc)
             return True
