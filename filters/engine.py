@@ -414,10 +414,9 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
     @staticmethod
     def restore(data: bytes, profiles: Mapping[str, Profile] | None = None) -> Engine:
         """An engine from `snapshot()` (any version this release reads, the old pickle included);
-        the primitive pool is rebuilt from the state. `profiles` (id -> profile) resolves the
-        references of a `profiles_apart` snapshot; the state of a profile it lacks (removed
-        since) is left out (`restore_reporting` says what). Unreadable state raises
-        `StateError`."""
+        the pool is rebuilt from the state. `profiles` (id -> profile) resolves a `profiles_apart`
+        snapshot; state of a profile it lacks is left out (`restore_reporting`). Unreadable
+        state raises `StateError`."""
         return Engine.restore_reporting(data, profiles)[0]
 
     @staticmethod
