@@ -54,3 +54,19 @@ CIRCUIT_TRIPS = Counter(
     "Times a webhook destination's circuit opened (a failed half-open probe included).",
     registry=REGISTRY,
 )
+
+DEADLINES = Counter(
+    "ens_delivery_deadline_exceeded",
+    "Delivery attempts cut off by their total deadline (a receiver or relay too slow), per "
+    "channel (webhook, email) and phase (webhook: request; email: connect, greeting, "
+    "starttls, login, data, quit).",
+    ["channel", "phase"],
+    registry=REGISTRY,
+)
+
+ABANDONED = Counter(
+    "ens_delivery_abandoned",
+    "Sends cut short because the worker stopped; their lease brings them back.",
+    ["channel"],
+    registry=REGISTRY,
+)

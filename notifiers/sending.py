@@ -17,6 +17,7 @@ from notifiers.delivery_state import Counts, DeliveryState, entry_age
 from notifiers.destinations import CLOSED, OPENED, Grant
 from notifiers.email import build_message, compose
 from notifiers.metrics import (
+    ABANDONED,
     ATTEMPT_SECONDS,
     CIRCUIT_TRIPS,
     CIRCUITS_OPEN,
@@ -115,7 +116,11 @@ class Sending(DeliveryState):
         ATTEMPT_SECONDS.labels(kind).observe(elapsed)
 
         where = f"nid={nid} ch={ch} {describe_channel(chan)} attempt={st['attempts']}"
-        if result.ok:
+        if result.abandoned:  # the worker stops: no attempt counted, the lease brings it back
+            log.info("abandoned %s after %.1fs: %s", where, elapsed, result.error)
+            ABANDONED.labels(kind).inc()
+            counts.abandoned += 1
+        elif result.ok:
             with self.r.pipeline(transaction=True) as p:
                 p.set(delivered_key(nid, ch), "1", ex=self.config.worker.delivered_ttl)
                 p.zrem(RETRY, dkey)
@@ -147,7 +152,8 @@ class Sending(DeliveryState):
         counts.deferred += 1
 
     def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
-        failed = not result.ok and result.retryable  # an answered 4xx shows the server alive
+        # an answered 4xx shows the server alive; an abandoned send says nothing about it
+        failed = not result.ok and result.retryable and not result.abandoned
         change = self._gate.release(dest, grant, time.time(), elapsed, failed)
         if change == OPENED:
             CIRCUIT_TRIPS.inc()
