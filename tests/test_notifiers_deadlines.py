@@ -9,6 +9,7 @@ import asyncio
 import email
 import email.policy
 import logging
+import signal
 import statistics
 import threading
 import time
@@ -32,7 +33,7 @@ from tests.helpers_notifiers import (
     notification,
     smtp_server,
 )
-from tests.helpers_service import wait_for
+from tests.helpers_service import Service, wait_for
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -260,3 +261,41 @@ def test_smtp_relay_hanging_mid_data_is_cut_off_counted_and_retried(r):
     assert after - before == 1
     (copy,), (msg,) = sink.copies, sink.messages
     assert copy["Message-ID"] == msg["Message-ID"]
+
+
+def test_sigterm_of_the_deliver_role_is_bounded_with_sends_in_flight(redis_url, r, tmp_path):
+    """`ens serve --role deliver`, two sends held by a trickling receiver (a 60 s deadline):
+    SIGTERM used to wait for them for ever. It now exits within ``ENS_WORKER_SHUTDOWN_GRACE``
+    plus about a second, and a restarted service delivers them (their leases ran out)."""
+    t = Trickle("body", interval=0.3).start()
+    env = {
+        "ENS_WEBHOOK_TIMEOUT": "60",
+        "ENS_WORKER_SHUTDOWN_GRACE": "1",
+        "ENS_WORKER_LEASE": "1",
+        "ENS_WEBHOOK_PER_DESTINATION": "2",
+        "ENS_RETRY_BASE": "0.05",
+    }
+    args = ("--deliver", "--role", "deliver")
+    svc = Service(redis_url, tmp_path / "serve.log", *args, http=False, engine=False, env=env)
+    try:
+        subscribe(r, t.url, "slow")
+        for i in range(2):
+            store.enqueue(r, notification(f"n{i}", subscriber="slow"))
+        svc.start()
+        wait_for(lambda: len(t.keys) >= 2, 30, "both sends in flight")
+        stopped = time.monotonic()
+        assert svc.stop(signal.SIGTERM, timeout=30) == 0
+        took = time.monotonic() - stopped
+        log = (tmp_path / "serve.log").read_text()
+        assert took < 1 + 3, f"SIGTERM took {took:.1f}s:\n{log[-2000:]}"
+        assert "abandoning 2 send(s) still in flight after 1s" in log
+        t.mode = "ok"
+        again = Service(redis_url, tmp_path / "again.log", *args, http=False, engine=False, env=env)
+        again.start()
+        try:
+            wait_for(lambda: sorted(set(t.answered)) == ["n0", "n1"], 30, "delivered after restart")
+        finally:
+            again.stop()
+    finally:
+        svc.kill()
+        t.stop()
