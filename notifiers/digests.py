@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from notifiers import status
 from notifiers.attempt import Attempt
 from notifiers.delivery_state import Counts, DeliveryState
 from notifiers.email import build_digest, build_message, compose
@@ -188,7 +189,11 @@ class Digests(DeliveryState):
                 self._delivered("email", st, counts)
         elif result.retryable and attempts < self.config.retry.max_attempts:
             delay = self.config.retry.delay(attempts, result.retry_after, self._rng)
-            self.r.zadd(DIGESTS, {address: time.time() + delay})
+            with self.r.pipeline(transaction=False) as p:
+                p.zadd(DIGESTS, {address: time.time() + delay})
+                for _, st in states:
+                    status.note(p, str(st["n"].get("subscriber")), "retried", result.error)
+                p.execute()
             log.info("retry digest to %s in %.2fs: %s", address, delay, result.error)
             DELIVERIES.labels("email", "retry").inc()
             counts.retried += 1

@@ -11,7 +11,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from notifiers import store
+import redis
+
+from notifiers import status, store
 from notifiers.attempt import Attempt
 from notifiers.delivery_state import Counts, DeliveryState, entry_age
 from notifiers.destinations import CLOSED, OPENED, Grant
@@ -134,6 +136,7 @@ class Sending(DeliveryState):
             with self.r.pipeline(transaction=True) as p:
                 p.hset(STATE, dkey, dumps(st))
                 p.zadd(RETRY, {dkey: time.time() + delay})
+                status.note(p, str(n.get("subscriber")), "retried", result.error)
                 p.execute()
             log.info("retry %s in %.2fs: %s", where, delay, result.error)
             DELIVERIES.labels(kind, "retry").inc()
@@ -155,6 +158,13 @@ class Sending(DeliveryState):
         # an answered 4xx shows the server alive; an abandoned send says nothing about it
         failed = not result.ok and result.retryable and not result.abandoned
         change = self._gate.release(dest, grant, time.time(), elapsed, failed)
+        if change is not None:
+            try:
+                opened = change == OPENED
+                until = time.time() + self._gate.cooldown
+                status.note_breaker(self.r, dest, opened, until, result.error)
+            except redis.RedisError as exc:  # the status only; the breaker itself is in memory
+                log.warning("could not record the circuit of %s: %s", dest, exc)
         if change == OPENED:
             CIRCUIT_TRIPS.inc()
             if grant.probe:  # already counted open; one line per outage, not per probe
@@ -172,6 +182,10 @@ class Sending(DeliveryState):
             log.info("circuit closed for %s: it answers again", dest)
 
     def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
+        try:
+            status.note(self.r, str(st["n"].get("subscriber")), "delivered")
+        except redis.RedisError as exc:  # the status only: the delivery is recorded
+            log.warning("could not record a delivery in the subscriber status: %s", exc)
         DELIVERIES.labels(kind, "delivered").inc()
         age = entry_age(st.get("entry"))
         if age is not None:
@@ -192,6 +206,7 @@ class Sending(DeliveryState):
     ) -> None:
         fields: Any = store.dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
         (pipe or self.r).xadd(DEADLETTER, fields)
+        status.note(pipe or self.r, str(n.get("subscriber")), "dead", error)
 
     def _finish_dead(
         self,
