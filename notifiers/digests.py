@@ -15,6 +15,7 @@ from notifiers.attempt import Attempt
 from notifiers.delivery_state import Counts, DeliveryState
 from notifiers.email import build_digest, build_message, compose
 from notifiers.metrics import (
+    ABANDONED,
     ATTEMPT_SECONDS,
     DEFERRED,
     DELIVERIES,
@@ -167,6 +168,11 @@ class Digests(DeliveryState):
         finally:
             self._release(self._smtp_dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
+        if result.abandoned:  # the worker stops: its lease on the digest brings it back
+            log.info("abandoned digest to %s after %.1fs: %s", address, elapsed, result.error)
+            ABANDONED.labels("email").inc()
+            counts.abandoned += 1
+            return
         ATTEMPT_SECONDS.labels("email").observe(elapsed)
         attempts = int(self.r.hincrby(DIGEST_ATTEMPTS, address, 1))
         if result.ok:
