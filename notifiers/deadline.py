@@ -187,19 +187,44 @@ class DeadlineBackend(httpcore.NetworkBackend):
 
 
 class DeadlineTransport(httpx.HTTPTransport):
-    """httpx's transport on a `DeadlineBackend`.
+    """httpx's transport (through ``proxy``, if given) on a `DeadlineBackend`.
 
     httpx 0.28 cannot be given a network backend (encode/httpx#3180), so the connection pool it
     builds is replaced by the same one on ours.
     """
 
-    def __init__(self, ssl_context: ssl.SSLContext, backend: DeadlineBackend) -> None:
+    def __init__(
+        self, ssl_context: ssl.SSLContext, backend: DeadlineBackend, proxy: str | None = None
+    ) -> None:
         super().__init__(verify=ssl_context)
         limits = httpx.Limits()
+        via = None
+        if proxy is not None:
+            p = httpx.Proxy(proxy)
+            target = httpcore.URL(
+                scheme=p.url.raw_scheme, host=p.url.raw_host, port=p.url.port, target=b"/"
+            )
+            via = httpcore.Proxy(target, auth=p.raw_auth, headers=p.headers.raw)
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl_context,
+            proxy=via,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=backend,
         )
+
+
+def environment_mounts(
+    ssl_context: ssl.SSLContext, backend: DeadlineBackend
+) -> dict[str, httpx.BaseTransport | None]:
+    """The proxies of ``HTTP(S)_PROXY``/``ALL_PROXY``/``NO_PROXY`` as httpx mounts on ``backend``:
+    a client given its own transport no longer reads them, as a default client did."""
+    try:
+        from httpx._utils import get_environment_proxies
+    except ImportError:  # a later httpx: no proxies from the environment then
+        return {}
+    return {
+        pattern: None if url is None else DeadlineTransport(ssl_context, backend, url)
+        for pattern, url in get_environment_proxies().items()
+    }

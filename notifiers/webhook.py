@@ -20,7 +20,14 @@ import httpx
 
 from notifiers.attempt import Attempt
 from notifiers.config import WebhookConfig
-from notifiers.deadline import Aborted, DeadlineBackend, DeadlineTransport, expired, within
+from notifiers.deadline import (
+    Aborted,
+    DeadlineBackend,
+    DeadlineTransport,
+    environment_mounts,
+    expired,
+    within,
+)
 from notifiers.metrics import DEADLINES
 from notifiers.store import dumps
 
@@ -151,8 +158,10 @@ class WebhookSender:
         self.config = config or WebhookConfig()
         self._backend = DeadlineBackend()
         total = self.config.timeout
+        ctx = self.config.ssl_context()
         self._client = httpx.Client(
-            transport=DeadlineTransport(self.config.ssl_context(), self._backend),
+            transport=DeadlineTransport(ctx, self._backend),
+            mounts=environment_mounts(ctx, self._backend),
             timeout=httpx.Timeout(total, connect=min(self.config.connect_timeout, total)),
             headers={"User-Agent": self.config.user_agent},
             follow_redirects=False,

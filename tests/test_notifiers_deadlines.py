@@ -171,6 +171,30 @@ def test_a_huge_response_body_is_not_read():
     assert MAX_RESPONSE_BYTES <= 8192
 
 
+def test_webhooks_still_go_through_the_proxy_of_the_environment(monkeypatch):
+    """The deadline transport replaces httpx's default one, which read ``HTTP_PROXY`` and
+    ``NO_PROXY``; they still apply (and the deadline with them)."""
+    proxy = Trickle("ok").start()
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.port}")
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    sender = WebhookSender(WebhookConfig(timeout=2.0))
+    try:
+        result = sender.send("http://hooks.example.invalid/hook", SECRET, notification("n1"))
+        monkeypatch.setenv("NO_PROXY", "hooks.example.invalid")
+        monkeypatch.setenv("no_proxy", "hooks.example.invalid")
+        direct = WebhookSender(WebhookConfig(timeout=2.0))
+        bypassed = direct.send("http://hooks.example.invalid/hook", SECRET, notification("n2"))
+        direct.close()
+    finally:
+        sender.close()
+        proxy.stop()
+    assert result.ok, result
+    assert proxy.keys == ["n1"]  # n2 bypassed the proxy: its host does not resolve
+    assert not bypassed.ok and "network error" in bypassed.error
+
+
 def test_stopping_with_sends_in_flight_is_bounded_and_abandoned_sends_come_back(r):
     """SIGTERM did not stop the service within 60 s while slow receivers held its sends. Now
     the worker waits ``shutdown_grace`` for them, then cuts them off without counting an
