@@ -160,7 +160,11 @@ def deliver(
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
 ) -> None:
-    """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM)."""
+    """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM).
+
+    On a stop, sends in flight get ENS_WORKER_SHUTDOWN_GRACE seconds (default 5); the rest are
+    abandoned and delivered again, by any worker, once their lease runs out.
+    """
     from notifiers.config import ConfigError, NotifierConfig
     from notifiers.logs import setup_logging
     from notifiers.worker import DeliveryWorker
