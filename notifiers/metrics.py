@@ -70,3 +70,9 @@ ABANDONED = Counter(
     ["channel"],
     registry=REGISTRY,
 )
+
+UNSUBSCRIBED = Counter(
+    "ens_notifications_unsubscribed",
+    "Notifications of profiles without a subscriber: kept in the outbox, not delivered.",
+    registry=REGISTRY,
+)

@@ -30,6 +30,7 @@ from notifiers.deadline import (
 )
 from notifiers.metrics import DEADLINES
 from notifiers.store import dumps
+from profiles.subscribers import mask_urls
 
 SIGNATURE_HEADER = "X-ENS-Signature"
 TIMESTAMP_HEADER = "X-ENS-Timestamp"
@@ -189,8 +190,8 @@ class WebhookSender:
             try:
                 with self._client.stream("POST", url, content=body, headers=headers) as resp:
                     _read_some(resp, MAX_RESPONSE_BYTES)
-            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-                return Attempt.fatal(f"bad URL: {exc}")
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:  # may quote the URL
+                return Attempt.fatal(f"bad URL: {mask_urls(str(exc))}")
             except httpx.TransportError as exc:
                 if isinstance(exc.__cause__ or exc.__context__, Aborted) or self._backend.aborted:
                     return Attempt.abandon("abandoned: the worker is shutting down")
@@ -202,7 +203,7 @@ class WebhookSender:
                     )
                 if isinstance(exc, httpx.TimeoutException):
                     return Attempt.retry(f"timeout: {type(exc).__name__}")
-                return Attempt.retry(f"network error: {type(exc).__name__}: {exc}")
+                return Attempt.retry(f"network error: {type(exc).__name__}: {mask_urls(str(exc))}")
         return classify(resp)
 
 

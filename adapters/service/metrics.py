@@ -42,6 +42,13 @@ EVENTS_REJECTED_TS = Counter(
     ["gateway", "bound"],
     registry=REGISTRY,
 )
+EVENTS_REJECTED_GATEWAY = Counter(
+    "ens_events_rejected_gateway",
+    "Events rejected (422, also counted as invalid) for naming another gateway than the one "
+    "of their API key in the reserved attribute `gateway`.",
+    ["gateway"],
+    registry=REGISTRY,
+)
 EVENTS_DUPLICATE = Counter(
     "ens_events_duplicate",
     "Events answered as accepted but not stored again: their id was sent by the same gateway "
