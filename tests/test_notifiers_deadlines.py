@@ -9,6 +9,7 @@ import asyncio
 import email
 import email.policy
 import logging
+import re
 import signal
 import statistics
 import threading
@@ -105,7 +106,7 @@ def test_trickling_receivers_are_cut_off_and_tripped_while_a_healthy_one_keeps_f
                         10,
                         f"the circuit of {t.url} open",
                     )
-                assert "deadline exceeded after 1.0 s" in caplog.text
+                assert re.search(r"deadline exceeded after 1\.\d s", caplog.text)
                 cut = sample(
                     "ens_delivery_deadline_exceeded_total", channel="webhook", phase="request"
                 )
@@ -148,7 +149,7 @@ def test_a_trickled_answer_ends_at_the_total_deadline(mode):
         sender.close()
         t.stop()
     assert not result.ok and result.retryable, result
-    assert "deadline exceeded after 1.0 s" in result.error
+    assert re.search(r"deadline exceeded after 1\.\d s", result.error), result.error
     assert took < 2.5, f"the request took {took:.1f}s"
 
 
@@ -279,7 +280,7 @@ def test_smtp_relay_hanging_mid_data_is_cut_off_counted_and_retried(r):
             took = time.monotonic() - started
             assert first.retried == 1 and took < 3, (first, took)
             (state,) = r.hvals(store.STATE)
-            assert "deadline exceeded after 1.0 s in the data phase" in state
+            assert re.search(r"deadline exceeded after 1\.\d s in the data phase", state), state
             wait_for(lambda: (w.run_once(), sink.messages)[1], 10, "the retry delivered")
         after = sample("ens_delivery_deadline_exceeded_total", channel="email", phase="data")
     assert after - before == 1
