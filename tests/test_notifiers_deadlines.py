@@ -126,7 +126,7 @@ def test_trickling_receivers_are_cut_off_and_tripped_while_a_healthy_one_keeps_f
             f"ms, p99 {p99(loaded) * 1000:.0f} ms with two trickling receivers; stop {took:.2f}s"
         )
         # generous (a busy 2-core machine), but far below the 1 s a slow send holds a thread
-        assert p99(loaded) < max(3 * p99(base), p99(base) + 0.5)
+        assert p99(loaded) < max(3 * p99(base), p99(base) + 0.75)
         for k in range(len(slow)):  # nothing lost: each slow delivery is scheduled again
             assert r.hexists(store.STATE, store.delivery_key(f"slow{k}-0", 0))
     finally:
@@ -312,7 +312,7 @@ def test_sigterm_of_the_deliver_role_is_bounded_with_sends_in_flight(redis_url, 
         assert svc.stop(signal.SIGTERM, timeout=30) == 0
         took = time.monotonic() - stopped
         log = (tmp_path / "serve.log").read_text()
-        assert took < 1 + 3, f"SIGTERM took {took:.1f}s:\n{log[-2000:]}"
+        assert took < 1 + 4, f"SIGTERM took {took:.1f}s:\n{log[-2000:]}"
         assert "abandoning 2 send(s) still in flight after 1s" in log
         print(f"\nSIGTERM with 2 sends in flight: exited in {took:.2f}s (grace 1 s)")
         t.mode = "ok"
