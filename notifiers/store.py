@@ -335,9 +335,12 @@ def dead_letter_fields(
     return DeadLetter.new(n, redact(channel), ch, nch, outbox_entry, error, attempts).fields()
 
 
-def list_dead_letters(r: redis.Redis, count: int | None = None) -> list[DeadLetter]:
-    """Oldest first."""
-    entries: Any = r.xrange(DEADLETTER, count=count)  # redis-py types replies loosely
+def list_dead_letters(
+    r: redis.Redis, count: int | None = None, after: str | None = None
+) -> list[DeadLetter]:
+    """Oldest first; ``after`` a dead-letter entry id: the page that follows it."""
+    start = f"({after}" if after else "-"
+    entries: Any = r.xrange(DEADLETTER, min=start, count=count)  # redis-py types replies loosely
     return [DeadLetter.read(text(eid), raw) for eid, raw in entries]
 
 

@@ -461,6 +461,79 @@ def subscriber_list(
     _console().print(table)
 
 
+@subscriber_app.command("status")
+def subscriber_status(
+    sid: Annotated[str | None, typer.Argument(help="Subscriber id [all of them].")] = None,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+    as_json: Json = False,
+) -> None:
+    """Show delivery status per subscriber: delivered, retries, dead letters, what is
+    pending or retrying now, circuit breakers of its destinations, last success and error.
+
+    Counts are of outcomes since the store was created (a retried attempt counts once each);
+    "now" columns are what the delivery schedule holds at this moment.
+    """
+    from notifiers.status import subscriber_status as status_of
+
+    st = Store(redis_url, data_dir)
+    if sid is not None:
+        sub = store.get_subscriber(st.r, sid)
+        if sub is None:
+            raise _fail(f"no subscriber {sid!r} (see ens subscriber list)")
+        subs = [sub]
+    else:
+        subs = sorted(
+            (
+                store.Subscriber.model_validate_json(v)
+                for v in st.r.hgetall(store.SUBSCRIBERS).values()
+            ),
+            key=lambda s: s.id,
+        )
+    rows = status_of(st.r, subs)
+    if as_json:
+        output.print_json(rows)
+        return
+    from rich.table import Table
+
+    def when(ts: float | None) -> str:
+        return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    table = Table(title=f"Delivery status ({len(rows)} subscriber{'s' if len(rows) != 1 else ''})")
+    for col in (
+        "id",
+        "delivered",
+        "retried",
+        "dead",
+        "pending now",
+        "retrying now",
+        "dead letters now",
+        "breakers",
+        "last success",
+        "last error",
+    ):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        breakers = "\n".join(
+            f"{d} {b['state']}" + (f" until {when(b['until'])}" if b["state"] == "open" else "")
+            for d, b in row["breakers"].items()
+        )
+        error = f"{when(row['last_error_at'])} {row['last_error']}" if row["last_error"] else "-"
+        table.add_row(
+            row["id"],
+            str(row["delivered"]),
+            str(row["retried"]),
+            str(row["dead"]),
+            str(row["pending"]),
+            str(row["retrying"]),
+            str(row["dead_letters"]),
+            breakers or "-",
+            when(row["last_success"]),
+            error,
+        )
+    _console().print(table)
+
+
 @subscriber_app.command("rm")
 def subscriber_rm(
     sid: Annotated[str, typer.Argument(help="Subscriber id.")],

@@ -162,6 +162,24 @@ def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
     return _redact(sub)
 
 
+@router.get(
+    "/v1/subscribers/{sid}/status",
+    tags=["subscribers"],
+    responses={404: {"model": ErrorOut}},
+)
+def subscriber_delivery_status(sid: str, _: Admin, r: R) -> dict[str, Any]:
+    """Its deliveries: counts of outcomes (delivered, retried attempts, dead-lettered), what is
+    pending or retrying now, dead letters not yet retried, the last success and error, and the
+    circuit breaker of each of its destinations (closed, open, half-open)."""
+    sub = store.get_subscriber(r, sid)
+    if sub is None:
+        raise HTTPException(404, f"no subscriber {sid!r}")
+    from notifiers.status import subscriber_status
+
+    (out,) = subscriber_status(r, [sub])
+    return out
+
+
 @router.post(
     "/v1/subscribers",
     status_code=201,
