@@ -309,6 +309,17 @@ class ServiceSettings:
         minimum=1,
         unit="ids",
     )
+    allow_evicting_redis: bool = _setting(
+        False,
+        Option(
+            "Run on a Redis whose maxmemory-policy is not noeviction (it may delete ENS' "
+            "keys and lose accepted events): warns at start and on every reconnect, and "
+            "/healthz and ens_redis_evicting report it. Without it ENS refuses such a Redis.",
+            "switch",
+            flags=("--allow-evicting-redis",),
+            env="ENS_ALLOW_EVICTING_REDIS",
+        ),
+    )
     keepalive_timeout: float = _duration(
         "5s",
         "Close a keep-alive connection idle this long.",

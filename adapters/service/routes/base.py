@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.redis_limits import store_problem
 from adapters.service.settings import DEFAULTS, ServiceSettings
 
 log = logging.getLogger("ens.service.api")
@@ -111,7 +112,7 @@ def store_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
     if request.url.path == "/v1/events":
         m.REQUESTS.labels(status="503").inc()
     return JSONResponse(
-        {"error": "store unavailable (redis); retry later"},
+        {"error": store_problem(exc, "store (redis)")},
         503,
         headers={"Retry-After": STORE_RETRY_AFTER},
     )

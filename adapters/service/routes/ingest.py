@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.redis_limits import is_oom, store_problem
 from adapters.service.routes.base import (
     STORE_RETRY_AFTER,
     ApiSettings,
@@ -35,6 +36,7 @@ from profiles.events import event_from_obj
 
 log = logging.getLogger("ens.service.api")
 router = APIRouter()
+LOG_EVERY = 10.0  # s between two log lines about failing ingest writes (per process)
 
 
 class EventErrorOut(BaseModel):
@@ -104,6 +106,31 @@ async def _over_backlog(request: Request) -> bool:
     return backlog_seen[1] > settings.max_backlog
 
 
+def _store_failed(request: Request, exc: redis.RedisError) -> JSONResponse:
+    """The 503 of a refused or failed ingest write (nothing was appended: the script is
+    atomic, and over maxmemory its first write is refused). Logged at most every
+    `LOG_EVERY` seconds per process, with how many requests it refused meanwhile."""
+    oom = is_oom(exc)
+    if oom:
+        m.REDIS_OOM.labels(part="api").inc()
+    seen: list[float] = request.app.state.store_errors  # [last logged, refused since]
+    now = time.monotonic()
+    seen[1] += 1
+    if now - seen[0] >= LOG_EVERY:
+        log.error(
+            "ingest write failed (%d request%s answered 503 since the last such line): %s%s",
+            seen[1],
+            "" if seen[1] == 1 else "s",
+            exc,
+            "; raise Redis' maxmemory or free memory" if oom else "",
+        )
+        seen[:] = [now, 0]
+    m.REQUESTS.labels(status="503").inc()
+    return JSONResponse(
+        {"error": store_problem(exc)}, 503, headers={"Retry-After": STORE_RETRY_AFTER}
+    )
+
+
 @router.post(
     "/v1/events",
     status_code=202,
@@ -125,7 +152,11 @@ async def _over_backlog(request: Request) -> bool:
             "model": IngestResult,
             "description": "some events invalid; the valid ones ARE accepted (see accepted)",
         },
-        503: {"model": ErrorOut, "description": "ingest store unavailable; nothing accepted"},
+        503: {
+            "model": ErrorOut,
+            "description": "ingest store unavailable or full (Redis over maxmemory, disk "
+            "full); nothing accepted, retry after Retry-After seconds",
+        },
     },
     openapi_extra={"requestBody": _EVENTS_BODY},
 )
@@ -196,13 +227,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
                 return too_busy(settings.max_backlog)
             duplicates = int(res[2])
         except redis.RedisError as exc:
-            log.error("ingest write failed: %s", exc)
-            m.REQUESTS.labels(status="503").inc()
-            return JSONResponse(
-                {"error": "ingest store unavailable; retry later"},
-                503,
-                headers={"Retry-After": STORE_RETRY_AFTER},
-            )
+            return _store_failed(request, exc)
         m.EVENTS_IN.labels(gateway=gw).inc(accepted - duplicates)
         if duplicates:
             m.EVENTS_DUPLICATE.labels(gateway=gw).inc(duplicates)
