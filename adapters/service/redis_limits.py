@@ -103,8 +103,13 @@ def check_policy(r: redis.Redis, allow: bool) -> tuple[str, str | None]:
 
 def is_oom(exc: BaseException) -> bool:
     """A write refused because Redis is over ``maxmemory`` (also inside a script or MULTI)."""
-    return isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in str(
-        exc
+    # redis-py strips the "OOM" code of a plain reply (OutOfMemoryError); a script's error
+    # (Redis 6.2) keeps it inside its own text
+    text = str(exc)
+    return (
+        isinstance(exc, redis.exceptions.OutOfMemoryError)
+        or "OOM command not allowed" in text
+        or "command not allowed when used memory" in text
     )
 
 
