@@ -18,7 +18,7 @@ import redis
 
 from adapters.service import redis_store as rs
 from adapters.service.embedded import CONF
-from adapters.service.redis_limits import EvictingRedis, check_policy
+from adapters.service.redis_limits import EvictingRedis, check_policy, eviction_policy
 from adapters.service.worker import EngineWorker
 from tests.helpers_service import (
     ADMIN_TOKEN,
@@ -282,5 +282,6 @@ def test_embedded_redis_runs_with_noeviction(tmp_path: Path) -> None:
     try:
         assert "maxmemory-policy noeviction" in (tmp_path / "d" / CONF).read_text()
         assert conn.text().config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        assert eviction_policy(conn.binary()) == ("noeviction", None)  # CONFIG GET, bytes too
     finally:
         conn.close()

@@ -65,8 +65,8 @@ def memory_state(r: redis.Redis) -> MemoryState:
 def eviction_policy(r: redis.Redis) -> tuple[str, str | None]:
     """(``maxmemory-policy``, a note when ``CONFIG GET`` could not be used)."""
     try:
-        got: dict[str, Any] = r.config_get("maxmemory-policy")
-        value = got.get("maxmemory-policy")
+        got: dict[Any, Any] = r.config_get("maxmemory-policy")
+        value = got.get("maxmemory-policy") or got.get(b"maxmemory-policy")  # either client
         if value:
             return _text(value), None
         note = "CONFIG GET maxmemory-policy returned nothing"
