@@ -755,7 +755,10 @@ def post(
             of = f" of {retries}" if retries is not None else ""
             progress.console.print(
                 f"{why}; retry {k}{of} in {wait:.1f} s "
-                f"(waited {spent:.1f} s so far, at most {patience:g} s)"
+                f"(waited {spent:.1f} s so far, at most {patience:g} s)",
+                soft_wrap=True,  # one line per retry, whatever the reason's length
+                markup=False,  # the service's reason is text, not rich markup
+                highlight=False,
             )
             time.sleep(wait)
             spent += wait
