@@ -70,7 +70,12 @@ def test_ingest_over_maxmemory_is_503_and_appends_nothing_then_resumes(
     and `ens post` reports the 503's reason. With the limit raised, ingest and the engine
     resume by themselves."""
     with redis_server(tmp_path) as url:
-        s = Service(url, tmp_path / "serve.log", "--reorder-seconds", "0", "--dedup-window", dedup)
+        s = Service(
+            url,
+            tmp_path / "serve.log",
+            *("--reorder-seconds", "0", "--dedup-window", dedup),
+            *("--ingest-memory-share", "1"),  # up to Redis' limit: the script must refuse
+        )
         s.start()
         r = redis.Redis.from_url(url, decode_responses=True)
         try:
@@ -118,6 +123,53 @@ def test_ingest_over_maxmemory_is_503_and_appends_nothing_then_resumes(
             r.close()
     log = (tmp_path / "serve.log").read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_ingest_pauses_short_of_maxmemory_so_the_engine_can_still_commit(tmp_path: Path) -> None:
+    """Above --ingest-memory-share of maxmemory ingest answers 503 (nothing appended) while
+    Redis still takes the engine's writes, whose snapshots trim the ingest stream."""
+    with redis_server(tmp_path) as url:
+        s = Service(url, tmp_path / "serve.log", "--reorder-seconds", "0")
+        s.start()
+        r = redis.Redis.from_url(url, decode_responses=True)
+        try:
+            key = rs.add_gateway(r, "gw")
+            with s.client(admin=True) as admin:
+                got = admin.post("/v1/profiles", json={"id": "door", "expr": 'kind = "door"'})
+                assert got.status_code == 201, got.text
+            used = int(r.info("memory")["used_memory"])
+            r.config_set("maxmemory", str(int(used / 0.95)))  # 95 % used: over the 90 % share
+            before = r.xlen(rs.INGEST) if r.exists(rs.INGEST) else 0
+            with s.client(key) as gw:
+                got = gw.post("/v1/events", json={"id": "e1", "ts": time.time(), "kind": "door"})
+                assert got.status_code == 503 and got.headers["Retry-After"], got.text
+                assert "nearly full" in got.json()["error"] and "90%" in got.json()["error"]
+            assert (r.xlen(rs.INGEST) if r.exists(rs.INGEST) else 0) == before
+            r.set("engine-room", "ok")  # Redis itself still takes writes
+            assert health(s.url).status_code == 200  # under Redis' limit: all is well
+            r.config_set("maxmemory", "0")
+            with s.client(key) as gw:
+                got = wait_for(
+                    lambda: (
+                        (
+                            (
+                                g := gw.post(
+                                    "/v1/events",
+                                    json={"id": "e2", "ts": time.time(), "kind": "door"},
+                                )
+                            ).status_code
+                            == 202
+                        )
+                        and g
+                    ),
+                    10,
+                    "ingest resumed",
+                )
+            wait_for(lambda: outbox_for(r, "door"), 20, "the engine processed it")
+            assert s.stop() == 0
+        finally:
+            s.kill()
+            r.close()
 
 
 def test_engine_waits_out_maxmemory_without_restarting(

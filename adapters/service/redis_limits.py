@@ -46,6 +46,16 @@ class MemoryState:
         """Redis refuses writes now (with noeviction) or evicts (with another policy)."""
         return self.maxmemory > 0 and self.used - self.not_counted > self.maxmemory
 
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> MemoryState:
+        """From ``INFO memory`` as redis-py parses it."""
+        return cls(
+            used=int(info.get("used_memory", 0)),
+            maxmemory=int(info.get("maxmemory", 0)),
+            policy=str(info.get("maxmemory_policy", "")),
+            not_counted=int(info.get("mem_not_counted_for_evict", 0)),
+        )
+
     def describe(self) -> str:
         mb = 1024 * 1024
         return f"used {self.used / mb:.1f} MB of maxmemory {self.maxmemory / mb:.1f} MB"
@@ -53,13 +63,7 @@ class MemoryState:
 
 def memory_state(r: redis.Redis) -> MemoryState:
     """``INFO memory``'s limit fields (a client of either kind)."""
-    info: dict[str, Any] = r.info("memory")
-    return MemoryState(
-        used=int(info.get("used_memory", 0)),
-        maxmemory=int(info.get("maxmemory", 0)),
-        policy=str(info.get("maxmemory_policy", "")),
-        not_counted=int(info.get("mem_not_counted_for_evict", 0)),
-    )
+    return MemoryState.from_info(r.info("memory"))
 
 
 def eviction_policy(r: redis.Redis) -> tuple[str, str | None]:

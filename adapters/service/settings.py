@@ -200,6 +200,16 @@ class ServiceSettings:
         flags=("--max-backlog",),
         unit="events",
     )
+    ingest_memory_share: float = _number(
+        0.9,
+        "POST /v1/events answers 503 (Retry-After) while Redis uses more than this share "
+        "of its maxmemory, keeping the rest for the engine's commits and snapshots (which "
+        "trim the ingest stream); 1: up to Redis' own limit. No effect without maxmemory.",
+        "number",
+        flags=("--ingest-memory-share",),
+        above=True,
+        maximum=1.0,
+    )
     worker_name: str | None = _setting(
         None,
         Option(

@@ -34,10 +34,18 @@ class IngestLimits:
     body_timeout: float | None = DEFAULTS.body_timeout  # to receive a whole body (408 after)
     dedup_window: float | None = DEFAULTS.dedup_window  # a gateway's event ids are remembered
     dedup_max: int = DEFAULTS.dedup_max  # ids remembered per gateway (the oldest go first)
+    memory_share: float = DEFAULTS.ingest_memory_share  # of Redis' maxmemory ingest may fill
 
     @classmethod
     def from_settings(cls, s: ServiceSettings) -> IngestLimits:
-        return cls(s.max_future, s.max_past, s.body_timeout, s.dedup_window, s.dedup_max)
+        return cls(
+            s.max_future,
+            s.max_past,
+            s.body_timeout,
+            s.dedup_window,
+            s.dedup_max,
+            s.ingest_memory_share,
+        )
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import redis
 from fastapi import APIRouter, Request
@@ -14,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.redis_limits import is_oom, store_problem
+from adapters.service.redis_limits import MemoryState, is_oom, store_problem
 from adapters.service.routes.base import (
     STORE_RETRY_AFTER,
     ApiSettings,
@@ -131,6 +132,31 @@ def _store_failed(request: Request, exc: redis.RedisError) -> JSONResponse:
     )
 
 
+async def _nearly_full(request: Request) -> str | None:
+    """Why ingest pauses, if Redis uses more than ``--ingest-memory-share`` of its maxmemory.
+
+    The rest is the engine's: over Redis' own limit it could not commit or snapshot, and the
+    snapshot is what trims the ingest stream, so memory would never free by itself. Read
+    (`INFO memory`) at most every `backlog_check_interval` per process.
+    """
+    settings: ApiSettings = request.app.state.settings
+    seen: list[Any] = request.app.state.memory_seen  # [time read, MemoryState or None]
+    now = time.monotonic()
+    if now - seen[0] >= settings.backlog_check_interval:
+        info = await request.app.state.aredis.info("memory")
+        seen[:] = [now, MemoryState.from_info(info)]
+    mem: MemoryState | None = seen[1]
+    if mem is None or not mem.maxmemory:
+        return None
+    if mem.used - mem.not_counted <= settings.limits.memory_share * mem.maxmemory:
+        return None
+    return (
+        f"ingest store is nearly full (Redis {mem.describe()}; ingest pauses above "
+        f"{settings.limits.memory_share:.0%} of it so that the engine can still commit); "
+        "retry later"
+    )
+
+
 @router.post(
     "/v1/events",
     status_code=202,
@@ -202,6 +228,9 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
         try:
             if settings.max_backlog and await _over_backlog(request):
                 return too_busy(settings.max_backlog)
+            if limits.memory_share < 1 and (full := await _nearly_full(request)):
+                m.REQUESTS.labels(status="503").inc()
+                return JSONResponse({"error": full}, 503, headers={"Retry-After": "1"})
             # one entry per request (rs.decode_entry reads it back), written only if the
             # key is still valid, the backlog bound allows it, and without the events
             # whose ids were seen: the checks and the write are one atomic round trip
