@@ -109,27 +109,34 @@ async def _over_backlog(request: Request) -> bool:
 
 def _store_failed(request: Request, exc: redis.RedisError) -> JSONResponse:
     """The 503 of a refused or failed ingest write (nothing was appended: the script is
-    atomic, and over maxmemory its first write is refused). Logged at most every
-    `LOG_EVERY` seconds per process, with how many requests it refused meanwhile."""
+    atomic, and over maxmemory its first write is refused)."""
     oom = is_oom(exc)
     if oom:
         m.REDIS_OOM.labels(part="api").inc()
-    seen: list[float] = request.app.state.store_errors  # [last logged, refused since]
-    now = time.monotonic()
-    seen[1] += 1
-    if now - seen[0] >= LOG_EVERY:
-        log.error(
-            "ingest write failed (%d request%s answered 503 since the last such line): %s%s",
-            seen[1],
-            "" if seen[1] == 1 else "s",
-            exc,
-            "; raise Redis' maxmemory or free memory" if oom else "",
-        )
-        seen[:] = [now, 0]
+    hint = "; raise Redis' maxmemory or free memory" if oom else ""
+    _say_throttled(request, f"ingest write failed: {exc}{hint}", logging.ERROR)
     m.REQUESTS.labels(status="503").inc()
     return JSONResponse(
         {"error": store_problem(exc)}, 503, headers={"Retry-After": STORE_RETRY_AFTER}
     )
+
+
+def _say_throttled(request: Request, what: str, level: int = logging.WARNING) -> None:
+    """Log why a POST got 503, at most every `LOG_EVERY` seconds per process, with how many
+    were refused meanwhile (a flood of retries is not a flood of lines)."""
+    seen: list[float] = request.app.state.store_errors  # [last logged, refused since]
+    now = time.monotonic()
+    seen[1] += 1
+    if now - seen[0] >= LOG_EVERY:
+        n = int(seen[1])
+        log.log(
+            level,
+            "%s (%d request%s answered 503 since the last such line)",
+            what,
+            n,
+            "" if n == 1 else "s",
+        )
+        seen[:] = [now, 0]
 
 
 async def _nearly_full(request: Request) -> str | None:
@@ -229,6 +236,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             if settings.max_backlog and await _over_backlog(request):
                 return too_busy(settings.max_backlog)
             if limits.memory_share < 1 and (full := await _nearly_full(request)):
+                _say_throttled(request, full)
                 m.REQUESTS.labels(status="503").inc()
                 return JSONResponse({"error": full}, 503, headers={"Retry-After": "1"})
             # one entry per request (rs.decode_entry reads it back), written only if the
