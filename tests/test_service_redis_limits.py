@@ -37,13 +37,19 @@ pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.p
 MB = 1024 * 1024
 
 
-def fill_over_limit(r: redis.Redis) -> int:
-    """Put Redis over its maxmemory (noeviction: it refuses writes now); returns XLEN ingest."""
-    with r.pipeline(transaction=False) as p:  # small values: no big query buffer to free
-        for i in range(200):
+def fill(r: redis.Redis, n: int = 200) -> int:
+    """Put ``n`` x 40 kB into Redis; returns its used memory. Small values: no big query
+    buffer that Redis frees a moment later."""
+    with r.pipeline(transaction=False) as p:
+        for i in range(n):
             p.set(f"filler:{i}", "x" * 40_000)
         p.execute()
-    used = int(r.info("memory")["used_memory"])
+    return int(r.info("memory")["used_memory"])
+
+
+def fill_over_limit(r: redis.Redis) -> int:
+    """Put Redis over its maxmemory (noeviction: it refuses writes now); returns XLEN ingest."""
+    used = fill(r)
     r.config_set("maxmemory", str(used - 4 * MB))
     return int(r.xlen(rs.INGEST)) if r.exists(rs.INGEST) else 0
 
@@ -129,7 +135,9 @@ def test_ingest_pauses_short_of_maxmemory_so_the_engine_can_still_commit(tmp_pat
     """Above --ingest-memory-share of maxmemory ingest answers 503 (nothing appended) while
     Redis still takes the engine's writes, whose snapshots trim the ingest stream."""
     with redis_server(tmp_path) as url:
-        s = Service(url, tmp_path / "serve.log", "--reorder-seconds", "0")
+        s = Service(
+            url, tmp_path / "serve.log", "--reorder-seconds", "0", "--ingest-memory-share", "0.5"
+        )
         s.start()
         r = redis.Redis.from_url(url, decode_responses=True)
         try:
@@ -137,13 +145,13 @@ def test_ingest_pauses_short_of_maxmemory_so_the_engine_can_still_commit(tmp_pat
             with s.client(admin=True) as admin:
                 got = admin.post("/v1/profiles", json={"id": "door", "expr": 'kind = "door"'})
                 assert got.status_code == 201, got.text
-            used = int(r.info("memory")["used_memory"])
-            r.config_set("maxmemory", str(int(used / 0.95)))  # 95 % used: over the 90 % share
+            used = fill(r, 100)  # a few MB: the margins below are not a few bytes
+            r.config_set("maxmemory", str(int(used / 0.75)))  # 75 % used: over the 50 % share
             before = r.xlen(rs.INGEST) if r.exists(rs.INGEST) else 0
             with s.client(key) as gw:
                 got = gw.post("/v1/events", json={"id": "e1", "ts": time.time(), "kind": "door"})
                 assert got.status_code == 503 and got.headers["Retry-After"], got.text
-                assert "nearly full" in got.json()["error"] and "90%" in got.json()["error"]
+                assert "nearly full" in got.json()["error"] and "50%" in got.json()["error"]
             assert (r.xlen(rs.INGEST) if r.exists(rs.INGEST) else 0) == before
             r.set("engine-room", "ok")  # Redis itself still takes writes
             assert health(s.url).status_code == 200  # under Redis' limit: all is well
