@@ -86,6 +86,7 @@ class DeliveryState:
     _closed: threading.Event
     _renewer: threading.Thread | None
     _started: bool
+    _unsubscribed: set[str]  # profiles whose missing subscriber was logged
     _last_claim: float
     _last_trim: float
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 import smtplib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -23,9 +24,19 @@ from notifiers.config import SmtpConfig
 Notification = Mapping[str, Any]
 
 
+# C0 and C1 control characters and DEL: NUL, CR, LF, ESC, ... (str.split() misses NUL and ESC)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+# the same in a body, where line breaks and tabs are the text's own
+_CONTROL_IN_BODY = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _clean(value: Any) -> str:
-    """One line of text: header values must not contain line breaks."""
-    return " ".join(str(value).split())
+    """One line of printable text for a header built from event data: a line break would
+    inject headers, and a NUL or other control character breaks or smuggles through mail
+    software. Each becomes a space; runs of white space one."""
+    return " ".join(_CONTROL.sub(" ", str(value)).split())
 
 
 def fmt_ts(ts: Any, seconds: bool = True) -> str:
@@ -122,8 +133,9 @@ def _message(
     msg["Date"] = formatdate(usegmt=True)
     domain = sender.rpartition("@")[2] or "ens.local"
     msg["Message-ID"] = f"<ens.{hashlib.sha256(key.encode()).hexdigest()[:32]}@{domain}>"
-    msg.set_content(text)
-    msg.add_alternative(html_doc, subtype="html")
+    # a NUL (or ESC, a lone CR) of an event attribute must not reach the wire in a body either
+    msg.set_content(_CONTROL_IN_BODY.sub(" ", text))
+    msg.add_alternative(_CONTROL_IN_BODY.sub(" ", html_doc), subtype="html")
     return msg
 
 

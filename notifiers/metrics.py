@@ -54,3 +54,9 @@ CIRCUIT_TRIPS = Counter(
     "Times a webhook destination's circuit opened (a failed half-open probe included).",
     registry=REGISTRY,
 )
+
+UNSUBSCRIBED = Counter(
+    "ens_notifications_unsubscribed",
+    "Notifications of profiles without a subscriber: kept in the outbox, not delivered.",
+    registry=REGISTRY,
+)

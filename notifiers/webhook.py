@@ -21,6 +21,7 @@ import httpx
 from notifiers.attempt import Attempt
 from notifiers.config import WebhookConfig
 from notifiers.store import dumps
+from profiles.subscribers import mask_urls
 
 SIGNATURE_HEADER = "X-ENS-Signature"
 TIMESTAMP_HEADER = "X-ENS-Timestamp"
@@ -160,11 +161,11 @@ class WebhookSender:
         }
         try:
             resp = self._client.post(url, content=body, headers=headers)
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-            return Attempt.fatal(f"bad URL: {exc}")
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:  # errors may quote the URL
+            return Attempt.fatal(f"bad URL: {mask_urls(str(exc))}")
         except httpx.TimeoutException as exc:
             return Attempt.retry(f"timeout: {type(exc).__name__}")
         except httpx.TransportError as exc:
-            return Attempt.retry(f"network error: {type(exc).__name__}: {exc}")
+            return Attempt.retry(f"network error: {type(exc).__name__}: {mask_urls(str(exc))}")
         resp.close()
         return classify(resp)

@@ -87,6 +87,7 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         self._take_script = self.r.register_script(TAKE)
         self._digest_done = self.r.register_script(DIGEST_DONE)
         self._started = False
+        self._unsubscribed: set[str] = set()
         self._last_claim = self._last_trim = float("-inf")
 
     def close(self) -> None:

@@ -116,6 +116,7 @@ def test_posted_events_reach_the_outbox_like_replay(
         "kind": "motion",
         "room": "101",
         "level": 3,
+        "gateway": "gw-api",  # stamped: the gateway of the API key
     }
     expected = replay([parse_profile(expr, pid)], [event_from_obj(e, "") for e in evs])
     assert replay_records(notes) == [x.to_json() for x in expected]

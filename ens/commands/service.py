@@ -301,8 +301,14 @@ def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, l
             chans = ", ".join(store.describe_channel(c.model_dump()) for c in s.channels)
             return chans + (f"; digest {s.digest:g} s" if s.digest else "")
 
-        if shown(old) != shown(new):
-            out.append((f"subscriber {sub['id']}", [f"- {shown(old)}", f"+ {shown(new)}"]))
+        def kept(s: Any) -> Any:  # what is compared: what `shown` shows, URLs unmasked
+            return ([getattr(c, "webhook", None) or c.email for c in s.channels], s.digest)
+
+        if kept(old) != kept(new):
+            lines = [f"- {shown(old)}", f"+ {shown(new)}"]
+            if lines[0][1:] == lines[1][1:]:  # the change is in what masking hides
+                lines.append("  (credentials or query values of a webhook URL changed)")
+            out.append((f"subscriber {sub['id']}", lines))
     return out
 
 
@@ -421,7 +427,8 @@ def subscriber_add(
 def subscriber_list(
     redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
 ) -> None:
-    """Show subscribers and their channels (secrets are never shown)."""
+    """Show subscribers and their channels (secrets are never shown; a webhook URL is shown
+    with its password and query values masked)."""
     st = Store(redis_url, data_dir)
     subs = sorted(
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
@@ -432,9 +439,7 @@ def subscriber_list(
             [
                 {
                     "id": s.id,
-                    "channels": [
-                        c.model_dump(exclude={"secret"}, exclude_none=True) for c in s.channels
-                    ],
+                    "channels": [store.redact(c.model_dump(exclude_none=True)) for c in s.channels],
                     "digest": s.digest,
                     "has_secret": bool(s.secret)
                     or any(getattr(c, "secret", None) for c in s.channels),

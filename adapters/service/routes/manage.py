@@ -141,7 +141,8 @@ def delete_profile(pid: str, _: Admin, r: R) -> Response:
 
 @router.get("/v1/subscribers", response_model=list[SubscriberOut], tags=["subscribers"])
 def list_subscribers(_: Admin, r: R) -> list[SubscriberOut]:
-    """Every subscriber; signing secrets are never shown here."""
+    """Every subscriber; signing secrets are never shown, webhook URLs are masked (`<secret>`
+    for their password and query values)."""
     out = []
     for raw in r.hgetall(store.SUBSCRIBERS).values():
         out.append(_redact(store.Subscriber.model_validate_json(raw)))
@@ -171,7 +172,8 @@ def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
 def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
     """Store a subscriber (replacing one with the same id).
 
-    A webhook without a secret gets a generated one: the response shows it, once.
+    A webhook without a secret gets a generated one: the response shows it, once. Webhook
+    URLs are shown masked (`store.redact`), as everywhere: the caller has them.
     """
     try:
         rs.check_id(body.id, "subscriber id")
@@ -181,7 +183,11 @@ def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
         saved = store.put_subscriber(r, body)
     except ValidationError as exc:
         return JSONResponse({"error": store.subscriber_error(exc)}, 422)
-    return JSONResponse(json.loads(saved.to_json()), 201)
+    out = json.loads(saved.to_json())
+    for channel in out.get("channels", []):
+        if "webhook" in channel:
+            channel["webhook"] = store.redact(channel)["webhook"]
+    return JSONResponse(out, 201)
 
 
 @router.delete(
