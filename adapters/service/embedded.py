@@ -245,6 +245,9 @@ class EmbeddedRedis:
             dbfilename=DB,
             appendonly="yes",
             appendfsync="everysec",
+            # never delete ENS' keys under memory pressure (refuse writes instead), whatever
+            # a default may become: ENS refuses an evicting Redis (redis_limits)
+            **{"maxmemory-policy": "noeviction"},
         )
         # The files hold webhook secrets and key hashes: the daemonised server inherits the
         # umask, so what it writes is 0600.

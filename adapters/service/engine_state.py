@@ -56,6 +56,9 @@ class WorkerConfig:
     rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
     replan_every: int = DEFAULTS.replan_every  # plan "auto": re-plan every N events (0: never)
     drift: float = DEFAULTS.drift  # ... when a component's rate moved by this factor
+    allow_evicting_redis: bool = DEFAULTS.allow_evicting_redis  # else refuse such a Redis
+    oom_backoff_max: float = 5.0  # s: longest wait between attempts while Redis is full
+    oom_log_every: float = 30.0  # s: one log line per this while Redis stays full
 
     @classmethod
     def from_settings(
@@ -77,6 +80,7 @@ class WorkerConfig:
             rates=rates,
             replan_every=s.replan_every,
             drift=float(s.drift),
+            allow_evicting_redis=s.allow_evicting_redis,
         )
         if s.worker_name:
             cfg.name = s.worker_name

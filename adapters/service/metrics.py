@@ -174,6 +174,24 @@ HEARTBEAT_AGE = Gauge(
     "Seconds since the engine worker's last heartbeat (-1: never seen).",
     registry=REGISTRY,
 )
+REDIS_OOM = Counter(
+    "ens_redis_oom_refusals",
+    "Writes Redis refused because it is over its maxmemory (part: api = ingest requests "
+    "answered 503, engine = commits or snapshots retried later).",
+    ["part"],
+    registry=REGISTRY,
+)
+REDIS_EVICTING = Gauge(
+    "ens_redis_evicting",
+    "1 while Redis' maxmemory-policy is not noeviction (it may delete ENS' keys: "
+    "--allow-evicting-redis), else 0.",
+    registry=REGISTRY,
+)
+REDIS_OVER_MAXMEMORY = Gauge(
+    "ens_redis_over_maxmemory",
+    "1 while Redis uses more memory than its maxmemory (writes are refused), else 0.",
+    registry=REGISTRY,
+)
 
 
 def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:

@@ -492,12 +492,14 @@ local win = tonumber(ARGV[5])
 local body
 local kept = n
 local dups = 0
+local now = 0
+local fresh = {}
 if win > 0 then
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - win)
-  -- the ids' scores in chunks (one call per 500, not one per event), then one ZADD per chunk
-  local known, fresh = {}, {}
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- the ids' scores in chunks (one call per 500, not one per event); an id first seen
+  -- before the window is forgotten (removed below, after the writes)
+  local known = {}
   local ids = {}
   for i = 1, n do
     if all_ids[i] ~= '' then ids[#ids + 1] = all_ids[i] end
@@ -506,7 +508,7 @@ if win > 0 then
     local chunk = {unpack(ids, c, math.min(c + 499, #ids))}
     local scores = redis.call('ZMSCORE', KEYS[5], unpack(chunk))
     for k = 1, #chunk do
-      if scores[k] then known[chunk[k]] = true end
+      if scores[k] and tonumber(scores[k]) > now - win then known[chunk[k]] = true end
     end
   end
   local parts = {}
@@ -525,18 +527,29 @@ if win > 0 then
       parts[#parts + 1] = text
     end
   end
-  for c = 1, #fresh, 1000 do
-    redis.call('ZADD', KEYS[5], unpack(fresh, c, math.min(c + 999, #fresh)))
-  end
-  local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[6])
-  if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
-  redis.call('PEXPIRE', KEYS[5], win)
   kept = #parts
   if kept > 0 then body = '[' .. table.concat(parts, ',') .. ']' end
 else
   body = '[' .. string.gsub(ARGV[8], '\\n', ',') .. ']'
 end
-if kept == 0 then return {'ok', '', dups} end
+-- Over maxmemory, Redis refuses a script's memory-growing command only while the script has
+-- written nothing yet (Redis 6.2 and 7 alike, for scripts without flags): the first write
+-- must be one that grows memory (ZADD or XADD), so that over the limit the whole request is
+-- refused (OOM, a 503) and nothing is appended. The clean-up writes come last.
+local function forget_old()
+  if win <= 0 then return end
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - win)
+  local extra = redis.call('ZCARD', KEYS[5]) - tonumber(ARGV[6])
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, extra - 1) end
+  if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], win) end
+end
+if kept == 0 then
+  forget_old()
+  return {'ok', '', dups}
+end
+for c = 1, #fresh, 1000 do
+  redis.call('ZADD', KEYS[5], unpack(fresh, c, math.min(c + 999, #fresh)))
+end
 local id = redis.call('XADD', KEYS[2], '*', '"""
     + INGEST_BATCH
     + """', body,
@@ -551,6 +564,7 @@ local id = redis.call('XADD', KEYS[2], '*', '"""
     + str(INGEST_VERSION)
     + """')
 redis.call('INCRBY', KEYS[3], kept)
+forget_old()
 return {'ok', id, dups}
 """
 )

@@ -33,6 +33,7 @@ from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
 from adapters.service.connections import uvicorn_options
 from adapters.service.embedded import EmbeddedError
+from adapters.service.redis_limits import EvictingRedis, check_policy
 from adapters.service.settings import DEFAULTS, ROLES, ServiceSettings
 from adapters.service.worker import EngineWorker, WorkerConfig
 from profiles.subscribers import mask_url
@@ -62,6 +63,7 @@ class ServeConfig:
     admin_token: str | None = None  # ENS_ADMIN_TOKEN; None: generated at the first start
     metrics_token: str | None = None  # ENS_METRICS_TOKEN; None: /metrics is public
     notifiers_config: Path | None = None  # ENS_NOTIFIERS_CONFIG
+    allow_evicting_redis: bool = DEFAULTS.allow_evicting_redis  # else refuse such a Redis
 
     @classmethod
     def from_settings(cls, s: ServiceSettings, worker: WorkerConfig) -> ServeConfig:
@@ -84,6 +86,7 @@ class ServeConfig:
             admin_token=s.admin_token,
             metrics_token=s.metrics_token,
             notifiers_config=s.notifiers_config,
+            allow_evicting_redis=s.allow_evicting_redis,
         )
 
 
@@ -302,14 +305,20 @@ def run(cfg: ServeConfig) -> int:
     conn: rs.Connection | None = None
     try:
         conn = rs.connect(cfg.redis_url, cfg.data_dir)
-        # the first command also tells whether Redis is reachable
+        # the first command also tells whether Redis is reachable; nothing is written to a
+        # Redis that may evict it
+        _policy, warning = check_policy(conn.text(), cfg.allow_evicting_redis)
         token_hash, generated = rs.ensure_admin_token(conn.text(), cfg.admin_token)
-    except (redis.RedisError, OSError, EmbeddedError) as exc:
+    except (redis.RedisError, OSError, EmbeddedError, EvictingRedis) as exc:
         if sock is not None:
             sock.close()
         if conn is not None:
             conn.close()
+        if isinstance(exc, EvictingRedis):
+            return _startup_error(f"refusing to start: {exc}")
         return _startup_error(f"cannot reach Redis: {exc}")
+    if warning:
+        log.warning("%s", warning)
     try:  # from here on the connection (and an embedded server we started) is closed on any exit
         return _serve(cfg, conn, sock, notifier_cfg, token_hash, generated)
     finally:

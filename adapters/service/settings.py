@@ -200,6 +200,16 @@ class ServiceSettings:
         flags=("--max-backlog",),
         unit="events",
     )
+    ingest_memory_share: float = _number(
+        0.9,
+        "POST /v1/events answers 503 (Retry-After) while Redis uses more than this share "
+        "of its maxmemory, keeping the rest for the engine's commits and snapshots (which "
+        "trim the ingest stream); 1: up to Redis' own limit. No effect without maxmemory.",
+        "number",
+        flags=("--ingest-memory-share",),
+        above=True,
+        maximum=1.0,
+    )
     worker_name: str | None = _setting(
         None,
         Option(
@@ -308,6 +318,17 @@ class ServiceSettings:
         flags=("--dedup-max",),
         minimum=1,
         unit="ids",
+    )
+    allow_evicting_redis: bool = _setting(
+        False,
+        Option(
+            "Run on a Redis whose maxmemory-policy is not noeviction (it may delete ENS' "
+            "keys and lose accepted events): warns at start and on every reconnect, and "
+            "/healthz and ens_redis_evicting report it. Without it ENS refuses such a Redis.",
+            "switch",
+            flags=("--allow-evicting-redis",),
+            env="ENS_ALLOW_EVICTING_REDIS",
+        ),
     )
     keepalive_timeout: float = _duration(
         "5s",

@@ -64,6 +64,8 @@ from adapters.service.intake import Intake
 from adapters.service.journal import Journal
 from adapters.service.lease import EngineLease
 from adapters.service.liveness import Liveness
+from adapters.service.pressure import Pressure
+from adapters.service.redis_limits import EvictingRedis, is_oom
 from adapters.service.watermarks import Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
@@ -74,7 +76,7 @@ from profiles.errors import LockLost as LockLost  # raised here; one hierarchy t
 log = logging.getLogger("ens.service.worker")
 
 
-class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
+class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
 
     def __init__(self, r: redis.Redis, config: WorkerConfig | None = None) -> None:
@@ -147,6 +149,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
     def start(self, stop: threading.Event | None = None) -> None:
         """Take the lock, load the snapshot, replay the journal, re-read pending ingest entries."""
         gc.unfreeze()  # a restart: the previous engine must be collectable
+        self.check_policy()  # again at every reconnect: Redis may have restarted reconfigured
         self.lease.acquire(stop)
         fresh = self._load()
         self._gateways()
@@ -189,13 +192,19 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
         """Step until ``stop``; on a Redis error restart from Redis; finally snapshot.
 
         After an error it is unknown whether the last transaction committed, so the in-memory
-        state is dropped and rebuilt from Redis rather than retried (which could duplicate).
+        state is dropped and rebuilt from Redis rather than retried (which could duplicate);
+        except after an OOM refusal, which Redis gives before running anything: the worker
+        keeps its state and tries again later (`adapters.service.pressure`).
         """
         while not stop.is_set():
             try:
                 if not self.started:
                     self.start(stop)
                 self.step()
+                self.memory_ok()
+            except EvictingRedis as exc:
+                self.started = False
+                self.refused_policy(exc, stop)
             except LockLost as exc:
                 if stop.is_set():
                     break
@@ -205,6 +214,9 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
                 self.started = False
                 stop.wait(1.0)
             except redis.RedisError as exc:
+                if is_oom(exc):  # refused before it ran: a started worker keeps its state
+                    self.out_of_memory(exc, stop)
+                    continue
                 log.error("redis error (%s); restarting from the snapshot in 1 s", exc)
                 self.started = False
                 stop.wait(1.0)

@@ -668,6 +668,18 @@ def retry_delay(attempt: int, retry_after: float | None, rng: Any = None) -> flo
     return max(jitter, retry_after or 0.0)
 
 
+def _answer(resp: Any) -> str:
+    """``HTTP 503: <the service's reason>``: what an error answer said, not only its code."""
+    reason = ""
+    try:
+        data = resp.json()
+        if isinstance(data, dict):
+            reason = str(data.get("error") or data.get("detail") or "")
+    except ValueError:
+        reason = resp.text.strip()[:200]
+    return f"HTTP {resp.status_code}: {reason}" if reason else f"HTTP {resp.status_code}"
+
+
 def _service_url(url: str) -> str:
     """The service's base URL; ``127.0.0.1:8080`` (no scheme) means ``http://127.0.0.1:8080``."""
     import httpx
@@ -804,7 +816,7 @@ def post(
             else:
                 if resp.status_code not in (429, 503):
                     return resp
-                why, answer = f"HTTP {resp.status_code}", resp
+                why, answer = f"the service answered {_answer(resp)}", resp
                 after = parse_retry_after(resp.headers.get("Retry-After"))
             k += 1
             wait = retry_delay(k, after)
@@ -821,7 +833,10 @@ def post(
             of = f" of {retries}" if retries is not None else ""
             progress.console.print(
                 f"{why}; retry {k}{of} in {wait:.1f} s "
-                f"(waited {spent:.1f} s so far, at most {patience:g} s)"
+                f"(waited {spent:.1f} s so far, at most {patience:g} s)",
+                soft_wrap=True,  # one line per retry, whatever the reason's length
+                markup=False,  # the service's reason is text, not rich markup
+                highlight=False,
             )
             time.sleep(wait)
             spent += wait
@@ -840,11 +855,11 @@ def post(
             for err in data.get("errors", []):
                 problems.append((chunk[err["index"]][0], err["error"]))
             return data["accepted"], data["rejected"]
-        msg = data.get("error") or resp.text
+        msg = f"the service at {endpoint} answered {_answer(resp)}"
         if resp.status_code in (429, 503):
             msg += f" (gave up after waiting {waited[0]:.1f} s in all; --retry-for {retry_for})"
         raise _fail(
-            f"HTTP {resp.status_code} from {endpoint}: {msg}",
+            msg,
             2 if resp.status_code in (400, 401, 403, 413) else 1,
         )
 

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.redis_limits import store_problem
 from adapters.service.settings import DEFAULTS, ServiceSettings
 
 log = logging.getLogger("ens.service.api")
@@ -33,10 +34,18 @@ class IngestLimits:
     body_timeout: float | None = DEFAULTS.body_timeout  # to receive a whole body (408 after)
     dedup_window: float | None = DEFAULTS.dedup_window  # a gateway's event ids are remembered
     dedup_max: int = DEFAULTS.dedup_max  # ids remembered per gateway (the oldest go first)
+    memory_share: float = DEFAULTS.ingest_memory_share  # of Redis' maxmemory ingest may fill
 
     @classmethod
     def from_settings(cls, s: ServiceSettings) -> IngestLimits:
-        return cls(s.max_future, s.max_past, s.body_timeout, s.dedup_window, s.dedup_max)
+        return cls(
+            s.max_future,
+            s.max_past,
+            s.body_timeout,
+            s.dedup_window,
+            s.dedup_max,
+            s.ingest_memory_share,
+        )
 
 
 @dataclass
@@ -111,7 +120,7 @@ def store_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
     if request.url.path == "/v1/events":
         m.REQUESTS.labels(status="503").inc()
     return JSONResponse(
-        {"error": "store unavailable (redis); retry later"},
+        {"error": store_problem(exc, "store (redis)")},
         503,
         headers={"Retry-After": STORE_RETRY_AFTER},
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import redis
 from fastapi import APIRouter, Request
@@ -14,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.redis_limits import MemoryState, is_oom, store_problem
 from adapters.service.routes.base import (
     STORE_RETRY_AFTER,
     ApiSettings,
@@ -37,6 +39,9 @@ from profiles.events import event_from_obj
 
 log = logging.getLogger("ens.service.api")
 router = APIRouter()
+LOG_EVERY = 10.0  # s between two log lines about failing ingest writes (per process)
+
+
 _posed: set[str] = set()  # gateways whose events named another one: logged once per process
 
 
@@ -107,6 +112,63 @@ async def _over_backlog(request: Request) -> bool:
     return backlog_seen[1] > settings.max_backlog
 
 
+def _store_failed(request: Request, exc: redis.RedisError) -> JSONResponse:
+    """The 503 of a refused or failed ingest write (nothing was appended: the script is
+    atomic, and over maxmemory its first write is refused)."""
+    oom = is_oom(exc)
+    if oom:
+        m.REDIS_OOM.labels(part="api").inc()
+    hint = "; raise Redis' maxmemory or free memory" if oom else ""
+    _say_throttled(request, f"ingest write failed: {exc}{hint}", logging.ERROR)
+    m.REQUESTS.labels(status="503").inc()
+    return JSONResponse(
+        {"error": store_problem(exc)}, 503, headers={"Retry-After": STORE_RETRY_AFTER}
+    )
+
+
+def _say_throttled(request: Request, what: str, level: int = logging.WARNING) -> None:
+    """Log why a POST got 503, at most every `LOG_EVERY` seconds per process, with how many
+    were refused meanwhile (a flood of retries is not a flood of lines)."""
+    seen: list[float] = request.app.state.store_errors  # [last logged, refused since]
+    now = time.monotonic()
+    seen[1] += 1
+    if now - seen[0] >= LOG_EVERY:
+        n = int(seen[1])
+        log.log(
+            level,
+            "%s (%d request%s answered 503 since the last such line)",
+            what,
+            n,
+            "" if n == 1 else "s",
+        )
+        seen[:] = [now, 0]
+
+
+async def _nearly_full(request: Request) -> str | None:
+    """Why ingest pauses, if Redis uses more than ``--ingest-memory-share`` of its maxmemory.
+
+    The rest is the engine's: over Redis' own limit it could not commit or snapshot, and the
+    snapshot is what trims the ingest stream, so memory would never free by itself. Read
+    (`INFO memory`) at most every `backlog_check_interval` per process.
+    """
+    settings: ApiSettings = request.app.state.settings
+    seen: list[Any] = request.app.state.memory_seen  # [time read, MemoryState or None]
+    now = time.monotonic()
+    if now - seen[0] >= settings.backlog_check_interval:
+        info = await request.app.state.aredis.info("memory")
+        seen[:] = [now, MemoryState.from_info(info)]
+    mem: MemoryState | None = seen[1]
+    if mem is None or not mem.maxmemory:
+        return None
+    if mem.used - mem.not_counted <= settings.limits.memory_share * mem.maxmemory:
+        return None
+    return (
+        f"ingest store is nearly full (Redis {mem.describe()}; ingest pauses above "
+        f"{settings.limits.memory_share:.0%} of it so that the engine can still commit); "
+        "retry later"
+    )
+
+
 def _foreign_gateway(gw: str, named: object) -> None:
     """Count an event that named another gateway; log it the first time (it may be a
     misconfigured gateway rather than an attack, and then it would log every event)."""
@@ -142,7 +204,11 @@ def _foreign_gateway(gw: str, named: object) -> None:
             "model": IngestResult,
             "description": "some events invalid; the valid ones ARE accepted (see accepted)",
         },
-        503: {"model": ErrorOut, "description": "ingest store unavailable; nothing accepted"},
+        503: {
+            "model": ErrorOut,
+            "description": "ingest store unavailable or full (Redis over maxmemory, disk "
+            "full); nothing accepted, retry after Retry-After seconds",
+        },
     },
     openapi_extra={"requestBody": _EVENTS_BODY},
 )
@@ -192,6 +258,10 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
         try:
             if settings.max_backlog and await _over_backlog(request):
                 return too_busy(settings.max_backlog)
+            if limits.memory_share < 1 and (full := await _nearly_full(request)):
+                _say_throttled(request, full)
+                m.REQUESTS.labels(status="503").inc()
+                return JSONResponse({"error": full}, 503, headers={"Retry-After": "1"})
             # one entry per request (rs.decode_entry reads it back), written only if the
             # key is still valid, the backlog bound allows it, and without the events
             # whose ids were seen: the checks and the write are one atomic round trip
@@ -217,13 +287,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
                 return too_busy(settings.max_backlog)
             duplicates = int(res[2])
         except redis.RedisError as exc:
-            log.error("ingest write failed: %s", exc)
-            m.REQUESTS.labels(status="503").inc()
-            return JSONResponse(
-                {"error": "ingest store unavailable; retry later"},
-                503,
-                headers={"Retry-After": STORE_RETRY_AFTER},
-            )
+            return _store_failed(request, exc)
         m.EVENTS_IN.labels(gateway=gw).inc(accepted - duplicates)
         if duplicates:
             m.EVENTS_DUPLICATE.labels(gateway=gw).inc(duplicates)

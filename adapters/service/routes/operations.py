@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.redis_limits import SAFE_POLICY, evicting_message, memory_state
 from adapters.service.routes.base import ApiSettings, R, admin_bearer, require_admin
 from notifiers import store
 
@@ -25,8 +26,14 @@ router = APIRouter()
 
 
 class HealthOut(BaseModel):
-    status: str = Field(description="ok | degraded (worker silent) | down (redis unreachable)")
+    status: str = Field(
+        description="ok | degraded (worker silent, or Redis over maxmemory or evicting: "
+        "see problems) | down (redis unreachable)"
+    )
     redis: str
+    problems: list[str] | None = Field(
+        None, description="why Redis is not healthy for ENS, when it is not (absent when ok)"
+    )
     worker: dict[str, Any] | None = Field(
         None, description="heartbeat age; with the admin token also holder, ts and stats"
     )
@@ -86,19 +93,39 @@ def healthz(
         r.ping()
         status = rs.worker_status(r)
         backlog, lag = rs.ingest_backlog(r)
+        problems = redis_problems(r)
     except redis.RedisError as exc:
         why = str(exc) if admin else "unreachable"
         return JSONResponse(HealthOut(status="down", redis=why).model_dump(), 503)
-    ok = status is not None and status["age"] <= settings.heartbeat_stale
+    ok = status is not None and status["age"] <= settings.heartbeat_stale and not problems
     worker = status if admin or status is None else {"age": round(status["age"], 1)}
     out = HealthOut(
         status="ok" if ok else "degraded",
-        redis="ok",
+        redis="; ".join(problems) if problems else "ok",
+        problems=problems or None,
         worker=worker,
         ingest_backlog=backlog,
         ingest_lag_seconds=round(lag, 3),
     )
     return JSONResponse(out.model_dump(), 200 if ok else 503)
+
+
+def redis_problems(r: redis.Redis) -> list[str]:
+    """What makes Redis unfit for ENS now (`INFO memory`; it also sets the gauges): an
+    evicting maxmemory-policy (issue 41.4), memory over maxmemory (writes refused)."""
+    mem = memory_state(r)
+    evicting = bool(mem.policy) and mem.policy != SAFE_POLICY
+    m.REDIS_EVICTING.set(1 if evicting else 0)
+    m.REDIS_OVER_MAXMEMORY.set(1 if mem.over else 0)
+    out = []
+    if evicting:
+        out.append(f"{evicting_message(mem.policy)} (set it to noeviction)")
+    if mem.over:
+        out.append(
+            f"Redis is over its maxmemory ({mem.describe()}): it refuses writes, ingest "
+            "answers 503 and the engine cannot commit"
+        )
+    return out
 
 
 @router.get("/metrics", tags=["operations"], response_class=Response)
@@ -136,6 +163,7 @@ def metrics(
         m.DEAD_LETTERS.set(dead)
         status = rs.worker_status(r)
         m.HEARTBEAT_AGE.set(status["age"] if status else -1)
+        redis_problems(r)  # sets the ens_redis_* gauges
         if status:
             m.set_engine_stats(status["stats"], status["stats"].get("buffered", 0))
     except redis.RedisError as exc:
