@@ -28,6 +28,7 @@ from filters.auxiliary import VARIANTS, AuxiliaryRegistrations
 from filters.composite import CompositeRuntime
 from filters.lazy import LazySeqRuntime
 from filters.lazy_base import LazyPartition
+from filters.localclock import LocalClock
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
 from filters.output import NotificationOutput
@@ -142,6 +143,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         self.aux: AuxiliaryRegistrations = VARIANTS[variant](self.pool)
         self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)
+        self._local: LocalClock | None = None  # localtime/weekday, once a profile uses them
         self.now: float | None = None
         self.tracer: Tracer | None = None
         self.trace_only: str | None = None
@@ -161,6 +163,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             raise ValueError(f"profile {profile.id!r} is already active")
         idx = self._next_idx
         self._next_idx += 1
+        self._local = LocalClock.of(self._local, self.tz, (profile,))
         rt = self._runtime(profile, idx)
         self._rts[idx] = rt
         self._by_id[profile.id] = rt
@@ -281,6 +284,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
                 self._count(event)
             if not seq % self.replan_every:
                 self._online_replan(ts)  # between events: the state moves with a re-plan
+        if self._local is not None:
+            event = self._local.event(event)
         tracer = self.tracer
         if tracer is not None:
             self._current = event
@@ -430,6 +435,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         state.pop("_count_pool", None)
         state["tracer"] = None
         state["tz"] = self.tz.key
+        del state["_local"]  # rebuilt from the profiles
         kept: dict[int, Runtime] = {}
         fresh: list[tuple[int, Profile]] = []
         for idx, rt in self._rts.items():
@@ -457,6 +463,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             self._rts[idx] = self._runtime(profile, idx)
         self._rts = dict(sorted(self._rts.items()))
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
+        self._local = LocalClock.of(None, self.tz, (rt.profile for rt in self._rts.values()))
         self._count_pool = PrimitivePool() if self.replan_every else None
         self._counted = {}
         for rt in self._rts.values():
