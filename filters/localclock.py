@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from zoneinfo import ZoneInfo
 
 from profiles import timeofday as tod
-from profiles.ast import Profile
+from profiles.ast import And, Between, Cmp, Const, Exists, Filter, In, Not, Or, Profile, StartsWith
 from profiles.events import Event
 from profiles.lint import attributes
 
@@ -102,3 +102,28 @@ class LocalClock:
         for z in self.zones.values():
             attrs[z.k_time], attrs[z.k_day] = z.local(ts)
         return Event(ev.id, ts, attrs)
+
+
+def relaxed(f: Filter, positive: bool = True) -> Filter:
+    """`f` with its `localtime`/`weekday` tests replaced by what never loses an event that
+    could match (true where they count for a match, false under a `not`): for routers that
+    decide on an event's attributes alone (Spark's relevance filters), without a zone."""
+    if isinstance(f, (Cmp, In, Between, Exists, StartsWith)):
+        return Const(positive) if tod.split_key(f.attr) is not None else f
+    if isinstance(f, Not):
+        inner = relaxed(f.item, not positive)
+        return Const(not inner.value) if isinstance(inner, Const) else Not(inner)
+    if isinstance(f, (And, Or)):
+        unit = isinstance(f, And)  # the value that drops out (true in an and, false in an or)
+        items = []
+        for item in f.items:
+            r = relaxed(item, positive)
+            if isinstance(r, Const):
+                if r.value != unit:
+                    return r
+                continue
+            items.append(r)
+        if not items:
+            return Const(unit)
+        return items[0] if len(items) == 1 else type(f)(tuple(items))
+    return f
