@@ -532,6 +532,9 @@ def _syntax_error(e: UnexpectedInput, text: str, profile_id: str) -> ProfileErro
             if at is not None and at < len(text)
             else "unexpected input"
         )
+        hint = _char_hint(text, at)
+        if hint:
+            what += f" ({hint})"
     else:
         tok = getattr(e, "token", None)
         what = (
@@ -578,6 +581,41 @@ def _hint(text: str, tok: Token | None) -> str | None:
         if m.group(1):
             return "write the unit right after the number, without a space: 30m"
         return f"{m.group(2)!r} is not a duration unit; the units are ms, s, m, h, d"
+    return _counting_hint(text, tok, before.group(1) if before else None)
+
+
+_REPEAT = (
+    'N events matching F are repeat(F, N), e.g. repeat(kind = "co2" and value > 1000, 3) within 10m'
+)
+
+
+def _counting_hint(text: str, tok: Token, word_before: str | None) -> str | None:
+    """The ways people write "N times" and units on numbers, which the language spells
+    differently."""
+    pos = tok.start_pos or 0
+    if tok.value == "(" and word_before is not None and word_before.lower() == "count":
+        return f"there is no count(...): {_REPEAT}"
+    if tok.type == "NAME" and tok.value.lower() in ("times", "x"):
+        return f"there is no 'times': {_REPEAT}"
+    if tok.type == "NAME":
+        num = re.search(r"(?<![\w.])([+-]?\d+(?:\.\d+)?)$", text[:pos])  # glued: 1000ppm
+        if num:
+            return (
+                f"a number has no unit in a comparison: write {num.group(1)}, not "
+                f"{num.group(1)}{tok.value}"
+            )
+    return None
+
+
+def _char_hint(text: str, at: int | None) -> str | None:
+    """`&&`, `||`, `&`, `|`: the connectives are words."""
+    if at is None or at >= len(text):
+        return None
+    ch = text[at]
+    if ch in "&|":
+        word = "and" if ch == "&" else "or"
+        written = ch * 2 if text[at : at + 2] == ch * 2 else ch
+        return f"write {word!r}, not {written!r}"
     return None
 
 
