@@ -35,7 +35,7 @@ class _Zone:
 
     __slots__ = ("tz", "k_time", "k_day", "lo", "hi", "off")
 
-    def __init__(self, tz: ZoneInfo, name: str | None) -> None:
+    def __init__(self, tz: dt.tzinfo, name: str | None) -> None:
         self.tz = tz
         self.k_time = tod.key(tod.LOCALTIME, name)
         self.k_day = tod.key(tod.WEEKDAY, name)
@@ -58,7 +58,7 @@ class _Zone:
         return x % _DAY, tod.DAYS[(x // _DAY + _EPOCH_WEEKDAY) % 7]
 
 
-def _offset(tz: ZoneInfo, ts: float) -> int:
+def _offset(tz: dt.tzinfo, ts: float) -> int:
     off = dt.datetime.fromtimestamp(ts, tz).utcoffset()
     return int(off.total_seconds()) if off is not None else 0
 
@@ -68,13 +68,13 @@ class LocalClock:
 
     __slots__ = ("default", "zones")
 
-    def __init__(self, default: ZoneInfo) -> None:
+    def __init__(self, default: dt.tzinfo) -> None:
         self.default = default
         self.zones: dict[str | None, _Zone] = {}
 
     @staticmethod
     def of(
-        clock: LocalClock | None, default: ZoneInfo, profiles: Iterable[Profile]
+        clock: LocalClock | None, default: dt.tzinfo, profiles: Iterable[Profile]
     ) -> LocalClock | None:
         """`clock` (or a new one) knowing every zone the `profiles` use; None while none does.
         Zones are only added: a removed profile's zone stays (a few keys per event at most)."""

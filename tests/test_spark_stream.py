@@ -570,7 +570,8 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
         rt = redis.Redis.from_url(url, decode_responses=True)
         for path in CASES:
             case = load_case(path)
-            if "expect_error" in case or "tz" in case:  # a file's tz: is not stored (ens profile add)
+            # a file's tz: is not stored by the service (ens profile add refuses it)
+            if "expect_error" in case or "tz" in case:
                 continue
             zone = case.get("replay_tz", "UTC")
             r.flushall()  # a new service each time: the per-process caches go too
