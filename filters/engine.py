@@ -279,13 +279,13 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         elif ts > now:
             self.now = ts
         seq = self._seq = self._seq + 1
+        if self._local is not None:  # localtime/weekday as attributes (filters.localclock)
+            event = self._local.event(event)
         if self._count_pool is not None:
             if not seq % self.sample:
                 self._count(event)
             if not seq % self.replan_every:
                 self._online_replan(ts)  # between events: the state moves with a re-plan
-        if self._local is not None:
-            event = self._local.event(event)
         tracer = self.tracer
         if tracer is not None:
             self._current = event
@@ -386,6 +386,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
     def bound_duplicate(self, profile_id: str, event: Event) -> str | None:
         """Which bound component of which partial match `event` duplicates (see `ens explain`)."""
         rt = self._by_id.get(profile_id)
+        if self._local is not None:
+            event = self._local.event(event)
         return rt.bound_duplicate(event) if isinstance(rt, CompositeRuntime) and rt.active else None
 
     # ---------------------------------------------------------------- stats
