@@ -28,6 +28,9 @@ from profiles.lint import attributes
 _HOUR = 3600
 _DAY = 86400
 _EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (date.weekday(): Monday is 0)
+# day name by days since the epoch modulo 7
+_BY_EPOCH_DAY = tuple(tod.DAYS[(d + _EPOCH_WEEKDAY) % 7] for d in range(7))
+_floor = math.floor
 
 
 class _Zone:
@@ -54,8 +57,8 @@ class _Zone:
 
     def local(self, ts: float) -> tuple[int, str]:
         """(seconds of the local day, local day name) at `ts`."""
-        x = math.floor(ts) + self.offset(ts)
-        return x % _DAY, tod.DAYS[(x // _DAY + _EPOCH_WEEKDAY) % 7]
+        x = _floor(ts) + self.offset(ts)
+        return x % _DAY, _BY_EPOCH_DAY[(x // _DAY) % 7]
 
 
 def _offset(tz: dt.tzinfo, ts: float) -> int:
@@ -96,11 +99,13 @@ class LocalClock:
 
     def event(self, ev: Event) -> Event:
         """`ev` with the derived keys added to a copy of its attributes (last, so that
-        `Event.to_json` finds them cheaply)."""
-        attrs = dict(ev.attrs)
+        `Event.to_json` finds them cheaply). `_Zone.local`, inlined: it runs per event."""
+        attrs = ev.attrs.copy()
         ts = ev.ts
         for z in self.zones.values():
-            attrs[z.k_time], attrs[z.k_day] = z.local(ts)
+            x = _floor(ts) + (z.off if z.lo <= ts < z.hi else z.offset(ts))
+            attrs[z.k_time] = x % _DAY
+            attrs[z.k_day] = _BY_EPOCH_DAY[(x // _DAY) % 7]
         return Event(ev.id, ts, attrs)
 
 
