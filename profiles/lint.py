@@ -94,6 +94,21 @@ def local_zones(p: Profile) -> set[str | None]:
     return tod.zones(attributes(p))
 
 
+def _clock_as_text(n: object) -> str | None:
+    """`time > "22:00"`: an attribute ordered against "HH:MM" strings, where `localtime` was
+    most likely meant (text order is not time order across midnight, and no event carries
+    the time of day as text in the usual feeds)."""
+    if isinstance(n, Cmp) and n.op not in ("=", "!="):
+        values: tuple[object, ...] = (n.value,)
+    elif isinstance(n, Between):
+        values = (n.low, n.high)
+    else:
+        return None
+    if tod.split_key(n.attr) is None and all(tod.seconds(v) is not None for v in values):
+        return n.attr
+    return None
+
+
 def _numbers(n: object) -> Iterable[object]:
     if isinstance(n, Cmp):
         return (n.value,)
@@ -117,6 +132,13 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
                 "infinity (e.g. `value > 1e400` can never match)"
             )
             break
+    for n in _nodes(p):
+        if (attr := _clock_as_text(n)) is not None:
+            out.append(
+                f"profile {p.id!r}: attribute {attr!r} is compared with a time of day as "
+                f"text; for the event's local time of day write localtime instead of {attr} "
+                "(LANGUAGE.md §2.1)"
+            )
     if seen:
         derived = {tod.shown(a) for a in attributes(p) if tod.split_key(a) is not None}
         for name in sorted(derived & seen):

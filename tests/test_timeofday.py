@@ -260,3 +260,19 @@ def test_replaying_the_facility_examples_warns_about_nothing(tmp_path: Path) -> 
     assert res.exit_code == 0, res.stderr
     assert "warning" not in res.stderr, res.stderr
     assert [json.loads(line) for line in res.stdout.splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("text", "warned"),
+    [
+        ('kind = "door" and time > "22:00"', True),
+        ('kind = "door" and hour between "22:00" and "23:59"', True),
+        ('kind = "door" and time = "22:00"', False),  # equality with a text is a plain test
+        ('kind = "door" and localtime > "22:00"', False),
+        ('kind = "door" and name > "b"', False),
+    ],
+)
+def test_lint_points_a_time_compared_as_text_to_localtime(text: str, warned: bool) -> None:
+    """Issue 40: `time > "22:00"` was accepted silently by `ens check` (no events needed)."""
+    got = warnings(parse_profile(text, "p"))
+    assert any("write localtime instead of" in w for w in got) == warned, got
