@@ -295,7 +295,12 @@ def replay(
             "marked/unmarked until the partition empties). Not with --engine two-step."
         ),
     ] = None,
-    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    tz: Annotated[
+        str,
+        typer.Option(
+            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+        ),
+    ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
 ) -> None:
@@ -346,7 +351,12 @@ def explain(
     events: Annotated[str, typer.Argument(help="JSON-lines event file ('-' for stdin).")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="The profile to explain.")],
     until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339).")] = None,
-    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    tz: Annotated[
+        str,
+        typer.Option(
+            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+        ),
+    ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
 ) -> None:

@@ -144,7 +144,13 @@ class ServiceSettings:
         ),
     )
     tz: str = _setting(
-        "UTC", Option("Time zone of clock(...) events.", "zone", flags=("--tz",), shown="UTC")
+        "UTC",
+        Option(
+            "Time zone of clock(...) events and of localtime/weekday in profiles.",
+            "zone",
+            flags=("--tz",),
+            shown="UTC",
+        ),
     )
     max_body: int = _number(
         1 << 20,
