@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.routes import ingest, manage, operations
+from adapters.service.routes import late as late_routes
 from adapters.service.routes.base import ApiSettings as ApiSettings
 from adapters.service.routes.base import IngestLimits as IngestLimits
 from adapters.service.routes.base import async_redis, store_unavailable
@@ -106,4 +107,5 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(ingest.router)
     app.include_router(manage.router)
     app.include_router(operations.router)
+    app.include_router(late_routes.router)
     return app
