@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import redis
 
-from adapters.service.late import list_late
 from adapters.service import redis_store as rs
 from adapters.service.api import normalized_json
+from adapters.service.late import list_late
 from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
 from ens.replay import replay
 from profiles.events import event_from_obj

@@ -11,10 +11,10 @@ import logging
 import time
 from typing import Any
 
+from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.engine_state import EngineState
-from adapters.service import late
 from adapters.service.records import Advanced, JournalEntry, LateSent, ProfileChanged
 from filters.notification import Notification
 from notifiers import store
