@@ -496,6 +496,7 @@ def test_healthz_and_metrics(svc: Service, gw: httpx.Client, admin: httpx.Client
         "ens_delivery_backlog",
         "ens_delivery_lag_seconds",
         "ens_dead_letters",
+        "ens_late_events",
         "ens_deliveries_total",
         "ens_delivery_latency_seconds",
     ):

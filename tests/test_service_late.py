@@ -238,6 +238,7 @@ def test_late_events_end_to_end_listed_exported_and_replayed(svc: Service, tmp_p
 
     wait_for(lambda: 'ens_events_late_total{gateway="gw-a"} 1.0' in metrics_text(svc), 10, "metric")
     assert 'ens_events_late_total{gateway="gw-b"} 1.0' in metrics_text(svc)
+    assert "\nens_late_events 2.0\n" in metrics_text(svc)
 
     resp = admin.get("/v1/late-events")
     assert resp.status_code == 200, resp.text

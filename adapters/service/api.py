@@ -6,7 +6,7 @@ is validated event by event; the valid ones are accepted even when others are no
 body says how many), so a gateway must resend only the events listed in ``errors``.
 
 `create_app` assembles the routers of `adapters.service.routes` (ingest, profiles and
-subscribers, gateways' keys, operations) and the answers every route shares (errors as
+subscribers, gateways' keys, operations, the late output) and the answers every route shares (errors as
 ``{"error"}``, 503 when Redis is down).
 """
 
