@@ -32,8 +32,8 @@ full). A gateway silent for ``idle_timeout`` of wall time holds nobody back. An 
 than the engine time when it is read is *late*: it can no longer be fed in ``ts`` order, so it
 goes to the late side output ``ens:late`` (`adapters.service.late`; a journal input, written by
 the commit that journals it, so exactly once like a notification), counted per gateway and
-logged, never dropped (``late_events="feed"``: fed at once, in arrival order). With ``clock="wall"`` timers (windows, trailing negations, ``absent``,
-``clock``) fire by wall clock: every tick in which the worker has caught up with the ingest
+logged, never dropped (``late_events="feed"``: fed at once, in arrival order). With
+``clock="wall"`` timers (windows, trailing negations, ``absent``, ``clock``) fire by wall clock: every tick in which the worker has caught up with the ingest
 stream, held events up to ``now - L`` are fed and the engine advances to ``now - L``, where
 ``L`` is the largest lateness of the active gateways, at least ``reorder_seconds`` (while a
 backlog is being worked off, only event time moves, so a slow worker does not turn the
