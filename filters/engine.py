@@ -35,6 +35,7 @@ from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.li
 from filters.plans import MODES, Rates
 from filters.pool import Entry, PrimitivePool, owners_by_profile
 from filters.replan import PlanSwitching
+from filters.restore import Skipped, leave_out_gone
 from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Handle, Runtime
 from filters.temporal import TemporalPool, TimeDriven
 from profiles.ast import Absent, Clock, Profile
@@ -413,17 +414,27 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
     @staticmethod
     def restore(data: bytes, profiles: Mapping[str, Profile] | None = None) -> Engine:
         """An engine from `snapshot()` (any version this release reads, the old pickle included);
-        the primitive pool is rebuilt from the state. `profiles` (id -> profile) resolves the
-        references of a `profiles_apart` snapshot. Unreadable state raises `StateError`."""
-        eng = state_format.load(data, profiles, legacy=load_pickle)
+        the pool is rebuilt from the state. `profiles` (id -> profile) resolves a `profiles_apart`
+        snapshot; state of a profile it lacks is left out (`restore_reporting`). Unreadable
+        state raises `StateError`."""
+        return Engine.restore_reporting(data, profiles)[0]
+
+    @staticmethod
+    def restore_reporting(
+        data: bytes, profiles: Mapping[str, Profile] | None = None
+    ) -> tuple[Engine, Skipped]:
+        """`restore`, and what it left out (`filters.restore`): the caller logs and counts it."""
+        eng = state_format.load(data, profiles, legacy=load_pickle, missing={})
         if not isinstance(eng, Engine):
             raise state_format.StateError("not an engine snapshot")
-        return eng
+        skipped = eng.__dict__.pop("_skipped", None)
+        return eng, skipped if isinstance(skipped, Skipped) else Skipped()
 
     def __getstate__(self) -> dict[str, Any]:
         """The state without what can be rebuilt: the pool, and runtimes that hold only a profile
         (most of them, with many profiles: a snapshot then costs what is in flight)."""
         state = self.__dict__.copy()
+        state.pop("_skipped", None)  # (a restore's report, taken by `restore_reporting`)
         del state["pool"]
         del state["aux"]
         del state["_by_id"]
@@ -441,6 +452,9 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        skipped = leave_out_gone(state)  # profiles not supplied: before the pool is rebuilt
+        if skipped:
+            state["_skipped"] = skipped
         fresh = state.pop("_fresh", ())
         self.__dict__.update(state)
         for k, v in (

@@ -205,7 +205,11 @@ class DerivedRuntime(Runtime):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._derive()
+        # a runtime no longer active (found only by its no-op timers, in snapshots written
+        # before those were left out) or whose profile was not supplied never runs again: the
+        # engine leaves it out (`filters.restore`), and its profile may be another one now
+        if self.active and isinstance(self.profile, Profile):
+            self._derive()
 
 
 _SLOT_FIELDS: dict[type, tuple[str, ...]] = {}

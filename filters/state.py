@@ -18,6 +18,10 @@ only stable names and refuses every class path; `plain` shows it without buildin
 Version 1 is the old pickle: it is read through the classes of this release and written back as
 version 2; when that is no longer possible, `load` says so and what to do instead of dropping
 the state.
+
+A profile an `apart` snapshot refers to may be gone by the time it is restored (removed since):
+with `missing`, `load` resolves it to an `Unresolved` placeholder instead of refusing the whole
+snapshot, and the engine leaves out what holds one (`filters.restore`).
 """
 
 from __future__ import annotations
@@ -287,13 +291,50 @@ def dump(root: Any, *, profiles_apart: bool = False) -> bytes:
 # ------------------------------------------------------------------ reading
 
 
+class Unresolved:
+    """A profile a snapshot refers to that the restore was not given (removed since the
+    snapshot): what holds it is left out of the restored engine (`filters.restore`). Never
+    stored: a snapshot of an engine still holding one would fail (no stable name)."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, profile_id: str) -> None:
+        self.id = profile_id
+
+    def __repr__(self) -> str:
+        return f"Unresolved({self.id!r})"
+
+
+class _Supplying(Mapping[str, "Profile | Unresolved"]):
+    """The supplied profiles, and one `Unresolved` (recorded in `missing`) for any other id."""
+
+    def __init__(self, profiles: Mapping[str, Profile], missing: dict[str, Unresolved]) -> None:
+        self.profiles = profiles
+        self.missing = missing
+
+    def __getitem__(self, profile_id: str) -> Profile | Unresolved:
+        got = self.profiles.get(profile_id)
+        if got is not None:
+            return got
+        gone = self.missing.get(profile_id)
+        if gone is None:
+            gone = self.missing[profile_id] = Unresolved(profile_id)
+        return gone
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.profiles)
+
+    def __len__(self) -> int:
+        return len(self.profiles)
+
+
 class _Reader(pickle.Unpickler):
     """Resolves stable names through the registry; refuses every class path."""
 
     def __init__(
         self,
         f: io.BytesIO,
-        profiles: Mapping[str, Profile],
+        profiles: Mapping[str, Profile | Unresolved],
         classes: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(f)
@@ -358,17 +399,23 @@ def header(data: bytes) -> dict[str, Any]:
 def load(
     data: bytes,
     profiles: Mapping[str, Profile] | None = None,
-    legacy: Callable[[bytes, Mapping[str, Profile]], Any] | None = None,
+    legacy: Callable[[bytes, Mapping[str, Any]], Any] | None = None,
+    missing: dict[str, Unresolved] | None = None,
 ) -> Any:
     """The engine of a snapshot. `profiles` (id -> profile) resolves a `profiles_apart`
-    snapshot; `legacy` reads a version-1 snapshot (the engine's old unpickler)."""
+    snapshot; `legacy` reads a version-1 snapshot (the engine's old unpickler). A reference to
+    a profile not in `profiles` is refused (`StateError`), or, given a `missing` dict, resolved
+    to an `Unresolved` recorded there (the engine then leaves out what holds it)."""
+    supplied: Mapping[str, Any] = profiles or {}
+    if missing is not None:
+        supplied = _Supplying(supplied, missing)
     head = header(data)
     version = head["version"]
     if version == 1:
         if legacy is None:
             raise StateError("a version 1 snapshot (the old pickle) needs the engine's reader")
         with collector_paused():
-            return _load_v1(data, profiles or {}, legacy)
+            return _load_v1(data, supplied, legacy)
     if version > VERSION:
         raise StateError(
             f"this snapshot was written by a newer ENS (state format version {version}; "
@@ -377,7 +424,7 @@ def load(
     classes: Mapping[str, Any] = _BY_NAME
     for v in range(version, VERSION):  # an older version: its names resolve to migrating shims
         classes = {**classes, **MIGRATIONS[v]}
-    reader = _Reader(io.BytesIO(data[data.index(b"\n") + 1 :]), profiles or {}, classes)
+    reader = _Reader(io.BytesIO(data[data.index(b"\n") + 1 :]), supplied, classes)
     with collector_paused():
         try:
             return reader.load()
@@ -391,8 +438,8 @@ def load(
 
 def _load_v1(
     data: bytes,
-    profiles: Mapping[str, Profile],
-    legacy: Callable[[bytes, Mapping[str, Profile]], Any],
+    profiles: Mapping[str, Any],
+    legacy: Callable[[bytes, Mapping[str, Any]], Any],
 ) -> Any:
     try:
         return legacy(data, profiles)

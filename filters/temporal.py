@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from bisect import bisect_left
-from heapq import heappop, heappush, heapreplace
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -65,6 +66,16 @@ class _Lane:
 _DEAD = object()  # a discarded lane entry's payload
 
 
+def inert(h: Handle) -> bool:
+    """A timer of a runtime no longer active (its profile removed, or `once` and reported): it
+    fires as a no-op (`TimeDriven.advance`). A partial match that completed leaves its
+    terminator in the pool (`filters.lifecycle`), so a removed profile can leave some."""
+    if h[1] != TIMER:
+        return False
+    payload = h[3]
+    return payload.__class__ is tuple and getattr(payload[0], "active", True) is False
+
+
 class TemporalPool:
     """Deadlines in time order; `head` (the earliest, inf if none) is what every event checks.
 
@@ -92,13 +103,38 @@ class TemporalPool:
 
     def __getstate__(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         # (instance dict of a subclass, slots), pickle's own form for slotted classes; the
-        # lanes' entries are stored in the sorted list (same format as without lanes)
+        # lanes' entries are stored in the sorted list (same format as without lanes). Timers
+        # of runtimes no longer active are left out (`inert`): they would fire as no-ops, and
+        # they would make the snapshot refer to a profile that no longer exists.
         items = self._items
-        if self._nlane:
-            items = SortedList(items)
+        if self._nlane or any(map(inert, items)):
+            items = SortedList(h for h in items if not inert(h))
             for lane in self._lanes.values():
-                items.update(h for h in lane.items[lane.start :] if h[3] is not _DEAD)
+                items.update(
+                    h for h in lane.items[lane.start :] if h[3] is not _DEAD and not inert(h)
+                )
         return getattr(self, "__dict__", None), {"_items": items, "_tie": self._tie}
+
+    def drop_where(self, gone: Callable[[Handle], bool]) -> list[Handle]:
+        """Take out every entry `gone` says goes (a restore leaving out a removed profile's
+        timers); returns them, in time order per list."""
+        out = [h for h in self._items if gone(h)]
+        for h in out:
+            self._items.discard(h)
+        for ln in self._lanes.values():
+            items = ln.items
+            for i in range(ln.start, len(items)):
+                h = items[i]
+                if h[3] is not _DEAD and gone(h):
+                    out.append(h)
+                    items[i] = (h[0], h[1], h[2], _DEAD)
+                    self._nlane -= 1
+        self._first = self._items[0] if self._items else None
+        heads = [(h, ln) for ln in self._lanes.values() if (h := ln.front()) is not None]
+        heapify(heads)
+        self._heads = heads
+        self._reset_head()
+        return out
 
     def __setstate__(self, state: tuple[dict[str, Any] | None, dict[str, Any]]) -> None:
         inst, slots = state

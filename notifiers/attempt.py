@@ -14,6 +14,7 @@ class Attempt:
     error: str = ""
     retry_after: float | None = None
     detail: str = ""
+    abandoned: bool = False  # cut short by a shutdown: neither a success nor a failure
 
     @classmethod
     def success(cls, detail: str = "") -> Attempt:
@@ -22,6 +23,11 @@ class Attempt:
     @classmethod
     def retry(cls, error: str, retry_after: float | None = None) -> Attempt:
         return cls(False, True, error, retry_after)
+
+    @classmethod
+    def abandon(cls, error: str) -> Attempt:
+        """The send was cut short because the worker stops: its lease brings it back."""
+        return cls(False, True, error, abandoned=True)
 
     @classmethod
     def fatal(cls, error: str) -> Attempt:

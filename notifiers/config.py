@@ -74,7 +74,13 @@ class SmtpConfig(BaseModel):
     username: str | None = None
     password: SecretStr | None = None
     sender: str = "ens@localhost"
-    timeout: Seconds = Field(default=10.0, gt=0)
+    timeout: Seconds = Field(default=10.0, gt=0, description="per read/write of the session")
+    deadline: Seconds = Field(
+        default=60.0,
+        gt=0,
+        description="total seconds for one SMTP session, connect to QUIT (the DATA phase "
+        "included); a relay that trickles its replies is cut off then",
+    )
     ca_file: str | None = Field(default=None, description="extra CA bundle, e.g. a private relay")
     verify: bool = True
 
@@ -94,7 +100,12 @@ class SmtpConfig(BaseModel):
 class WebhookConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     connect_timeout: Seconds = Field(default=5.0, gt=0)
-    timeout: Seconds = Field(default=10.0, gt=0, description="read/write timeout")
+    timeout: Seconds = Field(
+        default=10.0,
+        gt=0,
+        description="total deadline of one request: connect, send, headers and the first few "
+        "KB of the body (the rest is not read); a slower receiver counts as a failure",
+    )
     ca_file: str | None = None
     verify: bool = True
     user_agent: str = "ens-notifier/0.1"
@@ -102,7 +113,7 @@ class WebhookConfig(BaseModel):
         default=None,
         ge=1,
         description="most requests in flight to one scheme://host:port; "
-        "default: half the worker concurrency",
+        "default: a quarter of the worker concurrency",
     )
     breaker_failures: int = Field(
         default=5,
@@ -153,6 +164,12 @@ class WorkerConfig(BaseModel):
         le=86400,
         description="a taken delivery is retried by anyone after this; renewed every third "
         "of it while its send runs, so a dead worker's deliveries come back this soon",
+    )
+    shutdown_grace: Seconds = Field(
+        default=5.0,
+        ge=0,
+        description="at shutdown, sends still in flight after this are abandoned (their "
+        "leases bring them back); the worker stops within it plus about a second",
     )
     claim_idle: Seconds = Field(
         default=60.0, ge=0, description="take over other consumers' entries idle this long"
@@ -243,6 +260,7 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "ENS_SMTP_PASSWORD": ("smtp", "password"),
     "ENS_SMTP_FROM": ("smtp", "sender"),
     "ENS_SMTP_TIMEOUT": ("smtp", "timeout"),
+    "ENS_SMTP_DEADLINE": ("smtp", "deadline"),
     "ENS_SMTP_CA_FILE": ("smtp", "ca_file"),
     "ENS_SMTP_VERIFY": ("smtp", "verify"),
     "ENS_WEBHOOK_CONNECT_TIMEOUT": ("webhook", "connect_timeout"),
@@ -263,6 +281,7 @@ ENV_VARS: dict[str, tuple[str, ...]] = {
     "ENS_WORKER_POLL": ("worker", "poll"),
     "ENS_WORKER_LEASE": ("worker", "lease"),
     "ENS_WORKER_CLAIM_IDLE": ("worker", "claim_idle"),
+    "ENS_WORKER_SHUTDOWN_GRACE": ("worker", "shutdown_grace"),
     "ENS_DELIVERED_TTL": ("worker", "delivered_ttl"),
     "ENS_OUTBOX_RETENTION": ("worker", "outbox_retention"),
 }

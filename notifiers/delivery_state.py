@@ -39,6 +39,7 @@ class Counts:
     skipped: int = 0  # nothing to do: already delivered, no subscriber, stale schedule entry
     acked: int = 0  # outbox entries acknowledged
     deferred: int = 0  # re-scheduled without an attempt: destination busy or circuit open
+    abandoned: int = 0  # cut short by a shutdown; their leases bring them back
 
     def add(self, outcome: str, k: int = 1) -> None:
         setattr(self, outcome, getattr(self, outcome) + k)
@@ -86,6 +87,7 @@ class DeliveryState:
     _closed: threading.Event
     _renewer: threading.Thread | None
     _started: bool
+    _unsubscribed: set[str]  # profiles whose missing subscriber was logged
     _last_claim: float
     _last_trim: float
 

@@ -10,10 +10,12 @@ import logging
 import time
 from typing import Any
 
+from notifiers import status
 from notifiers.attempt import Attempt
 from notifiers.delivery_state import Counts, DeliveryState
 from notifiers.email import build_digest, build_message, compose
 from notifiers.metrics import (
+    ABANDONED,
     ATTEMPT_SECONDS,
     DEFERRED,
     DELIVERIES,
@@ -166,6 +168,11 @@ class Digests(DeliveryState):
         finally:
             self._release(self._smtp_dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
+        if result.abandoned:  # the worker stops: its lease on the digest brings it back
+            log.info("abandoned digest to %s after %.1fs: %s", address, elapsed, result.error)
+            ABANDONED.labels("email").inc()
+            counts.abandoned += 1
+            return
         ATTEMPT_SECONDS.labels("email").observe(elapsed)
         attempts = int(self.r.hincrby(DIGEST_ATTEMPTS, address, 1))
         if result.ok:
@@ -188,7 +195,11 @@ class Digests(DeliveryState):
                 self._delivered("email", st, counts)
         elif result.retryable and attempts < self.config.retry.max_attempts:
             delay = self.config.retry.delay(attempts, result.retry_after, self._rng)
-            self.r.zadd(DIGESTS, {address: time.time() + delay})
+            with self.r.pipeline(transaction=False) as p:
+                p.zadd(DIGESTS, {address: time.time() + delay})
+                for _, st in states:
+                    status.note(p, str(st["n"].get("subscriber")), "retried", result.error)
+                p.execute()
             log.info("retry digest to %s in %.2fs: %s", address, delay, result.error)
             DELIVERIES.labels("email", "retry").inc()
             counts.retried += 1

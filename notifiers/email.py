@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 import smtplib
+import socket
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import formatdate
@@ -19,13 +24,25 @@ from typing import Any
 
 from notifiers.attempt import Attempt
 from notifiers.config import SmtpConfig
+from notifiers.deadline import shutdown_socket
+from notifiers.metrics import DEADLINES
 
 Notification = Mapping[str, Any]
 
 
+# C0 and C1 control characters and DEL: NUL, CR, LF, ESC, ... (str.split() misses NUL and ESC)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+# the same in a body, where line breaks and tabs are the text's own
+_CONTROL_IN_BODY = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _clean(value: Any) -> str:
-    """One line of text: header values must not contain line breaks."""
-    return " ".join(str(value).split())
+    """One line of printable text for a header built from event data: a line break would
+    inject headers, and a NUL or other control character breaks or smuggles through mail
+    software. Each becomes a space; runs of white space one."""
+    return " ".join(_CONTROL.sub(" ", str(value)).split())
 
 
 def fmt_ts(ts: Any, seconds: bool = True) -> str:
@@ -122,8 +139,9 @@ def _message(
     msg["Date"] = formatdate(usegmt=True)
     domain = sender.rpartition("@")[2] or "ens.local"
     msg["Message-ID"] = f"<ens.{hashlib.sha256(key.encode()).hexdigest()[:32]}@{domain}>"
-    msg.set_content(text)
-    msg.add_alternative(html_doc, subtype="html")
+    # a NUL (or ESC, a lone CR) of an event attribute must not reach the wire in a body either
+    msg.set_content(_CONTROL_IN_BODY.sub(" ", text))
+    msg.add_alternative(_CONTROL_IN_BODY.sub(" ", html_doc), subtype="html")
     return msg
 
 
@@ -181,31 +199,144 @@ def _smtp_attempt(exc: Exception) -> Attempt:
     return Attempt.retry(f"{type(exc).__name__}: {exc}")
 
 
+_SESSION: ContextVar[_Session | None] = ContextVar("ens_smtp_session", default=None)
+
+
+class _Session:
+    """One SMTP session's total deadline: a timer shuts its socket when it passes.
+
+    smtplib's timeout is per socket operation, so a relay that trickles a reply (or takes the
+    message and never answers the end of DATA) holds the session for ever; shutting the socket
+    wakes the blocked read wherever smtplib is.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.started = time.monotonic()
+        self.phase = "connect"
+        self.expired = self.abandoned = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(deadline, self.cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            if sock is not None:
+                self._socks.append(sock)
+            cut = self.expired or self.abandoned
+        if cut:
+            shutdown_socket(sock)
+
+    def cut(self, abandon: bool = False) -> None:
+        with self._lock:
+            if abandon:
+                self.abandoned = True
+            else:
+                self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            shutdown_socket(sock)
+
+    def end(self) -> None:
+        self._timer.cancel()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+class _Watched:
+    """Registers each socket smtplib opens (before it reads the greeting) with the session."""
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        sock: socket.socket = super()._get_socket(host, port, timeout)  # type: ignore[misc]
+        session = _SESSION.get()
+        if session is not None:
+            session.watch(sock)
+        return sock
+
+
+class _SMTP(_Watched, smtplib.SMTP):
+    pass
+
+
+class _SMTPSSL(_Watched, smtplib.SMTP_SSL):
+    pass
+
+
 class SmtpSender:
-    """Sends one message per SMTP session: simple, and a broken session never leaks into the next."""
+    """Sends one message per SMTP session: simple, and a broken session never leaks into the next.
+
+    A session ends by ``config.deadline`` however slowly the relay answers. Cut off after the
+    message was sent (no reply to the end of DATA), the mail may have been taken: the retry
+    sends it again with the same Message-ID, which mail clients fold (at-least-once).
+    """
 
     def __init__(self, config: SmtpConfig | None = None) -> None:
         self.config = config or SmtpConfig()
+        self._live: set[_Session] = set()
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def abort(self) -> int:
+        """End the sessions in flight now (the worker is stopping); returns how many."""
+        with self._lock:
+            self._aborted = True
+            live = list(self._live)
+        for session in live:
+            session.cut(abandon=True)
+        return len(live)
 
     def send(self, msg: EmailMessage) -> Attempt:
         c = self.config
+        if self._aborted:
+            return Attempt.abandon("abandoned: the worker is shutting down")
+        session = _Session(c.deadline)
+        token = _SESSION.set(session)
+        with self._lock:
+            self._live.add(session)
+        try:
+            return self._send(msg, session)
+        finally:
+            session.end()
+            _SESSION.reset(token)
+            with self._lock:
+                self._live.discard(session)
+
+    def _send(self, msg: EmailMessage, session: _Session) -> Attempt:
+        c = self.config
+        timeout = min(c.timeout, c.deadline)
         try:
             if c.security == "tls":
-                smtp: smtplib.SMTP = smtplib.SMTP_SSL(
-                    c.host, c.effective_port, timeout=c.timeout, context=c.ssl_context()
+                smtp: smtplib.SMTP = _SMTPSSL(
+                    c.host, c.effective_port, timeout=timeout, context=c.ssl_context()
                 )
             else:
-                smtp = smtplib.SMTP(c.host, c.effective_port, timeout=c.timeout)
+                smtp = _SMTP(c.host, c.effective_port, timeout=timeout)
             with smtp:
+                session.phase = "greeting"
                 smtp.ehlo()
                 if c.security == "starttls":
                     # never fall back to plain text when STARTTLS is asked for
+                    session.phase = "starttls"
                     smtp.starttls(context=c.ssl_context())
+                    session.watch(smtp.sock)  # the TLS socket replaces the plain one
                     smtp.ehlo()
                 if c.username:
+                    session.phase = "login"
                     password = c.password.get_secret_value() if c.password else ""
                     smtp.login(c.username, password)
+                session.phase = "data"  # MAIL FROM, RCPT TO, DATA and the message
                 smtp.send_message(msg)
+                session.phase = "quit"
         except (OSError, ValueError) as exc:  # smtplib.SMTPException is an OSError
+            if session.abandoned:
+                return Attempt.abandon("abandoned: the worker is shutting down")
+            if session.expired:
+                DEADLINES.labels("email", session.phase).inc()
+                return Attempt.retry(
+                    f"deadline exceeded after {session.elapsed():.1f} s in the {session.phase} "
+                    f"phase (ENS_SMTP_DEADLINE={c.deadline:g})"
+                )
             return _smtp_attempt(exc)
         return Attempt.success(f"SMTP {c.host}:{c.effective_port}")

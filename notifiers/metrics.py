@@ -54,3 +54,25 @@ CIRCUIT_TRIPS = Counter(
     "Times a webhook destination's circuit opened (a failed half-open probe included).",
     registry=REGISTRY,
 )
+
+DEADLINES = Counter(
+    "ens_delivery_deadline_exceeded",
+    "Delivery attempts cut off by their total deadline (a receiver or relay too slow), per "
+    "channel (webhook, email) and phase (webhook: request; email: connect, greeting, "
+    "starttls, login, data, quit).",
+    ["channel", "phase"],
+    registry=REGISTRY,
+)
+
+ABANDONED = Counter(
+    "ens_delivery_abandoned",
+    "Sends cut short because the worker stopped; their lease brings them back.",
+    ["channel"],
+    registry=REGISTRY,
+)
+
+UNSUBSCRIBED = Counter(
+    "ens_notifications_unsubscribed",
+    "Notifications of profiles without a subscriber: kept in the outbox, not delivered.",
+    registry=REGISTRY,
+)

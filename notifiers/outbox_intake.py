@@ -15,7 +15,7 @@ import redis
 
 from notifiers import store
 from notifiers.delivery_state import Counts, DeliveryState
-from notifiers.metrics import DELIVERIES
+from notifiers.metrics import DELIVERIES, UNSUBSCRIBED
 from notifiers.records import OutboxRecord
 from notifiers.store import (
     GROUP,
@@ -34,6 +34,8 @@ from notifiers.store import (
 from notifiers.stream_wait import read_by
 
 log = logging.getLogger("ens.notifiers")
+
+_UNSUBSCRIBED_MAX = 10_000  # profiles remembered as logged (`OutboxIntake._unsubscribed_seen`)
 
 # KEYS: STATE, RETRY, then (delivered key, dead key) per channel; ARGV: now, then
 # (delivery key, state JSON) per channel. Returns how many deliveries are still open.
@@ -140,7 +142,8 @@ class OutboxIntake(DeliveryState):
             return
         nid, sid = n["id"], n.get("subscriber")
         if sid is None:
-            log.info("notification %s (%s) has no subscriber; nothing to deliver", nid, eid)
+            self._unsubscribed_seen(str(n.get("profile")), nid)
+            UNSUBSCRIBED.inc()
             DELIVERIES.labels("none", "skipped").inc()
             counts.skipped += 1
             self._ack(eid, counts)
@@ -163,6 +166,21 @@ class OutboxIntake(DeliveryState):
             args += [delivery_key(nid, ch), dumps(state)]
         if int(self._take_script(keys=keys, args=args)) == 0:
             self._ack(eid, counts)
+
+    def _unsubscribed_seen(self, profile: str, nid: str) -> None:
+        """Log a profile without a subscriber once (per worker), not each of its notifications:
+        a frequent one wrote an INFO line per event. `UNSUBSCRIBED` counts them all."""
+        if profile in self._unsubscribed:
+            return
+        if len(self._unsubscribed) >= _UNSUBSCRIBED_MAX:  # a bound on a flood of profile ids
+            self._unsubscribed.clear()
+        self._unsubscribed.add(profile)
+        log.info(
+            "profile %r has no subscriber: its notifications (first: %s) stay in the outbox, "
+            "undelivered; logged once per profile, counted in ens_notifications_unsubscribed_total",
+            profile,
+            nid,
+        )
 
     def _ack(self, eid: str | None, counts: Counts | None = None) -> None:
         if eid and self.r.xack(OUTBOX, GROUP, eid) and counts is not None:

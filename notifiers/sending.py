@@ -11,12 +11,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from notifiers import store
+import redis
+
+from notifiers import status, store
 from notifiers.attempt import Attempt
 from notifiers.delivery_state import Counts, DeliveryState, entry_age
 from notifiers.destinations import CLOSED, OPENED, Grant
 from notifiers.email import build_message, compose
 from notifiers.metrics import (
+    ABANDONED,
     ATTEMPT_SECONDS,
     CIRCUIT_TRIPS,
     CIRCUITS_OPEN,
@@ -115,7 +118,11 @@ class Sending(DeliveryState):
         ATTEMPT_SECONDS.labels(kind).observe(elapsed)
 
         where = f"nid={nid} ch={ch} {describe_channel(chan)} attempt={st['attempts']}"
-        if result.ok:
+        if result.abandoned:  # the worker stops: no attempt counted, the lease brings it back
+            log.info("abandoned %s after %.1fs: %s", where, elapsed, result.error)
+            ABANDONED.labels(kind).inc()
+            counts.abandoned += 1
+        elif result.ok:
             with self.r.pipeline(transaction=True) as p:
                 p.set(delivered_key(nid, ch), "1", ex=self.config.worker.delivered_ttl)
                 p.zrem(RETRY, dkey)
@@ -129,6 +136,7 @@ class Sending(DeliveryState):
             with self.r.pipeline(transaction=True) as p:
                 p.hset(STATE, dkey, dumps(st))
                 p.zadd(RETRY, {dkey: time.time() + delay})
+                status.note(p, str(n.get("subscriber")), "retried", result.error)
                 p.execute()
             log.info("retry %s in %.2fs: %s", where, delay, result.error)
             DELIVERIES.labels(kind, "retry").inc()
@@ -147,8 +155,16 @@ class Sending(DeliveryState):
         counts.deferred += 1
 
     def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
-        failed = not result.ok and result.retryable  # an answered 4xx shows the server alive
+        # an answered 4xx shows the server alive; an abandoned send says nothing about it
+        failed = not result.ok and result.retryable and not result.abandoned
         change = self._gate.release(dest, grant, time.time(), elapsed, failed)
+        if change is not None:
+            try:
+                opened = change == OPENED
+                until = time.time() + self._gate.cooldown
+                status.note_breaker(self.r, dest, opened, until, result.error)
+            except redis.RedisError as exc:  # the status only; the breaker itself is in memory
+                log.warning("could not record the circuit of %s: %s", dest, exc)
         if change == OPENED:
             CIRCUIT_TRIPS.inc()
             if grant.probe:  # already counted open; one line per outage, not per probe
@@ -166,6 +182,10 @@ class Sending(DeliveryState):
             log.info("circuit closed for %s: it answers again", dest)
 
     def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
+        try:
+            status.note(self.r, str(st["n"].get("subscriber")), "delivered")
+        except redis.RedisError as exc:  # the status only: the delivery is recorded
+            log.warning("could not record a delivery in the subscriber status: %s", exc)
         DELIVERIES.labels(kind, "delivered").inc()
         age = entry_age(st.get("entry"))
         if age is not None:
@@ -186,6 +206,7 @@ class Sending(DeliveryState):
     ) -> None:
         fields: Any = store.dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
         (pipe or self.r).xadd(DEADLETTER, fields)
+        status.note(pipe or self.r, str(n.get("subscriber")), "dead", error)
 
     def _finish_dead(
         self,

@@ -47,7 +47,7 @@ from notifiers.config import describe_errors
 from notifiers.records import OUTBOX_FIELD, DeadLetter, OutboxRecord, dumps, encode, text
 
 __all__ = ["OUTBOX_FIELD", "DeadLetter", "OutboxRecord", "dumps", "encode", "text"]  # re-exported
-from profiles.subscribers import channel_kind, subscriber_problems
+from profiles.subscribers import channel_kind, mask_url, subscriber_problems
 
 OUTBOX = "ens:outbox"
 GROUP = "ens-delivery"
@@ -306,13 +306,18 @@ def connect(url: str = DEFAULT_REDIS_URL) -> redis.Redis:
 
 
 def redact(channel: Mapping[str, Any]) -> dict[str, Any]:
-    """A channel without its secret: dead letters and CLI output must not leak signing keys."""
-    return {k: v for k, v in channel.items() if k != "secret"}
+    """A channel fit to show or keep in a dead letter: no signing secret, and the webhook URL
+    masked (`mask_url`: its password and query values), since URLs carry credentials too."""
+    out = {k: v for k, v in channel.items() if k != "secret"}
+    if isinstance(out.get("webhook"), str):
+        out["webhook"] = mask_url(out["webhook"])
+    return out
 
 
 def describe_channel(channel: Mapping[str, Any]) -> str:
+    """``webhook URL`` (masked) or ``email ADDRESS``: how logs and the CLI name a channel."""
     if "webhook" in channel:
-        return f"webhook {channel['webhook']}"
+        return f"webhook {mask_url(str(channel['webhook']))}"
     if "email" in channel:
         return f"email {channel['email']}"
     return "-"
@@ -330,9 +335,12 @@ def dead_letter_fields(
     return DeadLetter.new(n, redact(channel), ch, nch, outbox_entry, error, attempts).fields()
 
 
-def list_dead_letters(r: redis.Redis, count: int | None = None) -> list[DeadLetter]:
-    """Oldest first."""
-    entries: Any = r.xrange(DEADLETTER, count=count)  # redis-py types replies loosely
+def list_dead_letters(
+    r: redis.Redis, count: int | None = None, after: str | None = None
+) -> list[DeadLetter]:
+    """Oldest first; ``after`` a dead-letter entry id: the page that follows it."""
+    start = f"({after}" if after else "-"
+    entries: Any = r.xrange(DEADLETTER, min=start, count=count)  # redis-py types replies loosely
     return [DeadLetter.read(text(eid), raw) for eid, raw in entries]
 
 

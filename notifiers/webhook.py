@@ -20,12 +20,25 @@ import httpx
 
 from notifiers.attempt import Attempt
 from notifiers.config import WebhookConfig
+from notifiers.deadline import (
+    Aborted,
+    DeadlineBackend,
+    DeadlineTransport,
+    environment_mounts,
+    expired,
+    within,
+)
+from notifiers.metrics import DEADLINES
 from notifiers.store import dumps
+from profiles.subscribers import mask_urls
 
 SIGNATURE_HEADER = "X-ENS-Signature"
 TIMESTAMP_HEADER = "X-ENS-Timestamp"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 RETRYABLE_STATUS = frozenset({408, 429})
+MAX_RESPONSE_BYTES = 4096
+"""The most of a response body read: the status says how it went; a receiver that answers a
+huge (or endless) body must not cost the worker its memory or a thread."""
 
 
 def _bytes(value: str | bytes) -> bytes:
@@ -135,19 +148,32 @@ def destination(url: str) -> str:
 
 
 class WebhookSender:
-    """One pooled, thread-safe httpx client for all webhook deliveries of a worker."""
+    """One pooled, thread-safe httpx client for all webhook deliveries of a worker.
+
+    Each request has a total deadline, ``config.timeout``: connecting, sending, the headers and
+    the first `MAX_RESPONSE_BYTES` of the body (the rest is not read) all end by then
+    (`notifiers.deadline`), however slowly the receiver trickles its answer.
+    """
 
     def __init__(self, config: WebhookConfig | None = None) -> None:
         self.config = config or WebhookConfig()
+        self._backend = DeadlineBackend()
+        total = self.config.timeout
+        ctx = self.config.ssl_context()
         self._client = httpx.Client(
-            timeout=httpx.Timeout(self.config.timeout, connect=self.config.connect_timeout),
-            verify=self.config.ssl_context(),
+            transport=DeadlineTransport(ctx, self._backend),
+            mounts=environment_mounts(ctx, self._backend),
+            timeout=httpx.Timeout(total, connect=min(self.config.connect_timeout, total)),
             headers={"User-Agent": self.config.user_agent},
             follow_redirects=False,
         )
 
     def close(self) -> None:
         self._client.close()
+
+    def abort(self) -> int:
+        """End the requests in flight now (the worker is stopping); returns how many sockets."""
+        return self._backend.abort()
 
     def send(self, url: str, secret: str, n: Mapping[str, Any]) -> Attempt:
         body = build_body(n)
@@ -158,13 +184,38 @@ class WebhookSender:
             TIMESTAMP_HEADER: ts,
             SIGNATURE_HEADER: sign(secret, ts, body),
         }
-        try:
-            resp = self._client.post(url, content=body, headers=headers)
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-            return Attempt.fatal(f"bad URL: {exc}")
-        except httpx.TimeoutException as exc:
-            return Attempt.retry(f"timeout: {type(exc).__name__}")
-        except httpx.TransportError as exc:
-            return Attempt.retry(f"network error: {type(exc).__name__}: {exc}")
-        resp.close()
+        total = self.config.timeout
+        started = time.monotonic()
+        with within(total):
+            try:
+                with self._client.stream("POST", url, content=body, headers=headers) as resp:
+                    _read_some(resp, MAX_RESPONSE_BYTES)
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:  # may quote the URL
+                return Attempt.fatal(f"bad URL: {mask_urls(str(exc))}")
+            except httpx.TransportError as exc:
+                if isinstance(exc.__cause__ or exc.__context__, Aborted) or self._backend.aborted:
+                    return Attempt.abandon("abandoned: the worker is shutting down")
+                if expired():
+                    DEADLINES.labels("webhook", "request").inc()
+                    return Attempt.retry(
+                        f"timeout: deadline exceeded after {time.monotonic() - started:.1f} s "
+                        f"(ENS_WEBHOOK_TIMEOUT={total:g}): {type(exc).__name__}"
+                    )
+                if isinstance(exc, httpx.TimeoutException):
+                    return Attempt.retry(f"timeout: {type(exc).__name__}")
+                return Attempt.retry(f"network error: {type(exc).__name__}: {mask_urls(str(exc))}")
         return classify(resp)
+
+
+def _read_some(resp: httpx.Response, limit: int) -> int:
+    """Read at most about ``limit`` bytes of the body, then stop; returns the bytes read.
+
+    A short body is read to its end, so the connection can be kept alive; a longer one is
+    left unread and the connection closed with the response.
+    """
+    got = 0
+    for chunk in resp.iter_raw():
+        got += len(chunk)
+        if got >= limit:
+            break
+    return got

@@ -6,8 +6,11 @@ subscriber that is neither delivered nor dead-lettered gets a delivery state and
 their due time ``lease`` seconds ahead, and is renewed every third of it while the send runs, so
 a worker dying mid-send delays them by at most ``lease``) and run in a thread pool; a failure re-schedules with backoff instead of sleeping, so one slow or broken
 receiver never holds back others. A webhook request also needs a slot at its destination
-(`notifiers.destinations`): at most ``per_destination`` in flight, none while its circuit is
-open; a delivery refused a slot is re-scheduled without an attempt. The stream entry is XACKed
+(`notifiers.destinations`): at most ``per_destination`` in flight (default a quarter of the
+threads, so two hung hosts leave half of them to the others), none while its circuit is
+open; a delivery refused a slot is re-scheduled without an attempt. Every send ends by its
+total deadline (``webhook.timeout``, the SMTP session's ``smtp.deadline``); at shutdown the
+sends still in flight after ``worker.shutdown_grace`` are abandoned to their leases. The stream entry is XACKed
 only when none of its deliveries is left in the state hash, i.e. each was delivered or
 dead-lettered; until then it stays in the pending list, and a restarted (or another) worker
 re-takes it — harmlessly, since taking is idempotent and delivered channels are remembered in
@@ -70,7 +73,7 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         )
         hook = self.config.webhook
         self._gate = DestinationGate(
-            hook.per_destination or max(self.config.worker.concurrency // 2, 1),
+            hook.per_destination or max(self.config.worker.concurrency // 4, 1),
             hook.breaker_failures,
             hook.breaker_cooldown,
             rng=self._rng,
@@ -87,9 +90,11 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         self._take_script = self.r.register_script(TAKE)
         self._digest_done = self.r.register_script(DIGEST_DONE)
         self._started = False
+        self._unsubscribed: set[str] = set()
         self._last_claim = self._last_trim = float("-inf")
 
     def close(self) -> None:
+        self.abandon()  # run_forever left nothing in flight; run_once's callers may have
         self._pool.shutdown(wait=True)
         self._closed.set()
         self._webhook.close()
@@ -145,9 +150,31 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
             except redis.RedisError as exc:  # keep the worker alive through a Redis restart
                 log.error("redis error (%s); retrying in %.1fs", exc, w.poll)
                 stop.wait(w.poll)
-        futures.wait(inflight)
-        self._harvest(inflight, total)
+        self._wind_down(inflight, total)
         return total
+
+    def _wind_down(self, inflight: set[Future[Counts]], total: Counts) -> None:
+        """Let the sends in flight finish for ``shutdown_grace`` seconds, then abandon the rest:
+        their connections are shut, no attempt is counted, and since their leases are no longer
+        renewed they are due again (for any worker, or this one restarted) within ``lease``."""
+        grace = self.config.worker.shutdown_grace
+        _, pending = futures.wait(inflight, timeout=grace)
+        if pending:
+            log.warning(
+                "stopping: abandoning %d send(s) still in flight after %gs; "
+                "they are delivered again within %gs of their lease",
+                len(pending),
+                grace,
+                self.config.worker.lease,
+            )
+            self.abandon()
+            futures.wait(pending, timeout=max(self.config.webhook.connect_timeout, 1.0))
+        self._harvest(inflight, total)
+
+    def abandon(self) -> None:
+        """Cut every send in flight short (webhook connections and SMTP sessions are shut)."""
+        self._webhook.abort()
+        self._smtp.abort()
 
     @staticmethod
     def _harvest(inflight: set[Future[Counts]], total: Counts) -> None:

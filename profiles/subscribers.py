@@ -13,8 +13,10 @@ A problem is ``(location, message)``; the location is the path inside the record
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 Loc = tuple[str | int, ...]
 Problem = tuple[Loc, str]
@@ -57,7 +59,54 @@ def _webhook(value: Any) -> str | None:
     url = value.strip() if isinstance(value, str) else value
     if isinstance(url, str) and url.startswith(("https://", "http://")):
         return None
-    return f"{url!r} is not an http(s) URL"
+    return f"{mask_url(url) if isinstance(url, str) else url!r} is not an http(s) URL"
+
+
+SECRET = "<secret>"  # what a masked part of a URL reads (as Alertmanager shows secrets)
+
+
+def mask_url(url: str, query: bool = True) -> str:
+    """A webhook URL fit to show or log: its password and query values replaced by `SECRET`.
+
+    ``http://ens:PW@host/h?token=T#f`` -> ``http://ens:<secret>@host/h?token=<secret>#<secret>``.
+    Credentials often ride in a URL (basic auth, ``?token=``), and a URL is shown by the CLI,
+    the API, dead letters and the delivery log. The user name is kept when a password follows
+    it (it says which account); user info without a password is masked whole (``TOKEN@host``
+    is a token), as is a query item without ``=`` and a fragment. Scheme, host, port and path
+    stay, so the URL can still be told apart. The stored URL stays whole: it is what is sent.
+    ``query=False`` keeps the query and fragment (a Redis URL's ``?db=1`` is no secret).
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unbalanced [ in the host: show nothing of it
+        return SECRET
+    if not parts.netloc and "@" in parts.path:  # no "//": user info may sit in the path
+        return f"{parts.scheme}:{SECRET}" if parts.scheme else SECRET
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:{SECRET}@{hostport}" if colon else f"{SECRET}@{hostport}"
+    if not query:
+        return parts._replace(netloc=netloc).geturl()
+    items = "&".join(_mask_item(item) for item in parts.query.split("&"))
+    fragment = SECRET if parts.fragment else ""
+    return parts._replace(netloc=netloc, query=items, fragment=fragment).geturl()
+
+
+def _mask_item(item: str) -> str:
+    name, eq, value = item.partition("=")
+    if eq:
+        return f"{name}={SECRET}" if value else item
+    return SECRET if item else item
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def mask_urls(text: str) -> str:
+    """`mask_url` applied to every URL inside a message (an error text that may quote one)."""
+    return _URL.sub(lambda m: mask_url(m.group()), text)
 
 
 def _seconds(value: Any) -> str | None:

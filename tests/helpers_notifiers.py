@@ -393,3 +393,110 @@ class Hang:
         for conn in self.conns:
             conn.close()
         self.sock.close()
+
+
+class Trickle:
+    """A raw HTTP receiver that answers too slowly, or too much, on purpose.
+
+    ``mode``: ``"body"`` sends a 200 status and headers at once, then its body one byte every
+    ``interval`` seconds (the receiver that once held delivery threads for ever); ``"headers"``
+    trickles the status line and headers themselves; ``"big"`` answers 200 with a ``size``-byte
+    body as fast as the socket takes it; ``"ok"`` answers 200 with an empty body. The mode can
+    be changed while it runs (it applies to the next request).
+    """
+
+    def __init__(self, mode: str = "body", interval: float = 0.5, size: int = 30 << 20) -> None:
+        self.mode, self.interval, self.size = mode, interval, size
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.keys: list[str] = []  # Idempotency-Key of each request read, in order
+        self.answered: list[str] = []  # ... of each one answered in full ("ok" mode)
+        self.sent = 0  # body bytes written ("big" mode)
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def start(self) -> Trickle:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        buf = b""
+        try:
+            while not self._stop.is_set():
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                fields = dict(
+                    line.split(": ", 1) for line in head.decode().split("\r\n")[1:] if ": " in line
+                )
+                fields = {k.lower(): v for k, v in fields.items()}
+                length = int(fields.get("content-length", 0))
+                while len(buf) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                buf = buf[length:]
+                with self.lock:
+                    self.keys.append(fields.get("idempotency-key", ""))
+                if not self._answer(conn, fields.get("idempotency-key", "")):
+                    return
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+    def _answer(self, conn: socket.socket, key: str) -> bool:
+        """Answer one request; False when the connection is done with."""
+        mode = self.mode
+        if mode == "ok":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            with self.lock:
+                self.answered.append(key)
+            return True
+        if mode == "big":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.size)
+            block = b"x" * 65536
+            left = self.size
+            while left > 0 and not self._stop.is_set():
+                n = conn.send(block[:left])
+                left -= n
+                with self.lock:
+                    self.sent += n
+            return False
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"
+        first, rest = (head, b"y" * 100000) if mode == "body" else (b"", head)
+        conn.sendall(first)
+        for i in range(len(rest)):
+            if self._stop.wait(self.interval):
+                break
+            conn.sendall(rest[i : i + 1])
+        return False

@@ -116,6 +116,7 @@ def test_posted_events_reach_the_outbox_like_replay(
         "kind": "motion",
         "room": "101",
         "level": 3,
+        "gateway": "gw-api",  # stamped: the gateway of the API key
     }
     expected = replay([parse_profile(expr, pid)], [event_from_obj(e, "") for e in evs])
     assert replay_records(notes) == [x.to_json() for x in expected]
@@ -397,6 +398,10 @@ def test_subscribers(admin: httpx.Client, r: redis.Redis) -> None:
     ops = next(s for s in listed if s["id"] == "ops")
     assert ops["has_secret"] and secret not in json.dumps(listed)
     assert admin.get("/v1/subscribers/ops").json()["channels"][0] == {"email": "ops@example.org"}
+    status = admin.get("/v1/subscribers/ops/status").json()  # issue 41 item 9
+    assert (status["delivered"], status["retrying"], status["dead_letters"]) == (0, 0, 0)
+    assert status["breakers"] == {"https://hooks.example.org:443": {"state": "closed"}}
+    assert admin.get("/v1/subscribers/nobody/status").status_code == 404
     bad = admin.post("/v1/subscribers", json={"id": "x", "channels": [{"email": "nope"}]})
     assert bad.status_code == 422
     assert bad.json()["error"] == "channels.0.email: 'nope' is not an e-mail address"

@@ -88,8 +88,8 @@ def test_ingest_entries_of_the_previous_release_are_read(as_bytes: bool) -> None
         return {k.encode(): v.encode() for k, v in d.items()} if as_bytes else d
 
     assert decode_ingest("5-0", enc(INGEST_ONE_EVENT)) == [
-        ("5-0", "gw1", {"id": "a", "ts": 1.5, "kind": "door"})
-    ]
+        ("5-0", "gw1", {"id": "a", "ts": 1.5, "kind": "door", "gateway": "gw1"})
+    ]  # every event carries its entry's gateway (issue 41.7)
     assert [key for key, _, _ in decode_ingest("6-0", enc(INGEST_RAW_BATCH))] == ["6-0.0"]
     assert not ingest_normalized(enc(INGEST_RAW_BATCH))
     evs = decode_ingest("7-0", enc(INGEST_NORMALIZED))
@@ -126,7 +126,9 @@ def test_the_api_script_writes_a_versioned_entry(tmp_path: Path) -> None:
         ((got_id, fields),) = r.xrange(rs.INGEST)
         r.close()
     assert got_id == eid and fields[VERSION_FIELD] == "1" and fields["v"] == "n"
-    assert decode_ingest(eid, fields) == [(f"{eid}.0", "gw1", {"id": "a", "ts": 1.5})]
+    assert decode_ingest(eid, fields) == [
+        (f"{eid}.0", "gw1", {"id": "a", "ts": 1.5, "gateway": "gw1"})
+    ]
 
 
 def test_journal_entry_of_the_previous_release_is_read_as_typed_operations() -> None:

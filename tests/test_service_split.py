@@ -28,11 +28,11 @@ pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.p
 def test_decode_entry_reads_batch_and_legacy_entries_with_their_identities() -> None:
     batch = {b"g": b"gw1", b"b": json.dumps([{"id": "a", "ts": 1}, {"ts": 2}]).encode()}
     assert rs.decode_entry("5-1", batch) == [
-        ("5-1.0", "gw1", {"id": "a", "ts": 1}),
-        ("5-1.1", "gw1", {"ts": 2}),
+        ("5-1.0", "gw1", {"id": "a", "ts": 1, "gateway": "gw1"}),
+        ("5-1.1", "gw1", {"ts": 2, "gateway": "gw1"}),
     ]
     legacy = {"g": "gw2", "e": '{"ts": 3}'}  # str keys: a client with decode_responses
-    assert rs.decode_entry("6-0", legacy) == [("6-0", "gw2", {"ts": 3})]
+    assert rs.decode_entry("6-0", legacy) == [("6-0", "gw2", {"ts": 3, "gateway": "gw2"})]
     for bad in ({b"g": b"x"}, {b"b": b'{"ts": 1}'}, {b"b": b"[{"}):
         try:
             rs.decode_entry("7-0", bad)

@@ -100,11 +100,13 @@ def test_the_body_never_loads_a_class_by_its_python_path() -> None:
 
 
 def test_a_profile_missing_from_an_apart_snapshot_is_named() -> None:
+    """Read strictly (no `missing`), a reference to a profile not supplied is refused by name;
+    `Engine.restore` leaves its state out instead (tests/test_state_removed.py)."""
     data = (GOLDEN / "v2-eager-apart.bin").read_bytes()
     by_id = _golden_profiles()
     del by_id["break-in"]
     with pytest.raises(state.StateError, match="profile 'break-in', which was not supplied"):
-        Engine.restore(data, by_id)
+        state.load(data, by_id)
 
 
 def _stored_of_every_case() -> list[state.Stored]:

@@ -168,3 +168,24 @@ def test_subscriber_level_rules_are_shared(
     who = f"subscriber {record['id']!r}" if record.get("id") else "subscriber #1"
     where = f"{f}:1:30" if "chanels" in record else "file line 1"  # a bad key: at the key
     assert f"{where}: {who}: {message}" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://ens:PW@host/h?token=T", "http://ens:<secret>@host/h?token=<secret>"),
+        ("https://TOKEN@api.example.org/in", "https://<secret>@api.example.org/in"),
+        ("http://h:8080/p?a=1&b=&flag#frag", "http://h:8080/p?a=<secret>&b=&<secret>#<secret>"),
+        ("http://u:p@w@h/", "http://u:<secret>@h/"),  # the last @ ends the user info
+        ("https://hooks.example.org/ens", "https://hooks.example.org/ens"),
+        ("http://[::1/x?t=1", "<secret>"),  # unparseable: nothing of it
+        ("user:PW@host/x", "user:<secret>"),  # no "//": not a URL, shown as little as may be
+    ],
+)
+def test_mask_url_hides_passwords_and_query_values(url: str, shown: str) -> None:
+    from profiles.subscribers import mask_url, mask_urls
+
+    assert mask_url(url) == shown
+    if "://" in url:  # inside a message, as an error quotes it
+        assert mask_urls(f"error: '{url}' refused") == f"error: '{shown}' refused"
+    assert mask_url("redis://:PW@h:6379/0?db=1", query=False) == "redis://:<secret>@h:6379/0?db=1"

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import logging
 import pickle
+import secrets
 import time
 from typing import Any
+
+import redis
 
 from adapters.service import late
 from adapters.service import metrics as m
@@ -43,17 +46,39 @@ class Checkpointer(EngineState):
         )
 
     def _load(self) -> bool:
-        """Restore the snapshot; True if there was none (a new engine)."""
-        cp = rs.load_checkpoint(self.r)
+        """Restore the snapshot; True if there was none (a new engine), or it could not be
+        restored: it is then kept aside and the engine starts from what can be recovered
+        (`_set_aside`), so that no checkpoint can keep the service from starting."""
         self._reset_state()
-        if cp is None:
-            log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
+        try:
+            cp = rs.load_checkpoint(self.r)
+            if cp is None:
+                log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
+                return True
+            self._restore(cp[0], CheckpointMeta.from_dict(cp[1]))
+            return False
+        except (redis.RedisError, MemoryError):
+            # Redis away (`run_forever` starts again from Redis), or short of memory: not
+            # the checkpoint's fault
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the reason, the start must go on
+            self._set_aside(exc)
             return True
-        snap, meta = cp[0], CheckpointMeta.from_dict(cp[1])
+
+    def _restore(self, snap: bytes, meta: CheckpointMeta) -> None:
         if meta.profiles is None:  # version 3 on
             stored: Any = self.r.hgetall(rs.CHECKPOINT_PROFILES)
             self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
-            self.engine = Engine.restore(snap, self.defs)
+            self.engine, skipped = Engine.restore_reporting(snap, self.defs)
+            if skipped:
+                # state of profiles removed before the snapshot (written by releases that
+                # kept it, issue 41.1): it can produce nothing, so it is left out
+                log.warning(
+                    "restore left out engine state of profiles that no longer exist: %s",
+                    skipped.describe(),
+                )
+                m.RESTORE_SKIPPED.labels("removed_profile").inc(len(skipped.removed))
+                m.RESTORE_SKIPPED.labels("inactive_runtime").inc(len(skipped.inactive))
         else:  # a checkpoint with the profiles inside: the next snapshot moves them out
             self.engine = Engine.restore(snap)
             active = {p.id: p for p in self.engine.profiles}
@@ -63,6 +88,19 @@ class Checkpointer(EngineState):
         cfg = self.cfg  # this run's plan options apply to the restored state (same output)
         self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift)
         self.epoch = meta.epoch
+        self._restore_position(meta)
+        log.info(
+            "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
+            self.epoch,
+            self.last_id,
+            len(self.defs),
+            len(self.buffer),
+            self.engine.stats(),
+        )
+
+    def _restore_position(self, meta: CheckpointMeta) -> None:
+        """Where the checkpoint stands in the streams: ingest and control ids, totals, the
+        reorder buffer and watermarks."""
         self.last_id = meta.last_id
         self.control_id = meta.control_id
         self.totals.update(meta.totals)
@@ -74,15 +112,85 @@ class Checkpointer(EngineState):
             ev = event_from_obj(row.event, row.event["id"])
             held.append(Held(ev.ts, row.seq, row.gateway, row.wall, Item(row.entry, ev)))
         self.wm.restore(meta.watermarks, held)
-        log.info(
-            "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
+
+    def _set_aside(self, exc: Exception) -> None:
+        """The checkpoint cannot be restored: rename it (and its profiles) aside, and start a
+        new engine state (a new epoch) from what can still be read, so the journal replays
+        onto it: the checkpoint's position (ingest and control ids, reorder buffer,
+        watermarks, totals) if its ``meta`` reads, and its profiles (else those of
+        ``ens:profiles``). Lost: partial matches and timers (and `once` profiles that fired
+        are active again); the reorder buffer too if ``meta`` does not read. docs/service.md,
+        "Crash recovery".
+        """
+        reason = f"{type(exc).__name__}: {exc}"
+        self._reset_state()
+        self.lost_state = True
+        kept = []
+        meta: CheckpointMeta | None = None
+        try:
+            raw: Any = self.r.hget(rs.CHECKPOINT, "meta")
+            if raw is not None:
+                meta = CheckpointMeta.from_json(raw)
+                self._restore_position(meta)
+                kept.append("its ingest position, reorder buffer and watermarks")
+        except redis.RedisError:
+            raise
+        except Exception as meta_exc:  # noqa: BLE001 - any unreadable meta is left behind
+            log.error("the checkpoint's meta cannot be read either: %s", meta_exc)
+            self._reset_state()
+            self.lost_state = True
+            meta = None
+        for source in ("the checkpoint", "ens:profiles"):
+            try:
+                self.defs = self._profiles_of(source, meta)
+                for prof in self.defs.values():
+                    self.engine.add_profile(prof)
+                kept.append(f"{len(self.defs)} profiles of {source}")
+                break
+            except redis.RedisError:
+                raise
+            except Exception as prof_exc:  # noqa: BLE001 - then the next source
+                log.error("the profiles of %s cannot be read either: %s", source, prof_exc)
+                self.defs = {}
+                self.engine = self._new_engine()
+        self.dirty = set(self.defs)  # its profiles hash goes aside: the next snapshot rewrites it
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{secrets.token_hex(2)}"
+        aside = f"{rs.CHECKPOINT_ASIDE}{stamp}"
+        has_profiles = bool(self.r.exists(rs.CHECKPOINT_PROFILES))
+
+        def write(p: Any) -> None:
+            p.rename(rs.CHECKPOINT, aside)
+            if has_profiles:
+                p.rename(rs.CHECKPOINT_PROFILES, aside + ":profiles")
+
+        self._transaction(write)
+        m.CHECKPOINTS_SET_ASIDE.inc()
+        log.error(
+            "the engine checkpoint cannot be restored (%s); kept aside as %s%s; starting a new "
+            "engine state (epoch %s) with %s: the checkpoint's partial matches and timers are "
+            "lost",
+            reason,
+            aside,
+            f" and {aside}:profiles" if has_profiles else "",
             self.epoch,
-            self.last_id,
-            len(self.defs),
-            len(self.buffer),
-            self.engine.stats(),
+            " and ".join(kept) or "nothing of it",
         )
-        return False
+
+    def _profiles_of(self, source: str, meta: CheckpointMeta | None) -> dict[str, Any]:
+        """The profiles of the checkpoint (its meta's, version 2, or its hash) or of
+        ``ens:profiles`` (the truth, when the checkpoint's cannot be read): id -> profile."""
+        if source == "ens:profiles":
+            return {
+                p["id"]: rs.validate_profile(None, p["id"], p["expr"], p.get("subscriber"))
+                for p in rs.list_profiles(self.r)
+            }
+        if meta is not None and meta.profiles is not None:
+            return {
+                pid: rs.validate_profile(None, pid, expr, sub)
+                for pid, (expr, sub) in meta.profiles.items()
+            }
+        stored: Any = self.r.hgetall(rs.CHECKPOINT_PROFILES)
+        return {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
 
     def snapshot(self) -> None:
         """Engine + buffer + pending notifications and late events; empties the journal, acks

@@ -137,6 +137,7 @@ class EngineState:
     _preparsed: dict[str, Any] | None  # index profiles by id, during start only
     _interval: dict[str, int]
     unpublished: int  # events fed since the step last added them to ens_events_processed
+    lost_state: bool  # the checkpoint could not be restored: a new engine state (`_set_aside`)
 
     @property
     def buffer(self) -> list[Held]:
@@ -144,6 +145,9 @@ class EngineState:
         return self.wm.heap
 
     def _reset_state(self) -> None:
+        raise NotImplementedError
+
+    def _new_engine(self) -> Engine:
         raise NotImplementedError
 
     def _keepalive(self) -> None:

@@ -42,6 +42,13 @@ EVENTS_REJECTED_TS = Counter(
     ["gateway", "bound"],
     registry=REGISTRY,
 )
+EVENTS_REJECTED_GATEWAY = Counter(
+    "ens_events_rejected_gateway",
+    "Events rejected (422, also counted as invalid) for naming another gateway than the one "
+    "of their API key in the reserved attribute `gateway`.",
+    ["gateway"],
+    registry=REGISTRY,
+)
 EVENTS_DUPLICATE = Counter(
     "ens_events_duplicate",
     "Events answered as accepted but not stored again: their id was sent by the same gateway "
@@ -95,6 +102,24 @@ SNAPSHOTS = Histogram(
     "ens_snapshot_seconds",
     "Duration of one engine snapshot (pickle + transaction); the worker is paused meanwhile.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+RESTORE_SKIPPED = Counter(
+    "ens_restore_skipped_state",
+    "Profiles whose engine state a restore left out because they no longer exist: "
+    "removed_profile (the checkpoint held state of a profile removed since), inactive_runtime "
+    "(no-op timers of a profile removed or replaced, in checkpoints written before such timers "
+    "were left out).",
+    ["reason"],
+    registry=REGISTRY,
+)
+for _reason in ("removed_profile", "inactive_runtime"):
+    RESTORE_SKIPPED.labels(_reason)
+CHECKPOINTS_SET_ASIDE = Counter(
+    "ens_checkpoints_set_aside",
+    "Engine checkpoints that could not be restored: renamed to "
+    "ens:checkpoint:unrestorable:<time> and replaced by a new engine state (the ERROR log line "
+    "says why and what was kept).",
     registry=REGISTRY,
 )
 SNAPSHOT_BYTES = Gauge("ens_snapshot_bytes", "Size of the last engine snapshot.", registry=REGISTRY)

@@ -37,6 +37,10 @@ INGEST_FORMAT = "v"
 INGEST_NORMALIZED = "n"
 INGEST_EXACT = "x"
 INGEST_VERSION = 1
+# The attribute every event of an entry carries: the entry's gateway, i.e. the one whose API key
+# wrote it. Stamped by `decode_ingest` over whatever the body said, so a profile on
+# ``gateway = "gwB"`` matches gwB's events only (the API refuses an event that sets another).
+GATEWAY_ATTR = "gateway"
 
 
 # One event of an ingest entry: (key, gateway, decoded JSON object, not validated here). The
@@ -60,7 +64,9 @@ def decode_ingest(entry_id: str, fields: Mapping[Any, Any]) -> list[IngestEvent]
 
     ``f"{entry_id}.{i}"`` keys event ``i`` of a batch entry (``b``), ``entry_id`` the event of
     a one-event entry (``e``). ``fields`` may have bytes or str keys (any redis client).
-    Raises ValueError when the entry is unreadable (or of a newer version).
+    Each event object gets the entry's gateway as `GATEWAY_ATTR` (not in an entry without one,
+    which no version of the API writes). Raises ValueError when the entry is unreadable (or of
+    a newer version).
     """
     check_version(fields, "ingest entry", INGEST_VERSION)
     gw = text(entry_field(fields, INGEST_GATEWAY) or "?")
@@ -73,11 +79,18 @@ def decode_ingest(entry_id: str, fields: Mapping[Any, Any]) -> list[IngestEvent]
         events = orjson.loads(batch) if plain else json.loads(batch)
         if not isinstance(events, list):
             raise ValueError(f"field {INGEST_BATCH!r} must be a JSON array")
+        if gw != "?":
+            for ev in events:
+                if type(ev) is dict:
+                    ev[GATEWAY_ATTR] = gw
         return [(f"{entry_id}.{i}", gw, ev) for i, ev in enumerate(events)]
     raw = entry_field(fields, INGEST_EVENT)
     if raw is None:
         raise ValueError(f"entry has neither {INGEST_BATCH!r} nor {INGEST_EVENT!r}")
-    return [(entry_id, gw, json.loads(raw))]
+    ev = json.loads(raw)
+    if gw != "?" and type(ev) is dict:
+        ev[GATEWAY_ATTR] = gw
+    return [(entry_id, gw, ev)]
 
 
 def ingest_normalized(fields: Mapping[Any, Any]) -> bool:

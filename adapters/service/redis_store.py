@@ -17,6 +17,8 @@ Keys (the outbox and subscriber keys are `notifiers.store`'s)
 ``ens:checkpoint``      hash; ``engine`` = `Engine.snapshot(profiles_apart=True)` bytes, ``meta``
                         = JSON `records.CheckpointMeta` (last ingest id, reorder buffer, epoch, ...)
 ``ens:checkpoint:profiles``  hash; id -> pickled profile as applied at the checkpoint
+``ens:checkpoint:unrestorable:<time>`` (``:profiles``)  a checkpoint (and its profiles) that
+                        could not be restored, renamed aside by the engine worker at a start
 ``ens:engine:journal``  stream; ``ops`` = JSON list of engine inputs since the previous entry
                         (``["e", event key]``, ``["a", t]``, ``["c", id, expr, subscriber]``,
                         ``["l", event key]``: sent to ``ens:late``),
@@ -82,6 +84,7 @@ INGEST_IN = "ens:ingest:in"
 ENGINE_GROUP = "ens-engine"
 CHECKPOINT = "ens:checkpoint"
 CHECKPOINT_PROFILES = "ens:checkpoint:profiles"  # id -> pickled Profile, as of the checkpoint
+CHECKPOINT_ASIDE = "ens:checkpoint:unrestorable:"  # + time: a checkpoint that could not be restored
 JOURNAL = "ens:engine:journal"
 ENGINE_LOCK = "ens:engine:lock"
 ENGINE_STATUS = "ens:engine:status"

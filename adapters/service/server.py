@@ -35,6 +35,7 @@ from adapters.service.connections import uvicorn_options
 from adapters.service.embedded import EmbeddedError
 from adapters.service.settings import DEFAULTS, ROLES, ServiceSettings
 from adapters.service.worker import EngineWorker, WorkerConfig
+from profiles.subscribers import mask_url
 
 log = logging.getLogger("ens.service")
 
@@ -326,9 +327,10 @@ def _serve(
     if generated:
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
         print(f"admin token (shown once, keep it): {generated}", file=sys.stderr, flush=True)
-    where = conn.url if conn.embedded is None else f"embedded redis {conn.url}"
+    shown = mask_url(conn.url, query=False)  # a Redis password must not reach the log
+    where = shown if conn.embedded is None else f"embedded redis {shown}"
     if conn.created:
-        log.info("new store in %s", conn.embedded.dir if conn.embedded else conn.url)
+        log.info("new store in %s", conn.embedded.dir if conn.embedded else shown)
     roles = ", ".join(r for r in ROLES if r in cfg.roles and (r != "deliver" or notifier_cfg))
     if sock is not None:
         log.info(

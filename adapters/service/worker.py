@@ -96,14 +96,8 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
 
     def _reset_state(self) -> None:
         self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
-        cfg = self.cfg
-        self.engine = Engine(
-            tz=cfg.tz,
-            plan=cfg.plan,
-            rates=cfg.rates,
-            replan_every=cfg.replan_every,
-            drift=cfg.drift,
-        )
+        self.engine = self._new_engine()
+        self.lost_state = False  # the checkpoint could not be restored (`_set_aside`)
         self.epoch = secrets.token_hex(4)
         # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
         # kept after a `once` profile fired, so that it is not activated again
@@ -135,6 +129,16 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness):
         self.last_snapshot = time.monotonic()
         self.last_heartbeat = 0.0
         self.last_status = time.monotonic()
+
+    def _new_engine(self) -> Engine:
+        cfg = self.cfg
+        return Engine(
+            tz=cfg.tz,
+            plan=cfg.plan,
+            rates=cfg.rates,
+            replan_every=cfg.replan_every,
+            drift=cfg.drift,
+        )
 
     def _keepalive(self) -> None:
         """Renew the lock lease while working (a long replay or step): `EngineLease.keepalive`."""

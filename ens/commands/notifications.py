@@ -7,6 +7,7 @@ Mounted by the main CLI as ``app.add_typer(ens.commands.notifications.app, name=
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from datetime import UTC, datetime
@@ -51,12 +52,37 @@ def _console() -> Console:
 def dead_letter_list(
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
-    limit: Annotated[int, typer.Option(help="Show at most this many (oldest first).")] = 100,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many (oldest first).")] = 100,
+    all_: Annotated[bool, typer.Option("--all", help="Show every dead letter.")] = False,
+    after: Annotated[
+        str | None,
+        typer.Option(help="Start after this dead-letter entry id (the next page)."),
+    ] = None,
     as_json: Json = False,
 ) -> None:
-    """Show dead letters: notification id, profile, channel, error, attempts."""
+    """Show dead letters: notification id, profile, channel, error, attempts.
+
+    A page at a time: the first ``--limit`` (100), then ``--after`` the last entry shown;
+    ``--all`` shows them all. When more are left, a note on stderr says so.
+    """
+    if after is not None and not re.fullmatch(r"\d+(-\d+)?", after.strip()):
+        raise typer.BadParameter(
+            f"{after!r} is not a dead-letter entry id (like 1709331005000-0: the entry column)",
+            param_hint="--after",
+        )
     st = Store(redis_url, data_dir)  # held while used: it keeps an embedded server alive
-    letters = store.list_dead_letters(st.r, count=limit)
+    total = int(st.r.xlen(store.DEADLETTER))
+    letters = store.list_dead_letters(st.r, count=None if all_ else limit, after=after)
+    more = bool(letters) and bool(
+        st.r.xrange(store.DEADLETTER, min=f"({letters[-1].entry}", count=1)
+    )
+    if more:
+        typer.echo(
+            f"showing {len(letters)} of {total} dead letters; more follow: "
+            f"--after {letters[-1].entry} for the next page, --limit N for more at once, "
+            "--all for all",
+            err=True,
+        )
     if as_json:
         output.print_json(
             [
@@ -76,8 +102,9 @@ def dead_letter_list(
         return
     from rich.table import Table
 
-    table = Table(title=f"Dead letters ({len(letters)})")
-    for col in ("id", "profile", "channel", "error", "attempts", "when"):
+    title = f"Dead letters ({len(letters)} of {total})" if len(letters) < total else None
+    table = Table(title=title or f"Dead letters ({total})")
+    for col in ("id", "entry", "profile", "channel", "error", "attempts", "when"):
         table.add_column(col, overflow="fold")
     for dl in letters:
         when = datetime.fromtimestamp(dl.ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -86,6 +113,7 @@ def dead_letter_list(
             channel = f"#{dl.ch} {channel}"
         table.add_row(
             dl.nid,
+            dl.entry,
             str(dl.notification.get("profile", "")),
             channel,
             dl.error,
@@ -142,7 +170,11 @@ def deliver(
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
 ) -> None:
-    """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM)."""
+    """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM).
+
+    On a stop, sends in flight get ENS_WORKER_SHUTDOWN_GRACE seconds (default 5); the rest are
+    abandoned and delivered again, by any worker, once their lease runs out.
+    """
     from notifiers.config import ConfigError, NotifierConfig
     from notifiers.logs import setup_logging
     from notifiers.worker import DeliveryWorker

@@ -301,8 +301,14 @@ def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, l
             chans = ", ".join(store.describe_channel(c.model_dump()) for c in s.channels)
             return chans + (f"; digest {s.digest:g} s" if s.digest else "")
 
-        if shown(old) != shown(new):
-            out.append((f"subscriber {sub['id']}", [f"- {shown(old)}", f"+ {shown(new)}"]))
+        def kept(s: Any) -> Any:  # what is compared: what `shown` shows, URLs unmasked
+            return ([getattr(c, "webhook", None) or c.email for c in s.channels], s.digest)
+
+        if kept(old) != kept(new):
+            lines = [f"- {shown(old)}", f"+ {shown(new)}"]
+            if lines[0][1:] == lines[1][1:]:  # the change is in what masking hides
+                lines.append("  (credentials or query values of a webhook URL changed)")
+            out.append((f"subscriber {sub['id']}", lines))
     return out
 
 
@@ -421,7 +427,8 @@ def subscriber_add(
 def subscriber_list(
     redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
 ) -> None:
-    """Show subscribers and their channels (secrets are never shown)."""
+    """Show subscribers and their channels (secrets are never shown; a webhook URL is shown
+    with its password and query values masked)."""
     st = Store(redis_url, data_dir)
     subs = sorted(
         (store.Subscriber.model_validate_json(v) for v in st.r.hgetall(store.SUBSCRIBERS).values()),
@@ -432,9 +439,7 @@ def subscriber_list(
             [
                 {
                     "id": s.id,
-                    "channels": [
-                        c.model_dump(exclude={"secret"}, exclude_none=True) for c in s.channels
-                    ],
+                    "channels": [store.redact(c.model_dump(exclude_none=True)) for c in s.channels],
                     "digest": s.digest,
                     "has_secret": bool(s.secret)
                     or any(getattr(c, "secret", None) for c in s.channels),
@@ -453,6 +458,79 @@ def subscriber_list(
         chans = "\n".join(store.describe_channel(c.model_dump()) for c in s.channels) or "-"
         users = ", ".join(rs.profiles_of_subscriber(st.r, s.id)) or "-"
         table.add_row(s.id, chans, f"{s.digest:g} s" if s.digest else "-", users)
+    _console().print(table)
+
+
+@subscriber_app.command("status")
+def subscriber_status(
+    sid: Annotated[str | None, typer.Argument(help="Subscriber id [all of them].")] = None,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+    as_json: Json = False,
+) -> None:
+    """Show delivery status per subscriber: delivered, retries, dead letters, what is
+    pending or retrying now, circuit breakers of its destinations, last success and error.
+
+    Counts are of outcomes since the store was created (a retried attempt counts once each);
+    "now" columns are what the delivery schedule holds at this moment.
+    """
+    from notifiers.status import subscriber_status as status_of
+
+    st = Store(redis_url, data_dir)
+    if sid is not None:
+        sub = store.get_subscriber(st.r, sid)
+        if sub is None:
+            raise _fail(f"no subscriber {sid!r} (see ens subscriber list)")
+        subs = [sub]
+    else:
+        subs = sorted(
+            (
+                store.Subscriber.model_validate_json(v)
+                for v in st.r.hgetall(store.SUBSCRIBERS).values()
+            ),
+            key=lambda s: s.id,
+        )
+    rows = status_of(st.r, subs)
+    if as_json:
+        output.print_json(rows)
+        return
+    from rich.table import Table
+
+    def when(ts: float | None) -> str:
+        return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    table = Table(title=f"Delivery status ({len(rows)} subscriber{'s' if len(rows) != 1 else ''})")
+    for col in (
+        "id",
+        "delivered",
+        "retried",
+        "dead",
+        "pending now",
+        "retrying now",
+        "dead letters now",
+        "breakers",
+        "last success",
+        "last error",
+    ):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        breakers = "\n".join(
+            f"{d} {b['state']}" + (f" until {when(b['until'])}" if b["state"] == "open" else "")
+            for d, b in row["breakers"].items()
+        )
+        error = f"{when(row['last_error_at'])} {row['last_error']}" if row["last_error"] else "-"
+        table.add_row(
+            row["id"],
+            str(row["delivered"]),
+            str(row["retried"]),
+            str(row["dead"]),
+            str(row["pending"]),
+            str(row["retrying"]),
+            str(row["dead_letters"]),
+            breakers or "-",
+            when(row["last_success"]),
+            error,
+        )
     _console().print(table)
 
 

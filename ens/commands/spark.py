@@ -382,10 +382,13 @@ def stream(
         idle = _interval("--idle-timeout", idle_timeout)
         import redis
 
+        from profiles.subscribers import mask_url
+
+        shown = mask_url(redis_url, query=False)  # a Redis password is not shown
         try:
             redis.Redis.from_url(redis_url, socket_connect_timeout=5).ping()
         except (redis.RedisError, ValueError) as e:
-            raise ENSError(f"cannot reach Redis at {redis_url}: {e}") from None
+            raise ENSError(f"cannot reach Redis at {shown}: {e}") from None
         from notifiers.logs import setup_logging
 
         setup_logging(log_level)
@@ -409,7 +412,7 @@ def stream(
             signal.signal(sig, lambda *_: stop.set())
         with _session(master) as spark:
             q = start_query(spark, cfg)
-            log(f"streaming {redis_url} by {key} on {master}, checkpoint {checkpoint}")
+            log(f"streaming {shown} by {key} on {master}, checkpoint {checkpoint}")
             deadline = None if run_for is None else time.monotonic() + run_for
             while not stop.is_set() and q.isActive:
                 if deadline is not None and time.monotonic() >= deadline:

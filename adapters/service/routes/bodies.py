@@ -17,6 +17,7 @@ from fastapi import Request
 from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
+from adapters.service.records import GATEWAY_ATTR
 from adapters.service.routes.base import IngestLimits
 from notifiers import store
 from profiles.errors import BadEvent, TsOutOfWindow
@@ -152,6 +153,27 @@ def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
             f"ts {_iso(ts)} is {now - ts:.0f} s behind the server clock "
             f"(at most {limits.max_past:g} s: --max-past, 'off' for backfills)",
             "past",
+        )
+
+
+class ForeignGateway(ValueError):
+    """An event names another gateway than the one of its API key (`check_gateway`)."""
+
+    def __init__(self, message: str, named: Any) -> None:
+        super().__init__(message)
+        self.named = named
+
+
+def check_gateway(obj: dict[str, Any], gateway: str) -> None:
+    """Refuse an event that names another gateway than its API key's: `GATEWAY_ATTR` is the
+    service's (every event is stamped with its gateway when read), and a body that could set it
+    could fire another gateway's profiles. Its own name, or null, is harmless and accepted."""
+    value = obj.get(GATEWAY_ATTR)
+    if value is not None and value != gateway:
+        raise ForeignGateway(
+            f"key {GATEWAY_ATTR!r} is reserved: the service sets it to the gateway of the "
+            f"API key ({gateway!r}); remove it from the event (got {value!r})",
+            value,
         )
 
 

@@ -21,6 +21,8 @@ from adapters.service.routes.base import (
     too_busy,
 )
 from adapters.service.routes.bodies import (
+    ForeignGateway,
+    check_gateway,
     check_ts_window,
     check_values,
     error_id,
@@ -35,6 +37,7 @@ from profiles.events import event_from_obj
 
 log = logging.getLogger("ens.service.api")
 router = APIRouter()
+_posed: set[str] = set()  # gateways whose events named another one: logged once per process
 
 
 class EventErrorOut(BaseModel):
@@ -104,6 +107,20 @@ async def _over_backlog(request: Request) -> bool:
     return backlog_seen[1] > settings.max_backlog
 
 
+def _foreign_gateway(gw: str, named: object) -> None:
+    """Count an event that named another gateway; log it the first time (it may be a
+    misconfigured gateway rather than an attack, and then it would log every event)."""
+    m.EVENTS_REJECTED_GATEWAY.labels(gateway=gw).inc()
+    if gw not in _posed:
+        _posed.add(gw)
+        log.warning(
+            "gateway %s posted an event naming gateway %s: refused (422); such events are "
+            "counted in ens_events_rejected_gateway_total, logged once per gateway",
+            gw,
+            repr(named)[:80],
+        )
+
+
 @router.post(
     "/v1/events",
     status_code=202,
@@ -133,7 +150,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     """Validate every event; append the valid ones to `ens:ingest` before answering.
 
     `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
-    ingest entry id is used); other values must be scalars (LANGUAGE.md §1).
+    ingest entry id is used); other values must be scalars (LANGUAGE.md §1). `gateway` is
+    reserved: every event carries the gateway of the API key, and one naming another is refused.
     """
     settings: ApiSettings = request.app.state.settings
     body = await read_body(request, settings.max_body, settings.limits.body_timeout)
@@ -155,6 +173,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             if odd:
                 check_values(obj)
             ev = event_from_obj(obj, "-")
+            check_gateway(obj, gw)
             check_ts_window(ev.ts, now, settings.limits)
             text, plain = normalized_json(obj, ev)
             ids.append("" if obj.get("id") is None else str(obj["id"]))
@@ -163,6 +182,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
         except ValueError as exc:
             if isinstance(exc, TsOutOfWindow):
                 m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
+            elif isinstance(exc, ForeignGateway):
+                _foreign_gateway(gw, exc.named)
             errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
     accepted = len(texts)
     duplicates = 0

@@ -141,7 +141,8 @@ def delete_profile(pid: str, _: Admin, r: R) -> Response:
 
 @router.get("/v1/subscribers", response_model=list[SubscriberOut], tags=["subscribers"])
 def list_subscribers(_: Admin, r: R) -> list[SubscriberOut]:
-    """Every subscriber; signing secrets are never shown here."""
+    """Every subscriber; signing secrets are never shown, webhook URLs are masked (`<secret>`
+    for their password and query values)."""
     out = []
     for raw in r.hgetall(store.SUBSCRIBERS).values():
         out.append(_redact(store.Subscriber.model_validate_json(raw)))
@@ -161,6 +162,24 @@ def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
     return _redact(sub)
 
 
+@router.get(
+    "/v1/subscribers/{sid}/status",
+    tags=["subscribers"],
+    responses={404: {"model": ErrorOut}},
+)
+def subscriber_delivery_status(sid: str, _: Admin, r: R) -> dict[str, Any]:
+    """Its deliveries: counts of outcomes (delivered, retried attempts, dead-lettered), what is
+    pending or retrying now, dead letters not yet retried, the last success and error, and the
+    circuit breaker of each of its destinations (closed, open, half-open)."""
+    sub = store.get_subscriber(r, sid)
+    if sub is None:
+        raise HTTPException(404, f"no subscriber {sid!r}")
+    from notifiers.status import subscriber_status
+
+    (out,) = subscriber_status(r, [sub])
+    return out
+
+
 @router.post(
     "/v1/subscribers",
     status_code=201,
@@ -171,7 +190,8 @@ def get_subscriber(sid: str, _: Admin, r: R) -> SubscriberOut:
 def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
     """Store a subscriber (replacing one with the same id).
 
-    A webhook without a secret gets a generated one: the response shows it, once.
+    A webhook without a secret gets a generated one: the response shows it, once. Webhook
+    URLs are shown masked (`store.redact`), as everywhere: the caller has them.
     """
     try:
         rs.check_id(body.id, "subscriber id")
@@ -181,7 +201,11 @@ def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
         saved = store.put_subscriber(r, body)
     except ValidationError as exc:
         return JSONResponse({"error": store.subscriber_error(exc)}, 422)
-    return JSONResponse(json.loads(saved.to_json()), 201)
+    out = json.loads(saved.to_json())
+    for channel in out.get("channels", []):
+        if "webhook" in channel:
+            channel["webhook"] = store.redact(channel)["webhook"]
+    return JSONResponse(out, 201)
 
 
 @router.delete(
