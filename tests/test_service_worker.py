@@ -139,7 +139,7 @@ def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redi
     assert canon(replay_records(outbox(rt))) == canon(expected(events))
 
     # A really late event is not matched (issue 41 item 6) but not dropped: it is in the late
-    # output, as the gateway sent it.
+    # output, as the engine would have had it.
     rs.put_profile(rt, "probe", 'kind = "probe"')
     ingest(rb, [{"id": "old", "ts": events[0]["ts"], "kind": "probe"}])
     drain(w, clock)
@@ -148,7 +148,7 @@ def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redi
     assert [n for n in outbox(rt) if n["profile"] == "probe"] == []
     recs, _ = list_late(rt)
     assert [(r.event, r.gateway) for r in recs] == [
-        ({"id": "old", "ts": events[0]["ts"], "kind": "probe"}, "test")
+        ({"id": "old", "ts": events[0]["ts"], "kind": "probe", "gateway": "test"}, "test")
     ]
 
 

@@ -7,8 +7,8 @@ suppressing a "door left open" alarm. As in Flink and Beam, such an event is not
 worker writes it to the bounded stream ``ens:late`` (this module's record) in the same
 MULTI/EXEC as the journal entry that records the decision, so a crash neither loses nor
 duplicates one. ``ens notifications late list|export`` and ``GET /v1/late-events`` read it; the
-export is JSON lines that ``ens replay`` reads (each event as the gateway sent it, with its
-``id``), so the events can be matched offline in their place.
+export is JSON lines that ``ens replay`` reads (each event as the engine would have had it: its
+``id``, ``ts``, attributes and ``gateway`` stamp), so it can be matched offline in its place.
 """
 
 from __future__ import annotations

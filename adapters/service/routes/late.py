@@ -21,7 +21,8 @@ class LateEventOut(BaseModel):
     behind: float = Field(description="seconds the event's ts was behind the engine's time")
     written: float = Field(description="when the engine worker committed it (epoch seconds)")
     event: dict[str, Any] = Field(
-        description="the event as the gateway sent it (id, ts in epoch seconds, attributes): "
+        description="the event as the engine would have had it (id, ts in epoch seconds, "
+        "attributes with the gateway stamp): "
         "one line of an `ens replay` event file",
         examples=[{"id": "c1", "ts": 1795300003.1, "kind": "door", "state": "close"}],
     )
