@@ -394,7 +394,9 @@ def _mount() -> None:
     app.add_typer(spark_cli.app, name="spark")
     app.add_typer(generate_cli.app, name="generate")
     app.add_typer(
-        notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters."
+        notifiers_cli.app,
+        name="notifications",
+        help="Outbox, delivery worker, dead letters and late events.",
     )
     from ens.commands.service import register
 
