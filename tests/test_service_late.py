@@ -283,3 +283,34 @@ def test_late_events_end_to_end_listed_exported_and_replayed(svc: Service, tmp_p
     for c in (gw_a, gw_b, admin):
         c.close()
     r.close()
+
+
+def test_an_idle_engine_does_not_make_a_lateness_0_gateway_late(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    """With lateness 0 the wall-clock floor is the wall clock itself; an event always arrives a
+    little after its ts. While nothing is due (no timer fired, nothing newer fed), the engine
+    keeps the time of its last event, so such an event is fed, not sent to the late output —
+    and once a window end falls due the engine's time does follow the wall clock."""
+    rs.put_profile(rt, "door", 'kind = "door"')
+    rs.put_profile(rt, "ab", 'seq(a: kind = "A", b: kind = "B") within 5s per room')
+    t = time.time()
+    w = wall_worker(rb, reorder_seconds=0.0)
+    steps(w, t)  # the start: engine time is the wall clock
+    for i in range(5):  # each read 50 ms after its ts; the worker polled (idle) meanwhile
+        ts = t + 1 + i
+        steps(w, ts + 0.04)
+        post(rb, "gw", {"id": f"d{i}", "ts": ts, "kind": "door"})
+        steps(w, ts + 0.05)
+    w.snapshot()
+    assert [n["events"]["e"]["id"] for n in outbox_for(rt, "door")] == [f"d{i}" for i in range(5)]
+    assert w.totals["late"] == 0 and list_late(rt)[0] == []
+    # a pending window end is a timer: when it falls due, engine time moves to the wall clock
+    post(rb, "gw", {"id": "a1", "ts": t + 10, "kind": "A", "room": "r1"})
+    steps(w, t + 10.05)
+    steps(w, t + 20)  # the window (a1 + 5 s) ended at t + 15
+    assert w.engine.now is not None and w.engine.now >= t + 19.9
+    post(rb, "gw", {"id": "b1", "ts": t + 12, "kind": "B", "room": "r1"})
+    steps(w, t + 20.05)
+    w.snapshot()
+    assert outbox_for(rt, "ab") == [] and [r.event["id"] for r in list_late(rt)[0]] == ["b1"]

@@ -4,7 +4,8 @@ each feed an input of the journal.
 
 An event is **late** when its ``ts`` is older than the engine's time when the worker reads it:
 the engine has taken a later event or advanced past it (timers fired), so it can no longer be
-fed in ``ts`` order. (Held events are never late: the watermarks release them in ``ts`` order
+fed in ``ts`` order. The wall clock moves engine time only when a timer falls due (and once at
+the start), so an idle engine does not make events late that nothing has been decided past. (Held events are never late: the watermarks release them in ``ts`` order
 before the engine advances past them; an event that breaks its gateway's lateness promise but
 is not behind the engine is still held and fed in order.) A late event goes to the late side
 output (`adapters.service.late`), an ``OP_LATE`` input of the journal, committed with it; with
@@ -98,8 +99,13 @@ class Intake(EngineState):
         for h in self.wm.release(now, target):
             self._feed(h.item.event, h.item.entry, h.source)
         if wall and (self.engine.now is None or target > self.engine.now):
-            self._input(op_advance(target))
-            self.engine.advance(target)
+            # Move engine time only when a timer falls due: an idle engine keeps the time of its
+            # last effect, so an event that arrives a few ms after its ts (lateness 0) is not
+            # late while nothing has been decided past it (nothing fired, nothing newer fed).
+            due = self.engine.timers.next_time()
+            if self.engine.now is None or (due is not None and due < target):
+                self._input(op_advance(target))
+                self.engine.advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
         self._input(
