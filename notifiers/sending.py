@@ -21,8 +21,8 @@ from notifiers.metrics import (
     CIRCUIT_TRIPS,
     CIRCUITS_OPEN,
     DEFERRED,
-    DELIVERIES,
     LATENCY,
+    count_delivery,
 )
 from notifiers.store import (
     DEADLETTER,
@@ -87,7 +87,7 @@ class Sending(DeliveryState):
             if window > 0:
                 self._park(dkey, channel.email, window)
                 log.info("parked nid=%s ch=%d for the digest of %s", nid, ch, channel.email)
-                DELIVERIES.labels(kind, "digested").inc()
+                count_delivery(kind, "digested", n)
                 counts.digested += 1
                 return
 
@@ -131,7 +131,7 @@ class Sending(DeliveryState):
                 p.zadd(RETRY, {dkey: time.time() + delay})
                 p.execute()
             log.info("retry %s in %.2fs: %s", where, delay, result.error)
-            DELIVERIES.labels(kind, "retry").inc()
+            count_delivery(kind, "retry", n)
             counts.retried += 1
         else:
             why = result.error if not result.retryable else f"gave up: {result.error}"
@@ -166,7 +166,7 @@ class Sending(DeliveryState):
             log.info("circuit closed for %s: it answers again", dest)
 
     def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
-        DELIVERIES.labels(kind, "delivered").inc()
+        count_delivery(kind, "delivered", st["n"])
         age = entry_age(st.get("entry"))
         if age is not None:
             LATENCY.labels(kind).observe(age)
@@ -214,6 +214,6 @@ class Sending(DeliveryState):
             attempts,
             error,
         )
-        DELIVERIES.labels(kind, "dead").inc()
+        count_delivery(kind, "dead", st["n"])
         counts.dead += 1
         self._maybe_ack(st, counts)
