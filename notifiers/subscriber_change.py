@@ -71,6 +71,10 @@ def _shown(s: Subscriber) -> str:
     )
 
 
+def _urls(s: Subscriber) -> list[str | None]:
+    return [getattr(c, "webhook", None) for c in s.channels]
+
+
 def _compared(s: Subscriber) -> Any:
     """What a change is: channels (URLs, addresses, their digests and own secrets) and digest."""
     return ([c.model_dump(exclude_none=True) for c in s.channels], s.digest)
@@ -91,7 +95,12 @@ def plan(
         if _compared(old) != _compared(new):
             lines = [f"- {_shown(old)}", f"+ {_shown(new)}"]
             if lines[0][1:] == lines[1][1:]:  # the change is in what masking hides
-                lines.append("  (a channel's own secret or a masked part of a webhook URL changed)")
+                urls = [_urls(old), _urls(new)]
+                lines.append(
+                    "  (credentials or query values of a webhook URL changed)"
+                    if urls[0] != urls[1]
+                    else "  (a channel's own signing secret changed)"
+                )
         if new.secret and new.secret != old.secret:
             lines.append("  (a new signing secret is given)")
         elif not new.secret and old.secret:
