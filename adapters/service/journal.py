@@ -149,7 +149,8 @@ class Journal(EngineState):
         m.COMMITS.observe(time.perf_counter() - t0)
 
     def _published(self, records: list[dict[str, Any]]) -> None:
-        m.NOTIFICATIONS.inc(len(records))
+        for rec in records:
+            m.count_notification(rec["profile"], rec.get("subscriber"))
         self.totals["notifications"] += len(records)
         self._interval["notifications"] += len(records)
         self.pending.clear()

@@ -257,6 +257,39 @@ class ServiceSettings:
     log_level: str = _setting(
         "INFO", Option("DEBUG, INFO, WARNING, ...", flags=("--log-level",), shown="INFO")
     )
+    log_format: str = _setting(
+        "text",
+        Option(
+            "text: `TIME LEVEL LOGGER: MESSAGE` lines; json: one JSON object per line (time, "
+            "level, logger, message and the record's extra fields).",
+            "choice",
+            flags=("--log-format",),
+            env="ENS_LOG_FORMAT",
+            shown="text",
+            choices=("text", "json"),
+        ),
+    )
+    access_log: bool = _setting(
+        False,
+        Option(
+            "Log every HTTP request (client, method, path, status, duration) at INFO on "
+            "ens.service.access; off by default: gateways post many times a second.",
+            "switch",
+            flags=("--access-log",),
+            env="ENS_ACCESS_LOG",
+            switch_off="--no-access-log",
+        ),
+    )
+    metrics_label_limit: int = _number(
+        50,
+        "Series per profile and subscriber in /metrics (ens_notifications_total, "
+        "ens_profile_deliveries_total): the most counted label sets get their own, the "
+        "others count as `_other`. 0: only `_other`.",
+        flags=("--metrics-label-limit",),
+        env="ENS_METRICS_LABEL_LIMIT",
+        unit="series",
+        maximum=10_000,
+    )
     reset_admin_token: bool = _setting(
         False,
         Option(

@@ -151,6 +151,7 @@ def profile_add(
     profile or subscriber whose id is stored with another definition is replaced only with
     --replace; the changes are shown either way.
     """
+    from notifiers import subscriber_change as sc
     from profiles.lint import warnings as lint
 
     if (file is None) == (pid is None and expr is None):
@@ -207,7 +208,10 @@ def profile_add(
                 pset.profile_problems += 1
     if errors:
         _refuse(name, errors, pset, len(parsed))
-    changes = _profile_changes(st.r, parsed) + _subscriber_changes(st.r, subs)
+    plans = [sc.plan(st.r, sub) for sub in subs]
+    changes = _profile_changes(st.r, parsed) + [
+        (f"subscriber {p.id}", p.lines) for p in plans if p.needs_replace
+    ]
     if changes and not replace:
         for what, lines in changes:
             typer.echo(
@@ -229,21 +233,14 @@ def profile_add(
                 err=True,
             )
     replaced = dict(changes)
-    for sub in subs:
-        what = f"subscriber {sub['id']}"
-        old = store.get_subscriber(st.r, sub["id"])
-        if old is not None and what not in replaced:
-            typer.echo(f"{what} unchanged")
-            continue
-        rec = dict(sub)
-        if old is not None and old.secret and not rec.get("secret"):
-            rec["secret"] = old.secret  # its receivers keep verifying with the secret they have
-        saved = store.put_subscriber(st.r, rec)
-        typer.echo(f"{what} {'stored' if old is None else 'replaced'}")
-        for line in replaced.get(what, []):
+    for plan in plans:  # a stored secret is kept: its receivers go on verifying with it
+        what = f"subscriber {plan.id}"
+        _, shown_secret = sc.apply(st.r, plan)
+        typer.echo(f"{what} {dict(new='stored', changed='replaced').get(plan.status, 'unchanged')}")
+        for line in plan.lines:
             typer.echo(f"  {line}")
-        if saved.secret and not rec.get("secret"):
-            typer.echo(f"  webhook signing secret (shown once): {saved.secret}")
+        if shown_secret:
+            typer.echo(f"  webhook signing secret (shown once): {shown_secret}")
     for prof in parsed:
         what = f"profile {prof.id}"
         if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
@@ -286,30 +283,6 @@ def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
             ]
         if lines:
             out.append((f"profile {prof.id}", lines))
-    return out
-
-
-def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
-    """The same for subscribers: their channels and digest (a stored secret is kept)."""
-    out = []
-    for sub in subs:
-        old = store.get_subscriber(r, sub["id"])
-        if old is None:
-            continue
-        new = store.Subscriber.model_validate(sub)
-
-        def shown(s: Any) -> str:
-            chans = ", ".join(store.describe_channel(c.model_dump()) for c in s.channels)
-            return chans + (f"; digest {s.digest:g} s" if s.digest else "")
-
-        def kept(s: Any) -> Any:  # what is compared: what `shown` shows, URLs unmasked
-            return ([getattr(c, "webhook", None) or c.email for c in s.channels], s.digest)
-
-        if kept(old) != kept(new):
-            lines = [f"- {shown(old)}", f"+ {shown(new)}"]
-            if lines[0][1:] == lines[1][1:]:  # the change is in what masking hides
-                lines.append("  (credentials or query values of a webhook URL changed)")
-            out.append((f"subscriber {sub['id']}", lines))
     return out
 
 
@@ -414,14 +387,38 @@ def subscriber_add(
             help="E-mail digest window: notifications within it go out as one mail (e.g. 10m)."
         ),
     ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace", help="Replace a stored subscriber of the same id whose definition differs."
+        ),
+    ] = False,
+    rotate_secret: Annotated[
+        bool,
+        typer.Option(
+            "--rotate-secret",
+            help="Give the subscriber a new webhook signing secret (shown once) instead of "
+            "keeping the stored one.",
+        ),
+    ] = False,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Store a subscriber (replacing one with the same id)."""
+    """Store a subscriber.
+
+    An id stored with another definition is replaced only with --replace (the change is
+    shown either way); the same definition again changes nothing. A replaced subscriber keeps
+    its webhook signing secret, so its receivers go on verifying, unless --rotate-secret or
+    --secret is given.
+    """
+    from notifiers import subscriber_change as sc
+
     channels: list[dict[str, Any]] = [{"email": a} for a in email or []]
     channels += [{"webhook": u} for u in webhook or []]
     if not channels:
         raise _fail("give at least one --email or --webhook")
+    if secret and rotate_secret:
+        raise _fail("--secret and --rotate-secret both set the secret: give one")
     rec: dict[str, Any] = {"id": sid, "channels": channels}
     if secret:
         rec["secret"] = secret
@@ -438,10 +435,20 @@ def subscriber_add(
     except (ProfileError, ValueError) as exc:
         raise _fail(str(exc)) from None
     st = Store(redis_url, data_dir, create=True)
-    saved = store.put_subscriber(st.r, model)
-    typer.echo(f"subscriber {sid} stored")
-    if saved.secret and not secret:
-        typer.echo(f"webhook signing secret (shown once): {saved.secret}")
+    change = sc.plan(st.r, model, rotate=rotate_secret)
+    if change.needs_replace and not replace:
+        typer.echo(f"error: {change.refusal()}:", err=True)
+        for line in change.lines:
+            typer.echo(f"  {line}", err=True)
+        typer.echo("nothing stored", err=True)
+        raise typer.Exit(2)
+    _, shown_secret = sc.apply(st.r, change)
+    word = {"new": "stored", "changed": "replaced", "rotated": "secret rotated"}
+    typer.echo(f"subscriber {sid} {word.get(change.status, change.status)}")
+    for line in change.lines:
+        typer.echo(f"  {line}")
+    if shown_secret:
+        typer.echo(f"webhook signing secret (shown once): {shown_secret}")
 
 
 @subscriber_app.command("list")

@@ -20,7 +20,7 @@ from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.redis_limits import SAFE_POLICY, evicting_message, memory_state
 from adapters.service.routes.base import ApiSettings, R, admin_bearer, require_admin
-from notifiers import store
+from notifiers import backlog as backlog_of
 
 log = logging.getLogger("ens.service.api")
 router = APIRouter()
@@ -158,10 +158,12 @@ def metrics(
         backlog, lag = rs.ingest_backlog(r)
         m.INGEST_BACKLOG.set(backlog)
         m.INGEST_LAG.set(lag)
-        pending, age, dead = store.delivery_backlog(r)
-        m.DELIVERY_BACKLOG.set(pending)
-        m.DELIVERY_LAG.set(age)
-        m.DEAD_LETTERS.set(dead)
+        delivery = backlog_of.delivery_status(r)
+        m.DELIVERY_BACKLOG.set(delivery.backlog)
+        m.DELIVERY_LAG.set(delivery.lag)  # what no e-mail digest holds on purpose
+        m.DEAD_LETTERS.set(delivery.dead_letters)
+        m.DIGEST_HELD.set(delivery.digest_held)
+        m.DIGEST_AGE.set(delivery.digest_age)
         m.LATE_EVENTS.set(r.xlen(late.LATE))  # type: ignore[arg-type]
         status = rs.worker_status(r)
         m.HEARTBEAT_AGE.set(status["age"] if status else -1)
