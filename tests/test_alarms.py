@@ -390,3 +390,26 @@ def test_history_query_by_alarm_labels_and_time() -> None:
     assert [t.labels["room"] for t in h.query(matchers=[Matcher.parse("room=102")])] == ["102"]
     assert [t.ts for t in h.query(since=5, until=10)] == [5, 10]
     assert h.prune(1005) == 1 and len(h.records) == 2
+
+
+def test_deadlines_at_one_instant_fire_in_the_documented_order() -> None:
+    # the clear falls due at 50 exactly when the group's next message does: it is in it
+    r = AlarmRules(
+        {"w": AlarmSpec("major", "after", 50.0, None, ("raise", "ack", "clear"))},
+        default=GroupPolicy(("room",), group_wait=0, group_interval=50),
+    )
+    assert len(r.on_match("w", 0, ROOM, {}, "sec").messages) == 1
+    r.acknowledge(AID, 40, "ana")
+    e = r.advance(50)
+    assert [[n.kind for n in m.notices] for m in e.messages] == [["ack", "clear"]]
+
+
+def test_a_notice_exactly_group_interval_after_the_last_message_waits_group_wait() -> None:
+    r = AlarmRules(
+        {"w": AlarmSpec("major", "manual")},
+        default=GroupPolicy(("room",), group_wait=10, group_interval=50),
+    )
+    r.on_match("w", 0, ROOM, {}, "sec")
+    assert [m.ts for m in r.advance(10).messages] == [10]
+    r.clear(AID, 60, "ana", "x")  # 60 = last message + group_interval: a fresh group
+    assert r.due() == 70

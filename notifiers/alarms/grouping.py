@@ -25,6 +25,7 @@ class GroupPolicy:
     group_wait: float = 30.0
     group_interval: float = 300.0
     cap_per_hour: int | None = None
+    cap_window: float = HOUR  # the cap's sliding window (an hour; shorter in tests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,11 @@ class Message:
         out = asdict(self)
         out["notices"] = [n.to_json() for n in self.notices]
         return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Message:
+        notices = tuple(Notice.from_json(n) for n in d["notices"])
+        return cls(**{**d, "notices": notices})
 
 
 @dataclass(slots=True)
@@ -72,6 +78,7 @@ class Dispatcher:
         self.groups: dict[str, Group] = {}
         self.outlets: dict[str, Outlet] = {}
         self.messages = 0  # numbers message ids
+        self.singles = 0  # numbers the one-notice groups of ungrouped subscribers
 
     def policy(self, subscriber: str) -> GroupPolicy:
         return self.policies.get(subscriber, self.default)
@@ -81,7 +88,8 @@ class Dispatcher:
         pol = self.policy(subscriber)
         if pol.group_by is None:
             labels: dict[str, str] = {}
-            key = json.dumps([subscriber, notice.transition or notice.alarm, notice.ts, self._n()])
+            self.singles += 1  # same-instant messages go out by subscriber, then in this order
+            key = json.dumps([subscriber, f"#{self.singles:012d}"])
             wait, interval = 0.0, 0.0
         else:
             labels = {k: notice.labels.get(k, "") for k in pol.group_by}
@@ -97,7 +105,7 @@ class Dispatcher:
         return key
 
     def _n(self) -> int:
-        self.messages += 1  # a unique key for an ungrouped notice (and a message id below)
+        self.messages += 1
         return self.messages
 
     def flush(self, key: str, now: float) -> Message | None:
@@ -111,10 +119,10 @@ class Dispatcher:
 
     def digest(self, subscriber: str, now: float) -> Message | None:
         out = self.outlets[subscriber]
-        self._prune(out, now)
+        self._prune(out, now, self.policy(subscriber).cap_window)
         cap = self.policy(subscriber).cap_per_hour
         if cap is not None and len(out.sent) >= cap:  # not yet: the hour is still full
-            out.digest_at = out.sent[0] + HOUR
+            out.digest_at = out.sent[0] + self.policy(subscriber).cap_window
             return None
         notices, out.overflow, out.digest_at = out.overflow, [], None
         out.sent.append(now)
@@ -124,25 +132,27 @@ class Dispatcher:
         self, subscriber: str, now: float, kind: str, labels: dict[str, str], notices: list[Notice]
     ) -> Message | None:
         out = self.outlets.setdefault(subscriber, Outlet())
-        self._prune(out, now)
+        self._prune(out, now, self.policy(subscriber).cap_window)
         cap = self.policy(subscriber).cap_per_hour
         if cap is not None and (out.overflow or len(out.sent) >= cap):
             out.overflow.extend(notices)  # in order, behind what is already held back
             if out.digest_at is None:
-                out.digest_at = out.sent[0] + HOUR if len(out.sent) >= cap else now
+                full = len(out.sent) >= cap
+                out.digest_at = out.sent[0] + self.policy(subscriber).cap_window if full else now
             return None
         out.sent.append(now)
         return Message(f"m{self._n()}", subscriber, now, kind, dict(labels), tuple(notices))
 
     @staticmethod
-    def _prune(out: Outlet, now: float) -> None:
-        while out.sent and out.sent[0] <= now - HOUR:
+    def _prune(out: Outlet, now: float, window: float) -> None:
+        while out.sent and out.sent[0] <= now - window:
             out.sent.pop(0)
 
     # ------------------------------------------------------------------ snapshot
     def to_json(self) -> dict[str, Any]:
         return {
             "messages": self.messages,
+            "singles": self.singles,
             "groups": {
                 k: {
                     "subscriber": g.subscriber,
@@ -164,7 +174,7 @@ class Dispatcher:
         }
 
     def load(self, d: dict[str, Any]) -> None:
-        self.messages = d["messages"]
+        self.messages, self.singles = d["messages"], d["singles"]
         self.groups = {
             k: Group(
                 g["subscriber"],

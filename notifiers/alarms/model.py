@@ -136,6 +136,10 @@ class Transition:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Transition:
+        return cls(**d)
+
 
 @dataclass(frozen=True, slots=True)
 class Notice:

@@ -52,6 +52,7 @@ class AlarmRules:
         self.clock: float | None = None
         self.stats: dict[str, Counter[str]] = {}  # per subscriber ("" for none)
         self._heap: list[tuple[float, int, str]] = []
+        self._carry = Effects()  # effects of a refused call's advance, returned by the next call
 
     # ------------------------------------------------------------------ inputs
     def on_match(
@@ -77,14 +78,14 @@ class AlarmRules:
     def add_silence(self, data: Mapping[str, Any], now: float) -> Effects:
         """Validate and store a silence (``Effects.silence``); raises SilenceError naming the
         field. It holds back deliveries from then on."""
-        eff = self.advance(now)
-        t = self._now(now)
-        sid = f"s{self.silence_seq + 1}"
-        silence = parse_silence(data, sid, t)  # raises before anything is stored
-        self.silence_seq += 1
-        self.silences[sid] = silence
-        eff.silence = silence
-        return eff
+
+        def add(t: float) -> Effects:
+            silence = parse_silence(data, f"s{self.silence_seq + 1}", t)  # raises: none stored
+            self.silence_seq += 1
+            self.silences[silence.id] = silence
+            return Effects(silence=silence)
+
+        return self._op(now, add)
 
     def expire_silence(self, sid: str, now: float) -> Effects:
         """End a silence now (it stays, expired, for history); what it held back is due."""
@@ -112,7 +113,7 @@ class AlarmRules:
 
     def advance(self, now: float) -> Effects:
         """Fire every deadline up to ``now`` (inclusive), each at its own time, in order."""
-        eff = Effects()
+        eff, self._carry = self._carry, Effects()
         now = self._now(now)
         while (at := self.due()) is not None and at <= now:
             _, kind, key = heapq.heappop(self._heap)
@@ -133,6 +134,10 @@ class AlarmRules:
             "silences": [s.to_json() for s in self.silences.values()],
             "dispatch": self.dispatch.to_json(),
             "stats": {k: dict(v) for k, v in self.stats.items()},
+            "carry": {
+                "transitions": [t.to_json() for t in self._carry.transitions],
+                "messages": [m.to_json() for m in self._carry.messages],
+            },
         }
 
     @classmethod
@@ -156,6 +161,11 @@ class AlarmRules:
         rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
         rules.dispatch.load(snap["dispatch"])
         rules.stats = {k: Counter(v) for k, v in snap["stats"].items()}
+        carry = snap.get("carry", {})
+        rules._carry = Effects(
+            [Transition.from_json(t) for t in carry.get("transitions", [])],
+            [Message.from_json(m) for m in carry.get("messages", [])],
+        )
         for a in rules.book.alarms.values():
             rules._timer(CLEAR, a.id, a.clear_due)
             rules._timer(UNSILENCE, a.id, a.unsilence_at)
@@ -176,7 +186,11 @@ class AlarmRules:
     def _op(self, now: float, act: Callable[[float], Effects]) -> Effects:
         eff = self.advance(now)
         t = self._now(now)
-        eff.extend(act(t))
+        try:
+            eff.extend(act(t))
+        except Exception:
+            self._carry.extend(eff)  # what time did before the refusal comes with the next call
+            raise
         return eff.extend(self.advance(t))
 
     def _match(
