@@ -108,7 +108,6 @@ class Model:
             if a is not None and a["active"]:
                 self._clear(a, t, "rule")
             return
-        spec = self.specs[profile]
         aid = alarm_id(profile, part)
         a = self.alarms.get(aid)
         if a is not None and a["active"]:
