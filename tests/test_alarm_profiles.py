@@ -132,3 +132,24 @@ def test_ens_check_reports_alarm_problems(tmp_path: object) -> None:
     f.write_text(GOOD)
     r = CliRunner().invoke(app, ["check", str(f)])
     assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.redis
+def test_profile_add_says_the_service_does_not_keep_alarms_yet(
+    redis_url: str, tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from adapters.service import redis_store as rs
+    from ens.cli import app
+
+    f = Path(str(tmp_path)) / "p.yaml"
+    f.write_text(GOOD)
+    r = CliRunner(env={rs.ENV_URL: redis_url}).invoke(app, ["profile", "add", str(f)])
+    assert r.exit_code == 0, r.stderr
+    assert (
+        "warning: the service does not run alarms yet; the alarm: blocks of door, leak, "
+        "window-open are not stored" in r.stderr
+    )
