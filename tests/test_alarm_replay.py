@@ -162,4 +162,4 @@ def test_replay_without_alarms_is_unchanged(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["replay", str(p), str(e)])
     assert r.exit_code == 0
     profiles = [json.loads(x)["profile"] for x in r.stdout.splitlines()]
-    assert sorted(profiles) == ["plain", "plain", "window"]  # no companion profile in a plain replay
+    assert sorted(profiles) == ["plain", "plain", "window"]  # no companion profile
