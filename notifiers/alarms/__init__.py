@@ -8,19 +8,18 @@ is the entry point.
 from notifiers.alarms.contract import Effects, StatefulOperator
 from notifiers.alarms.grouping import GroupPolicy, Message
 from notifiers.alarms.history import History
-from notifiers.alarms.intervals import SilenceError, WeeklyWindow
+from notifiers.alarms.intervals import WeeklyWindow
 from notifiers.alarms.model import (
     STATES,
     Alarm,
-    AlarmNotFound,
-    AlarmStateConflict,
     Notice,
     State,
     Transition,
     alarm_id,
 )
-from notifiers.alarms.rules import VERSION, AlarmRules, SilenceNotFound
+from notifiers.alarms.rules import VERSION, AlarmRules
 from notifiers.alarms.silences import Matcher, Silence, parse_silence
+from profiles.errors import AlarmNotFound, AlarmStateConflict, SilenceError, SilenceNotFound
 
 __all__ = [
     "STATES",

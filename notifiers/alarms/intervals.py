@@ -12,20 +12,12 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from profiles.errors import ENSError
+from profiles.errors import SilenceError
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _WINDOW = re.compile(
     r"(?P<days>[A-Za-z,\- ]+?)\s+(?P<start>\d{1,2}:\d{2})\s*-\s*(?P<end>\d{1,2}:\d{2})"
 )
-
-
-class SilenceError(ENSError):
-    """A silence that cannot work; ``field`` names the part that is wrong."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(f"silence {field}: {message}")
 
 
 def zone(name: str) -> ZoneInfo:

@@ -13,8 +13,6 @@ from typing import Any
 from notifiers.alarms.model import (
     RULE,
     Alarm,
-    AlarmNotFound,
-    AlarmStateConflict,
     Kind,
     State,
     Transition,
@@ -24,6 +22,7 @@ from notifiers.alarms.model import (
     make_state,
 )
 from profiles.alarm import AlarmSpec
+from profiles.errors import AlarmNotFound, AlarmStateConflict
 
 
 class AlarmBook:

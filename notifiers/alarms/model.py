@@ -12,8 +12,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from profiles.errors import ENSError
-
 State = Literal[
     "active-unacknowledged", "active-acknowledged", "cleared-unacknowledged", "cleared-acknowledged"
 ]
@@ -25,22 +23,6 @@ STATES: tuple[State, ...] = (
     "cleared-acknowledged",
 )
 RULE = "rule"  # the actor of transitions made by the rules (a match, a clear condition, a timer)
-
-
-class AlarmNotFound(ENSError):
-    """No alarm (or occurrence) with this id: the HTTP layer answers 404."""
-
-    def __init__(self, ref: str) -> None:
-        self.ref = ref
-        super().__init__(f"no alarm {ref!r}")
-
-
-class AlarmStateConflict(ENSError):
-    """The alarm is already in the state the operation asks for (or superseded): 409."""
-
-    def __init__(self, ref: str, state: str, operation: str) -> None:
-        self.ref, self.state, self.operation = ref, state, operation
-        super().__init__(f"cannot {operation} alarm {ref!r}: it is {state}")
 
 
 def alarm_id(profile: str, partition: dict[str, Any] | None) -> str:

@@ -18,20 +18,14 @@ from typing import Any
 
 from notifiers.alarms.contract import Effects
 from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
-from notifiers.alarms.intervals import SilenceError
 from notifiers.alarms.lifecycle import AlarmBook
 from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, is_active
 from notifiers.alarms.silences import Silence, parse_silence
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
-from profiles.errors import StateError
+from profiles.errors import SilenceError, SilenceNotFound, StateError
 
 VERSION = 1
 CLEAR, UNSILENCE, FLUSH, DIGEST = 0, 1, 2, 3  # timer kinds, in the order they fire at a tie
-
-
-class SilenceNotFound(SilenceError):
-    def __init__(self, sid: str) -> None:
-        super().__init__("id", f"no silence {sid!r}")
 
 
 class AlarmRules:
