@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
-from profiles.ast import Profile, is_filter
+from profiles.ast import Absent, Filter, Profile, Seq, is_filter
 from profiles.errors import ProfileError
 from profiles.parser import parse_duration, parse_profile
 
@@ -49,18 +49,47 @@ class AlarmSpec:
 
 
 def clear_companion(profile: Profile, spec: AlarmSpec) -> Profile | None:
-    """The internal profile `<id>#clear` whose matches clear the alarm (kind "on"), or None.
+    """The internal profile `<id>#clear` whose matches clear the alarm, or None.
 
-    A one-component `seq` with the alarm's `per` (a bare filter cannot take `per`), so its
-    notifications carry the same partition values as the alarm's key.
+    Kind "on": a one-component `seq` with the alarm's `per` (a bare filter cannot take
+    `per`), so its notifications carry the same partition values as the alarm's key. Kind
+    "after": `absent(F) within T per P` when every `F` event is a match of the profile (a bare
+    filter, or a one-component `seq` without `where`, `nth` or `once`): the temporal pool's
+    terminator then fires T after the last match. Other profiles get None: their matches are
+    not events a profile can see, and the rules' own timer (`clear_due`) clears them.
     """
+    pid = profile.id + CLEAR_SUFFIX
+    if spec.clear == "after" and spec.clear_after is not None:
+        f = _single_filter(profile)
+        if f is None:
+            return None
+        text = f"absent(<{profile.id}>) within {spec.clear_after:g}s"
+        if profile.per:
+            text += " per " + ", ".join(profile.per)
+        return Profile(
+            pid, Absent(f), spec.clear_after, profile.per, subscriber=profile.subscriber,
+            source=text,
+        )  # fmt: skip
     if spec.clear != "on" or spec.clear_on is None:
         return None
-    pid = profile.id + CLEAR_SUFFIX
     if not profile.per:
         return parse_profile(spec.clear_on, pid, profile.subscriber)
     text = f"seq(clear: {spec.clear_on}) per {', '.join(profile.per)}"
     return parse_profile(text, pid, profile.subscriber)
+
+
+def _single_filter(profile: Profile) -> Filter | None:
+    """The filter F when each event matching F is one match of the profile, else None."""
+    if profile.once or profile.where is not None or profile.select.kind == "nth":
+        return None
+    if is_filter(profile.expr):
+        return profile.expr  # type: ignore[return-value]  # (is_filter narrows to a Filter)
+    expr = profile.expr
+    if isinstance(expr, Seq) and len(expr.components) == 1:
+        c = expr.components[0]
+        if not c.negated and is_filter(c.expr):
+            return c.expr  # type: ignore[return-value]
+    return None
 
 
 def _pos(name: str, node: yaml.Node | None) -> str:

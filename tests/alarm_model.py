@@ -94,12 +94,15 @@ class Model:
 
     # ---------------------------------------------------------------- inputs
     def op(self, t: int, fn: Any, *args: Any) -> None:
-        self.run_to(t)
-        t = self.now  # type: ignore[assignment]
+        """Time passes up to just before ``t``; the act; then what is due at ``t``."""
+        if self.now is None or self.now < t - 1:
+            self.run_to(t - 1)
+        t = max(t, self.now or t)
         try:
             fn(t, *args)
         finally:
             self.tick(t)
+            self.now = t
 
     def match(self, t: int, profile: str, part: dict[str, str], sub: str) -> None:
         if profile.endswith("#clear"):

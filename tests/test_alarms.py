@@ -128,11 +128,18 @@ def test_clear_after_falls_due_after_the_last_match() -> None:
     assert r.due() is None
 
 
-def test_match_at_the_due_time_clears_then_raises_anew() -> None:
+def test_a_deadline_fires_when_time_passes_it() -> None:
+    # as the engine's timers: a match exactly at the deadline comes first (a repeat)
     r = rules("after", 600)
     r.on_match("w", 0, ROOM, {}, "sec")
     e = r.on_match("w", 600, ROOM, {}, "sec")
-    assert [(t.kind, t.occurrence) for t in e.transitions] == [("clear", 1), ("raise", 2)]
+    assert [(t.kind, t.occurrence) for t in e.transitions] == [("repeat", 1)]
+    e = r.on_match("w", 1201, ROOM, {}, "sec")
+    assert [(t.kind, t.ts, t.occurrence) for t in e.transitions] == [
+        ("clear", 1200, 1),
+        ("raise", 1201, 2),
+    ]
+    assert [t.ts for t in r.advance(1801).transitions] == [1801]  # advance: inclusive
 
 
 def test_clear_on_companion_match_clears_only_active_alarms_of_its_partition() -> None:

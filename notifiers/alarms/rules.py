@@ -1,11 +1,13 @@
 """The alarm rules: matches, people and time in; transitions and messages out.
 
 One object holds every alarm's state, the silences and the grouping queues; each call is
-given its time and returns its `Effects`. Every call first lets time pass (`advance`), then
-acts, then lets the deadlines its act created at that same instant fire (a group without
-wait is sent at once). Deadlines that fall at the same time fire in a fixed order: clears
+given its time and returns its `Effects`. As the engine's timers (LANGUAGE.md §5), a deadline
+``d`` fires when time passes it: a call at ``t`` first fires the deadlines before ``t``, then
+acts, then fires those at ``t`` (a group without wait is sent at once); `advance(t)` fires
+them up to ``t`` inclusive. Deadlines that fall at the same time fire in a fixed order: clears
 (`clear: after`), then ended silences, then group messages, then digests; within a kind by
-key. A clear due at ``t`` therefore fires before a match at ``t``, which raises anew.
+key. A match exactly at a clear's deadline is therefore a repeat: the alarm never went quiet
+for T.
 """
 
 from __future__ import annotations
@@ -107,9 +109,12 @@ class AlarmRules:
 
     def advance(self, now: float) -> Effects:
         """Fire every deadline up to ``now`` (inclusive), each at its own time, in order."""
+        return self._advance(now, inclusive=True)
+
+    def _advance(self, now: float, inclusive: bool) -> Effects:
         eff, self._carry = self._carry, Effects()
         now = self._now(now)
-        while (at := self.due()) is not None and at <= now:
+        while (at := self.due()) is not None and (at < now or (inclusive and at == now)):
             _, kind, key = heapq.heappop(self._heap)
             self.clock = max(self.clock or at, at)
             eff.extend(self._fire(kind, key, at))
@@ -178,12 +183,12 @@ class AlarmRules:
         return now if self.clock is None else max(now, self.clock)
 
     def _op(self, now: float, act: Callable[[float], Effects]) -> Effects:
-        eff = self.advance(now)
+        eff = self._advance(now, inclusive=False)
         t = self._now(now)
         try:
             eff.extend(act(t))
-        except Exception:
-            self._carry.extend(eff)  # what time did before the refusal comes with the next call
+        except Exception:  # a refusal: time still passes to t; its effects come with the next call
+            self._carry = eff.extend(self._advance(t, inclusive=True))
             raise
         return eff.extend(self.advance(t))
 
@@ -197,9 +202,13 @@ class AlarmRules:
     ) -> Effects:
         if profile.endswith(CLEAR_SUFFIX):
             base = profile[: -len(CLEAR_SUFFIX)]
-            if base not in self.specs:
+            spec = self.specs.get(base)
+            if spec is None:
                 return Effects()
-            why = "clear condition: event " + ", ".join(events.values())
+            if spec.clear == "after":  # the temporal pool's `absent` terminator
+                why = f"no match for {spec.clear_after:g}s"
+            else:
+                why = "clear condition: event " + ", ".join(events.values())
             tr = self.book.rule_clear(alarm_id(base, partition), t, why)
             return self._deliver(tr, t) if tr is not None else Effects()
         spec = self.specs.get(profile)
