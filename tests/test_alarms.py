@@ -420,3 +420,11 @@ def test_a_notice_exactly_group_interval_after_the_last_message_waits_group_wait
     assert [m.ts for m in r.advance(10).messages] == [10]
     r.clear(AID, 60, "ana", "x")  # 60 = last message + group_interval: a fresh group
     assert r.due() == 70
+
+
+def test_a_matcher_that_matches_no_current_label_is_stored_with_a_warning() -> None:
+    r = rules()
+    r.on_match("w", 0, ROOM, {}, "sec")
+    e = r.add_silence({"matchers": ["room=101", "building=Z"], "for": "1h"}, 10)
+    assert e.silence is not None and "s1" in r.silences
+    assert e.warnings == ["silence s1: matcher building=Z matches no current alarm's labels"]

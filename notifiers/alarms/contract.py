@@ -24,12 +24,14 @@ class Effects:
     transitions: list[Transition] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     silence: Silence | None = None  # add_silence / expire_silence: the silence as stored
+    warnings: list[str] = field(default_factory=list)  # e.g. a matcher no alarm's label matches
 
     def extend(self, other: Effects) -> Effects:
         self.transitions.extend(other.transitions)
         self.messages.extend(other.messages)
         if other.silence is not None:
             self.silence = other.silence
+        self.warnings.extend(other.warnings)
         return self
 
 

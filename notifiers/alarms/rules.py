@@ -79,7 +79,7 @@ class AlarmRules:
             silence = parse_silence(data, f"s{self.silence_seq + 1}", t)  # raises: none stored
             self.silence_seq += 1
             self.silences[silence.id] = silence
-            return Effects(silence=silence)
+            return Effects(silence=silence, warnings=self._unmatched(silence))
 
         return self._op(now, add)
 
@@ -173,6 +173,16 @@ class AlarmRules:
         for s, o in rules.dispatch.outlets.items():
             rules._timer(DIGEST, s, o.digest_at)
         return rules
+
+    def _unmatched(self, silence: Silence) -> list[str]:
+        """The silence's matchers that no known alarm's label value satisfies (stored anyway:
+        the alarm may come later, but a typo is likelier)."""
+        labels = [a.labels() for a in self.book.alarms.values()]
+        return [
+            f"silence {silence.id}: matcher {m} matches no current alarm's labels"
+            for m in silence.matchers
+            if not any(m.matches(lab) for lab in labels)
+        ]
 
     def muted(self, labels: Mapping[str, str], t: float) -> list[Silence]:
         """The silences in force at ``t`` that match these labels."""
