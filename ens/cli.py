@@ -303,8 +303,49 @@ def replay(
     ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
+    alarms: Annotated[
+        bool,
+        typer.Option(
+            "--alarms",
+            help="Run the matches through the profiles' alarm rules in event time: write the "
+            "alarm transitions (not the notifications) and a summary per subscriber on stderr "
+            "(docs/alarms.md).",
+        ),
+    ] = False,
+    silences: Annotated[
+        Path | None,
+        typer.Option(help="With --alarms: a YAML file of silences (`silences: [...]`)."),
+    ] = None,
+    messages: Annotated[
+        str | None, typer.Option(help="With --alarms: write the messages (JSON lines) here.")
+    ] = None,
+    group_by: Annotated[
+        str | None,
+        typer.Option(
+            help="With --alarms: group each subscriber's notices by these labels (comma "
+            "separated, e.g. building; '' = one group per subscriber). Default: no grouping."
+        ),
+    ] = None,
+    group_wait: Annotated[
+        str, typer.Option(help="With --group-by: a new group waits this long (Alertmanager's).")
+    ] = "30s",
+    group_interval: Annotated[
+        str, typer.Option(help="With --group-by: then at most one message per group this often.")
+    ] = "5m",
+    cap: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --alarms: at most N messages per subscriber per hour; the rest "
+            "goes into the next digest.",
+        ),
+    ] = None,
 ) -> None:
-    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
+    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6).
+
+    With --alarms, write the alarm transitions instead and a summary per subscriber: how many
+    messages the alarms would have sent without and with grouping and silences.
+    """
     from ens.plans import check_plan, load_stats
     from ens.replay import replay as run
 
@@ -313,7 +354,12 @@ def replay(
         check_tz(tz)
         check_plan(plan)
         rates = load_stats(stats)
+        alarm_opts = silences is not None or messages is not None or group_by is not None
+        if (alarm_opts or cap is not None) and not alarms:
+            raise ENSError("--silences, --messages, --group-by and --cap go with --alarms")
         if index is not None:
+            if alarms:
+                raise ENSError("--alarms needs the profile file (an index has no alarm blocks)")
             if len(paths) != 1:
                 raise ENSError("with --index give only the EVENTS file")
             from adapters.spark.index import load_index
@@ -326,6 +372,12 @@ def replay(
             pset, _ = load_inputs(Path(paths[0]), None)
             profiles = pset.profiles
             events = paths[1]
+            if alarms:
+                _replay_alarms(
+                    pset, events, end, tz, (engine, variant, plan, rates), silences,
+                    (group_by, group_wait, group_interval, cap), out, messages,
+                )  # fmt: skip
+                return
         bar = _ReplayProgress(events)
         try:
             evs = read_event_file(events, bar.read if bar.bar is not None else None)
@@ -343,6 +395,51 @@ def replay(
         write_lines([n.to_json() for n in notes], out)
     except ENSError as e:
         raise report_errors(e) from None
+
+
+def _replay_alarms(  # noqa: ANN001 - the CLI's parts, passed through
+    pset, events: str, end, tz: str, eng: tuple, silences: Path | None, grouping: tuple,
+    out: str | None, messages: str | None,
+) -> None:  # fmt: skip
+    """`ens replay --alarms` (ens/alarm_replay.py): transitions out, a summary on stderr."""
+    from rich.console import Console
+
+    from ens.alarm_replay import (
+        read_silences,
+        replay_alarms,
+        run_engine,
+        summary_rows,
+        summary_table,
+    )
+    from notifiers.alarms import GroupPolicy
+    from profiles.options import parse_duration
+
+    if not pset.alarms:
+        typer.echo("warning: no profile has an alarm: block; nothing to do", err=True)
+    group_by, wait, interval, cap = grouping
+    policy = GroupPolicy(
+        tuple(x.strip() for x in group_by.split(",") if x.strip())
+        if group_by is not None
+        else None,
+        parse_duration("--group-wait", wait),
+        parse_duration("--group-interval", interval),
+        cap,
+    )
+    found = read_silences(silences) if silences is not None else []
+    evs = read_event_file(events)
+    _warn_lint(pset.profiles, evs)
+    notify = run_engine(lambda ps: make_engine(eng[0], ps, tz, *eng[1:]), evs, end)
+    result = replay_alarms(
+        pset.profiles, pset.alarms, notify, evs, end, silences=found, policy=policy,
+        silences_name=str(silences),
+    )  # fmt: skip
+    write_lines([t.to_json() for t in result.transitions], out)
+    if messages is not None:
+        write_lines([m.to_json() for m in result.messages], messages)
+    assert result.rules is not None
+    console = Console(stderr=True)
+    console.width = max(console.width, 130)  # a pipe or a log gets the whole table too
+    console.print(summary_table(summary_rows(result.rules)))
 
 
 @app.command()

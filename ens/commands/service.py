@@ -167,6 +167,12 @@ def profile_add(
         pset, errors = parse_profile_document(_read_text(file), str(file))
         parsed = list(pset.profiles)
         errors += _zoned_profiles(pset)
+        if pset.alarms:  # docs/alarms.md: the service does not keep alarms yet
+            typer.echo(
+                f"warning: the service does not run alarms yet; the alarm: blocks of "
+                f"{', '.join(sorted(pset.alarms))} are not stored (ens replay --alarms runs them)",
+                err=True,
+            )
         subs = pset.subscribers
         name = str(file)
     else:
