@@ -173,3 +173,15 @@ class SilenceNotFound(SilenceError):
 
     def __init__(self, sid: str) -> None:
         super().__init__("id", f"no silence {sid!r}")
+
+
+class EvictingRedis(ENSError):
+    """Redis may evict ENS' keys (its maxmemory-policy is not noeviction)."""
+
+
+class ForeignGateway(ENSError, ValueError):
+    """An event names another gateway than the one of its API key (`check_gateway`)."""
+
+    def __init__(self, message: str, named: Any) -> None:
+        super().__init__(message)
+        self.named = named

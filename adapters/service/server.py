@@ -33,9 +33,10 @@ from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
 from adapters.service.connections import uvicorn_options
 from adapters.service.embedded import EmbeddedError
-from adapters.service.redis_limits import EvictingRedis, check_policy
+from adapters.service.redis_limits import check_policy
 from adapters.service.settings import DEFAULTS, ROLES, ServiceSettings
 from adapters.service.worker import EngineWorker, WorkerConfig
+from profiles.errors import EvictingRedis
 from profiles.subscribers import mask_url
 
 log = logging.getLogger("ens.service")

@@ -68,12 +68,13 @@ from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.liveness import Liveness
 from adapters.service.pressure import Pressure
-from adapters.service.redis_limits import EvictingRedis, is_oom
+from adapters.service.redis_limits import is_oom
 from adapters.service.watermarks import Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers.stream_wait import read_by
 from profiles.ast import Profile
+from profiles.errors import EvictingRedis
 from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
 
 log = logging.getLogger("ens.service.worker")
