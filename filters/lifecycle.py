@@ -22,12 +22,35 @@ class MatchLifecycle(MatchBinder):
     __slots__ = ()
 
     def _add_pm(self, part: Partition, pm: PartialMatch) -> None:
-        if part.pms:
-            part.pms.append(pm)
+        pms = part.pms
+        eng = self.engine
+        if pms:
+            if len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile:
+                self._make_room(part)
+            part.pms.append(pm)  # type: ignore[union-attr]  # a list: it holds PMs
+        elif self.pm_count >= eng.cap_profile:
+            self._refuse(pm)
+            return
         else:
             part.pms = [pm]
         self.pm_count += 1
         self._changed(pm)
+
+    def _make_room(self, part: Partition) -> None:
+        """A cap is reached (`filters.caps`): the partition's oldest PM (the first opened, the
+        closest to expiring) is dropped, and counted."""
+        pms = part.pms
+        assert isinstance(pms, list)  # it holds PMs
+        self._drop(pms[0], "dropped (partial-match cap)")
+        self.engine.count_dropped_pm(self.pid)
+
+    def _refuse(self, pm: PartialMatch) -> None:
+        """The profile's cap is reached and the PM's partition holds none to drop: the new PM
+        is not kept (a partition never evicts another's matches), and counted."""
+        pm.alive = False
+        self.engine.count_dropped_pm(self.pid)
+        if self.engine.tracer is not None:
+            self._trace("refused", self._desc(pm) + " (partial-match cap of the profile)")
 
     def _deadline(self, pm: PartialMatch) -> float | None:
         """When the PM's window (or its earliest started nested window) ends."""

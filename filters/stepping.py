@@ -264,6 +264,10 @@ class GeneralSteps(MatchLifecycle):
             self._consume(part, new.seqs())
             self.report(ts, self._events(new), part.values)
             return True
+        cap = self.engine.cap_notifications
+        if len(completions) > cap:  # `filters.caps`: the first ones in report order are kept
+            self.engine.count_capped_notifications(self.pid, len(completions) - cap)
+            del completions[cap:]
         for new, _src in completions:
             self.report(ts, self._events(new), part.values)
             if not self.active:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from filters.caps import CapCounts, Caps
 from filters.compile import norm
 from filters.notification import Notification
 from filters.output import NotificationOutput
@@ -75,12 +77,13 @@ class _PM:
 class _Part:
     """One partition of one profile: binding lists, partial matches, the nth start counter."""
 
-    __slots__ = ("key", "values", "pms", "lists", "nth", "nth_timer")
+    __slots__ = ("key", "values", "pms", "lists", "nth", "nth_timer", "npms")
 
     def __init__(self, key: Key, values: Values) -> None:
         self.key = key
         self.values = values
         self.pms: list[_PM] = []
+        self.npms = 0  # alive PMs, `each` copies not merged yet included (the caps count them)
         self.lists: dict[int, deque[B]] = {}
         self.nth = 0
         self.nth_timer: Handle | None = None
@@ -211,6 +214,7 @@ class _PartialMatches(_Runtime):
         self.unique = profile.consume == "unique"
         self.window = profile.within
         self.parts: dict[Key, _Part] = {}
+        self.npms = 0  # alive PMs over all partitions (the profile's cap counts them)
         self.has_trailing = bool(self.pat.trailing)
         self.openers = self.pat.starts | frozenset(self.pat.leading)
         # select last: negations between positives, which a replacement must respect (§4.1)
@@ -318,6 +322,9 @@ class _PartialMatches(_Runtime):
         self._sync(pm)
 
     def _drop(self, pm: _PM) -> None:
+        if pm.alive:
+            pm.part.npms -= 1
+            self.npms -= 1
         pm.alive = False
         for h in pm.timers.values():
             self.engine.timers.discard(h)
@@ -349,10 +356,31 @@ class _PartialMatches(_Runtime):
                         self._drop(pm)
                 part.pms = [pm for pm in part.pms if pm.alive]
             return True
+        if not self._room(part, ()):
+            return False
         pm = _PM([None] * len(nb), part)
         self._set(pm, nb)
         part.pms.append(pm)
+        self._kept(pm)
         return False
+
+    def _room(self, part: _Part, fresh: Iterable[_PM]) -> bool:
+        """Room for one more PM in `part` under the caps (`filters.caps`, the same rule as the
+        single-step engine's): at a cap the partition's oldest alive PM (its list, then the
+        copies of this event) is dropped; a partition with none refuses (False). Counted."""
+        eng = self.engine
+        if part.npms < eng.cap_partition and self.npms < eng.cap_profile:
+            return True
+        eng.count_dropped_pm(self.profile.id)
+        for pm in chain(part.pms, fresh):
+            if pm.alive:
+                self._drop(pm)
+                return True
+        return False
+
+    def _kept(self, pm: _PM) -> None:
+        pm.part.npms += 1
+        self.npms += 1
 
     def _forget_nth(self, part: _Part) -> None:
         part.nth = 0
@@ -435,6 +463,7 @@ class _PartialMatches(_Runtime):
                 self._drop(pm)
             self._forget_nth(part)
         self.parts.clear()
+        self.npms = 0
 
     def live(self) -> tuple[int, int, int]:
         pms = sum(len(p.pms) for p in self.parts.values())
@@ -598,11 +627,12 @@ class _CompositeRuntime(_PartialMatches):
                 alts.add(alt)
             if self._complete(nb):  # the original waits on: not exempt from the event
                 completions.append((self.pat.order_key(nb), nb))
-            else:
+            elif self._room(part, fresh):
                 cp = pm.copy(nb)
                 cp.counts = {}
                 self._set(cp, nb)
                 fresh.append(cp)
+                self._kept(cp)
 
     def _extend_nth(self, part: _Part, pm: _PM, b: B, hit: list[int]) -> Binds | None:
         """select nth: the event counts for the leaf it would bind under `first`; the N-th
@@ -643,6 +673,10 @@ class _CompositeRuntime(_PartialMatches):
         if len(completions) > 1:
             completions.sort(key=lambda c: c[0])
         if not self.unique:
+            cap = self.engine.cap_notifications
+            if len(completions) > cap:  # `filters.caps`: the first ones in report order are kept
+                self.engine.count_capped_notifications(self.profile.id, len(completions) - cap)
+                del completions[cap:]
             for _, nb in completions:
                 self.report(b[1].ts, self.pat.events(nb), part.values)
                 if not self.active:
@@ -775,7 +809,7 @@ class _CompositeRuntime(_PartialMatches):
 
 
 # ------------------------------------------------------------------ engine
-class TwoStepEngine(TimeDriven, NotificationOutput):
+class TwoStepEngine(TimeDriven, NotificationOutput, CapCounts):
     """Same interface as `filters.engine.Engine`; primitive filtering, then composite evaluation.
 
     >>> from profiles.parser import parse_profile
@@ -791,6 +825,7 @@ class TwoStepEngine(TimeDriven, NotificationOutput):
         *,
         tz: str = "UTC",
         timers: TemporalPool | None = None,
+        caps: Caps | None = None,
     ) -> None:
         self.pool = PrimitivePool()
         self.timers = timers if timers is not None else TemporalPool()
@@ -801,6 +836,7 @@ class TwoStepEngine(TimeDriven, NotificationOutput):
         self._next = 0
         self._seq = 0
         NotificationOutput.__init__(self)
+        CapCounts.__init__(self, caps)
         self._clocks: dict[Clock, Handle | None] = {}
         self._clock_users: dict[Clock, set[int]] = {}
         for p in profiles:
