@@ -24,25 +24,29 @@ class MatchLifecycle(MatchBinder):
     def _add_pm(self, part: Partition, pm: PartialMatch) -> None:
         pms = part.pms
         eng = self.engine
+        if len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile:
+            if not self._make_room(part):
+                self._refuse(pm)
+                return
+            pms = part.pms
         if pms:
-            if len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile:
-                self._make_room(part)
-            part.pms.append(pm)  # type: ignore[union-attr]  # a list: it holds PMs
-        elif self.pm_count >= eng.cap_profile:
-            self._refuse(pm)
-            return
+            pms.append(pm)  # type: ignore[union-attr]  # a list: it holds PMs
         else:
             part.pms = [pm]
         self.pm_count += 1
         self._changed(pm)
 
-    def _make_room(self, part: Partition) -> None:
-        """A cap is reached (`filters.caps`): the partition's oldest PM (the first opened, the
-        closest to expiring) is dropped, and counted."""
+    def _make_room(self, part: Partition) -> bool:
+        """A cap is reached (`filters.caps`): the partition's oldest PMs (the first opened, the
+        closest to expiring) are dropped, and counted, until one more fits; False if the
+        profile's cap still does not let one in (the partition holds none to drop)."""
+        eng = self.engine
         pms = part.pms
-        assert isinstance(pms, list)  # it holds PMs
-        self._drop(pms[0], "dropped (partial-match cap)")
-        self.engine.count_dropped_pm(self.pid)
+        while pms and (len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile):
+            assert isinstance(pms, list)  # it holds PMs
+            self._drop(pms[0], "dropped (partial-match cap)")
+            eng.count_dropped_pm(self.pid)
+        return self.pm_count < eng.cap_profile
 
     def _refuse(self, pm: PartialMatch) -> None:
         """The profile's cap is reached and the PM's partition holds none to drop: the new PM

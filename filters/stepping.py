@@ -151,7 +151,7 @@ class GeneralSteps(MatchLifecycle):
             else:
                 touched.add(id(new))  # the copy holds the event; the original does not
                 self._add_pm(part, new)
-                if tracing:
+                if tracing and new.alive:
                     self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
 
     def _bind_next(
@@ -346,7 +346,7 @@ class GeneralSteps(MatchLifecycle):
                 completions.append((new, None))
             else:
                 self._add_pm(part, new)
-                if tracing:
+                if tracing and new.alive:  # (not refused by a cap)
                     self._trace("opened", self._desc(new))
             if kind != "each":
                 break

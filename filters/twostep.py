@@ -358,6 +358,8 @@ class _PartialMatches(_Runtime):
             return True
         if not self._room(part, ()):
             return False
+        if len(part.pms) > part.npms:  # the cap dropped one: keep the list to the alive
+            part.pms = [pm for pm in part.pms if pm.alive]
         pm = _PM([None] * len(nb), part)
         self._set(pm, nb)
         part.pms.append(pm)
@@ -366,16 +368,22 @@ class _PartialMatches(_Runtime):
 
     def _room(self, part: _Part, fresh: Iterable[_PM]) -> bool:
         """Room for one more PM in `part` under the caps (`filters.caps`, the same rule as the
-        single-step engine's): at a cap the partition's oldest alive PM (its list, then the
-        copies of this event) is dropped; a partition with none refuses (False). Counted."""
+        single-step engine's): at a cap the partition's oldest alive PMs (its list, then the
+        copies of this event) are dropped until one fits; a partition with none to drop
+        refuses (False). Counted."""
         eng = self.engine
+        pid = self.profile.id
         if part.npms < eng.cap_partition and self.npms < eng.cap_profile:
             return True
-        eng.count_dropped_pm(self.profile.id)
         for pm in chain(part.pms, fresh):
+            if part.npms < eng.cap_partition and self.npms < eng.cap_profile:
+                return True
             if pm.alive:
                 self._drop(pm)
-                return True
+                eng.count_dropped_pm(pid)
+        if self.npms < eng.cap_profile:
+            return True
+        eng.count_dropped_pm(pid)  # refused
         return False
 
     def _kept(self, pm: _PM) -> None:

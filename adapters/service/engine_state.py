@@ -20,6 +20,7 @@ import redis
 from adapters.service.lease import EngineLease
 from adapters.service.settings import DEFAULTS, ServiceSettings
 from adapters.service.watermarks import Held, Watermarks
+from filters.caps import Caps
 from filters.engine import Engine
 from filters.notification import Notification
 from profiles.ast import Profile
@@ -56,6 +57,14 @@ class WorkerConfig:
     rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
     replan_every: int = DEFAULTS.replan_every  # plan "auto": re-plan every N events (0: never)
     drift: float = DEFAULTS.drift  # ... when a component's rate moved by this factor
+    caps: Caps = field(  # partial matches and notifications per event (`filters.caps`)
+        default_factory=lambda: Caps(
+            DEFAULTS.max_partial_matches,
+            DEFAULTS.max_profile_partial_matches,
+            DEFAULTS.max_notifications_per_event,
+        )
+    )
+    cap_warn_interval: float = 60.0  # at most one cap WARNING per profile this often (s)
 
     @classmethod
     def from_settings(
@@ -77,6 +86,11 @@ class WorkerConfig:
             rates=rates,
             replan_every=s.replan_every,
             drift=float(s.drift),
+            caps=Caps(
+                s.max_partial_matches,
+                s.max_profile_partial_matches,
+                s.max_notifications_per_event,
+            ),
         )
         if s.worker_name:
             cfg.name = s.worker_name
@@ -112,6 +126,7 @@ class EngineState:
     control_id: str
     wm: Watermarks
     late_by_gateway: dict[str, int]
+    capped: dict[str, list[int]]  # profile id -> [partial matches, notifications] the caps took
     unacked: list[str]  # read, to be XACKed by the next snapshot
     inputs: list[list[Any]]  # the input log since the last commit
     pending: list[Notification]  # detected, not committed

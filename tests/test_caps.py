@@ -1,0 +1,171 @@
+"""Caps on partial matches and notifications per event (filters/caps.py, issue 41 item 5).
+
+Each cap is shown on both engines (and the rare-first plan where it applies), with its
+counter; a hypothesis test with small caps checks that the single-step engine and the
+two-step baseline apply them identically.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ens.replay import order_events
+from filters.caps import CapHits, Caps
+from filters.engine import Engine
+from filters.twostep import TwoStepEngine
+from profiles.errors import ProfileError
+from profiles.events import Event
+from profiles.parser import parse_profile
+from tests.test_differential import _events, parsed, scenario, seq_profile_text
+
+EACH = 'seq(a: kind = "x", b: kind = "y") within 1d select each consume shared'
+
+
+def engines(text: str, caps: Caps) -> list[tuple[str, Any]]:
+    p = parse_profile(text, "w")
+    return [
+        ("eager", Engine([p], caps=caps)),
+        ("rare-first", Engine([p], caps=caps, plan="rare-first")),
+        ("two-step", TwoStepEngine([p], caps=caps)),
+    ]
+
+
+def feed(eng: Any, events: list[tuple[str, float, dict[str, Any]]]) -> list[dict[str, Any]]:
+    for eid, ts, attrs in events:
+        eng.process(Event(eid, ts, attrs))
+    return [n.to_json()["events"] for n in eng.take_notifications()]
+
+
+@pytest.mark.parametrize("which", ["eager", "rare-first", "two-step"])
+def test_partition_cap_drops_the_oldest_partial_match_and_counts_it(which: str) -> None:
+    """The issue's shape: one PM per x event, capped at 5 in the partition; the oldest go
+    (x0..x4), the newest five complete with y, and the five dropped are counted."""
+    eng = dict(engines(EACH, Caps(partition=5)))[which]
+    out = feed(eng, [(f"x{i}", float(i), {"kind": "x"}) for i in range(10)])
+    assert out == []
+    assert eng.stats()["partial_matches"] == 5
+    out = feed(eng, [("y", 20.0, {"kind": "y"})])
+    assert out == [{"a": f"x{i}", "b": "y"} for i in range(5, 10)]
+    assert eng.take_cap_hits() == {"w": CapHits(partial_matches=5, notifications=0)}
+    assert eng.take_cap_hits() == {}  # taken
+
+
+@pytest.mark.parametrize("which", ["eager", "two-step"])
+def test_profile_cap_refuses_a_new_partition_and_drops_within_one(which: str) -> None:
+    """Over all partitions at most 3 PMs: a partition holding none cannot open one (a busy
+    room never evicts another's match); one holding some drops its own oldest."""
+    text = 'seq(a: kind = "x", b: kind = "y") within 1h per room select each consume shared'
+    eng = dict(engines(text, Caps(profile=3)))[which]
+    xs = [("a1", 0.0, 1), ("a2", 1.0, 1), ("b1", 2.0, 2), ("c1", 3.0, 3), ("a3", 4.0, 1)]
+    feed(eng, [(eid, ts, {"kind": "x", "room": room}) for eid, ts, room in xs])
+    assert eng.stats()["partial_matches"] == 3
+    out = feed(
+        eng,
+        [(f"y{room}", 10.0 + room, {"kind": "y", "room": room}) for room in (1, 2, 3)],
+    )
+    # room 3's PM was refused (c1), room 1's oldest (a1) made room for a3
+    assert out == [{"a": "a2", "b": "y1"}, {"a": "a3", "b": "y1"}, {"a": "b1", "b": "y2"}]
+    assert eng.take_cap_hits() == {"w": CapHits(partial_matches=2)}
+
+
+def test_profile_cap_under_select_first_refuses_new_partitions() -> None:
+    """The fast path of `select first` (one PM per partition) applies the profile's cap too."""
+    text = 'seq(a: kind = "x", b: kind = "y") within 1h per room'
+    for _, eng in engines(text, Caps(profile=2))[::2]:
+        feed(eng, [(f"x{room}", float(room), {"kind": "x", "room": room}) for room in range(5)])
+        assert eng.stats()["partial_matches"] == 2
+        assert eng.take_cap_hits() == {"w": CapHits(partial_matches=3)}
+        out = feed(eng, [(f"y{room}", 9.0, {"kind": "y", "room": room}) for room in range(5)])
+        assert out == [{"a": "x0", "b": "y0"}, {"a": "x1", "b": "y1"}]
+
+
+@pytest.mark.parametrize("which", ["eager", "rare-first", "two-step"])
+def test_notification_cap_per_event_keeps_the_first_and_counts_the_rest(which: str) -> None:
+    eng = dict(engines(EACH, Caps(notifications=3)))[which]
+    feed(eng, [(f"x{i}", float(i), {"kind": "x"}) for i in range(10)])
+    out = feed(eng, [("y", 20.0, {"kind": "y"})])
+    assert out == [{"a": f"x{i}", "b": "y"} for i in range(3)]
+    assert eng.take_cap_hits() == {"w": CapHits(notifications=7)}
+    # the PMs stay (shared): the next y is capped the same way
+    assert len(feed(eng, [("y2", 21.0, {"kind": "y"})])) == 3
+    assert eng.take_cap_hits() == {"w": CapHits(notifications=7)}
+
+
+def test_notification_cap_through_the_general_path() -> None:
+    """A shape off the fast paths (a where clause): `_complete` applies the cap."""
+    text = 'seq(a: kind = "x", b: kind = "y") within 1d where a.v = b.v select each consume shared'
+    for name, eng in engines(text, Caps(notifications=2)):
+        feed(eng, [(f"x{i}", float(i), {"kind": "x", "v": 1}) for i in range(6)])
+        assert len(feed(eng, [("y", 20.0, {"kind": "y", "v": 1})])) == 2, name
+        assert eng.take_cap_hits() == {"w": CapHits(notifications=4)}, name
+
+
+def test_defaults_and_bad_caps() -> None:
+    assert Engine().caps == Caps(10_000, 100_000, 1_000)
+    with pytest.raises(ValueError, match="partition must be at least 1"):
+        Caps(partition=0)
+
+
+def test_caps_are_configuration_not_snapshot_state() -> None:
+    """A snapshot restores with the default caps and no hits (the service sets its caps
+    again); the format is unchanged (tests/test_state.py checks the schema)."""
+    p = parse_profile(EACH, "w")
+    eng = Engine([p], caps=Caps(partition=2))
+    feed(eng, [(f"x{i}", float(i), {"kind": "x"}) for i in range(4)])
+    back = Engine.restore(eng.snapshot())
+    assert back.caps == Caps() and back.cap_hits == {}
+    assert back.stats()["partial_matches"] == 2
+    back.set_caps(Caps(partition=1))
+    feed(back, [("x9", 9.0, {"kind": "x"})])
+    assert back.stats()["partial_matches"] == 1
+
+
+@st.composite
+def capped_case(draw: st.DrawFn) -> tuple[list[tuple[str, str]], list[dict], Caps]:
+    """`seq` profiles (each, first, last; per; where) over short streams, with small caps."""
+    profiles, events, _ = draw(scenario(seq_profile_text()))
+    texts = []
+    for pid, text in profiles:
+        try:
+            parsed(text, pid)
+        except ProfileError:
+            continue
+        texts.append((pid, text))
+    caps = Caps(
+        partition=draw(st.integers(1, 4)),
+        profile=draw(st.integers(1, 6)),
+        notifications=draw(st.integers(1, 3)),
+    )
+    return texts, events, caps
+
+
+@settings(
+    max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(capped_case())
+def test_engines_apply_small_caps_alike(
+    case: tuple[list[tuple[str, str]], list[dict], Caps],
+) -> None:
+    """Under small caps the single-step engine and the two-step baseline report the same
+    notifications and count the same hits per profile."""
+    texts, events, caps = case
+    profiles = [parsed(text, pid) for pid, text in texts]
+    outs = {}
+    for name, eng in (
+        ("single-step", Engine(profiles, caps=caps)),
+        ("two-step", TwoStepEngine(profiles, caps=caps)),
+    ):
+        notes = []
+        for ev in order_events(_events(events)):
+            eng.process(ev)
+            notes += [n.to_json() for n in eng.take_notifications()]
+        eng.finish(None)
+        notes += [n.to_json() for n in eng.take_notifications()]
+        outs[name] = (notes, eng.take_cap_hits())
+    if outs["single-step"] != outs["two-step"]:
+        print("profiles:", texts, "caps:", caps, "events:", events)
+    assert outs["single-step"] == outs["two-step"]
