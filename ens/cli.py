@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
+from filters.caps import DEFAULT_NOTIFICATIONS, DEFAULT_PARTITION, DEFAULT_PROFILE, Caps
 from profiles.errors import ENSError, ManyErrors
 
 if TYPE_CHECKING:  # (imported where used: `ens --help` stays quick)
@@ -349,11 +350,23 @@ def explain(
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
+    max_partial_matches: Annotated[
+        int,
+        typer.Option(min=1, help="Partial matches per partition of the profile (as ens serve)."),
+    ] = DEFAULT_PARTITION,
+    max_profile_partial_matches: Annotated[
+        int, typer.Option(min=1, help="Partial matches of the profile (as ens serve).")
+    ] = DEFAULT_PROFILE,
+    max_notifications_per_event: Annotated[
+        int, typer.Option(min=1, help="Notifications of the profile per event (as ens serve).")
+    ] = DEFAULT_NOTIFICATIONS,
 ) -> None:
     """Show, event by event, what a profile's partial matches do and why it fired or did not.
 
     First the profile's evaluation plan (--plan, --stats): which component opens matches,
-    the rates it was chosen from, and why.
+    the rates it was chosen from, and why. Last, whether the caps on partial matches and
+    notifications per event (those of ens serve) were reached, and the trace shows what
+    they dropped.
     """
     from ens.explain import explain as run
     from ens.plans import check_plan, load_stats
@@ -366,7 +379,18 @@ def explain(
         pset, evs = load_inputs(profiles, events)
         if profile not in {p.id for p in pset.profiles}:
             raise ENSError(f"no profile {profile!r} in {profiles}")
-        run(pset.profiles, evs, profile, end, tz=tz, echo=typer.echo, plan=plan, rates=rates)
+        caps = Caps(max_partial_matches, max_profile_partial_matches, max_notifications_per_event)
+        run(
+            pset.profiles,
+            evs,
+            profile,
+            end,
+            tz=tz,
+            echo=typer.echo,
+            plan=plan,
+            rates=rates,
+            caps=caps,
+        )
     except ENSError as e:
         raise report_errors(e) from None
 

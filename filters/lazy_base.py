@@ -246,6 +246,8 @@ class LazyBase(DerivedRuntime):
         cap = self.engine.cap_notifications
         if len(found) > cap and not self.unique:
             self.engine.count_capped_notifications(self.pid, len(found) - cap)
+            if self.engine.tracer is not None:
+                self._trace("capped", f"{len(found) - cap} notification(s) beyond {cap}")
             del found[cap:]
 
     def _room(self, buf: list[Binding]) -> None:

@@ -44,7 +44,7 @@ class MatchLifecycle(MatchBinder):
         pms = part.pms
         while pms and (len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile):
             assert isinstance(pms, list)  # it holds PMs
-            self._drop(pms[0], "dropped (partial-match cap)")
+            self._drop(pms[0], "capped by the partial-match cap")
             eng.count_dropped_pm(self.pid)
         return self.pm_count < eng.cap_profile
 

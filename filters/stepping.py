@@ -267,6 +267,8 @@ class GeneralSteps(MatchLifecycle):
         cap = self.engine.cap_notifications
         if len(completions) > cap:  # `filters.caps`: the first ones in report order are kept
             self.engine.count_capped_notifications(self.pid, len(completions) - cap)
+            if self.engine.tracer is not None:
+                self._trace("capped", f"{len(completions) - cap} notification(s) beyond {cap}")
             del completions[cap:]
         for new, _src in completions:
             self.report(ts, self._events(new), part.values)

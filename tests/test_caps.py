@@ -7,12 +7,17 @@ two-step baseline apply them identically.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from ens.cli import app
 from ens.replay import order_events
 from filters.caps import CapHits, Caps
 from filters.engine import Engine
@@ -169,3 +174,26 @@ def test_engines_apply_small_caps_alike(
     if outs["single-step"] != outs["two-step"]:
         print("profiles:", texts, "caps:", caps, "events:", events)
     assert outs["single-step"] == outs["two-step"]
+
+
+def test_explain_shows_the_caps_and_what_they_dropped(tmp_path: Path) -> None:
+    prof = tmp_path / "p.yaml"
+    prof.write_text(yaml.safe_dump({"profiles": [{"id": "w", "expr": EACH}]}))
+    ev = tmp_path / "e.jsonl"
+    rows = [{"id": f"x{i}", "ts": i, "kind": "x"} for i in range(6)]
+    rows.append({"id": "y", "ts": 10, "kind": "y"})
+    ev.write_text("".join(json.dumps(e) + "\n" for e in rows))
+    args = ["explain", str(prof), str(ev), "-p", "w"]
+    r = CliRunner().invoke(
+        app, [*args, "--max-partial-matches", "3", "--max-notifications-per-event", "2"]
+    )
+    assert r.exit_code == 0, r.stderr
+    assert "capped    {a: x0} (capped by the partial-match cap)" in r.stdout
+    assert "capped    1 notification(s) beyond 2" in r.stdout
+    assert (
+        "caps (at most 3 partial matches per partition, 100000 per profile, 2 notifications "
+        "per event): REACHED, 3 partial match(es) dropped, 1 notification(s) dropped"
+    ) in r.stdout
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.stderr
+    assert "per event): not reached" in r.stdout
