@@ -138,7 +138,22 @@ def write_lines(records: list[dict], out: str | None) -> None:
 
 
 @app.command()
-def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")]) -> None:
+def check(
+    profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")],
+    stats: Annotated[
+        Path | None,
+        typer.Option(
+            help="An `ens spark stats` file: also warn about `select each` profiles whose "
+            "starting components are frequent for their window (partial matches pile up)."
+        ),
+    ] = None,
+    max_partial_matches: Annotated[
+        int, typer.Option(min=1, help="--stats: the cap per partition of ens serve.")
+    ] = DEFAULT_PARTITION,
+    max_notifications_per_event: Annotated[
+        int, typer.Option(min=1, help="--stats: the cap of ens serve.")
+    ] = DEFAULT_NOTIFICATIONS,
+) -> None:
     """Validate a profile file and print every problem, not just the first."""
     from profiles.profile_file import parse_profile_document, read_profile_text
 
@@ -153,10 +168,23 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
         raise typer.Exit(2)
     if not pset.profiles:
         typer.echo(f"warning: {profiles} defines no profiles", err=True)
-    from profiles.lint import warnings
+    from ens.plans import load_stats
+    from profiles.lint import start_components, unbounded_matches, warnings
 
+    try:
+        rates = load_stats(stats)
+    except ENSError as e:
+        raise report_errors(e) from None
     for p in pset.profiles:
-        for w in warnings(p):
+        found = warnings(p)
+        starts = start_components(p) if rates is not None else []
+        if rates is not None and starts:
+            names = [n for n, _ in starts]
+            measured = rates.for_profile(p, names, [f for _, f in starts])
+            found += unbounded_matches(
+                p, measured, max_partial_matches, max_notifications_per_event
+            )
+        for w in found:
             typer.echo(f"warning: {w}", err=True)
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
 

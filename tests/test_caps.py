@@ -197,3 +197,34 @@ def test_explain_shows_the_caps_and_what_they_dropped(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.stderr
     assert "per event): not reached" in r.stdout
+
+
+def test_check_warns_about_select_each_on_a_frequent_kind(tmp_path: Path) -> None:
+    """With statistics, `ens check` names a `select each` profile whose starting kind is
+    frequent for its window (the issue's: x every ~1.6 s for a day); rare kinds, short
+    windows and `select first` pass; without statistics nothing is guessed."""
+    prof = tmp_path / "p.yaml"
+    profiles = [
+        {"id": "flood", "expr": EACH},
+        {"id": "rare", "expr": EACH.replace('"x"', '"r"')},
+        {"id": "short", "expr": EACH.replace("1d", "10s")},
+        {"id": "first", "expr": EACH.replace("select each consume shared", "")},
+    ]
+    prof.write_text(yaml.safe_dump({"profiles": profiles}))
+    stats = tmp_path / "stats.json"
+    doc = {"version": 1, "filters": {}, "profiles": {}}
+    for p in profiles:
+        rate = 1.0 if p["id"] == "rare" else 2205.0  # 52,920 a day
+        doc["profiles"][p["id"]] = {"a": {"rate_per_hour": rate}, "b": {"rate_per_hour": 1.0}}
+    stats.write_text(json.dumps(doc))
+    r = CliRunner().invoke(app, ["check", str(prof), "--stats", str(stats)])
+    assert r.exit_code == 0, r.stderr
+    warned = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1, warned
+    assert "profile 'flood': `select each consume shared`" in warned[0]
+    assert "about 52,920 live at once" in warned[0]
+    assert "--max-partial-matches" in warned[0]
+    r = CliRunner().invoke(app, ["check", str(prof)])
+    assert r.exit_code == 0 and "warning" not in r.stderr
+    r = CliRunner().invoke(app, ["check", str(prof), "--stats", str(tmp_path / "none.json")])
+    assert r.exit_code != 0 and "--stats: no such file" in r.stderr
