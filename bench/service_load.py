@@ -425,7 +425,9 @@ CHURN_EXPR = (
 
 
 @contextmanager
-def churn(url: str, per_second: float, live: int) -> Iterator[dict[str, int]]:
+def churn(
+    url: str, per_second: float, live: int, expr: str = CHURN_EXPR
+) -> Iterator[dict[str, int]]:
     """Add a `select each` profile and remove the oldest, ``per_second`` times a second, in
     a thread (through Redis, as `ens profile add/rm` do), while the body runs."""
     done = threading.Event()
@@ -439,7 +441,7 @@ def churn(url: str, per_second: float, live: int) -> Iterator[dict[str, int]]:
         while not done.is_set():
             n += 1
             pid = f"churn-{n}"
-            rs.put_profile(r, pid, CHURN_EXPR)
+            rs.put_profile(r, pid, expr)
             alive.append(pid)
             counts["added"] += 1
             if len(alive) > live:
@@ -513,6 +515,7 @@ def main() -> None:
         "--churn", type=float, default=0.0, help="select-each profiles added/removed per second"
     )
     ap.add_argument("--churn-live", type=int, default=20, help="churned profiles alive at once")
+    ap.add_argument("--churn-expr", default=CHURN_EXPR, help="the churned profiles' expression")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -543,7 +546,7 @@ def main() -> None:
                 gen = Gen(7)
                 time.sleep(0.5)
                 late = 0
-                with churn(url, args.churn, args.churn_live) as churned:
+                with churn(url, args.churn, args.churn_live, args.churn_expr) as churned:
                     for phase in phases:
                         late = _PHASES[phase](args, r, base, keys, key, gen, late, results)
                 results["churn"] = dict(churned)

@@ -392,9 +392,9 @@ def explain(
     """Show, event by event, what a profile's partial matches do and why it fired or did not.
 
     First the profile's evaluation plan (--plan, --stats): which component opens matches,
-    the rates it was chosen from, and why. Last, whether the caps on partial matches and
-    notifications per event (those of ens serve) were reached, and the trace shows what
-    they dropped.
+    the rates it was chosen from, and why. The trace shows what the caps on partial matches
+    and notifications per event (those of ens serve) dropped, and a last line says so if
+    they were reached.
     """
     from ens.explain import explain as run
     from ens.plans import check_plan, load_stats

@@ -36,8 +36,8 @@ def explain(
     """Print the profile's plan and what its partial matches do; return the number of notifications.
 
     `caps` (`filters.caps`, the defaults of `ens serve` if None): the trace shows each partial
-    match a cap dropped and each event whose notifications it cut, and the last line says
-    whether the caps were reached.
+    match a cap dropped and each event whose notifications it cut, and a last line the caps
+    and what they dropped, if they were reached.
     """
     wanted = [p for p in profiles if p.id == profile_id]
     eng = Engine(wanted, tz=tz, plan=plan, rates=rates, caps=caps)
@@ -80,17 +80,17 @@ def explain(
     live = eng.stats()["partial_matches"]
     what = "buffered events" if eng.plan_of(wanted[0]).lazy else "partial matches"
     echo(f"{reported} notification(s); live {what} at the end: {live}")
-    echo(_caps_line(eng.caps, eng.take_cap_hits().get(profile_id)))
+    hits = eng.take_cap_hits().get(profile_id)
+    if hits is not None:  # (a line only then: a profile within its caps prints as before)
+        echo(_caps_line(eng.caps, hits))
     return reported
 
 
-def _caps_line(caps: Caps, hits: CapHits | None) -> str:
+def _caps_line(caps: Caps, hits: CapHits) -> str:
     limits = (
         f"at most {caps.partition} partial matches per partition, {caps.profile} per profile, "
         f"{caps.notifications} notifications per event"
     )
-    if hits is None:
-        return f"caps ({limits}): not reached"
     return (
         f"caps ({limits}): REACHED, {hits.partial_matches} partial match(es) dropped, "
         f"{hits.notifications} notification(s) dropped (see `ens check`; raise them with "
