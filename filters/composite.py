@@ -300,7 +300,9 @@ class CompositeRuntime(GeneralSteps):
         trans = self._trans
         b = Binding(seq, ev)
         done: list[Done] = []
-        for pm in list(part.pms):
+        # an event that extends no PM (a seq's first component) only opens one: no loop over
+        # the partition's PMs (with thousands waiting, that loop was the cost of every event)
+        for pm in list(part.pms) if not self.extenders.isdisjoint(leaves) else ():
             if not pm.alive:  # dropped by a cap (`_make_room`) during this event
                 continue
             tr = trans.get(pm.mask)
