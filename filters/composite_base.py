@@ -90,6 +90,7 @@ class CompositeTables:
         simple = not pat.conjs and not pat.leading
         neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
         plain = simple and not neg_set and not pat.has_any
+        each = plain and kind == "each"
         flat = all(node.within is None for node in pat.nodes[1:])
         kills = simple and kind == "first" and _negations_only_kill(pat, neg_set, flat)
         start = pat.info(0).enabled
@@ -116,17 +117,19 @@ class CompositeTables:
             neg_set=neg_set,
             simple=simple,
             fast=(plain and kind in ("first", "last")) or kills,
-            fast_each=plain and kind == "each",
-            extenders=_extenders(pat) if plain and kind == "each" else frozenset(),
+            fast_each=each,
+            extenders=_extenders(pat, each),
             wants=wants,
             flat=flat,
             between=between if kind == "last" else frozenset(),
         )
 
 
-def _extenders(pat: Pattern) -> frozenset[int]:
-    """The leaves a transition from a reachable non-empty mask binds (forward steps, and the
-    masks a nested window's reset leaves). Too many masks to walk: every leaf."""
+def _extenders(pat: Pattern, fast_each: bool) -> frozenset[int]:
+    """`fast_each`: the leaves a transition from a reachable non-empty mask binds (forward
+    steps, and the masks a nested window's reset leaves); too many masks to walk: every leaf."""
+    if not fast_each:
+        return frozenset()
     seen, todo, out = {0}, [0], set()
     timed = [node.leaves for node in pat.nodes[1:] if node.within is not None]
     while todo:
