@@ -4,6 +4,7 @@ counts them per profile."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -74,3 +75,23 @@ def test_capped_profile_is_logged_by_name_and_counted_in_metrics(tmp_path: Path)
         finally:
             s.stop()
             r.close()
+
+
+def test_profile_add_warns_when_the_recent_events_make_select_each_pile_up(rb: redis.Redis) -> None:
+    """The rates come from the ingest stream (real Redis): x arrived every 1.6 s, so a day's
+    window holds ~54,000 partial matches; a rare kind or `select first` draws no warning."""
+    from adapters.service.profile_lint import profile_warnings
+    from profiles.parser import parse_profile
+
+    events = [{"id": f"x{i}", "ts": 1000.0 + 1.6 * i, "kind": "x"} for i in range(100)]
+    events.append({"id": "r1", "ts": 1100.0, "kind": "r"})
+    with rb.pipeline() as p:
+        for ev in events:
+            p.xadd(rs.INGEST, {rs.INGEST_EVENT: json.dumps(ev), rs.INGEST_GATEWAY: "gw"})
+        p.execute()
+    got = profile_warnings(rb, parse_profile(FLOOD, "flood"))
+    assert len(got) == 1 and "profile 'flood': `select each consume shared`" in got[0], got
+    assert "about 54," in got[0]
+    assert profile_warnings(rb, parse_profile(FLOOD.replace('"x"', '"r"'), "rare")) == []
+    first = FLOOD.replace("select each consume shared", "")
+    assert profile_warnings(rb, parse_profile(first, "first")) == []
