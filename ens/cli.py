@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
+from filters.caps import DEFAULT_NOTIFICATIONS, DEFAULT_PARTITION, DEFAULT_PROFILE, Caps
 from profiles.errors import ENSError, ManyErrors
 
 if TYPE_CHECKING:  # (imported where used: `ens --help` stays quick)
@@ -137,7 +138,22 @@ def write_lines(records: list[dict], out: str | None) -> None:
 
 
 @app.command()
-def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")]) -> None:
+def check(
+    profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")],
+    stats: Annotated[
+        Path | None,
+        typer.Option(
+            help="An `ens spark stats` file: also warn about `select each` profiles whose "
+            "starting components are frequent for their window (partial matches pile up)."
+        ),
+    ] = None,
+    max_partial_matches: Annotated[
+        int, typer.Option(min=1, help="--stats: the cap per partition of ens serve.")
+    ] = DEFAULT_PARTITION,
+    max_notifications_per_event: Annotated[
+        int, typer.Option(min=1, help="--stats: the cap of ens serve.")
+    ] = DEFAULT_NOTIFICATIONS,
+) -> None:
     """Validate a profile file and print every problem, not just the first."""
     from profiles.profile_file import parse_profile_document, read_profile_text
 
@@ -152,10 +168,23 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
         raise typer.Exit(2)
     if not pset.profiles:
         typer.echo(f"warning: {profiles} defines no profiles", err=True)
-    from profiles.lint import warnings
+    from ens.plans import load_stats
+    from profiles.lint import start_components, unbounded_matches, warnings
 
+    try:
+        rates = load_stats(stats)
+    except ENSError as e:
+        raise report_errors(e) from None
     for p in pset.profiles:
-        for w in warnings(p):
+        found = warnings(p)
+        starts = start_components(p) if rates is not None else []
+        if rates is not None and starts:
+            names = [n for n, _ in starts]
+            measured = rates.for_profile(p, names, [f for _, f in starts])
+            found += unbounded_matches(
+                p, measured, max_partial_matches, max_notifications_per_event
+            )
+        for w in found:
             typer.echo(f"warning: {w}", err=True)
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
 
@@ -456,11 +485,23 @@ def explain(
     ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
+    max_partial_matches: Annotated[
+        int,
+        typer.Option(min=1, help="Partial matches per partition of the profile (as ens serve)."),
+    ] = DEFAULT_PARTITION,
+    max_profile_partial_matches: Annotated[
+        int, typer.Option(min=1, help="Partial matches of the profile (as ens serve).")
+    ] = DEFAULT_PROFILE,
+    max_notifications_per_event: Annotated[
+        int, typer.Option(min=1, help="Notifications of the profile per event (as ens serve).")
+    ] = DEFAULT_NOTIFICATIONS,
 ) -> None:
     """Show, event by event, what a profile's partial matches do and why it fired or did not.
 
     First the profile's evaluation plan (--plan, --stats): which component opens matches,
-    the rates it was chosen from, and why.
+    the rates it was chosen from, and why. The trace shows what the caps on partial matches
+    and notifications per event (those of ens serve) dropped, and a last line says so if
+    they were reached.
     """
     from ens.explain import explain as run
     from ens.plans import check_plan, load_stats
@@ -473,7 +514,18 @@ def explain(
         pset, evs = load_inputs(profiles, events)
         if profile not in {p.id for p in pset.profiles}:
             raise ENSError(f"no profile {profile!r} in {profiles}")
-        run(pset.profiles, evs, profile, end, tz=tz, echo=typer.echo, plan=plan, rates=rates)
+        caps = Caps(max_partial_matches, max_profile_partial_matches, max_notifications_per_event)
+        run(
+            pset.profiles,
+            evs,
+            profile,
+            end,
+            tz=tz,
+            echo=typer.echo,
+            plan=plan,
+            rates=rates,
+            caps=caps,
+        )
     except ENSError as e:
         raise report_errors(e) from None
 

@@ -21,6 +21,7 @@ from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.settings import DEFAULTS, ServiceSettings
 from adapters.service.watermarks import Held, Watermarks
+from filters.caps import Caps
 from filters.engine import Engine
 from filters.notification import Notification
 from profiles.ast import Profile
@@ -64,6 +65,14 @@ class WorkerConfig:
     allow_evicting_redis: bool = DEFAULTS.allow_evicting_redis  # else refuse such a Redis
     oom_backoff_max: float = 5.0  # s: longest wait between attempts while Redis is full
     oom_log_every: float = 30.0  # s: one log line per this while Redis stays full
+    caps: Caps = field(  # partial matches and notifications per event (`filters.caps`)
+        default_factory=lambda: Caps(
+            DEFAULTS.max_partial_matches,
+            DEFAULTS.max_profile_partial_matches,
+            DEFAULTS.max_notifications_per_event,
+        )
+    )
+    cap_warn_interval: float = 60.0  # at most one cap WARNING per profile this often (s)
 
     @classmethod
     def from_settings(
@@ -88,6 +97,11 @@ class WorkerConfig:
             replan_every=s.replan_every,
             drift=float(s.drift),
             allow_evicting_redis=s.allow_evicting_redis,
+            caps=Caps(
+                s.max_partial_matches,
+                s.max_profile_partial_matches,
+                s.max_notifications_per_event,
+            ),
         )
         if s.worker_name:
             cfg.name = s.worker_name
@@ -124,6 +138,7 @@ class EngineState:
     wm: Watermarks
     late_by_gateway: dict[str, int]
     late_out: list[LateRecord]  # sent to the late output, not committed yet
+    capped: dict[str, list[int]]  # profile id -> [partial matches, notifications] the caps took
     unacked: list[str]  # read, to be XACKed by the next snapshot
     inputs: list[list[Any]]  # the input log since the last commit
     pending: list[Notification]  # detected, not committed

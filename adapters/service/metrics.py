@@ -121,6 +121,20 @@ class _LateCollector:
 
 EVENTS_LATE = _LateCollector()
 REGISTRY.register(EVENTS_LATE)  # type: ignore[arg-type]
+PARTIAL_MATCHES_DROPPED = Counter(
+    "ens_partial_matches_dropped",
+    "Partial matches dropped or not kept by the caps (--max-partial-matches, "
+    "--max-profile-partial-matches), by profile.",
+    ["profile"],
+    registry=REGISTRY,
+)
+NOTIFICATIONS_CAPPED = Counter(
+    "ens_notifications_capped",
+    "Notifications dropped by --max-notifications-per-event (one event completing more "
+    "matches of one profile), by profile.",
+    ["profile"],
+    registry=REGISTRY,
+)
 ENGINE_ERRORS = Counter(
     "ens_engine_errors", "Events the engine raised on (logged and skipped).", registry=REGISTRY
 )

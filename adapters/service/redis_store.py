@@ -688,19 +688,29 @@ def ingest_backlog(r: redis.Redis) -> tuple[int, float]:
     return max(appended - read, 0) + buffered, max(max(ages, default=0.0), 0.0)
 
 
+def recent_events(r: redis.Redis, entries: int = 200) -> list[dict[str, Any]]:
+    """The events of the last ``entries`` ingest entries, as posted (unreadable ones left out)."""
+    try:
+        recent = r.xrevrange(INGEST, count=entries)
+    except redis.ResponseError:
+        return []
+    out: list[dict[str, Any]] = []
+    for entry_id, fields in recent or ():
+        try:
+            out += [
+                ev
+                for _, _, ev in decode_entry(text(entry_id), fields or {})
+                if isinstance(ev, dict)
+            ]
+        except ValueError:
+            continue
+    return out
+
+
 def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
     """Attribute names carried by the events of the last ``entries`` ingest entries (None if
     the service has seen no event): what a new profile's attributes are checked against."""
     found: set[str] = set()
-    try:
-        recent = r.xrevrange(INGEST, count=entries)
-    except redis.ResponseError:
-        return None
-    for entry_id, fields in recent or ():
-        try:
-            for _, _, ev in decode_entry(text(entry_id), fields or {}):
-                if isinstance(ev, dict):
-                    found.update(ev)
-        except ValueError:
-            continue
+    for ev in recent_events(r, entries):
+        found.update(ev)
     return found or None

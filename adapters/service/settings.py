@@ -353,6 +353,31 @@ class ServiceSettings:
         minimum=1.0,
         unit="factor",
     )
+    max_partial_matches: int = _number(
+        10_000,
+        "Most partial matches one partition of a profile holds (a `select each` on a "
+        "frequent kind opens one per event): beyond, its oldest is dropped; counted in "
+        "ens_partial_matches_dropped_total{profile} and logged.",
+        flags=("--max-partial-matches",),
+        minimum=1,
+        unit="matches",
+    )
+    max_profile_partial_matches: int = _number(
+        100_000,
+        "Most partial matches one profile holds over all its partitions: beyond, the "
+        "new match's partition drops its oldest, or (holding none) the new one is not kept.",
+        flags=("--max-profile-partial-matches",),
+        minimum=1,
+        unit="matches",
+    )
+    max_notifications_per_event: int = _number(
+        1_000,
+        "Most notifications one event produces for one profile (the first in report "
+        "order are kept); counted in ens_notifications_capped_total{profile} and logged.",
+        flags=("--max-notifications-per-event",),
+        minimum=1,
+        unit="notifications",
+    )
     max_skew: float = _duration(
         "1s",
         "An event stamped further ahead of the wall clock (a gateway whose "

@@ -151,8 +151,8 @@ def profile_add(
     profile or subscriber whose id is stored with another definition is replaced only with
     --replace; the changes are shown either way.
     """
+    from adapters.service.profile_lint import profile_warnings
     from notifiers import subscriber_change as sc
-    from profiles.lint import warnings as lint
 
     if (file is None) == (pid is None and expr is None):
         raise _fail("give a profile FILE or --id ID --expr EXPR (not both)")
@@ -228,9 +228,9 @@ def profile_add(
                 typer.echo(f"  {line}", err=True)
         typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
         raise typer.Exit(2)
-    seen = rs.seen_attributes(st.r)
+    recent = rs.recent_events(st.r)
     for prof in parsed:
-        for w in lint(prof, seen):
+        for w in profile_warnings(st.r, prof, recent):
             typer.echo(f"warning: {w}", err=True)
         if prof.subscriber is None:
             typer.echo(

@@ -101,10 +101,10 @@ def add_profile(body: ProfileIn, _: Admin, r: R) -> JSONResponse:
             expected=exc.expected,
         )
         return JSONResponse(out.model_dump(), 422)
-    from profiles.lint import warnings as lint
+    from adapters.service.profile_lint import profile_warnings
     from profiles.parser import parse_profile
 
-    warnings = lint(parse_profile(body.expr, body.id, body.subscriber), rs.seen_attributes(r))
+    warnings = profile_warnings(r, parse_profile(body.expr, body.id, body.subscriber))
     if body.subscriber is None:
         warnings.append(
             f"profile {body.id!r} has no subscriber: its notifications go to the outbox only"
