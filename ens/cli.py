@@ -303,8 +303,35 @@ def replay(
     ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Print a table per profile instead of the notifications (matches, top "
+            "partitions, first and last); the notifications go to --out only.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="The summary as one JSON document (implies --summary)."),
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write a PNG of notifications per hour per profile (the --top profiles "
+            "with most, the rest as 'other').",
+            metavar="FILE.png",
+        ),
+    ] = None,
+    top: Annotated[
+        int, typer.Option(help="Profiles with a series of their own in --plot.", min=1)
+    ] = 8,
 ) -> None:
-    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
+    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6).
+
+    With --summary (or --json) a table per profile instead: how many notifications, the
+    partitions with most, the first and last (docs/replay.md).
+    """
     from ens.plans import check_plan, load_stats
     from ens.replay import replay as run
 
@@ -313,6 +340,10 @@ def replay(
         check_tz(tz)
         check_plan(plan)
         rates = load_stats(stats)
+        if plot is not None:
+            from ens.summary import check_plot_path
+
+            check_plot_path(plot)
         if index is not None:
             if len(paths) != 1:
                 raise ENSError("with --index give only the EVENTS file")
@@ -340,7 +371,13 @@ def replay(
         finally:
             gc.unfreeze()
             bar.stop()
-        write_lines([n.to_json() for n in notes], out)
+        records = [n.to_json() for n in notes]
+        if not (summary or as_json) or out is not None:
+            write_lines(records, out)
+        if summary or as_json or plot is not None:
+            from ens.summary import report
+
+            report(profiles, records, events, show=summary, as_json=as_json, plot=plot, top=top)
     except ENSError as e:
         raise report_errors(e) from None
 
