@@ -375,9 +375,19 @@ def replay(
         if not (summary or as_json) or out is not None:
             write_lines(records, out)
         if summary or as_json or plot is not None:
+            from ens.commands.output import console
             from ens.summary import report
 
-            report(profiles, records, events, show=summary, as_json=as_json, plot=plot, top=top)
+            report(
+                profiles,
+                records,
+                events,
+                show=summary,
+                as_json=as_json,
+                plot=plot,
+                top=top,
+                console=console(),
+            )
     except ENSError as e:
         raise report_errors(e) from None
 

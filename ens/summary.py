@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from rich.console import Console
     from rich.table import Table
 
 TOP_PARTITIONS = 5  # partition values shown per profile (the rest are counted)
@@ -227,8 +228,9 @@ def report(
     as_json: bool = False,
     plot: Path | None = None,
     top: int = TOP_PROFILES,
+    console: Console | None = None,
 ) -> None:
-    """What `ens replay --summary/--json/--plot` prints and writes."""
+    """What `ens replay --summary/--json/--plot` prints (on ``console``) and writes."""
     import json
     import sys
 
@@ -243,6 +245,8 @@ def report(
     if as_json:
         sys.stdout.write(json.dumps(summary_json(rows), indent=2, ensure_ascii=False) + "\n")
     elif show:
-        from ens.commands.output import console
+        if console is None:
+            from rich.console import Console
 
-        console().print(table(rows, f"Notifications per profile ({source})"))
+            console = Console()
+        console.print(table(rows, f"Notifications per profile ({source})"))
