@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ens.commands.store import DataDir, RedisUrl
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
 from profiles.errors import ENSError, ManyErrors
 
@@ -137,8 +138,33 @@ def write_lines(records: list[dict], out: str | None) -> None:
 
 
 @app.command()
-def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")]) -> None:
-    """Validate a profile file and print every problem, not just the first."""
+def check(
+    ctx: typer.Context,
+    profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")],
+    events: Annotated[
+        str | None,
+        typer.Option(
+            help="Warn about attributes no event of this JSON-lines file carries "
+            "('-' for stdin, .gz allowed).",
+            metavar="FILE",
+        ),
+    ] = None,
+    service: Annotated[
+        bool,
+        typer.Option(
+            "--service",
+            help="Warn about attributes no event the service has seen carried (its store: "
+            "--redis-url or --data-dir, as for `ens profile add`).",
+        ),
+    ] = False,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Validate a profile file and print every problem, not just the first.
+
+    Valid profiles that will likely never fire get warnings; with --events or --service also
+    those that read an attribute no event has carried (a typo such as `knd`).
+    """
     from profiles.profile_file import parse_profile_document, read_profile_text
 
     try:
@@ -154,10 +180,37 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
         typer.echo(f"warning: {profiles} defines no profiles", err=True)
     from profiles.lint import warnings
 
+    seen = _known_attributes(
+        events, service or _given(ctx, "redis_url", "data_dir"), redis_url, data_dir
+    )
     for p in pset.profiles:
-        for w in warnings(p):
+        for w in warnings(p, seen):
             typer.echo(f"warning: {w}", err=True)
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
+
+
+def _given(ctx: typer.Context, *params: str) -> bool:
+    """Whether any of these options was on the command line (not from its variable)."""
+    return any(getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE" for p in params)
+
+
+def _known_attributes(
+    events: str | None, service: bool, redis_url: str | None, data_dir: Path | None
+) -> set[str] | None:
+    """The attribute names `ens check` checks profiles against (None: no check)."""
+    seen: set[str] = set()
+    if events is not None:
+        try:
+            for ev in read_event_file(events):
+                seen.update(ev.attrs)
+        except ENSError as e:
+            raise fail(str(e)) from None
+    if service:
+        from adapters.service import redis_store as rs
+        from ens.commands.store import Store
+
+        seen |= rs.seen_attributes(Store(redis_url, data_dir).r) or set()
+    return seen if (events is not None or service) else None
 
 
 def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201

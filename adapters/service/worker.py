@@ -96,7 +96,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         self._interval = {"events": 0, "late": 0, "notifications": 0}
         self.unpublished = 0
         self.known = Sketch()  # outlives a restart from the snapshot: it is advisory
-        self.last_known = 0.0
+        self.last_known = float("-inf")  # the first events are written at once
         self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
 
     def _reset_state(self) -> None:
