@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 TOP_PARTITIONS = 5  # partition values shown per profile (the rest are counted)
 TOP_PROFILES = 8  # series of the plot; the other profiles are summed as "other"
 OTHER = "other"
+SILENT_ROWS = 20  # profiles without notifications listed one by one; more are counted in a row
 
 
 def when(ts: float | None, seconds: bool = False) -> str:
@@ -106,7 +107,11 @@ def _top_cell(row: ProfileRow) -> str:
 
 
 def table(rows: Sequence[ProfileRow], title: str, partitions: bool = True) -> Table:
-    """Profiles, subscribers, notifications, first and last (and the top partitions)."""
+    """Profiles, subscribers, notifications, first and last (and the top partitions).
+
+    A row per profile, in the order given; more than `SILENT_ROWS` profiles without
+    notifications (an index of 10^5 profiles) are counted in one row instead.
+    """
     from rich.table import Table
     from rich.text import Text
 
@@ -118,13 +123,20 @@ def table(rows: Sequence[ProfileRow], title: str, partitions: bool = True) -> Ta
         t.add_column(f"top {TOP_PARTITIONS} partitions: notifications")
     t.add_column("first (UTC)")
     t.add_column("last (UTC)")
+    silent = [r for r in rows if not r.count]
+    fold = len(silent) > SILENT_ROWS  # a large profile set: its silent profiles in one row
     for row in rows:
+        if fold and not row.count:
+            continue
         cells = [row.profile, row.subscriber or "-", str(row.count)]
         if partitions:
             cells.append(_top_cell(row))
         cells += [when(row.first), when(row.last)]
         # Text, not markup: a partition value like "[lab]" is shown as it is
         t.add_row(*(Text(c) for c in cells), style=None if row.count else "dim")
+    if fold:
+        cells = [f"({len(silent)} profiles without notifications)", "", "0"]
+        t.add_row(*cells, *([""] * (len(t.columns) - len(cells))), style="dim")
     t.add_section()
     total = ["total", "", str(sum(r.count for r in rows))]
     t.add_row(*total, *([""] * (len(t.columns) - len(total))))

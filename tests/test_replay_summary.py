@@ -13,7 +13,15 @@ import pytest
 from typer.testing import CliRunner
 
 from ens.cli import app
-from ens.summary import OTHER, TOP_PARTITIONS, hourly_series, partition_label, plot_hourly, when
+from ens.summary import (
+    OTHER,
+    SILENT_ROWS,
+    TOP_PARTITIONS,
+    hourly_series,
+    partition_label,
+    plot_hourly,
+    when,
+)
 
 runner = CliRunner()
 ROOT = Path(__file__).parents[1]
@@ -176,3 +184,18 @@ def test_readme_summary_example_is_the_real_output(monkeypatch: pytest.MonkeyPat
     monkeypatch.chdir(ROOT)
     out = _replay(*args.split()).stdout
     assert [ln.rstrip() for ln in out.splitlines()] == shown.splitlines()
+
+
+def test_many_silent_profiles_are_counted_in_one_row(tmp_path: Path) -> None:
+    """A large profile set: the table lists the profiles that fired and counts the others;
+    the JSON document lists every profile."""
+    prof, evs = _inputs(tmp_path)
+    doc = json.loads(Path(prof).read_text())
+    doc["profiles"] += [{"id": f"quiet{i}", "expr": f'kind = "q{i}"'} for i in range(SILENT_ROWS)]
+    Path(prof).write_text(json.dumps(doc))
+    table = _replay(prof, evs, "--summary").stdout
+    assert "quiet0" not in table and "never" not in table
+    assert f"({SILENT_ROWS + 1} profiles without notifications)" in table
+    assert "│ k10 " in table and "│ any-hot " in table
+    listed = json.loads(_replay(prof, evs, "--json").stdout)["profiles"]
+    assert len(listed) == len(doc["profiles"])
