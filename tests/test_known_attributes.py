@@ -21,6 +21,7 @@ from adapters.service import redis_store as rs
 from adapters.service.records import GATEWAY_ATTR
 from adapters.service.worker import EngineWorker
 from ens.cli import app
+from notifiers import store
 from profiles.lint import SERVICE_KEYS, warnings
 from profiles.parser import parse_profile
 from tests.helpers_service import ADMIN_TOKEN, Service, redis_server, wait_for, worker_config
@@ -184,3 +185,27 @@ def test_the_typo_warning_outlives_the_trimmed_stream(svc: Service, tmp_path: Pa
     assert res.exit_code == 0 and TYPO in res.stderr, res.output
     assert "gateway" not in res.stderr
     r.close()
+
+
+def test_a_failed_write_of_the_attributes_does_not_stop_the_engine(
+    rb: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``ens:attrs`` is advisory: a write Redis refuses (here: the key holds a string) is
+    logged and skipped; events are processed and notified as before."""
+    rb.set(known_attrs.KEY, "not a hash")
+    w = EngineWorker(rb, worker_config(reorder_seconds=0.0, commit_min_interval=0))
+    w.start()
+    w._set_def("hot", "value > 30", None)
+    post(rb, {"id": "h1", "ts": T0, "kind": "temperature", "value": 35})
+    deadline = time.monotonic() + 10
+    while not rb.xlen(store.OUTBOX) and time.monotonic() < deadline:
+        w.step()
+    assert rb.xlen(store.OUTBOX) == 1 and w.started
+    assert "could not record the attributes of recent events" in caplog.text
+    rb.delete(known_attrs.KEY)  # repaired: the next events are recorded again
+    post(rb, {"id": "h2", "ts": T0 + 1, "kind": "temperature", "value": 36, "room": "9"})
+    w.cfg.known_attrs_interval = 0
+    deadline = time.monotonic() + 10
+    while "room" not in known_attrs.known(rb) and time.monotonic() < deadline:
+        w.step()
+    assert "room" in known_attrs.known(rb)
