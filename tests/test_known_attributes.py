@@ -184,6 +184,9 @@ def test_the_typo_warning_outlives_the_trimmed_stream(svc: Service, tmp_path: Pa
     res = runner.invoke(app, ["check", str(prof), "--service", *cli])
     assert res.exit_code == 0 and TYPO in res.stderr, res.output
     assert "gateway" not in res.stderr
+    metrics = httpx.get(svc.url + "/metrics", headers=admin).text
+    line = next(ln for ln in metrics.splitlines() if ln.startswith("ens_known_attributes "))
+    assert float(line.split()[1]) == len(known_attrs.known(r)) >= 3  # kind, room, gateway
     r.close()
 
 
