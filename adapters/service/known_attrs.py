@@ -10,7 +10,7 @@ the JSON types seen}``. Bounded: at most ``limit`` names; past it, those seen lo
 dropped.
 
 Cheap on the per-event path: `Sketch.observe` only counts each distinct set of attribute
-names (one tuple and one dict update per event, ~0.2 µs); the names, counts and sample values
+names (one tuple and one dict update per event, ~0.3 µs; `bench/known_attrs.py`); the names, counts and sample values
 are worked out and written once per `flush`, at most once a second (two round trips).
 """
 
