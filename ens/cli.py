@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ens.commands.store import DataDir, RedisUrl
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
 from filters.caps import DEFAULT_NOTIFICATIONS, DEFAULT_PARTITION, DEFAULT_PROFILE, Caps
 from profiles.errors import ENSError, ManyErrors
@@ -139,7 +140,26 @@ def write_lines(records: list[dict], out: str | None) -> None:
 
 @app.command()
 def check(
+    ctx: typer.Context,
     profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")],
+    events: Annotated[
+        str | None,
+        typer.Option(
+            help="Warn about attributes no event of this JSON-lines file carries "
+            "('-' for stdin, .gz allowed).",
+            metavar="FILE",
+        ),
+    ] = None,
+    service: Annotated[
+        bool,
+        typer.Option(
+            "--service",
+            help="Warn about attributes no event the service has seen carried (its store: "
+            "--redis-url or --data-dir, as for `ens profile add`).",
+        ),
+    ] = False,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
     stats: Annotated[
         Path | None,
         typer.Option(
@@ -154,7 +174,11 @@ def check(
         int, typer.Option(min=1, help="--stats: the cap of ens serve.")
     ] = DEFAULT_NOTIFICATIONS,
 ) -> None:
-    """Validate a profile file and print every problem, not just the first."""
+    """Validate a profile file and print every problem, not just the first.
+
+    Valid profiles that will likely never fire get warnings; with --events or --service also
+    those that read an attribute no event has carried (a typo such as `knd`).
+    """
     from profiles.profile_file import parse_profile_document, read_profile_text
 
     try:
@@ -171,12 +195,15 @@ def check(
     from ens.plans import load_stats
     from profiles.lint import start_components, unbounded_matches, warnings
 
+    seen = _known_attributes(
+        events, service or _given(ctx, "redis_url", "data_dir"), redis_url, data_dir
+    )
     try:
         rates = load_stats(stats)
     except ENSError as e:
         raise report_errors(e) from None
     for p in pset.profiles:
-        found = warnings(p)
+        found = warnings(p, seen)
         starts = start_components(p) if rates is not None else []
         if rates is not None and starts:
             names = [n for n, _ in starts]
@@ -187,6 +214,30 @@ def check(
         for w in found:
             typer.echo(f"warning: {w}", err=True)
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
+
+
+def _given(ctx: typer.Context, *params: str) -> bool:
+    """Whether any of these options was on the command line (not from its variable)."""
+    return any(getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE" for p in params)
+
+
+def _known_attributes(
+    events: str | None, service: bool, redis_url: str | None, data_dir: Path | None
+) -> set[str] | None:
+    """The attribute names `ens check` checks profiles against (None: no check)."""
+    seen: set[str] = set()
+    if events is not None:
+        try:
+            for ev in read_event_file(events):
+                seen.update(ev.attrs)
+        except ENSError as e:
+            raise fail(str(e)) from None
+    if service:
+        from adapters.service import redis_store as rs
+        from ens.commands.store import Store
+
+        seen |= rs.seen_attributes(Store(redis_url, data_dir).r) or set()
+    return seen if (events is not None or service) else None
 
 
 def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201
@@ -369,11 +420,37 @@ def replay(
             "goes into the next digest.",
         ),
     ] = None,
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Print a table per profile instead of the notifications (matches, top "
+            "partitions, first and last); the notifications go to --out only.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="The summary as one JSON document (implies --summary)."),
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write a PNG of notifications per hour per profile (the --top profiles "
+            "with most, the rest as 'other').",
+            metavar="FILE.png",
+        ),
+    ] = None,
+    top: Annotated[
+        int, typer.Option(help="Profiles with a series of their own in --plot.", min=1)
+    ] = 8,
 ) -> None:
     """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6).
 
     With --alarms, write the alarm transitions instead and a summary per subscriber: how many
     messages the alarms would have sent without and with grouping and silences.
+
+    With --summary (or --json) a table per profile instead: how many notifications, the
+    partitions with most, the first and last (docs/replay.md).
     """
     from ens.plans import check_plan, load_stats
     from ens.replay import replay as run
@@ -386,6 +463,10 @@ def replay(
         alarm_opts = silences is not None or messages is not None or group_by is not None
         if (alarm_opts or cap is not None) and not alarms:
             raise ENSError("--silences, --messages, --group-by and --cap go with --alarms")
+        if plot is not None:
+            from ens.summary import check_plot_path
+
+            check_plot_path(plot)
         if index is not None:
             if alarms:
                 raise ENSError("--alarms needs the profile file (an index has no alarm blocks)")
@@ -421,7 +502,23 @@ def replay(
         finally:
             gc.unfreeze()
             bar.stop()
-        write_lines([n.to_json() for n in notes], out)
+        records = [n.to_json() for n in notes]
+        if not (summary or as_json) or out is not None:
+            write_lines(records, out)
+        if summary or as_json or plot is not None:
+            from ens.commands.output import console
+            from ens.summary import report
+
+            report(
+                profiles,
+                records,
+                events,
+                show=summary,
+                as_json=as_json,
+                plot=plot,
+                top=top,
+                console=console(),
+            )
     except ENSError as e:
         raise report_errors(e) from None
 

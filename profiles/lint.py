@@ -41,6 +41,10 @@ from profiles.ast import (
 )
 
 EVENT_KEYS = frozenset({"id", "ts"})  # every event has them; not attributes to warn about
+# The service stamps every event with the gateway that posted it (its reserved attribute
+# `gateway`, adapters.service.records.GATEWAY_ATTR): known even where no event carried it yet
+# (a fresh service, an exported file without it).
+SERVICE_KEYS = frozenset({"gateway"})
 
 
 def _walk(node: object) -> Iterator[object]:
@@ -149,7 +153,7 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
                 "(LANGUAGE.md §2.1); rename the attribute at the source"
             )
         read = {a for a in _compared(p) if tod.split_key(a) is None}
-        for attr in sorted(read - seen - EVENT_KEYS):
+        for attr in sorted(read - seen - EVENT_KEYS - SERVICE_KEYS):
             close = difflib.get_close_matches(attr, sorted(seen), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             out.append(f"profile {p.id!r}: no event seen so far has attribute {attr!r}{hint}")

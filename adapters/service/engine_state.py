@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from adapters.service.known_attrs import Sketch
 from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.settings import DEFAULTS, ServiceSettings
@@ -42,6 +43,8 @@ class WorkerConfig:
     # "feed": it is fed at once, in arrival order
     late_events: str = DEFAULTS.late_events
     late_max: int = DEFAULTS.late_max  # ens:late keeps about this many
+    known_attrs_max: int = 1000  # ens:attrs keeps this many attribute names (known_attrs)
+    known_attrs_interval: float = 1.0  # s: ens:attrs is written at most this often
     name: str = field(default_factory=socket.gethostname)
     batch: int = 1000  # most ingest entries read per step
     step_events: int = 20_000  # ... and about this many events: a step stays short (lock lease)
@@ -155,6 +158,8 @@ class EngineState:
     last_status: float
     _preparsed: dict[str, Any] | None  # index profiles by id, during start only
     _interval: dict[str, int]
+    known: Sketch  # attribute names of the events read since ens:attrs was last written
+    last_known: float  # monotonic time ens:attrs was last written
     unpublished: int  # events fed since the step last added them to ens_events_processed
     lost_state: bool  # the checkpoint could not be restored: a new engine state (`_set_aside`)
 

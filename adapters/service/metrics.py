@@ -254,6 +254,12 @@ LATE_EVENTS = Gauge(
     "Entries in the late output (ens:late): events too late to be matched in ts order.",
     registry=REGISTRY,
 )
+KNOWN_ATTRIBUTES = Gauge(
+    "ens_known_attributes",
+    "Attribute names recent events carried, kept in ens:attrs (bounded) for the unknown-attribute "
+    "warning of new profiles.",
+    registry=REGISTRY,
+)
 GATEWAYS_SKEWED = Gauge(
     "ens_gateways_skewed",
     "Gateways that sent events stamped more than --max-skew ahead of the engine's wall clock "

@@ -64,6 +64,7 @@ from adapters.service.control import Control
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
 from adapters.service.intake import Intake
 from adapters.service.journal import Journal
+from adapters.service.known_attrs import Sketch
 from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.liveness import Liveness
@@ -95,6 +96,8 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         self._reset_state()
         self._interval = {"events": 0, "late": 0, "notifications": 0}
         self.unpublished = 0
+        self.known = Sketch()  # outlives a restart from the snapshot: it is advisory
+        self.last_known = float("-inf")  # the first events are written at once
         self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
 
     def _reset_state(self) -> None:
@@ -334,6 +337,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
             mono - self.last_commit >= self.cfg.commit_min_interval
         ):
             self.commit()
+        self._write_known()
         self._heartbeat()
         self._status()
         return entries

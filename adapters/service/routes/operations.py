@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from adapters.service import late
+from adapters.service import known_attrs, late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.redis_limits import SAFE_POLICY, evicting_message, memory_state
@@ -165,6 +165,7 @@ def metrics(
         m.DIGEST_HELD.set(delivery.digest_held)
         m.DIGEST_AGE.set(delivery.digest_age)
         m.LATE_EVENTS.set(r.xlen(late.LATE))  # type: ignore[arg-type]
+        m.KNOWN_ATTRIBUTES.set(r.hlen(known_attrs.KEY))  # type: ignore[arg-type]
         status = rs.worker_status(r)
         m.HEARTBEAT_AGE.set(status["age"] if status else -1)
         redis_problems(r)  # sets the ens_redis_* gauges
