@@ -1,7 +1,7 @@
 """Warnings about a profile being added to the service, from what the service has seen.
 
 `profiles.lint` checks a profile against facts given to it; here the facts come from the
-recent ingest stream: the attributes its events carried (typos) and how often the events of
+recent ingest stream and `ens:attrs` (`known_attrs`): the attributes events carried (typos) and how often the events of
 a `select each` profile's starting components arrive (issue 41: one partial match per such
 event for the whole window). Used by `ens profile add` and `POST /v1/profiles`.
 """
@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from adapters.service import known_attrs
 from adapters.service import redis_store as rs
 from filters.caps import DEFAULT_NOTIFICATIONS, DEFAULT_PARTITION
 from filters.compile import evaluate
@@ -42,7 +43,7 @@ def profile_warnings(
     service's default caps)."""
     if events is None:
         events = rs.recent_events(r)
-    seen: set[str] = set()
+    seen: set[str] = set(known_attrs.known(r))  # kept by the worker: outlives the trimmed stream
     for ev in events:
         seen.update(ev)
     out = warnings(profile, seen or None)
