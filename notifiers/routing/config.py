@@ -139,7 +139,7 @@ def parse_routing(text: str, name: str = "<routing>") -> tuple[Routing | None, l
         _references(root, schedules, policies, quiet, subscribers, c)
     if c.errors or root is None:
         return None, c.errors
-    return Routing(root, schedules, policies, quiet), []
+    return Routing(root, schedules, policies, quiet, tz), []
 
 
 def _root(data: dict[str, Any], tz: str, c: _Collector) -> Route | None:

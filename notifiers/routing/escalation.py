@@ -198,3 +198,16 @@ class Escalator:
             p.level = min(p.level, len(pol.levels) - 1)
             esc.pending[p.key] = p
         return esc
+
+
+def timeline(
+    policy: EscalationPolicy, start: float, limit: int = 20
+) -> list[tuple[int, int, float, tuple[str, ...]]]:
+    """The steps (cycle, level, due, receivers) a start at ``start`` would take while nobody
+    acknowledges, at most ``limit`` of them (for explanations)."""
+    esc = Escalator({policy.id: policy})
+    esc.start("", policy.id, start)
+    out = []
+    while len(out) < limit and (due := esc.due()) is not None:
+        out += [(s.cycle, s.level, s.due_at, s.receivers) for s in esc.advance(due)]
+    return out[:limit]

@@ -38,7 +38,7 @@ QUIET_KEYS = ("subscriber", "windows", "tz", "min_severity")
 class Route:
     name: str
     matchers: tuple[Matcher, ...] = ()
-    receivers: tuple[str, ...] = ()  # empty: the parent's
+    receivers: tuple[str, ...] = ()  # empty: the parent's (none with an escalation)
     escalation: str | None = None
     cont: bool = False
     active: tuple[WeeklyWindow, ...] = ()  # empty: always
@@ -78,6 +78,7 @@ class Routing:
     schedules: Mapping[str, Schedule] = field(default_factory=dict)
     policies: Mapping[str, EscalationPolicy] = field(default_factory=dict)
     quiet: Mapping[str, QuietHours] = field(default_factory=dict)
+    tz: str = "UTC"  # the file's zone: local times without an offset are read in it
 
     def resolve(self, receiver: str, at: float) -> tuple[list[str], str]:
         """The subscribers a receiver stands for at ``at``, and how (for explanations)."""
@@ -158,7 +159,8 @@ def _walk(
     tried.append(Tried(route.name, depth, ok, reason))
     if not ok:
         return None
-    receivers = route.receivers or inherited
+    # a route with an escalation tells its receivers through it (its first level)
+    receivers = route.receivers or (() if route.escalation else inherited)
     out: list[tuple[Route, tuple[str, ...]]] = []
     for i, child in enumerate(route.routes):
         got = _walk(child, receivers, labels, kind, at, depth + 1, tried)
