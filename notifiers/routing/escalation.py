@@ -207,7 +207,7 @@ def timeline(
     acknowledges, at most ``limit`` of them (for explanations)."""
     esc = Escalator({policy.id: policy})
     esc.start("", policy.id, start)
-    out = []
+    out: list[tuple[int, int, float, tuple[str, ...]]] = []
     while len(out) < limit and (due := esc.due()) is not None:
         out += [(s.cycle, s.level, s.due_at, s.receivers) for s in esc.advance(due)]
     return out[:limit]
