@@ -62,7 +62,7 @@ class _Collector:
 def _entries(data: dict[str, Any], key: str, c: _Collector) -> list[Any]:
     raw = data.get(key) or []
     if not isinstance(raw, list):
-        c.add(RoutingError("expected a list"), (key,))
+        c.add(RoutingError("expected a list", (key,)), ())
         return []
     return raw
 
