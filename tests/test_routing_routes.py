@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from notifiers.routing import RoutingError, explain, parse_routing
+from notifiers.routing import explain, parse_routing
 
 BERLIN = ZoneInfo("Europe/Berlin")
 MON_NOON = datetime(2026, 11, 2, 12, 0, tzinfo=BERLIN).timestamp()
