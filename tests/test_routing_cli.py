@@ -70,3 +70,12 @@ def test_route_test_prints_who_gets_it_and_why() -> None:
     assert r.exit_code == 2 and "expected LABEL=VALUE" in r.output
     r = run("route", "test", "-c", EXAMPLE, "-l", "a=b", "-t", "explode")
     assert r.exit_code == 2 and "--transition: 'explode'" in r.output
+
+
+def test_reasons_are_printed_as_text_not_as_markup() -> None:
+    r = run(
+        "route", "test", "-c", EXAMPLE, "-l", "building=annex,kind=laptop,room=[b]",
+        "-t", "clear", "--at", "2026-11-04T10:00",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "transition clear not in [raise]" in r.output and "room=[b]" in r.output

@@ -64,7 +64,7 @@ def _at(routing: Routing, text: str | None) -> float:
 def _console() -> Any:
     from rich.console import Console
 
-    console = Console()
+    console = Console(markup=False, highlight=False)  # "not in [raise]" is text, not markup
     console.width = max(console.width, 130)  # a pipe or a log gets the whole table too
     return console
 
@@ -176,13 +176,13 @@ def _print_decision(
     console = _console()
     head = ", ".join(f"{k}={v}" for k, v in labels.items())
     console.print(f"{transition} of an alarm with {head} at {_local(t, routing.tz)}")
-    tried = Table(title="routes tried")
+    tried = Table(title="routes tried", title_justify="left")
     for col in ("route", "matched", "why"):
         tried.add_column(col)
     for x in d.tried:
         tried.add_row("  " * x.depth + x.route, "yes" if x.matched else "no", x.reason)
     console.print(tried)
-    told = Table(title="receivers")
+    told = Table(title="receivers", title_justify="left")
     for col in ("subscriber", "receiver", "via", "route", "told", "why not"):
         told.add_column(col)
     for y in d.deliveries:
@@ -198,7 +198,10 @@ def _print_decision(
         if transition != "raise":
             console.print(f"escalation {policy} (route {route}): started by a raise only")
             continue
-        esc = Table(title=f"escalation {policy} (route {route}) while nobody acknowledges")
+        esc = Table(
+            title=f"escalation {policy} (route {route}) while nobody acknowledges",
+            title_justify="left",
+        )
         for col in ("when", "level", "receivers", "on call then"):
             esc.add_column(col)
         for cycle, level, due, receivers in timeline(pol, t, limit=12):
