@@ -190,9 +190,12 @@ def _print_decision(
             y.subscriber or "-", y.receiver or "-", y.via or "-", y.route,
             "yes" if y.told else "no", y.reason,
         )  # fmt: skip
-    console.print(told)
-    if not d.deliveries:
-        console.print("nobody is told")
+    if d.deliveries:
+        console.print(told)
+    elif d.escalations:
+        console.print("receivers: none directly; the escalation below tells its first level")
+    else:
+        console.print("receivers: nobody is told")
     for policy, route in d.escalations:
         pol = routing.policies[policy]
         if transition != "raise":
