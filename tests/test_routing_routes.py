@@ -180,8 +180,8 @@ route:
         text.replace('"02:30"', '"03:30"').replace("huge", "major").replace("  colour: red\n", "")
     )
     assert got == [
-        "r.yaml:13:21: receivers.1: unknown receiver 'ghost': not a schedule nor one of the subscribers",
-        "r.yaml:14:15: escalation: no escalation policy 'pages'",
+        "r.yaml:13:21: route 'root': receivers.1: unknown receiver 'ghost': not a schedule nor one of the subscribers",
+        "r.yaml:14:15: route 'root': escalation: no escalation policy 'pages'",
         "r.yaml:9:27: policy 'page': levels.0.receivers.0: unknown receiver 'nobody': not a "
         "schedule nor one of the subscribers",
     ]

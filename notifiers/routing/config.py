@@ -181,11 +181,13 @@ def _references(
                 c.add(
                     RoutingError(f"unknown receiver {n!r}: {hint}", ("receivers", i)),
                     ("route", *loc),
+                    f"route {r.name!r}",
                 )
         if r.escalation is not None and r.escalation not in policies:
             c.add(
                 RoutingError(f"no escalation policy {r.escalation!r}", ("escalation",)),
                 ("route", *loc),
+                f"route {r.name!r}",
             )
     for i, p in enumerate(policies.values()):
         for j, lv in enumerate(p.levels):
