@@ -203,3 +203,17 @@ route:
 def test_each_bad_input_says_what(yaml_text: str, words: str) -> None:
     got = problems(yaml_text)
     assert any(words in g for g in got), got
+
+
+def test_an_escalation_step_is_told_through_schedules_and_quiet_hours() -> None:
+    from notifiers.routing import tell
+
+    r = routing()
+    got = tell(r, ("crew", "desk"), "minor", MON_NIGHT, "page level 1")
+    assert [(d.subscriber, d.told) for d in got] == [("carla", True), ("desk", False)]
+    assert got[0].route == "page level 1" and "quiet hours" in got[1].reason
+
+
+def test_an_unquoted_handoff_time_is_read_as_a_time() -> None:
+    text = BASE.replace('handoff: "19:00"', "handoff: 19:00")  # YAML 1.1: the int 1140
+    assert routing(text).schedules["crew"].layers[1].anchor.hour == 19

@@ -24,6 +24,7 @@ from notifiers.routing.routes import (
     Routing,
     Tried,
     explain,
+    tell,
 )
 from notifiers.routing.schedules import (
     Layer,
@@ -54,6 +55,7 @@ __all__ = [
     "Step",
     "Tried",
     "explain",
+    "tell",
     "load_routing",
     "on_call",
     "parse_policy",

@@ -189,13 +189,29 @@ def explain(routing: Routing, labels: Mapping[str, str], transition: str, at: fl
             escalations.append((route.escalation, route.name))
         if not receivers and route.escalation is None:
             out.append(Delivery("", "", route.name, "", False, "the route has no receivers"))
-        for rec in receivers:
-            subs, via = routing.resolve(rec, at)
-            if not subs:
-                out.append(Delivery("", rec, route.name, via, False, "nobody on call"))
-            for sub in subs:
-                out.append(_deliver(routing, sub, rec, route.name, via, severity, at, seen))
+        out += tell(routing, receivers, severity, at, route.name, seen)
     return Decision(tuple(tried), tuple(out), tuple(escalations))
+
+
+def tell(
+    routing: Routing,
+    receivers: tuple[str, ...],
+    severity: str,
+    at: float,
+    route: str = "",
+    seen: dict[str, str] | None = None,
+) -> list[Delivery]:
+    """Receivers (subscribers, schedules) resolved at ``at`` and passed through quiet hours:
+    what a route delivers, and what an escalation step delivers (``route``: its name)."""
+    seen = {} if seen is None else seen
+    out: list[Delivery] = []
+    for rec in receivers:
+        subs, via = routing.resolve(rec, at)
+        if not subs:
+            out.append(Delivery("", rec, route, via, False, "nobody on call"))
+        for sub in subs:
+            out.append(_deliver(routing, sub, rec, route, via, severity, at, seen))
+    return out
 
 
 def _deliver(

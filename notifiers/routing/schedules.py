@@ -131,6 +131,8 @@ def _rotation(value: Any, loc: tuple[str | int, ...]) -> timedelta:
 
 def _handoff(value: Any, step: timedelta, loc: tuple[str | int, ...]) -> tuple[int | None, int]:
     """(weekday or None, local minutes) of ``HH:MM`` or ``Mon 09:00``."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1440:
+        value = f"{value // 60:02d}:{value % 60:02d}"  # YAML 1.1 reads an unquoted 07:00 as 420
     text = str(value).strip()
     day_part, _, time_part = text.rpartition(" ")
     try:
