@@ -1,24 +1,29 @@
-"""`ens schedule who` and `ens route test|check`: the routing layer, offline, on a file.
+"""`ens schedule add|list|show|rm|who` and `ens route test|check`.
 
-They read a routing file (docs/routing.md) and need no service: what a schedule, the route
-tree and the escalation policies decide at a given time, and why.
+`route` and `schedule who --config` read a routing file (docs/routing.md) and need no service:
+what a schedule, the route tree and the escalation policies decide at a given time, and why.
+`schedule add|list|show|rm` (and `who` without `--config`) use the schedules stored in the
+service's Redis (`notifiers.schedule_store`), like `ens subscriber`.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ens.commands.store import DataDir, RedisUrl
 from profiles.errors import ENSError, ManyErrors
 
 if TYPE_CHECKING:
-    from notifiers.routing import Decision, Routing
+    from notifiers.routing import Decision, Routing, Schedule
 
 schedule_app = typer.Typer(
-    help="On-call schedules: who is on call (offline, from a routing file).", no_args_is_help=True
+    help="On-call schedules: store them in the service, or see who is on call.",
+    no_args_is_help=True,
 )
 route_app = typer.Typer(
     help="The routing tree: check a routing file, test who an alarm reaches and why.",
@@ -78,20 +83,36 @@ def _local(t: float | None, tzname: str) -> str:
 @schedule_app.command("who")
 def schedule_who(
     schedule: Annotated[str, typer.Argument(help="The schedule id.")],
-    config: ConfigOpt,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config", "-c", help="A routing file (YAML) [the schedules stored in the service]."
+        ),
+    ] = None,
     at: AtOpt = None,
     as_json: JsonOpt = False,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
 ) -> None:
     """Who is on call at a time, from which layer or override, and until when."""
-    from notifiers.routing import RoutingError, load_routing, on_call
+    from notifiers.routing import Routing, RoutingError, load_routing, on_call
+    from notifiers.routing.routes import Route
 
     try:
-        routing = load_routing(config)
-        s = routing.schedules.get(schedule)
+        if config is not None:
+            routing = load_routing(config, need_route=False)
+            s = routing.schedules.get(schedule)
+            where = config
+        else:
+            s = _stored(redis_url, data_dir).get(schedule)
+            routing = Routing(Route("root"), tz=s.tz if s is not None else "UTC")
+            where = "the service"
         if s is None:
-            known = ", ".join(sorted(routing.schedules)) or "none"
-            raise RoutingError(f"no schedule {schedule!r} in {config} (schedules: {known})")
-        t = _at(routing, at)
+            known = ", ".join(sorted(routing.schedules)) if config else "ens schedule list"
+            raise RoutingError(
+                f"no schedule {schedule!r} in {where} (schedules: {known or 'none'})"
+            )
+        t = _at(Routing(routing.root, tz=s.tz), at)
     except ENSError as e:
         raise _fail(e) from None
     shift = on_call(s, t)
@@ -109,6 +130,119 @@ def schedule_who(
         f"{s.id} at {when}: {', '.join(shift.who)} ({shift.source}, "
         f"since {_local(shift.start, s.tz)}, until {_local(shift.end, s.tz)})"
     )
+
+
+class _Stored:
+    """The schedules of the service's store (one Redis client for the command)."""
+
+    def __init__(self, redis_url: str | None, data_dir: Path | None, create: bool = False) -> None:
+        from ens.commands.store import Store
+
+        self.r = Store(redis_url, data_dir, create=create).r
+
+    def get(self, sid: str) -> Schedule | None:
+        from notifiers.schedule_store import get_schedule
+
+        return get_schedule(self.r, sid)
+
+
+def _stored(redis_url: str | None, data_dir: Path | None, create: bool = False) -> _Stored:
+    return _Stored(redis_url, data_dir, create)
+
+
+@schedule_app.command("add")
+def schedule_add(
+    file: Annotated[
+        str, typer.Argument(help="A YAML file with `schedules:` (and `tz:`), e.g. a routing file.")
+    ],
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace stored schedules whose definition differs.")
+    ] = False,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Store the schedules of a file in the service: all of them or, on any problem (reported
+    with FILE:LINE:COL), none."""
+    from notifiers.routing import RoutingError, load_routing
+    from notifiers.schedule_store import put_schedules
+
+    try:
+        routing = load_routing(file, need_route=False)
+        if not routing.schedules:
+            raise RoutingError(f"{file}: no schedules in it (schedules: [...])")
+        changes = put_schedules(
+            _stored(redis_url, data_dir, create=True).r, routing.schedules.values(), replace
+        )
+    except ENSError as e:
+        raise _fail(e) from None
+    for sid, change in changes:
+        typer.echo(f"{change}: schedule {sid}")
+
+
+@schedule_app.command("list")
+def schedule_list(
+    as_json: JsonOpt = False, redis_url: RedisUrl = None, data_dir: DataDir = None
+) -> None:
+    """The stored schedules: zone, layers, overrides and who is on call now."""
+    from rich.table import Table
+
+    from notifiers.routing import who
+    from notifiers.schedule_store import all_schedules
+
+    try:
+        items = all_schedules(_stored(redis_url, data_dir).r)
+    except ENSError as e:
+        raise _fail(e) from None
+    now = time.time()
+    rows: list[dict[str, Any]] = [
+        {
+            "id": s.id, "tz": s.tz, "layers": [x.name for x in s.layers],
+            "overrides": len(s.overrides), "on_call": who(s, now),
+        }
+        for s in items.values()
+    ]  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"Schedules ({len(rows)})", title_justify="left")
+    for col in ("id", "tz", "layers", "overrides", "on call now"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(
+            row["id"], row["tz"], ", ".join(row["layers"]), str(row["overrides"]),
+            ", ".join(row["on_call"]) or "nobody",
+        )  # fmt: skip
+    _console().print(table)
+
+
+@schedule_app.command("show")
+def schedule_show(
+    schedule: Annotated[str, typer.Argument(help="The schedule id.")],
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """A stored schedule's definition (JSON: first handoffs as start + handoff, overrides in
+    epoch seconds)."""
+    from notifiers.schedule_store import schedule_definition
+
+    d = schedule_definition(_stored(redis_url, data_dir).r, schedule)
+    if d is None:
+        raise _fail(ENSError(f"no schedule {schedule!r} stored (ens schedule list)"))
+    typer.echo(json.dumps(d, indent=2))
+
+
+@schedule_app.command("rm")
+def schedule_rm(
+    schedule: Annotated[str, typer.Argument(help="The schedule id.")],
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Remove a stored schedule."""
+    from notifiers.schedule_store import remove_schedule
+
+    if not remove_schedule(_stored(redis_url, data_dir).r, schedule):
+        raise _fail(ENSError(f"no schedule {schedule!r} stored (ens schedule list)"))
+    typer.echo(f"removed: schedule {schedule}")
 
 
 def _labels(text: str) -> dict[str, str]:

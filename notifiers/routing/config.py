@@ -73,8 +73,11 @@ def _label(item: Any, kind: str, i: int) -> str:
     return f"{kind} #{i + 1}"
 
 
-def parse_routing(text: str, name: str = "<routing>") -> tuple[Routing | None, list[ENSError]]:
-    """The configuration in ``text`` (None when anything is wrong) and every problem."""
+def parse_routing(
+    text: str, name: str = "<routing>", need_route: bool = True
+) -> tuple[Routing | None, list[ENSError]]:
+    """The configuration in ``text`` (None when anything is wrong) and every problem.
+    ``need_route=False``: a file of schedules alone (`ens schedule add`) is enough."""
     try:
         loader = _Loader(text)
         try:
@@ -134,7 +137,7 @@ def parse_routing(text: str, name: str = "<routing>") -> tuple[Routing | None, l
             quiet[q.subscriber] = q
         except RoutingError as e:
             c.add(e, ("quiet_hours", i), f"quiet hours #{i + 1}")
-    root = _root(data, tz, c)
+    root = _root(data, tz, c) if need_route or "route" in data else Route("root")
     if root is not None:
         _references(root, schedules, policies, quiet, subscribers, c)
     if c.errors or root is None:
@@ -230,7 +233,7 @@ def _with_locs(route: Route, loc: Loc) -> list[tuple[Loc, Route]]:
     return out
 
 
-def load_routing(path: str | Path) -> Routing:
+def load_routing(path: str | Path, need_route: bool = True) -> Routing:
     """Load a routing file or raise every problem at once."""
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -238,7 +241,7 @@ def load_routing(path: str | Path) -> Routing:
         raise RoutingError(f"{path}: not UTF-8 text") from None
     except OSError as e:
         raise RoutingError(f"cannot read routing file {path}: {e.strerror}") from None
-    routing, errors = parse_routing(text, str(path))
+    routing, errors = parse_routing(text, str(path), need_route)
     if errors:
         raise errors[0] if len(errors) == 1 else ManyErrors(errors)
     assert routing is not None

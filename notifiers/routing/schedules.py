@@ -280,3 +280,36 @@ def _overrides(raw: Any, z: ZoneInfo) -> tuple[Override, ...]:
 
 def describe_time(t: float, tzname: str) -> str:
     return datetime.fromtimestamp(t, zone(tzname)).strftime("%a %Y-%m-%d %H:%M %Z")
+
+
+def _rotation_text(step: timedelta) -> str:
+    s = int(step.total_seconds())
+    for unit, size in (("w", 7 * DAY), ("d", DAY), ("h", 3600)):
+        if s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def schedule_to_json(s: Schedule) -> dict[str, Any]:
+    """The schedule as a definition `parse_schedule` reads back to an equal schedule (the
+    first handoff as ``start`` + ``handoff``, overrides in epoch seconds): what a store keeps."""
+    layers = []
+    for x in s.layers:
+        d: dict[str, Any] = {
+            "name": x.name,
+            "participants": list(x.participants),
+            "rotation": _rotation_text(x.step),
+            "handoff": f"{x.anchor:%H:%M}",
+            "start": x.anchor.date().isoformat(),
+        }
+        if x.restrict:
+            d["restrict"] = [w.text for w in x.restrict]
+        layers.append(d)
+    out: dict[str, Any] = {"id": s.id, "tz": s.tz, "layers": layers}
+    if s.overrides:
+        out["overrides"] = [
+            {"from": o.start, "until": o.end, "who": list(o.who)} for o in s.overrides
+        ]
+    if s.description:
+        out["description"] = s.description
+    return out
