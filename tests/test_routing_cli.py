@@ -79,3 +79,22 @@ def test_reasons_are_printed_as_text_not_as_markup() -> None:
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "transition clear not in [raise]" in r.output and "room=[b]" in r.output
+
+
+def test_the_schedule_examples_of_the_docs_are_what_the_command_prints() -> None:
+    import shlex
+
+    docs = (Path(__file__).parent.parent / "docs" / "routing.md").read_text().splitlines()
+    shown = [
+        (line[2:], docs[i + 1])
+        for i, line in enumerate(docs)
+        if line.startswith("$ ens schedule who") or line.startswith("$ ens route check bad")
+    ]
+    assert len(shown) >= 3
+    for command, first_line in shown:
+        if "bad.yaml" in command:
+            continue  # its file is the one of tests/test_routing_routes.py
+        args = shlex.split(command)[1:]
+        args = [EXAMPLE if a == "examples/routing.yaml" else a for a in args]
+        r = run(*args)
+        assert r.output.splitlines()[0] == first_line, command

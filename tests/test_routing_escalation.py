@@ -86,6 +86,8 @@ def test_snapshot_restores_the_pending_steps_after_a_restart() -> None:
 def test_restore_refuses_another_version_and_drops_a_vanished_policy() -> None:
     with pytest.raises(RoutingError, match="version 9"):
         Escalator.restore({}, {"version": 9, "pending": []})
+    with pytest.raises(RoutingError, match="bad pending entry"):
+        Escalator.restore({}, {"version": 1, "pending": [{"key": "k"}]})
     esc = Escalator({"night": POLICY})
     esc.start("a1.1", "night", 0.0)
     again = Escalator.restore({}, esc.snapshot())

@@ -176,3 +176,36 @@ def test_who_matches_a_minute_by_minute_walk(
     )
     t = float(int(first.timestamp()) // 60 * 60 + offset // 60 * 60)
     assert who(s, t) == brute_force(zname, people, ROTATIONS[rotation], start, handoff, t)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    zname=st.sampled_from(ZONES),
+    day_start=st.integers(5, 9),
+    day_hours=st.integers(8, 13),
+    start=st.dates(date(2026, 3, 20), date(2026, 3, 30)) | st.dates(date(2026, 10, 20), date(2026, 10, 30)),
+    offset=st.integers(0, 9 * 86400),
+)  # fmt: skip
+def test_day_and_night_layers_match_the_walk_of_the_layer_in_force(
+    zname: str, day_start: int, day_hours: int, start: date, offset: int
+) -> None:
+    """Two restricted layers (a day crew, a night crew): the one whose window holds, and its
+    turn by the minute-by-minute walk."""
+    a, b = day_start * 60, (day_start + day_hours) * 60
+    day = f"Mon-Sun {a // 60:02d}:00-{b // 60:02d}:00"
+    night = f"Mon-Sun {b // 60:02d}:00-{a // 60:02d}:00"
+    data = {"id": "s", "tz": zname, "layers": [
+        {"name": "day", "participants": ["d0", "d1"], "rotation": "1w", "handoff": f"{a // 60:02d}:00",
+         "start": start.isoformat(), "restrict": day},
+        {"name": "night", "participants": ["n0", "n1", "n2"], "rotation": "1d",
+         "handoff": f"{b // 60:02d}:00", "start": start.isoformat(), "restrict": night},
+    ]}  # fmt: skip
+    s = parse_schedule(data)
+    z = ZoneInfo(zname)
+    t = datetime(start.year, start.month, start.day, tzinfo=z).timestamp() + offset // 60 * 60
+    layer = next((x for x in s.layers if x.restrict[0].contains(t)), None)
+    assert layer is not None  # the two windows cover the week
+    people = list(layer.participants)
+    rot = 10080 if layer.name == "day" else 1440
+    handoff = a if layer.name == "day" else b
+    assert who(s, t) == brute_force(zname, people, rot, start, handoff, t)

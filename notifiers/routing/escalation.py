@@ -189,8 +189,11 @@ class Escalator:
                 f"escalation snapshot version {d.get('version')!r} (this build reads {VERSION})"
             )
         esc = cls(policies)
-        for raw in d["pending"]:
-            p = Pending(**raw)
+        for raw in d.get("pending", []):
+            try:
+                p = Pending(**raw)
+            except TypeError as e:  # written by hand or damaged: say so, do not guess
+                raise RoutingError(f"escalation snapshot: bad pending entry {raw!r}: {e}") from None
             pol = esc.policies.get(p.policy)
             if pol is None:
                 esc.dropped.append(p.key)
