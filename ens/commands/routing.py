@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -66,11 +67,11 @@ def _at(routing: Routing, text: str | None) -> float:
         raise RoutingError(f"--at: {e.message}") from None
 
 
-def _console() -> Any:
+def _console(width: int = 130) -> Any:
     from rich.console import Console
 
     console = Console(markup=False, highlight=False)  # "not in [raise]" is text, not markup
-    console.width = max(console.width, 130)  # a pipe or a log gets the whole table too
+    console.width = max(console.width, width)  # a pipe or a log gets the whole table too
     return console
 
 
@@ -367,3 +368,87 @@ def route_check(
         f"{file}: ok ({len(routing.schedules)} schedule(s), {routes} route(s), "
         f"{len(routing.policies)} escalation polic(ies), {len(routing.quiet)} quiet-hours entries)"
     )
+
+
+@route_app.command("replay")
+def route_replay(
+    transitions: Annotated[
+        str,
+        typer.Argument(
+            help="Alarm transitions as JSON lines: the output of `ens replay --alarms` ('-': stdin)."
+        ),
+    ],
+    config: ConfigOpt,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until", help="Fire the escalation steps due by then [the last transition]."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+) -> None:
+    """Who would have been told what, and when: a history of alarm transitions through the
+    route tree, the schedules, quiet hours and escalation, in the transitions' own time."""
+    import sys
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from notifiers.alarms import Transition
+    from notifiers.routing import RoutingError, load_routing
+    from notifiers.routing.replay import replay_routing
+
+    try:
+        routing = load_routing(config)
+        end = _at(routing, until) if until is not None else None
+        src = sys.stdin if transitions == "-" else open(transitions, encoding="utf-8")  # noqa: SIM115
+        items: list[Transition] = []
+        with src:
+            for n, line in enumerate(src, 1):
+                if not line.strip():
+                    continue
+                try:
+                    items.append(Transition.from_json(json.loads(line)))
+                except (ValueError, TypeError) as e:
+                    raise RoutingError(
+                        f"{transitions}:{n}: not an alarm transition ({e}); "
+                        "expected the JSON lines of `ens replay --alarms`"
+                    ) from None
+    except OSError as e:
+        raise _fail(ENSError(f"cannot read {transitions}: {e.strerror}")) from None
+    except ENSError as e:
+        raise _fail(e) from None
+    items.sort(key=lambda t: (t.ts, t.seq))
+    rows, esc = replay_routing(routing, items, end)
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(asdict(row)))
+        return
+    from notifiers.routing.schedules import zone
+
+    z = zone(routing.tz)
+    table = Table(title=f"who is told, when ({routing.tz})", title_justify="left")
+    for col in ("when", "alarm", "what", "subscriber", "told", "through", "why not"):
+        table.add_column(col)
+    for x in rows:
+        hidden = ("profile", "severity", "subscriber", "building")
+        where = " ".join(f"{k}={v}" for k, v in x.labels.items() if k not in hidden)
+        alarm = f"{x.labels.get('profile', x.alarm)} ({x.labels.get('severity', '?')}) {where}"
+        table.add_row(
+            datetime.fromtimestamp(x.ts, z).strftime("%m-%d %H:%M"), alarm.strip(), x.what,
+            x.subscriber or "-", "yes" if x.told else "no", x.through, x.reason,
+        )  # fmt: skip
+    console = _console(170)
+    console.print(table)
+    per: dict[str, list[int]] = {}
+    for x in rows:
+        if x.subscriber:
+            per.setdefault(x.subscriber, [0, 0])[0 if x.told else 1] += 1
+    summary = Table(title="per subscriber", title_justify="left")
+    for col in ("subscriber", "told", "held back"):
+        summary.add_column(col)
+    for sub, (told, held) in sorted(per.items()):
+        summary.add_row(sub, str(told), str(held))
+    console.print(summary)
+    if esc.pending:
+        console.print(f"{len(esc.pending)} escalation(s) still pending at the end")

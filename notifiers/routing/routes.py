@@ -229,10 +229,7 @@ def _deliver(
     q = routing.quiet.get(sub)
     window = q.holds_back(severity, at) if q is not None else None
     if q is not None and window is not None:
-        why = (
-            f"quiet hours {window.text} ({window.tz}): severity {severity or '(none)'} "
-            f"is below {q.min_severity}"
-        )
+        why = f"quiet hours {window.text}: {severity or '(no severity)'} is below {q.min_severity}"
         return Delivery(sub, rec, route, via, False, why)
     seen[sub] = route
     return Delivery(sub, rec, route, via, True, "")
