@@ -424,7 +424,7 @@ def route_replay(
         for row in rows:
             typer.echo(json.dumps(asdict(row)))
         return
-    from notifiers.routing.schedules import zone
+    from notifiers.alarms.intervals import zone
 
     z = zone(routing.tz)
     table = Table(title=f"who is told, when ({routing.tz})", title_justify="left")
