@@ -98,3 +98,15 @@ def test_the_schedule_examples_of_the_docs_are_what_the_command_prints() -> None
         args = [EXAMPLE if a == "examples/routing.yaml" else a for a in args]
         r = run(*args)
         assert r.output.splitlines()[0] == first_line, command
+
+
+def test_route_test_shows_an_escalation_level_held_back_by_quiet_hours(tmp_path: Path) -> None:
+    f = tmp_path / "r.yaml"
+    f.write_text(
+        "tz: UTC\nescalation_policies:\n  - {id: p, levels: [{receivers: [desk]}]}\n"
+        "quiet_hours:\n  - {subscriber: desk, windows: Mon-Sun 00:00-24:00}\n"
+        "route:\n  routes: [{match: {room: 101}, escalation: p}]\n"
+    )
+    r = run("route", "test", "-c", str(f), "-l", "room=101,severity=minor", "--at", "0")
+    assert r.exit_code == 0, r.output
+    assert "desk (not told: quiet hours Mon-Sun 00:00-24:00: minor is below critical)" in r.output

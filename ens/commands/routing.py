@@ -306,6 +306,7 @@ def _print_decision(
 ) -> None:
     from rich.table import Table
 
+    from notifiers.routing import tell
     from notifiers.routing.escalation import timeline
 
     console = _console()
@@ -343,7 +344,10 @@ def _print_decision(
         for col in ("when", "level", "receivers", "on call then"):
             esc.add_column(col)
         for cycle, level, due, receivers in timeline(pol, t, limit=12):
-            people = [", ".join(routing.resolve(r, due)[0]) or "nobody" for r in receivers]
+            people = [
+                x.subscriber if x.told else f"{x.subscriber or 'nobody'} (not told: {x.reason})"
+                for x in tell(routing, receivers, labels.get("severity", ""), due)
+            ]
             esc.add_row(
                 _local(due, routing.tz), f"{level + 1}" + (f" (repeat {cycle})" if cycle else ""),
                 ", ".join(receivers), "; ".join(people),
