@@ -20,6 +20,19 @@ def test_check_accepts_the_example_and_lists_every_problem_of_a_bad_file(tmp_pat
     r = run("route", "check", EXAMPLE)
     assert r.exit_code == 0, r.output
     assert "ok (1 schedule(s), 4 route(s)" in r.output
+    assert "warning" not in r.output  # day and night layers cover the week
+    gappy = tmp_path / "gappy.yaml"
+    gappy.write_text(
+        Path(EXAMPLE)
+        .read_text()
+        .replace("restrict: Mon-Sun 07:00-19:00", "restrict: Mon-Fri 07:00-19:00")
+    )
+    r = run("route", "check", str(gappy))
+    assert r.exit_code == 0, r.output
+    assert (
+        "warning: schedule 'technicians': nobody on call Sat 07:00-19:00, Sun 07:00-19:00 "
+        "(Europe/Berlin; unless an override says so)"
+    ) in r.output
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "tz: Mars/Base\nroute:\n  receivers: [desk]\n  routes: [{transitions: [boom]}]\n"

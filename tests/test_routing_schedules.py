@@ -209,3 +209,17 @@ def test_day_and_night_layers_match_the_walk_of_the_layer_in_force(
     rot = 10080 if layer.name == "day" else 1440
     handoff = a if layer.name == "day" else b
     assert who(s, t) == brute_force(zname, people, rot, start, handoff, t)
+
+
+def test_the_spans_nobody_covers_are_named() -> None:
+    from notifiers.routing.schedules import uncovered
+
+    day = {**DAILY, "restrict": "Mon-Fri 07:00-19:00"}
+    assert uncovered(sched(day)) == [
+        "Mon 19:00-Tue 07:00", "Tue 19:00-Wed 07:00", "Wed 19:00-Thu 07:00",
+        "Thu 19:00-Fri 07:00", "Fri 19:00-Mon 07:00",
+    ]  # fmt: skip
+    night = {**DAILY, "handoff": "19:00", "restrict": "Mon-Fri 19:00-07:00"}
+    assert uncovered(sched(night))[0] == "Tue 07:00-19:00"
+    assert uncovered(sched(night))[-1] == "Sat 07:00-Mon 19:00"
+    assert uncovered(sched(DAILY)) == []

@@ -367,6 +367,17 @@ def route_check(
         routing = load_routing(file)
     except ENSError as e:
         raise _fail(e) from None
+    from notifiers.routing.schedules import uncovered
+
+    for s in routing.schedules.values():
+        spans = uncovered(s)
+        if spans:
+            more = f" and {len(spans) - 3} more" if len(spans) > 3 else ""
+            typer.echo(
+                f"warning: schedule {s.id!r}: nobody on call {', '.join(spans[:3])}{more} "
+                f"({s.tz}; unless an override says so)",
+                err=True,
+            )
     routes = len(walk(routing.root))
     typer.echo(
         f"{file}: ok ({len(routing.schedules)} schedule(s), {routes} route(s), "

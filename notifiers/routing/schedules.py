@@ -313,3 +313,26 @@ def schedule_to_json(s: Schedule) -> dict[str, Any]:
     if s.description:
         out["description"] = s.description
     return out
+
+
+def uncovered(schedule: Schedule) -> list[str]:
+    """The local weekly spans no layer covers (``Sat 00:00-Mon 07:00``): nobody is on call then
+    unless an override says so. Empty when the layers cover the whole week."""
+    covered: set[int] = set()
+    for layer in schedule.layers:
+        covered |= _coverage(layer)
+    if len(covered) == WEEK_MINUTES:
+        return []
+    # walk the week from a covered minute, so a span across Sunday midnight stays one span
+    start = min(covered) if covered else 0
+    spans: list[str] = []
+    gap: int | None = None
+    for i in range(WEEK_MINUTES + 1):
+        m = (start + i) % WEEK_MINUTES
+        if m not in covered and gap is None and i < WEEK_MINUTES:
+            gap = m
+        elif (m in covered or i == WEEK_MINUTES) and gap is not None:
+            a, b = _at_minute(gap), _at_minute(m)
+            spans.append(f"{a}-{b[4:]}" if a[:3] == b[:3] and m > gap else f"{a}-{b}")
+            gap = None
+    return spans
