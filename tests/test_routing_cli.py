@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from ens.cli import app
 
-EXAMPLE = str(Path(__file__).parent.parent / "examples" / "routing.yaml")
+EXAMPLE = str(Path(__file__).parent.parent / "examples" / "routing" / "night-shift.yaml")
 
 
 def run(*args: str):
@@ -108,7 +108,7 @@ def test_the_schedule_examples_of_the_docs_are_what_the_command_prints() -> None
         if "bad.yaml" in command:
             continue  # its file is the one of tests/test_routing_routes.py
         args = shlex.split(command)[1:]
-        args = [EXAMPLE if a == "examples/routing.yaml" else a for a in args]
+        args = [EXAMPLE if a == "examples/routing/night-shift.yaml" else a for a in args]
         r = run(*args)
         assert r.output.splitlines()[0] == first_line, command
 

@@ -12,7 +12,7 @@ from ens.cli import app
 from notifiers.routing import load_routing, parse_schedule
 from notifiers.routing.schedules import schedule_to_json
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "routing.yaml"
+EXAMPLE = Path(__file__).parent.parent / "examples" / "routing" / "night-shift.yaml"
 pytestmark = pytest.mark.redis
 
 

@@ -247,7 +247,7 @@ def _matchers(value: Any, loc: Loc) -> tuple[Matcher, ...]:
         try:
             out.append(Matcher.parse(str(m), "match"))
         except SilenceError as e:
-            raise RoutingError(times._message(e), (*loc, i)) from None
+            raise RoutingError(times.message_of(e), (*loc, i)) from None
     return tuple(out)
 
 

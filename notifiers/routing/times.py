@@ -19,7 +19,8 @@ from profiles.parser import parse_duration
 _WEEKS = re.compile(r"\s*(\d+)\s*w\s*")
 
 
-def _message(e: SilenceError) -> str:
+def message_of(e: SilenceError) -> str:
+    """A silence error's message without its "silence FIELD: " (the caller names the field)."""
     prefix = f"silence {e.field}: "
     text = str(e)
     return text[len(prefix) :] if text.startswith(prefix) else text
@@ -31,7 +32,7 @@ def tz(name: Any, loc: Loc) -> ZoneInfo:
     try:
         return zone(name.strip())
     except SilenceError as e:
-        raise RoutingError(_message(e), loc) from None
+        raise RoutingError(message_of(e), loc) from None
 
 
 def duration(value: Any, loc: Loc) -> float:
@@ -60,7 +61,7 @@ def windows(value: Any, tzname: str, loc: Loc) -> tuple[WeeklyWindow, ...]:
         try:
             out.append(WeeklyWindow.parse(str(w), tzname, "window"))
         except SilenceError as e:
-            raise RoutingError(_message(e), (*loc, i) if len(items) > 1 else loc) from None
+            raise RoutingError(message_of(e), (*loc, i) if len(items) > 1 else loc) from None
     return tuple(out)
 
 
