@@ -7,6 +7,8 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from notifiers.routing import explain, parse_routing
 
@@ -217,3 +219,78 @@ def test_an_escalation_step_is_told_through_schedules_and_quiet_hours() -> None:
 def test_an_unquoted_handoff_time_is_read_as_a_time() -> None:
     text = BASE.replace('handoff: "19:00"', "handoff: 19:00")  # YAML 1.1: the int 1140
     assert routing(text).schedules["crew"].layers[1].anchor.hour == 19
+
+
+# ---------------------------------------------------------------------- against a definition
+def _trees():
+    from hypothesis import strategies as st
+
+    from notifiers.alarms import Matcher
+
+    matcher = st.builds(
+        Matcher.of, st.sampled_from(["a", "b"]), st.sampled_from(["=", "!=", "=~"]),
+        st.sampled_from(["x", "y", "x|y"]),
+    )  # fmt: skip
+    leaf = st.tuples(st.lists(matcher, max_size=2), st.booleans(), st.sets(st.sampled_from(["raise", "clear"]), max_size=2), st.just([]))  # fmt: skip
+    return st.recursive(
+        leaf,
+        lambda kids: st.tuples(
+            st.lists(matcher, max_size=2), st.booleans(), st.just(set()), st.lists(kids, max_size=3)
+        ),  # fmt: skip
+        max_leaves=10,
+    )
+
+
+def _build(shape, name: str):
+    from notifiers.routing import Route
+
+    matchers, cont, kinds, kids = shape
+    children = tuple(_build(k, f"{name}.{i + 1}") for i, k in enumerate(kids))
+    return Route(name, tuple(matchers), (name,), None, cont, (), frozenset(kinds) or None, children)
+
+
+def _delivering(route, labels, kind) -> list[str]:
+    """Alertmanager's rule, stated per node: a node delivers when it is reached and matches
+    and no child of it is reached and matches; a child is reached when its parent is reached
+    and matches and no earlier sibling matched without `continue`."""
+
+    def own(r) -> bool:
+        ok = all(m.matches(labels) for m in r.matchers)
+        return ok and (r.transitions is None or kind in r.transitions)
+
+    out: list[str] = []
+
+    def visit(r) -> None:  # r is reached and matches
+        reached = []
+        for c in r.routes:
+            if own(c):
+                reached.append(c)
+                if not c.cont:
+                    break
+        if not reached:
+            out.append(r.name)
+        for c in reached:
+            visit(c)
+
+    visit(route)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=_trees(),
+    a=st.sampled_from(["x", "y", ""]),
+    b=st.sampled_from(["x", "y", ""]),
+    kind=st.sampled_from(["raise", "clear"]),
+)
+def test_explain_delivers_exactly_the_routes_the_rule_names(
+    shape, a: str, b: str, kind: str
+) -> None:
+    from notifiers.routing import Route, Routing
+
+    root = _build(([], False, set(), shape[3]), "root")  # the root takes everything
+    assert isinstance(root, Route)
+    labels = {"a": a, "b": b}
+    d = explain(Routing(root), labels, kind, 0.0)
+    assert [x.route for x in d.deliveries] == _delivering(root, labels, kind)
+    assert all(x.told for x in d.deliveries)
