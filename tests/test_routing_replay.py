@@ -119,3 +119,16 @@ def test_the_keti_excerpt_end_to_end(tmp_path: Path) -> None:
         ("09:32", "sensor-fault", "723", "clear", "ana", True),  # cleared: escalation stops
         ("09:36", "co2-high", "419", "raise", "facility-desk", True),
     ]
+
+
+def test_bad_input_to_route_replay_says_what(tmp_path: Path) -> None:
+    config = str(ROOT / "examples/routing/keti-routing.yaml")
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"x": 1}\n')
+    r = CliRunner().invoke(app, ["route", "replay", str(bad), "-c", config])
+    assert r.exit_code == 2 and f"{bad}:1: not an alarm transition" in r.output
+    bad.write_text("")
+    r = CliRunner().invoke(app, ["route", "replay", str(bad), "-c", config, "--until", "never"])
+    assert r.exit_code == 2 and "--until: 'never'" in r.output
+    r = CliRunner().invoke(app, ["route", "replay", str(tmp_path / "none"), "-c", config])
+    assert r.exit_code == 2 and "cannot read" in r.output

@@ -51,20 +51,20 @@ def _fail(err: ENSError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _at(routing: Routing, text: str | None) -> float:
+def _at(routing: Routing, text: str | None, option: str = "--at") -> float:
     from notifiers.routing import RoutingError
     from notifiers.routing.times import local_time, tz
 
     if text is None:
         return time.time()
     try:
-        return local_time(float(text), tz(routing.tz, ()), ("--at",))
+        return local_time(float(text), tz(routing.tz, ()), (option,))
     except ValueError:
         pass
     try:
         return local_time(text, tz(routing.tz, ()), ())
     except RoutingError as e:
-        raise RoutingError(f"--at: {e.message}") from None
+        raise RoutingError(f"{option}: {e.message}") from None
 
 
 def _console(width: int = 130) -> Any:
@@ -415,7 +415,7 @@ def route_replay(
 
     try:
         routing = load_routing(config)
-        end = _at(routing, until) if until is not None else None
+        end = _at(routing, until, "--until") if until is not None else None
         src = sys.stdin if transitions == "-" else open(transitions, encoding="utf-8")  # noqa: SIM115
         items: list[Transition] = []
         with src:
