@@ -639,6 +639,10 @@ def _mount() -> None:
     app.add_typer(data.app, name="data")
     app.add_typer(spark_cli.app, name="spark")
     app.add_typer(generate_cli.app, name="generate")
+    from ens.commands import routing as routing_cli
+
+    app.add_typer(routing_cli.schedule_app, name="schedule")
+    app.add_typer(routing_cli.route_app, name="route")
     app.add_typer(
         notifiers_cli.app,
         name="notifications",
