@@ -248,6 +248,21 @@ class _ReplayProgress:
             self.bar.stop()
 
 
+def _archive_events(archive: str, start: str | None, to: str | None) -> list:
+    """The events of the archive's range, in engine order (corrupt files warned, skipped)."""
+    from adapters.archive.layout import open_archive
+    from adapters.archive.reader import read_events
+    from ens.archive_time import archive_uri, parse_when
+
+    t0, t1 = parse_when("--from", start), parse_when("--to", to or "now")
+    evs, sc = read_events(
+        open_archive(archive_uri(archive)), t0, t1, lambda m: typer.echo(m, err=True)
+    )
+    if sc.skipped:
+        typer.echo(f"warning: {len(sc.skipped)} corrupt archive files skipped", err=True)
+    return evs
+
+
 def _warn_lint(profiles: list, events: list) -> None:
     """Warnings on stderr for profiles that will likely never fire (profiles.lint), with the
     attribute names the event file carries."""
@@ -267,7 +282,8 @@ def replay(
         list[str],
         typer.Argument(
             help="PROFILES EVENTS: a profile file (YAML or JSON) and a JSON-lines event file "
-            "('-' for stdin, .gz allowed); with --index only EVENTS.",
+            "('-' for stdin, .gz allowed); with --index only EVENTS; with --archive only "
+            "PROFILES.",
             metavar="[PROFILES] EVENTS",
         ),
     ],
@@ -298,6 +314,21 @@ def replay(
     tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
+    archive: Annotated[
+        str | None,
+        typer.Option(
+            "--archive",
+            help="Read the events from the service's event archive (a path or URI; 'on': "
+            "$ENS_DATA_DIR/archive) instead of a file, --from/--to (docs/archive.md).",
+        ),
+    ] = None,
+    start: Annotated[
+        str | None,
+        typer.Option("--from", help="--archive: start (7d back from now, RFC 3339, epoch s)."),
+    ] = None,
+    to: Annotated[
+        str | None, typer.Option("--to", help="--archive: end (exclusive; default now).")
+    ] = None,
 ) -> None:
     """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
     from ens.plans import check_plan, load_stats
@@ -308,7 +339,16 @@ def replay(
         check_tz(tz)
         check_plan(plan)
         rates = load_stats(stats)
-        if index is not None:
+        if archive is not None:
+            if index is not None or len(paths) != 1:
+                raise ENSError("with --archive give only the PROFILES file")
+        elif start is not None or to is not None:
+            raise ENSError("--from/--to apply to --archive only")
+        if archive is not None:
+            pset, _ = load_inputs(Path(paths[0]), None)
+            profiles = pset.profiles
+            events = "-"  # not read: the archive gives them
+        elif index is not None:
             if len(paths) != 1:
                 raise ENSError("with --index give only the EVENTS file")
             from adapters.spark.index import load_index
@@ -321,9 +361,12 @@ def replay(
             pset, _ = load_inputs(Path(paths[0]), None)
             profiles = pset.profiles
             events = paths[1]
-        bar = _ReplayProgress(events)
+        bar = _ReplayProgress(events if archive is None else "")
         try:
-            evs = read_event_file(events, bar.read if bar.bar is not None else None)
+            if archive is not None:
+                evs = _archive_events(archive, start, to)
+            else:
+                evs = read_event_file(events, bar.read if bar.bar is not None else None)
             if index is None:
                 _warn_lint(profiles, evs)
             eng = make_engine(engine, profiles, tz, variant, plan, rates)
@@ -373,6 +416,7 @@ def explain(
 
 # ---- sub-commands contributed by other modules (mounted here, one line each)
 def _mount() -> None:
+    from ens.commands import archive as archive_cli
     from ens.commands import bench, data, demo
     from ens.commands import generate as generate_cli
     from ens.commands import notifications as notifiers_cli
@@ -380,6 +424,10 @@ def _mount() -> None:
 
     app.command("demo")(demo.demo)
     app.add_typer(bench.app, name="bench")
+    app.add_typer(archive_cli.app, name="archive")
+    from ens.commands.backtest import backtest
+
+    app.command("backtest")(backtest)
     app.add_typer(data.app, name="data")
     app.add_typer(spark_cli.app, name="spark")
     app.add_typer(generate_cli.app, name="generate")

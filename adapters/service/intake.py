@@ -88,6 +88,9 @@ class Intake(EngineState):
             self.engine.advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
+        if self.cfg.archive:  # written to ens:archive:feed with the commit of this input
+            late = self.engine.now is not None and ev.ts < self.engine.now
+            self.archive_rows.append((key, gw, late, ev))
         self._input(
             [OP_EVENT, key]
         )  # records.op_event, inline (per event); the key: decode_entry's

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.archive_feed import lag as archive_lag
 from adapters.service.redis_limits import SAFE_POLICY, evicting_message, memory_state
 from adapters.service.routes.base import ApiSettings, R, admin_bearer, require_admin
 from notifiers import store
@@ -161,6 +162,9 @@ def metrics(
         m.DELIVERY_BACKLOG.set(pending)
         m.DELIVERY_LAG.set(age)
         m.DEAD_LETTERS.set(dead)
+        archived, archive_age = archive_lag(r)
+        m.ARCHIVE_BACKLOG.set(archived)
+        m.ARCHIVE_LAG.set(archive_age)
         status = rs.worker_status(r)
         m.HEARTBEAT_AGE.set(status["age"] if status else -1)
         redis_problems(r)  # sets the ens_redis_* gauges

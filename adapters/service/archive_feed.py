@@ -1,0 +1,69 @@
+"""The archive feed: what the engine processed, in its order, for the archiver role.
+
+The engine worker appends the events it fed (key, gateway, late flag, the event) to the stream
+``ens:archive:feed`` in the same MULTI/EXEC as the journal entry (or snapshot) that records
+those inputs: a crash of the worker neither loses nor duplicates one (inputs after the last
+commit are decided again and written by a later commit). The archiver
+(`adapters.service.archiver`) reads the stream from the position it committed, writes Parquet
+files and trims what it wrote. So the engine never waits for the archive: a slow or stopped
+archiver only lengthens the stream (its lag, ``ens_archive_lag_*``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from notifiers.records import VERSION_FIELD, check_version, dumps, text
+from notifiers.records import field as entry_field
+from profiles.events import Event
+
+FEED = "ens:archive:feed"  # stream: one entry per commit, `b` = its rows
+POSITION = "ens:archive:position"  # hash: id (feed entry archived last), seq, flushing
+VERSION = 1
+
+Row = tuple[str, str, bool, Event]  # ingest key, gateway, late, event
+
+
+@dataclass
+class ArchiverConfig:
+    """The archiver's view of `ServiceSettings` (`adapters.service.server`)."""
+
+    uri: str
+    flush: float = 10.0  # s: write a file at least this often while events come
+    max_rows: int = 100_000  # ... or once this many wait
+    retention: float | None = None  # s of event time; None: kept for ever
+    max_bytes: int = 0  # the archive's size bound (0: none)
+    prune_every: float = 60.0  # s
+    block: float = 0.5  # s: longest wait for the feed
+
+
+def feed_fields(rows: list[Row]) -> dict[str, str]:
+    """One feed entry: ``b`` = ``[[key, gateway, late, event JSON object], ...]``."""
+    return {
+        "b": dumps([[key, gw, int(late), ev.to_json()] for key, gw, late, ev in rows]),
+        VERSION_FIELD: str(VERSION),
+    }
+
+
+def read_feed_entry(fields: Mapping[Any, Any]) -> list[tuple[str, str, bool, dict[str, Any]]]:
+    """The rows of a feed entry (events as JSON objects; big integers stay exact)."""
+    check_version(fields, "archive feed entry", VERSION)
+    return [(k, g, bool(late), ev) for k, g, late, ev in json.loads(text(entry_field(fields, "b")))]
+
+
+def lag(r: redis.Redis) -> tuple[int, float]:
+    """(feed entries not archived yet, age in s of the oldest of them)."""
+    pos: Any = r.hget(POSITION, "id")
+    start = "(" + text(pos) if pos else "-"
+    n = int(r.xlen(FEED))  # type: ignore[arg-type]
+    first: Any = r.xrange(FEED, min=start, count=1)
+    if not first:
+        return 0, 0.0
+    ms = int(text(first[0][0]).split("-", 1)[0])
+    return n, max(time.time() - ms / 1000, 0.0)
