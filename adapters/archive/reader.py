@@ -76,6 +76,15 @@ def read_table(arc: Archive, f: ArchiveFile) -> pa.Table:
     return table.select(SCHEMA.names)
 
 
+def check_file(arc: Archive, f: ArchiveFile) -> None:
+    """Its footer and columns (cheap: no data read); raises as `read_table` does."""
+    with arc.fs.open_input_file(f.path) as fh:
+        names = pq.ParquetFile(fh).schema_arrow.names
+    missing = [n for n in SCHEMA.names if n not in names]
+    if missing:
+        raise ValueError(f"not an archive file: no column {', '.join(missing)}")
+
+
 def rows(
     arc: Archive, sc: Scan, start: float | None, end: float | None, warn: Warn
 ) -> Iterator[dict[str, Any]]:

@@ -28,8 +28,9 @@ def prune(arc: Archive, now: float, max_age: float | None = None, max_bytes: int
         arc.fs.delete_dir(arc.path(part))
         total -= sizes[part]
         gone.append(part)
-    for part in gone:  # an empty date= directory goes too
-        day = arc.path(part.split("/", 1)[0])
-        if not arc.fs.get_file_info(pafs.FileSelector(day, allow_not_found=True)):
+    for day in sorted({arc.path(p.split("/", 1)[0]) for p in gone}):  # an emptied date=
+        if arc.fs.get_file_info(day).type == pafs.FileType.Directory and not arc.fs.get_file_info(
+            pafs.FileSelector(day, allow_not_found=True)
+        ):
             arc.fs.delete_dir(day)
     return gone

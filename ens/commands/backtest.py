@@ -53,9 +53,16 @@ class Progress:
 
     def line(self, msg: str) -> None:
         if self.bar is not None:
-            self.bar.console.print(f"backtest: {msg}")
+            self.bar.console.print(f"backtest: {msg}", markup=False)
         elif not self.quiet:
             typer.echo(f"backtest: {msg}", err=True)
+
+    def warn(self, msg: str) -> None:
+        """Always shown (also with --json): on stderr, above the bar on a terminal."""
+        if self.bar is not None:
+            self.bar.console.print(msg, markup=False)
+        else:
+            typer.echo(msg, err=True)
 
     def stop(self) -> None:
         if self.bar is not None:
@@ -75,7 +82,7 @@ def _local(
             table = read_table(arc, f)
         except Exception as exc:  # noqa: BLE001 - any unreadable file is skipped and counted
             sc.skipped.append((f.path, str(exc)))
-            prog.line(f"warning: skipped corrupt archive file {f.path}: {exc}")
+            prog.warn(f"warning: skipped corrupt archive file {f.path}: {exc}")
             continue
         rows.extend(r for r in table.to_pylist() if start <= r["ts"] < end)
         prog.advance(i + 1)
@@ -107,7 +114,7 @@ def _spark(
 ) -> tuple[list[dict[str, Any]], str]:
     import json
 
-    from adapters.archive.reader import read_table
+    from adapters.archive.reader import check_file
     from adapters.spark.feed import read_archive, spark_path
     from adapters.spark.replay import replay_job
     from ens.commands.spark import _session
@@ -115,11 +122,11 @@ def _spark(
     good = []
     for f in sc.files:  # a file Spark cannot read is named and counted, as locally
         try:
-            read_table(arc, f)
+            check_file(arc, f)
             good.append(f)
         except Exception as exc:  # noqa: BLE001
             sc.skipped.append((f.path, str(exc)))
-            prog.line(f"warning: skipped corrupt archive file {f.path}: {exc}")
+            prog.warn(f"warning: skipped corrupt archive file {f.path}: {exc}")
     if not good:
         return [], ""
     scheme = None if arc.local else arc.uri.split("://", 1)[0]

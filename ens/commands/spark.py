@@ -288,7 +288,7 @@ def _archive_paths(
     """The readable archive files of the range (corrupt ones named and skipped), as Spark
     paths, and the range."""
     from adapters.archive.layout import open_archive
-    from adapters.archive.reader import read_table, scan
+    from adapters.archive.reader import check_file, scan
     from adapters.spark.feed import spark_path
     from ens.archive_time import archive_uri, parse_when
 
@@ -299,7 +299,7 @@ def _archive_paths(
     paths = []
     for f in sc.files:
         try:
-            read_table(arc, f)
+            check_file(arc, f)
         except Exception as exc:  # noqa: BLE001 - skipped and counted, never a crash
             log(f"warning: skipped corrupt archive file {f.path}: {exc}")
             continue
