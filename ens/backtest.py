@@ -122,7 +122,7 @@ def build(
 
 def cell(row: dict[str, Any], key: str) -> str:
     value = row.get(key)
-    if key == "subscribers":
+    if key == "subscribers" and isinstance(value, dict):
         return ", ".join(f"{k}: {v}" for k, v in value.items()) or "(none)"
     return "" if value is None else str(value)
 
@@ -136,7 +136,7 @@ def plot(report: Report, out: str) -> None:
 
     import matplotlib.pyplot as plt
 
-    xs = [datetime.fromtimestamp(h, UTC) for h in report.hours]
+    xs: Any = [datetime.fromtimestamp(h, UTC) for h in report.hours]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for row in report.profiles:
         ax.step(xs, row["timeline"], where="post", label=row["id"])

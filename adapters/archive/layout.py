@@ -84,7 +84,7 @@ def open_archive(uri: str) -> Archive:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         first = exc
     try:
-        import fsspec  # type: ignore[import-untyped]
+        import fsspec  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise ENSError(
             f"archive {uri}: {first}; other file systems go through fsspec (pip install fsspec "

@@ -85,7 +85,7 @@ class Archiver:
             return
         first, last = self.pending[0][0], self.pending[-1][0]
         seq0 = self.seq
-        rows = []
+        rows: list[dict[str, Any]] = []
         for _fid, entry in self.pending:
             for key, gw, late, ev in entry:
                 rows.append(row_dict(seq0 + len(rows), key, gw, late, ev, dumps(ev)))

@@ -53,7 +53,7 @@ class ServeConfig:
     max_body: int = DEFAULTS.max_body
     max_backlog: int = DEFAULTS.max_backlog
     deliver: bool = DEFAULTS.deliver
-    roles: tuple[str, ...] = ROLES  # which parts run in this process
+    roles: tuple[str, ...] = DEFAULTS.effective_roles  # which parts run in this process
     api_workers: int = DEFAULTS.api_workers  # >1: forked API processes sharing the socket
     keepalive_timeout: float = DEFAULTS.keepalive_timeout  # an idle keep-alive connection
     header_timeout: float = DEFAULTS.header_timeout  # for a request's headers to arrive

@@ -447,7 +447,7 @@ class ServiceSettings:
         if self.engine == "spark" or self.no_engine:  # detection runs elsewhere
             if not self.effective_roles:
                 raise OptionError("--engine spark leaves nothing to run here (--role engine only)")
-        if self.archive == "off" and self.effective_roles == ("archive",):
+        if self.archive == "off" and self.roles == ("archive",):
             raise OptionError("--role archive needs --archive (on, a path or a URI)")
         if self.index is not None and not (self.index / "manifest.json").is_file():
             raise OptionError(
@@ -464,10 +464,16 @@ class ServiceSettings:
 
     @property
     def effective_roles(self) -> tuple[str, ...]:
-        """The parts this process runs: ``--role`` less the engine with ``--engine spark``."""
-        if self.engine == "spark" or self.no_engine:
-            return tuple(r for r in self.roles if r != "engine")
-        return self.roles
+        """The parts this process runs: ``--role`` less the engine with ``--engine spark``, and
+        less the archiver without ``--archive`` (or with ``--engine spark``: the archive is
+        fed by the built-in engine's commits)."""
+        spark = self.engine == "spark" or self.no_engine
+        return tuple(
+            r
+            for r in self.roles
+            if not (r == "engine" and spark)
+            and not (r == "archive" and (spark or self.archive == "off"))
+        )
 
 
 def _check(opt: Option, raw: Any) -> Any:

@@ -135,10 +135,14 @@ def _spark(
     with tempfile.TemporaryDirectory(prefix="ens-backtest-") as tmp:
         out = str(Path(tmp) / "notifications.jsonl")
         with _session(master) as spark:
+
+            def source(plan: Any = None) -> Any:
+                return read_archive(spark, paths, key, plan, start, end)
+
             st = replay_job(
                 spark,
                 profiles,
-                lambda plan=None: read_archive(spark, paths, key, plan, start, end),
+                source,
                 out,
                 key=key,
                 until=end,
