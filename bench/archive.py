@@ -1,0 +1,129 @@
+"""`ens bench archive`: the service end to end with the event archive on and off, same run.
+
+Each round starts a redis-server and `ens serve` (archive off, or `--archive DIR`), posts
+``--events`` events in batches from ``--clients`` gateways and times from the first POST
+until the engine has processed every event (and, archive on, until the archive holds them
+all); rounds alternate off/on so that a busy machine weighs on both alike. Reported: events/s
+end to end (first POST to every event processed) per mode (median of the rounds), their
+ratio, the archive's bytes per event, and how long after the engine the archive held them
+all (its lag: about the flush interval plus the engine's archive commit, 1 s).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from adapters.archive.layout import list_files, open_archive
+from adapters.service import redis_store as rs
+from bench.service_load import Gen, profiles, redis_server, run_phase, service
+
+
+def _processed(r: redis.Redis) -> int:
+    st = rs.worker_status(r) or {}
+    return int(st.get("stats", {}).get("total_events") or 0)
+
+
+def one_round(
+    archive: bool, events: int, batch: int, clients: int, work: Path, seed: int
+) -> dict[str, Any]:
+    """One service, one load; the end-to-end time and the archive's size."""
+    d = Path(tempfile.mkdtemp(prefix="round-", dir=work))
+    uri = str(d / "archive")
+    with redis_server(d) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        for pid, expr in profiles(200, 200):
+            rs.put_profile(r, pid, expr)
+        keys = [rs.add_gateway(r, f"bench-{i}", 0.05) for i in range(clients)]
+        extra = ("--archive", uri, "--archive-flush", "1s") if archive else ()
+        port = 18000 + random.randrange(2000)
+        with service(url, port, 0.1, d / "serve.log", *extra) as base:
+            time.sleep(0.5)
+            gen = Gen(seed)
+            t0 = time.perf_counter()
+            posted = run_phase(base, keys, gen, events, batch, clients, batch, {})
+            # the flush events: every gateway's watermark passes the last batch
+            run_phase(base, keys, gen, clients, 1, clients, 10**9, {})
+            deadline = time.monotonic() + 300
+            while _processed(r) < events and time.monotonic() < deadline:
+                time.sleep(0.01)
+            processed_s = time.perf_counter() - t0
+            arc_events = 0
+            if archive:
+                arc = open_archive(uri)
+                while time.monotonic() < deadline:
+                    files = list_files(arc)
+                    arc_events = sum(_rows(f.path) for f in files)
+                    if arc_events >= events:
+                        break
+                    time.sleep(0.05)
+            elapsed = time.perf_counter() - t0
+        size = sum(f.size for f in list_files(open_archive(uri))) if archive else 0
+        r.close()
+    shutil.rmtree(d, ignore_errors=True)
+    return {
+        "archive": archive,
+        "events": events,
+        "post_s": posted,
+        "e2e_s": processed_s,
+        "e2e_eps": events / processed_s,
+        "archived_s": elapsed if archive else None,  # until the archive held every event
+        "archived": arc_events,
+        "archive_bytes": size,
+    }
+
+
+def _rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def run(events: int, batch: int, clients: int, rounds: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="ens-bench-archive-"))
+    out: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    try:
+        for i in range(rounds):
+            for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                out[mode].append(one_round(mode == "on", events, batch, clients, work, 7 + i))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    off = statistics.median(x["e2e_eps"] for x in out["off"])
+    on = statistics.median(x["e2e_eps"] for x in out["on"])
+    lag = statistics.median(x["archived_s"] - x["e2e_s"] for x in out["on"])
+    per_event = statistics.median(x["archive_bytes"] / max(x["archived"], 1) for x in out["on"])
+    return {
+        "events": events,
+        "batch": batch,
+        "clients": clients,
+        "rounds": rounds,
+        "off_eps": off,
+        "on_eps": on,
+        "ratio": on / off,
+        "bytes_per_event": per_event,
+        "archive_after_s": lag,
+        "runs": out,
+    }
+
+
+def report(res: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(res, indent=2))
+        return
+    print(
+        f"{res['events']} events per round in batches of {res['batch']} from "
+        f"{res['clients']} gateways, {res['rounds']} rounds each (medians)"
+    )
+    print(f"archive off: {res['off_eps']:10.0f} events/s end to end")
+    print(f"archive on:  {res['on_eps']:10.0f} events/s end to end")
+    print(f"ratio on/off: {res['ratio']:.3f}")
+    print(f"archive: {res['bytes_per_event']:.1f} bytes per event (Parquet, zstd)")
+    print(f"archive complete {res['archive_after_s']:.2f} s after the engine (--archive-flush 1s)")
