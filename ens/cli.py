@@ -311,7 +311,12 @@ def replay(
             "marked/unmarked until the partition empties). Not with --engine two-step."
         ),
     ] = None,
-    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    tz: Annotated[
+        str,
+        typer.Option(
+            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+        ),
+    ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
     archive: Annotated[
@@ -389,7 +394,12 @@ def explain(
     events: Annotated[str, typer.Argument(help="JSON-lines event file ('-' for stdin).")],
     profile: Annotated[str, typer.Option("--profile", "-p", help="The profile to explain.")],
     until: Annotated[str | None, typer.Option(help="End time (epoch seconds or RFC 3339).")] = None,
-    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    tz: Annotated[
+        str,
+        typer.Option(
+            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+        ),
+    ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
 ) -> None:
@@ -432,7 +442,9 @@ def _mount() -> None:
     app.add_typer(spark_cli.app, name="spark")
     app.add_typer(generate_cli.app, name="generate")
     app.add_typer(
-        notifiers_cli.app, name="notifications", help="Outbox, delivery worker and dead letters."
+        notifiers_cli.app,
+        name="notifications",
+        help="Outbox, delivery worker, dead letters and late events.",
     )
     from ens.commands.service import register
 

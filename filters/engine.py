@@ -28,6 +28,7 @@ from filters.auxiliary import VARIANTS, AuxiliaryRegistrations
 from filters.composite import CompositeRuntime
 from filters.lazy import LazySeqRuntime
 from filters.lazy_base import LazyPartition
+from filters.localclock import LocalClock
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
 from filters.output import NotificationOutput
@@ -143,6 +144,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         self.aux: AuxiliaryRegistrations = VARIANTS[variant](self.pool)
         self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)
+        self._local: LocalClock | None = None  # localtime/weekday, once a profile uses them
         self.now: float | None = None
         self.tracer: Tracer | None = None
         self.trace_only: str | None = None
@@ -162,6 +164,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             raise ValueError(f"profile {profile.id!r} is already active")
         idx = self._next_idx
         self._next_idx += 1
+        self._local = LocalClock.of(self._local, self.tz, (profile,))
         rt = self._runtime(profile, idx)
         self._rts[idx] = rt
         self._by_id[profile.id] = rt
@@ -277,6 +280,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         elif ts > now:
             self.now = ts
         seq = self._seq = self._seq + 1
+        if self._local is not None:  # localtime/weekday as attributes (filters.localclock)
+            event = self._local.event(event)
         if self._count_pool is not None:
             if not seq % self.sample:
                 self._count(event)
@@ -382,6 +387,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
     def bound_duplicate(self, profile_id: str, event: Event) -> str | None:
         """Which bound component of which partial match `event` duplicates (see `ens explain`)."""
         rt = self._by_id.get(profile_id)
+        if self._local is not None:
+            event = self._local.event(event)
         return rt.bound_duplicate(event) if isinstance(rt, CompositeRuntime) and rt.active else None
 
     # ---------------------------------------------------------------- stats
@@ -441,6 +448,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         state.pop("_count_pool", None)
         state["tracer"] = None
         state["tz"] = self.tz.key
+        del state["_local"]  # rebuilt from the profiles
         kept: dict[int, Runtime] = {}
         fresh: list[tuple[int, Profile]] = []
         for idx, rt in self._rts.items():
@@ -471,6 +479,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
             self._rts[idx] = self._runtime(profile, idx)
         self._rts = dict(sorted(self._rts.items()))
         self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
+        self._local = LocalClock.of(None, self.tz, (rt.profile for rt in self._rts.values()))
         self._count_pool = PrimitivePool() if self.replan_every else None
         self._counted = {}
         for rt in self._rts.values():

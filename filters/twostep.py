@@ -27,6 +27,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from filters.compile import norm
+from filters.localclock import LocalClock
 from filters.notification import Notification
 from filters.output import NotificationOutput
 from filters.pool import PrimitivePool, owners_by_profile
@@ -795,6 +796,7 @@ class TwoStepEngine(TimeDriven, NotificationOutput):
         self.pool = PrimitivePool()
         self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)
+        self._local: LocalClock | None = None  # localtime/weekday, once a profile uses them
         self.now: float | None = None
         self._rts: dict[int, _Runtime] = {}
         self._by_id: dict[str, _Runtime] = {}
@@ -812,6 +814,7 @@ class TwoStepEngine(TimeDriven, NotificationOutput):
             raise ValueError(f"profile {profile.id!r} is already active")
         idx = self._next
         self._next += 1
+        self._local = LocalClock.of(self._local, self.tz, (profile,))
         rt: _Runtime
         if is_filter(profile.expr):
             rt = _FilterRuntime(self, profile, idx)
@@ -888,6 +891,8 @@ class TwoStepEngine(TimeDriven, NotificationOutput):
             self.advance(event.ts)
         self._seq += 1
         seq = self._seq
+        if self._local is not None:
+            event = self._local.event(event)
         entries = self.pool.match(event.attrs)
         rts = self._rts
         if len(entries) == 1:

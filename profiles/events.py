@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from profiles.errors import EventError
+from profiles.timeofday import MARK, visible
 
 Scalar = str | int | float | bool
 
@@ -27,7 +28,12 @@ class Event:
     attrs: dict[str, Scalar] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "ts": self.ts, **self.attrs}
+        """The event as it came: without the `localtime`/`weekday` keys an engine adds (last,
+        `filters.localclock`), so only the last key needs a look in the usual case."""
+        attrs = self.attrs
+        if attrs and next(reversed(attrs)).startswith(MARK):
+            attrs = visible(attrs)
+        return {"id": self.id, "ts": self.ts, **attrs}
 
 
 def parse_ts(value: Any) -> float:

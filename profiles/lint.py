@@ -2,7 +2,11 @@
 
 They are warnings, not errors: the profile is stored or replayed anyway. A number literal
 beyond the float range reads as infinity (`value > 1e400` never matches), and an attribute
-that no event seen so far has carried is often a typo (`knd = "window"`).
+that no event seen so far has carried is often a typo (`knd = "window"`) -- unless the profile
+only asks whether it is there (`not (suspect exists)` guards against an attribute that
+most feeds never carry). Events that carry an attribute named `localtime` or `weekday` are
+warned about when a profile uses those names: the profile reads the time of day, not the
+attribute (LANGUAGE.md §2.1).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import difflib
 import math
 from collections.abc import Iterable, Iterator
 
+from profiles import timeofday as tod
 from profiles.ast import (
     Absent,
     All,
@@ -74,6 +79,36 @@ def attributes(p: Profile) -> set[str]:
     return out
 
 
+def _compared(p: Profile) -> set[str]:
+    """Attributes the profile reads other than by `exists` (compared, partitioned on, or
+    referred to in `where`)."""
+    out = set(p.per)
+    for n in _nodes(p):
+        if isinstance(n, (Cmp, In, Between, StartsWith, Ref)):
+            out.add(n.attr)
+    return out
+
+
+def local_zones(p: Profile) -> set[str | None]:
+    """The zones of the `localtime`/`weekday` the profile reads (None: the engine's)."""
+    return tod.zones(attributes(p))
+
+
+def _clock_as_text(n: object) -> str | None:
+    """`time > "22:00"`: an attribute ordered against "HH:MM" strings, where `localtime` was
+    most likely meant (text order is not time order across midnight, and no event carries
+    the time of day as text in the usual feeds)."""
+    if isinstance(n, Cmp) and n.op not in ("=", "!="):
+        values: tuple[object, ...] = (n.value,)
+    elif isinstance(n, Between):
+        values = (n.low, n.high)
+    else:
+        return None
+    if tod.split_key(n.attr) is None and all(tod.seconds(v) is not None for v in values):
+        return n.attr
+    return None
+
+
 def _numbers(n: object) -> Iterable[object]:
     if isinstance(n, Cmp):
         return (n.value,)
@@ -97,8 +132,24 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
                 "infinity (e.g. `value > 1e400` can never match)"
             )
             break
+    for n in _nodes(p):
+        if (attr := _clock_as_text(n)) is not None:
+            out.append(
+                f"profile {p.id!r}: attribute {attr!r} is compared with a time of day as "
+                f"text; for the event's local time of day write localtime instead of {attr} "
+                "(LANGUAGE.md §2.1)"
+            )
     if seen:
-        for attr in sorted(attributes(p) - seen - EVENT_KEYS):
+        derived = {tod.shown(a) for a in attributes(p) if tod.split_key(a) is not None}
+        for name in sorted(derived & seen):
+            out.append(
+                f"profile {p.id!r}: events carry an attribute {name!r}, which the profile "
+                f"cannot read: {name} is the event's local "
+                f"{'time of day' if name == tod.LOCALTIME else 'day of the week'} "
+                "(LANGUAGE.md §2.1); rename the attribute at the source"
+            )
+        read = {a for a in _compared(p) if tod.split_key(a) is None}
+        for attr in sorted(read - seen - EVENT_KEYS):
             close = difflib.get_close_matches(attr, sorted(seen), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             out.append(f"profile {p.id!r}: no event seen so far has attribute {attr!r}{hint}")

@@ -9,6 +9,7 @@ engine never sees an invalid profile.
 from __future__ import annotations
 
 import ast as pyast
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from lark.exceptions import (
     VisitError,
 )
 
+from profiles import timeofday as tod
 from profiles.ast import (
     Absent,
     All,
@@ -38,6 +40,7 @@ from profiles.ast import (
     Const,
     Exists,
     Expr,
+    Filter,
     In,
     Lit,
     Not,
@@ -179,20 +182,29 @@ class _Build(Transformer[Token, Any]):
     def literals(self, t: Tree[Any]) -> tuple[Any, ...]:
         return tuple(_kids(t))
 
-    def f_cmp(self, t: Tree[Any]) -> Cmp:
+    def f_cmp(self, t: Tree[Any]) -> Filter:
         attr, op, value = _kids(t)
+        if attr in tod.NAMES:
+            return _derived_cmp(attr, str(op), value, t)
         if isinstance(value, bool) and op not in ("=", "!="):
             raise _Fail(f"booleans compare only with = and != (got {op})", t)
         return Cmp(attr, str(op), value)
 
     def f_in(self, t: Tree[Any]) -> In:
-        return In(_kids(t)[0], _kids(t)[2])
+        return _in(_kids(t)[0], _kids(t)[2], False, t)
 
     def f_not_in(self, t: Tree[Any]) -> In:
-        return In(_kids(t)[0], _kids(t)[3], negated=True)
+        return _in(_kids(t)[0], _kids(t)[3], True, t)
 
-    def f_between(self, t: Tree[Any]) -> Between:
+    def f_between(self, t: Tree[Any]) -> Filter:
         attr, _, low, _, high = _kids(t)
+        if attr == tod.LOCALTIME:
+            lo, hi = _time_literal(low, t), _time_literal(high, t)
+            k = tod.KEY_LOCALTIME
+            if lo <= hi:
+                return Between(k, lo, hi)
+            return Or((Cmp(k, ">=", lo), Cmp(k, "<=", hi)))  # wraps midnight (§2.1)
+        _not_for(attr, "between", t)
         if isinstance(low, bool) or isinstance(high, bool):
             raise _Fail("between needs numbers or strings, not booleans", t)
         if isinstance(low, str) != isinstance(high, str):
@@ -200,9 +212,11 @@ class _Build(Transformer[Token, Any]):
         return Between(attr, low, high)
 
     def f_exists(self, t: Tree[Any]) -> Exists:
+        _not_for(_kids(t)[0], "exists", t)
         return Exists(_kids(t)[0])
 
     def f_starts(self, t: Tree[Any]) -> StartsWith:
+        _not_for(_kids(t)[0], "starts with", t)
         return StartsWith(_kids(t)[0], _literal(_kids(t)[3]))
 
     def f_not(self, t: Tree[Any]) -> Not:
@@ -220,7 +234,7 @@ class _Build(Transformer[Token, Any]):
         name, dot, attr = str(tok).partition(".")
         if not dot:
             raise _Fail(f"{tok} is not a reference; write name.attribute, e.g. a.{tok}", tok)
-        return Ref(name, attr)
+        return Ref(name, tod.key(attr, None) if attr in tod.NAMES else attr)
 
     def w_lit(self, t: Tree[Any]) -> Lit:
         return Lit(_literal(_kids(t)[0]))
@@ -235,7 +249,8 @@ class _Build(Transformer[Token, Any]):
 
     def w_cmp(self, t: Tree[Any]) -> WCmp:
         left, op, right = _kids(t)
-        return WCmp(str(op), left, right)
+        op = str(op)
+        return WCmp(op, _where_literal(left, right, op, t), _where_literal(right, left, op, t))
 
     def w_not(self, t: Tree[Any]) -> WNot:
         return WNot(_kids(t)[1])
@@ -245,6 +260,67 @@ class _Build(Transformer[Token, Any]):
 
     def w_and(self, t: Tree[Any]) -> WAnd:
         return WAnd(tuple(c for c in _kids(t) if not isinstance(c, Token)))
+
+
+_LOCALTIME_FORMS = 'a time "HH:MM" or "HH:MM:SS" (00:00 to 23:59:59)'
+_WEEKDAY_FORMS = "a day name: " + ", ".join(repr(d) for d in tod.DAYS)
+
+
+def _time_literal(value: Any, where: Any) -> int:
+    secs = tod.seconds(value)
+    if secs is None:
+        raise _Fail(f"localtime needs {_LOCALTIME_FORMS}, got {value!r}", where)
+    return secs
+
+
+def _day_literal(value: Any, where: Any) -> str:
+    d = tod.day(value)
+    if d is None:
+        raise _Fail(f"weekday needs {_WEEKDAY_FORMS}; got {value!r}", where)
+    return d
+
+
+def _not_for(attr: str, what: str, where: Any) -> None:
+    """`localtime`/`weekday` support only the comparisons of LANGUAGE.md §2.1."""
+    if attr == tod.LOCALTIME:
+        raise _Fail(
+            f"localtime is the local time of day: it supports = != < <= > >= and between, "
+            f"not {what}",
+            where,
+        )
+    if attr == tod.WEEKDAY:
+        raise _Fail(
+            f"weekday is the local day name: it supports =, !=, in and not in, not {what}", where
+        )
+
+
+def _derived_cmp(attr: str, op: str, value: Any, where: Any) -> Cmp:
+    if attr == tod.LOCALTIME:
+        return Cmp(tod.KEY_LOCALTIME, op, _time_literal(value, where))
+    if op not in tod.WEEKDAY_OPS:
+        _not_for(attr, op, where)
+    return Cmp(tod.KEY_WEEKDAY, op, _day_literal(value, where))
+
+
+def _in(attr: str, values: tuple[Any, ...], negated: bool, where: Any) -> In:
+    if attr == tod.WEEKDAY:
+        return In(tod.KEY_WEEKDAY, tuple(_day_literal(v, where) for v in values), negated)
+    _not_for(attr, "not in" if negated else "in", where)
+    return In(attr, values, negated)
+
+
+def _where_literal(term: Any, other: Any, op: str, where: Any) -> Any:
+    """A string literal compared with `x.localtime` or `x.weekday` in a where clause, read as a
+    time (seconds of the day) or a day name, as in a filter."""
+    if not (isinstance(term, Lit) and isinstance(other, Ref) and isinstance(term.value, str)):
+        return term
+    if other.attr == tod.KEY_LOCALTIME:
+        return Lit(_time_literal(term.value, where))
+    if other.attr == tod.KEY_WEEKDAY:
+        if op not in tod.WEEKDAY_OPS:
+            _not_for(tod.WEEKDAY, op, where)
+        return Lit(_day_literal(term.value, where))
+    return term
 
 
 _BUILD = _Build()
@@ -414,8 +490,13 @@ class _Converter:
         return Component(name, expr, negated)
 
 
-def parse_profile(text: str, profile_id: str = "?", subscriber: str | None = None) -> Profile:
-    """Parse and validate one profile expression; raise ProfileError naming id, line and column."""
+def parse_profile(
+    text: str, profile_id: str = "?", subscriber: str | None = None, tz: str | None = None
+) -> Profile:
+    """Parse and validate one profile expression; raise ProfileError naming id, line and column.
+
+    `tz`: the zone of its `localtime`/`weekday` (the profile file's ``tz:``); None: the
+    engine's (``--tz``)."""
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as e:
@@ -423,7 +504,8 @@ def parse_profile(text: str, profile_id: str = "?", subscriber: str | None = Non
     except LarkError as e:  # pragma: no cover - lark internal
         raise ProfileError(f"cannot parse: {e}", profile_id) from None
     try:
-        return _build_profile(tree, text, profile_id, subscriber)
+        profile = _build_profile(tree, text, profile_id, subscriber)
+        return profile if tz is None else _zoned(profile, tz)
     except _Fail as f:
         raise ProfileError(f.message, profile_id, f.line, f.column) from None
     except VisitError as v:
@@ -450,6 +532,9 @@ def _syntax_error(e: UnexpectedInput, text: str, profile_id: str) -> ProfileErro
             if at is not None and at < len(text)
             else "unexpected input"
         )
+        hint = _char_hint(text, at)
+        if hint:
+            what += f" ({hint})"
     else:
         tok = getattr(e, "token", None)
         what = (
@@ -496,6 +581,41 @@ def _hint(text: str, tok: Token | None) -> str | None:
         if m.group(1):
             return "write the unit right after the number, without a space: 30m"
         return f"{m.group(2)!r} is not a duration unit; the units are ms, s, m, h, d"
+    return _counting_hint(text, tok, before.group(1) if before else None)
+
+
+_REPEAT = (
+    'N events matching F are repeat(F, N), e.g. repeat(kind = "co2" and value > 1000, 3) within 10m'
+)
+
+
+def _counting_hint(text: str, tok: Token, word_before: str | None) -> str | None:
+    """The ways people write "N times" and units on numbers, which the language spells
+    differently."""
+    pos = tok.start_pos or 0
+    if tok.value == "(" and word_before is not None and word_before.lower() == "count":
+        return f"there is no count(...): {_REPEAT}"
+    if tok.type == "NAME" and tok.value.lower() in ("times", "x"):
+        return f"there is no 'times': {_REPEAT}"
+    if tok.type == "NAME":
+        num = re.search(r"(?<![\w.])([+-]?\d+(?:\.\d+)?)$", text[:pos])  # glued: 1000ppm
+        if num:
+            return (
+                f"a number has no unit in a comparison: write {num.group(1)}, not "
+                f"{num.group(1)}{tok.value}"
+            )
+    return None
+
+
+def _char_hint(text: str, at: int | None) -> str | None:
+    """`&&`, `||`, `&`, `|`: the connectives are words."""
+    if at is None or at >= len(text):
+        return None
+    ch = text[at]
+    if ch in "&|":
+        word = "and" if ch == "&" else "or"
+        written = ch * 2 if text[at : at + 2] == ch * 2 else ch
+        return f"write {word!r}, not {written!r}"
     return None
 
 
@@ -522,6 +642,14 @@ class _Clauses:
             self.within = parse_duration(str(kids[1]))
         elif key == "c_per":
             self.per = tuple(str(x) for x in kids[1:])
+            for name in self.per:
+                if name in tod.NAMES:
+                    raise _Fail(
+                        f"per {name}: {name} is derived from ts, not an attribute to partition "
+                        "on; partition by an attribute (per room) and test "
+                        f"{name} in the components",
+                        c,
+                    )
             if len(set(self.per)) != len(self.per):
                 raise _Fail("per names an attribute twice", c)
         elif key == "c_where":
@@ -613,6 +741,28 @@ def _check_where(where: Cond, conv: _Converter, clause: Tree[Any]) -> None:
                 f"where refers to {name!r}, a nested composite; refer to its primitive components",
                 clause,
             )
+
+
+def _zoned(node: Any, tz: str) -> Any:
+    """`node` with its `localtime`/`weekday` keys read in zone `tz` (a new node where one
+    changes; the same object otherwise)."""
+    if isinstance(node, tuple):
+        items = tuple(_zoned(x, tz) for x in node)
+        return node if all(a is b for a, b in zip(items, node, strict=True)) else items
+    if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        return node
+    changes = {}
+    for f in dataclasses.fields(node):
+        if not f.init:
+            continue
+        v = getattr(node, f.name)
+        if f.name == "attr" and v in (tod.KEY_LOCALTIME, tod.KEY_WEEKDAY):
+            nv = tod.key(v[1:], tz)
+        else:
+            nv = _zoned(v, tz)
+        if nv is not v:
+            changes[f.name] = nv
+    return replace(node, **changes) if changes else node
 
 
 def parse_filter(text: str) -> Any:

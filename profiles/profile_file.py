@@ -27,6 +27,7 @@ class ProfileSet:
     invalid: int = 0  # of those, entries with at least one problem
     profile_problems: int = 0  # problems found in profile entries
     subscriber_problems: int = 0  # problems found in subscriber entries
+    tz: str | None = None  # the file's `tz:`: the zone of its profiles' localtime/weekday
 
     def summary(self, name: str, errors: list[Any]) -> str:
         """``FILE: N problem(s) (P in K profile(s), S in subscribers, O elsewhere); V of T
@@ -160,13 +161,15 @@ def parse_profile_document(
             ProfileError(f"{name}: expected a mapping with 'profiles' (and optional 'subscribers')")
         ]
     for key in data:
-        if key not in ("profiles", "subscribers"):
+        if key not in ("profiles", "subscribers", "tz"):
             errors.append(
                 ProfileError(
                     f"{_at(name, _key_node(root, str(key)))}: unknown top-level key {str(key)!r} "
-                    "(allowed: profiles, subscribers)"
+                    "(allowed: profiles, subscribers, tz)"
                 )
             )
+    if "tz" in data:
+        out.tz = _file_tz(data["tz"], _at(name, _node_get(root, "tz")), errors)
     plist = data.get("profiles") or []
     pnodes = _node_get(root, "profiles")
     pnode_items = pnodes.value if isinstance(pnodes, yaml.SequenceNode) else []
@@ -177,7 +180,7 @@ def parse_profile_document(
     out.entries = len(plist)
     for i, item in enumerate(plist):
         before = len(errors)
-        _profile_entry(i, item, pnode_items, seen, name, out, errors)
+        _profile_entry(i, item, pnode_items, seen, name, out, errors, out.tz)
         if len(errors) > before:
             out.invalid += 1
             out.profile_problems += len(errors) - before
@@ -193,6 +196,7 @@ def _profile_entry(
     name: str,
     out: ProfileSet,
     errors: list[ENSError],
+    tz: str | None = None,
 ) -> None:
     """One entry of ``profiles``: parsed into ``out.profiles``, or its problems into ``errors``."""
     node = pnode_items[i] if i < len(pnode_items) else None
@@ -238,10 +242,29 @@ def _profile_entry(
         return
     sub = item.get("subscriber")
     try:
-        out.profiles.append(parse_profile(expr, pid, str(sub) if sub is not None else None))
+        out.profiles.append(parse_profile(expr, pid, str(sub) if sub is not None else None, tz))
     except ProfileError as e:
         expr_node = _node_get(node, "expr") if node is not None else None
         errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
+
+
+def _file_tz(value: Any, where: str, errors: list[ENSError]) -> str | None:
+    """The file's ``tz:`` (an IANA zone name), or None with the problem added to `errors`."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    if isinstance(value, str) and value.strip():
+        try:
+            ZoneInfo(value.strip())
+            return value.strip()
+        except (ZoneInfoNotFoundError, ValueError):
+            pass
+    errors.append(
+        ProfileError(
+            f"{where}: tz: unknown time zone {value!r} (an IANA name such as UTC or "
+            "Europe/Berlin: the zone of localtime and weekday in this file's profiles)"
+        )
+    )
+    return None
 
 
 def _subscriber_entries(

@@ -41,7 +41,10 @@ def _parsed_case(path: Path, mtime_ns: int) -> dict:
 def write_case_files(case: dict, tmp: Path) -> tuple[Path, Path]:
     """A conformance case as the files `ens replay` reads."""
     prof = tmp / "profiles.yaml"
-    prof.write_text(yaml.safe_dump({"profiles": case["profiles"]}, sort_keys=False))
+    doc = {"profiles": case["profiles"]}
+    if "tz" in case:  # the profile file's tz: (LANGUAGE.md §2.1)
+        doc["tz"] = case["tz"]
+    prof.write_text(yaml.safe_dump(doc, sort_keys=False))
     evs = tmp / "events.jsonl"
     evs.write_text("".join(json.dumps(e, default=str) + "\n" for e in case["events"]))
     return prof, evs

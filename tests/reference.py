@@ -15,12 +15,17 @@ extending, replacing under `last`, counting under `nth`) is made only if the par
 with it is valid (§4.1 items 1, 2, 5, 7); an event that does not touch a partial match kills
 it when the match, seen up to that event, is no longer valid. Slow (quadratic and more) and
 meant for streams of a dozen events.
+
+`localtime` and `weekday` (§2.1) are read in UTC: the seconds since the last midnight and the
+day name, from the calendar (`datetime`), added to each event's attributes under those names
+(the streams drawn for it carry no attribute of the same name).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 Attrs = dict[str, Any]
@@ -100,7 +105,11 @@ class _Run:
         return e.get(self.s.per)  # None: the event is ignored by the profile
 
     def _attrs(self, p: int) -> Attrs:
-        return {a: v for a, v in self.evs[p].items() if a not in ("id", "ts")}
+        out = {a: v for a, v in self.evs[p].items() if a not in ("id", "ts")}
+        when = datetime.fromtimestamp(self.evs[p]["ts"], UTC)
+        out["localtime"] = when.hour * 3600 + when.minute * 60 + when.second
+        out["weekday"] = when.strftime("%a").lower()
+        return out
 
     def _bound(self, pm: list[int]) -> dict[str, Attrs]:
         return {self.s.comps[self.pos[o]].name: self._attrs(p) for o, p in enumerate(pm)}

@@ -7,6 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from profiles import timeofday as tod
 from profiles.ast import And, Between, Cmp, Const, Exists, In, Not, Or, StartsWith
 
 ATTRS = ["a", "b", "c", "kind"]
@@ -43,6 +44,34 @@ predicates = st.one_of(
     st.builds(StartsWith, attr, st.sampled_from(["lab-", "l", "x", ""])),
 )
 
+# LANGUAGE.md §2.1 as the parser writes it: the reserved keys, seconds of the local day (a
+# `between` that wraps midnight is an `or` of two comparisons) and day names
+_SECS = st.sampled_from([0, 1, 3599, 21600, 43200, 79200, 86399])
+local_predicates = st.one_of(
+    st.builds(
+        Cmp, st.just(tod.KEY_LOCALTIME), st.sampled_from(["=", "!=", "<", "<=", ">", ">="]), _SECS
+    ),
+    st.builds(
+        lambda x, y: (
+            Between(tod.KEY_LOCALTIME, x, y)
+            if x <= y
+            else Or((Cmp(tod.KEY_LOCALTIME, ">=", x), Cmp(tod.KEY_LOCALTIME, "<=", y)))
+        ),
+        _SECS,
+        _SECS,
+    ),
+    st.builds(
+        Cmp, st.just(tod.KEY_WEEKDAY), st.sampled_from(["=", "!="]), st.sampled_from(tod.DAYS)
+    ),
+    st.builds(
+        In,
+        st.just(tod.KEY_WEEKDAY),
+        st.lists(st.sampled_from(tod.DAYS), min_size=1, max_size=3).map(tuple),
+        st.booleans(),
+    ),
+)
+predicates = st.one_of(predicates, local_predicates)
+
 filters = st.recursive(
     st.one_of(predicates, st.just(Const(True))),
     lambda inner: st.one_of(
@@ -53,7 +82,17 @@ filters = st.recursive(
     max_leaves=6,
 )
 
-events = st.dictionaries(attr, scalars, max_size=4)
+events = st.builds(
+    lambda attrs, local: {**attrs, **local},
+    st.dictionaries(attr, scalars, max_size=4),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            tod.KEY_LOCALTIME: st.one_of(_SECS, st.integers(0, 86399)),
+            tod.KEY_WEEKDAY: st.sampled_from(tod.DAYS),
+        },
+    ),
+)
 
 
 # ------------------------------------------- flat seq profiles for the reference interpreter
@@ -77,6 +116,14 @@ SEQ_FILTERS: list[tuple[str, Callable[[dict], bool]]] = [
     ('k != "X"', lambda e: isinstance(e.get("k"), str) and e["k"] != "X"),
     ("v >= 2", lambda e: _num(e.get("v")) and e["v"] >= 2),
     ("true", lambda e: True),
+    # LANGUAGE.md §2.1 in UTC (tests.reference adds localtime and weekday): the streams start
+    # at the epoch, a Thursday, so these split them a few seconds in; the first wraps midnight
+    ('localtime between "00:00:09" and "00:00:03"', lambda e: not 3 < e["localtime"] < 9),
+    ('k = "A" and localtime <= "00:00:05"', lambda e: e.get("k") == "A" and e["localtime"] <= 5),
+    (
+        'weekday = "thu" and localtime > "00:00:02"',
+        lambda e: e["weekday"] == "thu" and e["localtime"] > 2,
+    ),
 ]
 
 
@@ -84,6 +131,12 @@ def _where_form(
     form: int, a: str, c: str, lit: int
 ) -> tuple[str, frozenset[str], Callable[[dict], bool]]:
     """One where conjunct as text, its component names, and its truth (all names bound)."""
+    if form == 4:  # §2.1: the bound events' local times (UTC in tests.reference)
+        return (
+            f"{a}.localtime < {c}.localtime",
+            frozenset({a, c}),
+            lambda b: b[a]["localtime"] < b[c]["localtime"],
+        )
 
     def vals(b: dict) -> tuple[object, object]:
         return b[a].get("v"), b[c].get("v")
@@ -153,10 +206,10 @@ def flat_seq_profiles(
         clauses.append("per r")
     conjs, texts = [], []
     for _ in range(draw(st.sampled_from([0, 1, 1, 2]))):
-        form = draw(st.integers(0, 3))
+        form = draw(st.sampled_from([0, 1, 2, 3, 3, 4]))
         a = draw(st.sampled_from(pos + neg_names))
         c = draw(st.sampled_from(pos))
-        if form < 3 and a == c:
+        if form != 3 and a == c:
             form = 3
         text, refs, fn = _where_form(form, a, c, draw(st.integers(1, 2)))
         texts.append(text)

@@ -348,3 +348,30 @@ def test_backtest_report_and_bad_input(rb: redis.Redis, rt: redis.Redis, tmp_pat
     assert len(evs) == 900 - good and len(sc.skipped) == 1
     assert summary(open_archive(uri))["events"] == 900 - good
     os.unlink(victim.path)
+
+
+@pytest.mark.parametrize("mode", ["output", "feed"])
+def test_late_events_are_archived_flagged(
+    rb: redis.Redis, rt: redis.Redis, tmp_path: Path, mode: str
+) -> None:
+    """A late event (sent to the late output, or fed in arrival order with --late-events
+    feed) is accepted, so it is archived, once, with ``late`` set."""
+    setup_profiles(rt)
+    uri = str(tmp_path / "archive")
+    w = EngineWorker(
+        rb, config(archive=True, archive_commit=0.0, commit_min_interval=0, late_events=mode)
+    )
+    w.start()
+    clock = [time.time()]
+    events = make_events(50, seed=8, t0=T0)
+    ingest(rb, events)
+    ingest(rb, [{"id": "flush", "ts": T0 + 200, "kind": "none", "room": "x"}])
+    drain(w, clock)
+    ingest(rb, [{"id": "old", "ts": T0 + 1, "kind": "alarm", "room": "r1"}])  # behind the engine
+    drain(w, clock)
+    w.snapshot()
+    run_archiver(Archiver(rb, ArchiverConfig(uri, flush=0.0)))
+    rows = archived(uri)
+    assert [r["id"] for r in rows] == [*(e["id"] for e in events), "old"]
+    assert [r["id"] for r in rows if r["late"]] == ["old"]
+    assert w.totals["late"] == 1

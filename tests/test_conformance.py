@@ -35,6 +35,16 @@ def engine_args(engine: str) -> list[str]:
     )
 
 
+def case_options(case: dict) -> list[str]:
+    """`ens replay` options a case asks for: `until` (--until), `replay_tz` (--tz)."""
+    out = []
+    if "until" in case:
+        out += ["--until", str(case["until"])]
+    if "replay_tz" in case:
+        out += ["--tz", str(case["replay_tz"])]
+    return out
+
+
 runner = CliRunner()
 
 
@@ -43,9 +53,7 @@ runner = CliRunner()
 def test_case(path: Path, engine: str, case_files) -> None:
     case = load_case(path)
     prof, evs = case_files(case)
-    args = ["replay", str(prof), str(evs), *engine_args(engine)]
-    if "until" in case:
-        args += ["--until", str(case["until"])]
+    args = ["replay", str(prof), str(evs), *engine_args(engine), *case_options(case)]
     result = runner.invoke(app, args)
     if "expect_error" in case:
         assert result.exit_code == 2, result.output
@@ -106,9 +114,7 @@ def test_every_engine_writes_identical_output(path: Path, case_files) -> None:
     prof, evs = case_files(case)
     outs = {}
     for engine in ENGINES:
-        args = ["replay", str(prof), str(evs), *engine_args(engine)]
-        if "until" in case:
-            args += ["--until", str(case["until"])]
+        args = ["replay", str(prof), str(evs), *engine_args(engine), *case_options(case)]
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.stderr
         outs[engine] = result.stdout

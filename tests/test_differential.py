@@ -49,6 +49,11 @@ FILTERS = [
     'k not in ("B", "C")',
     "v < 2",
     'k = "C" and v >= 1',
+    # LANGUAGE.md §2.1 in UTC: the streams below start at the epoch (a Thursday), so these
+    # split them at a few minutes in; the first wraps midnight
+    'localtime between "00:05:00" and "00:00:30"',
+    'k = "A" and localtime >= "00:02:00"',
+    'weekday = "thu" and not (localtime < "00:01:00")',
 ]
 WITHIN = ["0s", "5s", "10s", "30s", "60s", "2m"]
 
@@ -70,12 +75,25 @@ SELECTS = ["", "select first", "select last", "select each", "select nth 2"]
 
 @st.composite
 def profile_text(
-    draw: st.DrawFn, selects: list[str] = SELECTS, negate: int = 2, alone: bool = False
+    draw: st.DrawFn,
+    selects: list[str] = SELECTS,
+    negate: int = 2,
+    alone: bool = False,
+    filters: list[str] = FILTERS,
+    withins: list[str] = WITHIN,
+    local: bool = False,
 ) -> str:
     """One profile: a composite of depth <= 2 with random clauses (or, rarely, a filter/absent).
 
     `selects`, `negate` (the most negated components inserted per composite) and `alone` (where
-    conjuncts may also compare one component with a literal) steer it (issue 22 tests)."""
+    conjuncts may also compare one component with a literal) steer it (issue 22 tests);
+    `filters` and `withins` are what leaves and windows are drawn from, and `local` lets where
+    conjuncts compare `localtime`/`weekday` (LANGUAGE.md §2.1)."""
+    WITHIN = withins  # noqa: N806 - the module's list, unless the caller gives another
+
+    def leaf_filter() -> st.SearchStrategy[str]:
+        return st.sampled_from(filters)
+
     shape = draw(st.integers(0, 19))
     names: list[tuple[str, bool]] = []  # (leaf name, negated)
     counter = iter(range(1, 100))
@@ -138,8 +156,12 @@ def profile_text(
         for _ in range(draw(st.integers(1, 2))):
             a = draw(st.sampled_from(pos + negs))
             c = draw(st.sampled_from(pos))
-            form = draw(st.integers(0, 4 if alone else 3))
-            if form == 4:
+            form = draw(st.integers(0, 6 if local else 4 if alone else 3))
+            if form == 5:
+                conj.append(f"{a}.localtime < {c}.localtime")
+            elif form == 6:
+                conj.append(f'{c}.weekday = "sun" and {a}.localtime >= "01:30"')
+            elif form == 4:
                 conj.append(f"{c}.v >= {draw(st.integers(1, 2))}")
             elif form == 0:
                 conj.append(f"{a}.v = {c}.v")
@@ -749,3 +771,79 @@ def _check_against_the_reference(
             [(spec.id, text)], events, until, {"reference": interpret(spec, events, until), **bad}
         )
     assert not bad, sorted(bad)
+
+
+# ------------------------------------------- local time of day across DST (LANGUAGE.md §2.1)
+
+LOCAL_FILTERS = [
+    'k = "A"',
+    'k = "B"',
+    'k in ("A", "B")',
+    "v between 1 and 2",
+    "true",
+    'localtime between "22:00" and "02:30"',
+    'localtime >= "03:00"',
+    'localtime = "02:30" or localtime = "01:30"',
+    'k = "A" and localtime between "01:00" and "03:30"',
+    'not (localtime < "02:00")',
+    'weekday = "sun"',
+    'k = "B" and weekday in ("sat", "mon")',
+    'weekday != "sun" or localtime <= "01:59:59"',
+]
+# (zone, a UTC start a few hours before one of its 2026 DST changes)
+LOCAL_STARTS = [
+    ("Europe/Berlin", "2026-03-28T22:00:00Z"),  # 01:00Z: 02:00 CET -> 03:00 CEST
+    ("Europe/Berlin", "2026-10-24T22:00:00Z"),  # 01:00Z: 03:00 CEST -> 02:00 CET
+    ("America/New_York", "2026-03-08T03:00:00Z"),  # 07:00Z: 02:00 EST -> 03:00 EDT
+    ("America/New_York", "2026-11-01T02:00:00Z"),  # 06:00Z: 02:00 EDT -> 01:00 EST
+    ("Australia/Lord_Howe", "2026-04-04T12:00:00Z"),  # a 30-minute change: 02:00 -> 01:30
+    ("UTC", "2026-01-02T20:00:00Z"),
+]
+
+
+@st.composite
+def local_scenario(
+    draw: st.DrawFn,
+) -> tuple[str, list[tuple[str, str]], list[dict], float | None]:
+    """(zone, profiles, events, until): profiles reading localtime/weekday, and events minutes
+    apart across a DST change of the zone (and a local midnight)."""
+    from profiles.events import parse_ts
+
+    zone, start = draw(st.sampled_from(LOCAL_STARTS))
+    texts = profile_text(filters=LOCAL_FILTERS, withins=["10m", "30m", "1h", "3h"], local=True)
+    profiles, events, until = draw(scenario(texts))
+    base = parse_ts(start)
+    steps = [draw(st.sampled_from([0, 0, 60, 300, 600, 900, 1800])) for _ in events]
+    t = base
+    for ev, step in zip(events, steps, strict=True):
+        t += step
+        ev["ts"] = t
+    if until is not None:
+        until = t + draw(st.sampled_from([0.0, 600.0, 3600.0]))
+    return zone, profiles, events, until
+
+
+@settings(
+    max_examples=300, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(local_scenario())
+def test_engines_agree_on_local_time_across_dst(
+    case: tuple[str, list[tuple[str, str]], list[dict], float | None],
+) -> None:
+    """localtime/weekday in filters and where, in the engine's zone, on streams that cross a
+    DST change: every single-step variant and plan gives what the two-step engine gives."""
+    zone, texts, events, until = case
+    profiles = [parsed(text, pid) for pid, text in texts]
+    outs = {"two-step": run(lambda ps: TwoStepEngine(ps, tz=zone), profiles, events, until)}
+    for v in Engine.VARIANTS:
+        for plan in ("eager", "rare-first"):
+            outs[f"{v}+{plan}"] = run(
+                lambda ps, v=v, plan=plan: Engine(ps, tz=zone, variant=v, plan=plan),
+                profiles,
+                events,
+                until,
+            )
+    if any(out != outs["two-step"] for out in outs.values()):
+        _report(texts, events, until, outs)
+    for name, out in outs.items():
+        assert out == outs["two-step"], name

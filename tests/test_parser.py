@@ -223,12 +223,47 @@ def test_fuzz_parser_raises_only_its_own_error(text: str) -> None:
         ('kind == "a"', "'==' is not an operator: use '=' for equality"),
         ('SEQ(a: k = "x", b: k = "y") within 1m', "keywords are lower case: 'seq', not 'SEQ'"),
         ('kind = "a" AND x = 1', "keywords are lower case: 'and', not 'AND'"),
+        # issue 40: what a new operator guessed
+        (
+            'count(kind = "co2" and value > 1000) >= 3',
+            "there is no count(...): N events matching F are repeat(F, N)",
+        ),
+        (
+            'seq(a: kind = "co2" and value > 1000) times 3 within 10m',
+            "there is no 'times': N events matching F are repeat(F, N)",
+        ),
+        ('kind = "co2" times 3', "there is no 'times'"),
+        ('kind = "co2" && value > 1000', "write 'and', not '&&'"),
+        ('kind = "co2" || kind = "voc"', "write 'or', not '||'"),
+        ('kind = "co2" & value > 1', "write 'and', not '&'"),
+        (
+            'kind = "co2" and value > 1000ppm',
+            "a number has no unit in a comparison: write 1000, not 1000ppm",
+        ),
+        (
+            "seq(a: k = 1, b: k = 2) within 1h where b.v > a.v + 2.5kg",
+            "write 2.5, not 2.5kg",
+        ),
     ],
 )
 def test_syntax_errors_hint_at_the_usual_mistakes(text: str, hint: str) -> None:
     with pytest.raises(ProfileError) as ei:
         parse_profile(text, "p")
     assert hint in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "seq(a: k = 1, b: k = 2) within 1h where a.v > 3 b",  # a missing operator, not a unit
+        "kind = 1 and value > 1000 ppm",  # spaced: not obviously a unit
+        'counter(kind = "x")',  # only count( is counting
+    ],
+)
+def test_no_counting_or_unit_hint_where_it_would_mislead(text: str) -> None:
+    with pytest.raises(ProfileError) as ei:
+        parse_profile(text, "p")
+    assert "repeat(F, N)" not in str(ei.value) and "has no unit" not in str(ei.value)
 
 
 def test_a_duration_error_lists_the_units() -> None:

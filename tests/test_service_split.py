@@ -84,6 +84,8 @@ def test_api_workers_serve_one_port_and_a_dead_one_is_replaced(tmp_path: Path) -
             "0",
             "--max-past",
             "off",
+            "--late-events",  # its events are stamped 1970: late for a wall clock, fed anyway
+            "feed",
         ).start()
         try:
             assert svc.proc is not None
@@ -150,7 +152,8 @@ def test_backlog_over_the_bound_answers_429_until_the_engine_catches_up(tmp_path
         r = redis.Redis.from_url(url, decode_responses=True)
         rs.put_profile(r, "alarm", 'kind = "alarm"')
         key = rs.add_gateway(r, "gw")
-        args = ("--reorder-seconds", "0", "--max-past", "off")
+        # events stamped 1970 (late for a wall clock), fed anyway
+        args = ("--reorder-seconds", "0", "--max-past", "off", "--late-events", "feed")
         engine = Service(url, log, *args, "--role", "engine", http=False).start()
         api = Service(url, log, *args, "--role", "api", "--max-backlog", "50", engine=False).start()
         try:
@@ -292,7 +295,8 @@ def test_split_roles_share_the_embedded_redis_which_outlives_any_one_of_them(
 
         return EmbeddedRedis(data).pid()
 
-    args = ("--reorder-seconds", "0", "--max-past", "off")
+    # events stamped 1970 (late for a wall clock), fed anyway
+    args = ("--reorder-seconds", "0", "--max-past", "off", "--late-events", "feed")
     engine = Service(
         None, tmp_path / "engine.log", "--role", "engine", *args, data_dir=data, http=False
     )

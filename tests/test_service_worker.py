@@ -19,6 +19,7 @@ import redis
 
 from adapters.service import redis_store as rs
 from adapters.service.api import normalized_json
+from adapters.service.late import list_late
 from adapters.service.worker import EngineWorker, LockLost, WorkerConfig
 from ens.replay import replay
 from profiles.events import event_from_obj
@@ -137,13 +138,18 @@ def test_reorder_buffer_feeds_events_in_ts_order(rb: redis.Redis, rt: redis.Redi
     assert [h.item.event.id for h in w.buffer] == ["flush"]  # held: nothing is 3 s newer
     assert canon(replay_records(outbox(rt))) == canon(expected(events))
 
-    # A really late event is processed (as late), not dropped.
+    # A really late event is not matched (issue 41 item 6) but not dropped: it is in the late
+    # output, as the engine would have had it.
     rs.put_profile(rt, "probe", 'kind = "probe"')
     ingest(rb, [{"id": "old", "ts": events[0]["ts"], "kind": "probe"}])
     drain(w, clock)
     w.snapshot()
     assert w.totals["late"] == 1
-    assert [n["events"]["e"]["id"] for n in outbox(rt) if n["profile"] == "probe"] == ["old"]
+    assert [n for n in outbox(rt) if n["profile"] == "probe"] == []
+    recs, _ = list_late(rt)
+    assert [(r.event, r.gateway) for r in recs] == [
+        ({"id": "old", "ts": events[0]["ts"], "kind": "probe", "gateway": "test"}, "test")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -356,7 +362,8 @@ def test_watermarks_per_gateway_give_the_ts_sorted_replay(
     """Interleaved gateways: g1 and g2 in order (lateness 0: g1 its own, g2 the default), g3 up
     to 0.8 s out of order (lateness 1 s, set while the worker runs), g4 idle for most of the
     stream, g5 sending one event long after its time. The notifications are those of `replay`
-    of the ts-sorted stream; the one late event is processed, counted for g5 and logged."""
+    of the ts-sorted stream; the one late event goes to the late output (not the engine),
+    counted for g5 and logged."""
     for pid, expr in {**PROFILES, "probe": 'kind = "probe"'}.items():
         rs.put_profile(rt, pid, expr)
     rs.add_gateway(rt, "g1", lateness=0.0)
@@ -419,7 +426,8 @@ def test_watermarks_per_gateway_give_the_ts_sorted_replay(
     assert w.stats()["late_by_gateway"] == {"g5": 1}
     assert "late event old from gateway g5" in caplog.text
     got = outbox(rt)
-    assert [n["events"]["e"]["id"] for n in got if n["profile"] == "probe"] == ["old"]
+    assert [n for n in got if n["profile"] == "probe"] == []
+    assert [(r.event["id"], r.gateway) for r in list_late(rt)[0]] == [("old", "g5")]
     on_time = [ev for _g, ev in stream if ev is not late]
     want = expected(sorted(on_time, key=lambda e: e["ts"]))  # stable: ties in arrival order
     assert canon(replay_records([n for n in got if n["profile"] != "probe"])) == canon(want)

@@ -6,7 +6,7 @@ is validated event by event; the valid ones are accepted even when others are no
 body says how many), so a gateway must resend only the events listed in ``errors``.
 
 `create_app` assembles the routers of `adapters.service.routes` (ingest, profiles and
-subscribers, gateways' keys, operations) and the answers every route shares (errors as
+subscribers, gateways' keys, operations, the late output) and the answers every route shares (errors as
 ``{"error"}``, 503 when Redis is down).
 """
 
@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.routes import ingest, manage, operations
+from adapters.service.routes import late as late_routes
 from adapters.service.routes.base import ApiSettings as ApiSettings
 from adapters.service.routes.base import IngestLimits as IngestLimits
 from adapters.service.routes.base import async_redis, store_unavailable
@@ -108,4 +109,5 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(ingest.router)
     app.include_router(manage.router)
     app.include_router(operations.router)
+    app.include_router(late_routes.router)
     return app

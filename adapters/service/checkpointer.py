@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.archive_feed import FEED, feed_fields
@@ -193,7 +194,8 @@ class Checkpointer(EngineState):
         return {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
 
     def snapshot(self) -> None:
-        """Engine + buffer + pending notifications; empties the journal, acks and trims ingest."""
+        """Engine + buffer + pending notifications and late events; empties the journal, acks
+        and trims ingest."""
         t0 = time.perf_counter()
         self.pending.extend(self.engine.take_notifications())
         records = [self.record(n) for n in self.pending]
@@ -204,12 +206,14 @@ class Checkpointer(EngineState):
         meta = meta_obj.to_json()
         unacked = list(self.unacked)
         archived = feed_fields(self.archive_rows) if self.archive_rows else None
+        late_out = self.late_out
 
         def write(p: Any) -> None:
             for rec in records:
                 store.enqueue(p, rec)
             if archived is not None:  # fed since the last commit (`Journal.commit`)
                 p.xadd(FEED, archived)
+            late.add(p, late_out, self.cfg.late_max)  # sent since the last commit
             for pid, prof in changed.items():  # only what changed: 10^6 profiles are not rewritten
                 if prof is None:
                     p.hdel(rs.CHECKPOINT_PROFILES, pid)

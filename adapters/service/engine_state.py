@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import redis
 
 from adapters.service.archive_feed import Row as ArchiveRow
+from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.settings import DEFAULTS, ServiceSettings
 from adapters.service.watermarks import Held, Watermarks
@@ -37,6 +38,10 @@ class WorkerConfig:
     idle_timeout: float = DEFAULTS.idle_timeout  # a gateway silent this long holds nothing back
     clock: str = DEFAULTS.clock  # "wall": timers fire by wall clock; "event": only by event time
     tz: str = DEFAULTS.tz
+    # "output": an event older than the engine time goes to the late output, not the engine;
+    # "feed": it is fed at once, in arrival order
+    late_events: str = DEFAULTS.late_events
+    late_max: int = DEFAULTS.late_max  # ens:late keeps about this many
     name: str = field(default_factory=socket.gethostname)
     batch: int = 1000  # most ingest entries read per step
     step_events: int = 20_000  # ... and about this many events: a step stays short (lock lease)
@@ -78,6 +83,8 @@ class WorkerConfig:
             idle_timeout=s.idle_timeout,
             max_skew=s.max_skew,
             tz=s.tz,
+            late_events=s.late_events,
+            late_max=s.late_max,
             snapshot_interval=s.snapshot_interval,
             status_interval=s.status_interval,
             plan=s.plan,
@@ -121,6 +128,7 @@ class EngineState:
     control_id: str
     wm: Watermarks
     late_by_gateway: dict[str, int]
+    late_out: list[LateRecord]  # sent to the late output, not committed yet
     unacked: list[str]  # read, to be XACKed by the next snapshot
     inputs: list[list[Any]]  # the input log since the last commit
     pending: list[Notification]  # detected, not committed

@@ -1,6 +1,16 @@
 """Intake of the engine worker: ingest entries read into the reorder buffer (per-gateway
 watermarks, `adapters.service.watermarks`), released in ``ts`` order and fed to the engine,
-each feed an input of the journal. A late event is fed at once, counted and logged.
+each feed an input of the journal.
+
+An event is **late** when its ``ts`` is older than the engine's time when the worker reads it:
+the engine has taken a later event or advanced past it (timers fired), so it can no longer be
+fed in ``ts`` order. The wall clock moves engine time only when a timer falls due (and once at
+the start), so an idle engine does not make events late that nothing has been decided past. (Held events are never late: the watermarks release them in ``ts`` order
+before the engine advances past them; an event that breaks its gateway's lateness promise but
+is not behind the engine is still held and fed in order.) A late event goes to the late side
+output (`adapters.service.late`), an ``OP_LATE`` input of the journal, committed with it; with
+``late_events="feed"`` it is fed at once, in arrival order, as before. Either way it is counted
+per gateway and logged.
 """
 
 from __future__ import annotations
@@ -11,7 +21,8 @@ from typing import Any
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.engine_state import EngineState, Item
-from adapters.service.records import OP_EVENT, op_advance
+from adapters.service.late import LateRecord
+from adapters.service.records import OP_EVENT, OP_LATE, op_advance
 from profiles.events import Event, event_from_normalized, event_from_obj
 
 log = logging.getLogger("ens.service.worker")
@@ -73,7 +84,11 @@ class Intake(EngineState):
                 continue
             self.wm.observe(gw, ev.ts, now)
             if self.engine.now is not None and ev.ts < self.engine.now:
-                self._feed(ev, key, gw)  # late: nothing can be reordered around it any more
+                # late: nothing can be reordered around it any more
+                if self.cfg.late_events == "feed":
+                    self._feed(ev, key, gw)
+                else:
+                    self._send_late(ev, key, gw)
                 continue
             self.wm.hold(gw, ev.ts, now, Item(key, ev))
         return taken
@@ -84,8 +99,13 @@ class Intake(EngineState):
         for h in self.wm.release(now, target):
             self._feed(h.item.event, h.item.entry, h.source)
         if wall and (self.engine.now is None or target > self.engine.now):
-            self._input(op_advance(target))
-            self.engine.advance(target)
+            # Move engine time only when a timer falls due: an idle engine keeps the time of its
+            # last effect, so an event that arrives a few ms after its ts (lateness 0) is not
+            # late while nothing has been decided past it (nothing fired, nothing newer fed).
+            due = self.engine.timers.next_time()
+            if self.engine.now is None or (due is not None and due < target):
+                self._input(op_advance(target))
+                self.engine.advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
         if self.cfg.archive:  # written to ens:archive:feed with the commit of this input
@@ -96,22 +116,35 @@ class Intake(EngineState):
         )  # records.op_event, inline (per event); the key: decode_entry's
         self._process(ev, gw)
 
+    def _send_late(self, ev: Event, key: str, gw: str) -> None:
+        """Journal that the event went to the late output; the next commit writes it there."""
+        self._input([OP_LATE, key])
+        now: float = self.engine.now  # type: ignore[assignment]  # late: the engine has a time
+        self.late_out.append(LateRecord.of(ev, key, gw, now))
+        if self.cfg.archive:  # accepted, not matched: archived too, flagged (docs/archive.md)
+            self.archive_rows.append((key, gw, True, ev))
+        self._count_late(ev, gw, "sent to the late output (not matched)")
+
+    def _count_late(self, ev: Event, gw: str, what: str | None) -> None:
+        """Count a late event for its gateway; log it unless ``what`` is None (a replay)."""
+        self.totals["late"] += 1
+        self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
+        if what is None:
+            return
+        self._interval["late"] += 1
+        if self._interval["late"] <= 10:  # the rest only in the periodic summary
+            log.warning(
+                "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; %s",
+                ev.id,
+                gw,
+                ev.ts,
+                self.engine.now - ev.ts,  # type: ignore[operator]
+                what,
+            )
+
     def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
-        late = self.engine.now is not None and ev.ts < self.engine.now
-        if late:
-            self.totals["late"] += 1
-            self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
-            if not replay:
-                self._interval["late"] += 1
-                if self._interval["late"] <= 10:  # the rest only in the periodic summary
-                    log.warning(
-                        "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
-                        "processed in arrival order",
-                        ev.id,
-                        gw,
-                        ev.ts,
-                        self.engine.now - ev.ts,  # type: ignore[operator]
-                    )
+        if self.engine.now is not None and ev.ts < self.engine.now:  # --late-events feed
+            self._count_late(ev, gw, None if replay else "processed in arrival order")
         try:
             self.engine.process(ev)
         except Exception:  # a poison event must not stop the service

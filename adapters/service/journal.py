@@ -11,11 +11,12 @@ import logging
 import time
 from typing import Any
 
+from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.archive_feed import FEED, feed_fields
 from adapters.service.engine_state import EngineState
-from adapters.service.records import Advanced, JournalEntry, ProfileChanged
+from adapters.service.records import Advanced, JournalEntry, LateSent, ProfileChanged
 from filters.notification import Notification
 from notifiers import store
 
@@ -72,6 +73,11 @@ class Journal(EngineState):
                     self._set_def(op.id, op.expr, op.subscriber)
                 elif isinstance(op, Advanced):
                     self.engine.advance(op.t)
+                elif isinstance(op, LateSent):  # its record was committed with this entry
+                    gw = by_key.get(op.key, ("?", None, False))[0]
+                    self.totals["late"] += 1
+                    self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
+                    fed.add(op.key)
                 else:
                     key = op.key
                     h = held.pop(key, None)
@@ -121,11 +127,13 @@ class Journal(EngineState):
         }
 
     def commit(self) -> None:
-        """Journal the inputs since the last commit together with the notifications they made."""
+        """Journal the inputs since the last commit together with the notifications they made
+        and the events they sent to the late output."""
         t0 = time.perf_counter()
         self.pending.extend(self.engine.take_notifications())
         records = [self.record(n) for n in self.pending]
-        entry = JournalEntry(self.inputs, len(records), self.control_id).fields()
+        late_out = self.late_out
+        entry = JournalEntry(self.inputs, len(records), self.control_id, bool(late_out)).fields()
         archived = self._archive_entry()
 
         def write(p: Any) -> None:
@@ -134,6 +142,7 @@ class Journal(EngineState):
                 store.enqueue(p, rec)
             if archived is not None:  # the events these inputs fed, exactly once
                 p.xadd(FEED, archived)
+            late.add(p, late_out, self.cfg.late_max)  # with the OP_LATE inputs that sent them
 
         self._transaction(write)
         self._published(records)
@@ -153,6 +162,7 @@ class Journal(EngineState):
         self.totals["notifications"] += len(records)
         self._interval["notifications"] += len(records)
         self.pending.clear()
+        self.late_out.clear()
 
     @staticmethod
     def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:

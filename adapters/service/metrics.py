@@ -75,8 +75,8 @@ class _LateCollector:
     def collect(self) -> Iterator[CounterMetricFamily]:
         fam = CounterMetricFamily(
             "ens_events_late",
-            "Events older than the engine time when fed (processed anyway, in arrival order), "
-            "by gateway.",
+            "Events older than the engine time when read, by gateway: sent to the late output "
+            "(with --late-events feed: fed anyway, in arrival order).",
             labels=["gateway"],
         )
         for gw, n in sorted(self.by_gateway.items()):
@@ -191,6 +191,11 @@ ARCHIVE_LAG = Gauge(
 )
 DEAD_LETTERS = Gauge(
     "ens_dead_letters", "Entries in the dead-letter stream (ens:deadletter).", registry=REGISTRY
+)
+LATE_EVENTS = Gauge(
+    "ens_late_events",
+    "Entries in the late output (ens:late): events too late to be matched in ts order.",
+    registry=REGISTRY,
 )
 GATEWAYS_SKEWED = Gauge(
     "ens_gateways_skewed",

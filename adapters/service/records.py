@@ -105,6 +105,7 @@ def ingest_normalized(fields: Mapping[Any, Any]) -> bool:
 OP_EVENT = "e"  # ["e", event key]: an ingest event fed to the engine
 OP_ADVANCE = "a"  # ["a", t]: engine time advanced to t
 OP_PROFILE = "c"  # ["c", id, expr | None, subscriber | None]: a profile set or removed
+OP_LATE = "l"  # ["l", event key]: an ingest event sent to the late output (`adapters.service.late`)
 
 
 class EventFed(NamedTuple):
@@ -115,13 +116,17 @@ class Advanced(NamedTuple):
     t: float
 
 
+class LateSent(NamedTuple):
+    key: str
+
+
 class ProfileChanged(NamedTuple):
     id: str
     expr: str | None
     subscriber: str | None
 
 
-JournalOp = EventFed | Advanced | ProfileChanged
+JournalOp = EventFed | Advanced | ProfileChanged | LateSent
 
 
 def op_event(key: str) -> list[Any]:
@@ -146,25 +151,31 @@ def _op(raw: Any) -> JournalOp:
         return Advanced(raw[1])
     if kind == OP_PROFILE:
         return ProfileChanged(raw[1], raw[2], raw[3])
+    if kind == OP_LATE:
+        return LateSent(raw[1])
     raise ValueError(f"journal operation {kind!r} is unknown")
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs ~2x (one per commit, notification)
 class JournalEntry:
     """One ``ens:engine:journal`` entry: the engine inputs of one commit (in order), how many
-    notifications they made (replay checks it) and the control stream id applied so far."""
+    notifications they made (replay checks it) and the control stream id applied so far.
 
-    VERSION: ClassVar[int] = 1
+    Version 2 may hold ``OP_LATE`` operations; an entry without one is written as version 1,
+    so an older worker still reads the journal unless a late event was sent."""
+
+    VERSION: ClassVar[int] = 2
     ops: list[list[Any]]  # wire form (`op_event` ...); `operations()` types them
     notifications: int
     control_id: str
+    late: bool = False  # holds an OP_LATE (written as version 2)
 
     def fields(self) -> Fields:
         return {
             "ops": dumps(self.ops),
             "n": self.notifications,
             "ctl": self.control_id,
-            VERSION_FIELD: str(self.VERSION),
+            VERSION_FIELD: "2" if self.late else "1",
         }
 
     @classmethod

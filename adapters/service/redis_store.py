@@ -20,9 +20,13 @@ Keys (the outbox and subscriber keys are `notifiers.store`'s)
 ``ens:checkpoint:unrestorable:<time>`` (``:profiles``)  a checkpoint (and its profiles) that
                         could not be restored, renamed aside by the engine worker at a start
 ``ens:engine:journal``  stream; ``ops`` = JSON list of engine inputs since the previous entry
-                        (``["e", event key]``, ``["a", t]``, ``["c", id, expr, subscriber]``),
+                        (``["e", event key]``, ``["a", t]``, ``["c", id, expr, subscriber]``,
+                        ``["l", event key]``: sent to ``ens:late``),
                         ``n`` = notifications written with it, ``ctl`` = control stream id,
                         ``ver`` (`records.JournalEntry`)
+``ens:late``            stream; the late output (`adapters.service.late`): events older than the
+                        engine's time when read, kept out of the engine (``ev``, ``g``, ``k``,
+                        ``behind``), written with the journal entry holding their ``["l", key]``
 ``ens:engine:lock``     string with TTL; the one engine worker allowed to checkpoint
 ``ens:engine:status``   hash; ``ts`` (heartbeat), ``holder``, ``stats`` (JSON)
 ``ens:admin``           hash; ``sha256`` of the admin token, ``created``

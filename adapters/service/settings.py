@@ -144,7 +144,32 @@ class ServiceSettings:
         ),
     )
     tz: str = _setting(
-        "UTC", Option("Time zone of clock(...) events.", "zone", flags=("--tz",), shown="UTC")
+        "UTC",
+        Option(
+            "Time zone of clock(...) events and of localtime/weekday in profiles.",
+            "zone",
+            flags=("--tz",),
+            shown="UTC",
+        ),
+    )
+    late_events: str = _setting(
+        "output",
+        Option(
+            "An event older than the engine's time when read (it can no longer be fed in ts "
+            "order): output: kept out of the engine, in the late output (ens notifications "
+            "late); feed: fed at once, in arrival order (matched against later state).",
+            "choice",
+            flags=("--late-events",),
+            shown="output",
+            choices=("output", "feed"),
+        ),
+    )
+    late_max: int = _number(
+        10_000,
+        "Keep about this many late events in the late output (ens:late; the oldest go first).",
+        flags=("--late-max",),
+        minimum=1,
+        unit="events",
     )
     max_body: int = _number(
         1 << 20,

@@ -29,9 +29,11 @@ Ordering. Events are fed to the engine in ``ts`` order behind per-gateway waterm
 lateness (``ens gateway add/set --lateness``; ``reorder_seconds`` for gateways without one),
 and an event is fed once every *active* gateway's watermark has passed it (or the buffer is
 full). A gateway silent for ``idle_timeout`` of wall time holds nobody back. An event older
-than the engine time is *late*: it is fed at once, in arrival order, counted per gateway and
-logged, never dropped. With ``clock="wall"`` timers (windows, trailing negations, ``absent``,
-``clock``) fire by wall clock: every tick in which the worker has caught up with the ingest
+than the engine time when it is read is *late*: it can no longer be fed in ``ts`` order, so it
+goes to the late side output ``ens:late`` (`adapters.service.late`; a journal input, written by
+the commit that journals it, so exactly once like a notification), counted per gateway and
+logged, never dropped (``late_events="feed"``: fed at once, in arrival order). With
+``clock="wall"`` timers (windows, trailing negations, ``absent``, ``clock``) fire by wall clock: every tick in which the worker has caught up with the ingest
 stream, held events up to ``now - L`` are fed and the engine advances to ``now - L``, where
 ``L`` is the largest lateness of the active gateways, at least ``reorder_seconds`` (while a
 backlog is being worked off, only event time moves, so a slow worker does not turn the
@@ -62,6 +64,7 @@ from adapters.service.control import Control
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
 from adapters.service.intake import Intake
 from adapters.service.journal import Journal
+from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.liveness import Liveness
 from adapters.service.pressure import Pressure
@@ -110,6 +113,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         )
         self.skewed: list[str] = []  # gateways whose clocks run ahead (logged when they start)
         self.late_by_gateway: dict[str, int] = {}
+        self.late_out: list[LateRecord] = []  # sent to the late output, not committed yet
         self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
@@ -297,7 +301,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         ):
             self.snapshot()
         elif mono - self.last_commit >= self.cfg.commit_min_interval and (
-            self.pending or self._archive_due(mono)
+            self.pending or self.late_out or self._archive_due(mono)
         ):
             self.commit()
         self._heartbeat()

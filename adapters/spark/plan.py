@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from filters.localclock import relaxed
 from filters.pool import PrimitivePool
 from profiles.ast import (
     Absent,
@@ -113,9 +114,10 @@ class Relevance:
         self.always = False  # a `true` leaf (absent(true) ...): every event is relevant
         for p in profiles:
             for lf in leaves(p):
-                self.pool.add(lf.filter, 0)
+                f = relaxed(lf.filter)  # localtime/weekday: not in the attributes yet
+                self.pool.add(f, 0)
                 self.empty = False
-                self.always |= lf.filter == Const(True)
+                self.always |= f == Const(True)
 
     def __call__(self, attrs: dict[str, Any]) -> bool:
         return self.always or (not self.empty and bool(self.pool.match(attrs)))

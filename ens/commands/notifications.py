@@ -1,4 +1,5 @@
-"""``ens notifications ...``: run the delivery worker, inspect and retry dead letters.
+"""``ens notifications ...``: run the delivery worker, inspect and retry dead letters, list and
+export the late output (events too late to be matched in ``ts`` order).
 
 Mounted by the main CLI as ``app.add_typer(ens.commands.notifications.app, name="notifications")``.
 """
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 store = lazy_module("notifiers.store")  # redis and pydantic: only when a command runs
+late = lazy_module("adapters.service.late")
 
 app = typer.Typer(
     help="Deliver notifications (webhooks, e-mail) and manage dead letters.", no_args_is_help=True
@@ -32,6 +34,14 @@ dead_letter_app = typer.Typer(
     help="Notifications that could not be delivered.", no_args_is_help=True
 )
 app.add_typer(dead_letter_app, name="dead-letter")
+late_app = typer.Typer(
+    help="Events that arrived too late to be matched in ts order (older than the engine's "
+    "time when read): kept out of the engine, in the late output (ens:late). Export them "
+    "for `ens replay`.",
+    no_args_is_help=True,
+)
+app.add_typer(late_app, name="late")
+Gateway = Annotated[str | None, typer.Option("--gateway", help="Only this gateway's.")]
 
 
 def _console() -> Console:
@@ -185,3 +195,84 @@ def deliver(
     with DeliveryWorker(st.r, cfg) as worker:
         total = worker.run_forever(stop)
     typer.echo("stopped: " + ", ".join(f"{k}={v}" for k, v in total.as_dict().items()))
+
+
+@late_app.command("list")
+def late_list(
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+    gateway: Gateway = None,
+    limit: Annotated[
+        int, typer.Option(min=1, help="Show at most the newest N (oldest first).")
+    ] = 100,
+    as_json: Json = False,
+) -> None:
+    """Show late events: when, gateway, event id, its ts, how far behind the engine it was."""
+    st = Store(redis_url, data_dir)
+    recs, more = late.list_late(st.r, gateway, limit)
+    if more:
+        typer.echo(
+            f"note: showing the newest {limit} late events; more are stored (--limit)", err=True
+        )
+    if as_json:
+        output.print_json([rec.to_json() for rec in recs])
+        return
+    from rich.table import Table
+
+    table = Table(title=f"Late events ({len(recs)}{'+' if more else ''})")
+    for col in ("written", "gateway", "id", "ts", "behind", "event"):
+        table.add_column(col, overflow="fold")
+    for rec in recs:
+        attrs = {k: v for k, v in rec.event.items() if k not in ("id", "ts")}
+        table.add_row(
+            _utc(rec.written),
+            rec.gateway,
+            str(rec.event.get("id", rec.key)),
+            _utc(float(rec.event["ts"]), ms=True),
+            f"{rec.behind:.3f} s",
+            " ".join(f"{k}={v}" for k, v in attrs.items()),
+        )
+    _console().print(table)
+
+
+@late_app.command("export")
+def late_export(
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="JSON-lines file to write ('-': stdout).")
+    ],
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+    gateway: Gateway = None,
+) -> None:
+    """Write the late events as an `ens replay` event file (JSON lines sorted by ts).
+
+    Replay them offline with `ens replay profiles.yaml late.jsonl`, or merge them into a
+    historical event file first (replay sorts by ts).
+    """
+    import json
+
+    st = Store(redis_url, data_dir)
+    recs, _ = late.list_late(st.r, gateway)
+    events = sorted((rec.event for rec in recs), key=lambda e: e["ts"])
+    text = "".join(json.dumps(ev) + "\n" for ev in events)
+    if out == "-":
+        typer.echo(text, nl=False)
+        return
+    from adapters.files import atomic_text
+
+    if Path(out).is_dir():
+        typer.echo(f"error: --out {out} is a directory; give a file name", err=True)
+        raise typer.Exit(2)
+    try:
+        with atomic_text(out, gzip_gz=False) as fh:
+            fh.write(text)
+    except OSError as exc:
+        typer.echo(f"error: cannot write --out {out}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{len(events)} late event(s) written to {out}", err=True)
+
+
+def _utc(t: float, ms: bool = False) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S.%f" if ms else "%Y-%m-%d %H:%M:%S"
+    s = datetime.fromtimestamp(t, UTC).strftime(fmt)
+    return s[:-3] if ms else s

@@ -165,6 +165,7 @@ def profile_add(
     if file is not None:
         pset, errors = parse_profile_document(_read_text(file), str(file))
         parsed = list(pset.profiles)
+        errors += _zoned_profiles(pset)
         subs = pset.subscribers
         name = str(file)
     else:
@@ -309,6 +310,26 @@ def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, l
             if lines[0][1:] == lines[1][1:]:  # the change is in what masking hides
                 lines.append("  (credentials or query values of a webhook URL changed)")
             out.append((f"subscriber {sub['id']}", lines))
+    return out
+
+
+def _zoned_profiles(pset: Any) -> list[ENSError]:
+    """The service stores a profile's expression only: a file's `tz:` cannot travel with it, so
+    a profile that reads localtime/weekday in it is refused (the service reads them in its
+    --tz) rather than stored with another meaning."""
+    from profiles.lint import local_zones
+
+    out: list[ENSError] = []
+    for p in pset.profiles:
+        if local_zones(p) - {None}:
+            out.append(
+                ProfileError(
+                    f"reads localtime/weekday in the file's tz: {pset.tz}, which the service "
+                    "does not store; remove tz: from the file and start ens serve with "
+                    f"--tz {pset.tz}",
+                    p.id,
+                )
+            )
     return out
 
 

@@ -211,7 +211,12 @@ def replay(
     until: Annotated[
         str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
     ] = None,
-    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    tz: Annotated[
+        str,
+        typer.Option(
+            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+        ),
+    ] = "UTC",
     dataset: DatasetOpt = None,
     rooms: RoomsOpt = None,
     input_format: InputFormatOpt = None,
@@ -397,7 +402,12 @@ def stream(
             "active lateness; event: only by event time."
         ),
     ] = "wall",
-    tz: Annotated[str, typer.Option(help="Time zone of clock(...) events.")] = "UTC",
+    tz: Annotated[
+        str,
+        typer.Option(
+            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+        ),
+    ] = "UTC",
     partitions: Annotated[
         int, typer.Option(help="Source partitions per micro-batch (0: 2 x cores).")
     ] = 0,

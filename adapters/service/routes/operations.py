@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
+from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.archive_feed import lag as archive_lag
@@ -165,6 +166,7 @@ def metrics(
         archived, archive_age = archive_lag(r)
         m.ARCHIVE_BACKLOG.set(archived)
         m.ARCHIVE_LAG.set(archive_age)
+        m.LATE_EVENTS.set(r.xlen(late.LATE))  # type: ignore[arg-type]
         status = rs.worker_status(r)
         m.HEARTBEAT_AGE.set(status["age"] if status else -1)
         redis_problems(r)  # sets the ens_redis_* gauges
