@@ -125,18 +125,23 @@ def test_crashes_of_engine_and_archiver_lose_and_duplicate_nothing(
     rb.delete(rs.ENGINE_LOCK)  # kill -9: its uncommitted inputs (and rows) are gone
 
     uri = str(tmp_path / "archive")
-    real = archiver_mod.write_rows
+    real = archiver_mod.write_columns
     crashed = []
 
-    def crash_after_first_file(arc: Any, rows: list[dict[str, Any]], seq0: int) -> Any:
-        parts = sorted({partition(r["ts"]) for r in rows})
-        if len(parts) > 1 and not crashed:
-            real(arc, [r for r in rows if partition(r["ts"]) == parts[0]], seq0)
+    def crash_after_first_file(arc: Any, cols: dict[str, list[Any]], seq0: int) -> Any:
+        hours = sorted({int(t // 3600) for t in cols["ts"]})
+        if len(hours) > 1 and not crashed:
+            keep = [int(t // 3600) == hours[0] for t in cols["ts"]]
+            real(
+                arc,
+                {k: [v for v, x in zip(vs, keep, strict=True) if x] for k, vs in cols.items()},
+                seq0,
+            )
             crashed.append(seq0)
             raise KeyboardInterrupt("kill -9")
-        return real(arc, rows, seq0)
+        return real(arc, cols, seq0)
 
-    monkeypatch.setattr(archiver_mod, "write_rows", crash_after_first_file)
+    monkeypatch.setattr(archiver_mod, "write_columns", crash_after_first_file)
     w2 = EngineWorker(rb, config(batch=50, archive=True, archive_commit=0.0, commit_min_interval=0))
     w2.start()
     ingest(rb, events[250:])

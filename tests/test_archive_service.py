@@ -28,6 +28,18 @@ def archived(uri: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["seq"])
 
 
+def wait_archived(uri: str, events: list[dict[str, Any]], log: Path, timeout: float) -> None:
+    """Until the archive holds as many events as were accepted; else say which are missing."""
+    try:
+        wait_for(lambda: len(archived(uri)) >= len(events), timeout, "every event archived")
+    except AssertionError:
+        have = {r["id"] for r in archived(uri)}
+        missing = [e["id"] for e in events if e["id"] not in have]
+        raise AssertionError(
+            f"{len(missing)} events not archived ({missing[:10]}); log:\n" + log.read_text()[-4000:]
+        ) from None
+
+
 def check(rows: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)), "an event archived twice"
@@ -69,7 +81,7 @@ def test_kill_9_of_the_archiver_process(tmp_path: Path) -> None:
                     wait_for(lambda: list_files(open_archive(uri)), 10, "a file written")
                     assert arch.stop(signal.SIGKILL) == -signal.SIGKILL
                     arch = archiver()
-            wait_for(lambda: len(archived(uri)) >= len(events), 30, "every event archived")
+            wait_archived(uri, events, log, 60)
             assert arch.stop() == 0 and main.stop() == 0
         finally:
             arch.kill()
@@ -113,7 +125,7 @@ def test_kill_9_of_redis(tmp_path: Path) -> None:
                     wait_for(svc.healthy, 30, "service healthy again")
                 last = post_batch(svc, key, batch, last)
                 accepted.extend(batch)
-            wait_for(lambda: len(archived(uri)) >= len(accepted), 40, "every event archived")
+            wait_archived(uri, accepted, log, 60)
             assert svc.stop() == 0
         finally:
             svc.kill()

@@ -11,15 +11,15 @@ archiver only lengthens the stream (its lag, ``ens_archive_lag_*``).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import redis
 
-from notifiers.records import VERSION_FIELD, check_version, dumps, text
+from notifiers.records import VERSION_FIELD, check_version, dumps, encode, text
 from notifiers.records import field as entry_field
 from profiles.events import Event
 
@@ -44,17 +44,26 @@ class ArchiverConfig:
 
 
 def feed_fields(rows: list[Row]) -> dict[str, str]:
-    """One feed entry: ``b`` = ``[[key, gateway, late, event JSON object], ...]``."""
+    """One feed entry: ``b`` = ``[[key, gateway, late, id, ts, event JSON text], ...]`` (the
+    event's text as `ens replay` reads it, written once here: the archiver stores it as is)."""
     return {
-        "b": dumps([[key, gw, int(late), ev.to_json()] for key, gw, late, ev in rows]),
+        "b": dumps(
+            [
+                [key, gw, int(late), ev.id, ev.ts, encode(ev.to_json())[0]]
+                for key, gw, late, ev in rows
+            ]
+        ),
         VERSION_FIELD: str(VERSION),
     }
 
 
-def read_feed_entry(fields: Mapping[Any, Any]) -> list[tuple[str, str, bool, dict[str, Any]]]:
-    """The rows of a feed entry (events as JSON objects; big integers stay exact)."""
+FeedRow = tuple[str, str, int, str, float, str]  # key, gateway, late, id, ts, event JSON
+
+
+def read_feed_entry(fields: Mapping[Any, Any]) -> list[FeedRow]:
+    """The rows of a feed entry (its JSON holds strings and plain numbers only: orjson)."""
     check_version(fields, "archive feed entry", VERSION)
-    return [(k, g, bool(late), ev) for k, g, late, ev in json.loads(text(entry_field(fields, "b")))]
+    return orjson.loads(entry_field(fields, "b"))  # type: ignore[no-any-return]
 
 
 def lag(r: redis.Redis) -> tuple[int, float]:

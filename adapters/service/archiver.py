@@ -24,13 +24,12 @@ from typing import Any
 
 import redis
 
-from adapters.archive.layout import open_archive, row_dict
+from adapters.archive.layout import SCHEMA, ingest_time, open_archive
 from adapters.archive.retention import prune
-from adapters.archive.writer import write_rows
+from adapters.archive.writer import write_columns
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.archive_feed import FEED, POSITION, ArchiverConfig, read_feed_entry
-from notifiers.records import dumps
 
 log = logging.getLogger("ens.service.archiver")
 
@@ -85,30 +84,38 @@ class Archiver:
             return
         first, last = self.pending[0][0], self.pending[-1][0]
         seq0 = self.seq
-        rows: list[dict[str, Any]] = []
+        cols: dict[str, list[Any]] = {n: [] for n in SCHEMA.names}
         for _fid, entry in self.pending:
-            for key, gw, late, ev in entry:
-                rows.append(row_dict(seq0 + len(rows), key, gw, late, ev, dumps(ev)))
+            for key, gw, late, eid, ts, text in entry:
+                cols["key"].append(key)
+                cols["gateway"].append(gw)
+                cols["late"].append(bool(late))
+                cols["id"].append(eid)
+                cols["ts"].append(ts)
+                cols["event"].append(text)
+        n = len(cols["key"])
+        cols["seq"] = list(range(seq0, seq0 + n))
+        cols["ingest_ts"] = [ingest_time(k) for k in cols["key"]]
         self.r.hset(POSITION, "flushing", f"{first} {last}")
         t0 = time.perf_counter()
-        files, size = write_rows(self.arc, rows, seq0)
+        files, size = write_columns(self.arc, cols, seq0)
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(POSITION, mapping={"id": last, "seq": seq0 + len(rows)})
+        pipe.hset(POSITION, mapping={"id": last, "seq": seq0 + n})
         pipe.hdel(POSITION, "flushing")
         pipe.xtrim(FEED, minid=rs.next_id(last), approximate=False)
         pipe.execute()
-        self.read_id, self.seq = last, seq0 + len(rows)
+        self.read_id, self.seq = last, seq0 + n
         self.pending, self.rows_pending = [], 0
         self.last_flush = time.monotonic()
-        m.ARCHIVE_EVENTS.inc(len(rows))
+        m.ARCHIVE_EVENTS.inc(n)
         m.ARCHIVE_FILES.inc(files)
         m.ARCHIVE_BYTES.inc(size)
-        self.totals["events"] += len(rows)
+        self.totals["events"] += n
         self.totals["files"] += files
         self.totals["bytes"] += size
         log.debug(
             "archive: %d events in %d files (%d bytes) in %.3f s",
-            len(rows),
+            n,
             files,
             size,
             time.perf_counter() - t0,

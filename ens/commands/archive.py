@@ -104,10 +104,10 @@ def export(
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            from adapters.archive.layout import COMPRESSION, SCHEMA
+            from adapters.archive.layout import SCHEMA, WRITE_OPTIONS
 
             part = out + ".part"
-            pq.write_table(pa.Table.from_pylist(got, schema=SCHEMA), part, compression=COMPRESSION)
+            pq.write_table(pa.Table.from_pylist(got, schema=SCHEMA), part, **WRITE_OPTIONS)
             os.replace(part, out)
         else:
             from adapters.files import atomic_text
