@@ -43,7 +43,7 @@ app = typer.Typer(
 
 @app.command("archive")
 def archive_cmd(
-    events: int = typer.Option(40_000, help="Events posted per round."),
+    events: int = typer.Option(100_000, help="Events posted per round."),
     batch: int = typer.Option(500, help="Events per POST."),
     clients: int = typer.Option(4, help="Concurrent gateways."),
     rounds: int = typer.Option(3, help="Rounds per mode (off and on alternate)."),
