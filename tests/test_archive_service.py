@@ -9,13 +9,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 import redis
 
 from adapters.archive.layout import list_files, open_archive
 from adapters.service import redis_store as rs
-from tests.helpers_service import Service, redis_command, redis_server, wait_for
+from tests.helpers_service import Service, metric, redis_command, redis_server, wait_for
 from tests.test_service_crash import BATCH, PROFILES, make_events, post_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]  # kill -9 of real processes
@@ -82,6 +83,16 @@ def test_kill_9_of_the_archiver_process(tmp_path: Path) -> None:
                     assert arch.stop(signal.SIGKILL) == -signal.SIGKILL
                     arch = archiver()
             wait_archived(uri, events, log, 60)
+
+            def lag_metrics() -> bool:
+                text = httpx.get(main.url + "/metrics", timeout=10).text
+                return (
+                    metric(text, "ens_archive_events_total") > 0
+                    and "ens_archive_lag_seconds 0.0" in text
+                    and "ens_archive_backlog_entries 0.0" in text
+                )
+
+            wait_for(lag_metrics, 20, "/metrics: the archiver's counts, no lag")
             assert arch.stop() == 0 and main.stop() == 0
         finally:
             arch.kill()

@@ -47,7 +47,7 @@ def test_backtest_local_equals_spark(
     prof.write_text(PROFILES)
     rng = ["--archive", uri, "--from", str(T0 + 10), "--to", str(T0 + 1400)]
     reports = {}
-    for mode in ("off", "on"):
+    for mode in ("off", "auto"):  # auto: Spark, the range being over a 1-byte threshold
         out = tmp_path / f"notes-{mode}.jsonl"
         res = runner.invoke(
             app,
@@ -57,6 +57,8 @@ def test_backtest_local_equals_spark(
                 *rng,
                 "--spark",
                 mode,
+                "--spark-threshold",
+                "1",
                 "--json",
                 "--notifications",
                 str(out),
@@ -68,10 +70,10 @@ def test_backtest_local_equals_spark(
         reports[mode] = json.loads(res.stdout)
     local, remote = (
         (tmp_path / "notes-off.jsonl").read_bytes(),
-        (tmp_path / "notes-on.jsonl").read_bytes(),
+        (tmp_path / "notes-auto.jsonl").read_bytes(),
     )
     assert local == remote and local.count(b"\n") > 50
-    a, b = reports["off"], reports["on"]
+    a, b = reports["off"], reports["auto"]
     assert (a["engine"], b["engine"]) == ("local", "spark")
     assert a["profiles"] == b["profiles"] and a["events"] == b["events"]
     assert len(a["skipped_files"]) == len(b["skipped_files"]) == 1 and lost > 0

@@ -146,9 +146,18 @@ def describe_range(start: float | None, end: float | None) -> str:
     return f"{fmt(start) if start is not None else '(start)'} .. {fmt(end) if end is not None else '(end)'}"
 
 
-def ingest_time(key: str) -> float | None:
-    """When the API accepted the event of an ingest key (``<ms>-<n>.<i>``), epoch seconds."""
-    try:
-        return int(key.split("-", 1)[0]) / 1000
-    except ValueError:
-        return None
+def ingest_times(keys: list[str]) -> list[float | None]:
+    """When the API accepted the events of ingest keys (``<ms>-<n>.<i>``), epoch seconds
+    (the events of one request share it: computed once per entry)."""
+    seen: dict[str, float | None] = {}
+    out: list[float | None] = []
+    for key in keys:
+        ms = key.split("-", 1)[0]
+        t = seen.get(ms, -1.0)
+        if t == -1.0:
+            try:
+                t = seen[ms] = int(ms) / 1000
+            except ValueError:
+                t = seen[ms] = None
+        out.append(t)
+    return out

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from adapters.archive.layout import SCHEMA, ingest_time, open_archive
+from adapters.archive.layout import SCHEMA, ingest_times, open_archive
 from adapters.archive.retention import prune
 from adapters.archive.writer import write_columns
 from adapters.service import metrics as m
@@ -85,17 +85,15 @@ class Archiver:
         first, last = self.pending[0][0], self.pending[-1][0]
         seq0 = self.seq
         cols: dict[str, list[Any]] = {n: [] for n in SCHEMA.names}
+        names = ("key", "gateway", "late", "id", "ts", "event")  # a feed row's order
         for _fid, entry in self.pending:
-            for key, gw, late, eid, ts, text in entry:
-                cols["key"].append(key)
-                cols["gateway"].append(gw)
-                cols["late"].append(bool(late))
-                cols["id"].append(eid)
-                cols["ts"].append(ts)
-                cols["event"].append(text)
+            if entry:  # transposed in C, not event by event
+                for name, values in zip(names, zip(*entry, strict=True), strict=True):
+                    cols[name].extend(values)
         n = len(cols["key"])
+        cols["late"] = [bool(x) for x in cols["late"]]
         cols["seq"] = list(range(seq0, seq0 + n))
-        cols["ingest_ts"] = [ingest_time(k) for k in cols["key"]]
+        cols["ingest_ts"] = ingest_times(cols["key"])
         self.r.hset(POSITION, "flushing", f"{first} {last}")
         t0 = time.perf_counter()
         files, size = write_columns(self.arc, cols, seq0)
