@@ -42,7 +42,8 @@ class Archiver:
         self.cfg = cfg
         self.arc = open_archive(cfg.uri)
         self.started = False
-        self.pending: list[tuple[str, list[Any]]] = []  # (feed id, rows) read, not archived
+        # (feed id, its columns) read, not archived yet
+        self.pending: list[tuple[str, dict[str, list[Any]]]] = []
         self.rows_pending = 0
         self.read_id = "0-0"
         self.seq = 0
@@ -85,11 +86,9 @@ class Archiver:
         first, last = self.pending[0][0], self.pending[-1][0]
         seq0 = self.seq
         cols: dict[str, list[Any]] = {n: [] for n in SCHEMA.names}
-        names = ("key", "gateway", "late", "id", "ts", "event")  # a feed row's order
         for _fid, entry in self.pending:
-            if entry:  # transposed in C, not event by event
-                for name, values in zip(names, zip(*entry, strict=True), strict=True):
-                    cols[name].extend(values)
+            for name, values in entry.items():
+                cols[name].extend(values)
         n = len(cols["key"])
         cols["late"] = [bool(x) for x in cols["late"]]
         cols["seq"] = list(range(seq0, seq0 + n))
@@ -133,9 +132,9 @@ class Archiver:
         got = 0
         for _stream, entries in resp or []:
             for fid, fields in entries:
-                rows = read_feed_entry(fields)
-                self.pending.append((rs.text(fid), rows))
-                self.rows_pending += len(rows)
+                entry = read_feed_entry(fields)
+                self.pending.append((rs.text(fid), entry))
+                self.rows_pending += len(entry["key"])
                 got += 1
         if self.pending and (
             self.rows_pending >= self.cfg.max_rows

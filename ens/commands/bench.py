@@ -47,6 +47,9 @@ def archive_cmd(
     batch: int = typer.Option(500, help="Events per POST."),
     clients: int = typer.Option(4, help="Concurrent gateways."),
     rounds: int = typer.Option(3, help="Rounds per mode (off and on alternate)."),
+    apart: bool = typer.Option(
+        False, "--apart", help="Run the archiver as its own process (`ens serve --role archive`)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """The service end to end with the event archive on vs off (same run): events/s, their
@@ -55,7 +58,7 @@ def archive_cmd(
 
     if min(events, batch, clients, rounds) < 1:
         raise typer.BadParameter("--events, --batch, --clients and --rounds must be at least 1")
-    report(run(events, batch, clients, rounds), as_json)
+    report(run(events, batch, clients, rounds, apart), as_json)
 
 
 @app.command("pool")
