@@ -43,26 +43,51 @@ class ArchiverConfig:
     block: float = 0.5  # s: longest wait for the feed
 
 
+class FeedBuffer:
+    """The events fed since the last commit, as the feed entry's columns: each event's JSON
+    text is made when it is fed, so the buffer holds strings and numbers in a few lists, not
+    the events themselves (they are freed at once; no object per event for the collector)."""
+
+    __slots__ = ("texts", "keys", "gateways", "lates", "ids", "ts")
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.texts: list[str] = []
+        self.keys: list[str] = []
+        self.gateways: list[str] = []
+        self.lates: list[int] = []
+        self.ids: list[str] = []
+        self.ts: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, key: str, gateway: str, late: bool, ev: Event) -> None:
+        self.texts.append(encode(ev.to_json())[0])
+        self.keys.append(key)
+        self.gateways.append(gateway)
+        self.lates.append(1 if late else 0)
+        self.ids.append(ev.id)
+        self.ts.append(ev.ts)
+
+    def fields(self) -> dict[str, str]:
+        """One feed entry: ``ev`` = the events' JSON texts, one a line (as `ens replay` reads
+        them; a JSON text holds no raw line break), stored by the archiver as they are; ``m``
+        = JSON columns ``{"k": keys, "g": gateways, "l": late flags (0/1), "i": ids, "t":
+        ts}``. Lines and columns, not one JSON document of rows: reading them takes a split
+        and a short parse, not a second unescaping of every event."""
+        meta = {"k": self.keys, "g": self.gateways, "l": self.lates, "i": self.ids, "t": self.ts}
+        return {"ev": "\n".join(self.texts), "m": dumps(meta), VERSION_FIELD: str(VERSION)}
+
+
 def feed_fields(rows: list[Row]) -> dict[str, str]:
-    """One feed entry: ``ev`` = the events' JSON texts, one a line (as `ens replay` reads
-    them; a JSON text holds no raw line break), written once here and stored by the archiver
-    as they are; ``m`` = JSON columns ``{"k": keys, "g": gateways, "l": late flags (0/1),
-    "i": ids, "t": ts}``. Columns and lines, not one JSON document of the rows: reading them
-    takes a split and a short parse instead of unescaping every event a second time."""
-    texts = []
-    keys, gws, lates, ids, tss = [], [], [], [], []
+    """The feed entry of ``rows`` (`FeedBuffer.fields`)."""
+    buf = FeedBuffer()
     for key, gw, late, ev in rows:
-        texts.append(encode(ev.to_json())[0])
-        keys.append(key)
-        gws.append(gw)
-        lates.append(1 if late else 0)
-        ids.append(ev.id)
-        tss.append(ev.ts)
-    return {
-        "ev": "\n".join(texts),
-        "m": dumps({"k": keys, "g": gws, "l": lates, "i": ids, "t": tss}),
-        VERSION_FIELD: str(VERSION),
-    }
+        buf.add(key, gw, late, ev)
+    return buf.fields()
 
 
 def read_feed_entry(fields: Mapping[Any, Any]) -> dict[str, list[Any]]:

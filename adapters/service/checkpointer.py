@@ -17,7 +17,7 @@ import redis
 from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.archive_feed import FEED, feed_fields
+from adapters.service.archive_feed import FEED
 from adapters.service.engine_state import EngineState, Item
 from adapters.service.records import CheckpointMeta, HeldRow
 from adapters.service.watermarks import Held
@@ -205,7 +205,7 @@ class Checkpointer(EngineState):
         meta_obj.totals["notifications"] += len(records)  # written by this transaction
         meta = meta_obj.to_json()
         unacked = list(self.unacked)
-        archived = feed_fields(self.archive_rows) if self.archive_rows else None
+        archived = self.archive_rows.fields() if len(self.archive_rows) else None
         late_out = self.late_out
 
         def write(p: Any) -> None:

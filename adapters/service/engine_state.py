@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from adapters.service.archive_feed import Row as ArchiveRow
+from adapters.service.archive_feed import FeedBuffer
 from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.settings import DEFAULTS, ServiceSettings
@@ -132,7 +132,7 @@ class EngineState:
     unacked: list[str]  # read, to be XACKed by the next snapshot
     inputs: list[list[Any]]  # the input log since the last commit
     pending: list[Notification]  # detected, not committed
-    archive_rows: list[ArchiveRow]  # fed, for ens:archive:feed with the next commit (cfg.archive)
+    archive_rows: FeedBuffer  # fed, for ens:archive:feed with the next commit (cfg.archive)
     since_snapshot: int  # inputs since the last snapshot
     journal_len: int  # commits in ens:engine:journal (since the last snapshot)
     totals: dict[str, int]

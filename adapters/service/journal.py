@@ -14,7 +14,7 @@ from typing import Any
 from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.archive_feed import FEED, feed_fields
+from adapters.service.archive_feed import FEED
 from adapters.service.engine_state import EngineState
 from adapters.service.records import Advanced, JournalEntry, LateSent, ProfileChanged
 from filters.notification import Notification
@@ -155,7 +155,7 @@ class Journal(EngineState):
 
     def _archive_entry(self) -> dict[str, str] | None:
         """The ``ens:archive:feed`` entry of the events fed since the last commit, if any."""
-        return feed_fields(self.archive_rows) if self.archive_rows else None
+        return self.archive_rows.fields() if len(self.archive_rows) else None
 
     def _published(self, records: list[dict[str, Any]]) -> None:
         m.NOTIFICATIONS.inc(len(records))

@@ -59,6 +59,7 @@ import redis
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.archive_feed import FeedBuffer
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
@@ -117,7 +118,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
-        self.archive_rows: list[Any] = []  # fed, for ens:archive:feed with the next commit
+        self.archive_rows = FeedBuffer()  # fed, for ens:archive:feed with the next commit
         self.since_snapshot = 0  # inputs since the last snapshot
         self.journal_len = 0  # commits in ens:engine:journal (since the last snapshot)
         self.lease.last_renew = time.monotonic()
