@@ -39,6 +39,7 @@ def one_round(
     work: Path,
     seed: int,
     apart: bool = False,
+    flush: str = "10s",
 ) -> dict[str, Any]:
     """One service, one load; the end-to-end time and the archive's size."""
     d = Path(tempfile.mkdtemp(prefix="round-", dir=work))
@@ -48,7 +49,7 @@ def one_round(
         for pid, expr in profiles(200, 200):
             rs.put_profile(r, pid, expr)
         keys = [rs.add_gateway(r, f"bench-{i}", 0.05) for i in range(clients)]
-        extra: tuple[str, ...] = ("--archive", uri, "--archive-flush", "1s") if archive else ()
+        extra: tuple[str, ...] = ("--archive", uri, "--archive-flush", flush) if archive else ()
         port = 18000 + random.randrange(2000)
         roles = ("--role", "api,engine") if archive and apart else ()
         with contextlib.ExitStack() as stack:
