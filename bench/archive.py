@@ -152,14 +152,16 @@ def _rows(path: str) -> int:
     return int(pq.ParquetFile(path).metadata.num_rows)
 
 
-def run(events: int, batch: int, clients: int, rounds: int, apart: bool = False) -> dict[str, Any]:
+def run(
+    events: int, batch: int, clients: int, rounds: int, apart: bool = False, flush: str = "10s"
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="ens-bench-archive-"))
     out: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     try:
         for i in range(rounds):
             for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 out[mode].append(
-                    one_round(mode == "on", events, batch, clients, work, 7 + i, apart)
+                    one_round(mode == "on", events, batch, clients, work, 7 + i, apart, flush)
                 )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -182,6 +184,7 @@ def run(events: int, batch: int, clients: int, rounds: int, apart: bool = False)
         "clients": clients,
         "rounds": rounds,
         "archiver": "own process" if apart else "thread of the service",
+        "flush": flush,
         "off_eps": off,
         "on_eps": on,
         "ratio": on / off,
@@ -216,4 +219,7 @@ def report(res: dict[str, Any], as_json: bool) -> None:
         f"on {c['on']['service']:.1f}, {c['on']['archiver']:.1f}, {c['on']['redis']:.1f}"
     )
     print(f"archive: {res['bytes_per_event']:.1f} bytes per event (Parquet, zstd)")
-    print(f"archive complete {res['archive_after_s']:.2f} s after the engine (--archive-flush 1s)")
+    print(
+        f"archive complete {res['archive_after_s']:.2f} s after the engine "
+        f"(--archive-flush {res['flush']}, or 100,000 events)"
+    )

@@ -50,6 +50,7 @@ def archive_cmd(
     apart: bool = typer.Option(
         False, "--apart", help="Run the archiver as its own process (`ens serve --role archive`)."
     ),
+    flush: str = typer.Option("10s", "--flush", help="The service's --archive-flush."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """The service end to end with the event archive on vs off (same run): events/s, their
@@ -58,7 +59,7 @@ def archive_cmd(
 
     if min(events, batch, clients, rounds) < 1:
         raise typer.BadParameter("--events, --batch, --clients and --rounds must be at least 1")
-    report(run(events, batch, clients, rounds, apart), as_json)
+    report(run(events, batch, clients, rounds, apart, flush), as_json)
 
 
 @app.command("pool")
