@@ -41,6 +41,7 @@ class ArchiverConfig:
     max_bytes: int = 0  # the archive's size bound (0: none)
     prune_every: float = 60.0  # s
     block: float = 0.5  # s: longest wait for the feed
+    poll: float = 0.5  # s: while events wait for a flush, read the feed this often
 
 
 class FeedBuffer:

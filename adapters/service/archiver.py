@@ -128,7 +128,7 @@ class Archiver:
         if self.pending:
             wait = min(wait, max(self.cfg.flush - (time.monotonic() - self.last_flush), 0.0))
         last = self.pending[-1][0] if self.pending else self.read_id
-        resp: Any = self.r.xread({FEED: last}, count=100, block=int(wait * 1000) or None)
+        resp: Any = self.r.xread({FEED: last}, count=1000, block=int(wait * 1000) or None)
         got = 0
         for _stream, entries in resp or []:
             for fid, fields in entries:
@@ -162,6 +162,9 @@ class Archiver:
     def run_forever(self, stop: threading.Event) -> None:
         """Step until ``stop``; a Redis or file error restarts from the committed position."""
         while not stop.is_set():
+            if self.pending:  # gather the engine's commits for a while: one read, not one each
+                due = self.cfg.flush - (time.monotonic() - self.last_flush)
+                stop.wait(max(min(self.cfg.poll, due), 0.0))
             try:
                 self.step()
             except (redis.RedisError, OSError) as exc:
