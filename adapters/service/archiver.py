@@ -136,6 +136,8 @@ class Archiver:
                 self.pending.append((rs.text(fid), entry))
                 self.rows_pending += len(entry["key"])
                 got += 1
+                if self.rows_pending >= self.cfg.max_rows:  # files of at most about max_rows
+                    self.flush()
         if self.pending and (
             self.rows_pending >= self.cfg.max_rows
             or time.monotonic() - self.last_flush >= self.cfg.flush
