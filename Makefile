@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	# setuptools tells every editable install of a flat layout (our packages sit at the top)
+	# "Editable installation ... folders with the same name ... may take precedence": expected
+	# here, and the only warning left, so it is silenced by its message
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 .PHONY: install demo test test-fast lint bench fuzz

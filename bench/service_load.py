@@ -20,6 +20,12 @@ has no latency and is counted in "late" with the other late events.
     python bench/service_load.py --reorder-seconds 0.2 --json
     python bench/service_load.py --lateness 0         # in-order gateways: no wait
 
+    python bench/service_load.py --phases paced --churn 20   # profiles added/removed meanwhile
+
+``--churn N`` adds and removes N `select each` profiles per second during the phases (each
+stays about ``--churn-live`` / N seconds, over a frequent kind, as issue 41 did): the probes'
+latency then shows how responsive the engine stays while profiles change.
+
 Each client thread posts as a gateway of its own (``bench-0`` ...), stamping ``ts`` when it
 builds an event, so every gateway sends in ``ts`` order; ``--lateness`` is their allowed
 lateness (``ens gateway add --lateness``; by default the service's ``--reorder-seconds``).
@@ -419,6 +425,49 @@ def _idle_phase(
     return now_late
 
 
+CHURN_EXPR = (
+    'seq(a: kind = "temperature", b: kind = "humidity" and value > 39) within 1d '
+    "select each consume shared"
+)
+
+
+@contextmanager
+def churn(
+    url: str, per_second: float, live: int, expr: str = CHURN_EXPR
+) -> Iterator[dict[str, int]]:
+    """Add a `select each` profile and remove the oldest, ``per_second`` times a second, in
+    a thread (through Redis, as `ens profile add/rm` do), while the body runs."""
+    done = threading.Event()
+    counts = {"added": 0, "removed": 0}
+
+    def run() -> None:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        alive: list[str] = []
+        n = 0
+        start = time.perf_counter()
+        while not done.is_set():
+            n += 1
+            pid = f"churn-{n}"
+            rs.put_profile(r, pid, expr)
+            alive.append(pid)
+            counts["added"] += 1
+            if len(alive) > live:
+                rs.delete_profile(r, alive.pop(0))
+                counts["removed"] += 1
+            done.wait(max(0.0, start + n / per_second - time.perf_counter()))
+        r.close()
+
+    th = threading.Thread(target=run, daemon=True)
+    if per_second > 0:
+        th.start()
+    try:
+        yield counts
+    finally:
+        done.set()
+        if per_second > 0:
+            th.join()
+
+
 _PHASES = {
     "batched": lambda a, *rest: _batch_phase("batched", a.events, 0.0, a, *rest),
     "paced": lambda a, *rest: _batch_phase("paced", a.paced, a.rate, a, *rest),
@@ -469,6 +518,11 @@ def main() -> None:
         default=ROOT,
         help="run the service of this checkout (e.g. a worktree of an older commit)",
     )
+    ap.add_argument(
+        "--churn", type=float, default=0.0, help="select-each profiles added/removed per second"
+    )
+    ap.add_argument("--churn-live", type=int, default=20, help="churned profiles alive at once")
+    ap.add_argument("--churn-expr", default=CHURN_EXPR, help="the churned profiles' expression")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -499,8 +553,10 @@ def main() -> None:
                 gen = Gen(7)
                 time.sleep(0.5)
                 late = 0
-                for phase in phases:
-                    late = _PHASES[phase](args, r, base, keys, key, gen, late, results)
+                with churn(url, args.churn, args.churn_live, args.churn_expr) as churned:
+                    for phase in phases:
+                        late = _PHASES[phase](args, r, base, keys, key, gen, late, results)
+                results["churn"] = dict(churned)
                 st = rs.worker_status(r) or {}
                 results["engine"] = {
                     k: st.get("stats", {}).get(k)
@@ -532,6 +588,8 @@ def main() -> None:
         f"of {results['commit_mean_ms']:.1f} ms"
     )
     print(f"late events: {results['engine']['total_late']} of {results['engine']['total_events']}")
+    if args.churn:
+        print(f"profile churn: {results['churn']} at {args.churn:g}/s")
     print(
         f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
         f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}{'POST p50':>10}{'POST p99':>10}"

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ens.commands.store import DataDir, RedisUrl
 from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
+from filters.caps import DEFAULT_NOTIFICATIONS, DEFAULT_PARTITION, DEFAULT_PROFILE, Caps
 from profiles.errors import ENSError, ManyErrors
 
 if TYPE_CHECKING:  # (imported where used: `ens --help` stays quick)
@@ -137,8 +139,46 @@ def write_lines(records: list[dict], out: str | None) -> None:
 
 
 @app.command()
-def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")]) -> None:
-    """Validate a profile file and print every problem, not just the first."""
+def check(
+    ctx: typer.Context,
+    profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON).")],
+    events: Annotated[
+        str | None,
+        typer.Option(
+            help="Warn about attributes no event of this JSON-lines file carries "
+            "('-' for stdin, .gz allowed).",
+            metavar="FILE",
+        ),
+    ] = None,
+    service: Annotated[
+        bool,
+        typer.Option(
+            "--service",
+            help="Warn about attributes no event the service has seen carried (its store: "
+            "--redis-url or --data-dir, as for `ens profile add`).",
+        ),
+    ] = False,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+    stats: Annotated[
+        Path | None,
+        typer.Option(
+            help="An `ens spark stats` file: also warn about `select each` profiles whose "
+            "starting components are frequent for their window (partial matches pile up)."
+        ),
+    ] = None,
+    max_partial_matches: Annotated[
+        int, typer.Option(min=1, help="--stats: the cap per partition of ens serve.")
+    ] = DEFAULT_PARTITION,
+    max_notifications_per_event: Annotated[
+        int, typer.Option(min=1, help="--stats: the cap of ens serve.")
+    ] = DEFAULT_NOTIFICATIONS,
+) -> None:
+    """Validate a profile file and print every problem, not just the first.
+
+    Valid profiles that will likely never fire get warnings; with --events or --service also
+    those that read an attribute no event has carried (a typo such as `knd`).
+    """
     from profiles.profile_file import parse_profile_document, read_profile_text
 
     try:
@@ -152,12 +192,52 @@ def check(profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or J
         raise typer.Exit(2)
     if not pset.profiles:
         typer.echo(f"warning: {profiles} defines no profiles", err=True)
-    from profiles.lint import warnings
+    from ens.plans import load_stats
+    from profiles.lint import start_components, unbounded_matches, warnings
 
+    seen = _known_attributes(
+        events, service or _given(ctx, "redis_url", "data_dir"), redis_url, data_dir
+    )
+    try:
+        rates = load_stats(stats)
+    except ENSError as e:
+        raise report_errors(e) from None
     for p in pset.profiles:
-        for w in warnings(p):
+        found = warnings(p, seen)
+        starts = start_components(p) if rates is not None else []
+        if rates is not None and starts:
+            names = [n for n, _ in starts]
+            measured = rates.for_profile(p, names, [f for _, f in starts])
+            found += unbounded_matches(
+                p, measured, max_partial_matches, max_notifications_per_event
+            )
+        for w in found:
             typer.echo(f"warning: {w}", err=True)
     typer.echo(f"{profiles}: {len(pset.profiles)} profiles OK, {len(pset.subscribers)} subscribers")
+
+
+def _given(ctx: typer.Context, *params: str) -> bool:
+    """Whether any of these options was on the command line (not from its variable)."""
+    return any(getattr(ctx.get_parameter_source(p), "name", "") == "COMMANDLINE" for p in params)
+
+
+def _known_attributes(
+    events: str | None, service: bool, redis_url: str | None, data_dir: Path | None
+) -> set[str] | None:
+    """The attribute names `ens check` checks profiles against (None: no check)."""
+    seen: set[str] = set()
+    if events is not None:
+        try:
+            for ev in read_event_file(events):
+                seen.update(ev.attrs)
+        except ENSError as e:
+            raise fail(str(e)) from None
+    if service:
+        from adapters.service import redis_store as rs
+        from ens.commands.store import Store
+
+        seen |= rs.seen_attributes(Store(redis_url, data_dir).r) or set()
+    return seen if (events is not None or service) else None
 
 
 def load_inputs(profiles: Path, events: str | None):  # noqa: ANN201
@@ -334,8 +414,75 @@ def replay(
     to: Annotated[
         str | None, typer.Option("--to", help="--archive: end (exclusive; default now).")
     ] = None,
+    alarms: Annotated[
+        bool,
+        typer.Option(
+            "--alarms",
+            help="Run the matches through the profiles' alarm rules in event time: write the "
+            "alarm transitions (not the notifications) and a summary per subscriber on stderr "
+            "(docs/alarms.md).",
+        ),
+    ] = False,
+    silences: Annotated[
+        Path | None,
+        typer.Option(help="With --alarms: a YAML file of silences (`silences: [...]`)."),
+    ] = None,
+    messages: Annotated[
+        str | None, typer.Option(help="With --alarms: write the messages (JSON lines) here.")
+    ] = None,
+    group_by: Annotated[
+        str | None,
+        typer.Option(
+            help="With --alarms: group each subscriber's notices by these labels (comma "
+            "separated, e.g. building; '' = one group per subscriber). Default: no grouping."
+        ),
+    ] = None,
+    group_wait: Annotated[
+        str, typer.Option(help="With --group-by: a new group waits this long (Alertmanager's).")
+    ] = "30s",
+    group_interval: Annotated[
+        str, typer.Option(help="With --group-by: then at most one message per group this often.")
+    ] = "5m",
+    cap: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --alarms: at most N messages per subscriber per hour; the rest "
+            "goes into the next digest.",
+        ),
+    ] = None,
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Print a table per profile instead of the notifications (matches, top "
+            "partitions, first and last); the notifications go to --out only.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="The summary as one JSON document (implies --summary)."),
+    ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write a PNG of notifications per hour per profile (the --top profiles "
+            "with most, the rest as 'other').",
+            metavar="FILE.png",
+        ),
+    ] = None,
+    top: Annotated[
+        int, typer.Option(help="Profiles with a series of their own in --plot.", min=1)
+    ] = 8,
 ) -> None:
-    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6)."""
+    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6).
+
+    With --alarms, write the alarm transitions instead and a summary per subscriber: how many
+    messages the alarms would have sent without and with grouping and silences.
+
+    With --summary (or --json) a table per profile instead: how many notifications, the
+    partitions with most, the first and last (docs/replay.md).
+    """
     from ens.plans import check_plan, load_stats
     from ens.replay import replay as run
 
@@ -349,11 +496,16 @@ def replay(
                 raise ENSError("with --archive give only the PROFILES file")
         elif start is not None or to is not None:
             raise ENSError("--from/--to apply to --archive only")
-        if archive is not None:
-            pset, _ = load_inputs(Path(paths[0]), None)
-            profiles = pset.profiles
-            events = "-"  # not read: the archive gives them
-        elif index is not None:
+        alarm_opts = silences is not None or messages is not None or group_by is not None
+        if (alarm_opts or cap is not None) and not alarms:
+            raise ENSError("--silences, --messages, --group-by and --cap go with --alarms")
+        if plot is not None:
+            from ens.summary import check_plot_path
+
+            check_plot_path(plot)
+        if index is not None:
+            if alarms:
+                raise ENSError("--alarms needs the profile file (an index has no alarm blocks)")
             if len(paths) != 1:
                 raise ENSError("with --index give only the EVENTS file")
             from adapters.spark.index import load_index
@@ -361,11 +513,18 @@ def replay(
             profiles = load_index(index)
             events = paths[0]
         else:
-            if len(paths) != 2:
+            if len(paths) != (1 if archive is not None else 2):
                 raise ENSError("give PROFILES and EVENTS (or --index INDEX and EVENTS)")
             pset, _ = load_inputs(Path(paths[0]), None)
             profiles = pset.profiles
-            events = paths[1]
+            events = paths[1] if archive is None else archive  # the archive: its name
+            if alarms:
+                _replay_alarms(
+                    pset, events, end, tz, (engine, variant, plan, rates), silences,
+                    (group_by, group_wait, group_interval, cap), out, messages,
+                    _archive_events(archive, start, to) if archive is not None else None,
+                )  # fmt: skip
+                return
         bar = _ReplayProgress(events if archive is None else "")
         try:
             if archive is not None:
@@ -383,9 +542,70 @@ def replay(
         finally:
             gc.unfreeze()
             bar.stop()
-        write_lines([n.to_json() for n in notes], out)
+        records = [n.to_json() for n in notes]
+        if not (summary or as_json) or out is not None:
+            write_lines(records, out)
+        if summary or as_json or plot is not None:
+            from ens.commands.output import console
+            from ens.summary import report
+
+            report(
+                profiles,
+                records,
+                events,
+                show=summary,
+                as_json=as_json,
+                plot=plot,
+                top=top,
+                console=console(),
+            )
     except ENSError as e:
         raise report_errors(e) from None
+
+
+def _replay_alarms(  # noqa: ANN001 - the CLI's parts, passed through
+    pset, events: str, end, tz: str, eng: tuple, silences: Path | None, grouping: tuple,
+    out: str | None, messages: str | None, archived: list | None = None,
+) -> None:  # fmt: skip
+    """`ens replay --alarms` (ens/alarm_replay.py): transitions out, a summary on stderr."""
+    from rich.console import Console
+
+    from ens.alarm_replay import (
+        read_silences,
+        replay_alarms,
+        run_engine,
+        summary_rows,
+        summary_table,
+    )
+    from notifiers.alarms import GroupPolicy
+    from profiles.options import parse_duration
+
+    if not pset.alarms:
+        typer.echo("warning: no profile has an alarm: block; nothing to do", err=True)
+    group_by, wait, interval, cap = grouping
+    policy = GroupPolicy(
+        tuple(x.strip() for x in group_by.split(",") if x.strip())
+        if group_by is not None
+        else None,
+        parse_duration("--group-wait", wait),
+        parse_duration("--group-interval", interval),
+        cap,
+    )
+    found = read_silences(silences) if silences is not None else []
+    evs = read_event_file(events) if archived is None else archived  # --archive: read already
+    _warn_lint(pset.profiles, evs)
+    notify = run_engine(lambda ps: make_engine(eng[0], ps, tz, *eng[1:]), evs, end)
+    result = replay_alarms(
+        pset.profiles, pset.alarms, notify, evs, end, silences=found, policy=policy,
+        silences_name=str(silences),
+    )  # fmt: skip
+    write_lines([t.to_json() for t in result.transitions], out)
+    if messages is not None:
+        write_lines([m.to_json() for m in result.messages], messages)
+    assert result.rules is not None
+    console = Console(stderr=True)
+    console.width = max(console.width, 130)  # a pipe or a log gets the whole table too
+    console.print(summary_table(summary_rows(result.rules)))
 
 
 @app.command()
@@ -402,11 +622,23 @@ def explain(
     ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
+    max_partial_matches: Annotated[
+        int,
+        typer.Option(min=1, help="Partial matches per partition of the profile (as ens serve)."),
+    ] = DEFAULT_PARTITION,
+    max_profile_partial_matches: Annotated[
+        int, typer.Option(min=1, help="Partial matches of the profile (as ens serve).")
+    ] = DEFAULT_PROFILE,
+    max_notifications_per_event: Annotated[
+        int, typer.Option(min=1, help="Notifications of the profile per event (as ens serve).")
+    ] = DEFAULT_NOTIFICATIONS,
 ) -> None:
     """Show, event by event, what a profile's partial matches do and why it fired or did not.
 
     First the profile's evaluation plan (--plan, --stats): which component opens matches,
-    the rates it was chosen from, and why.
+    the rates it was chosen from, and why. The trace shows what the caps on partial matches
+    and notifications per event (those of ens serve) dropped, and a last line says so if
+    they were reached.
     """
     from ens.explain import explain as run
     from ens.plans import check_plan, load_stats
@@ -419,7 +651,18 @@ def explain(
         pset, evs = load_inputs(profiles, events)
         if profile not in {p.id for p in pset.profiles}:
             raise ENSError(f"no profile {profile!r} in {profiles}")
-        run(pset.profiles, evs, profile, end, tz=tz, echo=typer.echo, plan=plan, rates=rates)
+        caps = Caps(max_partial_matches, max_profile_partial_matches, max_notifications_per_event)
+        run(
+            pset.profiles,
+            evs,
+            profile,
+            end,
+            tz=tz,
+            echo=typer.echo,
+            plan=plan,
+            rates=rates,
+            caps=caps,
+        )
     except ENSError as e:
         raise report_errors(e) from None
 

@@ -36,7 +36,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ens.summary import ProfileRow, summary_rows, when
+from ens.summary import table as summary_table
 from profiles.errors import DemoError, DemoFailure
 from profiles.events import Event, event_from_obj, parse_ts
 
@@ -89,15 +90,6 @@ class Feed:
 
 
 @dataclass
-class ProfileRow:
-    profile: str
-    subscriber: str | None
-    count: int = 0
-    first: float | None = None
-    last: float | None = None
-
-
-@dataclass
 class DemoResult:
     """The figures of one run (also what the tests assert on)."""
 
@@ -137,13 +129,6 @@ class DemoResult:
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def _when(ts: float | None, seconds: bool = False) -> str:
-    if ts is None:
-        return "-"
-    fmt = "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
-    return datetime.fromtimestamp(ts, UTC).strftime(fmt)
 
 
 def _prepare(raw: Iterable[Any], where: Callable[[int], str]) -> tuple[list[dict], list[Event]]:
@@ -539,7 +524,7 @@ class Display:
         evs = " ".join(f"{k}={e.get('id')}" for k, e in (rec.get("events") or {}).items())
         self.line(
             "notification",
-            f"  [cyan]●[/] {_when(rec.get('ts'), True)}  "
+            f"  [cyan]●[/] {when(rec.get('ts'), True)}  "
             f"[bold]{rec.get('profile')}[/]  {part}  [dim]{evs}[/]",
         )
 
@@ -690,38 +675,10 @@ def count_incidents(truth: list[dict[str, Any]], outbox: list[dict[str, Any]]) -
     return sum(any(_fits(t, n) for n in outbox) for t in truth)
 
 
-def summary_rows(profiles: list[Any], outbox: list[dict[str, Any]]) -> list[ProfileRow]:
-    rows = {p.id: ProfileRow(p.id, p.subscriber) for p in profiles}
-    for n in outbox:
-        row = rows.setdefault(n["profile"], ProfileRow(n["profile"], n.get("subscriber")))
-        row.count += 1
-        row.first = n["ts"] if row.first is None else min(row.first, n["ts"])
-        row.last = n["ts"] if row.last is None else max(row.last, n["ts"])
-    return list(rows.values())
-
-
 def print_summary(console: Console, res: DemoResult) -> None:
-    table = Table(title=f"Notifications per profile ({res.feed})", title_justify="left")
-    for col, just in (
-        ("profile", "left"),
-        ("subscriber", "left"),
-        ("notifications", "right"),
-        ("first (UTC)", "left"),
-        ("last (UTC)", "left"),
-    ):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    for row in res.rows:
-        table.add_row(
-            row.profile,
-            row.subscriber or "-",
-            str(row.count),
-            _when(row.first),
-            _when(row.last),
-            style=None if row.count else "dim",
-        )
-    table.add_section()
-    table.add_row("total", "", str(res.notifications), "", "")
-    console.print(table)
+    console.print(
+        summary_table(res.rows, f"Notifications per profile ({res.feed})", partitions=False)
+    )
 
     def mark(ok: bool) -> str:
         return "[green]✓[/]" if ok else "[red]✗[/]"

@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable
 
 from ens.replay import order_events
+from filters.caps import CapHits, Caps
 from filters.engine import Engine
 from filters.plans import Rates
 from profiles.ast import Profile
@@ -30,10 +31,16 @@ def explain(
     echo: Callable[[str], None] = print,
     plan: str = "eager",
     rates: Rates | None = None,
+    caps: Caps | None = None,
 ) -> int:
-    """Print the profile's plan and what its partial matches do; return the number of notifications."""
+    """Print the profile's plan and what its partial matches do; return the number of notifications.
+
+    `caps` (`filters.caps`, the defaults of `ens serve` if None): the trace shows each partial
+    match a cap dropped and each event whose notifications it cut, and a last line the caps
+    and what they dropped, if they were reached.
+    """
     wanted = [p for p in profiles if p.id == profile_id]
-    eng = Engine(wanted, tz=tz, plan=plan, rates=rates)
+    eng = Engine(wanted, tz=tz, plan=plan, rates=rates, caps=caps)
     lines: list[str] = []
 
     def trace(pid: str, action: str, detail: str) -> None:
@@ -73,4 +80,20 @@ def explain(
     live = eng.stats()["partial_matches"]
     what = "buffered events" if eng.plan_of(wanted[0]).lazy else "partial matches"
     echo(f"{reported} notification(s); live {what} at the end: {live}")
+    hits = eng.take_cap_hits().get(profile_id)
+    if hits is not None:  # (a line only then: a profile within its caps prints as before)
+        echo(_caps_line(eng.caps, hits))
     return reported
+
+
+def _caps_line(caps: Caps, hits: CapHits) -> str:
+    limits = (
+        f"at most {caps.partition} partial matches per partition, {caps.profile} per profile, "
+        f"{caps.notifications} notifications per event"
+    )
+    return (
+        f"caps ({limits}): REACHED, {hits.partial_matches} partial match(es) dropped, "
+        f"{hits.notifications} notification(s) dropped (see `ens check`; raise them with "
+        "ens serve --max-partial-matches, --max-profile-partial-matches, "
+        "--max-notifications-per-event)"
+    )

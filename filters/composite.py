@@ -228,12 +228,13 @@ class CompositeRuntime(GeneralSteps):
             pms = part.pms = []
         flat = self.flat
         window = self.window
+        eng = self.engine
         for i, mask in opened:
             pm = PartialMatch(self.n, part)
             pm.binds[i] = b
             pm.mask = mask
-            if not flat:
-                self._add_pm(part, pm)
+            if not flat or len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile:
+                self._add_pm(part, pm)  # (and the caps, `filters.caps`)
                 continue
             pms.append(pm)  # `_add_pm` and `_changed`, inline: the deadline is known
             self.pm_count += 1
@@ -249,6 +250,11 @@ class CompositeRuntime(GeneralSteps):
         """`_fast_open` under first/last: one PM, bound to leaf `i`; flat, it is registered
         here (`_add_pm`, `_changed` and `_sync` of a new PM, inline: its deadline is known and
         it holds no registrations yet)."""
+        if self.pm_count >= self.engine.cap_profile:  # the partition holds no PM: refused
+            self._refuse(PartialMatch(self.n, part or Partition(key, None)))
+            if part is not None:
+                self._tidy(part, ev.ts)
+            return True
         if part is None:
             values = self.partition_values(ev.attrs) if self.per else None
             part = self.parts[key] = Partition(key, values)
@@ -294,7 +300,11 @@ class CompositeRuntime(GeneralSteps):
         trans = self._trans
         b = Binding(seq, ev)
         done: list[Done] = []
-        for pm in list(part.pms):
+        # an event that extends no PM (a seq's first component) only opens one: no loop over
+        # the partition's PMs (with thousands waiting, that loop was the cost of every event)
+        for pm in list(part.pms) if not self.extenders.isdisjoint(leaves) else ():
+            if not pm.alive:  # dropped by a cap (`_make_room`) during this event
+                continue
             tr = trans.get(pm.mask)
             if tr is None:
                 tr = self.pat.transitions(pm.mask)
@@ -340,7 +350,12 @@ class CompositeRuntime(GeneralSteps):
         names = self.names
         values = part.values
         consumed = False
-        for pm, i, order in done[:1] if self.unique else done:
+        if self.unique:
+            done = done[:1]
+        elif len(done) > eng.cap_notifications:  # `filters.caps`: the first ones are kept
+            eng.count_capped_notifications(self.pid, len(done) - eng.cap_notifications)
+            del done[eng.cap_notifications :]
+        for pm, i, order in done:
             binds = pm.binds
             events = {}
             for j in order:

@@ -76,6 +76,9 @@ class CompositeTables:
     # and nothing else: `_fast_step`'s exact domain
     fast: bool
     fast_each: bool
+    # `fast_each`: the leaves that can extend a partial match (from a non-empty mask); an event
+    # of none of them (a seq's first component) only opens: `_fast_each` skips the PMs
+    extenders: frozenset[int]
     # without where-equalities or `last`, the auxiliary profiles wanted depend on the mask
     # only: one memo per shape (and clock leaves), shared by the profiles of that shape
     wants: Wants | None
@@ -87,6 +90,7 @@ class CompositeTables:
         simple = not pat.conjs and not pat.leading
         neg_set = frozenset(i for i, lf in enumerate(pat.leaves) if lf.negated)
         plain = simple and not neg_set and not pat.has_any
+        each = plain and kind == "each"
         flat = all(node.within is None for node in pat.nodes[1:])
         kills = simple and kind == "first" and _negations_only_kill(pat, neg_set, flat)
         start = pat.info(0).enabled
@@ -113,11 +117,35 @@ class CompositeTables:
             neg_set=neg_set,
             simple=simple,
             fast=(plain and kind in ("first", "last")) or kills,
-            fast_each=plain and kind == "each",
+            fast_each=each,
+            extenders=_extenders(pat, each),
             wants=wants,
             flat=flat,
             between=between if kind == "last" else frozenset(),
         )
+
+
+def _extenders(pat: Pattern, fast_each: bool) -> frozenset[int]:
+    """`fast_each`: the leaves a transition from a reachable non-empty mask binds (forward
+    steps, and the masks a nested window's reset leaves); too many masks to walk: every leaf."""
+    if not fast_each:
+        return frozenset()
+    seen, todo, out = {0}, [0], set()
+    timed = [node.leaves for node in pat.nodes[1:] if node.within is not None]
+    while todo:
+        mask = todo.pop()
+        for i, (nm, done) in pat.transitions(mask).items():
+            if mask:
+                out.add(i)
+            if done is not None:
+                continue
+            for m in (nm, *[nm & ~leaves for leaves in timed]):
+                if m and m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        if len(seen) > 4096:
+            return frozenset(range(len(pat.leaves)))
+    return frozenset(out)
 
 
 def _negations_only_kill(pat: Pattern, neg_set: frozenset[int], flat: bool) -> bool:
@@ -164,6 +192,7 @@ class CompositeBase(DerivedRuntime):
         "simple",
         "fast",
         "fast_each",
+        "extenders",
         "_wants",
         "_trans",
         "between",
@@ -194,6 +223,7 @@ class CompositeBase(DerivedRuntime):
     simple: bool
     fast: bool
     fast_each: bool
+    extenders: frozenset[int]
     _wants: Wants | None
     flat: bool
     between: frozenset[int]
@@ -229,6 +259,7 @@ class CompositeBase(DerivedRuntime):
             t.fast,
             t.fast_each,
         )
+        self.extenders = t.extenders
         self._wants, self.flat, self.between = t.wants, t.flat, t.between
         self.aux_entries = {}
         self.aux_pins = ()

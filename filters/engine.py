@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 
 from filters import state as state_format
 from filters.auxiliary import VARIANTS, AuxiliaryRegistrations
+from filters.caps import CapCounts, Caps
 from filters.composite import CompositeRuntime
 from filters.lazy import LazySeqRuntime
 from filters.lazy_base import LazyPartition
@@ -86,7 +87,7 @@ def load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
     return eng
 
 
-class Engine(PlanSwitching, TimeDriven, NotificationOutput):
+class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts):
     """Deterministic event filtering: add/remove profiles, process events, advance time, take notifications.
 
     >>> eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
@@ -111,6 +112,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         drift: float = 4.0,
         sample: int = 8,
         timers: TemporalPool | None = None,
+        caps: Caps | None = None,
     ) -> None:
         """`plan`: eager, rare-first or auto (chosen from `rates`), per profile: docs/plans.md.
 
@@ -121,6 +123,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         is by arrival number, so a replay decides the same way.
 
         `timers`: the temporal pool to schedule in (an empty one; Spark's slices give their own).
+        `caps`: the limits on each profile's partial matches and notifications per event
+        (`filters.caps`; not stored in snapshots: `set_caps` after a restore).
         """
         if variant not in self.VARIANTS:
             raise ValueError(f"unknown variant {variant!r} (one of {', '.join(self.VARIANTS)})")
@@ -153,6 +157,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         self._next_idx = 0
         self._seq = 0
         NotificationOutput.__init__(self)
+        CapCounts.__init__(self, caps)
         self._clocks: dict[Clock, Handle | None] = {}  # clock -> its scheduled temporal entry
         self._clock_users: dict[Clock, dict[int, CompositeRuntime]] = {}
         for p in profiles:
@@ -446,6 +451,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         del state["aux"]
         del state["_by_id"]
         state.pop("_count_pool", None)
+        for k in ("cap_partition", "cap_profile", "cap_notifications", "cap_hits"):
+            del state[k]  # configuration and counts taken per batch, not state
         state["tracer"] = None
         state["tz"] = self.tz.key
         del state["_local"]  # rebuilt from the profiles
@@ -473,6 +480,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput):
         ):  # older
             self.__dict__.setdefault(k, v)
         self.tz = ZoneInfo(state["tz"])
+        CapCounts.__init__(self)
         self.pool = PrimitivePool()
         self.aux = VARIANTS[self.variant](self.pool)
         for idx, profile in fresh:

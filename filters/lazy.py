@@ -70,6 +70,7 @@ class LazySeqRuntime(LazyBase):
         if leaf == 0 and self.open_conjs:
             return None
         parts, per1, w, slack, rt = self.parts, self.per1, self.window, self.slack, self
+        eng = self.engine
 
         def append(ev: Event, seq: int) -> bool:
             if per1 is not None:
@@ -88,6 +89,8 @@ class LazySeqRuntime(LazyBase):
                     del buf[0]  # the usual case, inline: one reading left the window
                 else:
                     drop_expired(buf, w, now)
+            if len(buf) >= eng.cap_partition:
+                rt._room(buf)
             buf.append(Binding(seq, ev))
             return True
 
@@ -204,6 +207,7 @@ class LazySeqRuntime(LazyBase):
                 drop_expired(buf, w, now)
             if b is None:
                 b = Binding(seq, ev)
+            self._room(buf)
             buf.append(b)
             if tracing:
                 self._trace("buffered", f"{ev.id} as {self.names[i]}")

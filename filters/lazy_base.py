@@ -191,6 +191,7 @@ class LazyBase(DerivedRuntime):
         found = self._combos(part.bufs, last, b, self.unique)
         if not found:
             return False
+        self._cap_notifications(found)
         ts = b.ev.ts
         for combo in found:
             events = {names[j]: x.ev for j, x in enumerate(combo)}
@@ -240,6 +241,23 @@ class LazyBase(DerivedRuntime):
         dfs(0, -1)
         return found
 
+    def _cap_notifications(self, found: list[list[Binding]]) -> None:
+        """`filters.caps`: of one event's completions, the first ones in report order are kept."""
+        cap = self.engine.cap_notifications
+        if len(found) > cap and not self.unique:
+            self.engine.count_capped_notifications(self.pid, len(found) - cap)
+            if self.engine.tracer is not None:
+                self._trace("capped", f"{len(found) - cap} notification(s) beyond {cap}")
+            del found[cap:]
+
+    def _room(self, buf: list[Binding]) -> None:
+        """`filters.caps`: a buffer holds what the eager engine's PMs of one partition would
+        (`seq(a, b)`: one per `a`), so the partition cap bounds it: its oldest event leaves."""
+        eng = self.engine
+        if len(buf) >= eng.cap_partition:
+            del buf[: len(buf) - eng.cap_partition + 1]
+            eng.count_dropped_pm(self.pid)
+
     def _consume(self, part: LazyPartition, used: set[int]) -> None:
         """`consume unique`: the eager engine drops every PM holding a consumed event."""
         for buf in part.bufs:
@@ -282,6 +300,7 @@ class LazyBase(DerivedRuntime):
                 self._consume(part, {x.seq for x in done[0]})
                 self.report(ts, {names[j]: x.ev for j, x in enumerate(done[0])}, part.values)
                 return True  # what this event made holds it: consumed too
+            self._cap_notifications(done)
             for pm in done:
                 self.report(ts, {names[j]: x.ev for j, x in enumerate(pm)}, part.values)
                 if not self.active:
@@ -297,9 +316,14 @@ class LazyBase(DerivedRuntime):
         ev = b.ev
         eng = self.engine
         pid, values, sub = self.pid, part.values, self.subscriber
+        room = eng.cap_notifications  # `filters.caps`: the first ones are kept
         for x in buf:  # pruned: inside the window, in arrival order (= §4's reporting order)
             if cs and not self._check(cs, {n0: x.ev.attrs, n1: ev.attrs}):
                 continue
+            if not room:
+                eng.count_capped_notifications(pid, 1)
+                continue
+            room -= 1
             eng._nseq += 1
             eng._out.append(Notification(pid, ev.ts, {n0: x.ev, n1: ev}, values, eng._nseq, sub))
             if self.once:

@@ -22,12 +22,60 @@ class MatchLifecycle(MatchBinder):
     __slots__ = ()
 
     def _add_pm(self, part: Partition, pm: PartialMatch) -> None:
-        if part.pms:
-            part.pms.append(pm)
+        pms = part.pms
+        eng = self.engine
+        if len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile:
+            if not self._make_room(part):
+                self._refuse(pm)
+                return
+            pms = part.pms
+        if pms:
+            pms.append(pm)  # type: ignore[union-attr]  # a list: it holds PMs
         else:
             part.pms = [pm]
         self.pm_count += 1
         self._changed(pm)
+
+    def _make_room(self, part: Partition) -> bool:
+        """A cap is reached (`filters.caps`): the partition's oldest PMs (the first opened, the
+        closest to expiring) are dropped, and counted, until one more fits; False if the
+        profile's cap still does not let one in (the partition holds none to drop)."""
+        eng = self.engine
+        pms = part.pms
+        while pms and (len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile):
+            assert isinstance(pms, list)  # it holds PMs
+            if len(pms) > 1:
+                self._evict(pms)
+            else:  # the last: its terminator stays, to let the partition's profiles go (`_drop`)
+                self._drop(pms[0], "capped by the partial-match cap")
+            eng.count_dropped_pm(self.pid)
+        return self.pm_count < eng.cap_profile
+
+    def _evict(self, pms: list[PartialMatch]) -> None:
+        """`_drop` of the oldest PM for a cap, its terminator taken out too: nothing then keeps
+        it or its events (a dropped PM's terminator would hold them for the whole window, and
+        a flood drops one per event); the partition's other PMs have terminators of their own."""
+        pm = pms[0]
+        if self.engine.tracer is not None:
+            self._trace("capped", self._desc(pm) + " (capped by the partial-match cap)")
+        timers = self.engine.timers
+        if self.flat:
+            timers.discard_ordered(self.window, pm.handle)
+        else:
+            timers.discard(pm.handle)
+        pm.handle = None
+        pm.alive = False
+        self._sync(pm)
+        del pms[0]
+        self.pm_count -= 1
+
+    def _refuse(self, pm: PartialMatch) -> None:
+        """The profile's cap is reached and the PM's partition holds none to drop: the new PM
+        is not kept (a partition never evicts another's matches), and counted."""
+        pm.alive = False
+        self.engine.count_dropped_pm(self.pid)
+        if self.engine.tracer is not None:
+            self._trace("refused", self._desc(pm) + " (partial-match cap of the profile)")
 
     def _deadline(self, pm: PartialMatch) -> float | None:
         """When the PM's window (or its earliest started nested window) ends."""
@@ -290,10 +338,15 @@ class MatchLifecycle(MatchBinder):
                         timers.discard(pm.handle)
                         pm.handle = None
                         self._sync(pm)
+                    part.pms = ()  # no cycle PM <-> partition left for the collector (below)
                 if part.regs or part.held:
                     aux.release(self, part)
                 if part.handle is not None:
                     timers.discard(part.handle)
+            # A removed profile's PMs are freed here by reference counting, not left to a
+            # full collection: profiles added and removed every second (issue 41) left
+            # ~100,000 PMs of removed `select each` profiles for it, and each pass of
+            # the collector over them paused the engine for 0.4-1.1 s.
             parts.clear()
         if self.aux_entries:  # (its pins among them)
             self.engine.aux.drop_profile(self)

@@ -33,8 +33,15 @@ class EngineHost(Protocol):
     now: float | None
     _out: list[Notification]
     _nseq: int
+    cap_partition: int  # `filters.caps`: PMs per partition of a profile
+    cap_profile: int  # PMs per profile
+    cap_notifications: int  # notifications per profile and event
 
     def _trace(self, profile_id: str, action: str, detail: str) -> None: ...
+
+    def count_dropped_pm(self, pid: str, n: int = 1) -> None: ...
+
+    def count_capped_notifications(self, pid: str, n: int) -> None: ...
 
     def _deactivate(self, rt: Runtime) -> None: ...
 

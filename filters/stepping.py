@@ -151,7 +151,7 @@ class GeneralSteps(MatchLifecycle):
             else:
                 touched.add(id(new))  # the copy holds the event; the original does not
                 self._add_pm(part, new)
-                if tracing:
+                if tracing and new.alive:
                     self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
 
     def _bind_next(
@@ -264,6 +264,12 @@ class GeneralSteps(MatchLifecycle):
             self._consume(part, new.seqs())
             self.report(ts, self._events(new), part.values)
             return True
+        cap = self.engine.cap_notifications
+        if len(completions) > cap:  # `filters.caps`: the first ones in report order are kept
+            self.engine.count_capped_notifications(self.pid, len(completions) - cap)
+            if self.engine.tracer is not None:
+                self._trace("capped", f"{len(completions) - cap} notification(s) beyond {cap}")
+            del completions[cap:]
         for new, _src in completions:
             self.report(ts, self._events(new), part.values)
             if not self.active:
@@ -342,7 +348,7 @@ class GeneralSteps(MatchLifecycle):
                 completions.append((new, None))
             else:
                 self._add_pm(part, new)
-                if tracing:
+                if tracing and new.alive:  # (not refused by a cap)
                     self._trace("opened", self._desc(new))
             if kind != "each":
                 break

@@ -23,9 +23,11 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from filters.caps import CapCounts, Caps
 from filters.compile import norm
 from filters.localclock import LocalClock
 from filters.notification import Notification
@@ -76,12 +78,13 @@ class _PM:
 class _Part:
     """One partition of one profile: binding lists, partial matches, the nth start counter."""
 
-    __slots__ = ("key", "values", "pms", "lists", "nth", "nth_timer")
+    __slots__ = ("key", "values", "pms", "lists", "nth", "nth_timer", "npms")
 
     def __init__(self, key: Key, values: Values) -> None:
         self.key = key
         self.values = values
         self.pms: list[_PM] = []
+        self.npms = 0  # alive PMs, `each` copies not merged yet included (the caps count them)
         self.lists: dict[int, deque[B]] = {}
         self.nth = 0
         self.nth_timer: Handle | None = None
@@ -212,6 +215,7 @@ class _PartialMatches(_Runtime):
         self.unique = profile.consume == "unique"
         self.window = profile.within
         self.parts: dict[Key, _Part] = {}
+        self.npms = 0  # alive PMs over all partitions (the profile's cap counts them)
         self.has_trailing = bool(self.pat.trailing)
         self.openers = self.pat.starts | frozenset(self.pat.leading)
         # select last: negations between positives, which a replacement must respect (§4.1)
@@ -319,6 +323,9 @@ class _PartialMatches(_Runtime):
         self._sync(pm)
 
     def _drop(self, pm: _PM) -> None:
+        if pm.alive:
+            pm.part.npms -= 1
+            self.npms -= 1
         pm.alive = False
         for h in pm.timers.values():
             self.engine.timers.discard(h)
@@ -350,10 +357,39 @@ class _PartialMatches(_Runtime):
                         self._drop(pm)
                 part.pms = [pm for pm in part.pms if pm.alive]
             return True
+        if not self._room(part, ()):
+            return False
+        if len(part.pms) > part.npms:  # the cap dropped one: keep the list to the alive
+            part.pms = [pm for pm in part.pms if pm.alive]
         pm = _PM([None] * len(nb), part)
         self._set(pm, nb)
         part.pms.append(pm)
+        self._kept(pm)
         return False
+
+    def _room(self, part: _Part, fresh: Iterable[_PM]) -> bool:
+        """Room for one more PM in `part` under the caps (`filters.caps`, the same rule as the
+        single-step engine's): at a cap the partition's oldest alive PMs (its list, then the
+        copies of this event) are dropped until one fits; a partition with none to drop
+        refuses (False). Counted."""
+        eng = self.engine
+        pid = self.profile.id
+        if part.npms < eng.cap_partition and self.npms < eng.cap_profile:
+            return True
+        for pm in chain(part.pms, fresh):
+            if part.npms < eng.cap_partition and self.npms < eng.cap_profile:
+                return True
+            if pm.alive:
+                self._drop(pm)
+                eng.count_dropped_pm(pid)
+        if self.npms < eng.cap_profile:
+            return True
+        eng.count_dropped_pm(pid)  # refused
+        return False
+
+    def _kept(self, pm: _PM) -> None:
+        pm.part.npms += 1
+        self.npms += 1
 
     def _forget_nth(self, part: _Part) -> None:
         part.nth = 0
@@ -436,6 +472,7 @@ class _PartialMatches(_Runtime):
                 self._drop(pm)
             self._forget_nth(part)
         self.parts.clear()
+        self.npms = 0
 
     def live(self) -> tuple[int, int, int]:
         pms = sum(len(p.pms) for p in self.parts.values())
@@ -599,11 +636,12 @@ class _CompositeRuntime(_PartialMatches):
                 alts.add(alt)
             if self._complete(nb):  # the original waits on: not exempt from the event
                 completions.append((self.pat.order_key(nb), nb))
-            else:
+            elif self._room(part, fresh):
                 cp = pm.copy(nb)
                 cp.counts = {}
                 self._set(cp, nb)
                 fresh.append(cp)
+                self._kept(cp)
 
     def _extend_nth(self, part: _Part, pm: _PM, b: B, hit: list[int]) -> Binds | None:
         """select nth: the event counts for the leaf it would bind under `first`; the N-th
@@ -644,6 +682,10 @@ class _CompositeRuntime(_PartialMatches):
         if len(completions) > 1:
             completions.sort(key=lambda c: c[0])
         if not self.unique:
+            cap = self.engine.cap_notifications
+            if len(completions) > cap:  # `filters.caps`: the first ones in report order are kept
+                self.engine.count_capped_notifications(self.profile.id, len(completions) - cap)
+                del completions[cap:]
             for _, nb in completions:
                 self.report(b[1].ts, self.pat.events(nb), part.values)
                 if not self.active:
@@ -776,7 +818,7 @@ class _CompositeRuntime(_PartialMatches):
 
 
 # ------------------------------------------------------------------ engine
-class TwoStepEngine(TimeDriven, NotificationOutput):
+class TwoStepEngine(TimeDriven, NotificationOutput, CapCounts):
     """Same interface as `filters.engine.Engine`; primitive filtering, then composite evaluation.
 
     >>> from profiles.parser import parse_profile
@@ -792,6 +834,7 @@ class TwoStepEngine(TimeDriven, NotificationOutput):
         *,
         tz: str = "UTC",
         timers: TemporalPool | None = None,
+        caps: Caps | None = None,
     ) -> None:
         self.pool = PrimitivePool()
         self.timers = timers if timers is not None else TemporalPool()
@@ -803,6 +846,7 @@ class TwoStepEngine(TimeDriven, NotificationOutput):
         self._next = 0
         self._seq = 0
         NotificationOutput.__init__(self)
+        CapCounts.__init__(self, caps)
         self._clocks: dict[Clock, Handle | None] = {}
         self._clock_users: dict[Clock, set[int]] = {}
         for p in profiles:

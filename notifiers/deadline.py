@@ -31,8 +31,13 @@ import httpx
 _DEADLINE: ContextVar[float | None] = ContextVar("ens_request_deadline", default=None)
 
 
-class Aborted(httpcore.ReadError):
+class _Aborted(httpcore.ReadError):
     """The send was cut short by `DeadlineBackend.abort` (the worker is stopping)."""
+
+
+def is_abort(exc: BaseException | None) -> bool:
+    """Was this network error the worker's own abort (`DeadlineBackend.abort`)?"""
+    return isinstance(exc, _Aborted)
 
 
 @contextlib.contextmanager
@@ -173,7 +178,7 @@ class DeadlineBackend(httpcore.NetworkBackend):
 
     def _check(self) -> None:
         if self._aborted:
-            raise Aborted("the sender is shutting down")
+            raise _Aborted("the sender is shutting down")
 
     def _track(self, stream: DeadlineStream) -> None:
         with self._lock:

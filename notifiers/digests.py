@@ -19,6 +19,8 @@ from notifiers.metrics import (
     ATTEMPT_SECONDS,
     DEFERRED,
     DELIVERIES,
+    count_delivery,
+    count_profile,
 )
 from notifiers.store import (
     DIGEST_ATTEMPTS,
@@ -125,7 +127,7 @@ class Digests(DeliveryState):
 
     def _count_dead(self, states: list[dict[str, Any]], counts: Counts) -> None:
         for st in states:
-            DELIVERIES.labels("email", "dead").inc()
+            count_delivery("email", "dead", st["n"])
             counts.dead += 1
             self._maybe_ack(st, counts)
 
@@ -201,7 +203,9 @@ class Digests(DeliveryState):
                     status.note(p, str(st["n"].get("subscriber")), "retried", result.error)
                 p.execute()
             log.info("retry digest to %s in %.2fs: %s", address, delay, result.error)
-            DELIVERIES.labels("email", "retry").inc()
+            DELIVERIES.labels("email", "retry").inc()  # one mail: one retry
+            for _, st in states:
+                count_profile("retry", st["n"])
             counts.retried += 1
         else:
             why = result.error if not result.retryable else f"gave up: {result.error}"

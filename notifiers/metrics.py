@@ -7,7 +7,12 @@ without "duplicated timeseries" errors; the service exposes it with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from notifiers.label_limit import NONE, TopCounter
 
 REGISTRY = CollectorRegistry()
 
@@ -76,3 +81,25 @@ UNSUBSCRIBED = Counter(
     "Notifications of profiles without a subscriber: kept in the outbox, not delivered.",
     registry=REGISTRY,
 )
+
+PROFILE_DELIVERIES = TopCounter(
+    "ens_profile_deliveries",
+    "Delivery outcomes per profile and subscriber: the most counted label sets (at most "
+    "--metrics-label-limit) have a series of their own, the others count as `_other`.",
+    bounded=("profile", "subscriber"),
+    fixed=("outcome",),
+    registry=REGISTRY,
+)
+
+
+def count_profile(outcome: str, n: Mapping[str, Any]) -> None:
+    """One delivery outcome of notification ``n`` by its profile and subscriber."""
+    sub = n.get("subscriber")
+    key = (str(n.get("profile") or NONE), NONE if sub is None else str(sub))
+    PROFILE_DELIVERIES.inc(key, (outcome,))
+
+
+def count_delivery(kind: str, outcome: str, n: Mapping[str, Any]) -> None:
+    """One delivery outcome of notification ``n``: by channel kind and by its profile."""
+    DELIVERIES.labels(kind, outcome).inc()
+    count_profile(outcome, n)

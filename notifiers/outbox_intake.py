@@ -15,7 +15,7 @@ import redis
 
 from notifiers import store
 from notifiers.delivery_state import Counts, DeliveryState
-from notifiers.metrics import DELIVERIES, UNSUBSCRIBED
+from notifiers.metrics import UNSUBSCRIBED, count_delivery
 from notifiers.records import OutboxRecord
 from notifiers.store import (
     GROUP,
@@ -136,7 +136,7 @@ class OutboxIntake(DeliveryState):
             raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
             log.error("outbox entry %s is malformed (%s); dead-lettered", eid, exc)
             self._dead_letter({"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
-            DELIVERIES.labels("none", "dead").inc()
+            count_delivery("none", "dead", {})
             counts.dead += 1
             self._ack(eid, counts)
             return
@@ -144,7 +144,7 @@ class OutboxIntake(DeliveryState):
         if sid is None:
             self._unsubscribed_seen(str(n.get("profile")), nid)
             UNSUBSCRIBED.inc()
-            DELIVERIES.labels("none", "skipped").inc()
+            count_delivery("none", "skipped", n)
             counts.skipped += 1
             self._ack(eid, counts)
             return
@@ -153,7 +153,7 @@ class OutboxIntake(DeliveryState):
             error = error or f"subscriber {sid!r} has no channels"
             log.warning("notification %s: %s; dead-lettered", nid, error)
             self._dead_letter(n, {}, -1, 0, eid, error, 0)
-            DELIVERIES.labels("none", "dead").inc()
+            count_delivery("none", "dead", n)
             counts.dead += 1
             self._ack(eid, counts)
             return

@@ -24,8 +24,8 @@ from notifiers.metrics import (
     CIRCUIT_TRIPS,
     CIRCUITS_OPEN,
     DEFERRED,
-    DELIVERIES,
     LATENCY,
+    count_delivery,
 )
 from notifiers.store import (
     DEADLETTER,
@@ -90,7 +90,7 @@ class Sending(DeliveryState):
             if window > 0:
                 self._park(dkey, channel.email, window)
                 log.info("parked nid=%s ch=%d for the digest of %s", nid, ch, channel.email)
-                DELIVERIES.labels(kind, "digested").inc()
+                count_delivery(kind, "digested", n)
                 counts.digested += 1
                 return
 
@@ -139,7 +139,7 @@ class Sending(DeliveryState):
                 status.note(p, str(n.get("subscriber")), "retried", result.error)
                 p.execute()
             log.info("retry %s in %.2fs: %s", where, delay, result.error)
-            DELIVERIES.labels(kind, "retry").inc()
+            count_delivery(kind, "retry", n)
             counts.retried += 1
         else:
             why = result.error if not result.retryable else f"gave up: {result.error}"
@@ -186,7 +186,7 @@ class Sending(DeliveryState):
             status.note(self.r, str(st["n"].get("subscriber")), "delivered")
         except redis.RedisError as exc:  # the status only: the delivery is recorded
             log.warning("could not record a delivery in the subscriber status: %s", exc)
-        DELIVERIES.labels(kind, "delivered").inc()
+        count_delivery(kind, "delivered", st["n"])
         age = entry_age(st.get("entry"))
         if age is not None:
             LATENCY.labels(kind).observe(age)
@@ -235,6 +235,6 @@ class Sending(DeliveryState):
             attempts,
             error,
         )
-        DELIVERIES.labels(kind, "dead").inc()
+        count_delivery(kind, "dead", st["n"])
         counts.dead += 1
         self._maybe_ack(st, counts)

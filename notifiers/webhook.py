@@ -21,11 +21,11 @@ import httpx
 from notifiers.attempt import Attempt
 from notifiers.config import WebhookConfig
 from notifiers.deadline import (
-    Aborted,
     DeadlineBackend,
     DeadlineTransport,
     environment_mounts,
     expired,
+    is_abort,
     within,
 )
 from notifiers.metrics import DEADLINES
@@ -193,7 +193,7 @@ class WebhookSender:
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:  # may quote the URL
                 return Attempt.fatal(f"bad URL: {mask_urls(str(exc))}")
             except httpx.TransportError as exc:
-                if isinstance(exc.__cause__ or exc.__context__, Aborted) or self._backend.aborted:
+                if is_abort(exc.__cause__ or exc.__context__) or self._backend.aborted:
                     return Attempt.abandon("abandoned: the worker is shutting down")
                 if expired():
                     DEADLINES.labels("webhook", "request").inc()

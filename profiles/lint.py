@@ -41,6 +41,10 @@ from profiles.ast import (
 )
 
 EVENT_KEYS = frozenset({"id", "ts"})  # every event has them; not attributes to warn about
+# The service stamps every event with the gateway that posted it (its reserved attribute
+# `gateway`, adapters.service.records.GATEWAY_ATTR): known even where no event carried it yet
+# (a fresh service, an exported file without it).
+SERVICE_KEYS = frozenset({"gateway"})
 
 
 def _walk(node: object) -> Iterator[object]:
@@ -149,8 +153,66 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
                 "(LANGUAGE.md §2.1); rename the attribute at the source"
             )
         read = {a for a in _compared(p) if tod.split_key(a) is None}
-        for attr in sorted(read - seen - EVENT_KEYS):
+        for attr in sorted(read - seen - EVENT_KEYS - SERVICE_KEYS):
             close = difflib.get_close_matches(attr, sorted(seen), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             out.append(f"profile {p.id!r}: no event seen so far has attribute {attr!r}{hint}")
     return out
+
+
+# `select each` keeps one partial match per starting event for the whole window: with this many
+# expected at once a profile is a memory and latency risk (issue 41: 52,920 PMs, one event
+# producing 53,338 notifications); a tenth of the default cap per partition
+UNBOUNDED_AT = 1_000
+
+
+def _starts(p: Profile) -> list[Component]:
+    """The positive top-level components that open a partial match (a seq's first, every one
+    of an all)."""
+    expr = p.expr
+    pos = [c for c in getattr(expr, "components", ()) if not c.negated]
+    if isinstance(expr, Seq):
+        return pos[:1]
+    if isinstance(expr, All):
+        return pos
+    return []
+
+
+def start_components(p: Profile) -> list[tuple[str, object]]:
+    """(name, filter) of the components whose events open partial matches of a `select each`
+    profile ([] for other profiles): what `unbounded_matches` wants the rates of."""
+    if p.select.kind != "each":
+        return []
+    return [(c.name, c.expr) for c in _starts(p)]
+
+
+def unbounded_matches(
+    p: Profile, rates: dict[str, float | None], cap: int, notifications: int
+) -> list[str]:
+    """A `select each` profile whose starting components are frequent (``rates``: events per
+    hour by component name, from `ens spark stats`) for its window: about rate x window
+    partial matches live at once, and one completing event reports them all."""
+    starts = [c.name for c in _starts(p)] if p.select.kind == "each" else []
+    known = [rates[n] for n in starts if rates.get(n) is not None]
+    if not starts or not known:
+        return []
+    per_hour = float(sum(known))  # type: ignore[arg-type]  # None filtered out
+    if per_hour <= 0:
+        return []
+    names = ", ".join(repr(n) for n in starts)
+    shared = " consume shared" if p.consume == "shared" else ""
+    if p.within is None:
+        live = "no window: they never expire"
+    else:
+        expected = per_hour * float(p.within) / 3600.0
+        if expected < UNBOUNDED_AT:
+            return []
+        live = f"about {expected:,.0f} live at once"
+    fix = "`select first` or `last`, a shorter window, or `per`"
+    return [
+        f"profile {p.id!r}: `select each{shared}` opens a partial match per {names} event "
+        f"(~{per_hour:,.0f}/h measured) for its whole window, {live}; one completing event "
+        f"reports each of them. Beyond {cap:,} per partition the oldest are dropped and "
+        f"beyond {notifications:,} notifications per event the rest are (ens serve "
+        f"--max-partial-matches, --max-notifications-per-event); consider {fix}"
+    ]

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from profiles.alarm import AlarmSpec, parse_alarm
 from profiles.ast import Profile
 from profiles.errors import ENSError, ManyErrors, ProfileError
 from profiles.parser import parse_profile
@@ -23,6 +24,7 @@ from profiles.subscribers import UNKNOWN_KEY, Loc, describe, subscriber_problems
 class ProfileSet:
     profiles: list[Profile] = field(default_factory=list)
     subscribers: list[dict[str, Any]] = field(default_factory=list)
+    alarms: dict[str, AlarmSpec] = field(default_factory=dict)  # profile id -> its `alarm:`
     entries: int = 0  # profile entries in the file, valid or not
     invalid: int = 0  # of those, entries with at least one problem
     profile_problems: int = 0  # problems found in profile entries
@@ -71,7 +73,7 @@ def _at(name: str, node: yaml.Node | None) -> str:
     return f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
-PROFILE_KEYS: tuple[str, ...] = ("id", "expr", "subscriber", "description")
+PROFILE_KEYS: tuple[str, ...] = ("id", "expr", "subscriber", "description", "alarm")
 
 
 def _expr_line(node: yaml.Node | None) -> int | None:
@@ -180,7 +182,7 @@ def parse_profile_document(
     out.entries = len(plist)
     for i, item in enumerate(plist):
         before = len(errors)
-        _profile_entry(i, item, pnode_items, seen, name, out, errors, out.tz)
+        _profile_entry(i, item, pnode_items, seen, name, out, errors, out.tz, text)
         if len(errors) > before:
             out.invalid += 1
             out.profile_problems += len(errors) - before
@@ -197,6 +199,7 @@ def _profile_entry(
     out: ProfileSet,
     errors: list[ENSError],
     tz: str | None = None,
+    text: str = "",
 ) -> None:
     """One entry of ``profiles``: parsed into ``out.profiles``, or its problems into ``errors``."""
     node = pnode_items[i] if i < len(pnode_items) else None
@@ -242,10 +245,22 @@ def _profile_entry(
         return
     sub = item.get("subscriber")
     try:
-        out.profiles.append(parse_profile(expr, pid, str(sub) if sub is not None else None, tz))
+        profile = parse_profile(expr, pid, str(sub) if sub is not None else None, tz)
     except ProfileError as e:
         expr_node = _node_get(node, "expr") if node is not None else None
         errors.append(e.located(pid, _expr_line(expr_node) if expr_node is not None else None))
+        profile = None
+    if "alarm" in item:
+        spec, problems = parse_alarm(
+            item["alarm"], _node_get(node, "alarm"), profile, pid, name, text
+        )
+        errors.extend(problems)
+        if spec is None:
+            return
+        if profile is not None:
+            out.alarms[pid] = spec
+    if profile is not None:
+        out.profiles.append(profile)
 
 
 def _file_tz(value: Any, where: str, errors: list[ENSError]) -> str | None:
@@ -303,6 +318,7 @@ def _subscriber_entries(
             errors.append(ProfileError(f"unknown subscriber {p.subscriber!r}", p.id))
         bad = {p.id for p in unknown}
         out.profiles = [p for p in out.profiles if p.id not in bad]
+        out.alarms = {k: v for k, v in out.alarms.items() if k not in bad}
         out.invalid += len(unknown)
         out.profile_problems += len(unknown)
 

@@ -369,7 +369,7 @@ def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Pa
     ) in r.stderr  # it stored a subscriber without channels
     assert (
         f"error: {f}:5:14: profile 'p2': unknown key 'exp' (allowed: id, expr, subscriber, "
-        "description)"
+        "description, alarm)"
     ) in r.stderr
     assert f"error: {f}:10:1: unknown top-level key 'profile'" in r.stderr
     for example in sorted(EXAMPLES.parent.glob("*/*.yaml")):  # the shipped files still pass
@@ -564,7 +564,7 @@ def test_a_profile_file_is_parsed_once_by_libyaml(monkeypatch: pytest.MonkeyPatc
     pset, errors = profile_file.parse_profile_document(text, "p.yaml")
     assert [p.id for p in pset.profiles] == ["a"]
     assert [str(e) for e in errors] == [
-        "p.yaml:4:5: profile 'b': unknown key 'exprr' (allowed: id, expr, subscriber, description)"
+        "p.yaml:4:5: profile 'b': unknown key 'exprr' (allowed: id, expr, subscriber, description, alarm)"
     ]
 
 

@@ -129,7 +129,7 @@ def test_profile_entries_of_the_wrong_shape_are_named() -> None:
     assert "'b'" in text[1] and "missing expr" in text[1]
     assert text[2] == (
         "<profiles>:4:28: profile 'c': unknown key 'colour' "
-        "(allowed: id, expr, subscriber, description)"
+        "(allowed: id, expr, subscriber, description, alarm)"
     )
     assert "profile #4 must be a mapping" in text[3]
 

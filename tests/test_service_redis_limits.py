@@ -18,8 +18,9 @@ import redis
 
 from adapters.service import redis_store as rs
 from adapters.service.embedded import CONF
-from adapters.service.redis_limits import EvictingRedis, check_policy, eviction_policy
+from adapters.service.redis_limits import check_policy, eviction_policy
 from adapters.service.worker import EngineWorker
+from profiles.errors import EvictingRedis
 from tests.helpers_service import (
     ADMIN_TOKEN,
     ROOT,

@@ -23,7 +23,8 @@ from starlette.exceptions import HTTPException
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.routes import ingest, manage, operations
+from adapters.service.access import AccessMiddleware
+from adapters.service.routes import admin, ingest, manage, operations
 from adapters.service.routes import late as late_routes
 from adapters.service.routes.base import ApiSettings as ApiSettings
 from adapters.service.routes.base import IngestLimits as IngestLimits
@@ -59,8 +60,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         title="ENS service",
         version="0.1.0",
         description=(
-            "Event ingestion for sensor gateways (`POST /v1/events`, API key), profile and "
-            "subscriber management (admin token), health and Prometheus metrics. "
+            "Event ingestion for sensor gateways (`POST /v1/events`, API key); profiles, "
+            "subscribers, gateways, the outbox (read-only) and dead letters (admin token); "
+            "health and Prometheus metrics. "
             "See docs/service.md."
         ),
         lifespan=lifespan,
@@ -69,6 +71,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         docs_url=None,  # served below from the package's own Swagger UI files
     )
     operations.offline_docs(app)
+    app.add_middleware(AccessMiddleware, log_requests=settings.access_log)
     app.state.settings = settings
     app.state.key_cache = KeyCache()
     m.INGEST_BACKLOG_MAX.set(settings.max_backlog)
@@ -108,6 +111,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     app.include_router(ingest.router)
     app.include_router(manage.router)
+    app.include_router(admin.router)
     app.include_router(operations.router)
     app.include_router(late_routes.router)
     return app

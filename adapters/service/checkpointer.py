@@ -88,6 +88,7 @@ class Checkpointer(EngineState):
             self.dirty = set(self.defs)
         cfg = self.cfg  # this run's plan options apply to the restored state (same output)
         self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift)
+        self.engine.set_caps(cfg.caps)  # configuration, not state (`filters.caps`)
         self.epoch = meta.epoch
         self._restore_position(meta)
         log.info(

@@ -18,10 +18,12 @@ from typing import Any, NamedTuple
 import redis
 
 from adapters.service.archive_feed import FeedBuffer
+from adapters.service.known_attrs import Sketch
 from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.settings import DEFAULTS, ServiceSettings
 from adapters.service.watermarks import Held, Watermarks
+from filters.caps import Caps
 from filters.engine import Engine
 from filters.notification import Notification
 from profiles.ast import Profile
@@ -42,6 +44,8 @@ class WorkerConfig:
     # "feed": it is fed at once, in arrival order
     late_events: str = DEFAULTS.late_events
     late_max: int = DEFAULTS.late_max  # ens:late keeps about this many
+    known_attrs_max: int = 1000  # ens:attrs keeps this many attribute names (known_attrs)
+    known_attrs_interval: float = 1.0  # s: ens:attrs is written at most this often
     name: str = field(default_factory=socket.gethostname)
     batch: int = 1000  # most ingest entries read per step
     step_events: int = 20_000  # ... and about this many events: a step stays short (lock lease)
@@ -68,6 +72,14 @@ class WorkerConfig:
     archive: bool = False  # write what the engine fed to ens:archive:feed (the archiver's input)
     archive_commit: float = 1.0  # s: commit fed events this often also without notifications
     archive_rows: int = 20_000  # ... or once this many wait
+    caps: Caps = field(  # partial matches and notifications per event (`filters.caps`)
+        default_factory=lambda: Caps(
+            DEFAULTS.max_partial_matches,
+            DEFAULTS.max_profile_partial_matches,
+            DEFAULTS.max_notifications_per_event,
+        )
+    )
+    cap_warn_interval: float = 60.0  # at most one cap WARNING per profile this often (s)
 
     @classmethod
     def from_settings(
@@ -92,6 +104,11 @@ class WorkerConfig:
             replan_every=s.replan_every,
             drift=float(s.drift),
             allow_evicting_redis=s.allow_evicting_redis,
+            caps=Caps(
+                s.max_partial_matches,
+                s.max_profile_partial_matches,
+                s.max_notifications_per_event,
+            ),
             archive=s.archive != "off",
         )
         if s.worker_name:
@@ -129,6 +146,7 @@ class EngineState:
     wm: Watermarks
     late_by_gateway: dict[str, int]
     late_out: list[LateRecord]  # sent to the late output, not committed yet
+    capped: dict[str, list[int]]  # profile id -> [partial matches, notifications] the caps took
     unacked: list[str]  # read, to be XACKed by the next snapshot
     inputs: list[list[Any]]  # the input log since the last commit
     pending: list[Notification]  # detected, not committed
@@ -146,6 +164,8 @@ class EngineState:
     last_status: float
     _preparsed: dict[str, Any] | None  # index profiles by id, during start only
     _interval: dict[str, int]
+    known: Sketch  # attribute names of the events read since ens:attrs was last written
+    last_known: float  # monotonic time ens:attrs was last written
     unpublished: int  # events fed since the step last added them to ens_events_processed
     lost_state: bool  # the checkpoint could not be restored: a new engine state (`_set_aside`)
 

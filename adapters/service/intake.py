@@ -16,8 +16,12 @@ per gateway and logged.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
+import redis
+
+from adapters.service import known_attrs
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.engine_state import EngineState, Item
@@ -82,6 +86,7 @@ class Intake(EngineState):
                 m.EVENTS_INVALID.labels(gateway=gw).inc()
                 self.totals["invalid"] += 1
                 continue
+            self.known.observe(ev.attrs)
             self.wm.observe(gw, ev.ts, now)
             if self.engine.now is not None and ev.ts < self.engine.now:
                 # late: nothing can be reordered around it any more
@@ -92,6 +97,19 @@ class Intake(EngineState):
                 continue
             self.wm.hold(gw, ev.ts, now, Item(key, ev))
         return taken
+
+    def _write_known(self, force: bool = False) -> None:
+        """The attribute names read since the last time into ``ens:attrs`` (at most once per
+        ``known_attrs_interval``): what `ens profile add` checks a new profile against."""
+        mono = time.monotonic()
+        if not self.known or (not force and mono - self.last_known < self.cfg.known_attrs_interval):
+            return
+        self.last_known = mono
+        seen = self.known.take()
+        try:
+            known_attrs.write(self.r, seen, time.time(), self.cfg.known_attrs_max)
+        except redis.RedisError as exc:  # advisory: never worth a restart of the engine
+            log.warning("could not record the attributes of recent events: %s", exc)
 
     def _release_due(self, now: float, caught_up: bool = True) -> None:
         wall = self.cfg.clock == "wall" and caught_up

@@ -158,7 +158,8 @@ class Journal(EngineState):
         return self.archive_rows.fields() if len(self.archive_rows) else None
 
     def _published(self, records: list[dict[str, Any]]) -> None:
-        m.NOTIFICATIONS.inc(len(records))
+        for rec in records:
+            m.count_notification(rec["profile"], rec.get("subscriber"))
         self.totals["notifications"] += len(records)
         self._interval["notifications"] += len(records)
         self.pending.clear()

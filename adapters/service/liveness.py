@@ -25,6 +25,7 @@ class Liveness(EngineState):
             "buffered": len(self.buffer),
             "oldest_buffered_age": max((now - h.wall for h in self.buffer), default=0.0),
             "late_by_gateway": dict(self.late_by_gateway),
+            "capped_by_profile": {pid: list(n) for pid, n in self.capped.items()},
             "pending_notifications": len(self.pending),
             "engine_time": self.engine.now,
             "last_id": self.last_id,

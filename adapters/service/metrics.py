@@ -11,18 +11,53 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
+
+from notifiers import metrics as notifier_metrics
+from notifiers.label_limit import NONE, TopCounter
 
 log = logging.getLogger("ens.service.metrics")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+# The process that answers the scrape: prometheus_client's standard process_* and python_*
+# collectors (they live in its default registry, which /metrics does not serve) and the build.
+# Not summed over the service's processes, since memory, CPU and file descriptors are each
+# process's own.
+RUNTIME = CollectorRegistry()
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    RUNTIME.register(_collector)
+BUILD = Info("ens_build", "The running ENS: its version and Python's.", registry=RUNTIME)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ens")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
+BUILD.info({"version": _version(), "python": platform.python_version()})
 
 EVENTS_IN = Counter(
     "ens_events_received",
@@ -86,11 +121,50 @@ class _LateCollector:
 
 EVENTS_LATE = _LateCollector()
 REGISTRY.register(EVENTS_LATE)  # type: ignore[arg-type]
+PARTIAL_MATCHES_DROPPED = Counter(
+    "ens_partial_matches_dropped",
+    "Partial matches dropped or not kept by the caps (--max-partial-matches, "
+    "--max-profile-partial-matches), by profile.",
+    ["profile"],
+    registry=REGISTRY,
+)
+NOTIFICATIONS_CAPPED = Counter(
+    "ens_notifications_capped",
+    "Notifications dropped by --max-notifications-per-event (one event completing more "
+    "matches of one profile), by profile.",
+    ["profile"],
+    registry=REGISTRY,
+)
 ENGINE_ERRORS = Counter(
     "ens_engine_errors", "Events the engine raised on (logged and skipped).", registry=REGISTRY
 )
-NOTIFICATIONS = Counter(
-    "ens_notifications", "Notifications written to the outbox.", registry=REGISTRY
+NOTIFICATIONS = TopCounter(
+    "ens_notifications",
+    "Notifications written to the outbox, by profile and subscriber (empty: none): the most "
+    "counted label sets (at most --metrics-label-limit) have a series of their own, the others "
+    "count as `_other`.",
+    bounded=("profile", "subscriber"),
+    registry=REGISTRY,
+)
+
+
+def count_notification(profile: str, subscriber: str | None) -> None:
+    NOTIFICATIONS.inc((profile, NONE if subscriber is None else subscriber))
+
+
+def set_label_limit(limit: int) -> None:
+    """--metrics-label-limit: the series per profile/subscriber of each such family."""
+    for family in (NOTIFICATIONS, notifier_metrics.PROFILE_DELIVERIES):
+        family.set_limit(limit)
+
+
+HTTP_SECONDS = Histogram(
+    "ens_http_request_duration_seconds",
+    "HTTP API requests by method, route template (`/v1/profiles/{pid}`; `unmatched` for paths "
+    "no route serves) and status: time from the request to the end of the answer.",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
 )
 COMMITS = Histogram(
     "ens_commit_seconds",
@@ -157,7 +231,19 @@ DELIVERY_BACKLOG = Gauge(
 )
 DELIVERY_LAG = Gauge(
     "ens_delivery_lag_seconds",
-    "Age of the oldest outbox notification not yet delivered or dead-lettered.",
+    "Age of the oldest outbox notification not yet delivered or dead-lettered, leaving out "
+    "those whose open deliveries all wait in e-mail digests (ens_digest_oldest_seconds).",
+    registry=REGISTRY,
+)
+DIGEST_HELD = Gauge(
+    "ens_digest_held",
+    "Deliveries parked in e-mail digests, waiting for their digest window to end.",
+    registry=REGISTRY,
+)
+DIGEST_AGE = Gauge(
+    "ens_digest_oldest_seconds",
+    "How long the oldest delivery parked in an e-mail digest has waited (0: none parked); "
+    "about the digest window at most while delivery keeps up.",
     registry=REGISTRY,
 )
 ARCHIVE_EVENTS = Counter(
@@ -195,6 +281,12 @@ DEAD_LETTERS = Gauge(
 LATE_EVENTS = Gauge(
     "ens_late_events",
     "Entries in the late output (ens:late): events too late to be matched in ts order.",
+    registry=REGISTRY,
+)
+KNOWN_ATTRIBUTES = Gauge(
+    "ens_known_attributes",
+    "Attribute names recent events carried, kept in ens:attrs (bounded) for the unknown-attribute "
+    "warning of new profiles.",
     registry=REGISTRY,
 )
 GATEWAYS_SKEWED = Gauge(
@@ -256,8 +348,6 @@ _SUMMED = ("counter", "histogram", "summary")
 
 
 def _registries() -> list[CollectorRegistry]:
-    from notifiers import metrics as notifier_metrics
-
     return [REGISTRY, notifier_metrics.REGISTRY]
 
 
@@ -362,4 +452,5 @@ def render(r: Any) -> bytes:
             others.append(rec["s"])
     except Exception as exc:  # noqa: BLE001 - a scrape never fails for want of the others
         log.warning("metrics of the other processes unavailable: %s", exc)
-    return b"".join(generate_latest(_Merged(reg, others)) for reg in _registries())
+    merged = b"".join(generate_latest(_Merged(reg, others)) for reg in _registries())
+    return merged + generate_latest(RUNTIME)

@@ -22,7 +22,8 @@ import redis
 
 from adapters.service import metrics as m
 from adapters.service.engine_state import EngineState
-from adapters.service.redis_limits import EvictingRedis, check_policy, memory_state
+from adapters.service.redis_limits import check_policy, memory_state
+from profiles.errors import EvictingRedis
 
 log = logging.getLogger("ens.service.worker")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from profiles.errors import ENSError
+from profiles.errors import EvictingRedis
 
 SAFE_POLICY = "noeviction"
 FIX = (
@@ -26,10 +26,6 @@ FIX = (
     "`maxmemory-policy noeviction` in its redis.conf), or start ENS with "
     "--allow-evicting-redis (ENS_ALLOW_EVICTING_REDIS=1) to run anyway and be reported unhealthy"
 )
-
-
-class EvictingRedis(ENSError):
-    """Redis may evict ENS' keys (its maxmemory-policy is not noeviction)."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,9 @@ Keys (the outbox and subscriber keys are `notifiers.store`'s)
 ``ens:late``            stream; the late output (`adapters.service.late`): events older than the
                         engine's time when read, kept out of the engine (``ev``, ``g``, ``k``,
                         ``behind``), written with the journal entry holding their ``["l", key]``
+``ens:attrs``           hash; attribute name -> JSON ``{"seen", "count", "values", "types"}``: the
+                        attributes recent events carried, at most 1000, written by the engine
+                        worker about once a second (`adapters.service.known_attrs`)
 ``ens:engine:lock``     string with TTL; the one engine worker allowed to checkpoint
 ``ens:engine:status``   hash; ``ts`` (heartbeat), ``holder``, ``stats`` (JSON)
 ``ens:admin``           hash; ``sha256`` of the admin token, ``created``
@@ -54,6 +57,7 @@ import orjson
 import redis
 import redis.asyncio
 
+from adapters.service import known_attrs
 from adapters.service.embedded import EmbeddedRedis, store_exists
 
 # the ingest entry's fields and decoding are records.py's (one model for writer and readers)
@@ -688,19 +692,34 @@ def ingest_backlog(r: redis.Redis) -> tuple[int, float]:
     return max(appended - read, 0) + buffered, max(max(ages, default=0.0), 0.0)
 
 
-def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
-    """Attribute names carried by the events of the last ``entries`` ingest entries (None if
-    the service has seen no event): what a new profile's attributes are checked against."""
-    found: set[str] = set()
+def recent_events(r: redis.Redis, entries: int = 200) -> list[dict[str, Any]]:
+    """The events of the last ``entries`` ingest entries, as posted (unreadable ones left out)."""
     try:
         recent = r.xrevrange(INGEST, count=entries)
     except redis.ResponseError:
-        return None
+        return []
+    out: list[dict[str, Any]] = []
     for entry_id, fields in recent or ():
         try:
-            for _, _, ev in decode_entry(text(entry_id), fields or {}):
-                if isinstance(ev, dict):
-                    found.update(ev)
+            out += [
+                ev
+                for _, _, ev in decode_entry(text(entry_id), fields or {})
+                if isinstance(ev, dict)
+            ]
         except ValueError:
             continue
+    return out
+
+
+def seen_attributes(r: redis.Redis, entries: int = 200) -> set[str] | None:
+    """Attribute names events have carried (None if the service has seen no event): what a
+    new profile's attributes are checked against.
+
+    The names the engine worker keeps in ``ens:attrs`` (`known_attrs`: not trimmed with the
+    stream, bounded), and those of the last ``entries`` ingest entries, which it may not have
+    written yet (it does so about once a second).
+    """
+    found: set[str] = set(known_attrs.known(r))
+    for ev in recent_events(r, entries):
+        found.update(ev)
     return found or None

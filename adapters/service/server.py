@@ -34,9 +34,10 @@ from adapters.service.api import ApiSettings, IngestLimits, create_app
 from adapters.service.archive_feed import ArchiverConfig
 from adapters.service.connections import uvicorn_options
 from adapters.service.embedded import EmbeddedError
-from adapters.service.redis_limits import EvictingRedis, check_policy
+from adapters.service.redis_limits import check_policy
 from adapters.service.settings import DEFAULTS, ROLES, ServiceSettings
 from adapters.service.worker import EngineWorker, WorkerConfig
+from profiles.errors import EvictingRedis
 from profiles.subscribers import mask_url
 
 log = logging.getLogger("ens.service")
@@ -59,6 +60,9 @@ class ServeConfig:
     header_timeout: float = DEFAULTS.header_timeout  # for a request's headers to arrive
     max_connections: int = DEFAULTS.max_connections  # per API process (0: open-file limit)
     log_level: str = DEFAULTS.log_level
+    log_format: str = DEFAULTS.log_format
+    access_log: bool = DEFAULTS.access_log
+    metrics_label_limit: int = DEFAULTS.metrics_label_limit
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
     admin_token: str | None = None  # ENS_ADMIN_TOKEN; None: generated at the first start
@@ -83,6 +87,9 @@ class ServeConfig:
             header_timeout=s.header_timeout,
             max_connections=s.max_connections,
             log_level=s.log_level,
+            log_format=s.log_format,
+            access_log=s.access_log,
+            metrics_label_limit=s.metrics_label_limit,
             worker=worker,
             limits=IngestLimits.from_settings(s),
             admin_token=s.admin_token,
@@ -266,11 +273,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def setup_logging(level: str) -> None:
-    """One record per line; httpx's per-request INFO lines off (notifiers.logs)."""
+def setup_logging(level: str, log_format: str = "text") -> None:
+    """One record per line (text or JSON); httpx's per-request INFO lines off (notifiers.logs)."""
     from notifiers.logs import setup_logging as one_line
 
-    one_line(level, force=True)
+    one_line(level, force=True, log_format=log_format)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -300,7 +307,8 @@ def _startup_error(message: str) -> int:
 
 def run(cfg: ServeConfig) -> int:
     """Run until a signal; returns the exit status (0 after a clean stop, 2 if it cannot start)."""
-    setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level, cfg.log_format)
+    m.set_label_limit(cfg.metrics_label_limit)
     notifier_cfg = None
     if cfg.deliver and "deliver" in cfg.roles:
         from notifiers.config import ConfigError, NotifierConfig
@@ -396,6 +404,7 @@ def _serve(
             max_backlog=cfg.max_backlog,
             limits=cfg.limits,
             metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None,
+            access_log=cfg.access_log,
         )
 
         def make_server() -> uvicorn.Server:
@@ -405,7 +414,9 @@ def _serve(
                     host=cfg.host,
                     port=cfg.port,
                     log_level="warning",
-                    access_log=False,
+                    access_log=False,  # ours, with the route and duration: --access-log
+                    # json: uvicorn's own records go through the root logger's JSON lines
+                    log_config=None if cfg.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
                     lifespan="on",
                     timeout_graceful_shutdown=5,
                     **uvicorn_options(

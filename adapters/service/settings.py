@@ -258,6 +258,39 @@ class ServiceSettings:
     log_level: str = _setting(
         "INFO", Option("DEBUG, INFO, WARNING, ...", flags=("--log-level",), shown="INFO")
     )
+    log_format: str = _setting(
+        "text",
+        Option(
+            "text: `TIME LEVEL LOGGER: MESSAGE` lines; json: one JSON object per line (time, "
+            "level, logger, message and the record's extra fields).",
+            "choice",
+            flags=("--log-format",),
+            env="ENS_LOG_FORMAT",
+            shown="text",
+            choices=("text", "json"),
+        ),
+    )
+    access_log: bool = _setting(
+        False,
+        Option(
+            "Log every HTTP request (client, method, path, status, duration) at INFO on "
+            "ens.service.access; off by default: gateways post many times a second.",
+            "switch",
+            flags=("--access-log",),
+            env="ENS_ACCESS_LOG",
+            switch_off="--no-access-log",
+        ),
+    )
+    metrics_label_limit: int = _number(
+        50,
+        "Series per profile and subscriber in /metrics (ens_notifications_total, "
+        "ens_profile_deliveries_total): the most counted label sets get their own, the "
+        "others count as `_other`. 0: only `_other`.",
+        flags=("--metrics-label-limit",),
+        env="ENS_METRICS_LABEL_LIMIT",
+        unit="series",
+        maximum=10_000,
+    )
     reset_admin_token: bool = _setting(
         False,
         Option(
@@ -320,6 +353,31 @@ class ServiceSettings:
         flags=("--drift",),
         minimum=1.0,
         unit="factor",
+    )
+    max_partial_matches: int = _number(
+        10_000,
+        "Most partial matches one partition of a profile holds (a `select each` on a "
+        "frequent kind opens one per event): beyond, its oldest is dropped; counted in "
+        "ens_partial_matches_dropped_total{profile} and logged.",
+        flags=("--max-partial-matches",),
+        minimum=1,
+        unit="matches",
+    )
+    max_profile_partial_matches: int = _number(
+        100_000,
+        "Most partial matches one profile holds over all its partitions: beyond, the "
+        "new match's partition drops its oldest, or (holding none) the new one is not kept.",
+        flags=("--max-profile-partial-matches",),
+        minimum=1,
+        unit="matches",
+    )
+    max_notifications_per_event: int = _number(
+        1_000,
+        "Most notifications one event produces for one profile (the first in report "
+        "order are kept); counted in ens_notifications_capped_total{profile} and logged.",
+        flags=("--max-notifications-per-event",),
+        minimum=1,
+        unit="notifications",
     )
     max_skew: float = _duration(
         "1s",

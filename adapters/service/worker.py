@@ -65,16 +65,18 @@ from adapters.service.control import Control
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
 from adapters.service.intake import Intake
 from adapters.service.journal import Journal
+from adapters.service.known_attrs import Sketch
 from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.liveness import Liveness
 from adapters.service.pressure import Pressure
-from adapters.service.redis_limits import EvictingRedis, is_oom
+from adapters.service.redis_limits import is_oom
 from adapters.service.watermarks import Watermarks
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers.stream_wait import read_by
 from profiles.ast import Profile
+from profiles.errors import EvictingRedis
 from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
 
 log = logging.getLogger("ens.service.worker")
@@ -95,6 +97,8 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         self._reset_state()
         self._interval = {"events": 0, "late": 0, "notifications": 0}
         self.unpublished = 0
+        self.known = Sketch()  # outlives a restart from the snapshot: it is advisory
+        self.last_known = float("-inf")  # the first events are written at once
         self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
 
     def _reset_state(self) -> None:
@@ -133,6 +137,40 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         self.last_snapshot = time.monotonic()
         self.last_heartbeat = 0.0
         self.last_status = time.monotonic()
+        # profile id -> [partial matches dropped, notifications dropped] by the caps, since
+        # this worker started (heartbeat stats; the Prometheus counters count in this process)
+        self.capped: dict[str, list[int]] = {}
+        self.cap_warned: dict[str, tuple[float, int, int]] = {}  # id -> (when, pms, notes) logged
+
+    def _cap_hits(self, mono: float) -> None:
+        """Count what the engine's caps took (`filters.caps`) per profile, and log a WARNING
+        naming the profile, at most once per profile per `cap_warn_interval`."""
+        caps = self.cfg.caps
+        for pid, hits in self.engine.take_cap_hits().items():
+            total = self.capped.setdefault(pid, [0, 0])
+            total[0] += hits.partial_matches
+            total[1] += hits.notifications
+            if hits.partial_matches:
+                m.PARTIAL_MATCHES_DROPPED.labels(profile=pid).inc(hits.partial_matches)
+            if hits.notifications:
+                m.NOTIFICATIONS_CAPPED.labels(profile=pid).inc(hits.notifications)
+            when, pms, notes = self.cap_warned.get(pid, (-1e18, 0, 0))
+            if mono - when < self.cfg.cap_warn_interval:
+                continue
+            self.cap_warned[pid] = (mono, total[0], total[1])
+            log.warning(
+                "profile %r hit its caps: %d partial matches dropped (at most %d per "
+                "partition, %d per profile), %d notifications dropped (at most %d per event) "
+                "since the last warning; `ens explain --profile %s` shows where "
+                "(--max-partial-matches, --max-notifications-per-event)",
+                pid,
+                total[0] - pms,
+                caps.partition,
+                caps.profile,
+                total[1] - notes,
+                caps.notifications,
+                pid,
+            )
 
     def _new_engine(self) -> Engine:
         cfg = self.cfg
@@ -142,6 +180,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
             rates=cfg.rates,
             replan_every=cfg.replan_every,
             drift=cfg.drift,
+            caps=cfg.caps,
         )
 
     def _keepalive(self) -> None:
@@ -189,6 +228,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
             # many profiles changed, or a recovery: snapshot now, so that an engine restarted
             # more often than --snapshot-interval does not replay an ever longer journal
             self.snapshot()
+        self.engine.take_cap_hits()  # a replay redoes work whose hits were counted before
         gc.collect()  # the loaded engine lives on: keep the collector from rescanning it
         gc.freeze()
         self.started = True
@@ -291,6 +331,8 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         # only event time moves.
         self._release_due(now, caught_up=not (self.read_full or self.queued))
         self.pending.extend(self.engine.take_notifications())
+        if self.engine.cap_hits:
+            self._cap_hits(mono=time.monotonic())
         if self.unpublished:
             m.EVENTS_PROCESSED.inc(self.unpublished)
             self.unpublished = 0
@@ -305,6 +347,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
             self.pending or self.late_out or self._archive_due(mono)
         ):
             self.commit()
+        self._write_known()
         self._heartbeat()
         self._status()
         return entries

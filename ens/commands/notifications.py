@@ -169,6 +169,13 @@ def deliver(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            envvar="ENS_LOG_FORMAT",
+            help="text, or json: one JSON object per line (as ens serve --log-format).",
+        ),
+    ] = "text",
 ) -> None:
     """Run the delivery worker in the foreground until Ctrl-C (or SIGTERM).
 
@@ -179,7 +186,9 @@ def deliver(
     from notifiers.logs import setup_logging
     from notifiers.worker import DeliveryWorker
 
-    setup_logging(log_level)
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter(f"--log-format must be text or json, not {log_format!r}")
+    setup_logging(log_level, log_format=log_format)
     try:
         cfg = NotifierConfig.load(config)
     except ConfigError as exc:

@@ -151,7 +151,8 @@ def profile_add(
     profile or subscriber whose id is stored with another definition is replaced only with
     --replace; the changes are shown either way.
     """
-    from profiles.lint import warnings as lint
+    from adapters.service.profile_lint import profile_warnings
+    from notifiers import subscriber_change as sc
 
     if (file is None) == (pid is None and expr is None):
         raise _fail("give a profile FILE or --id ID --expr EXPR (not both)")
@@ -166,6 +167,12 @@ def profile_add(
         pset, errors = parse_profile_document(_read_text(file), str(file))
         parsed = list(pset.profiles)
         errors += _zoned_profiles(pset)
+        if pset.alarms:  # docs/alarms.md: the service does not keep alarms yet
+            typer.echo(
+                f"warning: the service does not run alarms yet; the alarm: blocks of "
+                f"{', '.join(sorted(pset.alarms))} are not stored (ens replay --alarms runs them)",
+                err=True,
+            )
         subs = pset.subscribers
         name = str(file)
     else:
@@ -207,7 +214,10 @@ def profile_add(
                 pset.profile_problems += 1
     if errors:
         _refuse(name, errors, pset, len(parsed))
-    changes = _profile_changes(st.r, parsed) + _subscriber_changes(st.r, subs)
+    plans = [sc.plan(st.r, sub) for sub in subs]
+    changes = _profile_changes(st.r, parsed) + [
+        (f"subscriber {p.id}", p.lines) for p in plans if p.needs_replace
+    ]
     if changes and not replace:
         for what, lines in changes:
             typer.echo(
@@ -218,9 +228,9 @@ def profile_add(
                 typer.echo(f"  {line}", err=True)
         typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
         raise typer.Exit(2)
-    seen = rs.seen_attributes(st.r)
+    recent = rs.recent_events(st.r)
     for prof in parsed:
-        for w in lint(prof, seen):
+        for w in profile_warnings(st.r, prof, recent):
             typer.echo(f"warning: {w}", err=True)
         if prof.subscriber is None:
             typer.echo(
@@ -229,21 +239,14 @@ def profile_add(
                 err=True,
             )
     replaced = dict(changes)
-    for sub in subs:
-        what = f"subscriber {sub['id']}"
-        old = store.get_subscriber(st.r, sub["id"])
-        if old is not None and what not in replaced:
-            typer.echo(f"{what} unchanged")
-            continue
-        rec = dict(sub)
-        if old is not None and old.secret and not rec.get("secret"):
-            rec["secret"] = old.secret  # its receivers keep verifying with the secret they have
-        saved = store.put_subscriber(st.r, rec)
-        typer.echo(f"{what} {'stored' if old is None else 'replaced'}")
-        for line in replaced.get(what, []):
+    for plan in plans:  # a stored secret is kept: its receivers go on verifying with it
+        what = f"subscriber {plan.id}"
+        _, shown_secret = sc.apply(st.r, plan)
+        typer.echo(f"{what} {dict(new='stored', changed='replaced').get(plan.status, 'unchanged')}")
+        for line in plan.lines:
             typer.echo(f"  {line}")
-        if saved.secret and not rec.get("secret"):
-            typer.echo(f"  webhook signing secret (shown once): {saved.secret}")
+        if shown_secret:
+            typer.echo(f"  webhook signing secret (shown once): {shown_secret}")
     for prof in parsed:
         what = f"profile {prof.id}"
         if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
@@ -286,30 +289,6 @@ def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
             ]
         if lines:
             out.append((f"profile {prof.id}", lines))
-    return out
-
-
-def _subscriber_changes(r: Any, subs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
-    """The same for subscribers: their channels and digest (a stored secret is kept)."""
-    out = []
-    for sub in subs:
-        old = store.get_subscriber(r, sub["id"])
-        if old is None:
-            continue
-        new = store.Subscriber.model_validate(sub)
-
-        def shown(s: Any) -> str:
-            chans = ", ".join(store.describe_channel(c.model_dump()) for c in s.channels)
-            return chans + (f"; digest {s.digest:g} s" if s.digest else "")
-
-        def kept(s: Any) -> Any:  # what is compared: what `shown` shows, URLs unmasked
-            return ([getattr(c, "webhook", None) or c.email for c in s.channels], s.digest)
-
-        if kept(old) != kept(new):
-            lines = [f"- {shown(old)}", f"+ {shown(new)}"]
-            if lines[0][1:] == lines[1][1:]:  # the change is in what masking hides
-                lines.append("  (credentials or query values of a webhook URL changed)")
-            out.append((f"subscriber {sub['id']}", lines))
     return out
 
 
@@ -414,14 +393,38 @@ def subscriber_add(
             help="E-mail digest window: notifications within it go out as one mail (e.g. 10m)."
         ),
     ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace", help="Replace a stored subscriber of the same id whose definition differs."
+        ),
+    ] = False,
+    rotate_secret: Annotated[
+        bool,
+        typer.Option(
+            "--rotate-secret",
+            help="Give the subscriber a new webhook signing secret (shown once) instead of "
+            "keeping the stored one.",
+        ),
+    ] = False,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Store a subscriber (replacing one with the same id)."""
+    """Store a subscriber.
+
+    An id stored with another definition is replaced only with --replace (the change is
+    shown either way); the same definition again changes nothing. A replaced subscriber keeps
+    its webhook signing secret, so its receivers go on verifying, unless --rotate-secret or
+    --secret is given.
+    """
+    from notifiers import subscriber_change as sc
+
     channels: list[dict[str, Any]] = [{"email": a} for a in email or []]
     channels += [{"webhook": u} for u in webhook or []]
     if not channels:
         raise _fail("give at least one --email or --webhook")
+    if secret and rotate_secret:
+        raise _fail("--secret and --rotate-secret both set the secret: give one")
     rec: dict[str, Any] = {"id": sid, "channels": channels}
     if secret:
         rec["secret"] = secret
@@ -438,10 +441,20 @@ def subscriber_add(
     except (ProfileError, ValueError) as exc:
         raise _fail(str(exc)) from None
     st = Store(redis_url, data_dir, create=True)
-    saved = store.put_subscriber(st.r, model)
-    typer.echo(f"subscriber {sid} stored")
-    if saved.secret and not secret:
-        typer.echo(f"webhook signing secret (shown once): {saved.secret}")
+    change = sc.plan(st.r, model, rotate=rotate_secret)
+    if change.needs_replace and not replace:
+        typer.echo(f"error: {change.refusal()}:", err=True)
+        for line in change.lines:
+            typer.echo(f"  {line}", err=True)
+        typer.echo("nothing stored", err=True)
+        raise typer.Exit(2)
+    _, shown_secret = sc.apply(st.r, change)
+    word = {"new": "stored", "changed": "replaced", "rotated": "secret rotated"}
+    typer.echo(f"subscriber {sid} {word.get(change.status, change.status)}")
+    for line in change.lines:
+        typer.echo(f"  {line}")
+    if shown_secret:
+        typer.echo(f"webhook signing secret (shown once): {shown_secret}")
 
 
 @subscriber_app.command("list")

@@ -61,6 +61,7 @@ class ApiSettings:
     backlog_check_interval: float = 0.2  # the backlog is read at most this often per process
     # ENS_METRICS_TOKEN: /metrics wants it (or the admin token) when set; None: public
     metrics_token_sha256: str | None = None
+    access_log: bool = DEFAULTS.access_log  # one log line per request (--access-log)
 
 
 class ErrorOut(BaseModel):

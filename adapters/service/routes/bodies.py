@@ -20,7 +20,7 @@ from adapters.service import metrics as m
 from adapters.service.records import GATEWAY_ATTR
 from adapters.service.routes.base import IngestLimits
 from notifiers import store
-from profiles.errors import BadEvent, TsOutOfWindow
+from profiles.errors import BadEvent, ForeignGateway, TsOutOfWindow
 from profiles.events import Event
 
 NDJSON_TYPES = frozenset(
@@ -154,14 +154,6 @@ def check_ts_window(ts: float, now: float, limits: IngestLimits) -> None:
             f"(at most {limits.max_past:g} s: --max-past, 'off' for backfills)",
             "past",
         )
-
-
-class ForeignGateway(ValueError):
-    """An event names another gateway than the one of its API key (`check_gateway`)."""
-
-    def __init__(self, message: str, named: Any) -> None:
-        super().__init__(message)
-        self.named = named
 
 
 def check_gateway(obj: dict[str, Any], gateway: str) -> None:

@@ -23,7 +23,6 @@ from adapters.service.routes.base import (
     too_busy,
 )
 from adapters.service.routes.bodies import (
-    ForeignGateway,
     check_gateway,
     check_ts_window,
     check_values,
@@ -34,7 +33,7 @@ from adapters.service.routes.bodies import (
     read_body,
 )
 from adapters.service.routes.gateways import Gateway, key_refused
-from profiles.errors import TsOutOfWindow
+from profiles.errors import ForeignGateway, TsOutOfWindow
 from profiles.events import event_from_obj
 
 log = logging.getLogger("ens.service.api")

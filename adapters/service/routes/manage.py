@@ -4,16 +4,16 @@ notifies. The running engine picks changes up at once (the control stream)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
 from adapters.service import redis_store as rs
 from adapters.service.routes.base import Admin, ErrorOut, R
-from notifiers import store
+from notifiers import store, subscriber_change
 from profiles.errors import ProfileError
 
 router = APIRouter()
@@ -101,10 +101,10 @@ def add_profile(body: ProfileIn, _: Admin, r: R) -> JSONResponse:
             expected=exc.expected,
         )
         return JSONResponse(out.model_dump(), 422)
-    from profiles.lint import warnings as lint
+    from adapters.service.profile_lint import profile_warnings
     from profiles.parser import parse_profile
 
-    warnings = lint(parse_profile(body.expr, body.id, body.subscriber), rs.seen_attributes(r))
+    warnings = profile_warnings(r, parse_profile(body.expr, body.id, body.subscriber))
     if body.subscriber is None:
         warnings.append(
             f"profile {body.id!r} has no subscriber: its notifications go to the outbox only"
@@ -180,32 +180,85 @@ def subscriber_delivery_status(sid: str, _: Admin, r: R) -> dict[str, Any]:
     return out
 
 
+class SubscriberConflictOut(ErrorOut):
+    changes: list[str] = Field(description="- stored / + sent (webhook URLs masked)")
+
+
+_STORED: dict[int | str, dict[str, Any]] = {
+    200: {"description": "unchanged (the same definition), replaced, or the secret rotated"},
+    409: {"model": SubscriberConflictOut, "description": "stored with another definition"},
+    422: {"description": "invalid subscriber"},
+}
+RotateSecret = Annotated[
+    bool,
+    Query(description="Give the subscriber a new webhook signing secret (shown once)."),
+]
+
+
+def _store_subscriber(r: R, body: store.Subscriber, replace: bool, rotate: bool) -> JSONResponse:
+    """`notifiers.subscriber_change`, the rule `ens subscriber add` applies too."""
+    try:
+        rs.check_id(body.id, "subscriber id")
+        change = subscriber_change.plan(r, body, rotate=rotate)
+    except ProfileError as exc:
+        return JSONResponse({"error": str(exc)}, 422)
+    except ValidationError as exc:
+        return JSONResponse({"error": store.subscriber_error(exc)}, 422)
+    if change.needs_replace and not replace:
+        how = f"PUT /v1/subscribers/{body.id} replaces it"
+        out = SubscriberConflictOut(error=change.refusal(how), changes=change.lines)
+        return JSONResponse(out.model_dump(), 409)
+    saved, secret = subscriber_change.apply(r, change)
+    body_out = json.loads(saved.to_json())
+    body_out.pop("secret", None)
+    if secret or body.secret:  # generated now (shown once), or the caller's own
+        body_out["secret"] = saved.secret
+    for channel in body_out.get("channels", []):
+        if "webhook" in channel:
+            channel["webhook"] = store.redact(channel)["webhook"]
+    status = {"new": "created", "changed": "replaced"}.get(change.status, change.status)
+    body_out.update(status=status, changes=change.lines)
+    return JSONResponse(body_out, 201 if change.status == "new" else 200)
+
+
 @router.post(
     "/v1/subscribers",
     status_code=201,
     tags=["subscribers"],
     response_model=store.Subscriber,
-    responses={422: {"description": "invalid subscriber"}},
+    responses=_STORED,
 )
-def add_subscriber(body: store.Subscriber, _: Admin, r: R) -> JSONResponse:
-    """Store a subscriber (replacing one with the same id).
+def add_subscriber(
+    body: store.Subscriber, _: Admin, r: R, rotate_secret: RotateSecret = False
+) -> JSONResponse:
+    """Store a new subscriber; 409 if its id is stored with another definition (`PUT`
+    replaces), 200 ``unchanged`` if with the same one.
 
     A webhook without a secret gets a generated one: the response shows it, once. Webhook
-    URLs are shown masked (`store.redact`), as everywhere: the caller has them.
+    URLs are shown masked (`store.redact`), as everywhere: the caller has them. ``status``
+    says what happened, ``changes`` shows it (- stored / + sent).
     """
-    try:
-        rs.check_id(body.id, "subscriber id")
-    except ProfileError as exc:
-        return JSONResponse({"error": str(exc)}, 422)
-    try:
-        saved = store.put_subscriber(r, body)
-    except ValidationError as exc:
-        return JSONResponse({"error": store.subscriber_error(exc)}, 422)
-    out = json.loads(saved.to_json())
-    for channel in out.get("channels", []):
-        if "webhook" in channel:
-            channel["webhook"] = store.redact(channel)["webhook"]
-    return JSONResponse(out, 201)
+    return _store_subscriber(r, body, replace=False, rotate=rotate_secret)
+
+
+@router.put(
+    "/v1/subscribers/{sid}",
+    status_code=200,
+    tags=["subscribers"],
+    response_model=store.Subscriber,
+    responses={201: {"description": "created"}, **_STORED},
+)
+def put_subscriber(
+    sid: str, body: store.Subscriber, _: Admin, r: R, rotate_secret: RotateSecret = False
+) -> JSONResponse:
+    """Store a subscriber, replacing one of the same id (`ens subscriber add --replace`).
+
+    A replaced subscriber keeps its webhook signing secret (its receivers go on verifying)
+    unless the body gives one or ``rotate_secret`` asks for a new one (shown once).
+    """
+    if body.id != sid:
+        return JSONResponse({"error": f"body id {body.id!r} is not the path's {sid!r}"}, 422)
+    return _store_subscriber(r, body, replace=True, rotate=rotate_secret)
 
 
 @router.delete(

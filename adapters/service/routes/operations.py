@@ -15,13 +15,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from adapters.service import late
+from adapters.service import known_attrs, late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.archive_feed import lag as archive_lag
 from adapters.service.redis_limits import SAFE_POLICY, evicting_message, memory_state
 from adapters.service.routes.base import ApiSettings, R, admin_bearer, require_admin
-from notifiers import store
+from notifiers import backlog as backlog_of
 
 log = logging.getLogger("ens.service.api")
 router = APIRouter()
@@ -159,14 +159,17 @@ def metrics(
         backlog, lag = rs.ingest_backlog(r)
         m.INGEST_BACKLOG.set(backlog)
         m.INGEST_LAG.set(lag)
-        pending, age, dead = store.delivery_backlog(r)
-        m.DELIVERY_BACKLOG.set(pending)
-        m.DELIVERY_LAG.set(age)
-        m.DEAD_LETTERS.set(dead)
+        delivery = backlog_of.delivery_status(r)
+        m.DELIVERY_BACKLOG.set(delivery.backlog)
+        m.DELIVERY_LAG.set(delivery.lag)  # what no e-mail digest holds on purpose
+        m.DEAD_LETTERS.set(delivery.dead_letters)
+        m.DIGEST_HELD.set(delivery.digest_held)
+        m.DIGEST_AGE.set(delivery.digest_age)
         archived, archive_age = archive_lag(r)
         m.ARCHIVE_BACKLOG.set(archived)
         m.ARCHIVE_LAG.set(archive_age)
         m.LATE_EVENTS.set(r.xlen(late.LATE))  # type: ignore[arg-type]
+        m.KNOWN_ATTRIBUTES.set(r.hlen(known_attrs.KEY))  # type: ignore[arg-type]
         status = rs.worker_status(r)
         m.HEARTBEAT_AGE.set(status["age"] if status else -1)
         redis_problems(r)  # sets the ens_redis_* gauges

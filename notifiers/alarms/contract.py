@@ -1,0 +1,46 @@
+"""The stateful-operator contract the service drives the alarm rules by.
+
+Modelled on bytewax's StatefulBatchLogic: each input call returns what it produced (here
+`Effects`: transitions for history, messages for the outbox, written together in one
+transaction); ``due()`` says when to call ``advance(now)`` next (the timer); ``snapshot()``
+returns a versioned JSON-able record from which ``restore`` rebuilds the same state. Time is
+always passed in; the operator never reads a clock, so a replay and the service agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from notifiers.alarms.grouping import Message
+from notifiers.alarms.model import Transition
+from notifiers.alarms.silences import Silence
+
+
+@dataclass(slots=True)
+class Effects:
+    """What one call produced, in order: history records and messages to deliver."""
+
+    transitions: list[Transition] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    silence: Silence | None = None  # add_silence / expire_silence: the silence as stored
+    warnings: list[str] = field(default_factory=list)  # e.g. a matcher no alarm's label matches
+
+    def extend(self, other: Effects) -> Effects:
+        self.transitions.extend(other.transitions)
+        self.messages.extend(other.messages)
+        if other.silence is not None:
+            self.silence = other.silence
+        self.warnings.extend(other.warnings)
+        return self
+
+
+class StatefulOperator(Protocol):
+    """Inputs return `Effects`; the timer is ``due()``/``advance(now)``; state is
+    ``snapshot()`` (the class's ``restore(snapshot, ...)`` inverts it)."""
+
+    def advance(self, now: float) -> Effects: ...
+
+    def due(self) -> float | None: ...
+
+    def snapshot(self) -> dict[str, Any]: ...

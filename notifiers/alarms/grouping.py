@@ -1,0 +1,191 @@
+"""Grouping and flood control per subscriber: what is sent, when, in how many messages.
+
+Alertmanager's meaning: a group (subscriber + the values of ``group_by`` labels) that gets its
+first notice waits ``group_wait`` and then sends one message listing everything it collected;
+later notices wait until ``group_interval`` after the group's last message. A group that stayed
+quiet for ``group_interval`` starts again with ``group_wait``. ``group_by=None`` sends each
+notice alone, at once. The cap (messages per subscriber in any hour) holds back whatever
+exceeds it into one digest, sent as soon as the hour allows: counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from notifiers.alarms.model import Notice
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPolicy:
+    group_by: tuple[str, ...] | None = None
+    group_wait: float = 30.0
+    group_interval: float = 300.0
+    cap_per_hour: int | None = None
+    cap_window: float = HOUR  # the cap's sliding window (an hour; shorter in tests)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What a subscriber receives: one or more notices. ``kind``: "single" (no grouping),
+    "group", or "digest" (held back by the cap; ``overflow`` notices)."""
+
+    id: str
+    subscriber: str
+    ts: float
+    kind: str
+    group: dict[str, str]
+    notices: tuple[Notice, ...]
+    overflow: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["notices"] = [n.to_json() for n in self.notices]
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Message:
+        notices = tuple(Notice.from_json(n) for n in d["notices"])
+        return cls(**{**d, "notices": notices})
+
+
+@dataclass(slots=True)
+class Group:
+    subscriber: str
+    labels: dict[str, str]
+    pending: list[Notice] = field(default_factory=list)
+    flush_at: float | None = None
+    last_flush: float | None = None
+
+
+@dataclass(slots=True)
+class Outlet:
+    """A subscriber's side of the cap: the times of its messages this hour, and the overflow."""
+
+    sent: list[float] = field(default_factory=list)
+    overflow: list[Notice] = field(default_factory=list)
+    digest_at: float | None = None
+
+
+class Dispatcher:
+    """Notices in, messages out; every deadline is exposed (``flush_at``, ``digest_at``)."""
+
+    def __init__(self, policies: dict[str, GroupPolicy], default: GroupPolicy) -> None:
+        self.policies, self.default = policies, default
+        self.groups: dict[str, Group] = {}
+        self.outlets: dict[str, Outlet] = {}
+        self.messages = 0  # numbers message ids
+        self.singles = 0  # numbers the one-notice groups of ungrouped subscribers
+
+    def policy(self, subscriber: str) -> GroupPolicy:
+        return self.policies.get(subscriber, self.default)
+
+    def add(self, notice: Notice, subscriber: str, now: float) -> str:
+        """Queue a notice; returns the key of the group whose ``flush_at`` may have changed."""
+        pol = self.policy(subscriber)
+        if pol.group_by is None:
+            labels: dict[str, str] = {}
+            self.singles += 1  # same-instant messages go out by subscriber, then in this order
+            key = json.dumps([subscriber, f"#{self.singles:012d}"])
+            wait, interval = 0.0, 0.0
+        else:
+            labels = {k: notice.labels.get(k, "") for k in pol.group_by}
+            key = json.dumps([subscriber, sorted(labels.items())])
+            wait, interval = pol.group_wait, pol.group_interval
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = Group(subscriber, labels)
+        if not g.pending:
+            fresh = g.last_flush is None or now >= g.last_flush + interval
+            g.flush_at = now + wait if fresh else (g.last_flush or 0.0) + interval
+        g.pending.append(notice)
+        return key
+
+    def _n(self) -> int:
+        self.messages += 1
+        return self.messages
+
+    def flush(self, key: str, now: float) -> Message | None:
+        """The group's deadline came: send what it holds (or hold it back under the cap)."""
+        g = self.groups[key]
+        notices, g.pending, g.flush_at, g.last_flush = g.pending, [], None, now
+        if self.policy(g.subscriber).group_by is None:
+            del self.groups[key]  # an ungrouped notice's group lives until it is sent
+        kind = "single" if self.policy(g.subscriber).group_by is None else "group"
+        return self._send(g.subscriber, now, kind, g.labels, notices)
+
+    def digest(self, subscriber: str, now: float) -> Message | None:
+        out = self.outlets[subscriber]
+        self._prune(out, now, self.policy(subscriber).cap_window)
+        cap = self.policy(subscriber).cap_per_hour
+        if cap is not None and len(out.sent) >= cap:  # not yet: the hour is still full
+            out.digest_at = out.sent[0] + self.policy(subscriber).cap_window
+            return None
+        notices, out.overflow, out.digest_at = out.overflow, [], None
+        out.sent.append(now)
+        return Message(f"m{self._n()}", subscriber, now, "digest", {}, tuple(notices), len(notices))
+
+    def _send(
+        self, subscriber: str, now: float, kind: str, labels: dict[str, str], notices: list[Notice]
+    ) -> Message | None:
+        out = self.outlets.setdefault(subscriber, Outlet())
+        self._prune(out, now, self.policy(subscriber).cap_window)
+        cap = self.policy(subscriber).cap_per_hour
+        if cap is not None and (out.overflow or len(out.sent) >= cap):
+            out.overflow.extend(notices)  # in order, behind what is already held back
+            if out.digest_at is None:
+                full = len(out.sent) >= cap
+                out.digest_at = out.sent[0] + self.policy(subscriber).cap_window if full else now
+            return None
+        out.sent.append(now)
+        return Message(f"m{self._n()}", subscriber, now, kind, dict(labels), tuple(notices))
+
+    @staticmethod
+    def _prune(out: Outlet, now: float, window: float) -> None:
+        while out.sent and out.sent[0] <= now - window:
+            out.sent.pop(0)
+
+    # ------------------------------------------------------------------ snapshot
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "messages": self.messages,
+            "singles": self.singles,
+            "groups": {
+                k: {
+                    "subscriber": g.subscriber,
+                    "labels": g.labels,
+                    "pending": [n.to_json() for n in g.pending],
+                    "flush_at": g.flush_at,
+                    "last_flush": g.last_flush,
+                }
+                for k, g in self.groups.items()
+            },
+            "outlets": {
+                s: {
+                    "sent": o.sent,
+                    "overflow": [n.to_json() for n in o.overflow],
+                    "digest_at": o.digest_at,
+                }
+                for s, o in self.outlets.items()
+            },
+        }
+
+    def load(self, d: dict[str, Any]) -> None:
+        self.messages, self.singles = d["messages"], d["singles"]
+        self.groups = {
+            k: Group(
+                g["subscriber"],
+                g["labels"],
+                [Notice.from_json(n) for n in g["pending"]],
+                g["flush_at"],
+                g["last_flush"],
+            )  # fmt: skip
+            for k, g in d["groups"].items()
+        }
+        self.outlets = {
+            s: Outlet(list(o["sent"]), [Notice.from_json(n) for n in o["overflow"]], o["digest_at"])
+            for s, o in d["outlets"].items()
+        }

@@ -1,0 +1,114 @@
+"""The state machine of one alarm key: raise, repeat, acknowledge, clear, re-arm.
+
+States are ThingsBoard's: active/cleared x acknowledged/unacknowledged. Each operation
+returns the `Transition` it made (delivery is decided later, by the rules); an operation that
+asks for the state the alarm is already in raises `AlarmStateConflict`, an unknown id
+`AlarmNotFound`. No clock: every operation is given its time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from notifiers.alarms.model import (
+    RULE,
+    Alarm,
+    Kind,
+    State,
+    Transition,
+    alarm_id,
+    is_acked,
+    is_active,
+    make_state,
+)
+from profiles.alarm import AlarmSpec
+from profiles.errors import AlarmNotFound, AlarmStateConflict
+
+
+class AlarmBook:
+    """Every alarm key's current occurrence, by alarm id."""
+
+    def __init__(self) -> None:
+        self.alarms: dict[str, Alarm] = {}
+        self.seq = 0  # transitions made so far: orders history
+
+    # ------------------------------------------------------------------ the rule's side
+    def match(
+        self,
+        profile: str,
+        spec: AlarmSpec,
+        ts: float,
+        partition: dict[str, Any] | None,
+        events: dict[str, str],
+        subscriber: str | None,
+    ) -> Transition:
+        """A match of the profile: raise (first, or after a clear: a new occurrence) or repeat."""
+        aid = alarm_id(profile, partition)
+        a = self.alarms.get(aid)
+        if a is not None and is_active(a.state):
+            before = a.state
+            a.count += 1
+            a.last_seen = ts
+            a.events = dict(events)
+            a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
+            return self._record(a, "repeat", ts, RULE, "match", before)
+        occurrence = a.occurrence + 1 if a is not None else 1
+        a = Alarm(
+            aid, profile, dict(partition or {}), spec.severity, subscriber, occurrence,
+            "active-unacknowledged", 1, ts, ts, dict(events),
+        )  # fmt: skip
+        a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
+        self.alarms[aid] = a
+        return self._record(a, "raise", ts, RULE, "match" if occurrence == 1 else "re-arm", None)
+
+    def rule_clear(self, aid: str, ts: float, reason: str) -> Transition | None:
+        """The clear condition held (an event, or no match for T): clears an active alarm only."""
+        a = self.alarms.get(aid)
+        if a is None or not is_active(a.state):
+            return None
+        return self._clear(a, ts, RULE, reason)
+
+    # ------------------------------------------------------------------ people's side
+    def get(self, ref: str) -> Alarm:
+        """The alarm named by its id or its occurrence id (``ID.N``, the current one only)."""
+        aid, _, occ = ref.partition(".")
+        a = self.alarms.get(aid)
+        if a is None or (occ and not occ.isdigit()) or (occ and int(occ) > a.occurrence):
+            raise AlarmNotFound(ref)
+        if occ and int(occ) != a.occurrence:
+            raise AlarmStateConflict(ref, "superseded by occurrence " + str(a.occurrence), "change")
+        return a
+
+    def acknowledge(self, ref: str, ts: float, actor: str, note: str = "") -> Transition:
+        a = self.get(ref)
+        if is_acked(a.state):
+            raise AlarmStateConflict(ref, a.state, "acknowledge")
+        before = a.state
+        a.state = make_state(is_active(a.state), True)
+        a.acked_by, a.acked_at, a.ack_note = actor, ts, note or None
+        return self._record(a, "ack", ts, actor, note or "acknowledged", before)
+
+    def clear(self, ref: str, ts: float, actor: str, reason: str) -> Transition:
+        a = self.get(ref)
+        if not is_active(a.state):
+            raise AlarmStateConflict(ref, a.state, "clear")
+        return self._clear(a, ts, actor, reason)
+
+    # ------------------------------------------------------------------ parts
+    def _clear(self, a: Alarm, ts: float, actor: str, reason: str) -> Transition:
+        before = a.state
+        a.state = make_state(False, is_acked(a.state))
+        a.cleared_by, a.cleared_at, a.clear_reason = actor, ts, reason
+        a.clear_due = None
+        return self._record(a, "clear", ts, actor, reason, before)
+
+    def _record(
+        self, a: Alarm, kind: Kind, ts: float, actor: str, reason: str, before: State | None
+    ) -> Transition:
+        self.seq += 1
+        a.transitions += 1
+        return Transition(
+            f"{a.occurrence_id}.{a.transitions}", self.seq, kind, a.id, a.occurrence, ts, actor,
+            reason, before, a.state, a.severity, a.count, a.first_seen, a.last_seen, a.labels(),
+            dict(a.events),
+        )  # fmt: skip

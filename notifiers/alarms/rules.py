@@ -1,0 +1,322 @@
+"""The alarm rules: matches, people and time in; transitions and messages out.
+
+One object holds every alarm's state, the silences and the grouping queues; each call is
+given its time and returns its `Effects`. As the engine's timers (LANGUAGE.md §5), a deadline
+``d`` fires when time passes it: a call at ``t`` first fires the deadlines before ``t``, then
+acts, then fires those at ``t`` (a group without wait is sent at once); `advance(t)` fires
+them up to ``t`` inclusive. Deadlines that fall at the same time fire in a fixed order: clears
+(`clear: after`), then ended silences, then group messages, then digests; within a kind by
+key. A match exactly at a clear's deadline is therefore a repeat: the alarm never went quiet
+for T.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from notifiers.alarms.contract import Effects
+from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
+from notifiers.alarms.lifecycle import AlarmBook
+from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, is_active
+from notifiers.alarms.silences import Silence, parse_silence
+from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
+from profiles.errors import SilenceError, SilenceNotFound, StateError
+
+VERSION = 1
+CLEAR, UNSILENCE, FLUSH, DIGEST = 0, 1, 2, 3  # timer kinds, in the order they fire at a tie
+
+
+class AlarmRules:
+    """The pure alarm module (docs/alarms.md). ``alarms``: profile id -> its `alarm:`;
+    ``policies``: subscriber -> grouping and cap (``default`` for the others)."""
+
+    def __init__(
+        self,
+        alarms: Mapping[str, AlarmSpec],
+        policies: Mapping[str, GroupPolicy] | None = None,
+        default: GroupPolicy | None = None,
+    ) -> None:
+        self.specs = dict(alarms)
+        self.book = AlarmBook()
+        self.silences: dict[str, Silence] = {}
+        self.silence_seq = 0
+        self.dispatch = Dispatcher(dict(policies or {}), default or GroupPolicy())
+        self.clock: float | None = None
+        self.stats: dict[str, Counter[str]] = {}  # per subscriber ("" for none)
+        self._heap: list[tuple[float, int, str]] = []
+        self._carry = Effects()  # effects of a refused call's advance, returned by the next call
+
+    # ------------------------------------------------------------------ inputs
+    def on_match(
+        self,
+        profile: str,
+        ts: float,
+        partition: dict[str, Any] | None = None,
+        events: dict[str, str] | None = None,
+        subscriber: str | None = None,
+    ) -> Effects:
+        """A profile's match (an engine notification). ``P#clear`` matches clear P's alarm of
+        the same partition; profiles without an alarm are ignored (no effects)."""
+        return self._op(ts, lambda t: self._match(profile, t, partition, events or {}, subscriber))
+
+    def acknowledge(self, ref: str, now: float, actor: str, note: str = "") -> Effects:
+        """Raises AlarmNotFound / AlarmStateConflict (already acknowledged)."""
+        return self._op(now, lambda t: self._deliver(self.book.acknowledge(ref, t, actor, note), t))
+
+    def clear(self, ref: str, now: float, actor: str, reason: str) -> Effects:
+        """A manual clear. Raises AlarmNotFound / AlarmStateConflict (already cleared)."""
+        return self._op(now, lambda t: self._deliver(self.book.clear(ref, t, actor, reason), t))
+
+    def add_silence(self, data: Mapping[str, Any], now: float) -> Effects:
+        """Validate and store a silence (``Effects.silence``); raises SilenceError naming the
+        field. It holds back deliveries from then on."""
+
+        def add(t: float) -> Effects:
+            silence = parse_silence(data, f"s{self.silence_seq + 1}", t)  # raises: none stored
+            self.silence_seq += 1
+            self.silences[silence.id] = silence
+            return Effects(silence=silence, warnings=self._unmatched(silence))
+
+        return self._op(now, add)
+
+    def expire_silence(self, sid: str, now: float) -> Effects:
+        """End a silence now (it stays, expired, for history); what it held back is due."""
+
+        def expire(t: float) -> Effects:
+            s = self.silences.get(sid)
+            if s is None:
+                raise SilenceNotFound(sid)
+            if s.expired_at is not None and s.expired_at <= t:
+                raise SilenceError("id", f"silence {sid!r} has already expired")
+            self.silences[sid] = s.expired(t)
+            for a in self.book.alarms.values():
+                if a.unsilence_at is not None and a.unsilence_at > t:
+                    self._set_unsilence(a, t)
+            return Effects(silence=self.silences[sid])
+
+        return self._op(now, expire)
+
+    # ------------------------------------------------------------------ time
+    def due(self) -> float | None:
+        """The next deadline (a clear, a silence end, a group message, a digest), or None."""
+        while self._heap and not self._valid(*self._heap[0]):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def advance(self, now: float) -> Effects:
+        """Fire every deadline up to ``now`` (inclusive), each at its own time, in order."""
+        return self._advance(now, inclusive=True)
+
+    def _advance(self, now: float, inclusive: bool) -> Effects:
+        eff, self._carry = self._carry, Effects()
+        now = self._now(now)
+        while (at := self.due()) is not None and (at < now or (inclusive and at == now)):
+            _, kind, key = heapq.heappop(self._heap)
+            self.clock = max(self.clock or at, at)
+            eff.extend(self._fire(kind, key, at))
+        self.clock = now
+        return eff
+
+    # ------------------------------------------------------------------ state
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as a versioned JSON-able record (the service keeps it in Redis)."""
+        return {
+            "version": VERSION,
+            "clock": self.clock,
+            "seq": self.book.seq,
+            "alarms": {k: a.to_json() for k, a in self.book.alarms.items()},
+            "silence_seq": self.silence_seq,
+            "silences": [s.to_json() for s in self.silences.values()],
+            "dispatch": self.dispatch.to_json(),
+            "stats": {k: dict(v) for k, v in self.stats.items()},
+            "carry": {
+                "transitions": [t.to_json() for t in self._carry.transitions],
+                "messages": [m.to_json() for m in self._carry.messages],
+            },
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        snap: Mapping[str, Any],
+        alarms: Mapping[str, AlarmSpec],
+        policies: Mapping[str, GroupPolicy] | None = None,
+        default: GroupPolicy | None = None,
+    ) -> AlarmRules:
+        version = snap.get("version")
+        if not isinstance(version, int) or version > VERSION:
+            raise StateError(
+                f"alarm state version {version!r} is newer than this release reads ({VERSION})"
+            )
+        rules = cls(alarms, policies, default)
+        rules.clock = snap["clock"]
+        rules.book.seq = snap["seq"]
+        rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
+        rules.silence_seq = snap["silence_seq"]
+        rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
+        rules.dispatch.load(snap["dispatch"])
+        rules.stats = {k: Counter(v) for k, v in snap["stats"].items()}
+        carry = snap.get("carry", {})
+        rules._carry = Effects(
+            [Transition.from_json(t) for t in carry.get("transitions", [])],
+            [Message.from_json(m) for m in carry.get("messages", [])],
+        )
+        for a in rules.book.alarms.values():
+            rules._timer(CLEAR, a.id, a.clear_due)
+            rules._timer(UNSILENCE, a.id, a.unsilence_at)
+        for k, g in rules.dispatch.groups.items():
+            rules._timer(FLUSH, k, g.flush_at)
+        for s, o in rules.dispatch.outlets.items():
+            rules._timer(DIGEST, s, o.digest_at)
+        return rules
+
+    def _unmatched(self, silence: Silence) -> list[str]:
+        """The silence's matchers that no known alarm's label value satisfies (stored anyway:
+        the alarm may come later, but a typo is likelier)."""
+        labels = [a.labels() for a in self.book.alarms.values()]
+        return [
+            f"silence {silence.id}: matcher {m} matches no current alarm's labels"
+            for m in silence.matchers
+            if not any(m.matches(lab) for lab in labels)
+        ]
+
+    def muted(self, labels: Mapping[str, str], t: float) -> list[Silence]:
+        """The silences in force at ``t`` that match these labels."""
+        return [s for s in self.silences.values() if s.in_force(t) and s.matches(labels)]
+
+    # ------------------------------------------------------------------ parts
+    def _now(self, now: float) -> float:
+        return now if self.clock is None else max(now, self.clock)
+
+    def _op(self, now: float, act: Callable[[float], Effects]) -> Effects:
+        eff = self._advance(now, inclusive=False)
+        t = self._now(now)
+        try:
+            eff.extend(act(t))
+        except Exception:  # a refusal: time still passes to t; its effects come with the next call
+            self._carry = eff.extend(self._advance(t, inclusive=True))
+            raise
+        return eff.extend(self.advance(t))
+
+    def _match(
+        self,
+        profile: str,
+        t: float,
+        partition: dict[str, Any] | None,
+        events: dict[str, str],
+        subscriber: str | None,
+    ) -> Effects:
+        if profile.endswith(CLEAR_SUFFIX):
+            base = profile[: -len(CLEAR_SUFFIX)]
+            spec = self.specs.get(base)
+            if spec is None:
+                return Effects()
+            if spec.clear == "after":  # the temporal pool's `absent` terminator
+                why = f"no match for {spec.clear_after:g}s"
+            else:
+                why = "clear condition: event " + ", ".join(events.values())
+            tr = self.book.rule_clear(alarm_id(base, partition), t, why)
+            return self._deliver(tr, t) if tr is not None else Effects()
+        spec = self.specs.get(profile)
+        if spec is None:
+            return Effects()
+        tr = self.book.match(profile, spec, t, partition, events, subscriber)
+        self._timer(CLEAR, tr.alarm, self.book.alarms[tr.alarm].clear_due)
+        return self._deliver(tr, t)
+
+    def _deliver(self, tr: Transition, t: float) -> Effects:
+        """Record the transition; hand it to grouping unless a silence holds it back."""
+        a = self.book.alarms[tr.alarm]
+        sub = a.subscriber or ""
+        stats = self.stats.setdefault(sub, Counter())
+        stats["transitions"] += 1
+        stats[tr.kind] += 1
+        spec = self.specs.get(a.profile)
+        if spec is None or tr.kind not in spec.notify:
+            return Effects([tr])
+        stats["to_notify"] += 1
+        muting = self.muted(tr.labels, t)
+        if muting:
+            stats["silenced"] += 1
+            if any(s.notify_after for s in muting):
+                self._set_unsilence(a, min(s.end_after(t) for s in muting))
+            return Effects([replace(tr, delivery="silenced")])
+        a.unsilence_at = None  # delivered now: nothing left to deliver when a silence ends
+        self._queue(Notice.of(tr), sub, t)
+        return Effects([replace(tr, delivery="sent")])
+
+    def _queue(self, notice: Notice, sub: str, t: float) -> None:
+        self.stats.setdefault(sub, Counter())["notices"] += 1
+        key = self.dispatch.add(notice, sub, t)
+        self._timer(FLUSH, key, self.dispatch.groups[key].flush_at)
+
+    def _set_unsilence(self, a: Alarm, at: float) -> None:
+        a.unsilence_at = at
+        self._timer(UNSILENCE, a.id, at)
+
+    def _fire(self, kind: int, key: str, at: float) -> Effects:
+        if kind == CLEAR:
+            a = self.book.alarms[key]
+            spec = self.specs.get(a.profile)
+            after = f"{spec.clear_after:g}s" if spec and spec.clear_after else "T"
+            tr = self.book.rule_clear(key, at, f"no match for {after}")
+            return self._deliver(tr, at) if tr is not None else Effects()
+        if kind == UNSILENCE:
+            return self._unsilence(self.book.alarms[key], at)
+        if kind == FLUSH:
+            sub = self.dispatch.groups[key].subscriber
+            msg = self.dispatch.flush(key, at)
+        else:
+            sub = key
+            msg = self.dispatch.digest(key, at)
+        return self._sent(msg, sub)
+
+    def _sent(self, msg: Message | None, sub: str) -> Effects:
+        """Count a message; a flush the cap held back (or a digest put off) sets the digest."""
+        self._timer(DIGEST, sub, self.dispatch.outlets[sub].digest_at)
+        if msg is None:
+            return Effects()
+        stats = self.stats.setdefault(msg.subscriber, Counter())
+        stats["messages"] += 1
+        if msg.kind == "digest":
+            stats["digests"] += 1
+            stats["overflow"] += msg.overflow
+        return Effects(messages=[msg])
+
+    def _unsilence(self, a: Alarm, at: float) -> Effects:
+        a.unsilence_at = None
+        muting = self.muted(a.labels(), at)
+        if muting:
+            self._set_unsilence(a, min(s.end_after(at) for s in muting))
+            return Effects()
+        if not is_active(a.state):
+            return Effects()
+        sub = a.subscriber or ""
+        self.stats.setdefault(sub, Counter())["unsilenced"] += 1
+        notice = Notice(
+            "unsilenced", a.id, a.occurrence, None, at, a.state, a.severity, a.count,
+            a.first_seen, a.last_seen, a.labels(),
+        )  # fmt: skip
+        self._queue(notice, sub, at)
+        return Effects()
+
+    def _timer(self, kind: int, key: str, at: float | None) -> None:
+        if at is not None:
+            heapq.heappush(self._heap, (at, kind, key))
+
+    def _valid(self, at: float, kind: int, key: str) -> bool:
+        """A heap entry is current if the state still holds that deadline (lazy deletion)."""
+        if kind == CLEAR or kind == UNSILENCE:
+            a = self.book.alarms.get(key)
+            if a is None:
+                return False
+            return (a.clear_due if kind == CLEAR else a.unsilence_at) == at
+        if kind == FLUSH:
+            g = self.dispatch.groups.get(key)
+            return g is not None and g.flush_at == at and bool(g.pending)
+        o = self.dispatch.outlets.get(key)
+        return o is not None and o.digest_at == at
