@@ -297,6 +297,33 @@ def test_cli_list_export_and_replay_from_archive(
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     assert a.stdout == b.stdout and a.stdout.count("\n") > 3
 
+    # --alarms reads the archive alike (the alarm transitions of the same events)
+    alarmed = tmp_path / "alarms.yaml"
+    alarmed.write_text(
+        PROFILE_FILE.replace(
+            'expr: kind = "alarm"', 'expr: kind = "alarm"\n    alarm: {clear: after 1m}'
+        )
+    )
+    a = runner.invoke(
+        app,
+        [
+            "replay",
+            str(alarmed),
+            "--archive",
+            uri,
+            "--from",
+            start,
+            "--to",
+            end,
+            "--until",
+            end,
+            "--alarms",
+        ],
+    )
+    b = runner.invoke(app, ["replay", str(alarmed), str(out), "--until", end, "--alarms"])
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    assert a.stdout == b.stdout and '"raise"' in a.stdout
+
 
 def test_backtest_report_and_bad_input(rb: redis.Redis, rt: redis.Redis, tmp_path: Path) -> None:
     events = make_events(900, seed=6, t0=T0)
