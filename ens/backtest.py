@@ -27,6 +27,11 @@ COLUMNS: list[tuple[str, str]] = [
     ("subscribers", "subscribers"),
     ("peak_hour", "busiest hour"),
 ]
+# ... and when the profile file has `alarm:` blocks (docs/alarms.md)
+ALARM_COLUMNS: list[tuple[str, str]] = [
+    ("alarms_raised", "alarms raised"),
+    ("alarms_cleared", "alarms cleared"),
+]
 
 
 @dataclass
@@ -43,6 +48,11 @@ class Report:
     hours: list[float] = field(default_factory=list)  # the timeline's hour starts
     plot: str | None = None
     seconds: float = 0.0
+    alarms: bool = False  # the profile file has alarm: blocks: ALARM_COLUMNS too
+
+    @property
+    def columns(self) -> list[tuple[str, str]]:
+        return COLUMNS + (ALARM_COLUMNS if self.alarms else [])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,8 +102,12 @@ def build(
     profiles: list[Profile],
     subscribers: list[dict[str, Any]],
     notes: list[dict[str, Any]],
+    transitions: list[Any] | None = None,
 ) -> Report:
-    """Fill ``report`` from the notifications (`Notification.to_json` records)."""
+    """Fill ``report`` from the notifications (`Notification.to_json` records) and, with
+    alarms, their transitions (`notifiers.alarms.Transition`)."""
+    alarm_counts = _alarm_counts(notes, transitions) if transitions is not None else None
+    report.alarms = alarm_counts is not None
     subs = {s.get("id"): s for s in subscribers if isinstance(s, dict)}
     times: dict[str, list[float]] = defaultdict(list)
     for n in notes:
@@ -117,7 +131,50 @@ def build(
                 "timeline": [per_hour.get(h, 0) for h in range(first, last + 1)],
             }
         )
+        if alarm_counts is not None:
+            counts = alarm_counts.get(p.id, {})
+            report.profiles[-1]["alarms_raised"] = counts.get("raise", 0)
+            report.profiles[-1]["alarms_cleared"] = counts.get("clear", 0)
     return report
+
+
+def _alarm_counts(notes: list[dict[str, Any]], transitions: list[Any]) -> dict[str, dict[str, int]]:
+    """Transitions by kind per profile (an alarm is its profile's and partition's)."""
+    from notifiers.alarms import alarm_id
+
+    owner = {alarm_id(n["profile"], n.get("partition")): n["profile"] for n in notes}
+    out: dict[str, dict[str, int]] = defaultdict(Counter)  # type: ignore[arg-type]
+    for t in transitions:
+        pid = owner.get(t.alarm)
+        if pid is not None:
+            out[pid][t.kind] += 1
+    return out
+
+
+class _Match:
+    """A notification record as `ens.alarm_replay.replay_alarms` reads a `Notification`."""
+
+    __slots__ = ("profile", "ts", "partition", "events")
+
+    def __init__(self, rec: dict[str, Any]) -> None:
+        from types import SimpleNamespace
+
+        self.profile = rec["profile"]
+        self.ts = float(rec["ts"])
+        self.partition = rec.get("partition")
+        self.events = {k: SimpleNamespace(id=v) for k, v in rec["events"].items()}
+
+
+def alarm_transitions(
+    profiles: list[Profile], alarms: dict[str, Any], notes: list[dict[str, Any]], end: float
+) -> list[Any]:
+    """The alarm transitions of the notifications of the profiles and their companions
+    (computed locally or on Spark alike: from the records)."""
+    from ens.alarm_replay import replay_alarms
+
+    matches = [_Match(n) for n in notes]
+    result = replay_alarms(profiles, alarms, lambda _ps: matches, [], end)  # type: ignore[arg-type,return-value]
+    return list(result.transitions)
 
 
 def cell(row: dict[str, Any], key: str) -> str:

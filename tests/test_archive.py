@@ -345,6 +345,28 @@ def test_backtest_report_and_bad_input(rb: redis.Redis, rt: redis.Redis, tmp_pat
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = runner.invoke(app, [*args, "--plot", str(plot), "--spark", "off"])
     assert res.exit_code == 0 and "door" in res.stdout and "backtest:" in res.stderr
+    assert "alarms raised" not in res.stdout  # no alarm: blocks, no alarm columns
+
+    # with alarm: blocks, alarms raised and cleared per profile
+    alarmed = tmp_path / "alarms.yaml"
+    alarmed.write_text(
+        PROFILE_FILE.replace(
+            'expr: kind = "alarm"', 'expr: kind = "alarm"\n    alarm: {clear: after 1m}'
+        )
+    )
+    args_a = ["backtest", str(alarmed), *args[2:], "--plot", str(plot), "--spark", "off"]
+    res = runner.invoke(app, [*args_a, "--json"])
+    assert res.exit_code == 0, res.output
+    by_a = {p["id"]: p for p in json.loads(res.stdout)["profiles"]}
+    assert by_a["alarm"]["matches"] == alarms
+    assert 0 < by_a["alarm"]["alarms_raised"] <= alarms
+    assert by_a["alarm"]["alarms_cleared"] in (
+        by_a["alarm"]["alarms_raised"],
+        by_a["alarm"]["alarms_raised"] - 1,
+    )
+    assert by_a["door"]["alarms_raised"] == 0
+    res = runner.invoke(app, args_a)
+    assert res.exit_code == 0 and "alarms raised" in res.stdout
 
     # a range the archive does not hold: the range it does hold
     res = runner.invoke(

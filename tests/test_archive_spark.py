@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.redis]
 runner = CliRunner()
 
 PROFILES = PROFILE_FILE.replace(
+    'expr: kind = "alarm"', 'expr: kind = "alarm"\n    alarm: {clear: after 1m}'
+).replace(
     "subscribers:",
     """  - id: pair
     expr: 'seq(a: kind = "motion", b: kind = "motion") within 5s per building select last'
@@ -76,6 +78,7 @@ def test_backtest_local_equals_spark(
     a, b = reports["off"], reports["auto"]
     assert (a["engine"], b["engine"]) == ("local", "spark")
     assert a["profiles"] == b["profiles"] and a["events"] == b["events"]
+    assert any(p.get("alarms_raised") for p in a["profiles"])  # alarms counted alike
     assert len(a["skipped_files"]) == len(b["skipped_files"]) == 1 and lost > 0
 
     out = tmp_path / "spark-replay.jsonl"

@@ -220,10 +220,20 @@ def backtest(
             f"{len(sc.files)} archive files ({sc.bytes} bytes) for {bt.iso(t0)} .. "
             f"{bt.iso(t1)}: {report.engine}"
         )
+        run_profiles = pset.profiles
+        if pset.alarms:  # and the companions of `clear: {on: ...}` (ens replay --alarms)
+            from ens.alarm_replay import with_companions
+
+            run_profiles = with_companions(pset.profiles, pset.alarms)
         if use_spark:
-            notes, text = _spark(arc, sc, pset.profiles, t0, t1, prog, tz, key, master)
+            notes, text = _spark(arc, sc, run_profiles, t0, t1, prog, tz, key, master)
         else:
-            notes = _local(arc, sc, pset.profiles, t0, t1, prog, tz)
+            notes = _local(arc, sc, run_profiles, t0, t1, prog, tz)
+            text = as_lines(notes)
+        transitions = None
+        if pset.alarms:
+            transitions = bt.alarm_transitions(pset.profiles, pset.alarms, notes, t1)
+            notes = [n for n in notes if "#" not in n["profile"]]  # companions: no output
             text = as_lines(notes)
     except ENSError as e:
         prog.stop()
@@ -233,7 +243,7 @@ def backtest(
         raise
     prog.stop()
     report.events, report.skipped = sc.events, sc.skipped
-    bt.build(report, pset.profiles, pset.subscribers, notes)
+    bt.build(report, pset.profiles, pset.subscribers, notes, transitions)
     if notifications:
         from adapters.files import atomic_text
 
@@ -261,10 +271,10 @@ def _table(report: Any) -> None:
         f"events, {report.engine}, {report.seconds:.1f} s"
     )
     t.add_column("profile")
-    for _key, head in bt.COLUMNS:
-        t.add_column(head, justify="right" if _key in ("matches", "messages") else "left")
+    for _key, head in report.columns:
+        t.add_column(head, justify="left" if _key in ("subscribers", "peak_hour") else "right")
     for row in report.profiles:
-        t.add_row(row["id"], *(bt.cell(row, k) for k, _ in bt.COLUMNS))
+        t.add_row(row["id"], *(bt.cell(row, k) for k, _ in report.columns))
     console().print(t)
     if report.skipped:
         warn(f"warning: {len(report.skipped)} corrupt archive files skipped")
