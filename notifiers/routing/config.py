@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from notifiers.routing import times
+import notifiers.routing.times as times
 from notifiers.routing.errors import Loc, RoutingError, dotted
 from notifiers.routing.escalation import EscalationPolicy, parse_policy
 from notifiers.routing.routes import QuietHours, Route, Routing, parse_quiet, parse_route, walk

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import notifiers.routing.times as times
 from notifiers.alarms.model import Transition
-from notifiers.routing import times
 from notifiers.routing.errors import RoutingError
 
 VERSION = 1

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import notifiers.routing.times as times
 from notifiers.alarms.intervals import WeeklyWindow
 from notifiers.alarms.silences import Matcher
-from notifiers.routing import times
 from notifiers.routing.errors import Loc, RoutingError
 from notifiers.routing.escalation import EscalationPolicy
 from notifiers.routing.schedules import Schedule, on_call

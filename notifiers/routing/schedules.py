@@ -16,8 +16,8 @@ from datetime import date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import notifiers.routing.times as times
 from notifiers.alarms.intervals import DAYS, WeeklyWindow, zone
-from notifiers.routing import times
 from notifiers.routing.errors import RoutingError
 
 DAY, WEEK_MINUTES = 86400, 7 * 1440
