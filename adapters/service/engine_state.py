@@ -43,6 +43,7 @@ class WorkerConfig:
     # "feed": it is fed at once, in arrival order
     late_events: str = DEFAULTS.late_events
     late_max: int = DEFAULTS.late_max  # ens:late keeps about this many
+    alarm_history_retention: float = DEFAULTS.alarm_history_retention  # s
     known_attrs_max: int = 1000  # ens:attrs keeps this many attribute names (known_attrs)
     known_attrs_interval: float = 1.0  # s: ens:attrs is written at most this often
     name: str = field(default_factory=socket.gethostname)
@@ -93,6 +94,7 @@ class WorkerConfig:
             tz=s.tz,
             late_events=s.late_events,
             late_max=s.late_max,
+            alarm_history_retention=s.alarm_history_retention,
             snapshot_interval=s.snapshot_interval,
             status_interval=s.status_interval,
             plan=s.plan,
@@ -183,7 +185,47 @@ class EngineState:
     def _input(self, op: list[Any]) -> None:
         raise NotImplementedError
 
-    def _set_def(self, pid: str, expr: str | None, sub: str | None, quiet: bool = False) -> bool:
+    def _set_def(
+        self,
+        pid: str,
+        expr: str | None,
+        sub: str | None,
+        quiet: bool = False,
+        alarm: dict[str, Any] | None = None,
+    ) -> bool:
+        raise NotImplementedError
+
+    # the alarm part (`adapters.service.alarm_worker`)
+    alarm_specs: dict[str, dict[str, Any]]
+
+    def _set_alarm(self, pid: str, profile: Profile | None, alarm: dict[str, Any] | None) -> None:
+        raise NotImplementedError
+
+    def _alarm_control(self) -> None:
+        raise NotImplementedError
+
+    def _alarm_reset(self) -> None:
+        raise NotImplementedError
+
+    def _alarm_load(self) -> None:
+        raise NotImplementedError
+
+    def _alarm_state(self) -> str:
+        raise NotImplementedError
+
+    def _alarm_split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
+        raise NotImplementedError
+
+    def _alarm_step(self, notes: list[Notification]) -> Any:
+        raise NotImplementedError
+
+    def _alarm_replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
+        raise NotImplementedError
+
+    def _alarm_write(self, p: Any, batch: Any, retention: float) -> None:
+        raise NotImplementedError
+
+    def _alarm_published(self, batch: Any) -> None:
         raise NotImplementedError
 
     @staticmethod

@@ -135,6 +135,34 @@ NOTIFICATIONS_CAPPED = Counter(
     ["profile"],
     registry=REGISTRY,
 )
+ALARM_TRANSITIONS = Counter(
+    "ens_alarm_transitions",
+    "Alarm transitions written to the history, by kind (raise, repeat, ack, clear).",
+    ["kind"],
+    registry=REGISTRY,
+)
+ALARM_SILENCED = Counter(
+    "ens_alarm_silenced_deliveries",
+    "Alarm transitions a silence held back (recorded, not delivered).",
+    registry=REGISTRY,
+)
+ALARM_MESSAGES = Counter(
+    "ens_alarm_messages",
+    "Alarm messages put in the outbox, by kind (single, group: grouped, digest: the cap's).",
+    ["kind"],
+    registry=REGISTRY,
+)
+ALARM_OVERFLOW = Counter(
+    "ens_alarm_cap_overflow",
+    "Alarm notices the per-subscriber cap held back into a digest (never dropped).",
+    registry=REGISTRY,
+)
+ALARMS_OPEN = Gauge(
+    "ens_alarms",
+    "Alarms by severity and state (the current occurrence of each alarm key).",
+    ["severity", "state"],
+    registry=REGISTRY,
+)
 ENGINE_ERRORS = Counter(
     "ens_engine_errors", "Events the engine raised on (logged and skipped).", registry=REGISTRY
 )

@@ -171,6 +171,12 @@ class ServiceSettings:
         minimum=1,
         unit="events",
     )
+    alarm_history_retention: float = _duration(
+        "30d",
+        "Keep alarm transitions in the history (ens:alarm:history) this long (docs/alarms.md).",
+        flags=("--alarm-history-retention",),
+        above=True,
+    )
     max_body: int = _number(
         1 << 20,
         "Largest POST body in bytes (413 above).",

@@ -59,6 +59,7 @@ import redis
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.alarm_worker import AlarmPart
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
@@ -81,7 +82,7 @@ from profiles.errors import LockLost as LockLost  # raised here; one hierarchy t
 log = logging.getLogger("ens.service.worker")
 
 
-class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
+class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, Pressure):
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
 
     def __init__(self, r: redis.Redis, config: WorkerConfig | None = None) -> None:
@@ -139,6 +140,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         # this worker started (heartbeat stats; the Prometheus counters count in this process)
         self.capped: dict[str, list[int]] = {}
         self.cap_warned: dict[str, tuple[float, int, int]] = {}  # id -> (when, pms, notes) logged
+        self._alarm_reset()
 
     def _cap_hits(self, mono: float) -> None:
         """Count what the engine's caps took (`filters.caps`) per profile, and log a WARNING
@@ -333,7 +335,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
             or self.journal_len >= self.cfg.snapshot_journal
         ):
             self.snapshot()
-        elif (self.pending or self.late_out) and (
+        elif (self.pending or self.late_out or self._alarm_wants_commit()) and (
             mono - self.last_commit >= self.cfg.commit_min_interval
         ):
             self.commit()
