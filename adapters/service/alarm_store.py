@@ -29,7 +29,8 @@ from typing import Any
 
 import redis
 
-from notifiers.alarms import Alarm, Matcher, Transition
+from notifiers.alarms import Alarm, Matcher, SilenceError, Transition
+from notifiers.alarms.silences import parse_time
 from notifiers.records import text
 from profiles.errors import ENSError
 
@@ -177,6 +178,27 @@ def history(
     return out[:limit]
 
 
+def parse_since(since: str | None, now: float | None = None) -> float | None:
+    """``--since 7d`` / ``?since=``: a duration back from now, or an RFC 3339 time
+    (ValueError saying what is expected)."""
+    from profiles.options import OptionError, parse_duration
+
+    if since is None:
+        return None
+    if "T" in since or since.count("-") >= 2:
+        try:
+            return parse_time(since, "since")
+        except SilenceError:
+            raise ValueError(
+                f"{since!r}: expected a duration (7d, 12h) or an RFC 3339 time"
+            ) from None
+    try:
+        back = parse_duration("since", since)
+    except OptionError:
+        raise ValueError(f"{since!r}: expected a duration (7d, 12h) or an RFC 3339 time") from None
+    return (time.time() if now is None else now) - back
+
+
 def history_fields(tr: Transition) -> dict[str, str]:
     return {"t": json.dumps(tr.to_json())}
 
@@ -184,3 +206,40 @@ def history_fields(tr: Transition) -> dict[str, str]:
 def list_silences(r: redis.Redis) -> list[dict[str, Any]]:
     recs = [json.loads(text(v)) for v in r.hvals(SILENCES)]
     return sorted(recs, key=lambda s: (s.get("created_at", 0), s["id"]))
+
+
+# ----------------------------------------------------------------------------- ack tokens
+
+TOKENS = "ens:tokens"  # hash: sha256 of a token -> {"name", "scope", "created"}
+SCOPES = ("ack",)  # "ack": list alarms (and their history) and acknowledge them, nothing else
+
+
+def add_token(r: redis.Redis, name: str, scope: str = "ack") -> str:
+    """Create a scoped token (shown once; only its hash is kept); replaces one of that name."""
+    import hashlib
+    import secrets
+
+    if scope not in SCOPES:
+        raise ENSError(f"unknown token scope {scope!r} (one of {', '.join(SCOPES)})")
+    revoke_token(r, name)
+    token = f"ack_{secrets.token_urlsafe(24)}"
+    rec = {"name": name, "scope": scope, "created": time.time()}
+    r.hset(TOKENS, hashlib.sha256(token.encode()).hexdigest(), json.dumps(rec))
+    return token
+
+
+def token_of(r: redis.Redis, sha: str) -> dict[str, Any] | None:
+    raw = r.hget(TOKENS, sha)
+    return None if raw is None else json.loads(text(raw))
+
+
+def list_tokens(r: redis.Redis) -> list[dict[str, Any]]:
+    return sorted((json.loads(text(v)) for v in r.hvals(TOKENS)), key=lambda t: t["name"])
+
+
+def revoke_token(r: redis.Redis, name: str) -> bool:
+    gone = False
+    for sha, raw in r.hgetall(TOKENS).items():
+        if json.loads(text(raw))["name"] == name:
+            gone = bool(r.hdel(TOKENS, sha)) or gone
+    return gone
