@@ -281,3 +281,17 @@ def test_restart_keeps_open_alarms_and_does_not_redeliver(tmp_path: Path, cli: t
         finally:
             svc.kill()
             r.close()
+
+
+def test_post_profile_stores_the_alarm_and_refuses_a_bad_one(admin: httpx.Client) -> None:
+    body = {"id": "wp", "expr": 'kind = "w"', "alarm": {"severity": "critical"}}
+    ok = admin.post("/v1/profiles", json=body)
+    assert ok.status_code == 201, ok.text
+    assert admin.get("/v1/profiles/wp").json()["alarm"] == {
+        "severity": "critical",
+        "notify": ["raise", "clear"],
+        "clear": "manual",
+    }
+    bad = admin.post("/v1/profiles", json={**body, "id": "wq", "alarm": {"severity": "huge"}})
+    assert bad.status_code == 422 and "alarm.severity" in bad.json()["error"]
+    assert admin.get("/v1/profiles/wq").status_code == 404
