@@ -24,7 +24,7 @@ from ens.commands.alarms import register as register_alarms
 from ens.commands.service import register as register_service
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, outbox, redis_server, wait_for
+from tests.helpers_service import Service, metric, outbox, redis_server, wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -174,6 +174,19 @@ def test_raise_repeat_ack_clear_end_to_end(
     assert kinds == ["ack", "clear", "raise"]  # not the repeat
     assert all(h.valid for h in receiver.hits)  # signed
 
+    def scrape() -> str:
+        return httpx.get(svc.url + "/metrics").text
+
+    wait_for(
+        lambda: 'ens_alarms{severity="major",state="cleared-acknowledged"} 1.0' in scrape(),
+        15,
+        "the alarm gauge from the heartbeat",
+    )
+    text = scrape()
+    for kind in ("raise", "repeat", "ack", "clear"):
+        assert metric(text, f'ens_alarm_transitions_total{{kind="{kind}"}}') >= 1, kind
+    assert metric(text, 'ens_alarm_messages_total{kind="single"}') >= 3
+
 
 def test_silence_holds_back_delivery_but_state_and_history_change(
     svc: Service, r: redis.Redis, admin: httpx.Client, gw: httpx.Client, cli: typer.Typer
@@ -203,6 +216,13 @@ def test_silence_holds_back_delivery_but_state_and_history_change(
         ("clear", "silenced"),
     ]
     assert messages(r, "win2") == []
+    wait_for(
+        lambda: (
+            metric(httpx.get(svc.url + "/metrics").text, "ens_alarm_silenced_deliveries_total") >= 2
+        ),
+        10,
+        "the silenced deliveries counted",
+    )
     listed = json.loads(run(cli, svc.redis_url, "silence", "list", "--json").output)
     assert [(s["id"], s["comment"]) for s in listed] == [(sid, "contractor")]
     assert run(cli, svc.redis_url, "silence", "expire", sid).exit_code == 0

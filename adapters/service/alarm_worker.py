@@ -40,8 +40,7 @@ from notifiers.alarms import (
     Message,
     SilenceError,
 )
-from notifiers.alarms.model import STATES
-from profiles.alarm import CLEAR_SUFFIX, SEVERITIES, AlarmSpec, clear_companion
+from profiles.alarm import CLEAR_SUFFIX, AlarmSpec, clear_companion
 from profiles.ast import Profile
 from profiles.errors import ProfileError
 
@@ -74,7 +73,9 @@ class AlarmPart(EngineState):
         self.alarm_specs = {}
         self.alarm_cmds = []
         self.alarm_control_id = "0-0"
-        self.alarm_counted = 0.0  # monotonic time the gauges were last set
+        self.alarm_counted = 0.0  # monotonic time the counts were last made
+        self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
+        self.alarm_dirty = False  # transitions since the last count
 
     # ------------------------------------------------------------------ definitions
     def _is_alarm(self, pid: str) -> bool:
@@ -122,6 +123,7 @@ class AlarmPart(EngineState):
                 self.alarm_specs[pid] = alarm
         self.rules = AlarmRules.restore(data["rules"], specs)
         self.alarm_control_id = data["ctl"]
+        self._alarm_gauges(force=True)
         log.info(
             "restored alarm state: %d alarms, %d silences, command stream at %s",
             len(self.rules.book.alarms),
@@ -282,18 +284,18 @@ class AlarmPart(EngineState):
             if msg.overflow:
                 m.ALARM_OVERFLOW.inc(msg.overflow)
         if batch.effects.transitions:
-            self._alarm_gauges()
+            self.alarm_dirty = True
 
-    def _alarm_gauges(self) -> None:
-        """Alarms by severity and state (a count over the book: at most once a second)."""
+    def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
+        """Alarms by severity and state, for the heartbeat's stats (`/metrics` reads them:
+        `ens_alarms`): counted over the book after a change, at most once a second."""
         mono = time.monotonic()
-        if mono - self.alarm_counted < 1.0:
-            return
-        self.alarm_counted = mono
-        counts = Counter((a.severity, a.state) for a in self.rules.book.alarms.values())
-        for sev in SEVERITIES:
-            for state in STATES:
-                m.ALARMS_OPEN.labels(severity=sev, state=state).set(counts.get((sev, state), 0))
+        if not force and (not self.alarm_dirty or mono - self.alarm_counted < 1.0):
+            return self.alarm_counts
+        self.alarm_counted, self.alarm_dirty = mono, False
+        counts = Counter(f"{a.severity}|{a.state}" for a in self.rules.book.alarms.values())
+        self.alarm_counts = dict(counts)
+        return self.alarm_counts
 
     def _alarm_record(self, msg: Message) -> dict[str, Any]:
         """The outbox record of a message: alarm fields and how to acknowledge each alarm.

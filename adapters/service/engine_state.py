@@ -197,6 +197,10 @@ class EngineState:
 
     # the alarm part (`adapters.service.alarm_worker`)
     alarm_specs: dict[str, dict[str, Any]]
+    alarm_counts: dict[str, int]
+
+    def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
+        raise NotImplementedError
 
     def _set_alarm(self, pid: str, profile: Profile | None, alarm: dict[str, Any] | None) -> None:
         raise NotImplementedError

@@ -32,7 +32,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from notifiers import metrics as notifier_metrics
+from notifiers.alarms.model import STATES
 from notifiers.label_limit import NONE, TopCounter
+from profiles.alarm import SEVERITIES
 
 log = logging.getLogger("ens.service.metrics")
 
@@ -330,6 +332,10 @@ def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:
     if "snapshot_bytes" in stats:
         SNAPSHOT_BYTES.set(stats["snapshot_bytes"])
     REORDER_BUFFER.set(buffered)
+    alarms = stats.get("alarms") or {}
+    for sev in SEVERITIES:
+        for state in STATES:
+            ALARMS_OPEN.labels(severity=sev, state=state).set(alarms.get(f"{sev}|{state}", 0))
 
 
 # ----------------------------------------------------------------------------- all processes
