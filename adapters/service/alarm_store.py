@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import orjson
 import redis
 
 from notifiers.alarms import Alarm, Matcher, SilenceError, Transition
@@ -35,6 +36,7 @@ from notifiers.records import text
 from profiles.errors import ENSError
 
 ALARMS = "ens:alarms"
+BY_LABEL = "ens:alarms:by:"  # + "label=value": set of the alarm ids with that label value
 HISTORY = "ens:alarm:history"
 SILENCES = "ens:silences"
 CONTROL = "ens:alarm:control"
@@ -118,6 +120,36 @@ def parse_matchers(items: Iterable[str]) -> list[Matcher]:
     return [Matcher.parse(m) for m in items]
 
 
+def label_key(label: str, value: str) -> str:
+    return f"{BY_LABEL}{label}={value}"
+
+
+def index_labels(p: Any, aid: str, labels: Mapping[str, str]) -> None:
+    """Add an alarm to the sets of its label values (in the caller's transaction). A label of
+    an alarm key never changes but its severity may (a new definition): a stale member only
+    widens the candidates, which the matchers then filter."""
+    for k, v in labels.items():
+        p.sadd(label_key(k, v), aid)
+
+
+def _candidates(r: redis.Redis, matchers: Sequence[Matcher], severity: str | None) -> Any:
+    """The raw records to filter: those in every equality matcher's label set (fast with
+    100,000 alarms), else the whole hash."""
+    keys = [label_key(m.label, m.value) for m in matchers if m.op == "="]
+    if severity is not None:
+        keys.append(label_key("severity", severity))
+    if not keys:
+        cursor = 0
+        while True:
+            cursor, chunk = r.hscan(ALARMS, cursor, count=10_000)
+            yield from chunk.values()  # type: ignore[union-attr]  # a dict here
+            if cursor == 0:
+                return
+    ids = sorted(r.sinter(keys))  # type: ignore[arg-type]
+    for lo in range(0, len(ids), 10_000):
+        yield from (v for v in r.hmget(ALARMS, ids[lo : lo + 10_000]) if v is not None)
+
+
 def list_alarms(
     r: redis.Redis,
     state: str | None = None,
@@ -126,20 +158,15 @@ def list_alarms(
 ) -> list[dict[str, Any]]:
     """Alarms of ``ens:alarms`` that pass the filters, newest last seen first."""
     out = []
-    cursor = 0
-    while True:
-        cursor, chunk = r.hscan(ALARMS, cursor, count=10_000)
-        for raw in chunk.values():  # type: ignore[union-attr]  # a dict here
-            rec = json.loads(raw)
-            if state is not None and rec["state"] != state:
-                continue
-            if severity is not None and rec["severity"] != severity:
-                continue
-            labels = rec["labels"]
-            if all(m.matches(labels) for m in matchers):
-                out.append(rec)
-        if cursor == 0:
-            break
+    for raw in _candidates(r, matchers, severity):
+        rec = orjson.loads(raw)
+        if state is not None and rec["state"] != state:
+            continue
+        if severity is not None and rec["severity"] != severity:
+            continue
+        labels = rec["labels"]
+        if all(m.matches(labels) for m in matchers):
+            out.append(rec)
     out.sort(key=lambda a: (-a["last_seen"], a["id"]))
     return out
 

@@ -254,6 +254,8 @@ class AlarmPart(EngineState):
         minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
         for tr in eff.transitions:
             p.xadd(als.HISTORY, als.history_fields(tr), minid=minid, approximate=True)
+            if tr.kind == "raise":  # labels are the key's: indexed once per occurrence
+                als.index_labels(p, tr.alarm, tr.labels)
         touched = {tr.alarm for tr in eff.transitions}
         if touched:
             p.hset(

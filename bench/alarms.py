@@ -1,0 +1,132 @@
+"""`ens bench alarms`: the alarm rules and the service's alarm index, measured.
+
+1. **Storm** (the pure rules, event time): N matches over R rooms in B buildings within a
+   span of event time, one alarm profile with `clear: after`; the messages delivered with
+   grouping by building (``group_wait``/``group_interval``) beside the count without grouping
+   (one message per delivered transition), and every transition in history.
+2. **List** (a real redis-server): ``ens:alarms`` filled with A open alarms as the engine
+   worker writes them, then `alarm_store.list_alarms` with ``--match room=...`` — the function
+   `ens alarms list` and `GET /v1/alarms` call — timed, and the CLI itself as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from notifiers.alarms import AlarmRules, GroupPolicy, History
+from profiles.alarm import AlarmSpec
+
+
+def storm(
+    matches: int = 10_000,
+    rooms: int = 200,
+    buildings: int = 10,
+    span: float = 600.0,
+    group_wait: float = 30.0,
+    group_interval: float = 300.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    rnd = random.Random(seed)
+    spec = AlarmSpec("major", "after", 120.0, None, ("raise", "clear"))
+    pol = GroupPolicy(("building",), group_wait, group_interval)
+    rules = AlarmRules({"storm": spec}, default=pol)
+    hist = History()
+    times = sorted(rnd.uniform(0, span) for _ in range(matches))
+    messages = 0
+    t0 = time.perf_counter()
+    for i, t in enumerate(times):
+        room = rnd.randrange(rooms)
+        part = {"building": f"b{room % buildings}", "room": f"r{room}"}
+        eff = rules.on_match("storm", t, part, {"e": f"e{i}"}, "night")
+        hist.extend(eff.transitions)
+        messages += len(eff.messages)
+    eff = rules.advance(span + 3600)
+    hist.extend(eff.transitions)
+    messages += len(eff.messages)
+    elapsed = time.perf_counter() - t0
+    st = rules.stats["night"]
+    return {
+        "matches": matches,
+        "rooms": rooms,
+        "buildings": buildings,
+        "transitions": len(hist.records),
+        "history_complete": st["transitions"] == len(hist.records),
+        "raises": st["raise"],
+        "clears": st["clear"],
+        "repeats": st["repeat"],
+        "messages_without_grouping": st["to_notify"],
+        "messages_grouped": messages,
+        "seconds": round(elapsed, 3),
+    }
+
+
+def fill_index(r: Any, n: int, batch: int = 10_000) -> None:
+    """``ens:alarms`` with ``n`` open alarms, each written as the worker writes it."""
+    from adapters.service import alarm_store as als
+
+    spec = AlarmSpec("major", "manual", None, None, ("raise", "clear"))
+    rules = AlarmRules({"p": spec})
+    for lo in range(0, n, batch):
+        mapping = {}
+        for i in range(lo, min(lo + batch, n)):
+            part = {"building": f"b{i % 50}", "floor": str(i % 7), "room": f"r{i}"}
+            rules.on_match("p", 1_000.0 + i * 1e-3, part, {"e": f"e{i}"}, "night")
+        with r.pipeline(transaction=False) as p:
+            for aid, a in list(rules.book.alarms.items())[lo:]:
+                mapping[aid] = json.dumps(als.index_record(a))
+                als.index_labels(p, aid, a.labels())
+            p.hset(als.ALARMS, mapping=mapping)
+            p.execute()
+
+
+def list_bench(n: int = 100_000, repeat: int = 3) -> dict[str, Any]:
+    import redis
+
+    from adapters.service import alarm_store as als
+    from bench.service_load import redis_server
+
+    with redis_server(Path(tempfile.mkdtemp(prefix="ens-bench-alarms-"))) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        t0 = time.perf_counter()
+        fill_index(r, n)
+        fill = time.perf_counter() - t0
+        room = f"r{n // 2}"
+
+        def timed(*matchers: str) -> tuple[float, int]:
+            best, found = float("inf"), 0
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                found = len(als.list_alarms(r, matchers=als.parse_matchers(matchers)))
+                best = min(best, time.perf_counter() - t0)
+            return best, found
+
+        best, found = timed(f"room={room}")
+        building, in_building = timed("building=b7")
+        scan, scanned = timed(f"room=~{room}")
+        t0 = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-m", "ens", "alarms", "list", "--match", f"room={room}", "--json",
+             "--redis-url", url],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        cli = time.perf_counter() - t0
+        assert len(json.loads(out.stdout)) == 1
+        r.close()
+    return {
+        "alarms": n,
+        "fill_seconds": round(fill, 2),
+        "list_match_seconds": round(best, 4),
+        "found": found,
+        "list_building_seconds": round(building, 4),
+        "building_found": in_building,
+        "list_regex_scan_seconds": round(scan, 3),
+        "regex_found": scanned,
+        "cli_seconds": round(cli, 3),
+    }
