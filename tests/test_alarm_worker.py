@@ -164,3 +164,25 @@ def test_clear_after_by_engine_time_and_silence(rb: redis.Redis, rt: redis.Redis
     assert command(w, rt, clock, "expire", id="s9")["status"] == 404
     assert command(w, rt, clock, "expire", id="s1")["status"] == 200
     assert json.loads(rt.hget(als.SILENCES, "s1"))["expired_at"] is not None
+
+
+def test_grouping_by_building_folds_raises_into_one_message(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    from notifiers.alarms import GroupPolicy
+
+    rs.put_profile(rt, "win", f"seq(w: {WINDOW}) per building, room", alarm=ALARM)
+    w = EngineWorker(rb, config(alarm_policy=GroupPolicy(("building",), 30.0, 300.0)))
+    w.start()
+    clock = [time.time()]
+    evs = [{**window(i, f"{i}"), "building": "A" if i < 4 else "B"} for i in range(1, 6)]
+    ingest(rb, evs)
+    drain(w, clock)
+    assert alarm_messages(rt) == []  # waiting for group_wait (engine time)
+    ingest(rb, [{"id": "tick", "ts": T0 + 60, "kind": "tick"}])
+    drain(w, clock)
+    msgs = alarm_messages(rt)
+    groups = sorted((m["alarm"]["group"]["building"], len(m["alarm"]["notices"])) for m in msgs)
+    assert groups == [("A", 3), ("B", 2)]
+    assert all(m["alarm"]["message_kind"] == "group" and m["id"].startswith("msg:") for m in msgs)
+    assert len(history(rt)) == 5

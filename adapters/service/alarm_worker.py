@@ -69,7 +69,7 @@ class AlarmPart(EngineState):
     alarm_counted: float
 
     def _alarm_reset(self) -> None:
-        self.rules = AlarmRules({})
+        self.rules = AlarmRules({}, default=self.cfg.alarm_policy)
         self.alarm_specs = {}
         self.alarm_cmds = []
         self.alarm_control_id = "0-0"
@@ -121,7 +121,7 @@ class AlarmPart(EngineState):
             if prof is not None:
                 specs[pid] = rs.validate_alarm(prof, alarm)
                 self.alarm_specs[pid] = alarm
-        self.rules = AlarmRules.restore(data["rules"], specs)
+        self.rules = AlarmRules.restore(data["rules"], specs, default=self.cfg.alarm_policy)
         self.alarm_control_id = data["ctl"]
         self._alarm_gauges(force=True)
         log.info(

@@ -25,6 +25,7 @@ from adapters.service.watermarks import Held, Watermarks
 from filters.caps import Caps
 from filters.engine import Engine
 from filters.notification import Notification
+from notifiers.alarms import GroupPolicy
 from profiles.ast import Profile
 from profiles.events import Event
 
@@ -44,6 +45,8 @@ class WorkerConfig:
     late_events: str = DEFAULTS.late_events
     late_max: int = DEFAULTS.late_max  # ens:late keeps about this many
     alarm_history_retention: float = DEFAULTS.alarm_history_retention  # s
+    # grouping and cap of alarm messages, for every subscriber (configuration, not state)
+    alarm_policy: GroupPolicy = field(default_factory=GroupPolicy)
     known_attrs_max: int = 1000  # ens:attrs keeps this many attribute names (known_attrs)
     known_attrs_interval: float = 1.0  # s: ens:attrs is written at most this often
     name: str = field(default_factory=socket.gethostname)
@@ -95,6 +98,12 @@ class WorkerConfig:
             late_events=s.late_events,
             late_max=s.late_max,
             alarm_history_retention=s.alarm_history_retention,
+            alarm_policy=GroupPolicy(
+                tuple(x.strip() for x in s.alarm_group_by.split(",") if x.strip()) or None,
+                s.alarm_group_wait,
+                s.alarm_group_interval,
+                s.alarm_cap or None,
+            ),
             snapshot_interval=s.snapshot_interval,
             status_interval=s.status_interval,
             plan=s.plan,
