@@ -315,3 +315,73 @@ def test_post_profile_stores_the_alarm_and_refuses_a_bad_one(admin: httpx.Client
     bad = admin.post("/v1/profiles", json={**body, "id": "wq", "alarm": {"severity": "huge"}})
     assert bad.status_code == 422 and "alarm.severity" in bad.json()["error"]
     assert admin.get("/v1/profiles/wq").status_code == 404
+
+
+def test_http_silences_and_cli_show_and_history(
+    svc: Service, r: redis.Redis, admin: httpx.Client, gw: httpx.Client, cli: typer.Typer
+) -> None:
+    bad = admin.post(
+        "/v1/silences",
+        json={"matchers": ["room=1"], "weekly": "Mon 07:00-09:00", "tz": "Mars/Base"},
+    )
+    assert bad.status_code == 422 and bad.json()["field"] == "tz"
+    bad = admin.post(
+        "/v1/silences",
+        json={
+            "matchers": ["room=1"],
+            "from": "2030-01-02T00:00:00Z",
+            "until": "2030-01-01T00:00:00Z",
+        },
+    )
+    assert bad.status_code == 422 and bad.json()["field"] == "until"
+    before = len(admin.get("/v1/silences").json())
+    ok = admin.post(
+        "/v1/silences",
+        json={"matchers": ["room=4xx"], "weekly": "Mon-Fri 07:00-09:00", "tz": "Europe/Berlin",
+              "comment": "morning rounds"},
+    )  # fmt: skip
+    assert ok.status_code == 201, ok.text
+    s = ok.json()["silence"]
+    assert s["weekly"] == "Mon-Fri 07:00-09:00" and s["tz"] == "Europe/Berlin"
+    assert len(admin.get("/v1/silences").json()) == before + 1
+    assert admin.delete(f"/v1/silences/{s['id']}").status_code == 200
+
+    setup_profile(cli, svc, admin, "win4", "show", "http://127.0.0.1:9/hook")
+    post(gw, {"kind": "window", "state": "open", "room": "401"})
+    wait_for(lambda: alarms_of(r, "win4"), 15, "the alarm")
+    aid = alarms_of(r, "win4")[0]["id"]
+    shown = run(cli, svc.redis_url, "alarms", "show", aid)
+    assert shown.exit_code == 0, shown.output
+    rec = json.loads(shown.output)
+    assert rec["state"] == "active-unacknowledged" and [t["kind"] for t in rec["history"]] == [
+        "raise"
+    ]
+    assert run(cli, svc.redis_url, "alarms", "show", "anope").exit_code == 3
+    hist = run(
+        cli,
+        svc.redis_url,
+        "alarms",
+        "history",
+        "--match",
+        "profile=win4",
+        "--since",
+        "1h",
+        "--json",
+    )
+    assert hist.exit_code == 0 and [t["alarm"] for t in json.loads(hist.output)] == [aid]
+    bad_since = run(cli, svc.redis_url, "alarms", "history", "--since", "yesterday")
+    assert bad_since.exit_code == 2 and "--since" in bad_since.output
+    listed = run(
+        cli,
+        svc.redis_url,
+        "alarms",
+        "list",
+        "--severity",
+        "major",
+        "--state",
+        "active-unacknowledged",
+    )
+    assert listed.exit_code == 0 and aid in listed.output
+    bad_state = run(cli, svc.redis_url, "alarms", "list", "--state", "open")
+    assert bad_state.exit_code == 2 and "--state" in bad_state.output
+    assert admin.get("/v1/alarms", params={"match": "room=~("}).status_code == 422
