@@ -22,6 +22,7 @@ once, and its 404/409 comes from the state that owns the answer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -51,11 +52,16 @@ class WorkerUnavailable(ENSError):
     """The engine worker did not answer a command in time (not running, or far behind)."""
 
 
+_ALARM_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Alarm) if f.name not in ("events", "transitions")
+)
+_TRANSITION_FIELDS = tuple(f.name for f in dataclasses.fields(Transition))
+
+
 def index_record(a: Alarm) -> dict[str, Any]:
-    """What ``ens:alarms`` keeps of an alarm: its record without the last match's events."""
-    rec = a.to_json()
-    rec.pop("events", None)
-    rec.pop("transitions", None)
+    """What ``ens:alarms`` keeps of an alarm: its record without the last match's events.
+    (A shallow copy: `dataclasses.asdict` deep-copies, and this runs per transition.)"""
+    rec = {name: getattr(a, name) for name in _ALARM_FIELDS}
     rec["labels"] = a.labels()
     return rec
 
@@ -226,8 +232,9 @@ def parse_since(since: str | None, now: float | None = None) -> float | None:
     return (time.time() if now is None else now) - back
 
 
-def history_fields(tr: Transition) -> dict[str, str]:
-    return {"t": json.dumps(tr.to_json())}
+def history_fields(tr: Transition) -> dict[str, bytes]:
+    """A history entry: the transition as JSON (`Transition.to_json`'s keys)."""
+    return {"t": orjson.dumps({name: getattr(tr, name) for name in _TRANSITION_FIELDS})}
 
 
 def list_silences(r: redis.Redis) -> list[dict[str, Any]]:

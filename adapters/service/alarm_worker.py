@@ -26,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from adapters.service import alarm_store as als
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
@@ -261,7 +263,7 @@ class AlarmPart(EngineState):
             p.hset(
                 als.ALARMS,
                 mapping={
-                    aid: json.dumps(als.index_record(self.rules.book.alarms[aid]))
+                    aid: orjson.dumps(als.index_record(self.rules.book.alarms[aid]))
                     for aid in touched
                 },
             )

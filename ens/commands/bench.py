@@ -248,12 +248,16 @@ def alarms_cmd(
     buildings: int = typer.Option(10, help="Storm: buildings (the group_by label)."),
     span: float = typer.Option(600.0, help="Storm: seconds of event time."),
     open_alarms: int = typer.Option(100_000, "--open", help="List: open alarms in ens:alarms."),
+    events: int = typer.Option(
+        20_000, help="Throughput: events through the engine worker, alarms off and on."
+    ),
 ) -> None:
     """Alarms: a storm grouped by building (messages vs one per transition, every transition
     in history) and `ens alarms list --match` on many open alarms (docs/benchmarks.md)."""
     import json
 
-    from bench.alarms import list_bench, storm
+    from bench.alarms import list_bench, storm, throughput
 
     typer.echo(json.dumps({"storm": storm(matches, rooms, buildings, span)}))
+    typer.echo(json.dumps({"throughput": throughput(events)}))
     typer.echo(json.dumps({"list": list_bench(open_alarms)}))
