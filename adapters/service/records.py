@@ -168,10 +168,11 @@ class JournalEntry:
     """One ``ens:engine:journal`` entry: the engine inputs of one commit (in order), how many
     notifications they made (replay checks it) and the control stream id applied so far.
 
-    Version 2 may hold ``OP_LATE`` operations; an entry without one is written as version 1,
-    so an older worker still reads the journal unless a late event was sent."""
+    Version 2 may hold ``OP_LATE`` operations, version 3 an alarm step (``al``); an entry
+    without either is written as version 1, so an older worker still reads the journal unless
+    a late event was sent or alarms moved (it would refuse by name rather than lose them)."""
 
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     ops: list[list[Any]]  # wire form (`op_event` ...); `operations()` types them
     notifications: int
     control_id: str
@@ -184,7 +185,7 @@ class JournalEntry:
             "ops": dumps(self.ops),
             "n": self.notifications,
             "ctl": self.control_id,
-            VERSION_FIELD: "2" if self.late else "1",
+            VERSION_FIELD: "3" if self.alarm is not None else "2" if self.late else "1",
         }
         if self.alarm is not None:
             out["al"] = dumps(self.alarm)
