@@ -188,4 +188,6 @@ def test_profile_add_stores_alarm_blocks(redis_url: str, tmp_path: object) -> No
     assert ok.exit_code == 0, ok.stderr
     x = rs.get_profile(c, "x")
     assert x is not None
+    shown = runner.invoke(app, ["profile", "show", "x"])
+    assert "alarm:      severity minor, clear after 300s, notify raise, repeat" in shown.stdout
     assert x["alarm"] == {"severity": "minor", "notify": ["raise", "repeat"], "clear": "after 300s"}

@@ -405,6 +405,12 @@ def profile_show(
     typer.echo(f"subscriber: {rec.get('subscriber') or '-'}")
     typer.echo(f"created:    {_when(rec.get('created'))}")
     typer.echo(f"updated:    {_when(rec.get('updated'))}")
+    if alarm := rec.get("alarm"):  # docs/alarms.md
+        clear = alarm["clear"] if isinstance(alarm["clear"], str) else f"on {alarm['clear']['on']}"
+        typer.echo(
+            f"alarm:      severity {alarm['severity']}, clear {clear}, "
+            f"notify {', '.join(alarm['notify'])}"
+        )
     typer.echo("expr:")
     for line in rec["expr"].rstrip().splitlines():
         typer.echo(f"  {line}")
