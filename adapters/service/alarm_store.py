@@ -35,6 +35,7 @@ from notifiers.alarms import Alarm, Matcher, SilenceError, Transition
 from notifiers.alarms.silences import parse_time
 from notifiers.records import text
 from profiles.errors import ENSError
+from profiles.errors import WorkerUnavailable as WorkerUnavailable  # one hierarchy there
 
 ALARMS = "ens:alarms"
 BY_LABEL = "ens:alarms:by:"  # + "label=value": set of the alarm ids with that label value
@@ -46,10 +47,6 @@ CONTROL_MAXLEN = 10_000
 REPLY_TTL = 300  # s: a reply nobody waited for goes away
 COMMAND_MAX_AGE = 300.0  # s: an older command is not applied (whoever sent it gave up)
 OPS = ("ack", "clear", "silence", "expire")
-
-
-class WorkerUnavailable(ENSError):
-    """The engine worker did not answer a command in time (not running, or far behind)."""
 
 
 _ALARM_FIELDS = tuple(
