@@ -323,7 +323,7 @@ def late_total(r: redis.Redis) -> int:
 def probe_times(r: redis.Redis, latest: int | None = None) -> dict[str, float]:
     """Probe event id -> time its notification was written (outbox entry id)."""
     out = {}
-    entries = r.xrevrange(store.OUTBOX, count=latest) if latest else r.xrange(store.OUTBOX)
+    entries: Any = r.xrevrange(store.OUTBOX, count=latest) if latest else r.xrange(store.OUTBOX)
     for eid, f in entries:
         n = json.loads(f[store.OUTBOX_FIELD])
         if n["profile"] == "probe":

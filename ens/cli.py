@@ -328,6 +328,21 @@ class _ReplayProgress:
             self.bar.stop()
 
 
+def _archive_events(archive: str, start: str | None, to: str | None) -> list:
+    """The events of the archive's range, in engine order (corrupt files warned, skipped)."""
+    from adapters.archive.layout import open_archive
+    from adapters.archive.reader import read_events
+    from ens.archive_time import archive_uri, parse_when
+
+    t0, t1 = parse_when("--from", start), parse_when("--to", to or "now")
+    evs, sc = read_events(
+        open_archive(archive_uri(archive)), t0, t1, lambda m: typer.echo(m, err=True)
+    )
+    if sc.skipped:
+        typer.echo(f"warning: {len(sc.skipped)} corrupt archive files skipped", err=True)
+    return evs
+
+
 def _warn_lint(profiles: list, events: list) -> None:
     """Warnings on stderr for profiles that will likely never fire (profiles.lint), with the
     attribute names the event file carries."""
@@ -347,7 +362,8 @@ def replay(
         list[str],
         typer.Argument(
             help="PROFILES EVENTS: a profile file (YAML or JSON) and a JSON-lines event file "
-            "('-' for stdin, .gz allowed); with --index only EVENTS.",
+            "('-' for stdin, .gz allowed); with --index only EVENTS; with --archive only "
+            "PROFILES.",
             metavar="[PROFILES] EVENTS",
         ),
     ],
@@ -383,6 +399,21 @@ def replay(
     ] = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
+    archive: Annotated[
+        str | None,
+        typer.Option(
+            "--archive",
+            help="Read the events from the service's event archive (a path or URI; 'on': "
+            "$ENS_DATA_DIR/archive) instead of a file, --from/--to (docs/archive.md).",
+        ),
+    ] = None,
+    start: Annotated[
+        str | None,
+        typer.Option("--from", help="--archive: start (7d back from now, RFC 3339, epoch s)."),
+    ] = None,
+    to: Annotated[
+        str | None, typer.Option("--to", help="--archive: end (exclusive; default now).")
+    ] = None,
     alarms: Annotated[
         bool,
         typer.Option(
@@ -460,6 +491,11 @@ def replay(
         check_tz(tz)
         check_plan(plan)
         rates = load_stats(stats)
+        if archive is not None:
+            if index is not None or len(paths) != 1:
+                raise ENSError("with --archive give only the PROFILES file")
+        elif start is not None or to is not None:
+            raise ENSError("--from/--to apply to --archive only")
         alarm_opts = silences is not None or messages is not None or group_by is not None
         if (alarm_opts or cap is not None) and not alarms:
             raise ENSError("--silences, --messages, --group-by and --cap go with --alarms")
@@ -477,20 +513,24 @@ def replay(
             profiles = load_index(index)
             events = paths[0]
         else:
-            if len(paths) != 2:
+            if len(paths) != (1 if archive is not None else 2):
                 raise ENSError("give PROFILES and EVENTS (or --index INDEX and EVENTS)")
             pset, _ = load_inputs(Path(paths[0]), None)
             profiles = pset.profiles
-            events = paths[1]
+            events = paths[1] if archive is None else archive  # the archive: its name
             if alarms:
                 _replay_alarms(
                     pset, events, end, tz, (engine, variant, plan, rates), silences,
                     (group_by, group_wait, group_interval, cap), out, messages,
+                    _archive_events(archive, start, to) if archive is not None else None,
                 )  # fmt: skip
                 return
-        bar = _ReplayProgress(events)
+        bar = _ReplayProgress(events if archive is None else "")
         try:
-            evs = read_event_file(events, bar.read if bar.bar is not None else None)
+            if archive is not None:
+                evs = _archive_events(archive, start, to)
+            else:
+                evs = read_event_file(events, bar.read if bar.bar is not None else None)
             if index is None:
                 _warn_lint(profiles, evs)
             eng = make_engine(engine, profiles, tz, variant, plan, rates)
@@ -525,7 +565,7 @@ def replay(
 
 def _replay_alarms(  # noqa: ANN001 - the CLI's parts, passed through
     pset, events: str, end, tz: str, eng: tuple, silences: Path | None, grouping: tuple,
-    out: str | None, messages: str | None,
+    out: str | None, messages: str | None, archived: list | None = None,
 ) -> None:  # fmt: skip
     """`ens replay --alarms` (ens/alarm_replay.py): transitions out, a summary on stderr."""
     from rich.console import Console
@@ -552,7 +592,7 @@ def _replay_alarms(  # noqa: ANN001 - the CLI's parts, passed through
         cap,
     )
     found = read_silences(silences) if silences is not None else []
-    evs = read_event_file(events)
+    evs = read_event_file(events) if archived is None else archived  # --archive: read already
     _warn_lint(pset.profiles, evs)
     notify = run_engine(lambda ps: make_engine(eng[0], ps, tz, *eng[1:]), evs, end)
     result = replay_alarms(
@@ -629,6 +669,7 @@ def explain(
 
 # ---- sub-commands contributed by other modules (mounted here, one line each)
 def _mount() -> None:
+    from ens.commands import archive as archive_cli
     from ens.commands import bench, data, demo
     from ens.commands import generate as generate_cli
     from ens.commands import notifications as notifiers_cli
@@ -636,9 +677,17 @@ def _mount() -> None:
 
     app.command("demo")(demo.demo)
     app.add_typer(bench.app, name="bench")
+    app.add_typer(archive_cli.app, name="archive")
+    from ens.commands.backtest import backtest
+
+    app.command("backtest")(backtest)
     app.add_typer(data.app, name="data")
     app.add_typer(spark_cli.app, name="spark")
     app.add_typer(generate_cli.app, name="generate")
+    from ens.commands import routing as routing_cli
+
+    app.add_typer(routing_cli.schedule_app, name="schedule")
+    app.add_typer(routing_cli.route_app, name="route")
     app.add_typer(
         notifiers_cli.app,
         name="notifications",

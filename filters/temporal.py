@@ -117,7 +117,13 @@ class TemporalPool:
 
     def drop_where(self, gone: Callable[[Handle], bool]) -> list[Handle]:
         """Take out every entry `gone` says goes (a restore leaving out a removed profile's
-        timers); returns them, in time order per list."""
+        timers); returns them, in time order per list.
+
+        A pool not built yet (unpickled inside a reference cycle: a Spark task's runner whose
+        pool refers back to its engine) is left alone: such a blob is this version's own, which
+        stores no inert timers, and its profiles are all supplied."""
+        if not hasattr(self, "_items"):
+            return []
         out = [h for h in self._items if gone(h)]
         for h in out:
             self._items.discard(h)

@@ -98,7 +98,7 @@ def test_the_environment_gives_what_no_flag_gave_and_a_flag_wins() -> None:
 
 
 def test_cross_option_checks_keep_their_messages(tmp_path: Path) -> None:
-    with pytest.raises(OptionError, match="--role bogus: expected api, engine or deliver"):
+    with pytest.raises(OptionError, match="--role bogus: expected api, engine, deliver or archive"):
         ServiceSettings.load({"roles": ["api,bogus"]})
     assert ServiceSettings.load({"roles": ["api", "deliver,api"]}).roles == ("api", "deliver")
     s = ServiceSettings.load({"engine": "spark"})

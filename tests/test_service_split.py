@@ -45,7 +45,10 @@ def test_serve_rejects_unknown_roles_and_bad_worker_counts() -> None:
     from ens.cli import app as ens_app
 
     res = CliRunner().invoke(ens_app, ["serve", "--role", "api,bogus"])
-    assert res.exit_code == 2 and "--role bogus: expected api, engine or deliver" in res.output
+    assert (
+        res.exit_code == 2
+        and "--role bogus: expected api, engine, deliver or archive" in res.output
+    )
     res = CliRunner().invoke(ens_app, ["serve", "--api-workers", "0"])
     assert res.exit_code == 2 and "--api-workers '0': must be at least 1" in res.output
 

@@ -406,7 +406,9 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
     with redis_server(tmp_path / "w") as url:  # the worker, live on the same entries
         rb = redis.Redis.from_url(url)
         provision(redis.Redis.from_url(url, decode_responses=True), profiles, gateways)
-        w = event_worker(rb, reorder_seconds=0.5, idle_timeout=0.5)
+        # `ens spark stream` still feeds late events at once (the service's late output,
+        # issue 41 item 6, is not on the Spark path yet): the worker does the same here
+        w = event_worker(rb, reorder_seconds=0.5, idle_timeout=0.5, late_events="feed")
         write(rb, feed)
         wait_for(
             lambda: (

@@ -17,6 +17,7 @@ import redis
 from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.archive_feed import FEED
 from adapters.service.engine_state import EngineState, Item
 from adapters.service.records import CheckpointMeta, HeldRow
 from adapters.service.watermarks import Held
@@ -209,11 +210,14 @@ class Checkpointer(EngineState):
         meta_obj.totals["notifications"] += len(records)  # written by this transaction
         meta = meta_obj.to_json()
         unacked = list(self.unacked)
+        archived = self.archive_rows.fields() if len(self.archive_rows) else None
         late_out = self.late_out
 
         def write(p: Any) -> None:
             for rec in records:
                 store.enqueue(p, rec)
+            if archived is not None:  # fed since the last commit (`Journal.commit`)
+                p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # sent since the last commit
             if alarm is not None:
                 self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
@@ -233,6 +237,7 @@ class Checkpointer(EngineState):
         self._alarm_published(alarm)
         self._published(records)
         self.inputs.clear()
+        self.archive_rows.clear()
         self.unacked.clear()
         self.dirty.clear()
         self.since_snapshot = 0

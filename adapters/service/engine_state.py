@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from adapters.service.archive_feed import FeedBuffer
 from adapters.service.known_attrs import Sketch
 from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
@@ -72,6 +73,9 @@ class WorkerConfig:
     allow_evicting_redis: bool = DEFAULTS.allow_evicting_redis  # else refuse such a Redis
     oom_backoff_max: float = 5.0  # s: longest wait between attempts while Redis is full
     oom_log_every: float = 30.0  # s: one log line per this while Redis stays full
+    archive: bool = False  # write what the engine fed to ens:archive:feed (the archiver's input)
+    archive_commit: float = 1.0  # s: commit fed events this often also without notifications
+    archive_rows: int = 20_000  # ... or once this many wait
     caps: Caps = field(  # partial matches and notifications per event (`filters.caps`)
         default_factory=lambda: Caps(
             DEFAULTS.max_partial_matches,
@@ -116,6 +120,7 @@ class WorkerConfig:
                 s.max_profile_partial_matches,
                 s.max_notifications_per_event,
             ),
+            archive=s.archive != "off",
         )
         if s.worker_name:
             cfg.name = s.worker_name
@@ -156,6 +161,7 @@ class EngineState:
     unacked: list[str]  # read, to be XACKed by the next snapshot
     inputs: list[list[Any]]  # the input log since the last commit
     pending: list[Notification]  # detected, not committed
+    archive_rows: FeedBuffer  # fed, for ens:archive:feed with the next commit (cfg.archive)
     since_snapshot: int  # inputs since the last snapshot
     journal_len: int  # commits in ens:engine:journal (since the last snapshot)
     totals: dict[str, int]

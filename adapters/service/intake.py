@@ -126,6 +126,9 @@ class Intake(EngineState):
                 self.engine.advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
+        if self.cfg.archive:  # written to ens:archive:feed with the commit of this input
+            late = self.engine.now is not None and ev.ts < self.engine.now
+            self.archive_rows.add(key, gw, late, ev)
         self._input(
             [OP_EVENT, key]
         )  # records.op_event, inline (per event); the key: decode_entry's
@@ -136,6 +139,8 @@ class Intake(EngineState):
         self._input([OP_LATE, key])
         now: float = self.engine.now  # type: ignore[assignment]  # late: the engine has a time
         self.late_out.append(LateRecord.of(ev, key, gw, now))
+        if self.cfg.archive:  # accepted, not matched: archived too, flagged (docs/archive.md)
+            self.archive_rows.add(key, gw, True, ev)
         self._count_late(ev, gw, "sent to the late output (not matched)")
 
     def _count_late(self, ev: Event, gw: str, what: str | None) -> None:

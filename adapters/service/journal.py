@@ -14,6 +14,7 @@ from typing import Any
 from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.archive_feed import FEED
 from adapters.service.engine_state import EngineState
 from adapters.service.records import Advanced, JournalEntry, LateSent, ProfileChanged
 from filters.notification import Notification
@@ -142,11 +143,14 @@ class Journal(EngineState):
             bool(late_out),
             alarm.entry if alarm is not None else None,
         ).fields()
+        archived = self._archive_entry()
 
         def write(p: Any) -> None:
             p.xadd(rs.JOURNAL, entry)
             for rec in records:
                 store.enqueue(p, rec)
+            if archived is not None:  # the events these inputs fed, exactly once
+                p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # with the OP_LATE inputs that sent them
             if alarm is not None:  # with the notifications and commands that made them
                 self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
@@ -155,10 +159,15 @@ class Journal(EngineState):
         self._alarm_published(alarm)
         self._published(records)
         self.inputs.clear()
+        self.archive_rows.clear()
         self.journal_len += 1
         self.changed = True  # the journal holds something a snapshot would compact
         self.last_commit = time.monotonic()
         m.COMMITS.observe(time.perf_counter() - t0)
+
+    def _archive_entry(self) -> dict[str, str] | None:
+        """The ``ens:archive:feed`` entry of the events fed since the last commit, if any."""
+        return self.archive_rows.fields() if len(self.archive_rows) else None
 
     def _published(self, records: list[dict[str, Any]]) -> None:
         for rec in records:

@@ -276,6 +276,35 @@ DIGEST_AGE = Gauge(
     "about the digest window at most while delivery keeps up.",
     registry=REGISTRY,
 )
+ARCHIVE_EVENTS = Counter(
+    "ens_archive_events", "Events written to the event archive.", registry=REGISTRY
+)
+ARCHIVE_FILES = Counter(
+    "ens_archive_files", "Parquet files written to the event archive.", registry=REGISTRY
+)
+ARCHIVE_BYTES = Counter(
+    "ens_archive_bytes", "Bytes of the Parquet files written to the archive.", registry=REGISTRY
+)
+ARCHIVE_PRUNED = Counter(
+    "ens_archive_partitions_pruned",
+    "Hour partitions the archive's retention (--archive-retention, --archive-max-bytes) removed.",
+    registry=REGISTRY,
+)
+ARCHIVE_ERRORS = Counter(
+    "ens_archive_errors",
+    "Archiver failures (Redis or file system); it starts again from its committed position.",
+    registry=REGISTRY,
+)
+ARCHIVE_BACKLOG = Gauge(
+    "ens_archive_backlog_entries",
+    "Commits of the engine (ens:archive:feed entries) not archived yet.",
+    registry=REGISTRY,
+)
+ARCHIVE_LAG = Gauge(
+    "ens_archive_lag_seconds",
+    "Age of the oldest processed event not archived yet (0: none waits).",
+    registry=REGISTRY,
+)
 DEAD_LETTERS = Gauge(
     "ens_dead_letters", "Entries in the dead-letter stream (ens:deadletter).", registry=REGISTRY
 )

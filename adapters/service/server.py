@@ -31,6 +31,7 @@ import uvicorn
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
+from adapters.service.archive_feed import ArchiverConfig
 from adapters.service.connections import uvicorn_options
 from adapters.service.embedded import EmbeddedError
 from adapters.service.redis_limits import check_policy
@@ -53,7 +54,7 @@ class ServeConfig:
     max_body: int = DEFAULTS.max_body
     max_backlog: int = DEFAULTS.max_backlog
     deliver: bool = DEFAULTS.deliver
-    roles: tuple[str, ...] = ROLES  # which parts run in this process
+    roles: tuple[str, ...] = DEFAULTS.effective_roles  # which parts run in this process
     api_workers: int = DEFAULTS.api_workers  # >1: forked API processes sharing the socket
     keepalive_timeout: float = DEFAULTS.keepalive_timeout  # an idle keep-alive connection
     header_timeout: float = DEFAULTS.header_timeout  # for a request's headers to arrive
@@ -68,6 +69,7 @@ class ServeConfig:
     metrics_token: str | None = None  # ENS_METRICS_TOKEN; None: /metrics is public
     notifiers_config: Path | None = None  # ENS_NOTIFIERS_CONFIG
     allow_evicting_redis: bool = DEFAULTS.allow_evicting_redis  # else refuse such a Redis
+    archive: ArchiverConfig | None = None  # --archive: the archiver role's view
 
     @classmethod
     def from_settings(cls, s: ServiceSettings, worker: WorkerConfig) -> ServeConfig:
@@ -94,7 +96,20 @@ class ServeConfig:
             metrics_token=s.metrics_token,
             notifiers_config=s.notifiers_config,
             allow_evicting_redis=s.allow_evicting_redis,
+            archive=archiver_config(s),
         )
+
+
+def archiver_config(s: ServiceSettings) -> ArchiverConfig | None:
+    uri = s.archive_uri()
+    if uri is None:
+        return None
+    return ArchiverConfig(
+        uri,
+        flush=s.archive_flush,
+        retention=s.archive_retention,
+        max_bytes=s.archive_max_bytes,
+    )
 
 
 class _Part(threading.Thread):
@@ -302,6 +317,14 @@ def run(cfg: ServeConfig) -> int:
             notifier_cfg = NotifierConfig.load(cfg.notifiers_config)
         except ConfigError as exc:
             return _startup_error(str(exc))
+    if cfg.archive is not None and "archive" in cfg.roles:
+        from adapters.archive.layout import open_archive
+        from profiles.errors import ENSError
+
+        try:
+            open_archive(cfg.archive.uri)
+        except ENSError as exc:
+            return _startup_error(f"--archive: {exc}")
     sock = None
     if "api" in cfg.roles:
         try:
@@ -348,7 +371,13 @@ def _serve(
     where = shown if conn.embedded is None else f"embedded redis {shown}"
     if conn.created:
         log.info("new store in %s", conn.embedded.dir if conn.embedded else shown)
-    roles = ", ".join(r for r in ROLES if r in cfg.roles and (r != "deliver" or notifier_cfg))
+    roles = ", ".join(
+        r
+        for r in ROLES
+        if r in cfg.roles
+        and (r != "deliver" or notifier_cfg)
+        and (r != "archive" or cfg.archive is not None)
+    )
     if sock is not None:
         log.info(
             "ENS service on http://%s:%d, %s (%s; %d API process%s)",
@@ -423,7 +452,15 @@ def _serve(
             _Part("delivery-worker", delivery.run_forever, delivery_stop, halt=delivery_stop.set)
         )
 
-    if "engine" in cfg.roles or delivery is not None:  # an API thread would start it too
+    archiving = "archive" in cfg.roles and cfg.archive is not None
+    if archiving:
+        from adapters.service.archiver import Archiver
+
+        archive_stop = threading.Event()
+        archiver = Archiver(conn.binary(), cfg.archive)  # type: ignore[arg-type]
+        parts.append(_Part("archiver", archiver.run_forever, archive_stop, halt=archive_stop.set))
+        log.info("archiving processed events to %s", cfg.archive.uri)  # type: ignore[union-attr]
+    if "engine" in cfg.roles or delivery is not None or archiving:  # an API thread would too
         m.Publisher.ensure(conn.url)  # after the fork: children publish their own
     stop = threading.Event()
 

@@ -34,7 +34,7 @@ from profiles.options import (
 )
 
 DAY = 86400.0
-ROLES = ("api", "engine", "deliver")  # also the order in which they are stopped
+ROLES = ("api", "engine", "deliver", "archive")  # also the order in which they are stopped
 
 Kind = Literal[
     "text", "int", "number", "duration", "choice", "switch", "path", "roles", "zone", "secret"
@@ -225,11 +225,12 @@ class ServiceSettings:
     roles: tuple[str, ...] = _setting(
         ROLES,
         Option(
-            "Run only these parts here: api, engine, deliver (repeat or comma "
-            "list; default all three). Run the others as their own processes.",
+            "Run only these parts here: api, engine, deliver, archive (repeat or comma "
+            "list; default all; archive only with --archive). Run the others as their own "
+            "processes.",
             "roles",
             flags=("--role",),
-            shown="api,engine,deliver",
+            shown="api,engine,deliver,archive",
         ),
     )
     engine: str = _setting(
@@ -447,6 +448,38 @@ class ServiceSettings:
             env="ENS_ALLOW_EVICTING_REDIS",
         ),
     )
+    archive: str = _setting(
+        "off",
+        Option(
+            "Keep every event the engine processes in a Parquet archive (docs/archive.md): "
+            "'on' (DATA_DIR/archive), a path or a URI (s3://, hdfs://, any fsspec one), or "
+            "'off'. Give it to the engine and the archive roles alike.",
+            flags=("--archive",),
+            env="ENS_ARCHIVE",
+            shown="off",
+        ),
+    )
+    archive_flush: float = _duration(
+        "10s",
+        "Write archived events to a file at least this often (the archive's lag; "
+        "fewer, larger files when longer).",
+        flags=("--archive-flush",),
+        above=True,
+        maximum=DAY,
+    )
+    archive_retention: float | None = _duration(
+        "off",
+        "Delete archive hours older than this (by event time; e.g. 90d; 'off': keep).",
+        flags=("--archive-retention",),
+        above=True,
+        off=True,
+    )
+    archive_max_bytes: int = _number(
+        0,
+        "Delete the oldest archive hours while the archive is larger (0: no bound).",
+        flags=("--archive-max-bytes",),
+        unit="bytes",
+    )
     keepalive_timeout: float = _duration(
         "5s",
         "Close a keep-alive connection idle this long.",
@@ -531,17 +564,33 @@ class ServiceSettings:
         if self.engine == "spark" or self.no_engine:  # detection runs elsewhere
             if not self.effective_roles:
                 raise OptionError("--engine spark leaves nothing to run here (--role engine only)")
+        if self.archive == "off" and self.roles == ("archive",):
+            raise OptionError("--role archive needs --archive (on, a path or a URI)")
         if self.index is not None and not (self.index / "manifest.json").is_file():
             raise OptionError(
                 f"--index {self.index}: not an `ens spark index` snapshot (no manifest.json)"
             )
 
+    def archive_uri(self) -> str | None:
+        """Where the archive is (``--archive on``: the data directory's ``archive``)."""
+        if self.archive == "off":
+            return None
+        if self.archive == "on":  # ENS_DATA_DIR is read into data_dir
+            return str((self.data_dir or Path.home() / ".ens") / "archive")
+        return self.archive
+
     @property
     def effective_roles(self) -> tuple[str, ...]:
-        """The parts this process runs: ``--role`` less the engine with ``--engine spark``."""
-        if self.engine == "spark" or self.no_engine:
-            return tuple(r for r in self.roles if r != "engine")
-        return self.roles
+        """The parts this process runs: ``--role`` less the engine with ``--engine spark``, and
+        less the archiver without ``--archive`` (or with ``--engine spark``: the archive is
+        fed by the built-in engine's commits)."""
+        spark = self.engine == "spark" or self.no_engine
+        return tuple(
+            r
+            for r in self.roles
+            if not (r == "engine" and spark)
+            and not (r == "archive" and (spark or self.archive == "off"))
+        )
 
 
 def _check(opt: Option, raw: Any) -> Any:
@@ -576,7 +625,7 @@ def _check(opt: Option, raw: Any) -> Any:
         bad = [r for r in roles if r not in ROLES]
         if bad or not roles:
             raise OptionError(
-                f"{flag} {', '.join(bad) or '(empty)'}: expected api, engine or deliver"
+                f"{flag} {', '.join(bad) or '(empty)'}: expected api, engine, deliver or archive"
             )
         return roles
     if opt.kind == "zone":

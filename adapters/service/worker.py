@@ -60,6 +60,7 @@ import redis
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.alarm_worker import AlarmPart
+from adapters.service.archive_feed import FeedBuffer
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
@@ -122,6 +123,7 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
         self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
         self.inputs: list[list[Any]] = []  # the input log since the last commit
         self.pending: list[Notification] = []  # detected, not committed
+        self.archive_rows = FeedBuffer()  # fed, for ens:archive:feed with the next commit
         self.since_snapshot = 0  # inputs since the last snapshot
         self.journal_len = 0  # commits in ens:engine:journal (since the last snapshot)
         self.lease.last_renew = time.monotonic()
@@ -274,6 +276,14 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
             except (redis.RedisError, LockLost) as exc:
                 log.error("final snapshot failed (%s); the next start redoes the work", exc)
 
+    def _archive_due(self, mono: float) -> bool:
+        """Fed events wait for the archive: commit them although nothing matched (the
+        archive's lag stays about ``archive_commit`` behind the engine)."""
+        rows = len(self.archive_rows)
+        return bool(rows) and (
+            rows >= self.cfg.archive_rows or mono - self.last_commit >= self.cfg.archive_commit
+        )
+
     def _read(self, block: float) -> list[tuple[Any, Any]]:
         """The next ingest entries (last first), waiting at most about ``block`` seconds and
         not a Redis timer tick longer (`notifiers.stream_wait`): a held event is released
@@ -335,8 +345,8 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
             or self.journal_len >= self.cfg.snapshot_journal
         ):
             self.snapshot()
-        elif (self.pending or self.late_out or self._alarm_wants_commit()) and (
-            mono - self.last_commit >= self.cfg.commit_min_interval
+        elif mono - self.last_commit >= self.cfg.commit_min_interval and (
+            self.pending or self.late_out or self._archive_due(mono) or self._alarm_wants_commit()
         ):
             self.commit()
         self._write_known()

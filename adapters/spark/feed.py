@@ -307,3 +307,35 @@ def _read_dataset_files(name: str, path: str, key: str, plan: Plan | None):  # n
                 yield _batch(rows)
 
     return run
+
+
+def spark_path(uri_scheme: str | None, path: str) -> str:
+    """An archive file's path as Spark reads it (``s3`` is ``s3a`` to Hadoop)."""
+    if uri_scheme is None:
+        return path
+    scheme = {"s3": "s3a"}.get(uri_scheme, uri_scheme)
+    return f"{scheme}://{path}"
+
+
+def read_archive(
+    spark: SparkSession,
+    paths: list[str],
+    key: str,
+    plan: Plan | None = None,
+    start: float | None = None,
+    end: float | None = None,
+) -> DataFrame:
+    """Event archive files (`adapters.archive`) of ``[start, end)`` as a table of parsed
+    events: each row's ``event`` is the JSON line `ens replay` reads, its ``seq`` (engine
+    order) the arrival, so ties in ``ts`` keep the engine's order, as the local replay does.
+    Files the caller found corrupt are left out by it; ``ignoreCorruptFiles`` skips any
+    other it could not see."""
+    from pyspark.sql import functions as F
+
+    raw = spark.read.option("ignoreCorruptFiles", "true").parquet(*paths)
+    if start is not None:
+        raw = raw.where(F.col("ts") >= start)
+    if end is not None:
+        raw = raw.where(F.col("ts") < end)
+    lines = raw.select(F.col("event").alias("value"), (F.col("seq") + 1).alias("arrival"))
+    return lines.mapInArrow(_parse_lines(key, plan), EVENT_DDL)

@@ -41,6 +41,27 @@ app = typer.Typer(
 )
 
 
+@app.command("archive")
+def archive_cmd(
+    events: int = typer.Option(100_000, help="Events posted per round."),
+    batch: int = typer.Option(500, help="Events per POST."),
+    clients: int = typer.Option(4, help="Concurrent gateways."),
+    rounds: int = typer.Option(3, help="Rounds per mode (off and on alternate)."),
+    apart: bool = typer.Option(
+        False, "--apart", help="Run the archiver as its own process (`ens serve --role archive`)."
+    ),
+    flush: str = typer.Option("10s", "--flush", help="The service's --archive-flush."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """The service end to end with the event archive on vs off (same run): events/s, their
+    ratio, and the archive's bytes per event."""
+    from bench.archive import report, run
+
+    if min(events, batch, clients, rounds) < 1:
+        raise typer.BadParameter("--events, --batch, --clients and --rounds must be at least 1")
+    report(run(events, batch, clients, rounds, apart, flush), as_json)
+
+
 @app.command("pool")
 def pool_cmd(
     sizes: str = typer.Option("1000,10000,100000,1000000", help="Profile counts, comma-separated."),

@@ -192,15 +192,16 @@ def index(
 
 @app.command()
 def replay(
-    feed: Annotated[
-        str,
-        typer.Argument(
-            help="Events: JSON lines, CSV or Parquet (.gz ok); with --dataset its path."
-        ),
-    ],
     out: Annotated[
         str, typer.Option("--out", "-o", help="Notifications file (jsonl) or directory (parquet).")
     ],
+    feed: Annotated[
+        str | None,
+        typer.Argument(
+            help="Events: JSON lines, CSV or Parquet (.gz ok); with --dataset its path; "
+            "none with --archive."
+        ),
+    ] = None,
     profiles: ProfilesOpt = None,
     index: IndexOpt = None,
     key: Annotated[
@@ -223,6 +224,18 @@ def replay(
     work: Work = None,
     plan: PlanOpt = "eager",
     stats_file: StatsOpt = None,
+    archive: Annotated[
+        str | None,
+        typer.Option(
+            "--archive",
+            help="Read the events from the service's event archive (path or URI; 'on': "
+            "$ENS_DATA_DIR/archive), --from/--to, instead of FEED.",
+        ),
+    ] = None,
+    start: Annotated[
+        str | None, typer.Option("--from", help="--archive: start (7d, RFC 3339).")
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="--archive: end (default now).")] = None,
 ) -> None:
     """Replay a feed through the profiles; output identical to `ens replay` (same order)."""
     from adapters.spark.replay import replay_job
@@ -235,9 +248,23 @@ def replay(
         rates = load_stats(stats_file)
         ps = _load_profiles(profiles, index, log)
         end = parse_time_arg(until)
-        _check_feed(feed, fmt, ("jsonl", "parquet"), dataset, rooms)
+        if archive is not None:
+            if feed is not None or dataset is not None:
+                raise ENSError("with --archive give no FEED (nor --dataset)")
+            paths, t0, t1 = _archive_paths(archive, start, to, log)
+            feed = archive
+        elif feed is None:
+            raise ENSError("give the FEED (or --archive URI)")
+        else:
+            _check_feed(feed, fmt, ("jsonl", "parquet"), dataset, rooms)
         with _session(master) as spark:
-            src = _source(spark, feed, key, dataset, rooms, input_format)
+            if archive is not None:
+                from adapters.spark.feed import read_archive
+
+                def src(plan: Any = None) -> Any:
+                    return read_archive(spark, paths, key, plan, t0, t1)
+            else:
+                src = _source(spark, feed, key, dataset, rooms, input_format)
             log(f"replaying {feed} by {key} on {master}")
             ds = None
             if dataset is not None:
@@ -258,6 +285,34 @@ def replay(
                 rates=rates,
             )
     typer.echo(f"{out}: {st.notifications} notifications from {st.events} events")
+
+
+def _archive_paths(
+    archive: str, start: str | None, to: str | None, log: Callable[[str], None]
+) -> tuple[list[str], float | None, float | None]:
+    """The readable archive files of the range (corrupt ones named and skipped), as Spark
+    paths, and the range."""
+    from adapters.archive.layout import open_archive
+    from adapters.archive.reader import check_file, scan
+    from adapters.spark.feed import spark_path
+    from ens.archive_time import archive_uri, parse_when
+
+    t0, t1 = parse_when("--from", start), parse_when("--to", to or "now")
+    arc = open_archive(archive_uri(archive))
+    sc = scan(arc, t0, t1)
+    scheme = None if arc.local else arc.uri.split("://", 1)[0]
+    paths = []
+    for f in sc.files:
+        try:
+            check_file(arc, f)
+        except Exception as exc:  # noqa: BLE001 - skipped and counted, never a crash
+            log(f"warning: skipped corrupt archive file {f.path}: {exc}")
+            continue
+        paths.append(spark_path(scheme, f.path))
+    if not paths:
+        raise ENSError(f"no readable archive file in {archive} for the range")
+    log(f"{len(paths)} archive files ({len(sc.files) - len(paths)} corrupt skipped)")
+    return paths, t0, t1
 
 
 @app.command()

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from adapters.service import known_attrs, late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.archive_feed import lag as archive_lag
 from adapters.service.redis_limits import SAFE_POLICY, evicting_message, memory_state
 from adapters.service.routes.base import ApiSettings, R, admin_bearer, require_admin
 from notifiers import backlog as backlog_of
@@ -164,6 +165,9 @@ def metrics(
         m.DEAD_LETTERS.set(delivery.dead_letters)
         m.DIGEST_HELD.set(delivery.digest_held)
         m.DIGEST_AGE.set(delivery.digest_age)
+        archived, archive_age = archive_lag(r)
+        m.ARCHIVE_BACKLOG.set(archived)
+        m.ARCHIVE_LAG.set(archive_age)
         m.LATE_EVENTS.set(r.xlen(late.LATE))  # type: ignore[arg-type]
         m.KNOWN_ATTRIBUTES.set(r.hlen(known_attrs.KEY))  # type: ignore[arg-type]
         status = rs.worker_status(r)

@@ -1,0 +1,134 @@
+"""Alarm transitions through routing and escalation in their own time: synthetic histories and
+the KETI excerpt end to end (`ens replay --alarms` then `ens route replay`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from typer.testing import CliRunner
+
+from ens.cli import app
+from notifiers.alarms import Transition
+from notifiers.routing import parse_routing
+from notifiers.routing.replay import replay_routing
+
+ROOT = Path(__file__).parent.parent
+BERLIN = ZoneInfo("Europe/Berlin")
+ROUTING = """
+tz: Europe/Berlin
+schedules:
+  - id: crew
+    layers:
+      - {name: day, participants: [anna], rotation: 1d, handoff: "07:00", start: 2026-11-02,
+         restrict: Mon-Sun 07:00-19:00}
+      - {name: night, participants: [carla], rotation: 1d, handoff: "19:00", start: 2026-11-02,
+         restrict: Mon-Sun 19:00-07:00}
+escalation_policies:
+  - id: page
+    levels: [{receivers: [crew]}, {receivers: [boss], delay: 20m}]
+    repeat: 40m
+route:
+  receivers: [desk]
+  routes:
+    - {match: [severity=critical], escalation: page}
+"""
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=BERLIN).timestamp()
+
+
+def tr(kind: str, ts: float, severity: str = "critical", delivery: str = "sent", alarm: str = "a1"):
+    return Transition(
+        f"{alarm}.1.x", 0, kind, alarm, 1, ts, "rule", "", None, "active-unacknowledged",  # type: ignore[arg-type]
+        severity, 1, ts, ts, {"severity": severity, "room": "101"}, {}, delivery,
+    )  # fmt: skip
+
+
+def test_an_escalation_runs_past_the_handoff_until_acknowledged() -> None:
+    routing, errors = parse_routing(ROUTING)
+    assert routing is not None, errors
+    history = [tr("raise", at("2026-11-03T06:30")), tr("ack", at("2026-11-03T08:15"))]
+    rows, esc = replay_routing(routing, history, until=at("2026-11-03T12:00"))
+    got = [(datetime.fromtimestamp(r.ts, BERLIN).strftime("%H:%M"), r.subscriber) for r in rows]
+    # 06:30 night crew, 06:50 boss, 07:30 the ladder again: now the day crew; 07:50 boss;
+    # acknowledged at 08:15: the 08:30 step never comes
+    assert got == [("06:30", "carla"), ("06:50", "boss"), ("07:30", "anna"), ("07:50", "boss")]
+    assert esc.pending == {}
+
+
+def test_only_delivered_transitions_are_routed_and_a_clear_stops_either_way() -> None:
+    routing, _ = parse_routing(ROUTING)
+    assert routing is not None
+    history = [
+        tr("raise", at("2026-11-03T10:00"), delivery="silenced"),  # held back: no escalation
+        tr("raise", at("2026-11-03T10:00"), alarm="a2"),
+        tr("clear", at("2026-11-03T10:05"), alarm="a2", delivery="none"),  # not notified: stops
+        tr("raise", at("2026-11-03T10:10"), severity="minor", alarm="a3"),
+    ]
+    rows, esc = replay_routing(routing, history, until=at("2026-11-03T12:00"))
+    assert [(r.alarm, r.what, r.subscriber) for r in rows] == [
+        ("a2", "escalation 1", "anna"),
+        ("a3", "raise", "desk"),
+    ]
+    assert esc.pending == {}
+
+
+def test_the_keti_excerpt_end_to_end(tmp_path: Path) -> None:
+    events = tmp_path / "keti.jsonl"
+    r = CliRunner().invoke(app, ["data", "convert", "keti", str(ROOT / "examples/data/keti")])
+    assert r.exit_code == 0, r.output
+    events.write_text(r.stdout)
+    transitions = tmp_path / "t.jsonl"
+    r = CliRunner().invoke(
+        app,
+        ["replay", "--alarms", str(ROOT / "examples/routing/keti-alarms.yaml"), str(events),
+         "--out", str(transitions)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(
+        app,
+        ["route", "replay", str(transitions), "-c", str(ROOT / "examples/routing/keti-routing.yaml"),
+         "--json"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    la = ZoneInfo("America/Los_Angeles")
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    got = [
+        (datetime.fromtimestamp(x["ts"], la).strftime("%H:%M"), x["labels"]["profile"],
+         x["labels"]["room"], x["what"], x["subscriber"], x["told"])
+        for x in rows
+    ]  # fmt: skip
+    assert got == [
+        ("03:00", "sensor-fault", "419", "escalation 1", "dee", True),  # the night crew
+        ("03:15", "sensor-fault", "419", "escalation 2", "supervisor", True),
+        ("04:15", "sensor-fault", "419", "escalation 1", "dee", True),
+        ("04:30", "sensor-fault", "419", "escalation 2", "supervisor", True),
+        ("05:30", "sensor-fault", "419", "escalation 1", "dee", True),
+        ("05:45", "sensor-fault", "419", "escalation 2", "supervisor", True),  # max_repeats: 2
+        ("06:37", "occupied", "752", "raise", "security", True),  # after hours
+        ("08:09", "occupied", "621", "raise", "facility-desk", False),  # quiet until 09:00
+        ("08:21", "occupied", "419", "raise", "facility-desk", False),
+        ("08:58", "occupied", "621A", "raise", "facility-desk", False),
+        ("09:12", "sensor-fault", "723", "escalation 1", "ana", True),  # the day crew
+        ("09:15", "occupied", "419", "raise", "facility-desk", True),
+        ("09:27", "sensor-fault", "723", "escalation 2", "supervisor", True),
+        ("09:32", "sensor-fault", "723", "clear", "ana", True),  # cleared: escalation stops
+        ("09:36", "co2-high", "419", "raise", "facility-desk", True),
+    ]
+
+
+def test_bad_input_to_route_replay_says_what(tmp_path: Path) -> None:
+    config = str(ROOT / "examples/routing/keti-routing.yaml")
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"x": 1}\n')
+    r = CliRunner().invoke(app, ["route", "replay", str(bad), "-c", config])
+    assert r.exit_code == 2 and f"{bad}:1: not an alarm transition" in r.output
+    bad.write_text("")
+    r = CliRunner().invoke(app, ["route", "replay", str(bad), "-c", config, "--until", "never"])
+    assert r.exit_code == 2 and "--until: 'never'" in r.output
+    r = CliRunner().invoke(app, ["route", "replay", str(tmp_path / "none"), "-c", config])
+    assert r.exit_code == 2 and "cannot read" in r.output
