@@ -186,3 +186,38 @@ def test_grouping_by_building_folds_raises_into_one_message(
     assert groups == [("A", 3), ("B", 2)]
     assert all(m["alarm"]["message_kind"] == "group" and m["id"].startswith("msg:") for m in msgs)
     assert len(history(rt)) == 5
+
+
+def test_commands_without_a_worker_and_across_a_crash_apply_once(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    """No worker reading: the sender gets WorkerUnavailable, and the command is applied when
+    one reads it; a command read but not committed when the worker dies is read again by its
+    successor and applied once (one reply, one history entry); one older than
+    COMMAND_MAX_AGE is not applied."""
+    rs.put_profile(rt, "win", f"seq(w: {WINDOW}) per room", alarm=ALARM)
+    a = EngineWorker(rb, config())
+    a.start()
+    clock = [time.time()]
+    ingest(rb, [window(1, "101"), window(2, "102")])
+    drain(a, clock)
+    ids = {x["labels"]["room"]: x["id"] for x in als.list_alarms(rt)}
+    with pytest.raises(als.WorkerUnavailable):
+        als.send_command(rt, "ack", {"id": ids["101"], "actor": "ann"}, timeout=1)
+    drain(a, clock)  # read now: applied
+    assert als.get_alarm(rt, ids["101"])["state"] == "active-acknowledged"  # type: ignore[index]
+
+    eid = als.post_command(rt, "ack", {"id": ids["102"], "actor": "bob"})
+    stale = {"op": "clear", "at": time.time() - als.COMMAND_MAX_AGE - 60, "id": ids["101"]}
+    old = rt.xadd(als.CONTROL, {"c": json.dumps({**stale, "reason": "x"})})
+    a._control()  # read, not committed: then kill -9
+    assert [c[0] for c in a.alarm_cmds] == [eid]
+    rb.delete(rs.ENGINE_LOCK)
+    b = EngineWorker(rb, config(name="w2"))
+    b.start()
+    drain(b, clock)
+    assert als.wait_reply(rt, eid, 1)["status"] == 200
+    assert rt.llen(als.REPLY + eid) == 0 and not rt.exists(als.REPLY + str(old))
+    acks = [t for t in history(rt) if t["kind"] == "ack"]
+    assert [t["actor"] for t in acks] == ["ann", "bob"]
+    assert als.get_alarm(rt, ids["101"])["state"] == "active-acknowledged"  # type: ignore[index]
