@@ -40,7 +40,9 @@ backlog is being worked off, only event time moves, so a slow worker does not tu
 backlog late).
 
 The parts: `adapters.service.lease` (the engine lock), `checkpointer` (snapshots),
-`journal` (commits and replay), `control` (profile and gateway changes), `intake` (ingest
+`journal` (commits and replay), `control` (profile and gateway changes), `alarm_worker`
+(alarm profiles' notifications and operator commands through the alarm rules, written by the
+same commits), `intake` (ingest
 entries -> reorder buffer -> engine), `liveness` (heartbeat, stats), and here the loop that
 drives them: start and recovery, read, feed, commit or snapshot.
 """
