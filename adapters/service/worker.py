@@ -42,9 +42,9 @@ backlog late).
 The parts: `adapters.service.lease` (the engine lock), `checkpointer` (snapshots),
 `journal` (commits and replay), `control` (profile and gateway changes), `alarm_worker`
 (alarm profiles' notifications and operator commands through the alarm rules, written by the
-same commits), `intake` (ingest
-entries -> reorder buffer -> engine), `liveness` (heartbeat, stats), and here the loop that
-drives them: start and recovery, read, feed, commit or snapshot.
+same commits), `intake` (ingest entries -> reorder buffer -> engine), `liveness` (heartbeat,
+stats), and here the loop that drives them: start and recovery, read, feed, commit or
+snapshot.
 """
 
 from __future__ import annotations
