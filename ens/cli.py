@@ -696,6 +696,9 @@ def _mount() -> None:
     from ens.commands.service import register
 
     register(app)  # serve, post, profile, subscriber, gateway; `notifications tail`
+    from ens.commands import alarms as alarms_cli
+
+    alarms_cli.register(app)  # alarms, silence, token
 
 
 _mount()

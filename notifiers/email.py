@@ -57,8 +57,40 @@ def _partition(n: Notification) -> str:
     return ", ".join(f"{k} {v}" for k, v in part.items()) if isinstance(part, Mapping) else ""
 
 
+def _alarm_lines(n: Notification) -> list[str]:
+    """An alarm message (docs/alarms.md): each notice, and how to acknowledge it."""
+    alarm = n.get("alarm")
+    if not isinstance(alarm, Mapping):
+        return []
+    lines = []
+    for x in alarm.get("notices") or []:
+        labels = ", ".join(f"{k}={v}" for k, v in (x.get("labels") or {}).items())
+        ack = x.get("acknowledge") or {}
+        lines += [
+            f"Alarm {x.get('alarm')} (occurrence {x.get('occurrence')}): "
+            f"{x.get('transition_kind')} -> {x.get('state')}, severity {x.get('severity')}",
+            f"  {labels}",
+            f"  count {x.get('count')}, first seen {fmt_ts(x.get('first_seen'))}, "
+            f"last seen {fmt_ts(x.get('last_seen'))}",
+            f"  acknowledge: {ack.get('command')}  or  {ack.get('http')}",
+        ]
+    if alarm.get("overflow"):
+        lines.append(f"({alarm['overflow']} notices held back by the hourly cap)")
+    return lines
+
+
 def subject_for(n: Notification) -> str:
-    """e.g. ``[ENS] p4 matched at 2024-03-01 22:10 UTC (room 101)``."""
+    """e.g. ``[ENS] p4 matched at 2024-03-01 22:10 UTC (room 101)``; an alarm message:
+    ``[ENS] MAJOR p4 raise (room=101)``."""
+    alarm = n.get("alarm")
+    if isinstance(alarm, Mapping) and alarm.get("notices"):
+        count = len(alarm["notices"])
+        labels = alarm.get("labels") or {}
+        where = ", ".join(
+            f"{k}={v}" for k, v in labels.items() if k not in ("profile", "severity", "subscriber")
+        )
+        what = f"{alarm.get('transition_kind')} ({where})" if count == 1 else f"{count} alarms"
+        return _clean(f"[ENS] {str(alarm.get('severity', '')).upper()} {n.get('profile')} {what}")
     where = _partition(n)
     subject = f"[ENS] {n.get('profile')} matched at {fmt_ts(n.get('ts'), seconds=False)}"
     return _clean(f"{subject} ({where})" if where else subject)
@@ -90,6 +122,8 @@ def text_section(n: Notification) -> str:
     if n.get("subscriber"):
         lines.append(f"Subscriber: {n.get('subscriber')}")
     lines.append(f"Notification id: {n.get('id')}")
+    if alarm := _alarm_lines(n):
+        return "\n".join([*lines, "", *alarm])
     lines += ["", "Events:", *_event_lines(n)]
     return "\n".join(lines)
 
@@ -106,6 +140,9 @@ def html_section(n: Notification) -> str:
     if n.get("subscriber"):
         out.append(f"Subscriber: {e(str(n.get('subscriber')))}<br>")
     out.append(f"Notification id: <code>{e(str(n.get('id')))}</code></p>")
+    if alarm := _alarm_lines(n):
+        out.append(f"<pre>{e(chr(10).join(alarm))}</pre>")
+        return "\n".join(out)
     out.append('<table border="1" cellpadding="4" cellspacing="0">')
     out.append("<tr><th>component</th><th>event</th><th>time</th><th>attributes</th></tr>")
     for name, ev in (n.get("events") or {}).items():

@@ -89,17 +89,19 @@ def verify(
 
 
 def build_body(n: Mapping[str, Any]) -> bytes:
-    """The POST body: the outbox record under webhook-friendly names."""
-    return dumps(
-        {
-            "notification_id": n.get("id"),
-            "profile": n.get("profile"),
-            "subscriber": n.get("subscriber"),
-            "ts": n.get("ts"),
-            "events": n.get("events", {}),
-            "partition": n.get("partition"),
-        }
-    ).encode()
+    """The POST body: the outbox record under webhook-friendly names (with ``alarm`` for an
+    alarm message: docs/alarms.md)."""
+    body = {
+        "notification_id": n.get("id"),
+        "profile": n.get("profile"),
+        "subscriber": n.get("subscriber"),
+        "ts": n.get("ts"),
+        "events": n.get("events", {}),
+        "partition": n.get("partition"),
+    }
+    if "alarm" in n:
+        body["alarm"] = n["alarm"]
+    return dumps(body).encode()
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

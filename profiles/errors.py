@@ -175,6 +175,11 @@ class SilenceNotFound(SilenceError):
         super().__init__("id", f"no silence {sid!r}")
 
 
+class WorkerUnavailable(ENSError):
+    """The engine worker did not answer an alarm command in time (not running, or far
+    behind): HTTP 503, CLI exit 1."""
+
+
 class EvictingRedis(ENSError):
     """Redis may evict ENS' keys (its maxmemory-policy is not noeviction)."""
 

@@ -135,11 +135,13 @@ def test_ens_check_reports_alarm_problems(tmp_path: object) -> None:
 
 
 @pytest.mark.redis
-def test_profile_add_says_the_service_does_not_keep_alarms_yet(
-    redis_url: str, tmp_path: object
-) -> None:
+def test_profile_add_stores_alarm_blocks(redis_url: str, tmp_path: object) -> None:
+    """`ens profile add FILE` keeps each profile's `alarm:` (its normal form) and the plain
+    profile stays plain; --severity/--clear/--notify describe one with --expr, and a bad one is
+    refused naming the field, nothing stored."""
     from pathlib import Path
 
+    import redis
     from typer.testing import CliRunner
 
     from adapters.service import redis_store as rs
@@ -147,9 +149,45 @@ def test_profile_add_says_the_service_does_not_keep_alarms_yet(
 
     f = Path(str(tmp_path)) / "p.yaml"
     f.write_text(GOOD)
-    r = CliRunner(env={rs.ENV_URL: redis_url}).invoke(app, ["profile", "add", str(f)])
+    runner = CliRunner(env={rs.ENV_URL: redis_url})
+    r = runner.invoke(app, ["profile", "add", str(f)])
     assert r.exit_code == 0, r.stderr
-    assert (
-        "warning: the service does not run alarms yet; the alarm: blocks of door, leak, "
-        "window-open are not stored" in r.stderr
+    assert "alarm" not in r.stderr
+    c = redis.Redis.from_url(redis_url)
+    stored = {p["id"]: p.get("alarm") for p in rs.list_profiles(c)}
+    assert stored == {
+        "window-open": {
+            "severity": "major",
+            "notify": ["raise", "ack", "clear"],
+            "clear": "after 1800s",
+        },
+        "door": {
+            "severity": "warning",
+            "notify": ["raise", "clear"],
+            "clear": {"on": 'kind = "door" and state = "closed"'},
+        },
+        "leak": {"severity": "critical", "notify": ["raise", "clear"], "clear": "manual"},
+        "plain": None,
+    }
+    again = runner.invoke(app, ["profile", "add", str(f)])
+    assert again.exit_code == 0 and "replace" not in again.stderr  # the same definition
+    bad = runner.invoke(
+        app, ["profile", "add", "--id", "x", "--expr", 'kind = "x"', "--severity", "huge"]
     )
+    assert bad.exit_code == 2 and "alarm.severity: unknown severity 'huge'" in bad.stderr
+    bad = runner.invoke(
+        app, ["profile", "add", "--id", "x", "--expr", 'kind = "x"', "--clear", "kind = = 1"]
+    )
+    assert bad.exit_code == 2 and "alarm.clear.on" in bad.stderr
+    assert rs.get_profile(c, "x") is None
+    ok = runner.invoke(
+        app,
+        ["profile", "add", "--id", "x", "--expr", 'kind = "x"', "--severity", "minor",
+         "--clear", "after 5m", "--notify", "raise", "--notify", "repeat"],
+    )  # fmt: skip
+    assert ok.exit_code == 0, ok.stderr
+    x = rs.get_profile(c, "x")
+    assert x is not None
+    shown = runner.invoke(app, ["profile", "show", "x"])
+    assert "alarm:      severity minor, clear after 300s, notify raise, repeat" in shown.stdout
+    assert x["alarm"] == {"severity": "minor", "notify": ["raise", "repeat"], "clear": "after 300s"}

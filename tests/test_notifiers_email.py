@@ -282,3 +282,32 @@ def test_mail_that_cannot_be_built_is_dead_lettered_at_once(r, sink, smtp_port, 
     assert all("cannot build the mail" in d.error and "out of range" in d.error for d in dls)
     (msg,) = sink.messages
     assert "p4" in msg["Subject"]
+
+
+def test_alarm_message_mail_names_the_alarm_and_how_to_acknowledge(r, sink, smtp_port):
+    """An alarm message (docs/alarms.md) by e-mail: severity and transition in the subject,
+    each notice with its state, count and the ack command and HTTP call in the body."""
+    notice = {
+        "alarm": "a0123456789abcde", "occurrence": 1, "transition": "a0123456789abcde.1.1",
+        "transition_kind": "raise", "state": "active-unacknowledged", "severity": "major",
+        "count": 1, "first_seen": 1709330990.0, "last_seen": 1709330990.0,
+        "labels": {"room": "101", "profile": "p4", "severity": "major", "subscriber": "s1"},
+        "acknowledge": {"command": "ens alarms ack a0123456789abcde",
+                        "http": "POST /v1/alarms/a0123456789abcde/ack"},
+    }  # fmt: skip
+    subscribe(r)
+    rec = {
+        "id": "a0123456789abcde.1.1", "profile": "p4", "subscriber": "s1", "ts": 1709330990.0,
+        "events": {},
+        "alarm": {**notice, "message": "m1", "message_kind": "single", "group": {},
+                  "overflow": 0, "notices": [notice]},
+    }  # fmt: skip
+    store.enqueue(r, rec)
+    with DeliveryWorker(r, fast_config(smtp_port)) as w:
+        assert w.run_once().delivered == 1
+    (msg,) = sink.messages
+    assert msg["Subject"] == "[ENS] MAJOR p4 raise (room=101)"
+    text, html = parts(msg)
+    assert "raise -> active-unacknowledged, severity major" in text
+    assert "acknowledge: ens alarms ack a0123456789abcde" in text
+    assert "POST /v1/alarms/a0123456789abcde/ack" in html

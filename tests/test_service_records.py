@@ -225,3 +225,12 @@ def test_a_restarted_worker_replays_a_journal_written_without_versions(
     got = outbox(rt)
     assert len({n["id"] for n in got}) == len(got)
     assert canon(replay_records(got)) == canon(expected(events))
+
+
+def test_journal_entry_with_an_alarm_step_is_version_3_and_reads_back() -> None:
+    step = {"ops": [{"op": "ack", "id": "a1", "actor": "ann"}], "t": 12.5, "ctl": "7-0"}
+    fields = JournalEntry([["e", "1-0.0"]], 1, "5-0", alarm=step).fields()
+    assert fields["ver"] == "3"
+    back = JournalEntry.read({k.encode(): str(v).encode() for k, v in fields.items()})
+    assert back.alarm == step and back.notifications == 1
+    assert JournalEntry([["e", "1-0.0"]], 1, "5-0").fields()["ver"] == "1"  # as before

@@ -25,6 +25,7 @@ from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.access import AccessMiddleware
 from adapters.service.routes import admin, ingest, manage, operations
+from adapters.service.routes import alarms as alarm_routes
 from adapters.service.routes import late as late_routes
 from adapters.service.routes.base import ApiSettings as ApiSettings
 from adapters.service.routes.base import IngestLimits as IngestLimits
@@ -114,4 +115,5 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(operations.router)
     app.include_router(late_routes.router)
+    app.include_router(alarm_routes.router)
     return app

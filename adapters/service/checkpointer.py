@@ -57,6 +57,7 @@ class Checkpointer(EngineState):
                 log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
                 return True
             self._restore(cp[0], CheckpointMeta.from_dict(cp[1]))
+            self._alarm_load()
             return False
         except (redis.RedisError, MemoryError):
             # Redis away (`run_forever` starts again from Redis), or short of memory: not
@@ -199,7 +200,10 @@ class Checkpointer(EngineState):
         and trims ingest."""
         t0 = time.perf_counter()
         self.pending.extend(self.engine.take_notifications())
-        records = [self.record(n) for n in self.pending]
+        plain, alarm_notes = self._alarm_split(self.pending)
+        records = [self.record(n) for n in plain]
+        alarm = self._alarm_step(alarm_notes)
+        alarm_state = self._alarm_state()  # after the step: what the journal no longer holds
         snap = self.engine.snapshot(profiles_apart=True)
         changed = {pid: self.defs.get(pid) for pid in self.dirty}
         meta_obj = self._meta()
@@ -215,12 +219,14 @@ class Checkpointer(EngineState):
             if archived is not None:  # fed since the last commit (`Journal.commit`)
                 p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # sent since the last commit
+            if alarm is not None:
+                self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
             for pid, prof in changed.items():  # only what changed: 10^6 profiles are not rewritten
                 if prof is None:
                     p.hdel(rs.CHECKPOINT_PROFILES, pid)
                 else:
                     p.hset(rs.CHECKPOINT_PROFILES, pid, pickle.dumps(prof, pickle.HIGHEST_PROTOCOL))
-            p.hset(rs.CHECKPOINT, mapping={"engine": snap, "meta": meta})
+            p.hset(rs.CHECKPOINT, mapping={"engine": snap, "meta": meta, "alarms": alarm_state})
             p.delete(rs.JOURNAL)
             for i in range(0, len(unacked), 10_000):
                 p.xack(rs.INGEST, rs.ENGINE_GROUP, *unacked[i : i + 10_000])
@@ -228,6 +234,7 @@ class Checkpointer(EngineState):
                 p.xtrim(rs.INGEST, minid=rs.next_id(self.last_id), approximate=False)
 
         self._transaction(write)
+        self._alarm_published(alarm)
         self._published(records)
         self.inputs.clear()
         self.archive_rows.clear()

@@ -14,6 +14,7 @@ from typing import Any
 from adapters.service import redis_store as rs
 from adapters.service.engine_state import EngineState
 from adapters.service.records import op_profile
+from profiles.alarm import CLEAR_SUFFIX
 from profiles.errors import ProfileError
 
 log = logging.getLogger("ens.service.worker")
@@ -34,7 +35,7 @@ class Control(EngineState):
         quiet = len(stored) > 100  # one summary line instead of a line per profile
         changed = 0
         for pid in list(self.defs):
-            if pid not in want:
+            if pid not in want and CLEAR_SUFFIX not in pid:  # a companion goes with its profile
                 self._apply(pid, None, quiet)
                 changed += 1
         for p in stored:
@@ -103,26 +104,37 @@ class Control(EngineState):
         """Apply the stored definition of one profile (None: deleted), logging the input."""
         expr = rec["expr"] if rec else None
         sub = rec.get("subscriber") if rec else None
+        alarm = rec.get("alarm") if rec else None
         self._keepalive()  # a start on many profiles parses for a while
-        if self._set_def(pid, expr, sub, quiet):
-            self._input(op_profile(pid, expr, sub))
+        if self._set_def(pid, expr, sub, quiet, alarm):
+            self._input(op_profile(pid, expr, sub, alarm))
             self.changed = True
             return True
         return False
 
-    def _set_def(self, pid: str, expr: str | None, sub: str | None, quiet: bool = False) -> bool:
-        """Make `pid` the stored definition; `quiet` logs it at DEBUG (bulk starts)."""
+    def _set_def(
+        self,
+        pid: str,
+        expr: str | None,
+        sub: str | None,
+        quiet: bool = False,
+        alarm: dict[str, Any] | None = None,
+    ) -> bool:
+        """Make `pid` the stored definition (with its `alarm:`); `quiet` logs it at DEBUG
+        (bulk starts)."""
         level = logging.DEBUG if quiet else logging.INFO
         have = self.defs.get(pid)
         if expr is None:
             if have is None:
                 return False
             self._remove(pid)
+            self._set_alarm(pid, None, None)
             del self.defs[pid]
             self.dirty.add(pid)
             log.log(level, "profile %s removed", pid)
             return True
-        if have is not None and have.source == expr and have.subscriber == sub:
+        same_alarm = self.alarm_specs.get(pid) == alarm
+        if have is not None and have.source == expr and have.subscriber == sub and same_alarm:
             return False
         if self._preparsed is None:  # an index imported earlier: needed after all
             self._preparsed = self._load_index()
@@ -138,6 +150,7 @@ class Control(EngineState):
         self.engine.add_profile(profile)
         self.defs[pid] = profile
         self.dirty.add(pid)
+        self._set_alarm(pid, profile, alarm)
         log.log(level, "profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
         return True
 
@@ -170,3 +183,4 @@ class Control(EngineState):
                 self._gateways(gw)
             self.control_id = rs.text(eid)
             self.changed = True
+        self._alarm_control()

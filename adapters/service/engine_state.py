@@ -26,6 +26,7 @@ from adapters.service.watermarks import Held, Watermarks
 from filters.caps import Caps
 from filters.engine import Engine
 from filters.notification import Notification
+from notifiers.alarms import GroupPolicy
 from profiles.ast import Profile
 from profiles.events import Event
 
@@ -44,6 +45,9 @@ class WorkerConfig:
     # "feed": it is fed at once, in arrival order
     late_events: str = DEFAULTS.late_events
     late_max: int = DEFAULTS.late_max  # ens:late keeps about this many
+    alarm_history_retention: float = DEFAULTS.alarm_history_retention  # s
+    # grouping and cap of alarm messages, for every subscriber (configuration, not state)
+    alarm_policy: GroupPolicy = field(default_factory=GroupPolicy)
     known_attrs_max: int = 1000  # ens:attrs keeps this many attribute names (known_attrs)
     known_attrs_interval: float = 1.0  # s: ens:attrs is written at most this often
     name: str = field(default_factory=socket.gethostname)
@@ -97,6 +101,13 @@ class WorkerConfig:
             tz=s.tz,
             late_events=s.late_events,
             late_max=s.late_max,
+            alarm_history_retention=s.alarm_history_retention,
+            alarm_policy=GroupPolicy(
+                tuple(x.strip() for x in s.alarm_group_by.split(",") if x.strip()) or None,
+                s.alarm_group_wait,
+                s.alarm_group_interval,
+                s.alarm_cap or None,
+            ),
             snapshot_interval=s.snapshot_interval,
             status_interval=s.status_interval,
             plan=s.plan,
@@ -189,7 +200,51 @@ class EngineState:
     def _input(self, op: list[Any]) -> None:
         raise NotImplementedError
 
-    def _set_def(self, pid: str, expr: str | None, sub: str | None, quiet: bool = False) -> bool:
+    def _set_def(
+        self,
+        pid: str,
+        expr: str | None,
+        sub: str | None,
+        quiet: bool = False,
+        alarm: dict[str, Any] | None = None,
+    ) -> bool:
+        raise NotImplementedError
+
+    # the alarm part (`adapters.service.alarm_worker`)
+    alarm_specs: dict[str, dict[str, Any]]
+    alarm_counts: dict[str, int]
+
+    def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
+        raise NotImplementedError
+
+    def _set_alarm(self, pid: str, profile: Profile | None, alarm: dict[str, Any] | None) -> None:
+        raise NotImplementedError
+
+    def _alarm_control(self) -> None:
+        raise NotImplementedError
+
+    def _alarm_reset(self) -> None:
+        raise NotImplementedError
+
+    def _alarm_load(self) -> None:
+        raise NotImplementedError
+
+    def _alarm_state(self) -> str:
+        raise NotImplementedError
+
+    def _alarm_split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
+        raise NotImplementedError
+
+    def _alarm_step(self, notes: list[Notification]) -> Any:
+        raise NotImplementedError
+
+    def _alarm_replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
+        raise NotImplementedError
+
+    def _alarm_write(self, p: Any, batch: Any, retention: float) -> None:
+        raise NotImplementedError
+
+    def _alarm_published(self, batch: Any) -> None:
         raise NotImplementedError
 
     @staticmethod

@@ -70,7 +70,7 @@ class Journal(EngineState):
             entry = JournalEntry.read(f)
             for op in entry.operations():
                 if isinstance(op, ProfileChanged):
-                    self._set_def(op.id, op.expr, op.subscriber)
+                    self._set_def(op.id, op.expr, op.subscriber, alarm=op.alarm)
                 elif isinstance(op, Advanced):
                     self.engine.advance(op.t)
                 elif isinstance(op, LateSent):  # its record was committed with this entry
@@ -92,6 +92,7 @@ class Journal(EngineState):
                     if not len(fed) & 255:
                         self._keepalive()
             redone = self.engine.take_notifications()
+            self._alarm_replay(entry.alarm, redone)
             lost += max(entry.notifications - len(redone), 0)
             if len(redone) != entry.notifications and not self.lost_state:
                 log.error(
@@ -131,9 +132,17 @@ class Journal(EngineState):
         and the events they sent to the late output."""
         t0 = time.perf_counter()
         self.pending.extend(self.engine.take_notifications())
-        records = [self.record(n) for n in self.pending]
+        plain, alarm_notes = self._alarm_split(self.pending)
+        records = [self.record(n) for n in plain]
+        alarm = self._alarm_step(alarm_notes)  # alarm profiles: their messages, not themselves
         late_out = self.late_out
-        entry = JournalEntry(self.inputs, len(records), self.control_id, bool(late_out)).fields()
+        entry = JournalEntry(
+            self.inputs,
+            len(self.pending),
+            self.control_id,
+            bool(late_out),
+            alarm.entry if alarm is not None else None,
+        ).fields()
         archived = self._archive_entry()
 
         def write(p: Any) -> None:
@@ -143,8 +152,11 @@ class Journal(EngineState):
             if archived is not None:  # the events these inputs fed, exactly once
                 p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # with the OP_LATE inputs that sent them
+            if alarm is not None:  # with the notifications and commands that made them
+                self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
 
         self._transaction(write)
+        self._alarm_published(alarm)
         self._published(records)
         self.inputs.clear()
         self.archive_rows.clear()

@@ -32,6 +32,7 @@ class Liveness(EngineState):
             "epoch": self.epoch,
             "snapshot_bytes": self.snapshot_bytes,
             "skewed_gateways": self.wm.skewed(now),
+            "alarms": self._alarm_gauges(),  # "severity|state" -> alarms
             **{f"total_{k}": v for k, v in self.totals.items()},
         }
 

@@ -32,7 +32,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from notifiers import metrics as notifier_metrics
+from notifiers.alarms.model import STATES
 from notifiers.label_limit import NONE, TopCounter
+from profiles.alarm import SEVERITIES
 
 log = logging.getLogger("ens.service.metrics")
 
@@ -133,6 +135,34 @@ NOTIFICATIONS_CAPPED = Counter(
     "Notifications dropped by --max-notifications-per-event (one event completing more "
     "matches of one profile), by profile.",
     ["profile"],
+    registry=REGISTRY,
+)
+ALARM_TRANSITIONS = Counter(
+    "ens_alarm_transitions",
+    "Alarm transitions written to the history, by kind (raise, repeat, ack, clear).",
+    ["kind"],
+    registry=REGISTRY,
+)
+ALARM_SILENCED = Counter(
+    "ens_alarm_silenced_deliveries",
+    "Alarm transitions a silence held back (recorded, not delivered).",
+    registry=REGISTRY,
+)
+ALARM_MESSAGES = Counter(
+    "ens_alarm_messages",
+    "Alarm messages put in the outbox, by kind (single, group: grouped, digest: the cap's).",
+    ["kind"],
+    registry=REGISTRY,
+)
+ALARM_OVERFLOW = Counter(
+    "ens_alarm_cap_overflow",
+    "Alarm notices the per-subscriber cap held back into a digest (never dropped).",
+    registry=REGISTRY,
+)
+ALARMS_OPEN = Gauge(
+    "ens_alarms",
+    "Alarms by severity and state (the current occurrence of each alarm key).",
+    ["severity", "state"],
     registry=REGISTRY,
 )
 ENGINE_ERRORS = Counter(
@@ -331,6 +361,10 @@ def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:
     if "snapshot_bytes" in stats:
         SNAPSHOT_BYTES.set(stats["snapshot_bytes"])
     REORDER_BUFFER.set(buffered)
+    alarms = stats.get("alarms") or {}
+    for sev in SEVERITIES:
+        for state in STATES:
+            ALARMS_OPEN.labels(severity=sev, state=state).set(alarms.get(f"{sev}|{state}", 0))
 
 
 # ----------------------------------------------------------------------------- all processes

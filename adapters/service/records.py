@@ -104,7 +104,9 @@ def ingest_normalized(fields: Mapping[Any, Any]) -> bool:
 
 OP_EVENT = "e"  # ["e", event key]: an ingest event fed to the engine
 OP_ADVANCE = "a"  # ["a", t]: engine time advanced to t
-OP_PROFILE = "c"  # ["c", id, expr | None, subscriber | None]: a profile set or removed
+# ["c", id, expr | None, subscriber | None(, alarm)]: a profile set or removed; the optional
+# fifth element is its `alarm:` (docs/alarms.md), which older readers ignore
+OP_PROFILE = "c"
 OP_LATE = "l"  # ["l", event key]: an ingest event sent to the late output (`adapters.service.late`)
 
 
@@ -124,6 +126,7 @@ class ProfileChanged(NamedTuple):
     id: str
     expr: str | None
     subscriber: str | None
+    alarm: dict[str, Any] | None = None
 
 
 JournalOp = EventFed | Advanced | ProfileChanged | LateSent
@@ -139,8 +142,12 @@ def op_advance(t: float) -> list[Any]:
     return [OP_ADVANCE, t]
 
 
-def op_profile(pid: str, expr: str | None, subscriber: str | None) -> list[Any]:
-    return [OP_PROFILE, pid, expr, subscriber]
+def op_profile(
+    pid: str, expr: str | None, subscriber: str | None, alarm: dict[str, Any] | None = None
+) -> list[Any]:
+    if alarm is None:
+        return [OP_PROFILE, pid, expr, subscriber]
+    return [OP_PROFILE, pid, expr, subscriber, alarm]
 
 
 def _op(raw: Any) -> JournalOp:
@@ -150,7 +157,7 @@ def _op(raw: Any) -> JournalOp:
     if kind == OP_ADVANCE:
         return Advanced(raw[1])
     if kind == OP_PROFILE:
-        return ProfileChanged(raw[1], raw[2], raw[3])
+        return ProfileChanged(raw[1], raw[2], raw[3], raw[4] if len(raw) > 4 else None)
     if kind == OP_LATE:
         return LateSent(raw[1])
     raise ValueError(f"journal operation {kind!r} is unknown")
@@ -161,22 +168,28 @@ class JournalEntry:
     """One ``ens:engine:journal`` entry: the engine inputs of one commit (in order), how many
     notifications they made (replay checks it) and the control stream id applied so far.
 
-    Version 2 may hold ``OP_LATE`` operations; an entry without one is written as version 1,
-    so an older worker still reads the journal unless a late event was sent."""
+    Version 2 may hold ``OP_LATE`` operations, version 3 an alarm step (``al``); an entry
+    without either is written as version 1, so an older worker still reads the journal unless
+    a late event was sent or alarms moved (it would refuse by name rather than lose them)."""
 
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
     ops: list[list[Any]]  # wire form (`op_event` ...); `operations()` types them
     notifications: int
     control_id: str
     late: bool = False  # holds an OP_LATE (written as version 2)
+    # the alarm step of this commit (`adapters.service.alarm_worker`): {"ops", "t", "ctl"}
+    alarm: dict[str, Any] | None = None
 
     def fields(self) -> Fields:
-        return {
+        out: Fields = {
             "ops": dumps(self.ops),
             "n": self.notifications,
             "ctl": self.control_id,
-            VERSION_FIELD: "2" if self.late else "1",
+            VERSION_FIELD: "3" if self.alarm is not None else "2" if self.late else "1",
         }
+        if self.alarm is not None:
+            out["al"] = dumps(self.alarm)
+        return out
 
     @classmethod
     def read(cls, fields: Mapping[Any, Any]) -> JournalEntry:
@@ -185,6 +198,7 @@ class JournalEntry:
             json.loads(entry_field(fields, "ops")),
             int(entry_field(fields, "n")),
             text(entry_field(fields, "ctl")),
+            alarm=json.loads(al) if (al := entry_field(fields, "al")) is not None else None,
         )
 
     def operations(self) -> Iterator[JournalOp]:

@@ -74,6 +74,7 @@ from adapters.service.records import INGEST_EXACT as INGEST_EXACT
 from adapters.service.records import INGEST_NORMALIZED as INGEST_NORMALIZED
 from notifiers import store
 from notifiers.records import VERSION_FIELD
+from profiles.alarm import AlarmSpec, parse_alarm
 from profiles.ast import Profile
 from profiles.errors import ProfileError
 from profiles.errors import StoreMissing as StoreMissing  # with every user-visible error
@@ -269,20 +270,39 @@ def validate_profile(
     return profile
 
 
+def validate_alarm(profile: Profile, alarm: Any, name: str = "alarm") -> AlarmSpec:
+    """The `alarm:` of a stored profile (its JSON form, `AlarmSpec.to_json`); ProfileError
+    naming the field, as `ens check` does."""
+    spec, problems = parse_alarm(alarm, None, profile, profile.id, name)
+    if problems:
+        raise ProfileError("; ".join(p.message for p in problems), profile.id)
+    assert spec is not None
+    return spec
+
+
 def put_profile(
-    r: redis.Redis, pid: str, expr: str, subscriber: str | None = None
+    r: redis.Redis,
+    pid: str,
+    expr: str,
+    subscriber: str | None = None,
+    alarm: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], bool]:
-    """Validate, store and announce a profile; returns (record, created)."""
-    validate_profile(r, pid, expr, subscriber)
+    """Validate, store and announce a profile (with its `alarm:`, docs/alarms.md); returns
+    (record, created)."""
+    profile = validate_profile(r, pid, expr, subscriber)
+    if alarm is not None:
+        alarm = validate_alarm(profile, alarm).to_json()
     old = get_profile(r, pid)
     now = time.time()
-    rec = {
+    rec: dict[str, Any] = {
         "id": pid,
         "expr": expr,
         "subscriber": subscriber,
         "created": old["created"] if old else now,
         "updated": now,
     }
+    if alarm is not None:
+        rec["alarm"] = alarm
     with r.pipeline(transaction=True) as p:
         p.hset(PROFILES, pid, dumps(rec))
         p.xadd(CONTROL, {"op": "put", "id": pid}, maxlen=CONTROL_MAXLEN, approximate=True)

@@ -171,6 +171,40 @@ class ServiceSettings:
         minimum=1,
         unit="events",
     )
+    alarm_history_retention: float = _duration(
+        "30d",
+        "Keep alarm transitions in the history (ens:alarm:history) this long (docs/alarms.md).",
+        flags=("--alarm-history-retention",),
+        above=True,
+    )
+    alarm_group_by: str = _setting(
+        "",
+        Option(
+            "Group each subscriber's alarm notices by these labels (comma list, e.g. "
+            "building): one message per group (docs/alarms.md); empty: each notice alone, at "
+            "once.",
+            flags=("--alarm-group-by",),
+        ),
+    )
+    alarm_group_wait: float = _duration(
+        "30s",
+        "With --alarm-group-by: a new group waits this long for more notices.",
+        flags=("--alarm-group-wait",),
+        maximum=DAY,
+    )
+    alarm_group_interval: float = _duration(
+        "5m",
+        "With --alarm-group-by: a group sends again at most this often.",
+        flags=("--alarm-group-interval",),
+        maximum=DAY,
+    )
+    alarm_cap: int = _number(
+        0,
+        "At most this many alarm messages per subscriber in any hour; the overflow goes into "
+        "one digest, never dropped (0: no cap).",
+        flags=("--alarm-cap",),
+        unit="messages",
+    )
     max_body: int = _number(
         1 << 20,
         "Largest POST body in bytes (413 above).",

@@ -40,9 +40,11 @@ backlog is being worked off, only event time moves, so a slow worker does not tu
 backlog late).
 
 The parts: `adapters.service.lease` (the engine lock), `checkpointer` (snapshots),
-`journal` (commits and replay), `control` (profile and gateway changes), `intake` (ingest
-entries -> reorder buffer -> engine), `liveness` (heartbeat, stats), and here the loop that
-drives them: start and recovery, read, feed, commit or snapshot.
+`journal` (commits and replay), `control` (profile and gateway changes), `alarm_worker`
+(alarm profiles' notifications and operator commands through the alarm rules, written by the
+same commits), `intake` (ingest entries -> reorder buffer -> engine), `liveness` (heartbeat,
+stats), and here the loop that drives them: start and recovery, read, feed, commit or
+snapshot.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import redis
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.alarm_worker import AlarmPart
 from adapters.service.archive_feed import FeedBuffer
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
@@ -82,7 +85,7 @@ from profiles.errors import LockLost as LockLost  # raised here; one hierarchy t
 log = logging.getLogger("ens.service.worker")
 
 
-class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
+class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, Pressure):
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
 
     def __init__(self, r: redis.Redis, config: WorkerConfig | None = None) -> None:
@@ -141,6 +144,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         # this worker started (heartbeat stats; the Prometheus counters count in this process)
         self.capped: dict[str, list[int]] = {}
         self.cap_warned: dict[str, tuple[float, int, int]] = {}  # id -> (when, pms, notes) logged
+        self._alarm_reset()
 
     def _cap_hits(self, mono: float) -> None:
         """Count what the engine's caps took (`filters.caps`) per profile, and log a WARNING
@@ -344,7 +348,7 @@ class EngineWorker(Intake, Control, Journal, Checkpointer, Liveness, Pressure):
         ):
             self.snapshot()
         elif mono - self.last_commit >= self.cfg.commit_min_interval and (
-            self.pending or self.late_out or self._archive_due(mono)
+            self.pending or self.late_out or self._archive_due(mono) or self._alarm_wants_commit()
         ):
             self.commit()
         self._write_known()

@@ -260,3 +260,25 @@ def engines_cmd(
         run(repeat, quick, seed, only, against, md, png, hash_seeds)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--only") from None
+
+
+@app.command("alarms")
+def alarms_cmd(
+    matches: int = typer.Option(10_000, help="Storm: matches."),
+    rooms: int = typer.Option(200, help="Storm: rooms (alarm keys)."),
+    buildings: int = typer.Option(10, help="Storm: buildings (the group_by label)."),
+    span: float = typer.Option(600.0, help="Storm: seconds of event time."),
+    open_alarms: int = typer.Option(100_000, "--open", help="List: open alarms in ens:alarms."),
+    events: int = typer.Option(
+        20_000, help="Throughput: events through the engine worker, alarms off and on."
+    ),
+) -> None:
+    """Alarms: a storm grouped by building (messages vs one per transition, every transition
+    in history) and `ens alarms list --match` on many open alarms (docs/benchmarks.md)."""
+    import json
+
+    from bench.alarms import list_bench, storm, throughput
+
+    typer.echo(json.dumps({"storm": storm(matches, rooms, buildings, span)}))
+    typer.echo(json.dumps({"throughput": throughput(events)}))
+    typer.echo(json.dumps({"list": list_bench(open_alarms)}))

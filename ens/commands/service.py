@@ -142,6 +142,27 @@ def profile_add(
             help="Replace stored profiles and subscribers of the same id whose definition differs.",
         ),
     ] = False,
+    severity: Annotated[
+        str | None,
+        typer.Option(
+            help="With --expr: the profile is an alarm of this severity "
+            "(critical, major, minor, warning, info; docs/alarms.md)."
+        ),
+    ] = None,
+    clear: Annotated[
+        str | None,
+        typer.Option(
+            help="With --expr: how the alarm clears: 'after 30m', 'manual', or a filter "
+            "(an event of the alarm's partition that clears it)."
+        ),
+    ] = None,
+    notify: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --expr: a transition delivered (raise, repeat, ack, clear); repeatable "
+            "(default raise and clear)."
+        ),
+    ] = None,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -159,6 +180,9 @@ def profile_add(
     if file is None and (pid is None or expr is None):
         raise _fail("--id and --expr go together")
     # everything that needs no Redis first: a refused input starts and creates nothing
+    if file is not None and (severity or clear or notify):
+        raise _fail("--severity, --clear and --notify go with --expr (a file has alarm: blocks)")
+    alarms: dict[str, dict[str, Any]] = {}
     errors: list[ENSError] = []
     subs: list[dict[str, Any]] = []
     parsed: list[Any] = []
@@ -167,12 +191,7 @@ def profile_add(
         pset, errors = parse_profile_document(_read_text(file), str(file))
         parsed = list(pset.profiles)
         errors += _zoned_profiles(pset)
-        if pset.alarms:  # docs/alarms.md: the service does not keep alarms yet
-            typer.echo(
-                f"warning: the service does not run alarms yet; the alarm: blocks of "
-                f"{', '.join(sorted(pset.alarms))} are not stored (ens replay --alarms runs them)",
-                err=True,
-            )
+        alarms = {pid: spec.to_json() for pid, spec in pset.alarms.items()}
         subs = pset.subscribers
         name = str(file)
     else:
@@ -180,6 +199,9 @@ def profile_add(
         name = "--expr"
         try:
             parsed = [rs.validate_profile(None, pid, expr, subscriber)]
+            alarm = _alarm_options(severity, clear, notify)
+            if alarm is not None:
+                alarms[pid] = rs.validate_alarm(parsed[0], alarm, "--expr").to_json()
         except ProfileError as exc:
             errors.append(exc)
     for sub in subs:
@@ -215,7 +237,7 @@ def profile_add(
     if errors:
         _refuse(name, errors, pset, len(parsed))
     plans = [sc.plan(st.r, sub) for sub in subs]
-    changes = _profile_changes(st.r, parsed) + [
+    changes = _profile_changes(st.r, parsed, alarms) + [
         (f"subscriber {p.id}", p.lines) for p in plans if p.needs_replace
     ]
     if changes and not replace:
@@ -252,7 +274,9 @@ def profile_add(
         if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
             typer.echo(f"{what} unchanged")
             continue
-        _, created = rs.put_profile(st.r, prof.id, prof.source, prof.subscriber)
+        _, created = rs.put_profile(
+            st.r, prof.id, prof.source, prof.subscriber, alarms.get(prof.id)
+        )
         typer.echo(f"{what} {'added' if created else 'replaced'}")
         for line in replaced.get(what, []):
             typer.echo(f"  {line}")
@@ -272,7 +296,25 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
+def _alarm_options(
+    severity: str | None, clear: str | None, notify: list[str] | None
+) -> dict[str, Any] | None:
+    """The `alarm:` that --severity/--clear/--notify describe (None: not an alarm)."""
+    if severity is None and clear is None and not notify:
+        return None
+    out: dict[str, Any] = {"severity": severity or "warning"}
+    if clear is not None:
+        text = clear.strip()
+        is_form = text == "manual" or text.startswith("after ")
+        out["clear"] = text if is_form else {"on": text}
+    if notify:
+        out["notify"] = [n.strip() for item in notify for n in item.split(",") if n.strip()]
+    return out
+
+
+def _profile_changes(
+    r: Any, parsed: list[Any], alarms: dict[str, dict[str, Any]]
+) -> list[tuple[str, list[str]]]:
     """(``profile ID``, what changes as - old / + new lines) for stored profiles that differ."""
     out = []
     for prof in parsed:
@@ -280,6 +322,11 @@ def _profile_changes(r: Any, parsed: list[Any]) -> list[tuple[str, list[str]]]:
         if old is None:
             continue
         lines = []
+        if old.get("alarm") != alarms.get(prof.id):
+            lines += [
+                f"- alarm: {json.dumps(old.get('alarm'))}",
+                f"+ alarm: {json.dumps(alarms.get(prof.id))}",
+            ]
         if _one_line(old["expr"]) != _one_line(prof.source):
             lines += [f"- expr: {_one_line(old['expr'])}", f"+ expr: {_one_line(prof.source)}"]
         if old.get("subscriber") != prof.subscriber:
@@ -358,6 +405,12 @@ def profile_show(
     typer.echo(f"subscriber: {rec.get('subscriber') or '-'}")
     typer.echo(f"created:    {_when(rec.get('created'))}")
     typer.echo(f"updated:    {_when(rec.get('updated'))}")
+    if alarm := rec.get("alarm"):  # docs/alarms.md
+        clear = alarm["clear"] if isinstance(alarm["clear"], str) else f"on {alarm['clear']['on']}"
+        typer.echo(
+            f"alarm:      severity {alarm['severity']}, clear {clear}, "
+            f"notify {', '.join(alarm['notify'])}"
+        )
     typer.echo("expr:")
     for line in rec["expr"].rstrip().splitlines():
         typer.echo(f"  {line}")

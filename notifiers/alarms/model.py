@@ -7,6 +7,7 @@ and the service name the same alarm and occurrence the same way.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -27,8 +28,19 @@ RULE = "rule"  # the actor of transitions made by the rules (a match, a clear co
 
 def alarm_id(profile: str, partition: dict[str, Any] | None) -> str:
     """A stable id from the key alone: the same in every replay, process and restart."""
-    key = json.dumps([profile, sorted((partition or {}).items())], sort_keys=True, default=str)
+    items = tuple(sorted((partition or {}).items()))
+    try:
+        return _alarm_id(profile, items)  # a key seen before: no JSON, no SHA-256
+    except TypeError:  # an unhashable partition value
+        return _make_id(profile, items)
+
+
+def _make_id(profile: str, items: tuple[tuple[str, Any], ...]) -> str:
+    key = json.dumps([profile, list(items)], sort_keys=True, default=str)
     return "a" + hashlib.sha256(key.encode()).hexdigest()[:15]
+
+
+_alarm_id = functools.lru_cache(maxsize=1 << 16)(_make_id)
 
 
 def is_active(state: str) -> bool:

@@ -88,6 +88,29 @@ def require_admin(
         raise HTTPException(403, "invalid admin token")
 
 
+def require_ack(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
+) -> str:
+    """The admin token, or a token of scope ``ack`` (`ens token add`): may list and
+    acknowledge alarms only. Returns who acts (``admin`` or ``token:NAME``)."""
+    if bearer is None:
+        raise HTTPException(
+            401,
+            "missing token (Authorization: Bearer TOKEN)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    sha = rs.sha256(bearer.credentials)
+    if hmac.compare_digest(sha, request.app.state.settings.admin_token_sha256):
+        return "admin"
+    from adapters.service import alarm_store
+
+    tok = alarm_store.token_of(request.app.state.r, sha)
+    if tok is None or tok.get("scope") != "ack":
+        raise HTTPException(403, "invalid token")
+    return f"token:{tok['name']}"
+
+
 REDIS_CONNECTIONS = 100  # of the async pool; Redis itself allows 10,000 clients
 REDIS_POOL_WAIT = 5.0  # s a request waits for a free connection before its 503
 
@@ -132,4 +155,5 @@ def sync_redis(request: Request) -> redis.Redis:
 
 
 Admin = Annotated[None, Depends(require_admin)]
+AckOrAdmin = Annotated[str, Depends(require_ack)]
 R = Annotated[redis.Redis, Depends(sync_redis)]

