@@ -27,6 +27,7 @@ import pytest
 import redis
 
 from adapters.service import redis_store as rs
+from adapters.service.late import LATE, list_late
 from adapters.service.worker import EngineWorker, WorkerConfig
 from ens.replay import replay
 from profiles.events import event_from_obj
@@ -120,6 +121,12 @@ def provision(
     for pid, expr in profiles.items():
         rs.put_profile(r, pid, expr)
     return {gw: rs.add_gateway(r, gw, lateness=lat) for gw, lat in (gateways or {}).items()}
+
+
+def stream_stats(r: redis.Redis) -> dict[str, Any]:
+    """The query's totals in its heartbeat (``{}`` before its first batch)."""
+    st = rs.worker_status(r)
+    return st["stats"] if st else {}
 
 
 @dataclass
@@ -350,8 +357,9 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
     """Per-gateway lateness: a gateway 4 s behind with lateness 5 s holds the watermark back
     (one watermark of 0.5 s would make its events late); both gateways idle release everything
     with no event to move event time; an event fed to its key's engine and the global engine
-    counts once in total_events, and once in total_late when late for both. Outbox and those
-    totals equal the in-process worker's."""
+    counts once in total_events; one late for both is counted once in total_late and written
+    once to the late output ``ens:late`` (the default, `--late-events output`). Outbox, late
+    output and those totals equal the in-process worker's."""
     profiles = {
         "pair": 'seq(d: kind = "door", m: kind = "motion") within 5s per room',  # keyed
         "any2": 'seq(d: kind = "door", m: kind = "motion") within 2s',
@@ -397,18 +405,18 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
         )
         assert stats(r)["total_late"] == 0
         write(r, [late_ev])
-        wait_for(lambda: stats(r).get("total_events") == len(feed) + 1, 60, "the late event fed")
+        wait_for(lambda: stats(r).get("total_late") == 1, 60, "the late event counted")
         time.sleep(1.0)
-        got, st = outbox(r), stats(r)
+        got, st, late = outbox(r), stats(r), list_late(r)[0]
         assert live.q.exception() is None
-    assert st["total_late"] == 1 and st["late_by_gateway"] == {"fast": 1}  # fed twice, counted once
+    # late for its room's engine and the global one: counted once, one record, not fed
+    assert st["total_late"] == 1 and st["late_by_gateway"] == {"fast": 1}
+    assert st["total_events"] == len(feed)
     (tmp_path / "w").mkdir()
     with redis_server(tmp_path / "w") as url:  # the worker, live on the same entries
         rb = redis.Redis.from_url(url)
         provision(redis.Redis.from_url(url, decode_responses=True), profiles, gateways)
-        # `ens spark stream` still feeds late events at once (the service's late output,
-        # issue 41 item 6, is not on the Spark path yet): the worker does the same here
-        w = event_worker(rb, reorder_seconds=0.5, idle_timeout=0.5, late_events="feed")
+        w = event_worker(rb, reorder_seconds=0.5, idle_timeout=0.5)  # late events: output
         write(rb, feed)
         wait_for(
             lambda: (
@@ -419,16 +427,52 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
         )
         write(rb, [late_ev])
         wait_for(
-            lambda: w.step(block=0.05) is not None and w.totals["events"] == len(feed) + 1,
+            lambda: w.step(block=0.05) is not None and w.totals["late"] == 1,
             30,
-            "the worker fed the late event",
+            "the worker sent the late event to the late output",
         )
         w.snapshot()
-        by_worker = outbox(redis.Redis.from_url(url, decode_responses=True))
+        rw = redis.Redis.from_url(url, decode_responses=True)
+        by_worker, late_by_worker = outbox(rw), list_late(rw)[0]
     assert w.totals["late"] == 1 and w.late_by_gateway == {"fast": 1}
-    assert w.totals["events"] == st["total_events"] == len(feed) + 1
+    assert w.totals["events"] == st["total_events"] == len(feed)
+    want = {**late_ev[1], "gateway": "fast"}
+    assert [(x.event, x.gateway) for x in late] == [(want, "fast")]
+    assert [(x.event, x.gateway) for x in late_by_worker] == [(want, "fast")]
     assert len(by_worker) > 20 and {n["profile"] for n in by_worker} == set(profiles)
     assert canon(replay_records(got)) == canon(replay_records(by_worker))
+
+
+@pytest.mark.spark
+def test_an_event_an_hour_late_goes_to_the_late_output_not_into_a_sequence(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Issue 41 item 6 on the Spark path (tests/test_service_late.py's sequence case): an A
+    now, then a B stamped an hour back from another gateway. B is an hour before A, so
+    seq(a, b) must not complete: no notification, B in ``ens:late`` (as the worker writes it:
+    its event with the gateway stamp, its gateway, how far behind), counted for its gateway."""
+    seq = {"ab": 'seq(a: kind = "A", b: kind = "B") within 2h per room'}
+    # whole seconds: a timeout-only invocation sees Spark's watermark in ms (see the report)
+    t = float(int(time.time()))
+    a1 = {"id": "a1", "ts": t, "kind": "A", "room": "r1"}
+    b1 = {"id": "b1", "ts": t - 3600.0, "kind": "B", "room": "r1"}
+    with live_stream(spark, tmp_path, seq, {"gw-a": None, "gw-b": None}) as live:
+        r = live.r
+        r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([a1]), rs.INGEST_GATEWAY: "gw-a"})
+        wait_for(lambda: stream_stats(r).get("total_events") == 1, 60, "A fed")
+        r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([b1]), rs.INGEST_GATEWAY: "gw-b"})
+        wait_for(lambda: r.xlen(LATE) == 1, 60, "B in the late output")
+        wait_for(lambda: stream_stats(r).get("total_late") == 1, 30, "B counted")
+        st = stream_stats(r)
+        recs, more = list_late(r)
+        got = outbox(r)
+        assert live.q.exception() is None
+    assert got == []  # main: one notification, b an hour before a
+    assert not more and [(x.event, x.gateway) for x in recs] == [
+        ({**b1, "gateway": "gw-b"}, "gw-b")
+    ]
+    assert 3599 < recs[0].behind < 3601
+    assert st["late_by_gateway"] == {"gw-b": 1} and st["total_events"] == 1
 
 
 def _stream_proc(url: str, cp: Path, log: Path) -> subprocess.Popen[bytes]:
