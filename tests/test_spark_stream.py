@@ -690,3 +690,126 @@ def test_gateway_watermark_is_the_services() -> None:
         newest = max(ts for ts, _w in progress.values())
         assert got == (want if want != float("inf") else newest)
         assert lag == wm.max_active_lateness(now)
+
+
+# ------------------------------------------------------------------ tasks, without Spark
+
+SEQ_2H = 'seq(a: kind = "A", b: kind = "B") within 2h per room'
+
+
+def _task_setup(rb: redis.Redis, rt: redis.Redis, profiles: dict[str, str]) -> tuple[str, Any]:
+    """``profiles`` stored and folded into the profile log: (its head id, a `Versions`)."""
+    from adapters.spark.live import ProfileLog, Versions, _live
+
+    _live.clear()
+    for pid, expr in profiles.items():
+        rs.put_profile(rt, pid, expr)
+    return ProfileLog(rb).sync(), Versions(rb, "room")
+
+
+def _row(plog: str, key: str, ev: dict[str, Any], gw: str = "gw", counted: bool = True) -> Any:
+    import pickle
+
+    from adapters.spark.live import Row
+
+    e = event_from_obj(ev, key)
+    return Row(key, gw, e.ts, pickle.dumps(e), plog, "t", counted)
+
+
+def test_late_records_are_written_once_per_event_across_re_executions(
+    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A B an hour late for its room's engine and for the global engine is not fed to either:
+    each gives its late record; written by both, and again by a re-execution of the batch
+    (Spark restores the same state and reads the same rows after a crash), it is in ``ens:late``
+    once, in the worker's format. ``--late-events feed`` feeds it instead."""
+    from adapters.spark.live import KeyEngine, LateOutput
+
+    plog, versions = _task_setup(rb, rt, {"ab": SEQ_2H, "g": SEQ_2H.replace(" per room", "")})
+    a1 = {"id": "a1", "ts": 5000.0, "kind": "A", "room": "r1"}
+    b1 = {"id": "b1", "ts": 1400.0, "kind": "B", "room": "r1", "gateway": "gw-b"}
+    blobs: dict[str, bytes | None] = {}
+    for route in ("kr1", "g"):
+        out = KeyEngine(route, versions).step(None, [_row(plog, "1-0.0", a1)], 5000.0)
+        blobs[route] = out.blob
+    keyed = KeyEngine("kr1", versions).step(blobs["kr1"], [_row(plog, "2-0.0", b1, "gw-b")], 5000.0)
+    glob = KeyEngine("g", versions).step(
+        blobs["g"], [_row(plog, "2-0.0", b1, "gw-b", counted=False)], 5000.0
+    )
+    again = KeyEngine("kr1", versions).step(  # the batch re-executed
+        blobs["kr1"], [_row(plog, "2-0.0", b1, "gw-b")], 5000.0
+    )
+    assert keyed.records == glob.records == again.records == []  # not matched
+    assert keyed.late_keys == glob.late_keys == {"2-0.0": "gw-b"} and keyed.events == 0
+    out = LateOutput(rb, ttl=60, maxlen=100)
+    written = [out.write(x.late_records) for x in (keyed, glob, again)]
+    assert written == [1, 0, 0]
+    recs, more = list_late(rt)
+    assert not more and [(x.event, x.gateway, x.key, x.behind) for x in recs] == [
+        (b1, "gw-b", "2-0.0", 3600.0)
+    ]
+    assert "late event b1 from gateway gw-b" in caplog.text
+    assert "sent to the late output (not matched)" in caplog.text
+
+    fed = KeyEngine("kr1", versions, late_events="feed").step(
+        blobs["kr1"], [_row(plog, "3-0.0", {**b1, "id": "b2"}, "gw-b")], 5000.0
+    )
+    assert len(fed.records) == 1 and fed.late == 1 and not fed.late_records  # fed, out of order
+
+
+def test_an_engine_with_nothing_due_keeps_its_time(rb: redis.Redis, rt: redis.Redis) -> None:
+    """The worker's rule: engine time moves to the watermark only when a timer falls due
+    before it. With nothing due, the engine keeps the time of its last event, so an event
+    between it and the watermark (its gateway broke its promise, or `--clock wall` moved the
+    watermark) is still fed in ts order, not late; once a timer fired past it, it is late."""
+    from adapters.spark.live import KeyEngine
+
+    plog, versions = _task_setup(rb, rt, {"ab": SEQ_2H, "ab1": SEQ_2H.replace("2h", "1s")})
+    a1 = {"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}
+    b1 = {"id": "b1", "ts": 1002.0, "kind": "B", "room": "r1"}
+    first = KeyEngine("kr1", versions).step(None, [_row(plog, "1-0.0", a1)], 1005.0)
+    # ab1's `within 1s` expires at 1001 < 1005: the engine advanced, past b1
+    late = KeyEngine("kr1", versions).step(first.blob, [_row(plog, "2-0.0", b1)], 1005.0)
+    assert late.late == 1 and late.records == []
+
+    plog, versions = _task_setup(rb, rt, {})
+    rs.delete_profile(rt, "ab1")
+    from adapters.spark.live import ProfileLog
+
+    plog = ProfileLog(rb).sync()
+    first = KeyEngine("kr2", versions).step(None, [_row(plog, "1-0.0", a1)], 1005.0)
+    # only ab: its 2 h expiry is not due before 1005: the engine stays at 1000 (main: 1005)
+    out = KeyEngine("kr2", versions).step(first.blob, [_row(plog, "2-0.0", b1)], 1005.0)
+    assert out.late == 0 and [n["profile"] for n in out.records] == ["ab"]
+
+
+def test_a_restore_that_leaves_out_removed_profiles_logs_it_once_per_profile(
+    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    """A route's state holding state of a profile its profile version lacks (written by a
+    release that kept removed profiles' state, issue 41 item 1): the restore leaves it out and
+    logs a WARNING naming the profile, once per profile (every restore of every route that
+    holds it would say it again), as the service's checkpointer does."""
+    import pickle
+
+    from adapters.spark import live
+    from adapters.spark.live import KeyEngine, ProfileLog
+
+    monkeypatch.setattr(live, "_skip_warned", set())
+    plog, versions = _task_setup(rb, rt, {"ab": SEQ_2H, "other": 'kind = "X" once'})
+    a1 = {"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}
+    blob = KeyEngine("kr1", versions).step(None, [_row(plog, "1-0.0", a1)], 1000.0).blob
+    assert blob is not None
+    rs.delete_profile(rt, "ab")
+    st = pickle.loads(blob)  # noqa: S301 - ours
+    st["ver"] = ProfileLog(rb).sync()  # the version without ab, as if applied already
+    del st["defs"]["ab"]
+    stale = pickle.dumps(st)
+    caplog.set_level("WARNING", "ens.spark.stream")
+    for route in ("kr1", "kr1", "kr9"):
+        live._live.clear()  # another Python worker, or a re-execution: a restore
+        out = KeyEngine(route, versions).step(stale, [], 1001.0)
+        assert out.records == []
+    warned = [x for x in caplog.records if "left out engine state" in x.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    assert "removed profile 'ab' (1 partial matches" in warned[0].getMessage()
