@@ -795,7 +795,7 @@ def test_a_restore_that_leaves_out_removed_profiles_logs_it_once_per_profile(
     from adapters.spark import live
     from adapters.spark.live import KeyEngine, ProfileLog
 
-    monkeypatch.setattr(live, "_skip_warned", set())
+    monkeypatch.setattr(live, "_skip_warned", set(), raising=False)
     plog, versions = _task_setup(rb, rt, {"ab": SEQ_2H, "other": 'kind = "X" once'})
     a1 = {"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}
     blob = KeyEngine("kr1", versions).step(None, [_row(plog, "1-0.0", a1)], 1000.0).blob
