@@ -450,10 +450,11 @@ def test_an_event_an_hour_late_goes_to_the_late_output_not_into_a_sequence(
     """Issue 41 item 6 on the Spark path (tests/test_service_late.py's sequence case): an A
     now, then a B stamped an hour back from another gateway. B is an hour before A, so
     seq(a, b) must not complete: no notification, B in ``ens:late`` (as the worker writes it:
-    its event with the gateway stamp, its gateway, how far behind), counted for its gateway."""
+    its event with the gateway stamp, its gateway, how far behind), counted for its gateway.
+    A's ts has sub-ms digits: once every gateway is idle the watermark (a whole ms, Spark's
+    unit) is rounded up to it, or A's engine, invoked by its timeout alone, would hold it."""
     seq = {"ab": 'seq(a: kind = "A", b: kind = "B") within 2h per room'}
-    # whole seconds: a timeout-only invocation sees Spark's watermark in ms (see the report)
-    t = float(int(time.time()))
+    t = time.time()  # sub-ms digits: the watermark that releases A is a whole ms above it
     a1 = {"id": "a1", "ts": t, "kind": "A", "room": "r1"}
     b1 = {"id": "b1", "ts": t - 3600.0, "kind": "B", "room": "r1"}
     with live_stream(spark, tmp_path, seq, {"gw-a": None, "gw-b": None}) as live:
@@ -662,6 +663,23 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
             checked += 1
     assert checked >= 30
     assert (lazy > 10) == (plan == "rare-first")  # the rare-first runs do run rare-first engines
+
+
+def test_the_watermark_is_a_whole_ms_rounded_up_only_to_the_newest_ts() -> None:
+    """Spark keeps its watermark in ms: the offset's is a whole ms, so a route invoked by its
+    timeout alone gets exactly the offset's. Rounded down (never past what the gateways
+    promise), except when it is the newest ts of all (every gateway idle): rounded up, so the
+    newest event is released although its ts has sub-ms digits."""
+    from adapters.spark.live import whole_ms
+
+    newest = 1795827870.3793552
+    assert whole_ms(newest, newest) == 1795827870.38  # main: Spark's 1795827870.379 < newest
+    assert whole_ms(newest - 2.0, newest) == 1795827868.379
+    assert whole_ms(100.25, 101.0) == 100.25 and whole_ms(100.1, 100.1) == 100.1  # whole already
+    assert whole_ms(None, None) is None
+    for x in (newest, 100.1, 1.7e9 + 0.0005):
+        ms = whole_ms(x, x)
+        assert ms is not None and round(ms * 1e6) % 1000 == 0  # `evtime`: whole ms in Spark
 
 
 def test_gateway_watermark_is_the_services() -> None:

@@ -302,6 +302,18 @@ def gateway_watermark(
     return min(progress[g][0] - lat[g] for g in active), max(default, *lat.values())
 
 
+def whole_ms(wm: float | None, newest: float | None) -> float | None:
+    """The watermark as a whole millisecond, the unit of Spark's own watermark, through which
+    a route invoked by its timeout alone gets it: rounded down, or up when it is the newest
+    ``ts`` of all (every gateway idle: everything is released, and an event stamped with
+    sub-ms digits must not stay held for the lack of a fraction of a ms)."""
+    if wm is None or not math.isfinite(wm):
+        return wm
+    ms = round(wm * 1000, 3)  # float noise of a value already whole
+    up = newest is not None and wm >= newest
+    return (math.ceil(ms) if up else math.floor(ms)) / 1000
+
+
 def merge_progress(
     old: dict[str, list[float]], new: dict[str, list[float]]
 ) -> dict[str, list[float]]:

@@ -171,8 +171,9 @@ def _source_classes() -> tuple[type, type]:
             # ens:spark:gateways holds the progress of every entry up to start["ingest"]
             # (the previous batch committed): as of start["t"], or of now if none came since
             same = top == start["ingest"]
+            progress = {rs.text(g): json.loads(v) for g, v in prog.items()}
             wm, lag = live.gateway_watermark(
-                {rs.text(g): json.loads(v) for g, v in prog.items()},
+                progress,
                 {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
                 self.lateness,
                 self.idle,
@@ -180,6 +181,8 @@ def _source_classes() -> tuple[type, type]:
             )
             if self.clock == "wall":  # timers fire by the wall clock minus the largest lateness
                 wm = now - lag if wm is None else max(wm, now - lag)
+            newest = max((p[0] for p in progress.values()), default=None)
+            wm = live.whole_ms(wm, newest)
             off = {
                 "ingest": top,
                 "plog": plog,
@@ -279,8 +282,8 @@ def read_range(
         cols["key"].append(k)
         cols["gw"].append(gw)
         cols["ts"].append(ts)
-        cols["evtime"].append(
-            int(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
+        cols["evtime"].append(  # a whole ms (`live.whole_ms`): Spark's watermark keeps it
+            round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
         )
         cols["ev"].append(ev)
         cols["plog"].append(plog)
