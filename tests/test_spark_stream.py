@@ -27,6 +27,7 @@ import pytest
 import redis
 
 from adapters.service import redis_store as rs
+from adapters.service.late import LATE, list_late
 from adapters.service.worker import EngineWorker, WorkerConfig
 from ens.replay import replay
 from profiles.events import event_from_obj
@@ -120,6 +121,12 @@ def provision(
     for pid, expr in profiles.items():
         rs.put_profile(r, pid, expr)
     return {gw: rs.add_gateway(r, gw, lateness=lat) for gw, lat in (gateways or {}).items()}
+
+
+def stream_stats(r: redis.Redis) -> dict[str, Any]:
+    """The query's totals in its heartbeat (``{}`` before its first batch)."""
+    st = rs.worker_status(r)
+    return st["stats"] if st else {}
 
 
 @dataclass
@@ -350,8 +357,9 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
     """Per-gateway lateness: a gateway 4 s behind with lateness 5 s holds the watermark back
     (one watermark of 0.5 s would make its events late); both gateways idle release everything
     with no event to move event time; an event fed to its key's engine and the global engine
-    counts once in total_events, and once in total_late when late for both. Outbox and those
-    totals equal the in-process worker's."""
+    counts once in total_events; one late for both is counted once in total_late and written
+    once to the late output ``ens:late`` (the default, `--late-events output`). Outbox, late
+    output and those totals equal the in-process worker's."""
     profiles = {
         "pair": 'seq(d: kind = "door", m: kind = "motion") within 5s per room',  # keyed
         "any2": 'seq(d: kind = "door", m: kind = "motion") within 2s',
@@ -397,18 +405,18 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
         )
         assert stats(r)["total_late"] == 0
         write(r, [late_ev])
-        wait_for(lambda: stats(r).get("total_events") == len(feed) + 1, 60, "the late event fed")
+        wait_for(lambda: stats(r).get("total_late") == 1, 60, "the late event counted")
         time.sleep(1.0)
-        got, st = outbox(r), stats(r)
+        got, st, late = outbox(r), stats(r), list_late(r)[0]
         assert live.q.exception() is None
-    assert st["total_late"] == 1 and st["late_by_gateway"] == {"fast": 1}  # fed twice, counted once
+    # late for its room's engine and the global one: counted once, one record, not fed
+    assert st["total_late"] == 1 and st["late_by_gateway"] == {"fast": 1}
+    assert st["total_events"] == len(feed)
     (tmp_path / "w").mkdir()
     with redis_server(tmp_path / "w") as url:  # the worker, live on the same entries
         rb = redis.Redis.from_url(url)
         provision(redis.Redis.from_url(url, decode_responses=True), profiles, gateways)
-        # `ens spark stream` still feeds late events at once (the service's late output,
-        # issue 41 item 6, is not on the Spark path yet): the worker does the same here
-        w = event_worker(rb, reorder_seconds=0.5, idle_timeout=0.5, late_events="feed")
+        w = event_worker(rb, reorder_seconds=0.5, idle_timeout=0.5)  # late events: output
         write(rb, feed)
         wait_for(
             lambda: (
@@ -419,16 +427,53 @@ def test_gateway_lateness_idle_rule_and_late_counts_match_the_worker(
         )
         write(rb, [late_ev])
         wait_for(
-            lambda: w.step(block=0.05) is not None and w.totals["events"] == len(feed) + 1,
+            lambda: w.step(block=0.05) is not None and w.totals["late"] == 1,
             30,
-            "the worker fed the late event",
+            "the worker sent the late event to the late output",
         )
         w.snapshot()
-        by_worker = outbox(redis.Redis.from_url(url, decode_responses=True))
+        rw = redis.Redis.from_url(url, decode_responses=True)
+        by_worker, late_by_worker = outbox(rw), list_late(rw)[0]
     assert w.totals["late"] == 1 and w.late_by_gateway == {"fast": 1}
-    assert w.totals["events"] == st["total_events"] == len(feed) + 1
+    assert w.totals["events"] == st["total_events"] == len(feed)
+    want = {**late_ev[1], "gateway": "fast"}
+    assert [(x.event, x.gateway) for x in late] == [(want, "fast")]
+    assert [(x.event, x.gateway) for x in late_by_worker] == [(want, "fast")]
     assert len(by_worker) > 20 and {n["profile"] for n in by_worker} == set(profiles)
     assert canon(replay_records(got)) == canon(replay_records(by_worker))
+
+
+@pytest.mark.spark
+def test_an_event_an_hour_late_goes_to_the_late_output_not_into_a_sequence(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Issue 41 item 6 on the Spark path (tests/test_service_late.py's sequence case): an A
+    now, then a B stamped an hour back from another gateway. B is an hour before A, so
+    seq(a, b) must not complete: no notification, B in ``ens:late`` (as the worker writes it:
+    its event with the gateway stamp, its gateway, how far behind), counted for its gateway.
+    A's ts has sub-ms digits: once every gateway is idle the watermark (a whole ms, Spark's
+    unit) is rounded up to it, or A's engine, invoked by its timeout alone, would hold it."""
+    seq = {"ab": 'seq(a: kind = "A", b: kind = "B") within 2h per room'}
+    t = time.time()  # sub-ms digits: the watermark that releases A is a whole ms above it
+    a1 = {"id": "a1", "ts": t, "kind": "A", "room": "r1"}
+    b1 = {"id": "b1", "ts": t - 3600.0, "kind": "B", "room": "r1"}
+    with live_stream(spark, tmp_path, seq, {"gw-a": None, "gw-b": None}) as live:
+        r = live.r
+        r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([a1]), rs.INGEST_GATEWAY: "gw-a"})
+        wait_for(lambda: stream_stats(r).get("total_events") == 1, 60, "A fed")
+        r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([b1]), rs.INGEST_GATEWAY: "gw-b"})
+        wait_for(lambda: r.xlen(LATE) == 1, 60, "B in the late output")
+        wait_for(lambda: stream_stats(r).get("total_late") == 1, 30, "B counted")
+        st = stream_stats(r)
+        recs, more = list_late(r)
+        got = outbox(r)
+        assert live.q.exception() is None
+    assert got == []  # main: one notification, b an hour before a
+    assert not more and [(x.event, x.gateway) for x in recs] == [
+        ({**b1, "gateway": "gw-b"}, "gw-b")
+    ]
+    assert 3599 < recs[0].behind < 3601
+    assert st["late_by_gateway"] == {"gw-b": 1} and st["total_events"] == 1
 
 
 def _stream_proc(url: str, cp: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -480,8 +525,14 @@ def _killpg(proc: subprocess.Popen[bytes]) -> None:
 @pytest.mark.slow
 def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     """`ens spark stream` is SIGKILLed (with its JVM) while a micro-batch is in flight, then
-    restarted from its --checkpoint: the outbox has every notification exactly once."""
+    restarted from its --checkpoint: the outbox has every notification exactly once, and the
+    late output every late event (a door closed an hour back, posted with the batch in flight
+    once every room's engine has a time) exactly once."""
     events = make_events(6000, rooms=20, seed=9, step=0.2)
+    late = [
+        {"id": f"old{i}", "ts": T0 - 3600, "kind": "door", "state": "closed", "room": f"r{i}"}
+        for i in range(20)
+    ]
     last = max(e["ts"] for e in events)
     upto = last + 50
     want = expected(PROFILES, events, upto)
@@ -510,7 +561,9 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
                 done = {p.name for p in (cp / "commits").iterdir() if p.name.isdigit()}
                 return bool(offs - done)
 
-            post(svc, key, events[2000:4000], batch=500)
+            # the events no engine wants (motion, ...) are not counted: ~1090 of the first 2000
+            wait_for(lambda: stream_stats(r).get("total_events", 0) >= 900, 120, "events fed")
+            post(svc, key, late + events[2000:4000], batch=500)
             wait_for(in_flight, 60, "a micro-batch in flight")
             before = r.xlen("ens:outbox")
             _killpg(proc)
@@ -518,7 +571,7 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
             proc = _stream_proc(url, cp, log)
             wait_for(lambda: settled(r, sum(want.values())), 240, f"the outbox complete ({log})")
             time.sleep(1.5)
-            got = outbox(r)
+            got, recs, st = outbox(r), list_late(r)[0], stream_stats(r)
         finally:
             _killpg(proc)
             svc.stop()
@@ -531,6 +584,8 @@ def test_kill_9_of_the_driver_loses_and_duplicates_nothing(tmp_path: Path) -> No
     )
     assert max(content.values()) == 1, "the same notification under two ids"
     assert canon(replay_records(got), upto) == want
+    assert sorted(x.event["id"] for x in recs) == sorted(e["id"] for e in late)  # once each
+    assert st["total_late"] == len(late) and st["late_by_gateway"] == {"gw": len(late)}
 
 
 def test_wall_clock_fires_timers_without_events(spark: Any, tmp_path: Path) -> None:
@@ -620,6 +675,23 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
     assert (lazy > 10) == (plan == "rare-first")  # the rare-first runs do run rare-first engines
 
 
+def test_the_watermark_is_a_whole_ms_rounded_up_only_to_the_newest_ts() -> None:
+    """Spark keeps its watermark in ms: the offset's is a whole ms, so a route invoked by its
+    timeout alone gets exactly the offset's. Rounded down (never past what the gateways
+    promise), except when it is the newest ts of all (every gateway idle): rounded up, so the
+    newest event is released although its ts has sub-ms digits."""
+    from adapters.spark.live import whole_ms
+
+    newest = 1795827870.3793552
+    assert whole_ms(newest, newest) == 1795827870.38  # main: Spark's 1795827870.379 < newest
+    assert whole_ms(newest - 2.0, newest) == 1795827868.379
+    assert whole_ms(100.25, 101.0) == 100.25 and whole_ms(100.1, 100.1) == 100.1  # whole already
+    assert whole_ms(None, None) is None
+    for x in (newest, 100.1, 1.7e9 + 0.0005):
+        ms = whole_ms(x, x)
+        assert ms is not None and round(ms * 1e6) % 1000 == 0  # `evtime`: whole ms in Spark
+
+
 def test_gateway_watermark_is_the_services() -> None:
     """`live.gateway_watermark` over gateway progress = `Watermarks` over the same events
     (own latenesses, the idle rule); all gateways idle: the newest ts instead of +inf."""
@@ -646,3 +718,126 @@ def test_gateway_watermark_is_the_services() -> None:
         newest = max(ts for ts, _w in progress.values())
         assert got == (want if want != float("inf") else newest)
         assert lag == wm.max_active_lateness(now)
+
+
+# ------------------------------------------------------------------ tasks, without Spark
+
+SEQ_2H = 'seq(a: kind = "A", b: kind = "B") within 2h per room'
+
+
+def _task_setup(rb: redis.Redis, rt: redis.Redis, profiles: dict[str, str]) -> tuple[str, Any]:
+    """``profiles`` stored and folded into the profile log: (its head id, a `Versions`)."""
+    from adapters.spark.live import ProfileLog, Versions, _live
+
+    _live.clear()
+    for pid, expr in profiles.items():
+        rs.put_profile(rt, pid, expr)
+    return ProfileLog(rb).sync(), Versions(rb, "room")
+
+
+def _row(plog: str, key: str, ev: dict[str, Any], gw: str = "gw", counted: bool = True) -> Any:
+    import pickle
+
+    from adapters.spark.live import Row
+
+    e = event_from_obj(ev, key)
+    return Row(key, gw, e.ts, pickle.dumps(e), plog, "t", counted)
+
+
+def test_late_records_are_written_once_per_event_across_re_executions(
+    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A B an hour late for its room's engine and for the global engine is not fed to either:
+    each gives its late record; written by both, and again by a re-execution of the batch
+    (Spark restores the same state and reads the same rows after a crash), it is in ``ens:late``
+    once, in the worker's format. ``--late-events feed`` feeds it instead."""
+    from adapters.spark.live import KeyEngine, LateOutput
+
+    plog, versions = _task_setup(rb, rt, {"ab": SEQ_2H, "g": SEQ_2H.replace(" per room", "")})
+    a1 = {"id": "a1", "ts": 5000.0, "kind": "A", "room": "r1"}
+    b1 = {"id": "b1", "ts": 1400.0, "kind": "B", "room": "r1", "gateway": "gw-b"}
+    blobs: dict[str, bytes | None] = {}
+    for route in ("kr1", "g"):
+        out = KeyEngine(route, versions).step(None, [_row(plog, "1-0.0", a1)], 5000.0)
+        blobs[route] = out.blob
+    keyed = KeyEngine("kr1", versions).step(blobs["kr1"], [_row(plog, "2-0.0", b1, "gw-b")], 5000.0)
+    glob = KeyEngine("g", versions).step(
+        blobs["g"], [_row(plog, "2-0.0", b1, "gw-b", counted=False)], 5000.0
+    )
+    again = KeyEngine("kr1", versions).step(  # the batch re-executed
+        blobs["kr1"], [_row(plog, "2-0.0", b1, "gw-b")], 5000.0
+    )
+    assert keyed.records == glob.records == again.records == []  # not matched
+    assert keyed.late_keys == glob.late_keys == {"2-0.0": "gw-b"} and keyed.events == 0
+    out = LateOutput(rb, ttl=60, maxlen=100)
+    written = [out.write(x.late_records) for x in (keyed, glob, again)]
+    assert written == [1, 0, 0]
+    recs, more = list_late(rt)
+    assert not more and [(x.event, x.gateway, x.key, x.behind) for x in recs] == [
+        (b1, "gw-b", "2-0.0", 3600.0)
+    ]
+    assert "late event b1 from gateway gw-b" in caplog.text
+    assert "sent to the late output (not matched)" in caplog.text
+
+    fed = KeyEngine("kr1", versions, late_events="feed").step(
+        blobs["kr1"], [_row(plog, "3-0.0", {**b1, "id": "b2"}, "gw-b")], 5000.0
+    )
+    assert len(fed.records) == 1 and fed.late == 1 and not fed.late_records  # fed, out of order
+
+
+def test_an_engine_with_nothing_due_keeps_its_time(rb: redis.Redis, rt: redis.Redis) -> None:
+    """The worker's rule: engine time moves to the watermark only when a timer falls due
+    before it. With nothing due, the engine keeps the time of its last event, so an event
+    between it and the watermark (its gateway broke its promise, or `--clock wall` moved the
+    watermark) is still fed in ts order, not late; once a timer fired past it, it is late."""
+    from adapters.spark.live import KeyEngine
+
+    plog, versions = _task_setup(rb, rt, {"ab": SEQ_2H, "ab1": SEQ_2H.replace("2h", "1s")})
+    a1 = {"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}
+    b1 = {"id": "b1", "ts": 1002.0, "kind": "B", "room": "r1"}
+    first = KeyEngine("kr1", versions).step(None, [_row(plog, "1-0.0", a1)], 1005.0)
+    # ab1's `within 1s` expires at 1001 < 1005: the engine advanced, past b1
+    late = KeyEngine("kr1", versions).step(first.blob, [_row(plog, "2-0.0", b1)], 1005.0)
+    assert late.late == 1 and late.records == []
+
+    plog, versions = _task_setup(rb, rt, {})
+    rs.delete_profile(rt, "ab1")
+    from adapters.spark.live import ProfileLog
+
+    plog = ProfileLog(rb).sync()
+    first = KeyEngine("kr2", versions).step(None, [_row(plog, "1-0.0", a1)], 1005.0)
+    # only ab: its 2 h expiry is not due before 1005: the engine stays at 1000 (main: 1005)
+    out = KeyEngine("kr2", versions).step(first.blob, [_row(plog, "2-0.0", b1)], 1005.0)
+    assert out.late == 0 and [n["profile"] for n in out.records] == ["ab"]
+
+
+def test_a_restore_that_leaves_out_removed_profiles_logs_it_once_per_profile(
+    rb: redis.Redis, rt: redis.Redis, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    """A route's state holding state of a profile its profile version lacks (written by a
+    release that kept removed profiles' state, issue 41 item 1): the restore leaves it out and
+    logs a WARNING naming the profile, once per profile (every restore of every route that
+    holds it would say it again), as the service's checkpointer does."""
+    import pickle
+
+    from adapters.spark import live
+    from adapters.spark.live import KeyEngine, ProfileLog
+
+    monkeypatch.setattr(live, "_skip_warned", set(), raising=False)
+    plog, versions = _task_setup(rb, rt, {"ab": SEQ_2H, "other": 'kind = "X" once'})
+    a1 = {"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}
+    blob = KeyEngine("kr1", versions).step(None, [_row(plog, "1-0.0", a1)], 1000.0).blob
+    assert blob is not None
+    rs.delete_profile(rt, "ab")
+    st = pickle.loads(blob)  # noqa: S301 - ours
+    st["ver"] = ProfileLog(rb).sync()  # the version without ab, as if applied already
+    del st["defs"]["ab"]
+    stale = pickle.dumps(st)
+    caplog.set_level("WARNING", "ens.spark.stream")
+    for route in ("kr1", "kr1", "kr9"):
+        live._live.clear()  # another Python worker, or a re-execution: a restore
+        out = KeyEngine(route, versions).step(stale, [], 1001.0)
+        assert out.records == []
+    warned = [x for x in caplog.records if "left out engine state" in x.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    assert "removed profile 'ab' (1 partial matches" in warned[0].getMessage()

@@ -10,7 +10,9 @@ exactly what the first one did:
 - `KeyEngine`: one ENS engine per key value (or the one global engine) whose state is a
   bytes blob kept in Spark's state store: reorder buffer, engine snapshot, applied profiles;
 - `Outbox`: idempotent writes: one Lua script per batch XADDs a notification only if its id
-  was never written (a marker key with a TTL), so a re-executed batch writes nothing twice.
+  was never written (a marker key with a TTL), so a re-executed batch writes nothing twice;
+  `LateOutput` does the same for late events (``ens:late``, the service's late output,
+  one record per ingest event key).
 
 Notification ids keep the worker's form ``f"{profile}:{epoch}:{seq}"``: ``seq`` is the
 detection counter of the engine that found it (part of its state), ``epoch`` is the
@@ -32,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from adapters.service import redis_store as rs
+from adapters.service.late import LATE, LateRecord
 from filters.engine import Engine
 from filters.notification import Notification
+from filters.restore import Skipped
 from notifiers import store
 from profiles.ast import Profile
 from profiles.errors import ProfileError
@@ -43,6 +47,7 @@ log = logging.getLogger("ens.spark.stream")
 
 PLOG = "ens:spark:plog"  # profile log: {"ctl": control id covered, "d": {pid: [expr, sub] | null}}
 WRITTEN = "ens:spark:written:"  # + notification id: written to the outbox (TTL)
+LATE_WRITTEN = "ens:spark:late:"  # + event key: its late record written to ens:late (TTL)
 INVALID = "ens:spark:invalid"  # event key -> why it was skipped
 STATUS = "ens:spark:status"
 ROUTES = "ens:spark:routes"  # the keyed routes that have an engine (profile changes reach all)
@@ -57,6 +62,21 @@ for i = 2, #ARGV, 2 do
     redis.call('XADD', KEYS[2], '*', 'n', ARGV[i + 1])
     n = n + 1
   end
+end
+return n
+"""
+
+# ARGV: ttl, maxlen, then per record: event key, number of field/value items, the items
+_WRITE_LATE = """
+local n = 0
+local i = 3
+while i <= #ARGV do
+  local k = tonumber(ARGV[i + 1])
+  if redis.call('SET', KEYS[1] .. ARGV[i], '1', 'NX', 'EX', ARGV[1]) then
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, i + 2, i + 1 + k))
+    n = n + 1
+  end
+  i = i + 2 + k
 end
 return n
 """
@@ -282,6 +302,18 @@ def gateway_watermark(
     return min(progress[g][0] - lat[g] for g in active), max(default, *lat.values())
 
 
+def whole_ms(wm: float | None, newest: float | None) -> float | None:
+    """The watermark as a whole millisecond, the unit of Spark's own watermark, through which
+    a route invoked by its timeout alone gets it: rounded down, or up when it is the newest
+    ``ts`` of all (every gateway idle: everything is released, and an event stamped with
+    sub-ms digits must not stay held for the lack of a fraction of a ms)."""
+    if wm is None or not math.isfinite(wm):
+        return wm
+    ms = round(wm * 1000, 3)  # float noise of a value already whole
+    up = newest is not None and wm >= newest
+    return (math.ceil(ms) if up else math.floor(ms)) / 1000
+
+
 def merge_progress(
     old: dict[str, list[float]], new: dict[str, list[float]]
 ) -> dict[str, list[float]]:
@@ -341,9 +373,11 @@ class Stepped:
     late: int = 0
     held: int = 0
     late_keys: dict[str, str] = field(default_factory=dict)  # late event key -> gateway
+    late_records: list[LateRecord] = field(default_factory=list)  # for ens:late (output)
 
 
 _live: dict[str, tuple[str, int, Engine]] = {}  # route -> (epoch, gen, engine): no restore
+_skip_warned: set[str] = set()  # profiles whose state a restore left out, logged (per process)
 _dropped = 0  # engines this process let go of since its last full collection
 _calls = 0  # calls since then
 
@@ -385,8 +419,10 @@ class KeyEngine:
         versions: Versions,
         tz: str = "UTC",
         plan: tuple[str, Any] = ("eager", None),
+        late_events: str = "output",
     ) -> None:
         self.route = route
+        self.late_events = late_events  # "output": late events go to ens:late; "feed": fed
         self.versions = versions
         self.tz = tz
         self.plan, self.rates = plan  # --plan / --stats: the engines' evaluation plan
@@ -395,7 +431,14 @@ class KeyEngine:
 
     def step(self, blob: bytes | None, rows: list[Row], wm: float | None) -> Stepped:
         """Apply the batch's profile version, take the rows, feed what the watermark `wm`
-        releases (in ts, then ingest order), advance to `wm`; late events are fed at once."""
+        releases (in ts, then ingest order), advance to `wm` if a timer falls due before it.
+
+        An event older than the engine's time is late (the worker's rule,
+        `adapters.service.intake`): kept out of the engine, in `Stepped.late_records`, or fed
+        at once with ``late_events="feed"``. Engine time moves to `wm` only when a timer falls
+        due before it, so an engine with nothing due keeps the time of its last event and does
+        not make events late that nothing has been decided past (the wall clock's watermark,
+        ``--clock wall``, moves on every batch)."""
         if blob is not None:
             st = pickle.loads(blob)  # noqa: S301 - our own state store
             cached = _live.pop(self.route, None)
@@ -403,7 +446,11 @@ class KeyEngine:
                 engine = cached[2]
             else:
                 self.dropped += cached is not None
-                engine = Engine.restore(st["snap"], self.versions.at(st["ver"]).profiles)
+                engine, skipped = Engine.restore_reporting(
+                    st["snap"], self.versions.at(st["ver"]).profiles
+                )
+                if skipped:
+                    self._report(skipped)
                 if engine.plan != self.plan:  # restarted with another --plan: convert the state
                     engine.configure_plans(self.plan, self.rates)
         else:
@@ -434,8 +481,13 @@ class KeyEngine:
             if engine.now is not None and ev.ts < engine.now:
                 out.late += 1
                 out.late_keys[r.key] = r.gw  # type: ignore[index]
-                self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
-                out.events += r.key not in copies
+                if self.late_events == "feed":
+                    self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
+                    out.events += r.key not in copies
+                else:
+                    out.late_records.append(LateRecord.of(ev, r.key, r.gw, engine.now))  # type: ignore[arg-type]
+                    if out.late <= 10:
+                        _log_late(engine, ev, r.gw, "sent to the late output (not matched)")
             else:
                 held.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
         held.sort(key=lambda h: (h[0], h[1]))
@@ -444,7 +496,8 @@ class KeyEngine:
             while n < len(held) and held[n][0] <= wm:
                 self._feed(engine, held[n][4], held[n][2], held[n][3])
                 n += 1
-            if engine.now is not None and wm > engine.now:
+            due = engine.timers.next_time()
+            if engine.now is not None and wm > engine.now and due is not None and due < wm:
                 engine.advance(wm)
         st["held"] = [(*h[:4], (h[4].id, h[4].ts, h[4].attrs)) for h in held[n:]]
         copies.update(st.get("copies", ()))
@@ -477,20 +530,39 @@ class KeyEngine:
                 defs[pid] = v.sigs[pid]
         st["ver"] = v.log_id
 
+    def _report(self, skipped: Skipped) -> None:
+        """Log what a restore left out (state of removed profiles: it can produce nothing),
+        once per profile and process, as the service's checkpointer does."""
+        new = Skipped(
+            {p: c for p, c in skipped.removed.items() if p not in _skip_warned},
+            {p: n for p, n in skipped.inactive.items() if p not in _skip_warned},
+        )
+        if new:
+            _skip_warned.update(new.removed, new.inactive)
+            log.warning(
+                "restore of route %s left out engine state of profiles that no longer exist: %s",
+                self.route,
+                new.describe(),
+            )
+
     def _feed(self, engine: Engine, ev: Event, key: str, gw: str, late: bool = False) -> None:
         if late:
-            log.warning(
-                "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; "
-                "processed in arrival order",
-                ev.id,
-                gw,
-                ev.ts,
-                engine.now - ev.ts,  # type: ignore[operator]
-            )
+            _log_late(engine, ev, gw, "processed in arrival order")
         try:
             engine.process(ev)
         except Exception:  # a poison event must not stop the query
             log.exception("engine failed on event %s (%s); skipped", ev.id, key)
+
+
+def _log_late(engine: Engine, ev: Event, gw: str, what: str) -> None:
+    log.warning(
+        "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; %s",
+        ev.id,
+        gw,
+        ev.ts,
+        engine.now - ev.ts,  # type: ignore[operator]
+        what,
+    )
 
 
 def stateless(
@@ -523,6 +595,28 @@ class Outbox:
             for rec in records[i : i + chunk]:
                 args += [rec["id"], store.dumps(rec)]
             n += int(self.script(keys=[WRITTEN, store.OUTBOX], args=args))
+        return n
+
+
+class LateOutput:
+    """Idempotent writes of late records to ``ens:late`` (the service's late output, trimmed
+    to about `maxlen`): an event key whose record was written (within `ttl` s) is not written
+    again, so a micro-batch re-executed after a crash, or an event late for both its key's
+    engine and the global engine, gives one record."""
+
+    def __init__(self, r: Any, ttl: int = 7 * 86400, maxlen: int = 10_000) -> None:
+        self.script = r.register_script(_WRITE_LATE)
+        self.ttl = ttl
+        self.maxlen = maxlen
+
+    def write(self, records: list[LateRecord], chunk: int = 500) -> int:
+        n = 0
+        for i in range(0, len(records), chunk):
+            args: list[Any] = [self.ttl, self.maxlen]
+            for rec in records[i : i + chunk]:
+                items = [x for kv in rec.fields().items() for x in kv]
+                args += [rec.key, len(items), *items]
+            n += int(self.script(keys=[LATE_WRITTEN, LATE], args=args))
         return n
 
 

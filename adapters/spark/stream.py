@@ -16,9 +16,11 @@ applied profiles) in Spark's state store. Event time: the service's per-gateway 
 `latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
 and carried in the offset (checkpointed, so re-executions agree), releases held events in
 (ts, ingest) order and advances the engine, which fires trailing negations, ``absent`` and
-``within`` expiries; an event older than its engine's time is late: fed at once, logged,
-counted once per event (the sink unions the engines' late keys). ``--clock wall`` also
-raises the offset's watermark to the wall clock minus the largest active lateness. A key
+``within`` expiries (engine time moves to the watermark only when a timer falls due before
+it); an event older than its engine's time is late: written to the service's late output
+``ens:late`` (`live.LateOutput`, idempotent like the outbox; ``--late-events feed``: fed at
+once), logged, counted once per event (the sink unions the engines' late keys). ``--clock
+wall`` also raises the offset's watermark to the wall clock minus the largest active lateness. A key
 with something due is invoked every micro-batch (a processing-time timeout of 1 ms; without
 rows it gets the watermark through Spark's, one batch later); the state keeps the next due
 time, so an idle key costs one state read.
@@ -26,6 +28,7 @@ time, so an idle key costs one state read.
 Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
 with deterministic ids: a micro-batch re-executed after a crash restores the same state,
 reads the same range and profile version, and so gives the same ids, which are skipped.
+Late records likewise (`live.LateOutput`, one per ingest event key).
 """
 
 from __future__ import annotations
@@ -168,8 +171,9 @@ def _source_classes() -> tuple[type, type]:
             # ens:spark:gateways holds the progress of every entry up to start["ingest"]
             # (the previous batch committed): as of start["t"], or of now if none came since
             same = top == start["ingest"]
+            progress = {rs.text(g): json.loads(v) for g, v in prog.items()}
             wm, lag = live.gateway_watermark(
-                {rs.text(g): json.loads(v) for g, v in prog.items()},
+                progress,
                 {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
                 self.lateness,
                 self.idle,
@@ -177,6 +181,8 @@ def _source_classes() -> tuple[type, type]:
             )
             if self.clock == "wall":  # timers fire by the wall clock minus the largest lateness
                 wm = now - lag if wm is None else max(wm, now - lag)
+            newest = max((p[0] for p in progress.values()), default=None)
+            wm = live.whole_ms(wm, newest)
             off = {
                 "ingest": top,
                 "plog": plog,
@@ -276,8 +282,8 @@ def read_range(
         cols["key"].append(k)
         cols["gw"].append(gw)
         cols["ts"].append(ts)
-        cols["evtime"].append(
-            int(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
+        cols["evtime"].append(  # a whole ms (`live.whole_ms`): Spark's watermark keeps it
+            round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
         )
         cols["ev"].append(ev)
         cols["plog"].append(plog)
@@ -385,11 +391,14 @@ class StreamConfig:
     dedup_ttl: int = 7 * 86400
     plan: str = "eager"  # evaluation plan of the engines (docs/plans.md); same output
     rates: Any = None  # `filters.plans.Rates` from --stats, for plan auto
+    late_events: str = "output"  # late events: "output" (ens:late) or "feed" (fed at once)
+    late_max: int = 10_000  # about this many entries kept in ens:late
 
 
 def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithState function
     url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
     plan = (cfg.plan, cfg.rates)
+    late_events, late_max = cfg.late_events, cfg.late_max
 
     def run(
         group: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any
@@ -461,12 +470,14 @@ def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithSta
         )
         if old is None and all(r.key is None and r.ts is None for r in rows):
             return  # only a profile change for a route without an engine: nothing to apply
-        eng = live.KeyEngine(route, versions(url, key), tz, plan)
+        eng = live.KeyEngine(route, versions(url, key), tz, plan, late_events)
         out = eng.step(old[0] if old is not None else None, rows, wm)
         if old is None:
             client(url).sadd(live.ROUTES, route)
         if out.records:
             live.Outbox(client(url), ttl).write(out.records)
+        if out.late_records:  # before the state: a re-execution writes them again, skipped
+            live.LateOutput(client(url), ttl, late_max).write(out.late_records)
         state.update((out.blob, out.due, int(old[2]) + 1 if old is not None else 1))
         live.settle_garbage(eng.dropped)
         if out.due < math.inf:

@@ -418,6 +418,23 @@ def stream(
             help="Stop after this many seconds (tests, benchmarks); default: until Ctrl-C.",
         ),
     ] = None,
+    late_events: Annotated[
+        str,
+        typer.Option(
+            "--late-events",
+            help="An event older than its engine's time when read: output: kept out of the "
+            "engine, in the service's late output (ens notifications late); feed: fed at "
+            "once, in arrival order (`ens serve --late-events`).",
+        ),
+    ] = "output",
+    late_max: Annotated[
+        int,
+        typer.Option(
+            "--late-max",
+            help="Keep about this many late events in the late output (ens:late; the oldest "
+            "go first; `ens serve --late-max`).",
+        ),
+    ] = 10_000,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     plan: PlanOpt = "eager",
     stats_file: StatsOpt = None,
@@ -442,6 +459,10 @@ def stream(
             raise ENSError(f"--clock must be wall or event, not {clock!r}")
         if partitions < 0:
             raise ENSError(f"--partitions must be >= 0, not {partitions}")
+        if late_events not in ("output", "feed"):
+            raise ENSError(f"--late-events must be output or feed, not {late_events!r}")
+        if late_max < 1:
+            raise ENSError(f"--late-max must be >= 1, not {late_max}")
         trig = _interval("--trigger", trigger)
         late = _interval("--lateness", lateness)
         idle = _interval("--idle-timeout", idle_timeout)
@@ -471,6 +492,8 @@ def stream(
             partitions=partitions,
             plan=plan,
             rates=rates,
+            late_events=late_events,
+            late_max=late_max,
         )
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
