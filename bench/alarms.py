@@ -226,6 +226,7 @@ def e2e(
     composites: int = 200,
     filters: int = 200,
     repeat: int = 2,
+    root: Path | None = None,
 ) -> dict[str, Any]:
     """`ens serve` end to end, alarms off and on, in one run (issue 35: within 10 %).
 
@@ -237,6 +238,7 @@ def e2e(
     ``events`` events POSTed in batches of ``batch`` by ``clients`` gateways over HTTP, then a
     final probe; events/s is ``events`` over the time from the first POST to the probe's
     notification in the outbox. The modes alternate ``repeat`` times; the best of each counts.
+    ``root``: the source tree the service runs from (another checkout: a before/after).
     """
     import redis
 
@@ -269,7 +271,7 @@ def e2e(
                     keys = [rs.add_gateway(r, f"bench-{k}") for k in range(clients)]
                     port = 18000 + random.randrange(2000)
                     log = work / f"serve-{mode}-{i}.log"
-                    with sl.service(url, port, 2.0, log) as base:
+                    with sl.service(url, port, 2.0, log, root=root or sl.ROOT) as base:
                         gen = sl.Gen(7)
                         sent: dict[str, float] = {}
                         t0 = time.perf_counter()
