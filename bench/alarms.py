@@ -7,6 +7,9 @@
 2. **List** (a real redis-server): ``ens:alarms`` filled with A open alarms as the engine
    worker writes them, then `alarm_store.list_alarms` with ``--match room=...`` — the function
    `ens alarms list` and `GET /v1/alarms` call — timed, and the CLI itself as a subprocess.
+3. **Throughput**: the engine worker in-process, one profile plain vs as an alarm.
+4. **End to end** (`e2e`): `ens serve` driven over HTTP as `bench/service_load.py` does, a
+   facility's profile set without and with `alarm:` blocks, in the same run; the on/off ratio.
 """
 
 from __future__ import annotations

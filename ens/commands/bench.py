@@ -279,7 +279,9 @@ def alarms_cmd(
     ),
 ) -> None:
     """Alarms: a storm grouped by building (messages vs one per transition, every transition
-    in history) and `ens alarms list --match` on many open alarms (docs/benchmarks.md)."""
+    in history), the engine worker and `ens serve` end to end (HTTP) with alarms off and on in
+    the same run (the on/off ratio), and `ens alarms list --match` on many open alarms
+    (docs/benchmarks.md)."""
     import json
 
     from bench.alarms import e2e, list_bench, storm, throughput
