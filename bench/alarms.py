@@ -7,6 +7,9 @@
 2. **List** (a real redis-server): ``ens:alarms`` filled with A open alarms as the engine
    worker writes them, then `alarm_store.list_alarms` with ``--match room=...`` — the function
    `ens alarms list` and `GET /v1/alarms` call — timed, and the CLI itself as a subprocess.
+3. **Throughput**: the engine worker in-process, one profile plain vs as an alarm.
+4. **End to end** (`e2e`): `ens serve` driven over HTTP as `bench/service_load.py` does, a
+   facility's profile set without and with `alarm:` blocks, in the same run; the on/off ratio.
 """
 
 from __future__ import annotations
@@ -213,3 +216,98 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
                 rb.close()
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     return out
+
+
+WINDOW_EXPR = 'seq(w: kind = "window" and state = "open") per room'
+WINDOW_ALARM = {"severity": "major", "clear": {"on": 'kind = "window" and state = "closed"'}}
+
+
+def e2e(
+    events: int = 30_000,
+    batch: int = 500,
+    clients: int = 2,
+    composites: int = 200,
+    filters: int = 200,
+    repeat: int = 2,
+    root: Path | None = None,
+    window_only: bool = False,
+) -> dict[str, Any]:
+    """`ens serve` end to end, alarms off and on, in one run (issue 35: within 10 %).
+
+    The profile set of `bench/service_load.py` (a probe filter, per-room composites and
+    filters) plus ``window-open`` (`seq(...) per room`, a match for about one event in
+    twelve). "off": every profile plain; "on": the same profiles with `alarm:` blocks —
+    ``window-open`` clears on a closed window, the composites `clear: after 30m`, the filters
+    `clear: manual`. Each run: a fresh redis-server database, the service as a subprocess,
+    ``events`` events POSTed in batches of ``batch`` by ``clients`` gateways over HTTP, then a
+    final probe; events/s is ``events`` over the time from the first POST to the probe's
+    notification in the outbox. The modes alternate ``repeat`` times; the best of each counts.
+    ``root``: the source tree the service runs from (another checkout: a before/after);
+    ``window_only``: "on" gives only ``window-open`` an `alarm:` (the others stay plain).
+    """
+    import redis
+
+    from adapters.service import alarm_store as als
+    from adapters.service import redis_store as rs
+    from bench import service_load as sl
+
+    def alarm_of(pid: str) -> dict[str, Any] | None:
+        if pid == "window-open":
+            return WINDOW_ALARM
+        if window_only:
+            return None
+        if pid.startswith("c"):
+            return {"severity": "minor", "clear": "after 30m"}
+        if pid.startswith("f"):
+            return {"severity": "warning", "clear": "manual"}
+        return None
+
+    profs = [*sl.profiles(composites, filters), ("window-open", WINDOW_EXPR)]
+    out: dict[str, Any] = {"events": events, "batch": batch, "clients": clients,
+                           "profiles": len(profs)}  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="ens-bench-alarms-e2e-"))
+    # a redis-server per run: the service of a run never sees the keys of another
+    try:
+        for i in range(repeat):
+            for mode in ("off", "on"):
+                (work / f"{mode}-{i}").mkdir()
+                with sl.redis_server(work / f"{mode}-{i}") as url:
+                    r = redis.Redis.from_url(url, decode_responses=True)
+                    for pid, expr in profs:
+                        rs.put_profile(r, pid, expr, alarm=alarm_of(pid) if mode == "on" else None)
+                    keys = [rs.add_gateway(r, f"bench-{k}") for k in range(clients)]
+                    port = 18000 + random.randrange(2000)
+                    log = work / f"serve-{mode}-{i}.log"
+                    with sl.service(url, port, 2.0, log, root=root or sl.ROOT) as base:
+                        gen = sl.Gen(7)
+                        sent: dict[str, float] = {}
+                        t0 = time.perf_counter()
+                        sl.run_phase(base, keys, gen, events, batch, clients, batch, sent)
+                        _final_probe(r, base, keys[0], gen)
+                        rate = events / (time.perf_counter() - t0)
+                    k = f"alarms_{mode}_events_per_s"
+                    out.setdefault(f"alarms_{mode}_runs", []).append(round(rate))
+                    out[k] = max(out.get(k, 0), round(rate))
+                    if mode == "on":
+                        out["transitions"] = r.xlen(als.HISTORY)
+                        out["alarms"] = r.hlen(als.ALARMS)
+                    r.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
+    return out
+
+
+def _final_probe(r: Any, base: str, key: str, gen: Any, timeout: float = 300.0) -> None:
+    """Post a final probe and wait until its notification is in the outbox (all of the
+    outbox: alarm messages written after it, e.g. by group deadlines, may be many)."""
+    from bench import service_load as sl
+
+    ev = gen.event(probe=True)
+    with sl.warm_client(base, key) as c:
+        c.post("/v1/events", json=ev).raise_for_status()
+    deadline = time.monotonic() + timeout
+    while ev["id"] not in sl.probe_times(r):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the final probe was not notified within {timeout:g} s")
+        time.sleep(0.05)

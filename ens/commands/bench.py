@@ -272,13 +272,22 @@ def alarms_cmd(
     events: int = typer.Option(
         20_000, help="Throughput: events through the engine worker, alarms off and on."
     ),
+    e2e_events: int = typer.Option(
+        30_000,
+        help="End to end: events POSTed to `ens serve` (a subprocess) over HTTP, alarms off "
+        "and on, in the same run (0: skip).",
+    ),
 ) -> None:
     """Alarms: a storm grouped by building (messages vs one per transition, every transition
-    in history) and `ens alarms list --match` on many open alarms (docs/benchmarks.md)."""
+    in history), the engine worker and `ens serve` end to end (HTTP) with alarms off and on in
+    the same run (the on/off ratio), and `ens alarms list --match` on many open alarms
+    (docs/benchmarks.md)."""
     import json
 
-    from bench.alarms import list_bench, storm, throughput
+    from bench.alarms import e2e, list_bench, storm, throughput
 
     typer.echo(json.dumps({"storm": storm(matches, rooms, buildings, span)}))
     typer.echo(json.dumps({"throughput": throughput(events)}))
+    if e2e_events:
+        typer.echo(json.dumps({"e2e": e2e(e2e_events)}))
     typer.echo(json.dumps({"list": list_bench(open_alarms)}))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 State = Literal[
@@ -128,7 +128,7 @@ class Transition:
     delivery: str = "none"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return _shallow(self, _TRANSITION_FIELDS)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Transition:
@@ -153,7 +153,7 @@ class Notice:
     labels: dict[str, str]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return _shallow(self, _NOTICE_FIELDS)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Notice:
@@ -165,3 +165,17 @@ class Notice:
             t.kind, t.alarm, t.occurrence, t.id, t.ts, t.after, t.severity, t.count,
             t.first_seen, t.last_seen, t.labels,
         )  # fmt: skip
+
+
+def _shallow(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """``asdict`` without its deep copy (it runs per message and history record): the
+    fields are scalars and flat ``dict[str, str]`` (labels, events), copied one level."""
+    out = {}
+    for name in names:
+        v = getattr(obj, name)
+        out[name] = dict(v) if isinstance(v, dict) else v
+    return out
+
+
+_TRANSITION_FIELDS = tuple(f.name for f in fields(Transition))
+_NOTICE_FIELDS = tuple(f.name for f in fields(Notice))
