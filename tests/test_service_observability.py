@@ -131,7 +131,11 @@ def test_runtime_collectors_and_build_info(svc: Service, fired: dict[str, float]
     assert len(build) == 1 and re.search(r'version="\d+\.\d+', build[0]), build
 
 
-def test_api_latency_by_route_template(svc: Service, admin: httpx.Client) -> None:
+def test_api_latency_by_route_template(
+    svc: Service, admin: httpx.Client, fired: dict[str, float]
+) -> None:
+    """`fired` posts the events (this test may run first on its xdist worker, whose module
+    fixtures are its own)."""
     assert admin.get("/v1/profiles/no-such-profile").status_code == 404
     assert admin.get("/no/such/path/42").status_code == 404
     found = samples(svc)
