@@ -270,3 +270,15 @@ def worker_config(**kw: Any) -> WorkerConfig:
     )
     base.update(kw)
     return WorkerConfig(**base)
+
+
+@contextmanager
+def serving(d: Path, *args: str) -> Iterator[Service]:
+    """`ens serve ARGS` on a redis-server of its own in ``d`` (log ``d/serve.log``); at the end
+    it must stop with status 0 (else the log's tail is shown)."""
+    with redis_server(d) as url:
+        s = Service(url, d / "serve.log", *args).start()
+        try:
+            yield s
+        finally:
+            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]

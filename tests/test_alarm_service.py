@@ -24,7 +24,7 @@ from ens.commands.alarms import register as register_alarms
 from ens.commands.service import register as register_service
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, metric, outbox, redis_server, wait_for
+from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -39,12 +39,8 @@ ALARM = {
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-alarms")
-    with redis_server(d) as url:
-        s = Service(url, d / "serve.log", "--reorder-seconds", "0.1").start()
-        try:
-            yield s
-        finally:
-            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+    with serving(d, "--reorder-seconds", "0.1") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

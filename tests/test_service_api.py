@@ -23,8 +23,8 @@ from tests.helpers_service import (
     Service,
     metric,
     outbox_for,
-    redis_server,
     replay_records,
+    serving,
     wait_for,
 )
 
@@ -38,14 +38,8 @@ _ids = itertools.count(1)
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-api")
-    with redis_server(d) as url:
-        s = Service(
-            url, d / "serve.log", "--reorder-seconds", str(REORDER), "--max-body", str(MAX_BODY)
-        ).start()
-        try:
-            yield s
-        finally:
-            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+    with serving(d, "--reorder-seconds", str(REORDER), "--max-body", str(MAX_BODY)) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from notifiers.worker import DeliveryWorker
 from profiles.events import read_events
 from profiles.parser import parse_profile
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, outbox_for, redis_server, wait_for
+from tests.helpers_service import Service, outbox_for, serving, wait_for
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -42,12 +42,8 @@ PW, TOKEN = "pw-9f3Kq2", "tok-7Zx2Lm"  # what must never be shown
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-identity")
-    with redis_server(d) as url:
-        s = Service(url, d / "serve.log", "--reorder-seconds", "0.2").start()
-        try:
-            yield s
-        finally:
-            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+    with serving(d, "--reorder-seconds", "0.2") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from tests.helpers_service import (
     Service,
     outbox,
     outbox_for,
-    redis_server,
+    serving,
     wait_for,
     worker_config,
 )
@@ -200,12 +200,8 @@ def metrics_text(svc: Service) -> str:
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-late")
-    with redis_server(d) as url:
-        s = Service(url, d / "serve.log", "--default-lateness", "0.2").start()
-        try:
-            yield s
-        finally:
-            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+    with serving(d, "--default-lateness", "0.2") as s:
+        yield s
 
 
 def test_late_events_end_to_end_listed_exported_and_replayed(svc: Service, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
 from adapters.service.late import list_late
-from tests.helpers_service import ROOT, Service, metric, outbox_for, redis_server, wait_for
+from tests.helpers_service import ROOT, Service, metric, outbox_for, redis_server, serving, wait_for
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -29,21 +29,10 @@ MAX_BODY = 100_000
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     d = tmp_path_factory.mktemp("svc-robust")
-    with redis_server(d) as url:
-        s = Service(
-            url,
-            d / "serve.log",
-            "--reorder-seconds",
-            "0.2",
-            "--max-body",
-            str(MAX_BODY),
-            "--body-timeout",
-            "1s",
-        ).start()
-        try:
-            yield s
-        finally:
-            assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+    with serving(
+        d, "--reorder-seconds", "0.2", "--max-body", str(MAX_BODY), "--body-timeout", "1s"
+    ) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
