@@ -276,7 +276,9 @@ def test_ens_check_reports_a_bad_template_at_its_file_line(tmp_path: Path) -> No
     )
     res = CliRunner().invoke(ens_app, ["check", str(f)])
     assert res.exit_code == 2
-    assert "file line 9: " in res.stderr and "subscriber 'ops': templates.slack: line 2:" in res.stderr
+    assert (
+        "file line 9: " in res.stderr and "subscriber 'ops': templates.slack: line 2:" in res.stderr
+    )
 
 
 # ----------------------------------------------------------------------------- send time
