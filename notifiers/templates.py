@@ -8,10 +8,10 @@ runtime error, a webhook body that is not JSON) must not lose the message: the d
 instead, ``ens_template_errors_total{template}`` counts it, and the failure is logged once per
 subscriber and template text (not once per message: a broken template would flood the log).
 
-Defaults: the e-mail subject, text and HTML and the ENS webhook JSON are the built-in builders
-(`notifiers.email`, `notifiers.webhook.build_body`; ``DEFAULT_TEMPLATES`` has the webhook one as
-a template, ``{{ body }}``, which renders the same bytes); the Slack and Teams texts are
-templates here.
+Defaults: ``DEFAULT_TEMPLATES`` has one per name. Delivery renders the e-mail subject, text and
+HTML and the ENS webhook JSON with the built-in builders (`notifiers.email`,
+`notifiers.webhook.build_body`), which their templates match (tests/test_templates.py): no
+template runs on the hot path of a subscriber without its own.
 """
 
 from __future__ import annotations
@@ -65,8 +65,106 @@ acknowledge: {{ x.acknowledge.command }}
 TEAMS_DEFAULT = SLACK_DEFAULT.replace("*{{ x.severity|upper }}*", "**{{ x.severity|upper }}**")
 TEAMS_DEFAULT = TEAMS_DEFAULT.replace("*{{ profile }}*", "**{{ profile }}**")
 
-#: the default of each template name (the e-mail ones are the built-in builders: see above)
+# The e-mail defaults as templates: what `notifiers.email` builds, to start one's own from
+# (tests/test_templates.py checks that they render the same as the builders).
+EMAIL_SUBJECT_DEFAULT = """\
+{% if alarm and notices %}
+{% set labels = alarm.get("labels") or {} %}
+[ENS] {{ (alarm.get("severity") or "")|string|upper }} {{ profile }} \
+{% if notices|length == 1 %}
+{{ alarm.get("transition_kind") }} (\
+{% for k, v in labels.items() if k not in ("profile", "severity", "subscriber") %}
+{{ k }}={{ v }}{% if not loop.last %}, {% endif %}
+{% endfor %}
+)\
+{% else %}
+{{ notices|length }} alarms\
+{% endif %}
+{% else %}
+[ENS] {{ profile }} matched at {{ ts|ts(false) }}{% if where %} ({{ where }}){% endif %}
+{% endif %}
+"""
+
+_ALARM_LINES = """\
+{% for x in notices %}
+{% set ack = x.get("acknowledge") or {} %}
+Alarm {{ x.get("alarm") }} (occurrence {{ x.get("occurrence") }}): \
+{{ x.get("transition_kind") }} -> {{ x.get("state") }}, severity {{ x.get("severity") }}
+  {{ (x.get("labels") or {})|pairs }}
+  count {{ x.get("count") }}, first seen {{ x.get("first_seen")|ts }}, \
+last seen {{ x.get("last_seen")|ts }}
+  acknowledge: {{ ack.get("command") }}  or  {{ ack.get("http") }}
+{% endfor %}
+{% if alarm.get("overflow") %}
+({{ alarm.overflow }} notices held back by the hourly cap)
+{% endif %}
+"""
+
+EMAIL_TEXT_DEFAULT = (
+    """\
+Profile {{ profile }} matched at {{ ts|ts }}.
+{% if where %}
+Partition: {{ where }}
+{% endif %}
+{% if subscriber %}
+Subscriber: {{ subscriber }}
+{% endif %}
+Notification id: {{ id }}
+
+{% if alarm and (notices or alarm.get("overflow")) %}
+"""
+    + _ALARM_LINES
+    + """\
+{% else %}
+Events:
+{% for name, ev in events.items() %}
+  {{ name }}: event {{ ev.get("id", "?") }} at {{ ev.get("ts")|ts }}
+{% for k, v in ev.items() if k not in ("id", "ts") %}
+      {{ k }} = {{ v }}
+{% endfor %}
+{% endfor %}
+{% endif %}
+"""
+)
+
+EMAIL_HTML_DEFAULT = (
+    """\
+<h2>Profile <code>{{ profile }}</code> matched at {{ ts|ts }}</h2>
+<p>
+{% if where %}
+Partition: <b>{{ where }}</b><br>
+{% endif %}
+{% if subscriber %}
+Subscriber: {{ subscriber }}<br>
+{% endif %}
+Notification id: <code>{{ id }}</code></p>
+{% if alarm and (notices or alarm.get("overflow")) %}
+<pre>{% filter trim %}
+"""
+    + _ALARM_LINES
+    + """\
+{% endfilter %}</pre>
+{% else %}
+<table border="1" cellpadding="4" cellspacing="0">
+<tr><th>component</th><th>event</th><th>time</th><th>attributes</th></tr>
+{% for name, ev in events.items() %}
+<tr><td>{{ name }}</td><td>{{ ev.get("id", "?") }}</td><td>{{ ev.get("ts")|ts }}</td><td>\
+{% for k, v in ev.items() if k not in ("id", "ts") %}
+{{ k }} = {{ v }}{% if not loop.last %}<br>{% endif %}
+{% endfor %}
+</td></tr>
+{% endfor %}
+</table>
+{% endif %}
+"""
+)
+
+#: the default of each template name; delivery uses the built-in builders for the e-mail ones
+#: and for the webhook body (the same output, without a template on the hot path)
 DEFAULT_TEMPLATES: dict[str, str] = {
+    "email_subject": EMAIL_SUBJECT_DEFAULT,
+    "email_text": EMAIL_TEXT_DEFAULT,
+    "email_html": EMAIL_HTML_DEFAULT,
     "webhook": "{{ body }}",
     "slack": SLACK_DEFAULT,
     "teams": TEAMS_DEFAULT,
@@ -115,6 +213,8 @@ def context(n: Mapping[str, Any]) -> dict[str, Any]:
 def render(name: str, source: str, n: Mapping[str, Any]) -> str:
     """Template ``name`` (text ``source``) rendered for ``n``; raises on any failure."""
     out: str = _env(name).from_string(source).render(context(n))
+    if name in ("email_text", "email_html"):  # a section: the mail adds what follows it
+        out = out.rstrip("\n")
     if name == "webhook":
         json.loads(out)  # the receiver parses it: a body that is not JSON is a failure here
     elif not out.strip():

@@ -113,6 +113,30 @@ def test_default_webhook_template_renders_todays_body_byte_for_byte(kind: str) -
     assert templates.webhook_body("s1", channel, {"slack": "x"}, n) == build_body(n)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_default_email_templates_render_what_the_builders_build(kind: str) -> None:
+    """The e-mail defaults as templates (a starting point) say what delivery sends without
+    one: the same subject and text, and the same HTML once entities are read."""
+    import html
+
+    from notifiers import email as em
+
+    bare = template_samples.sample(kind, "") | {"partition": None}
+    for n in (template_samples.sample(kind, "s1"), evil(kind), bare):
+        for name, build in (
+            ("email_subject", em.subject_for),
+            ("email_text", em.text_section),
+            ("email_html", em.html_section),
+        ):
+            got = templates.render(name, templates.DEFAULT_TEMPLATES[name], n)
+            if name == "email_subject":
+                got = em.clean_header(got)
+            if name == "email_html":  # markupsafe writes &#34; where html.escape writes &quot;
+                assert html.unescape(got) == html.unescape(build(n)), (kind, name)
+            else:
+                assert got == build(n), (kind, name)
+
+
 def test_samples_have_the_shape_the_alarm_worker_writes() -> None:
     """The preview and these tests use samples: they must be the records the service writes
     (`AlarmPart._alarm_record` of a real message of real notices)."""

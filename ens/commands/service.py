@@ -616,6 +616,25 @@ def subscriber_preview(
                     typer.echo(part.get_content().rstrip("\n"))
 
 
+@subscriber_app.command("templates")
+def subscriber_templates(
+    name: Annotated[
+        str | None,
+        typer.Argument(help="email_subject, email_text, email_html, webhook, slack or teams."),
+    ] = None,
+) -> None:
+    """Print the default templates (all, or one by name): a starting point for --template."""
+    from notifiers.templates import DEFAULT_TEMPLATES
+
+    if name is not None and name not in DEFAULT_TEMPLATES:
+        raise _fail(f"no template {name!r} (known: {', '.join(DEFAULT_TEMPLATES)})")
+    for key, text in DEFAULT_TEMPLATES.items():
+        if name is None:
+            typer.echo(f"=== {key}")
+        if name in (None, key):
+            typer.echo(text.rstrip("\n"))
+
+
 @subscriber_app.command("list")
 def subscriber_list(
     redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
