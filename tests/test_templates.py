@@ -465,3 +465,25 @@ def test_template_names_and_problems_agree() -> None:
     assert set(CUSTOM) == set(TEMPLATE_NAMES)
     assert template_problems(CUSTOM) == []
     assert template_problems(templates.DEFAULT_TEMPLATES) == []
+
+
+def test_a_changed_template_is_a_change_that_needs_replace(
+    cli: typer.Typer, redis_url: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    one, two = tmp_path / "one.j2", tmp_path / "two.j2"
+    one.write_text("{{ profile }}\n")
+    two.write_text("{{ profile }} {{ transition }}\n")
+    args = ("subscriber", "add", "ops", "--slack", "https://h/s", "--template")
+    assert ens(cli, redis_url, *args, f"slack={one}").exit_code == 0
+    assert "unchanged" in ens(cli, redis_url, *args, f"slack={one}").stdout
+    res = ens(cli, redis_url, *args, f"slack={two}")
+    assert res.exit_code == 2 and "(the text of a template changed)" in res.stderr
+    assert "templates slack" in res.stderr and "nothing stored" in res.stderr
+    res = ens(cli, redis_url, *args, f"slack={two}", "--replace")
+    assert res.exit_code == 0 and "replaced" in res.stdout
+    sub = store.get_subscriber(r, "ops")
+    assert sub is not None and sub.templates == {"slack": two.read_text()}
+    assert sub.channels[0].model_dump(exclude_none=True) == {
+        "webhook": "https://h/s",
+        "format": "slack",
+    }
