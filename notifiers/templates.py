@@ -22,7 +22,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from email.message import EmailMessage
+from functools import lru_cache
 from typing import Any
+
+from jinja2 import Template
 
 from notifiers.email import (
     build_digest,
@@ -178,8 +181,10 @@ _logged: set[tuple[str, str, str]] = set()
 _logged_lock = threading.Lock()
 
 
-def _env(name: str) -> Any:
-    return environment(STYLES[name], dumps)
+@lru_cache(maxsize=1024)
+def _compiled(name: str, source: str) -> Template:
+    """Template ``name`` compiled once per text (subscribers share the defaults)."""
+    return environment(STYLES[name], dumps).from_string(source)
 
 
 def context(n: Mapping[str, Any]) -> dict[str, Any]:
@@ -212,7 +217,7 @@ def context(n: Mapping[str, Any]) -> dict[str, Any]:
 
 def render(name: str, source: str, n: Mapping[str, Any]) -> str:
     """Template ``name`` (text ``source``) rendered for ``n``; raises on any failure."""
-    out: str = _env(name).from_string(source).render(context(n))
+    out: str = _compiled(name, source).render(context(n))
     if name in ("email_text", "email_html"):  # a section: the mail adds what follows it
         out = out.rstrip("\n")
     if name == "webhook":
