@@ -297,11 +297,16 @@ def test_ens_check_reports_a_bad_template_at_its_file_line(tmp_path: Path) -> No
         "profiles:\n  - {id: p, expr: 'kind = \"door\"', subscriber: ops}\n"
         "subscribers:\n  - id: ops\n    channels: [{webhook: 'https://h/x', format: slack}]\n"
         "    templates:\n      slack: |\n        fine\n        {{ broken\n"
+        "  - id: day\n    channels: [{email: a@example.org}]\n"
+        "    templates: {email_subject: '{{ x|nope }}'}\n"
     )
     res = CliRunner().invoke(ens_app, ["check", str(f)])
     assert res.exit_code == 2
     assert (
         "file line 9: " in res.stderr and "subscriber 'ops': templates.slack: line 2:" in res.stderr
+    )  # the line of the template's line 2 in the file
+    assert "file line 12: subscriber 'day': templates.email_subject: line 1: No filter named" in (
+        res.stderr
     )
 
 
