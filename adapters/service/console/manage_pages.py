@@ -1,0 +1,7 @@
+"""Profiles, gateways and deliveries (management only)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()
