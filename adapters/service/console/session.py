@@ -106,6 +106,6 @@ def login_blocked(r: redis.Redis, client: str) -> int:
 def login_failed(r: redis.Redis, client: str) -> None:
     key = ATTEMPTS + client
     with r.pipeline(transaction=True) as p:
+        p.set(key, 0, ex=LOGIN_WINDOW, nx=True)  # the window starts at the first failure
         p.incr(key)
-        p.expire(key, LOGIN_WINDOW, nx=True)
         p.execute()
