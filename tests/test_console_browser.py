@@ -39,7 +39,8 @@ PROFILE = {
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     need_chromium()
     d = tmp_path_factory.mktemp("console-browser")
-    with serving(d, "--reorder-seconds", "0.1") as s:
+    archive = ["--archive", str(d / "archive"), "--archive-flush", "0.5s"]
+    with serving(d, "--reorder-seconds", "0.1", *archive) as s:
         with s.client(admin=True) as admin:  # deliveries are off (--no-deliver): none is sent
             hook = {"id": "ops", "channels": [{"webhook": "http://127.0.0.1:9/hook"}]}
             resp = admin.post("/v1/subscribers", json=hook)
@@ -151,7 +152,8 @@ def test_acknowledge_only_token(svc: Service, r: redis.Redis, browser: Any) -> N
     assert page.get_by_role("link", name="Silences").count() == 0
     page.wait_for_selector("#alarms .summary")
     assert page.get_by_role("button", name="Clear").count() == 0
-    for path in ("/console/silences",):
+    for path in ("/console/silences", "/console/profiles", "/console/gateways",
+                 "/console/deliveries", "/console/profiles/edit"):  # fmt: skip
         resp = page.goto(svc.url + path)
         assert resp is not None and resp.status == 403, path
         assert "needs the management token" in page.locator("main").inner_text()
@@ -164,4 +166,66 @@ def test_screenshot_login_page(svc: Service, browser: Any, tmp_path: Path) -> No
     page.goto(svc.url + "/console/login")
     assert page.locator("#token").is_visible()
     screenshot(page, "login")
+    page.context.close()
+
+
+def test_profile_editor_and_backtest(svc: Service, gw: httpx.Client, browser: Any) -> None:
+    post(gw, building="B5", floor="1", room="11")  # in the archive for the backtest
+    page = login(browser, svc, ADMIN_TOKEN)
+    page.get_by_role("link", name="Profiles").click()
+    page.locator("tr[data-profile='window-open'] td.hits").wait_for()
+    screenshot(page, "profiles")
+    page.get_by_role("link", name="New profile").click()
+    page.locator("#problems .ok").wait_for()  # the template document is valid
+    editor = page.get_by_label("Profile document")
+    editor.fill("")
+    editor.press_sequentially(  # typed: validated as it changes (debounced)
+        "profiles:\n  - id: broken\n    expr: |\n"
+        '      seq(w: kind = "window" and and state = "open") per room\n',
+        delay=2,
+    )
+    problem = page.locator("#problems li[data-line='4']")
+    problem.wait_for()
+    assert (
+        "line 1, column 32" in problem.inner_text() and "unexpected 'state'" in problem.inner_text()
+    )
+    screenshot(page, "editor")
+    page.get_by_role("button", name="Save").click()  # refused: nothing stored
+    page.locator("#problems li[data-line='4']").wait_for()
+    assert page.locator(".notice").count() == 0
+
+    editor.fill(
+        "profiles:\n  - id: bt-window\n    expr: |\n"
+        '      seq(w: kind = "window" and state = "open") per building, floor, room\n'
+    )
+    page.locator("#problems .ok").wait_for()
+    page.get_by_label("From").fill("1h")
+    # the archive writes files every 0.5 s: retry until the backtest has seen the event
+    deadline = time.monotonic() + 20
+    while True:
+        page.get_by_role("button", name="Run backtest").click()
+        result = page.locator("#backtest .backtest-result, #backtest .error")
+        result.wait_for()
+        text = result.inner_text()
+        if "bt-window" in text and " 0 events" not in text:
+            break
+        assert time.monotonic() < deadline, text
+        time.sleep(0.5)
+    row = page.locator("#backtest tr", has_text="bt-window").inner_text()
+    assert row.split()[1] != "0", row  # matches
+    screenshot(page, "backtest")
+    page.context.close()
+
+
+def test_gateways_and_deliveries(svc: Service, gw: httpx.Client, browser: Any) -> None:
+    post(gw, building="B6", floor="1", room="12")
+    page = login(browser, svc, ADMIN_TOKEN)
+    page.get_by_role("link", name="Gateways").click()
+    gw_row = page.locator("tr[data-gateway='gw-console']")
+    assert "ago" in gw_row.inner_text() and "valid since" in gw_row.inner_text()
+    screenshot(page, "gateways")
+    page.get_by_role("link", name="Deliveries").click()
+    page.locator("h2", has_text="Dead letters").wait_for()
+    assert "window-open" in page.locator("main").inner_text()  # the outbox's alarm messages
+    screenshot(page, "deliveries")
     page.context.close()

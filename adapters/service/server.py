@@ -408,6 +408,7 @@ def _serve(
             metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None,
             access_log=cfg.access_log,
             console=cfg.console,
+            archive_uri=cfg.archive.uri if cfg.archive else None,
         )
 
         def make_server() -> uvicorn.Server:

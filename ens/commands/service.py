@@ -85,7 +85,11 @@ def _serve_parameter(name: str, opt: Option) -> inspect.Parameter:
 
 def serve(**values: Any) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
+    from adapters.service.console import backtests
     from adapters.service.server import ServeConfig, run
+    from ens.commands.backtest import console_backtest
+
+    backtests.RUNNER = console_backtest  # the console's backtest button (a layer below)
     from adapters.service.worker import WorkerConfig
     from ens.plans import check_plan, load_stats
 

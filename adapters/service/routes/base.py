@@ -63,6 +63,7 @@ class ApiSettings:
     metrics_token_sha256: str | None = None
     access_log: bool = DEFAULTS.access_log  # one log line per request (--access-log)
     console: bool = DEFAULTS.console  # the operator console at /console (--no-console)
+    archive_uri: str | None = None  # --archive: the console's backtests read it
 
 
 class ErrorOut(BaseModel):
