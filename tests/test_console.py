@@ -214,3 +214,71 @@ def test_no_console(tmp_path: Path) -> None:
     with serving(tmp_path, "--no-console") as s:
         assert httpx.get(s.url + "/console/login").status_code == 404
         assert httpx.get(s.url + "/healthz").status_code == 200
+
+
+BROKEN = """profiles:
+  - id: ok-one
+    expr: 'seq(d: kind = "door")'
+  - id: bad-one
+    expr: |
+      seq(d: kind = "door" and and state = "open")
+"""
+
+
+def test_profile_editor_check_and_save_refuse_bad_input(svc: Service, r: redis.Redis) -> None:
+    c, csrf = logged_in(svc)
+    with closing(c):
+        resp = c.post("/console/profiles/check", data={"text": BROKEN, "csrf": csrf})
+        assert resp.status_code == 200
+        assert re.search(r'data-line="6">.*line 1, column 30', resp.text, re.S), resp.text
+        resp = c.post("/console/profiles/save", data={"text": BROKEN, "csrf": csrf})
+        assert resp.status_code == 422 and "unexpected" in resp.text
+        assert BROKEN.split("\n")[1] in resp.text  # the text is shown again
+        assert rs.get_profile(r, "ok-one") is None  # nothing stored, the valid one neither
+        unknown_sub = "profiles:\n  - id: ok-two\n    expr: 'seq(d: kind = \"door\")'\n    subscriber: nobody\n"
+        resp = c.post("/console/profiles/save", data={"text": unknown_sub, "csrf": csrf})
+        assert resp.status_code == 422 and "nobody" in resp.text
+        assert rs.get_profile(r, "ok-two") is None
+        good = BROKEN.split("  - id: bad-one")[0]
+        resp = c.post("/console/profiles/save", data={"text": good, "csrf": csrf})
+        assert resp.status_code == 200 and "profile ok-one added" in resp.text
+        stored = rs.get_profile(r, "ok-one")
+        assert stored is not None and stored["expr"] == 'seq(d: kind = "door")'
+        page = c.get("/console/profiles")
+        assert 'data-profile="ok-one"' in page.text
+        # no archive in this service: the backtest says what it needs
+        resp = c.post("/console/profiles/backtest", data={"text": good, "csrf": csrf, "from": "1h"})
+        assert resp.status_code == 422 and "--archive on" in resp.text
+        resp = c.post(
+            "/console/profiles/backtest", data={"text": good, "csrf": csrf, "from": "yesterday"}
+        )
+        assert resp.status_code == 422 and 'data-field="from"' in resp.text
+
+
+def test_dead_letter_retry_and_gateways(svc: Service, r: redis.Redis) -> None:
+    from notifiers import store
+
+    n = {"id": "n-dead-1", "profile": "door", "ts": time.time(), "events": {}}
+    fields = store.dead_letter_fields(
+        n, {"webhook": "http://127.0.0.1:9/x"}, 0, 1, "1-0", "refused", 5
+    )
+    r.xadd(store.DEADLETTER, fields)
+    c, csrf = logged_in(svc)
+    with closing(c):
+        page = c.get("/console/deliveries")
+        assert page.status_code == 200 and 'data-dead="n-dead-1"' in page.text
+        entry = re.search(r'name="id" value="(\d+-\d+)"', page.text)
+        assert entry
+        resp = c.post("/console/dead-letters/retry", data={"id": entry.group(1), "csrf": csrf})
+        assert resp.status_code == 200 and "1 dead letter(s) scheduled" in resp.text
+        assert r.xlen(store.DEADLETTER) == 0 and r.zscore(
+            store.RETRY, store.delivery_key("n-dead-1", 0)
+        )
+        resp = c.post("/console/dead-letters/retry", data={"id": entry.group(1), "csrf": csrf})
+        assert resp.status_code == 404 and "no dead letter" in resp.text
+        rs.add_gateway(r, "gw-page")
+        rs.revoke_gateway(r, "gw-page")
+        page = c.get("/console/gateways")
+        assert page.status_code == 200
+        row = page.text.split('data-gateway="gw-page"')[1].split("</tr>")[0]
+        assert "revoked" in row and "never" in row

@@ -75,8 +75,8 @@ def post(gw: httpx.Client, **attrs: Any) -> None:
     assert resp.status_code == 202, resp.text
 
 
-def login(browser: Any, svc: Service, token: str) -> Any:
-    page = browser.new_context(viewport={"width": 1100, "height": 800}).new_page()
+def login(browser: Any, svc: Service, token: str, width: int = 1100) -> Any:
+    page = browser.new_context(viewport={"width": width, "height": 800}).new_page()
     page.set_default_timeout(WAIT)
     page.goto(svc.url + "/console")
     assert page.url.endswith("/console/login")
@@ -138,10 +138,13 @@ def test_login_live_alarm_ack_and_silence(svc: Service, gw: httpx.Client, browse
 def test_attribute_script_is_text(svc: Service, gw: httpx.Client, browser: Any) -> None:
     evil = "<script>document.title='pwned'</script>"
     post(gw, building="B3", floor="0", room=evil)
-    page = login(browser, svc, ADMIN_TOKEN)
+    page = login(browser, svc, ADMIN_TOKEN, width=390)  # a phone's width
     page.locator("h2.place", has_text="<script>").wait_for()
     assert page.title() != "pwned"
     assert "&lt;script&gt;" in page.content()
+    # readable at that width: nothing wider than the screen
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    screenshot(page, "alarms-phone")
     page.context.close()
 
 
