@@ -195,18 +195,19 @@ def test_5000_open_alarms_page_in_under_a_second(svc: Service, r: redis.Redis) -
     wait_for(lambda: r.hlen(als.ALARMS) >= 5000, 60, "5,000 alarms")
     c, _csrf = logged_in(svc)
     with closing(c):
-        best = float("inf")
+        best, listing = float("inf"), float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
             resp = c.get("/console/alarms", params={"page": 7})
             best = min(best, time.perf_counter() - t0)
-        assert resp.status_code == 200
-        assert "page 7 of" in resp.text
+            assert resp.status_code == 200
+            took = re.search(r'data-took-ms="([0-9.]+)"', resp.text)
+            assert took is not None
+            listing = min(listing, float(took.group(1)))
+        assert "page 7 of 50" in resp.text
         assert resp.text.count("data-alarm=") == 100
-        took = re.search(r'data-took-ms="([0-9.]+)"', resp.text)
-    assert took is not None
     # docs/console.md: `pytest tests/test_console.py -k 5000 -s` prints the figures
-    print(f"\n5,000 alarms, page 7: {best * 1000:.0f} ms a request, {took.group(1)} ms listing")
+    print(f"\n5,000 alarms, page 7: {best * 1000:.0f} ms a request, {listing:.0f} ms listing")
     assert best < 1.0, f"{best:.3f} s"
 
 
