@@ -19,7 +19,7 @@ import redis
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
 from tests.helpers_browser import chromium, need_chromium, screenshot
-from tests.helpers_service import ADMIN_TOKEN, Service, serving
+from tests.helpers_service import ADMIN_TOKEN, Service, serving, wait_for
 
 pytestmark = pytest.mark.redis
 WAIT = 15_000  # ms a page waits for what the test expects (a busy machine)
@@ -34,6 +34,13 @@ PROFILE = {
     },
 }
 
+SMOKE = {
+    "id": "smoke",
+    "expr": 'seq(s: kind = "smoke") per building, floor, room',
+    "alarm": {"severity": "critical", "clear": "after 1h", "notify": ["raise"]},
+    "subscriber": "ops",
+}
+
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
@@ -46,6 +53,8 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             resp = admin.post("/v1/subscribers", json=hook)
             assert resp.status_code in (200, 201), resp.text
             resp = admin.post("/v1/profiles", json={**PROFILE, "subscriber": "ops"})
+            assert resp.status_code == 201, resp.text
+            resp = admin.post("/v1/profiles", json=SMOKE)
             assert resp.status_code == 201, resp.text
         yield s
 
@@ -90,7 +99,9 @@ def row(page: Any, room: str) -> Any:
     return page.locator("tr[data-alarm]", has_text=room)
 
 
-def test_login_live_alarm_ack_and_silence(svc: Service, gw: httpx.Client, browser: Any) -> None:
+def test_login_live_alarm_ack_and_silence(
+    svc: Service, r: redis.Redis, gw: httpx.Client, browser: Any
+) -> None:
     page = login(browser, svc, ADMIN_TOKEN)
     page.wait_for_selector("#alarms .summary")
     loads = []
@@ -101,7 +112,6 @@ def test_login_live_alarm_ack_and_silence(svc: Service, gw: httpx.Client, browse
     assert page.locator("h2.place", has_text="B1").is_visible()
     assert "active-unacknowledged" in row(page, "window-open").first.inner_text()
     assert not loads, "the page was reloaded"
-    screenshot(page, "alarms")
 
     row(page, "window-open").first.get_by_role("button", name="Acknowledge").click()
     page.locator(".notice", has_text="acknowledged").wait_for()
@@ -132,6 +142,10 @@ def test_login_live_alarm_ack_and_silence(svc: Service, gw: httpx.Client, browse
     silenced = page.locator("tr[data-alarm]", has_text="silenced")
     silenced.wait_for()
     assert "B9" in page.locator("h2.place", has_text="B9").inner_text()
+    post(gw, building="B1", floor="2", room="201", kind="smoke")
+    wait_for(lambda: any(a["profile"] == "smoke" for a in als.list_alarms(r)), 15, "smoke alarm")
+    page.locator("tr.sev-critical").wait_for()
+    screenshot(page, "alarms")
     page.context.close()
 
 

@@ -57,6 +57,8 @@ def mount(app: FastAPI) -> None:
 
     @app.exception_handler(web.NeedLogin)
     async def _login(request: Request, exc: web.NeedLogin) -> Response:
+        if request.url.path == "/console/live":  # 204: the browser's EventSource stops
+            return Response(status_code=204)
         if web.is_htmx(request):  # a partial request: the whole page goes to the login
             return Response(status_code=401, headers={"HX-Redirect": "/console/login"})
         return RedirectResponse("/console/login", 303)

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import redis
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
@@ -27,7 +28,8 @@ from adapters.service.console.web import Csrf, R, User
 router = APIRouter()
 log = logging.getLogger("ens.service.console")
 LIVE_SECONDS = 60.0  # one event stream lasts this long; the browser reconnects by itself
-LIVE_BLOCK_MS = 5000  # and says something at least this often (a comment line)
+LIVE_BLOCK_MS = 2000  # and says something at least this often (a comment line); under the
+# client's socket timeout (redis-py: 5 s), so that a quiet stream is no read timeout
 
 
 def secure(request: Request) -> bool:
@@ -104,7 +106,11 @@ async def _changes(request: Request, aredis: Any) -> AsyncIterator[str]:
     end = time.monotonic() + LIVE_SECONDS
     yield "retry: 1000\n\n"
     while time.monotonic() < end and not await request.is_disconnected():
-        got = await aredis.xread({als.HISTORY: last}, count=100, block=LIVE_BLOCK_MS)
+        try:
+            got = await aredis.xread({als.HISTORY: last}, count=100, block=LIVE_BLOCK_MS)
+        except redis.RedisError as exc:  # the stream ends; the browser reconnects (Last-Event-ID)
+            log.info("console: live stream ended: %s", exc)
+            return
         if got:
             entries = got[0][1]
             last = entries[-1][0]

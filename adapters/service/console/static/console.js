@@ -7,9 +7,11 @@ document.addEventListener("keydown", function (e) {
     if (f) { e.preventDefault(); f.focus(); }
   }
 });
-document.addEventListener("htmx:afterSwap", function (e) {
-  // after an action, say what happened where a keyboard or screen-reader user is
-  var notice = e.target.querySelector && e.target.querySelector(".notice, .error");
+document.addEventListener("htmx:afterSettle", function (e) {
+  // after an action, say what happened where a keyboard or screen-reader user is (the
+  // alarms' message comes out of band, into #notice, so that live refreshes keep it)
+  var notice = document.querySelector("#notice .notice") ||
+    (e.target.querySelector && e.target.querySelector(".notice, .error"));
   // (not while typing: the editor's as-you-type check must leave the caret where it is)
   var from = e.detail.requestConfig && e.detail.requestConfig.elt;
   if (notice && e.detail.requestConfig.verb === "post" && from && from.tagName !== "TEXTAREA") {
