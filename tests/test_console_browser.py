@@ -121,6 +121,14 @@ def test_login_live_alarm_ack_and_silence(
     page.wait_for_url("**/console/alarms/*")
     page.locator(".timeline li", has_text="ack").first.wait_for()
     assert page.locator(".timeline li", has_text="raise").count() == 1
+    # the events of the match and `ens explain` over them, from the archive (a file / 0.5 s)
+    deadline = time.monotonic() + 15
+    while page.locator("pre.trace").count() == 0:
+        assert time.monotonic() < deadline, page.locator("main").inner_text()
+        time.sleep(0.3)
+        page.reload()
+    assert "room=201" in page.locator(".events").first.inner_text()
+    assert "profile window-open" in page.locator("pre.trace").inner_text()
     screenshot(page, "alarm")
 
     page.get_by_role("link", name="Silences").click()

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from adapters.service import alarm_store as als
-from adapters.service.console import web
+from adapters.service import redis_store as rs
+from adapters.service.console import evidence, web
 from adapters.service.console.web import AdminUser, Csrf, R, User
 from adapters.service.routes import alarms as api
 from notifiers.alarms import SilenceError
@@ -186,4 +187,9 @@ def alarm_detail(request: Request, aid: str, _u: User, r: R) -> HTMLResponse:
                         message=f"no alarm {aid!r}")  # fmt: skip
     timeline = als.history(r, alarm=rec["id"])
     timeline.reverse()  # newest first
-    return web.page(request, "alarm.html", alarm=rec, timeline=timeline)
+    uri = request.app.state.settings.archive_uri
+    events = evidence.match_events(uri, timeline)
+    prof = rs.get_profile(r, rec["profile"])
+    trace = evidence.explain(prof, list(events.values()), rec["last_seen"] + 1) if prof else []
+    return web.page(request, "alarm.html", alarm=rec, timeline=timeline, events=events,
+                    trace=trace, archive=bool(uri))  # fmt: skip
