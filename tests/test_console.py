@@ -17,7 +17,7 @@ import redis
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
 from adapters.service.console import session
-from tests.helpers_service import ADMIN_TOKEN, Service, serving, wait_for
+from tests.helpers_service import ADMIN_TOKEN, Service, metric, serving, wait_for
 
 pytestmark = pytest.mark.redis
 PROFILE = {
@@ -178,6 +178,9 @@ def test_login_attempts_are_rate_limited(svc: Service, r: redis.Redis) -> None:
             assert resp.status_code == 401
         resp = c.post("/console/login", data={"token": ADMIN_TOKEN, "csrf": login_form(c)})
         assert resp.status_code == 429 and "too many failed attempts" in resp.text
+    metrics = httpx.get(svc.url + "/metrics").text
+    assert metric(metrics, 'ens_console_logins_total{result="limited"}') >= 1
+    assert metric(metrics, 'ens_console_logins_total{result="refused"}') >= session.LOGIN_MAX
     r.delete(session.ATTEMPTS + "127.0.0.1")  # the other tests log in from here too
 
 

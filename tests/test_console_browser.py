@@ -113,7 +113,8 @@ def test_login_live_alarm_ack_and_silence(
     assert "active-unacknowledged" in row(page, "window-open").first.inner_text()
     assert not loads, "the page was reloaded"
 
-    row(page, "window-open").first.get_by_role("button", name="Acknowledge").click()
+    row(page, "window-open").first.get_by_role("button", name="Acknowledge").focus()
+    page.keyboard.press("Enter")  # by keyboard
     page.locator(".notice", has_text="acknowledged").wait_for()
     page.locator("tr[data-alarm] td.state", has_text="active-acknowledged").wait_for()
 
