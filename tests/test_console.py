@@ -303,3 +303,20 @@ def test_every_console_file_is_package_data() -> None:
     for p in files:
         rel = p.relative_to(root / "adapters").as_posix()
         assert any(fnmatch.fnmatch(rel, g) for g in globs), rel
+
+
+def test_weekly_silence_and_a_bad_filter(svc: Service, r: redis.Redis) -> None:
+    c, csrf = logged_in(svc)
+    with closing(c):
+        form = {"floor": "3", "kind": "weekly", "weekly": "Mon-Fri 07:00-09:00",
+                "tz": "Europe/Berlin", "comment": "cleaning", "csrf": csrf}  # fmt: skip
+        resp = c.post("/console/silences", data=form)
+        assert resp.status_code == 200 and "created" in resp.text
+        (made,) = [s for s in als.list_silences(r) if s.get("comment") == "cleaning"]
+        assert made["matchers"] == ["floor=3"] and made["weekly"] == "Mon-Fri 07:00-09:00"
+        assert made["tz"] == "Europe/Berlin"
+        assert c.post(f"/console/silences/{made['id']}/expire", data={"csrf": csrf}).is_success
+        resp = c.get("/console/alarms", params={"labels": "room=~(("})
+        assert resp.status_code == 422
+        assert re.search(r'id="labels-error"[^>]*>[^<]*room', resp.text), resp.text
+        assert 'value="room=~(("' in resp.text
