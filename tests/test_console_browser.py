@@ -95,8 +95,9 @@ def login(browser: Any, svc: Service, token: str, width: int = 1100) -> Any:
     return page
 
 
-def row(page: Any, room: str) -> Any:
-    return page.locator("tr[data-alarm]", has_text=room)
+def row(page: Any, place: str, profile: str = "window-open") -> Any:
+    """The alarm of a profile at building/floor/room."""
+    return page.locator(f"tr[data-place='{place}']", has_text=profile)
 
 
 def test_login_live_alarm_ack_and_silence(
@@ -108,17 +109,17 @@ def test_login_live_alarm_ack_and_silence(
     page.on("load", lambda _p: loads.append(1))
     post(gw, building="B1", floor="2", room="201")
     # appears without a reload: the live channel (SSE) makes htmx fetch the table
-    row(page, "window-open").first.wait_for()
+    row(page, "B1/2/201").wait_for()
     assert page.locator("h2.place", has_text="B1").is_visible()
-    assert "active-unacknowledged" in row(page, "window-open").first.inner_text()
+    assert "active-unacknowledged" in row(page, "B1/2/201").inner_text()
     assert not loads, "the page was reloaded"
 
-    row(page, "window-open").first.get_by_role("button", name="Acknowledge").focus()
+    row(page, "B1/2/201").get_by_role("button", name="Acknowledge").focus()
     page.keyboard.press("Enter")  # by keyboard
     page.locator(".notice", has_text="acknowledged").wait_for()
-    page.locator("tr[data-alarm] td.state", has_text="active-acknowledged").wait_for()
+    row(page, "B1/2/201").locator("td.state", has_text="active-acknowledged").wait_for()
 
-    page.locator("tr[data-alarm] a", has_text="window-open").first.click()
+    row(page, "B1/2/201").get_by_role("link", name="window-open").click()
     page.wait_for_url("**/console/alarms/*")
     page.locator(".timeline li", has_text="ack").first.wait_for()
     assert page.locator(".timeline li", has_text="raise").count() == 1
@@ -148,12 +149,12 @@ def test_login_live_alarm_ack_and_silence(
     page.get_by_role("link", name="Alarms").click()
     page.wait_for_selector("#alarms .summary")
     post(gw, building="B9", floor="1", room="101")
-    silenced = page.locator("tr[data-alarm]", has_text="silenced")
+    silenced = row(page, "B9/1/101").locator(".badge.silenced")
     silenced.wait_for()
     assert "B9" in page.locator("h2.place", has_text="B9").inner_text()
     post(gw, building="B1", floor="2", room="201", kind="smoke")
     wait_for(lambda: any(a["profile"] == "smoke" for a in als.list_alarms(r)), 15, "smoke alarm")
-    page.locator("tr.sev-critical").wait_for()
+    row(page, "B1/2/201", "smoke").locator(".badge.sev-critical").wait_for()
     screenshot(page, "alarms")
     page.context.close()
 
