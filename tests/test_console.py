@@ -122,6 +122,7 @@ def test_forms_without_the_csrf_token_change_nothing(svc: Service, r: redis.Redi
         ({"building": "A", "kind": "weekly", "weekly": "Funday 9-5"}, "weekly", ""),
         ({"building": "A", "kind": "weekly", "weekly": "Mon 07:00-09:00", "tz": "Mars/X"}, "tz", ""),
         ({"room": "101", "hours": "two"}, "hours", "not a number of hours"),
+        ({"room": "1", "hours": "2", "weekly": "Mon 07:00-09:00"}, "weekly", "every week"),
     ],
 )  # fmt: skip
 def test_bad_silence_form_is_shown_again_with_the_error_at_the_field(

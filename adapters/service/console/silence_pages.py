@@ -45,6 +45,9 @@ def silence_body(form: dict[str, str]) -> dict[str, Any]:
         body["weekly"] = form.get("weekly", "")
         if form.get("tz", "").strip():
             body["tz"] = form["tz"].strip()
+    elif form.get("weekly", "").strip():
+        raise ValueError("weekly", "a window is given but 'for N hours' is chosen: choose "
+                         "'every week' for the window, or empty it")  # fmt: skip
     else:
         hours = form.get("hours", "").strip()
         try:
