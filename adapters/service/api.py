@@ -116,4 +116,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(operations.router)
     app.include_router(late_routes.router)
     app.include_router(alarm_routes.router)
+    if settings.console:
+        from adapters.service import console
+
+        console.mount(app)
     return app

@@ -159,6 +159,13 @@ ALARM_OVERFLOW = Counter(
     "Alarm notices the per-subscriber cap held back into a digest (never dropped).",
     registry=REGISTRY,
 )
+CONSOLE_LOGINS = Counter(
+    "ens_console_logins",
+    "Console login attempts by result: ok, refused (unknown token), limited (too many failed "
+    "attempts from that address).",
+    ["result"],
+    registry=REGISTRY,
+)
 ALARMS_OPEN = Gauge(
     "ens_alarms",
     "Alarms by severity and state (the current occurrence of each alarm key).",

@@ -315,6 +315,17 @@ class ServiceSettings:
             switch_off="--no-access-log",
         ),
     )
+    console: bool = _setting(
+        True,
+        Option(
+            "Serve the operator console at /console on the API port (docs/console.md).",
+            "switch",
+            flags=("--console",),
+            env="ENS_CONSOLE",
+            switch_off="--no-console",
+            shown="console",
+        ),
+    )
     metrics_label_limit: int = _number(
         50,
         "Series per profile and subscriber in /metrics (ens_notifications_total, "

@@ -85,7 +85,14 @@ def _serve_parameter(name: str, opt: Option) -> inspect.Parameter:
 
 def serve(**values: Any) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
+    from adapters.service.console import backtests, evidence
     from adapters.service.server import ServeConfig, run
+    from ens.commands.backtest import console_backtest
+    from ens.explain import explain
+
+    # what the console (a layer below) runs from this one: backtests, an alarm's explain
+    backtests.RUNNER = console_backtest
+    evidence.EXPLAIN = explain
     from adapters.service.worker import WorkerConfig
     from ens.plans import check_plan, load_stats
 
