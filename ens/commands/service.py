@@ -93,6 +93,11 @@ def serve(**values: Any) -> None:
         settings = ServiceSettings.load(values, os.environ)
         check_plan(settings.plan)
         rates = load_stats(settings.stats)
+        routing = None
+        if settings.routing is not None:  # checked whole before anything starts
+            from notifiers.routing import load_routing
+
+            routing = load_routing(settings.routing, need_route=False)
     except ENSError as e:
         raise _fail(str(e)) from None
     load_index: Callable[[str], list[Any]] | None = None
@@ -104,7 +109,7 @@ def serve(**values: Any) -> None:
         st = Store(settings.redis_url, settings.data_dir, create=True)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
-    worker = WorkerConfig.from_settings(settings, rates, load_index)
+    worker = WorkerConfig.from_settings(settings, rates, load_index, routing)
     raise typer.Exit(run(ServeConfig.from_settings(settings, worker)))
 
 
