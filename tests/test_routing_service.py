@@ -166,3 +166,18 @@ def test_a_group_wait_ends_without_further_events(tmp_path: Path, cli: typer.Typ
         (msg,) = wait_for(lambda: alarm_messages(r), 15, "the group's message after its wait")
         assert msg["alarm"]["message_kind"] == "group" and msg["alarm"]["group"] == {"room": "7"}
         r.close()
+
+
+def test_a_bad_routing_file_stops_the_start_naming_each_place(tmp_path: Path) -> None:
+    from ens.cli import app
+
+    bad = tmp_path / "r.yaml"
+    bad.write_text(
+        "route:\n  receivers: [desk]\n  escalation: nowhere\ngrouping: [{subscriber: a, cap_per_hour: 0}]\n"
+    )
+    res = CliRunner().invoke(app, ["serve", "--routing", str(bad), "--port", "1"])
+    assert res.exit_code == 2, res.output
+    assert f"{bad}:3:15: route 'root': escalation: no escalation policy 'nowhere'" in res.output
+    assert f"{bad}:4:" in res.output and "cap_per_hour" in res.output
+    res = CliRunner().invoke(app, ["serve", "--routing", str(tmp_path / "none.yaml")])
+    assert res.exit_code == 2 and "cannot read routing file" in res.output
