@@ -72,9 +72,10 @@ def test_kill_9_of_the_service_fires_each_escalation_step_once(tmp_path: Path) -
         svc = Service(url, log, *args).start()
         try:
             post_windows(svc, key)
-            for _ in range(2):  # while steps are due: after the first, and again after the restart
-                wait_for(lambda: r.hlen(als.ESCALATIONS) == ROOMS, 15, "escalations pending")
-                time.sleep(0.7)  # into the ladder: kill at a different step each time
+            # while the steps fall due: once into the ladder, and again soon after the restart
+            wait_for(lambda: r.hlen(als.ESCALATIONS) == ROOMS, 15, "escalations pending")
+            for _ in range(2):
+                time.sleep(0.7)  # into the ladder: another step each time
                 svc.stop(signal.SIGKILL)
                 svc = Service(url, log, *args).start()
             check_each_step_once(r)
@@ -97,8 +98,8 @@ def test_kill_9_of_redis_fires_each_escalation_step_once(tmp_path: Path) -> None
         key, args = setup(r, tmp_path)
         svc = Service(url, tmp_path / "serve.log", *args).start()
         post_windows(svc, key)
+        wait_for(lambda: r.hlen(als.ESCALATIONS) == ROOMS, 15, "escalations pending")
         for _ in range(2):
-            wait_for(lambda: _pings(r) and r.hlen(als.ESCALATIONS) == ROOMS, 15, "pending")
             time.sleep(0.7)
             proc.kill()
             proc.wait(10)

@@ -68,6 +68,8 @@ class AlarmBatch:
     effects: Effects
     replies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     silences: list[dict[str, Any]] = field(default_factory=list)
+    # occurrence -> its next escalation step (None: none any more), as of the step
+    escalations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
 class AlarmPart(EngineState):
@@ -252,6 +254,8 @@ class AlarmPart(EngineState):
                 batch.silences.append(got.silence.to_json())
         self.alarm_cmds = []
         eff.extend(self.rules.advance(t))
+        if self.router is not None:
+            batch.escalations = {k: self.router.next_step(k) for k in self.router.take_changed()}
         return batch
 
     def _alarm_feed(self, notes: list[Notification]) -> Effects:
@@ -303,15 +307,13 @@ class AlarmPart(EngineState):
         for eid, reply in batch.replies:
             p.rpush(als.REPLY + eid, json.dumps(reply))
             p.expire(als.REPLY + eid, als.REPLY_TTL)
-        if self.router is not None:
-            for key in sorted(self.router.take_changed()):
-                step = self.router.next_step(key)
-                if step is None:
-                    p.zrem(als.ESCALATION_DUE, key)
-                    p.hdel(als.ESCALATIONS, key)
-                else:
-                    p.zadd(als.ESCALATION_DUE, {key: step["due_at"]})
-                    p.hset(als.ESCALATIONS, key, orjson.dumps(step))
+        for key, step in sorted(batch.escalations.items()):
+            if step is None:
+                p.zrem(als.ESCALATION_DUE, key)
+                p.hdel(als.ESCALATIONS, key)
+            else:
+                p.zadd(als.ESCALATION_DUE, {key: step["due_at"]})
+                p.hset(als.ESCALATIONS, key, orjson.dumps(step))
 
     def _alarm_published(self, batch: AlarmBatch | None) -> None:
         """Count what a committed step wrote (Prometheus)."""
