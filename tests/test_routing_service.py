@@ -22,7 +22,8 @@ from ens.commands.alarms import register as register_alarms
 from ens.commands.service import register as register_service
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, metric, outbox, serving, wait_for
+from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
+from tests.test_service_crash import post_batch
 
 pytestmark = pytest.mark.redis
 
@@ -181,3 +182,32 @@ def test_a_bad_routing_file_stops_the_start_naming_each_place(tmp_path: Path) ->
     assert f"{bad}:4:" in res.output and "cap_per_hour" in res.output
     res = CliRunner().invoke(app, ["serve", "--routing", str(tmp_path / "none.yaml")])
     assert res.exit_code == 2 and "cannot read routing file" in res.output
+
+
+def test_pending_escalations_carry_over_a_restart_and_go_without_routing(tmp_path: Path) -> None:
+    routing = tmp_path / "routing.yaml"
+    routing.write_text(
+        "escalation_policies: [{id: slow, levels: [{receivers: [boss], delay: 1h}]}]\n"
+        "route: {escalation: slow}\n"
+    )
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        rs.put_profile(r, "leak", 'seq(x: kind = "leak") per room', alarm={"severity": "major"})
+        key = rs.add_gateway(r, "g")
+        log = tmp_path / "serve.log"
+        svc = Service(url, log, "--reorder-seconds", "0.05", "--routing", str(routing)).start()
+        try:
+            post_batch(svc, key, [{"id": "l1", "kind": "leak", "room": "1"}], 0.0)
+            (occ,) = wait_for(lambda: r.zrange(als.ESCALATION_DUE, 0, -1), 15, "a pending step")
+            due = r.zscore(als.ESCALATION_DUE, occ)
+            assert svc.stop() == 0
+            svc = Service(url, log, "--reorder-seconds", "0.05", "--routing", str(routing)).start()
+            assert r.zscore(als.ESCALATION_DUE, occ) == due  # restored, not restarted
+            assert svc.stop() == 0
+            svc = Service(url, log, "--reorder-seconds", "0.05").start()
+            wait_for(lambda: not r.exists(als.ESCALATION_DUE, als.ESCALATIONS), 15, "dropped")
+            assert "pending escalation(s) of the last run dropped" in log.read_text()
+            assert svc.stop() == 0
+        finally:
+            svc.kill()
+            r.close()

@@ -100,6 +100,7 @@ class AlarmPart(EngineState):
         self.alarm_counted = 0.0  # monotonic time the counts were last made
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
         self.alarm_dirty = False  # transitions since the last count
+        self.escalations_gone: list[str] = []  # pending steps of a run with --routing, dropped
 
     # ------------------------------------------------------------------ definitions
     def _is_alarm(self, pid: str) -> bool:
@@ -148,6 +149,13 @@ class AlarmPart(EngineState):
         policies, default, router = self._alarm_router()
         self.router = router
         self.rules = AlarmRules.restore(data["rules"], specs, policies, default, router)
+        gone = [p["key"] for p in (data["rules"].get("router") or {}).get("pending", [])]
+        if router is None and gone:  # started without --routing: nothing escalates any more
+            self.escalations_gone = gone
+            log.warning(
+                "started without --routing: %d pending escalation(s) of the last run dropped",
+                len(gone),
+            )
         if router is not None and router.escalator.dropped:
             log.warning(
                 "dropped %d pending escalation(s) whose policy is no longer in the routing "
@@ -184,7 +192,7 @@ class AlarmPart(EngineState):
             self.alarm_cmds.append((eid, cmd))
 
     def _alarm_wants_commit(self) -> bool:
-        if self.alarm_cmds:
+        if self.alarm_cmds or self.escalations_gone:
             return True
         due = self.rules.due()
         now = self.engine.now
@@ -256,6 +264,8 @@ class AlarmPart(EngineState):
         eff.extend(self.rules.advance(t))
         if self.router is not None:
             batch.escalations = {k: self.router.next_step(k) for k in self.router.take_changed()}
+        batch.escalations.update(dict.fromkeys(self.escalations_gone))
+        self.escalations_gone = []
         return batch
 
     def _alarm_feed(self, notes: list[Notification]) -> Effects:
