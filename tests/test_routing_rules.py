@@ -140,3 +140,27 @@ def test_bad_grouping_is_refused_with_its_place(text: str, error: str) -> None:
     routing, errors = parse_routing(text, "r.yaml")
     assert routing is None
     assert error in str(errors[0]) and str(errors[0]).startswith("r.yaml:"), errors
+
+
+def test_a_file_without_a_route_groups_per_subscriber_and_keeps_the_profiles_subscriber() -> None:
+    text = """
+grouping:
+  - {subscriber: ops, group_by: [room], group_wait: 1m, group_interval: 5m}
+  - {subscriber: "*", group_by: [], group_wait: 10m}
+"""
+    routing, errors = parse_routing(text, need_route=False)
+    assert routing is not None and not routing.routed, errors
+    policies = dict(routing.grouping)
+    default = policies.pop("*")
+    rules = AlarmRules(SPECS, policies, default, Router(routing))
+    t0 = at("2026-11-03T10:00")
+    effs = [
+        rules.on_match("leak", t0, {"room": "1"}, {}, "ops"),
+        rules.on_match("leak", t0, {"room": "2"}, {}, "ops"),
+        rules.on_match("leak", t0, {"room": "3"}, {}, "desk"),
+        rules.on_match("leak", t0, {"room": "4"}, {}, "desk"),
+        rules.advance(t0 + 3600),
+    ]
+    got = sorted((hm(m.ts), m.subscriber, len(m.notices)) for e in effs for m in e.messages)
+    # ops: a group per room after 1 min; desk (the "*" policy): one group after 10 min
+    assert got == [("10:01", "ops", 1), ("10:01", "ops", 1), ("10:10", "desk", 2)]
