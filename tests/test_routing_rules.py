@@ -164,3 +164,15 @@ grouping:
     got = sorted((hm(m.ts), m.subscriber, len(m.notices)) for e in effs for m in e.messages)
     # ops: a group per room after 1 min; desk (the "*" policy): one group after 10 min
     assert got == [("10:01", "ops", 1), ("10:01", "ops", 1), ("10:10", "desk", 2)]
+
+
+def test_an_alarm_still_active_when_its_silence_ends_starts_its_escalation() -> None:
+    rules, router = make()
+    t0 = at("2026-11-03T10:00")
+    rules.add_silence({"matchers": ["room=101"], "for": "30m", "comment": "work"}, t0)
+    eff = rules.on_match("leak", t0 + 60, {"room": "101"}, {}, "ops")
+    assert [t.delivery for t in eff.transitions] == ["silenced"]
+    assert router.escalator.pending == {}  # a silenced raise starts nothing
+    got = sent([rules.advance(at("2026-11-03T11:00"))])
+    # the silence ends at 10:30: the day crew (anna) at once, the boss 20 min later
+    assert got == [("10:30", "anna", "escalation"), ("10:50", "boss", "escalation")]

@@ -45,8 +45,10 @@ class Router(Protocol):
         at all); an ack or a clear also stops what the raise started."""
         ...
 
-    def route(self, kind: str, labels: dict[str, str], at: float) -> list[str]:
-        """The subscribers a notice that is no transition (an alarm unsilenced) reaches."""
+    def route(self, kind: str, labels: dict[str, str], at: float, key: str) -> list[str]:
+        """The subscribers a notice that is no transition reaches: an alarm occurrence
+        ``key`` (``ID.N``) still active when its silence ended, delivered as a ``kind``
+        (unacknowledged: its escalation starts then)."""
         ...
 
     def due(self) -> float | None: ...

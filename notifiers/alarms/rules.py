@@ -340,7 +340,16 @@ class AlarmRules:
             "unsilenced", a.id, a.occurrence, None, at, a.state, a.severity, a.count,
             a.first_seen, a.last_seen, a.labels(),
         )  # fmt: skip
-        subs = [sub] if self.router is None else self.router.route("raise", a.labels(), at)
+        subs = (
+            [sub]
+            if self.router is None
+            else self.router.route(
+                "raise" if a.state == "active-unacknowledged" else "ack",
+                a.labels(),
+                at,
+                a.occurrence_id,
+            )
+        )
         for s in subs:
             self._queue(notice, s, at)
         return Effects()

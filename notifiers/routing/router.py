@@ -39,11 +39,16 @@ class Router:
             self.changed.add(key)
         return self._told(rows)
 
-    def route(self, kind: str, labels: dict[str, str], at: float) -> list[str]:
+    def route(self, kind: str, labels: dict[str, str], at: float, key: str) -> list[str]:
+        """An alarm delivered when its silence ended: routed as its ``kind``; a raise starts
+        the escalation the silenced raise did not."""
         if not self.routing.routed:
             return [labels.get("subscriber", "")]
         d = explain(self.routing, labels, kind, at)
-        alarm = labels.get("profile", "")
+        if kind == "raise" and d.escalations:
+            if self.escalator.start(key, d.escalations[0][0], at, labels):
+                self.changed.add(key)
+        alarm = key.rpartition(".")[0]
         return self._told(_rows(at, alarm, "unsilenced", labels, d.deliveries))
 
     def _told(self, rows: list[Told]) -> list[str]:
