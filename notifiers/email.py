@@ -303,7 +303,15 @@ class _Session:
 
 
 class _Watched:
-    """Registers each socket smtplib opens (before it reads the greeting) with the session."""
+    """Registers each socket smtplib opens (before it reads the greeting) with the session,
+    and keeps the server's last reply (the answer to the message: `ens subscriber test`)."""
+
+    last_reply: tuple[int, bytes] | None = None
+
+    def getreply(self) -> tuple[int, bytes]:
+        reply: tuple[int, bytes] = super().getreply()  # type: ignore[misc]
+        self.last_reply = reply
+        return reply
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         sock: socket.socket = super()._get_socket(host, port, timeout)  # type: ignore[misc]
@@ -363,6 +371,7 @@ class SmtpSender:
     def _send(self, msg: EmailMessage, session: _Session) -> Attempt:
         c = self.config
         timeout = min(c.timeout, c.deadline)
+        reply: tuple[int, bytes] | None = None
         try:
             if c.security == "tls":
                 smtp: smtplib.SMTP = _SMTPSSL(
@@ -385,6 +394,7 @@ class SmtpSender:
                     smtp.login(c.username, password)
                 session.phase = "data"  # MAIL FROM, RCPT TO, DATA and the message
                 smtp.send_message(msg)
+                reply = getattr(smtp, "last_reply", None)  # the answer to the end of DATA
                 session.phase = "quit"
         except (OSError, ValueError) as exc:  # smtplib.SMTPException is an OSError
             if session.abandoned:
@@ -396,4 +406,5 @@ class SmtpSender:
                     f"phase (ENS_SMTP_DEADLINE={c.deadline:g})"
                 )
             return _smtp_attempt(exc)
-        return Attempt.success(f"SMTP {c.host}:{c.effective_port}")
+        answer = f": {reply[0]} {reply[1].decode(errors='replace')}" if reply else ""
+        return Attempt.success(f"SMTP {c.host}:{c.effective_port}{answer}")

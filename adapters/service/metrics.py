@@ -172,6 +172,28 @@ ALARMS_OPEN = Gauge(
     ["severity", "state"],
     registry=REGISTRY,
 )
+ESCALATION_STEPS = Counter(
+    "ens_escalation_steps",
+    "Escalation steps fired (--routing): a level of a policy reached while unacknowledged.",
+    registry=REGISTRY,
+)
+ESCALATIONS_PENDING = Gauge(
+    "ens_escalations_pending",
+    "Alarm occurrences with an escalation step pending (ens:escalation:due).",
+    registry=REGISTRY,
+)
+ROUTING_HELD = Counter(
+    "ens_routing_held_back",
+    "Deliveries the routing held back (quiet hours below their minimum severity, a schedule "
+    "with nobody on call, a route without receivers).",
+    registry=REGISTRY,
+)
+SUBSCRIBER_TESTS = Counter(
+    "ens_subscriber_tests",
+    "Test messages sent (ens subscriber test, POST /v1/subscribers/{id}/test), by outcome.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 ENGINE_ERRORS = Counter(
     "ens_engine_errors", "Events the engine raised on (logged and skipped).", registry=REGISTRY
 )
@@ -368,6 +390,7 @@ def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:
     if "snapshot_bytes" in stats:
         SNAPSHOT_BYTES.set(stats["snapshot_bytes"])
     REORDER_BUFFER.set(buffered)
+    ESCALATIONS_PENDING.set(stats.get("escalations", 0))
     alarms = stats.get("alarms") or {}
     for sev in SEVERITIES:
         for state in STATES:

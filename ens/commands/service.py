@@ -100,6 +100,11 @@ def serve(**values: Any) -> None:
         settings = ServiceSettings.load(values, os.environ)
         check_plan(settings.plan)
         rates = load_stats(settings.stats)
+        routing = None
+        if settings.routing is not None:  # checked whole before anything starts
+            from notifiers.routing import load_routing
+
+            routing = load_routing(settings.routing, need_route=False)
     except ENSError as e:
         raise _fail(str(e)) from None
     load_index: Callable[[str], list[Any]] | None = None
@@ -111,7 +116,7 @@ def serve(**values: Any) -> None:
         st = Store(settings.redis_url, settings.data_dir, create=True)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
-    worker = WorkerConfig.from_settings(settings, rates, load_index)
+    worker = WorkerConfig.from_settings(settings, rates, load_index, routing)
     raise typer.Exit(run(ServeConfig.from_settings(settings, worker)))
 
 
@@ -752,6 +757,57 @@ def subscriber_status(
             error,
         )
     _console().print(table)
+
+
+@subscriber_app.command("test")
+def subscriber_test(
+    sid: Annotated[str, typer.Argument(help="Subscriber id.")],
+    channel: Annotated[
+        int | None,
+        typer.Option("--channel", min=0, help="Only this channel (0-based, as listed) [each]."),
+    ] = None,
+    deadline: Annotated[
+        float, typer.Option("--deadline", min=0.1, max=60, help="Seconds each send may take.")
+    ] = 10.0,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="ENS_NOTIFIERS_CONFIG",
+            exists=True,
+            dir_okay=False,
+            help="YAML/JSON notifier config (SMTP relay, ...); ENS_SMTP_* etc. override it.",
+        ),
+    ] = None,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+    as_json: Json = False,
+) -> None:
+    """Send a real signed test message to the subscriber's channels (or one) through the
+    delivery senders, and show what each receiver answered (HTTP status, SMTP reply).
+    Exit status 1 when a channel did not take it."""
+    from notifiers.config import ConfigError, NotifierConfig
+    from notifiers.probe import send_test
+
+    st = Store(redis_url, data_dir)
+    sub = store.get_subscriber(st.r, sid)
+    if sub is None:
+        raise _fail(f"no subscriber {sid!r} (see ens subscriber list)", 3)
+    try:
+        cfg = NotifierConfig.load(config)
+        probes = send_test(sub, cfg, channel, deadline)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    except IndexError as exc:
+        raise _fail(f"--channel: {exc.args[0]}") from None
+    if as_json:
+        output.print_json([p.to_json() for p in probes])
+    else:
+        for p in probes:
+            verdict = "delivered" if p.delivered else "FAILED"
+            typer.echo(f"#{p.channel} {p.to}: {verdict} ({p.answer}, {p.seconds:.2f} s)")
+    if not all(p.delivered for p in probes):
+        raise typer.Exit(1)
 
 
 @subscriber_app.command("rm")
