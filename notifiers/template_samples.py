@@ -21,7 +21,7 @@ _STATE = {
 }
 
 
-def _notice(transition: str, aid: str, room: str, count: int) -> dict[str, Any]:
+def _notice(transition: str, aid: str, room: str, count: int, subscriber: str) -> dict[str, Any]:
     return {
         "transition_kind": transition,
         "alarm": aid,
@@ -33,7 +33,12 @@ def _notice(transition: str, aid: str, room: str, count: int) -> dict[str, Any]:
         "count": count,
         "first_seen": _TS - 600,
         "last_seen": _TS,
-        "labels": {"profile": "door-open", "severity": "major", "room": room},
+        "labels": {
+            "profile": "door-open",
+            "severity": "major",
+            "subscriber": subscriber,
+            "room": room,
+        },
         "acknowledge": {
             "command": f"ens alarms ack {aid}",
             "http": f"POST /v1/alarms/{aid}/ack",
@@ -58,10 +63,12 @@ def sample(kind: str, subscriber: str = "ops") -> dict[str, Any]:
     if kind not in KINDS:
         raise ValueError(f"unknown sample {kind!r} (known: {', '.join(KINDS)})")
     if kind in _STATE:
-        notices = [_notice(kind, "a1b2c3", "101", 1 if kind == "raise" else 3)]
+        notices = [_notice(kind, "a1b2c3", "101", 1 if kind == "raise" else 3, subscriber)]
     else:
         rooms = ("101", "102", "215")
-        notices = [_notice("raise", f"a{i}f{i}e{i}", room, 1) for i, room in enumerate(rooms)]
+        notices = [
+            _notice("raise", f"a{i}f{i}e{i}", room, 1, subscriber) for i, room in enumerate(rooms)
+        ]
     msg_kind = kind if kind in ("group", "digest") else "single"
     alarm: dict[str, Any] = dict(notices[0])
     alarm.update(
