@@ -27,6 +27,7 @@ from adapters.service.access import AccessMiddleware
 from adapters.service.enrich import AssetCache
 from adapters.service.routes import admin, ingest, manage, operations
 from adapters.service.routes import alarms as alarm_routes
+from adapters.service.routes import assets as asset_routes
 from adapters.service.routes import late as late_routes
 from adapters.service.routes.base import ApiSettings as ApiSettings
 from adapters.service.routes.base import IngestLimits as IngestLimits
@@ -115,6 +116,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(ingest.router)
     app.include_router(manage.router)
     app.include_router(admin.router)
+    app.include_router(asset_routes.router)
     app.include_router(operations.router)
     app.include_router(late_routes.router)
     app.include_router(alarm_routes.router)
