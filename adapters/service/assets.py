@@ -177,8 +177,14 @@ def parse_registry(text: str, name: str, csv_format: bool) -> Registry:
     if not assets and not errors:
         errors.append(AssetError(f"{name}: no assets"))
     if errors:
+        errors.sort(key=lambda e: _line_of(str(e), name))
         raise errors[0] if len(errors) == 1 else ManyErrors(list(errors))
     return Registry(tuple(assets), fault.get("severity"), fault.get("subscriber"))
+
+
+def _line_of(message: str, name: str) -> int:
+    m = re.match(re.escape(name) + r":(\d+):", message)
+    return int(m.group(1)) if m else 0
 
 
 _Rows = tuple[list[tuple[int, dict[str, Any]]], dict[str, str], list[ENSError]]
