@@ -245,10 +245,91 @@ def test_alarm_labels_are_checked_and_carried() -> None:
         "room": "1", "class": "comm-fault", "floor": "3", "profile": "p", "severity": "major",
         "subscriber": "",
     }  # fmt: skip
-    snap = rules.snapshot()  # a snapshot of before `fixed` existed restores without it
-    for a in snap["book"]["alarms"].values() if "book" in snap else []:
-        a.pop("fixed", None)
-    AlarmRules.restore(json.loads(json.dumps(snap)), {"p": spec})
+    snap = json.loads(json.dumps(rules.snapshot()))
+    assert [a.pop("fixed") for a in snap["alarms"].values()] == [
+        {"class": "comm-fault", "floor": "3"}
+    ]  # a snapshot of before `fixed` existed restores without it
+    back = AlarmRules.restore(snap, {"p": spec})
+    assert [a.fixed for a in back.book.alarms.values()] == [{}]
+
+
+def test_an_idle_clear_condition_changes_what_the_full_call_changes() -> None:
+    """`AlarmRules.on_match` skips a clear condition that can change nothing (the alarm not
+    active, nothing due): on random histories of matches, clears and silences, the effects
+    and the snapshots equal those of the full call."""
+    import random
+
+    from profiles.alarm import AlarmSpec
+
+    class Full(AlarmRules):
+        def _idle_clear(self, *args: Any) -> bool:
+            return False
+
+    specs = {
+        "a": AlarmSpec("major", "on", None, "k = 1", ("raise", "clear")),
+        "b": AlarmSpec("minor", "after", 5.0, None, ("raise", "repeat", "clear")),
+    }
+    for seed in range(30):
+        rnd = random.Random(seed)
+        quick, full = AlarmRules(specs), Full(specs)
+        t = 0.0
+        for _ in range(200):
+            t += rnd.choice((0.0, 0.5, 1.0, 3.0, 7.0))
+            pid = rnd.choice(("a", "a#clear", "b", "b#clear", "c#clear"))
+            part = {"room": str(rnd.randrange(3))}
+            got = [rules.on_match(pid, t, part, {"e": "x"}, "s") for rules in (quick, full)]
+            assert [e.transitions for e in got[0:1]] == [e.transitions for e in got[1:2]]
+            assert got[0].messages == got[1].messages
+            if rnd.random() < 0.05:
+                data = {"matchers": ["room=1"], "for": "4s", "comment": "c"}
+                quick.add_silence(data, t)
+                full.add_silence(data, t)
+        assert quick.snapshot() == full.snapshot()
+        assert quick.advance(t + 100).transitions == full.advance(t + 100).transitions
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'sensor = "keti-419-co2"',
+        'absent(sensor = "a.b:c@d_e-1") within 60s',
+        'absent(gateway = "gw_1") within 3600s',
+        'sensor = ""',
+        'localtime = "22:00"',  # parsed apart by lark: no quick form
+        'weekday = "mon"',
+        'absent(sensor = "x") within 0s',  # an error: lark's own message
+        'and = "x"',  # a keyword: lark's own message
+        'absent(sensor = "x")',
+        'sensor = "x" within 5s',
+    ],
+)
+def test_the_quick_equality_parse_equals_lark(text: str) -> None:
+    """The generated forms skip lark (parsed once per shape); the profile is lark's own,
+    and anything else, errors included, is lark's."""
+    from profiles import parser
+    from profiles.errors import ProfileError
+
+    def both(fn: Any) -> Any:
+        try:
+            p = fn(text, "p1", "sub")
+        except ProfileError as exc:
+            return ("error", str(exc))
+        return (p, p.source, p.id, p.subscriber, p.within)
+
+    assert both(parser.parse_profile) == both(lambda t, i, s: parser._parse_full(t, i, s, None))
+
+
+def test_long_intervals_are_parsed() -> None:
+    rec = {"id": "s", "interval": 2_000_000.0}
+    gen = ast.fault_profile(rec)
+    assert gen is not None and gen[1]["expr"] == 'absent(sensor = "s") within 2000000s'
+    rs.validate_profile(None, gen[0], gen[1]["expr"])
+    frac = ast.fault_profile({"id": "s", "interval": 1.5})
+    assert frac is not None and frac[1]["expr"].endswith("within 1.5s")
+    rs.validate_profile(None, frac[0], frac[1]["expr"])
 
 
 # ----------------------------------------------------------------------------- the engine

@@ -100,6 +100,7 @@ def test_enrichment_the_event_wins_and_a_conflict_is_counted(
     assert (ev["point"], ev["room"], ev["floor"], ev["building"], ev["tz"]) == (
         "co2", "101", "1", "A", "Europe/Berlin",
     )  # fmt: skip
+    assert metric(admin.get("/metrics").text, "ens_events_enriched_total") >= 1
     # an unregistered sensor of a registered gateway gets the gateway's attributes only
     other = _stored(r, _post(gw, sensor="not-registered"))
     assert other is not None and other["building"] == "A" and "room" not in other

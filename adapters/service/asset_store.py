@@ -84,11 +84,16 @@ def fault_profile(rec: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     )
     return pid + aid, {
         "id": pid + aid,
-        "expr": f"absent({cond}) within {float(interval):g}s",
+        "expr": f"absent({cond}) within {_seconds(float(interval))}s",
         "subscriber": fault.get("subscriber"),
         "alarm": spec.to_json(),
         "generated": GENERATED,
     }
+
+
+def _seconds(x: float) -> str:
+    """A duration as the parser reads it (``1e+06`` is not a duration; ``1000000`` is)."""
+    return str(int(x)) if x.is_integer() else repr(x)
 
 
 def list_assets(r: redis.Redis) -> list[dict[str, Any]]:

@@ -72,7 +72,8 @@ class Asset:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Asset:
-        return cls(**{k: d.get(k) for k in COLUMNS if k in d})
+        fields: dict[str, Any] = {k: d[k] for k in COLUMNS if k in d}
+        return cls(**fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +236,7 @@ def _csv_rows(text: str, name: str) -> _Rows:
 
 def _yaml_rows(text: str, name: str) -> _Rows:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node: Any = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

@@ -255,6 +255,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             elif isinstance(exc, ForeignGateway):
                 _foreign_gateway(gw, exc.named)
             errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
+    assets.count()
     accepted = len(texts)
     duplicates = 0
     if texts:
