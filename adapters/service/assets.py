@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 
 from profiles.alarm import SEVERITIES
+from profiles.errors import AssetError as AssetError  # with the registry's functions
 from profiles.errors import ENSError, ManyErrors
 from profiles.options import OptionError, parse_duration
 
@@ -32,10 +33,6 @@ FAULT_KEYS = ("severity", "subscriber")
 # `comm-fault:` + id stays a profile id (at most 128 characters, redis_store.check_id)
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,116}")
 MIN_INTERVAL = 1.0  # s: a shorter expected interval is a typo (ms for s), not a sensor
-
-
-class AssetError(ENSError, ValueError):
-    """A registry record or file that is not valid (`where`: FILE:LINE, or the field)."""
 
 
 @dataclass(frozen=True, slots=True)
