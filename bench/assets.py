@@ -12,6 +12,9 @@ ingest without a registry, in the same run (docs/benchmarks.md, docs/assets.md).
    (`absent(sensor = ID) within 60s` and their `#clear` companions); 1 % of the sensors never
    report and are raised. Events per second each, the ratios to no registry, µs per event of
    the fault profiles, and the worker's start with the 10,000 fault profiles to activate.
+3. **HTTP** (`ens serve` as a subprocess, API and engine): the readings POSTed with no
+   registry, with the registry without intervals (enrichment only) and with intervals
+   (enrichment and fault detection): µs per event accepted, each on a fresh redis-server.
 """
 
 from __future__ import annotations
@@ -168,7 +171,70 @@ def detection(sensors: int = 10_000, silent: float = 0.01, repeat: int = 2) -> d
     return out
 
 
+def http(
+    sensors: int = 10_000, events: int = 20_000, batch: int = 500, repeat: int = 2
+) -> dict[str, Any]:
+    """`ens serve` (a subprocess: API and engine worker) taking ``events`` readings over HTTP
+    (batches of ``batch``, one client) with no registry, with the registry without intervals
+    (enrichment only) and with intervals (enrichment and the 10,000 fault profiles): µs per
+    event from the first POST to the last answer, each mode on a fresh redis-server, the
+    modes alternating ``repeat`` times (the best of each)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+    import redis
+
+    from adapters.service import asset_store as ast
+    from adapters.service import redis_store as rs
+    from adapters.service.assets import parse_registry
+    from bench import service_load as sl
+
+    regs = {
+        "enrichment": parse_registry(_registry_csv(sensors, ""), "bench", csv_format=True),
+        "faults": parse_registry(_registry_csv(sensors), "bench", csv_format=True),
+    }
+    rnd = random.Random(2)
+    out: dict[str, Any] = {"sensors": sensors, "events": events, "batch": batch}
+    work = Path(tempfile.mkdtemp(prefix="ens-bench-assets-"))
+    try:
+        for i in range(repeat):
+            for mode in ("none", "enrichment", "faults"):
+                (work / f"{mode}-{i}").mkdir()
+                with sl.redis_server(work / f"{mode}-{i}", aof=False) as url:
+                    r = redis.Redis.from_url(url, decode_responses=True)
+                    if mode in regs:
+                        ast.import_registry(r, regs[mode])
+                    key = rs.add_gateway(r, "bench")
+                    port = 18000 + rnd.randrange(2000)
+                    log = work / f"serve-{mode}-{i}.log"
+                    with (
+                        sl.service(url, port, 0.5, log) as base,
+                        httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=60) as c,
+                    ):
+                        c.get("/healthz")
+                        now = time.time()
+                        bodies = [
+                            [{"ts": now, "sensor": f"s{rnd.randrange(sensors)}", "value": 412.0}
+                             for _ in range(batch)]
+                            for _ in range(events // batch)
+                        ]  # fmt: skip
+                        t0 = time.perf_counter()
+                        for b in bodies:
+                            c.post("/v1/events", json=b).raise_for_status()
+                        us = (time.perf_counter() - t0) / (len(bodies) * batch) * 1e6
+                    k = f"{mode}_us_per_event"
+                    out[k] = round(min(out.get(k, float("inf")), us), 1)
+                    r.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out["enrichment_vs_none"] = round(out["none_us_per_event"] / out["enrichment_us_per_event"], 3)
+    out["faults_vs_none"] = round(out["none_us_per_event"] / out["faults_us_per_event"], 3)
+    return out
+
+
 def run(sensors: int = 10_000) -> dict[str, Any]:
     enr = enrichment(sensors)
     enr.pop("_store", None)
-    return {"enrichment": enr, "detection": detection(sensors)}
+    return {"enrichment": enr, "detection": detection(sensors), "http": http(sensors)}
