@@ -194,3 +194,20 @@ def test_a_silent_sensor_raises_comm_fault_and_clears_when_it_reports(
     assert admin.get("/v1/assets/cf-live").status_code == 404
     shown = admin.get("/v1/assets/cf-quiet").json()
     assert shown[0]["fault_profile"] == "comm-fault:cf-quiet"
+
+
+def test_the_asset_api_is_admin_only_and_documented(svc: Service, admin: httpx.Client) -> None:
+    with svc.client() as anonymous:
+        assert anonymous.get("/v1/assets").status_code == 401
+        assert anonymous.post("/v1/assets/import", content="id\nx\n").status_code == 401
+    paths = httpx.get(svc.url + "/openapi.json").json()["paths"]
+    for path in ("/v1/assets", "/v1/assets/{aid}", "/v1/assets/import"):
+        assert path in paths, path
+    wrong = admin.post("/v1/assets/import", content="id\nx\n", headers={"Content-Type": "text/x"})
+    assert wrong.status_code == 415 and "text/csv or application/yaml" in wrong.json()["error"]
+    yaml_body = "assets:\n  - {id: y-1, room: '7', interval: 2h}\n  - {id: y-1}\n"
+    bad = admin.post(
+        "/v1/assets/import", content=yaml_body, headers={"Content-Type": "application/yaml"}
+    )
+    assert bad.status_code == 422
+    assert bad.json()["errors"] == ["registry:3: duplicate sensor id 'y-1' (first on line 2)"]
