@@ -109,6 +109,12 @@ def test_yaml_defaults_fault_and_positions() -> None:
     ]
 
 
+def test_a_spreadsheet_bom_is_not_a_column(tmp_path: Path) -> None:
+    f = tmp_path / "excel.csv"
+    f.write_bytes(b"\xef\xbb\xbf" + (HEADER + "t-1,sensor,co2,1,1,A,,1m\n").encode())
+    assert read_registry(f).assets[0].id == "t-1"
+
+
 def test_the_keti_example_registry_reads() -> None:
     reg = read_registry(ROOT / "examples" / "assets" / "keti-registry.yaml")
     sensors = [a for a in reg.assets if a.kind == "sensor"]

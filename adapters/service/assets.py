@@ -145,7 +145,7 @@ def read_registry(path: str | Path) -> Registry:
     """A registry file (``.csv``, or ``.yaml``/``.yml``/``.json``), checked whole."""
     p = Path(path)
     try:
-        raw = p.read_text(encoding="utf-8")
+        raw = p.read_text(encoding="utf-8-sig")  # a BOM (spreadsheets) is not a column name
     except (OSError, UnicodeDecodeError) as exc:
         raise AssetError(f"{p}: cannot read: {exc}") from None
     return parse_registry(raw, str(p), csv_format=p.suffix.lower() == ".csv")

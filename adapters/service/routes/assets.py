@@ -99,7 +99,7 @@ async def import_assets(
             422, f"fault_severity {fault_severity!r}: one of {', '.join(SEVERITIES)}"
         )
     try:
-        reg = parse_registry(body.decode("utf-8"), "registry", csv_format=ctype == "text/csv")
+        reg = parse_registry(body.decode("utf-8-sig"), "registry", csv_format=ctype == "text/csv")
         res = ast.import_registry(
             r, reg, replace=replace, severity=fault_severity, subscriber=fault_subscriber
         )
