@@ -186,6 +186,8 @@ def test_cli_import_list_show_rm(r: redis.Redis, redis_url: str, tmp_path: Path)
         and "2 problems; nothing stored" in out.output
     )
     assert "Traceback" not in out.output and r.hlen(ast.ASSETS) == 0
+    out = runner.invoke(app, ["assets", "check", str(bad)])
+    assert out.exit_code == 2 and "2 problems; nothing stored" in out.output
     good = ROOT / "examples" / "assets" / "keti-registry.yaml"
     out = runner.invoke(app, ["assets", "import", str(good), "--redis-url", redis_url])
     assert out.exit_code == 0, out.output

@@ -1,4 +1,4 @@
-"""`ens assets import|list|show|rm`: the asset registry (docs/assets.md).
+"""`ens assets import|check|list|show|rm`: the asset registry (docs/assets.md).
 
 Like `ens gateway`, the commands talk to the service's Redis directly; a running service
 picks a change up at once (the API processes within a second, the engine worker with the
@@ -84,6 +84,21 @@ def import_cmd(
         f"{res.unchanged} unchanged, {res.removed} removed; {res.faults} with a sensor-silent "
         f"fault ({res.profiles_written} fault profiles written, {res.profiles_deleted} deleted)"
     )
+
+
+@app.command("check")
+def check_cmd(
+    file: Annotated[Path, typer.Argument(help="A registry file: .csv (header row) or .yaml.")],
+) -> None:
+    """Check a registry file as `import` does, without a service: every problem with its line."""
+    from adapters.service.assets import read_registry
+
+    try:
+        reg = read_registry(file)
+    except ENSError as exc:
+        raise _fail(exc) from None
+    faults = sum(1 for a in reg.assets if a.interval is not None)
+    typer.echo(f"{file}: {len(reg.assets)} assets, {faults} with an expected interval")
 
 
 @app.command("list")
