@@ -84,6 +84,9 @@ def _alarm(r: redis.Redis, profile: str) -> dict[str, Any] | None:
 def test_enrichment_the_event_wins_and_a_conflict_is_counted(
     svc: Service, r: redis.Redis, admin: httpx.Client, gw: httpx.Client
 ) -> None:
+    # a profile over the place, for a sensor that sends only its id
+    expr = 'seq(c: point = "co2" and value > 400) per building, floor, room'
+    rs.put_profile(r, "co2-high", expr, alarm={"severity": "minor"})
     resp = _import(admin, "en-1,sensor,co2,101,1,A,Europe/Berlin,\ngw-assets,gateway,,,,A,,\n")
     assert resp.status_code == 200, resp.text
     assert resp.json()["added"] == 2
@@ -101,6 +104,10 @@ def test_enrichment_the_event_wins_and_a_conflict_is_counted(
         "co2", "101", "1", "A", "Europe/Berlin",
     )  # fmt: skip
     assert metric(admin.get("/metrics").text, "ens_events_enriched_total") >= 1
+    co2 = wait_for(lambda: _alarm(r, "co2-high"), 10, "the place's profile matched")
+    assert {k: co2["labels"][k] for k in ("building", "floor", "room")} == {
+        "building": "A", "floor": "1", "room": "101",
+    }  # fmt: skip
     # an unregistered sensor of a registered gateway gets the gateway's attributes only
     other = _stored(r, _post(gw, sensor="not-registered"))
     assert other is not None and other["building"] == "A" and "room" not in other
