@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,8 @@ import redis
 from adapters.service import alarm_store as als
 from adapters.service import asset_store as ast
 from adapters.service import redis_store as rs
-from tests.helpers_service import Service, metric, serving, wait_for
+from adapters.service.assets import parse_registry
+from tests.helpers_service import Service, metric, redis_server, serving, wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -218,3 +220,35 @@ def test_the_asset_api_is_admin_only_and_documented(svc: Service, admin: httpx.C
     )
     assert bad.status_code == 422
     assert bad.json()["errors"] == ["registry:3: duplicate sensor id 'y-1' (first on line 2)"]
+
+
+@pytest.mark.slow
+def test_a_fault_survives_kill_9_once(tmp_path: Any) -> None:
+    """A sensor silent since the start is raised once; ``kill -9`` of the service and a
+    restart keep its alarm active (no second raise: the timer fired before the crash and the
+    checkpoint or the journal says so); its report after the restart clears it once."""
+
+    with redis_server(tmp_path, aof=True) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        reg = parse_registry(HEADER + "k9-quiet,sensor,co2,1,1,K,,2s\n", "r", csv_format=True)
+        ast.import_registry(r, reg)
+        args = ("--reorder-seconds", "0.1", "--default-lateness", "0")
+        svc = Service(url, tmp_path / "serve.log", *args).start()
+        pid = "comm-fault:k9-quiet"
+        try:
+            wait_for(lambda: _alarm(r, pid), 20, "the raise")
+            svc.stop(signal.SIGKILL)
+            svc = Service(url, tmp_path / "serve.log", *args).start()
+            key = rs.add_gateway(r, "gw-k9")
+            with svc.client(key) as gw:
+                _post(gw, sensor="k9-quiet")
+            wait_for(
+                lambda: (_alarm(r, pid) or {}).get("state") == "cleared-unacknowledged",
+                20,
+                "the clear after the restart",
+            )
+            kinds = [t["kind"] for t in als.history(r) if t["labels"].get("profile") == pid]
+            assert kinds == ["raise", "clear"]
+        finally:
+            assert svc.stop() == 0, (tmp_path / "serve.log").read_text()[-2000:]
+            r.close()
