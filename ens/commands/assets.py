@@ -61,8 +61,9 @@ def import_cmd(
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Check a registry file whole and store it (all or nothing), with a sensor-silent fault
-    profile for every asset with an interval."""
+    """Check a registry file whole and store it (all or nothing).
+
+    Every asset with an interval gets a sensor-silent fault profile (docs/assets.md)."""
     from adapters.service.assets import read_registry
     from profiles.alarm import SEVERITIES
 
