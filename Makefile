@@ -12,15 +12,24 @@ $(STAMP): pyproject.toml
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-.PHONY: install demo test test-fast lint bench fuzz
+.PHONY: install demo test test-fast lint bench fuzz browser
 install: $(STAMP)
+
+# The console's browser tests drive Debian's Chromium (tests/helpers_browser.py): installed here
+# when missing and root (CI runs as root); otherwise those tests skip and say how to install it.
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	  else echo "make browser: not root, Chromium not installed: the console's browser tests will skip (sudo apt-get install chromium chromium-driver)"; fi; \
+	fi
 
 demo: $(STAMP)
 	$(VENV)/bin/ens demo
 
 # Lint, the import contracts, types, then the whole suite on two processes (pytest-xdist; the
 # Spark tests share one of them and one JVM). docs/development.md has the timings.
-test: lint
+test: lint browser
 	$(PY) -m pytest -n 2 --dist loadgroup
 
 # The edit-test loop: everything but Spark, the kill -9 crash tests and the million-event run

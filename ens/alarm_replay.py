@@ -6,6 +6,10 @@ end time (--until, or the last event), so what is still queued then is counted a
 The clear conditions (`clear: {on: F}`) are companion profiles (`<id>#clear`) run by the same
 engine, in the same single step. "How many messages would the night crew have had last week":
 the summary counts, per subscriber, the messages without and with grouping and silences.
+With a routing file (``--routing``) the rules get the service's `Router`: who is told comes
+from the route tree, schedules and quiet hours at each transition's time, escalation steps fire
+in event time, and every decision is kept (``timeline``) — the same calls `ens serve --routing`
+makes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ import yaml
 from filters.interface import DetectionEngine
 from filters.notification import Notification
 from notifiers.alarms import AlarmRules, Effects, GroupPolicy, Message, SilenceError, Transition
+from notifiers.routing import Routing
+from notifiers.routing.replay import Told
+from notifiers.routing.router import Router
 from profiles.alarm import AlarmSpec, clear_companion
 from profiles.ast import Profile
 from profiles.errors import ENSError
@@ -31,6 +38,7 @@ class AlarmReplay:
     transitions: list[Transition] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     rules: AlarmRules | None = None
+    timeline: list[Told] = field(default_factory=list)  # with a routing: who was told, when
 
     def add(self, eff: Effects) -> None:
         self.transitions.extend(eff.transitions)
@@ -72,12 +80,21 @@ def replay_alarms(
     silences: list[dict[str, Any]] | None = None,
     policy: GroupPolicy | None = None,
     silences_name: str = "silences",
+    routing: Routing | None = None,
 ) -> AlarmReplay:
     """Run ``notify`` (an engine replay over the given profiles) and feed its matches, in
-    output order, to the alarm rules. Silences are in place from the first event on."""
+    output order, to the alarm rules. Silences are in place from the first event on. With
+    ``routing``: its route tree and escalation (`Router`) and its grouping per subscriber
+    (``policy`` for the others, unless it has a ``*`` entry)."""
     subscriber = {p.id: p.subscriber for p in profiles}
-    rules = AlarmRules(alarms, default=policy)
-    out = AlarmReplay(rules=rules)
+    out = AlarmReplay()
+    if routing is None:
+        rules = AlarmRules(alarms, default=policy)
+    else:
+        policies = dict(routing.grouping)
+        default = policies.pop("*", policy)
+        rules = AlarmRules(alarms, policies, default, Router(routing, out.timeline))
+    out.rules = rules
     start = min((e.ts for e in events), default=0.0)
     for i, data in enumerate(silences or []):
         try:

@@ -430,6 +430,15 @@ def replay(
     messages: Annotated[
         str | None, typer.Option(help="With --alarms: write the messages (JSON lines) here.")
     ] = None,
+    routing: Annotated[
+        Path | None,
+        typer.Option(
+            "--routing",
+            help="With --alarms: a routing file (docs/routing.md), as `ens serve --routing`: "
+            "print who would have been told what and when (stderr; --json: JSON lines on "
+            "stdout, the transitions then only to --out).",
+        ),
+    ] = None,
     group_by: Annotated[
         str | None,
         typer.Option(
@@ -497,8 +506,10 @@ def replay(
         elif start is not None or to is not None:
             raise ENSError("--from/--to apply to --archive only")
         alarm_opts = silences is not None or messages is not None or group_by is not None
-        if (alarm_opts or cap is not None) and not alarms:
-            raise ENSError("--silences, --messages, --group-by and --cap go with --alarms")
+        if (alarm_opts or cap is not None or routing is not None) and not alarms:
+            raise ENSError(
+                "--silences, --messages, --group-by, --cap and --routing go with --alarms"
+            )
         if plot is not None:
             from ens.summary import check_plot_path
 
@@ -523,6 +534,7 @@ def replay(
                     pset, events, end, tz, (engine, variant, plan, rates), silences,
                     (group_by, group_wait, group_interval, cap), out, messages,
                     _archive_events(archive, start, to) if archive is not None else None,
+                    routing, as_json,
                 )  # fmt: skip
                 return
         bar = _ReplayProgress(events if archive is None else "")
@@ -566,6 +578,7 @@ def replay(
 def _replay_alarms(  # noqa: ANN001 - the CLI's parts, passed through
     pset, events: str, end, tz: str, eng: tuple, silences: Path | None, grouping: tuple,
     out: str | None, messages: str | None, archived: list | None = None,
+    routing_file: Path | None = None, as_json: bool = False,
 ) -> None:  # fmt: skip
     """`ens replay --alarms` (ens/alarm_replay.py): transitions out, a summary on stderr."""
     from rich.console import Console
@@ -591,20 +604,36 @@ def _replay_alarms(  # noqa: ANN001 - the CLI's parts, passed through
         parse_duration("--group-interval", interval),
         cap,
     )
+    routing = None
+    if routing_file is not None:  # checked before the replay: nothing half done
+        from notifiers.routing import load_routing
+
+        routing = load_routing(routing_file, need_route=False)
     found = read_silences(silences) if silences is not None else []
     evs = read_event_file(events) if archived is None else archived  # --archive: read already
     _warn_lint(pset.profiles, evs)
     notify = run_engine(lambda ps: make_engine(eng[0], ps, tz, *eng[1:]), evs, end)
     result = replay_alarms(
         pset.profiles, pset.alarms, notify, evs, end, silences=found, policy=policy,
-        silences_name=str(silences),
+        silences_name=str(silences), routing=routing,
     )  # fmt: skip
-    write_lines([t.to_json() for t in result.transitions], out)
+    if routing is not None and as_json:
+        from dataclasses import asdict
+
+        write_lines([asdict(x) for x in result.timeline], None)
+        if out is not None:
+            write_lines([t.to_json() for t in result.transitions], out)
+    else:
+        write_lines([t.to_json() for t in result.transitions], out)
     if messages is not None:
         write_lines([m.to_json() for m in result.messages], messages)
     assert result.rules is not None
     console = Console(stderr=True)
     console.width = max(console.width, 130)  # a pipe or a log gets the whole table too
+    if routing is not None and not as_json:
+        from ens.commands.routing import print_timeline
+
+        print_timeline(routing, result.timeline, console)
     console.print(summary_table(summary_rows(result.rules)))
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from notifiers import status
 from notifiers.attempt import Attempt
 from notifiers.delivery_state import Counts, DeliveryState
-from notifiers.email import build_digest, build_message, compose
+from notifiers.email import build_message, compose
 from notifiers.metrics import (
     ABANDONED,
     ATTEMPT_SECONDS,
@@ -35,6 +35,7 @@ from notifiers.store import (
     split_delivery_key,
     text,
 )
+from notifiers.templates import email_digest, email_message, email_parts
 
 log = logging.getLogger("ens.notifiers")
 
@@ -131,6 +132,15 @@ class Digests(DeliveryState):
             counts.dead += 1
             self._maybe_ack(st, counts)
 
+    def _templates_of(self, ns: list[dict[str, Any]]) -> dict[str, Any]:
+        """Subscriber id -> its templates (None: the defaults), for the notifications of a
+        digest (one address may serve several subscribers)."""
+        out: dict[str, Any] = {}
+        for sid in {str(n.get("subscriber")) for n in ns}:
+            sub, _ = self._subscriber(sid)
+            out[sid] = sub.templates if sub is not None else None
+        return out
+
     def _flush_digest_one(self, address: str, counts: Counts) -> None:
         buf = digest_key(address)
         members = [text(m) for m in self.r.zrange(buf, 0, self.config.worker.digest_max - 1)]
@@ -153,10 +163,17 @@ class Digests(DeliveryState):
             self._digest_done(keys=keys, args=args)
             return
         ns = [st["n"] for _, st in states]
+        templates = self._templates_of(ns)
         if len(ns) == 1:
-            msg = build_message(ns[0], sender, address, key=states[0][0])
+            sid = str(ns[0].get("subscriber"))
+            msg = email_message(sid, templates.get(sid), ns[0], sender, address, states[0][0])
         else:
-            msg = build_digest(ns, sender, address)
+
+            def sections(n: Any) -> tuple[str, str, str]:
+                sid = str(n.get("subscriber"))
+                return email_parts(sid, templates.get(sid), n)
+
+            msg = email_digest(sections, ns, sender, address)
         grant = self._gate.acquire(self._smtp_dest, time.time())
         if not grant.ok:  # the relay is busy or its circuit open: the digest comes back then
             self.r.zadd(DIGESTS, {address: grant.retry_at})

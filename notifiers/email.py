@@ -38,7 +38,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CONTROL_IN_BODY = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _clean(value: Any) -> str:
+def clean_header(value: Any) -> str:
     """One line of printable text for a header built from event data: a line break would
     inject headers, and a NUL or other control character breaks or smuggles through mail
     software. Each becomes a space; runs of white space one."""
@@ -90,10 +90,12 @@ def subject_for(n: Notification) -> str:
             f"{k}={v}" for k, v in labels.items() if k not in ("profile", "severity", "subscriber")
         )
         what = f"{alarm.get('transition_kind')} ({where})" if count == 1 else f"{count} alarms"
-        return _clean(f"[ENS] {str(alarm.get('severity', '')).upper()} {n.get('profile')} {what}")
+        return clean_header(
+            f"[ENS] {str(alarm.get('severity', '')).upper()} {n.get('profile')} {what}"
+        )
     where = _partition(n)
     subject = f"[ENS] {n.get('profile')} matched at {fmt_ts(n.get('ts'), seconds=False)}"
-    return _clean(f"{subject} ({where})" if where else subject)
+    return clean_header(f"{subject} ({where})" if where else subject)
 
 
 def digest_subject(ns: Sequence[Notification]) -> str:
@@ -103,7 +105,7 @@ def digest_subject(ns: Sequence[Notification]) -> str:
     profiles = ", ".join(f"{p} ×{c}" if c > 1 else p for p, c in counts.items())
     tss = [n["ts"] for n in ns if isinstance(n.get("ts"), (int, float))]
     span = f" {fmt_ts(min(tss), False)} – {fmt_ts(max(tss), False)}" if tss else ""
-    return _clean(f"[ENS] {len(ns)} notifications ({profiles}){span}")
+    return clean_header(f"[ENS] {len(ns)} notifications ({profiles}){span}")
 
 
 def _event_lines(n: Notification) -> list[str]:
@@ -182,22 +184,40 @@ def _message(
     return msg
 
 
+SIGNATURE = "\n\n-- \nENS event notification service\n"
+
+
 def build_message(n: Notification, sender: str, to: str, key: str | None = None) -> EmailMessage:
     """One notification; ``key`` (the delivery key) makes the Message-ID stable across resends."""
-    subject = subject_for(n)
-    text = text_section(n) + "\n\n-- \nENS event notification service\n"
-    return _message(
-        subject, sender, to, text, _html_doc(subject, [html_section(n)]), key or str(n.get("id"))
-    )
+    key = key or str(n.get("id"))
+    return build_parts(subject_for(n), text_section(n), html_section(n), sender, to, key)
 
 
-def build_digest(ns: Sequence[Notification], sender: str, to: str) -> EmailMessage:
-    """Several notifications for one recipient in one mail, oldest first."""
+def build_parts(
+    subject: str, text: str, html_part: str, sender: str, to: str, key: str
+) -> EmailMessage:
+    """One notification's mail from its rendered parts (`notifiers.templates`): the subject
+    made one clean line, the text signed, the HTML section put in a document."""
+    subject = clean_header(subject)
+    return _message(subject, sender, to, text + SIGNATURE, _html_doc(subject, [html_part]), key)
+
+
+def build_digest(
+    ns: Sequence[Notification],
+    sender: str,
+    to: str,
+    texts: Sequence[str] | None = None,
+    htmls: Sequence[str] | None = None,
+) -> EmailMessage:
+    """Several notifications for one recipient in one mail, oldest first; ``texts`` and
+    ``htmls`` are their rendered sections (`notifiers.templates`), else the built-in ones."""
     subject = digest_subject(ns)
     head = f"{len(ns)} notifications:"
-    text = "\n\n".join([head, *(f"--- {i}.\n{text_section(n)}" for i, n in enumerate(ns, 1))])
+    texts = texts if texts is not None else [text_section(n) for n in ns]
+    htmls = htmls if htmls is not None else [html_section(n) for n in ns]
+    text = "\n\n".join([head, *(f"--- {i}.\n{t}" for i, t in enumerate(texts, 1))])
     key = "digest:" + ",".join(str(n.get("id")) for n in ns)
-    sections = [f"<p>{html.escape(head)}</p>", *(html_section(n) for n in ns)]
+    sections = [f"<p>{html.escape(head)}</p>", *htmls]
     return _message(subject, sender, to, text + "\n", _html_doc(subject, sections), key)
 
 
@@ -283,7 +303,15 @@ class _Session:
 
 
 class _Watched:
-    """Registers each socket smtplib opens (before it reads the greeting) with the session."""
+    """Registers each socket smtplib opens (before it reads the greeting) with the session,
+    and keeps the server's last reply (the answer to the message: `ens subscriber test`)."""
+
+    last_reply: tuple[int, bytes] | None = None
+
+    def getreply(self) -> tuple[int, bytes]:
+        reply: tuple[int, bytes] = super().getreply()  # type: ignore[misc]
+        self.last_reply = reply
+        return reply
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         sock: socket.socket = super()._get_socket(host, port, timeout)  # type: ignore[misc]
@@ -343,6 +371,7 @@ class SmtpSender:
     def _send(self, msg: EmailMessage, session: _Session) -> Attempt:
         c = self.config
         timeout = min(c.timeout, c.deadline)
+        reply: tuple[int, bytes] | None = None
         try:
             if c.security == "tls":
                 smtp: smtplib.SMTP = _SMTPSSL(
@@ -365,6 +394,7 @@ class SmtpSender:
                     smtp.login(c.username, password)
                 session.phase = "data"  # MAIL FROM, RCPT TO, DATA and the message
                 smtp.send_message(msg)
+                reply = getattr(smtp, "last_reply", None)  # the answer to the end of DATA
                 session.phase = "quit"
         except (OSError, ValueError) as exc:  # smtplib.SMTPException is an OSError
             if session.abandoned:
@@ -376,4 +406,5 @@ class SmtpSender:
                     f"phase (ENS_SMTP_DEADLINE={c.deadline:g})"
                 )
             return _smtp_attempt(exc)
-        return Attempt.success(f"SMTP {c.host}:{c.effective_port}")
+        answer = f": {reply[0]} {reply[1].decode(errors='replace')}" if reply else ""
+        return Attempt.success(f"SMTP {c.host}:{c.effective_port}{answer}")

@@ -82,6 +82,15 @@ UNSUBSCRIBED = Counter(
     registry=REGISTRY,
 )
 
+#: template: email_subject | email_text | email_html | webhook | slack | teams
+TEMPLATE_ERRORS = Counter(
+    "ens_template_errors",
+    "Subscriber templates that failed to render at send time (a missing attribute, a runtime "
+    "error, a webhook body that is not JSON): the default template was sent instead.",
+    ["template"],
+    registry=REGISTRY,
+)
+
 PROFILE_DELIVERIES = TopCounter(
     "ens_profile_deliveries",
     "Delivery outcomes per profile and subscriber: the most counted label sets (at most "

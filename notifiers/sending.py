@@ -17,7 +17,7 @@ from notifiers import status, store
 from notifiers.attempt import Attempt
 from notifiers.delivery_state import Counts, DeliveryState, entry_age
 from notifiers.destinations import CLOSED, OPENED, Grant
-from notifiers.email import build_message, compose
+from notifiers.email import compose
 from notifiers.metrics import (
     ABANDONED,
     ATTEMPT_SECONDS,
@@ -40,6 +40,7 @@ from notifiers.store import (
     split_delivery_key,
     text,
 )
+from notifiers.templates import email_message, webhook_body
 from notifiers.webhook import destination
 
 log = logging.getLogger("ens.notifiers")
@@ -108,9 +109,11 @@ class Sending(DeliveryState):
             if isinstance(channel, WebhookChannel):
                 secret = sub.webhook_secret(channel)
                 if secret:
-                    result = self._webhook.send(channel.webhook, secret, n)
+                    body = webhook_body(sub.id, channel, sub.templates, n)
+                    result = self._webhook.send(channel.webhook, secret, n, body)
             else:
-                msg = compose(build_message, n, self.config.smtp.sender, channel.email, key=dkey)
+                sender, to = self.config.smtp.sender, channel.email
+                msg = compose(email_message, sub.id, sub.templates, n, sender, to, key=dkey)
                 result = msg if isinstance(msg, Attempt) else self._smtp.send(msg)
         finally:  # the slot is given back whatever happened
             self._release(dest, grant, time.monotonic() - started, result)

@@ -123,6 +123,7 @@ class EmailChannel(BaseModel):
 
 class WebhookChannel(BaseModel):
     """``{"webhook": "https://...", "secret": "..."}``; without a secret the subscriber's is used.
+    ``format`` ``slack`` or ``teams`` posts a chat message instead of the ENS JSON (None: ENS).
 
     The rules are `profiles.subscribers` (applied by `Subscriber`); this only types and trims.
     """
@@ -130,11 +131,17 @@ class WebhookChannel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     webhook: str
     secret: str | None = None
+    format: str | None = None
 
     @field_validator("webhook")
     @classmethod
     def _trim(cls, v: str) -> str:
         return v.strip()
+
+    @field_validator("format")
+    @classmethod
+    def _default_format(cls, v: str | None) -> str | None:
+        return None if v == "ens" else v  # one record for the default, whether named or not
 
 
 def _channel_tag(value: Any) -> str | None:
@@ -162,6 +169,7 @@ class Subscriber(BaseModel):
     channels: list[Channel] = Field(default_factory=list)
     digest: float | None = None
     secret: str | None = None
+    templates: dict[str, str] | None = None  # name -> Jinja2 text (`profiles.templates`)
 
     @model_validator(mode="before")
     @classmethod
@@ -315,9 +323,10 @@ def redact(channel: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def describe_channel(channel: Mapping[str, Any]) -> str:
-    """``webhook URL`` (masked) or ``email ADDRESS``: how logs and the CLI name a channel."""
+    """``webhook URL`` (masked; ``slack URL``/``teams URL`` for a chat webhook) or ``email
+    ADDRESS``: how logs and the CLI name a channel."""
     if "webhook" in channel:
-        return f"webhook {mask_url(str(channel['webhook']))}"
+        return f"{channel.get('format') or 'webhook'} {mask_url(str(channel['webhook']))}"
     if "email" in channel:
         return f"email {channel['email']}"
     return "-"

@@ -66,9 +66,9 @@ def _channel(c: Any) -> str:
 
 
 def _shown(s: Subscriber) -> str:
-    return ", ".join(_channel(c) for c in s.channels) + (
-        f"; digest {s.digest:g} s" if s.digest else ""
-    )
+    templates = f"; templates {', '.join(sorted(s.templates))}" if s.templates else ""
+    digest = f"; digest {s.digest:g} s" if s.digest else ""
+    return ", ".join(_channel(c) for c in s.channels) + digest + templates
 
 
 def _urls(s: Subscriber) -> list[str | None]:
@@ -76,8 +76,9 @@ def _urls(s: Subscriber) -> list[str | None]:
 
 
 def _compared(s: Subscriber) -> Any:
-    """What a change is: channels (URLs, addresses, their digests and own secrets) and digest."""
-    return ([c.model_dump(exclude_none=True) for c in s.channels], s.digest)
+    """What a change is: channels (URLs, addresses, formats, their digests and own secrets),
+    digest and templates."""
+    return ([c.model_dump(exclude_none=True) for c in s.channels], s.digest, s.templates or {})
 
 
 def plan(
@@ -96,11 +97,12 @@ def plan(
             lines = [f"- {_shown(old)}", f"+ {_shown(new)}"]
             if lines[0][1:] == lines[1][1:]:  # the change is in what masking hides
                 urls = [_urls(old), _urls(new)]
-                lines.append(
-                    "  (credentials or query values of a webhook URL changed)"
-                    if urls[0] != urls[1]
-                    else "  (a channel's own signing secret changed)"
-                )
+                if (old.templates or {}) != (new.templates or {}):
+                    lines.append("  (the text of a template changed)")
+                elif urls[0] != urls[1]:
+                    lines.append("  (credentials or query values of a webhook URL changed)")
+                else:
+                    lines.append("  (a channel's own signing secret changed)")
         if new.secret and new.secret != old.secret:
             lines.append("  (a new signing secret is given)")
         elif not new.secret and old.secret:

@@ -91,6 +91,11 @@ def verify(
 def build_body(n: Mapping[str, Any]) -> bytes:
     """The POST body: the outbox record under webhook-friendly names (with ``alarm`` for an
     alarm message: docs/alarms.md)."""
+    return dumps(webhook_fields(n)).encode()
+
+
+def webhook_fields(n: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of the default POST body (`build_body`; ``body`` in a template)."""
     body = {
         "notification_id": n.get("id"),
         "profile": n.get("profile"),
@@ -101,7 +106,7 @@ def build_body(n: Mapping[str, Any]) -> bytes:
     }
     if "alarm" in n:
         body["alarm"] = n["alarm"]
-    return dumps(body).encode()
+    return body
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -177,8 +182,11 @@ class WebhookSender:
         """End the requests in flight now (the worker is stopping); returns how many sockets."""
         return self._backend.abort()
 
-    def send(self, url: str, secret: str, n: Mapping[str, Any]) -> Attempt:
-        body = build_body(n)
+    def send(
+        self, url: str, secret: str, n: Mapping[str, Any], body: bytes | None = None
+    ) -> Attempt:
+        """POST ``body`` (default: `build_body` of ``n``), signed with ``secret``."""
+        body = build_body(n) if body is None else body
         ts = str(int(time.time()))
         headers = {
             "Content-Type": "application/json",

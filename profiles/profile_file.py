@@ -6,6 +6,7 @@ problem is rejected as a whole by `load_profile_file`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,6 +283,22 @@ def _file_tz(value: Any, where: str, errors: list[ENSError]) -> str | None:
     return None
 
 
+_TEMPLATE_LINE = re.compile(r"^templates\.\w+: line (\d+):")
+
+
+def _template_line(at: yaml.Node, loc: Loc, msg: str) -> int:
+    """Lines from a template's node to its problem: a block scalar (``slack: |``) starts on the
+    next line, so a template's line N is N lines below the key; 0 when that is not known."""
+    if (
+        loc[:1] != ("templates",)
+        or not isinstance(at, yaml.ScalarNode)
+        or at.style not in ("|", ">")
+    ):
+        return 0
+    m = _TEMPLATE_LINE.match(msg.partition(": ")[2])
+    return int(m[1]) if m else 0
+
+
 def _subscriber_entries(
     data: dict[str, Any], root: yaml.Node | None, name: str, out: ProfileSet, errors: list[ENSError]
 ) -> None:
@@ -307,9 +324,8 @@ def _subscriber_entries(
                 errors.append(ProfileError(f"{_at(name, key_node)}: {msg}"))
                 continue
             at = _node_at(node, loc)
-            errors.append(
-                ProfileError(msg, file_line=at.start_mark.line + 1 if at is not None else None)
-            )
+            line = at.start_mark.line + 1 + _template_line(at, loc, msg) if at is not None else None
+            errors.append(ProfileError(msg, file_line=line))
     if subs:
         unknown = [
             p for p in out.profiles if p.subscriber is not None and p.subscriber not in sub_ids

@@ -24,17 +24,21 @@ Problem = tuple[Loc, str]
 CHANNEL_SHAPE = 'a channel is {"email": ADDRESS} or {"webhook": URL}'
 
 # The keys each kind of channel may have: digest (seconds) overrides the subscriber's window,
-# secret overrides the subscriber's webhook signing secret.
+# secret overrides the subscriber's webhook signing secret, format says what a webhook posts.
 CHANNEL_KEYS: dict[str, tuple[str, ...]] = {
     "email": ("email", "digest"),
-    "webhook": ("webhook", "secret"),
+    "webhook": ("webhook", "secret", "format"),
 }
+
+# What a webhook channel posts: the ENS JSON (signed), a Slack-compatible incoming-webhook
+# message, or a Microsoft Teams Adaptive Card (notifiers.templates).
+WEBHOOK_FORMATS: tuple[str, ...] = ("ens", "slack", "teams")
 
 
 # The keys of a subscriber record; any other key is a mistake (``chanels:``) that would
 # otherwise store a subscriber with no channels.
 UNKNOWN_KEY = "unknown key"  # how every such problem starts: the file reports it at the key
-SUBSCRIBER_KEYS: tuple[str, ...] = ("id", "channels", "digest", "secret")
+SUBSCRIBER_KEYS: tuple[str, ...] = ("id", "channels", "digest", "secret", "templates")
 
 
 def channel_kind(channel: Any) -> str | None:
@@ -129,11 +133,18 @@ def _secret(value: Any) -> str | None:
     return f"must be a string, not {type(value).__name__}"  # a secret's value is never echoed
 
 
+def _format(value: Any) -> str | None:
+    if value is None or value in WEBHOOK_FORMATS:
+        return None
+    return f"must be one of {', '.join(WEBHOOK_FORMATS)} (got {value!r})"
+
+
 _FIELDS: dict[str, Callable[[Any], str | None]] = {
     "email": _email,
     "webhook": _webhook,
     "digest": _seconds,
     "secret": _secret,
+    "format": _format,
 }
 
 
@@ -155,7 +166,8 @@ def channel_problems(channel: Any) -> list[Problem]:
 def subscriber_problems(sub: Any) -> list[Problem]:
     """Every problem of one subscriber record; ``[]`` means it is valid.
 
-    A key other than id, channels, digest and secret is a problem located at that key.
+    A key other than id, channels, digest, secret and templates is a problem located at that
+    key; a template that does not parse is one located at its name (`profiles.templates`).
     """
     if not isinstance(sub, Mapping):
         return [((), f"a subscriber is a mapping with id and channels, got {sub!r}")]
@@ -171,6 +183,11 @@ def subscriber_problems(sub: Any) -> list[Problem]:
     for key in ("digest", "secret"):
         if (message := _FIELDS[key](sub.get(key))) is not None:
             out.append(((key,), message))
+    if sub.get("templates") is not None:  # Jinja2 is loaded only for a record that has some
+        from profiles.templates import template_problems
+
+        templates = template_problems(sub["templates"])
+        out.extend((("templates", *loc), message) for loc, message in templates)
     channels = sub.get("channels", [])
     if not isinstance(channels, list):
         out.append((("channels",), f"must be a list of channels, not {type(channels).__name__}"))

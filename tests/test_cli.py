@@ -328,7 +328,7 @@ def test_check_names_every_bad_subscriber_channel_with_its_line(tmp_path: Path) 
         in r.stderr
     )
     assert (
-        f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret)"
+        f"{f}:11:9: subscriber 'ops': channels.4.colour: unknown key (allowed: webhook, secret, format)"
         in r.stderr
     )
     # the profile of the good subscriber stays
@@ -365,7 +365,7 @@ def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Pa
     assert r.exit_code == 2
     assert (
         f"error: {f}:8:5: subscriber 'ops': chanels: unknown key (allowed: id, channels, "
-        "digest, secret)"
+        "digest, secret, templates)"
     ) in r.stderr  # it stored a subscriber without channels
     assert (
         f"error: {f}:5:14: profile 'p2': unknown key 'exp' (allowed: id, expr, subscriber, "

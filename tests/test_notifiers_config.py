@@ -112,7 +112,7 @@ def test_subscriber_validation():
     with pytest.raises(ValidationError) as err:  # `name:` or `chanels:` is a mistake, not kept
         store.Subscriber.model_validate({"id": "s", "channels": [], "name": "x"})
     assert store.subscriber_error(err.value) == (
-        "name: unknown key (allowed: id, channels, digest, secret)"
+        "name: unknown key (allowed: id, channels, digest, secret, templates)"
     )
     for bad, message in (
         ({"email": "a@b.org\r\nBcc: evil@x"}, "channels.0.email: must not contain line breaks"),

@@ -132,3 +132,37 @@ def test_bad_input_to_route_replay_says_what(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--until: 'never'" in r.output
     r = CliRunner().invoke(app, ["route", "replay", str(tmp_path / "none"), "-c", config])
     assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_replay_alarms_with_routing_tells_the_same_as_route_replay(tmp_path: Path) -> None:
+    """`ens replay --alarms --routing` runs the alarm rules with the service's router: the
+    same decisions as `ens route replay` of its transitions, in one command."""
+    events = tmp_path / "keti.jsonl"
+    r = CliRunner().invoke(app, ["data", "convert", "keti", str(ROOT / "examples/data/keti")])
+    events.write_text(r.stdout)
+    routing = str(ROOT / "examples/routing/keti-routing.yaml")
+    transitions = tmp_path / "t.jsonl"
+    r = CliRunner().invoke(
+        app,
+        ["replay", "--alarms", str(ROOT / "examples/routing/keti-alarms.yaml"), str(events),
+         "--routing", routing, "--json", "--out", str(transitions)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    mine = [json.loads(line) for line in r.stdout.splitlines()]
+    r = CliRunner().invoke(app, ["route", "replay", str(transitions), "-c", routing, "--json"])
+    theirs = [json.loads(line) for line in r.stdout.splitlines()]
+
+    def key(x: dict) -> tuple:
+        return (round(x["ts"], 3), x["alarm"], x["what"], x["subscriber"], x["told"])
+
+    assert [key(x) for x in mine][: len(theirs)] == [key(x) for x in theirs]
+    assert len(mine) >= len(theirs) >= 15
+    table = CliRunner().invoke(
+        app,
+        ["replay", "--alarms", str(ROOT / "examples/routing/keti-alarms.yaml"), str(events),
+         "--routing", routing, "--out", str(tmp_path / "t2.jsonl")],
+    )  # fmt: skip
+    assert table.exit_code == 0, table.output
+    assert "who is told, when" in table.output and "supervisor" in table.output
+    bad = CliRunner().invoke(app, ["replay", str(events), str(events), "--routing", routing])
+    assert bad.exit_code != 0 and "go with --alarms" in bad.output

@@ -537,3 +537,21 @@ def test_api_docs_work_without_internet(svc: Service) -> None:
         resp = httpx.get(svc.url + a, timeout=10)
         assert resp.status_code == 200 and len(resp.content) > 1000, a
     assert "openapi: 3.1" in httpx.get(svc.url + "/docs-static/swagger-ui-bundle.js").text
+
+
+def test_subscriber_templates_and_chat_channels(admin: httpx.Client, r: redis.Redis) -> None:
+    """Templates and a Slack channel are stored and shown; a bad template is a 422 naming the
+    template and its line, and nothing is stored (issue 36 item 5)."""
+    rec = {
+        "id": "chat-ops",
+        "channels": [{"webhook": "https://hooks.example.org/slack", "format": "slack"}],
+        "templates": {"slack": "*{{ profile }}* {{ transition }}"},
+    }
+    assert admin.post("/v1/subscribers", json=rec).status_code == 201
+    shown = admin.get("/v1/subscribers/chat-ops").json()
+    assert shown["templates"] == rec["templates"] and shown["channels"][0]["format"] == "slack"
+    bad = {**rec, "id": "chat-bad", "templates": {"slack": "ok\n{{ profile|nope }}"}}
+    resp = admin.post("/v1/subscribers", json=bad)
+    assert resp.status_code == 422, resp.text
+    assert "templates.slack: line 2: No filter named 'nope'." in resp.json()["error"]
+    assert r.hget("ens:subscribers", "chat-bad") is None

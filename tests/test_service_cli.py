@@ -109,7 +109,7 @@ def test_profile_add_reports_every_problem_like_ens_check(
     )
     assert mine[3] == (
         f"error: {f}:12:16: subscriber 'typo': chanels: unknown key "
-        "(allowed: id, channels, digest, secret)"
+        "(allowed: id, channels, digest, secret, templates)"
     )  # was stored without channels
     assert (
         "4 problem(s) (2 in 2 profile(s), 2 in subscribers); 1 of 3 profile(s) valid; "

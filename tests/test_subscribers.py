@@ -63,11 +63,11 @@ BAD: list[tuple[Any, str]] = [
     ({"webhook": None}, "channels.0.webhook: None is not an http(s) URL"),
     (
         {"webhook": "https://x", "extra": 1},
-        "channels.0.extra: unknown key (allowed: webhook, secret)",
+        "channels.0.extra: unknown key (allowed: webhook, secret, format)",
     ),
     (
         {"webhook": "https://x", "digest": 60},
-        "channels.0.digest: unknown key (allowed: webhook, secret)",
+        "channels.0.digest: unknown key (allowed: webhook, secret, format)",
     ),
     ({"webhook": "https://x", "secret": 5}, "channels.0.secret: must be a string, not int"),
     (
@@ -151,7 +151,7 @@ def test_good_channels_are_stored_as_given(r: redis.Redis) -> None:
         ({"id": "s", "secret": 7}, "secret: must be a string, not int"),
         (
             {"id": "s", "chanels": [{"email": "a@b.c"}]},
-            "chanels: unknown key (allowed: id, channels, digest, secret)",
+            "chanels: unknown key (allowed: id, channels, digest, secret, templates)",
         ),
     ],
 )

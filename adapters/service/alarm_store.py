@@ -43,6 +43,8 @@ HISTORY = "ens:alarm:history"
 SILENCES = "ens:silences"
 CONTROL = "ens:alarm:control"
 REPLY = "ens:alarm:reply:"  # + command entry id
+ESCALATION_DUE = "ens:escalation:due"  # sorted set: occurrence ID.N -> due time of its next step
+ESCALATIONS = "ens:escalations"  # hash: occurrence ID.N -> its next step (JSON)
 CONTROL_MAXLEN = 10_000
 REPLY_TTL = 300  # s: a reply nobody waited for goes away
 COMMAND_MAX_AGE = 300.0  # s: an older command is not applied (whoever sent it gave up)
@@ -177,6 +179,17 @@ def list_alarms(
 def get_alarm(r: redis.Redis, aid: str) -> dict[str, Any] | None:
     raw = r.hget(ALARMS, aid.partition(".")[0])
     return None if raw is None else json.loads(text(raw))
+
+
+def next_escalation(r: redis.Redis, rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The pending escalation step of an alarm's current occurrence (None: none pending):
+    policy, level, when it is due and its receivers."""
+    raw = r.hget(ESCALATIONS, f"{rec['id']}.{rec['occurrence']}")
+    return None if raw is None else json.loads(text(raw))
+
+
+def escalations_pending(r: redis.Redis) -> int:
+    return int(r.zcard(ESCALATION_DUE))  # type: ignore[arg-type]
 
 
 def history(

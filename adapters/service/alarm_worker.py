@@ -15,6 +15,13 @@ A profile's `alarm:` comes with its stored definition; a `clear: {on: F}` (or a 
 the temporal pool can detect) registers the companion profile ``<id>#clear`` in the engine.
 Notifications of alarm profiles and companions do not go to the outbox themselves: their
 messages do.
+
+With ``--routing FILE`` the rules get a `notifiers.routing.router.Router`: the subscribers of
+each delivered transition come from the route tree, and escalation steps are timers of the same
+step (so a journal replay fires them again without writing them twice). The pending steps are
+part of the rules' snapshot, and each commit that changes one also writes it to
+``ens:escalation:due`` (sorted set: occurrence -> due time) and ``ens:escalations`` (hash:
+occurrence -> the next step), which `ens alarms show` reads.
 """
 
 from __future__ import annotations
@@ -39,9 +46,11 @@ from notifiers.alarms import (
     AlarmRules,
     AlarmStateConflict,
     Effects,
+    GroupPolicy,
     Message,
     SilenceError,
 )
+from notifiers.routing.router import Router
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec, clear_companion
 from profiles.ast import Profile
 from profiles.errors import ProfileError
@@ -59,6 +68,8 @@ class AlarmBatch:
     effects: Effects
     replies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     silences: list[dict[str, Any]] = field(default_factory=list)
+    # occurrence -> its next escalation step (None: none any more), as of the step
+    escalations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
 class AlarmPart(EngineState):
@@ -70,14 +81,26 @@ class AlarmPart(EngineState):
     alarm_control_id: str
     alarm_counted: float
 
+    def _alarm_router(self) -> tuple[dict[str, GroupPolicy], GroupPolicy, Router | None]:
+        """Grouping per subscriber, the default, and the router (``--routing``)."""
+        routing = self.cfg.routing
+        if routing is None:
+            return {}, self.cfg.alarm_policy, None
+        policies = dict(routing.grouping)
+        default = policies.pop("*", self.cfg.alarm_policy)
+        return policies, default, Router(routing)
+
     def _alarm_reset(self) -> None:
-        self.rules = AlarmRules({}, default=self.cfg.alarm_policy)
+        policies, default, router = self._alarm_router()
+        self.router = router
+        self.rules = AlarmRules({}, policies, default, router)
         self.alarm_specs = {}
         self.alarm_cmds = []
         self.alarm_control_id = "0-0"
         self.alarm_counted = 0.0  # monotonic time the counts were last made
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
         self.alarm_dirty = False  # transitions since the last count
+        self.escalations_gone: list[str] = []  # pending steps of a run with --routing, dropped
 
     # ------------------------------------------------------------------ definitions
     def _is_alarm(self, pid: str) -> bool:
@@ -123,7 +146,23 @@ class AlarmPart(EngineState):
             if prof is not None:
                 specs[pid] = rs.validate_alarm(prof, alarm)
                 self.alarm_specs[pid] = alarm
-        self.rules = AlarmRules.restore(data["rules"], specs, default=self.cfg.alarm_policy)
+        policies, default, router = self._alarm_router()
+        self.router = router
+        self.rules = AlarmRules.restore(data["rules"], specs, policies, default, router)
+        gone = [p["key"] for p in (data["rules"].get("router") or {}).get("pending", [])]
+        if router is None and gone:  # started without --routing: nothing escalates any more
+            self.escalations_gone = gone
+            log.warning(
+                "started without --routing: %d pending escalation(s) of the last run dropped",
+                len(gone),
+            )
+        if router is not None and router.escalator.dropped:
+            log.warning(
+                "dropped %d pending escalation(s) whose policy is no longer in the routing "
+                "file: %s",
+                len(router.escalator.dropped),
+                ", ".join(router.escalator.dropped[:10]),
+            )
         self.alarm_control_id = data["ctl"]
         self._alarm_gauges(force=True)
         log.info(
@@ -153,7 +192,7 @@ class AlarmPart(EngineState):
             self.alarm_cmds.append((eid, cmd))
 
     def _alarm_wants_commit(self) -> bool:
-        if self.alarm_cmds:
+        if self.alarm_cmds or self.escalations_gone:
             return True
         due = self.rules.due()
         now = self.engine.now
@@ -223,6 +262,10 @@ class AlarmPart(EngineState):
                 batch.silences.append(got.silence.to_json())
         self.alarm_cmds = []
         eff.extend(self.rules.advance(t))
+        if self.router is not None:
+            batch.escalations = {k: self.router.next_step(k) for k in self.router.take_changed()}
+        batch.escalations.update(dict.fromkeys(self.escalations_gone))
+        self.escalations_gone = []
         return batch
 
     def _alarm_feed(self, notes: list[Notification]) -> Effects:
@@ -274,6 +317,13 @@ class AlarmPart(EngineState):
         for eid, reply in batch.replies:
             p.rpush(als.REPLY + eid, json.dumps(reply))
             p.expire(als.REPLY + eid, als.REPLY_TTL)
+        for key, step in sorted(batch.escalations.items()):
+            if step is None:
+                p.zrem(als.ESCALATION_DUE, key)
+                p.hdel(als.ESCALATIONS, key)
+            else:
+                p.zadd(als.ESCALATION_DUE, {key: step["due_at"]})
+                p.hset(als.ESCALATIONS, key, orjson.dumps(step))
 
     def _alarm_published(self, batch: AlarmBatch | None) -> None:
         """Count what a committed step wrote (Prometheus)."""
@@ -283,6 +333,12 @@ class AlarmPart(EngineState):
             m.ALARM_TRANSITIONS.labels(kind=tr.kind).inc()
             if tr.delivery == "silenced":
                 m.ALARM_SILENCED.inc()
+        if self.router is not None:
+            if self.router.steps:
+                m.ESCALATION_STEPS.inc(self.router.steps)
+            if self.router.held:
+                m.ROUTING_HELD.inc(self.router.held)
+            self.router.steps = self.router.held = 0
         for msg in batch.effects.messages:
             m.ALARM_MESSAGES.labels(kind=msg.kind).inc()
             if msg.overflow:
@@ -313,7 +369,9 @@ class AlarmPart(EngineState):
             notices.append(d)
         first = msg.notices[0] if msg.notices else None
         if msg.kind == "single" and first is not None and first.transition:
-            nid = first.transition
+            nid = first.transition  # routed to another subscriber too: a key of its own
+            if msg.subscriber != first.labels.get("subscriber", ""):
+                nid += f"@{msg.subscriber}"
         else:
             nid = f"msg:{self.epoch}:{msg.id}"
         alarm: dict[str, Any] = dict(notices[0]) if notices else {}

@@ -29,6 +29,7 @@ from adapters.service.routes import admin, ingest, manage, operations
 from adapters.service.routes import alarms as alarm_routes
 from adapters.service.routes import assets as asset_routes
 from adapters.service.routes import late as late_routes
+from adapters.service.routes import probe as probe_routes
 from adapters.service.routes.base import ApiSettings as ApiSettings
 from adapters.service.routes.base import IngestLimits as IngestLimits
 from adapters.service.routes.base import async_redis, store_unavailable
@@ -120,4 +121,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(operations.router)
     app.include_router(late_routes.router)
     app.include_router(alarm_routes.router)
+    app.include_router(probe_routes.router)
+    if settings.console:
+        from adapters.service import console
+
+        console.mount(app)
     return app

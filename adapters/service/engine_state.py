@@ -27,6 +27,7 @@ from filters.caps import Caps
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers.alarms import GroupPolicy
+from notifiers.routing import Routing
 from profiles.ast import Profile
 from profiles.events import Event
 
@@ -48,6 +49,9 @@ class WorkerConfig:
     alarm_history_retention: float = DEFAULTS.alarm_history_retention  # s
     # grouping and cap of alarm messages, for every subscriber (configuration, not state)
     alarm_policy: GroupPolicy = field(default_factory=GroupPolicy)
+    # `ens serve --routing FILE` (docs/routing.md): who hears of an alarm, escalation, and
+    # grouping per subscriber; None: the profile's subscriber, with ``alarm_policy``
+    routing: Routing | None = None
     known_attrs_max: int = 1000  # ens:attrs keeps this many attribute names (known_attrs)
     known_attrs_interval: float = 1.0  # s: ens:attrs is written at most this often
     name: str = field(default_factory=socket.gethostname)
@@ -91,6 +95,7 @@ class WorkerConfig:
         s: ServiceSettings,
         rates: Any = None,
         load_index: Callable[[str], list[Profile]] | None = None,
+        routing: Routing | None = None,
     ) -> WorkerConfig:
         cfg = cls(
             reorder_seconds=s.default_lateness,
@@ -121,6 +126,7 @@ class WorkerConfig:
                 s.max_notifications_per_event,
             ),
             archive=s.archive != "off",
+            routing=routing,
         )
         if s.worker_name:
             cfg.name = s.worker_name
@@ -212,6 +218,8 @@ class EngineState:
 
     # the alarm part (`adapters.service.alarm_worker`)
     alarm_specs: dict[str, dict[str, Any]]
+    router: Any  # notifiers.routing.router.Router | None
+    rules: Any  # notifiers.alarms.AlarmRules
     alarm_counts: dict[str, int]
 
     def _alarm_gauges(self, force: bool = False) -> dict[str, int]:

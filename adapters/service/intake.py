@@ -120,7 +120,11 @@ class Intake(EngineState):
             # Move engine time only when a timer falls due: an idle engine keeps the time of its
             # last effect, so an event that arrives a few ms after its ts (lateness 0) is not
             # late while nothing has been decided past it (nothing fired, nothing newer fed).
+            # (the alarm rules' deadlines too: a group's wait, a digest, an escalation step)
             due = self.engine.timers.next_time()
+            alarm_due = self.rules.due()
+            if alarm_due is not None and (due is None or alarm_due < due):
+                due = alarm_due
             if self.engine.now is None or (due is not None and due < target):
                 self._input(op_advance(target))
                 self.engine.advance(target)

@@ -33,6 +33,7 @@ class Liveness(EngineState):
             "snapshot_bytes": self.snapshot_bytes,
             "skewed_gateways": self.wm.skewed(now),
             "alarms": self._alarm_gauges(),  # "severity|state" -> alarms
+            "escalations": len(self.router.escalator.pending) if self.router else 0,
             **{f"total_{k}": v for k, v in self.totals.items()},
         }
 

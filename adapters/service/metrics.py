@@ -171,10 +171,39 @@ ALARM_OVERFLOW = Counter(
     "Alarm notices the per-subscriber cap held back into a digest (never dropped).",
     registry=REGISTRY,
 )
+CONSOLE_LOGINS = Counter(
+    "ens_console_logins",
+    "Console login attempts by result: ok, refused (unknown token), limited (too many failed "
+    "attempts from that address).",
+    ["result"],
+    registry=REGISTRY,
+)
 ALARMS_OPEN = Gauge(
     "ens_alarms",
     "Alarms by severity and state (the current occurrence of each alarm key).",
     ["severity", "state"],
+    registry=REGISTRY,
+)
+ESCALATION_STEPS = Counter(
+    "ens_escalation_steps",
+    "Escalation steps fired (--routing): a level of a policy reached while unacknowledged.",
+    registry=REGISTRY,
+)
+ESCALATIONS_PENDING = Gauge(
+    "ens_escalations_pending",
+    "Alarm occurrences with an escalation step pending (ens:escalation:due).",
+    registry=REGISTRY,
+)
+ROUTING_HELD = Counter(
+    "ens_routing_held_back",
+    "Deliveries the routing held back (quiet hours below their minimum severity, a schedule "
+    "with nobody on call, a route without receivers).",
+    registry=REGISTRY,
+)
+SUBSCRIBER_TESTS = Counter(
+    "ens_subscriber_tests",
+    "Test messages sent (ens subscriber test, POST /v1/subscribers/{id}/test), by outcome.",
+    ["outcome"],
     registry=REGISTRY,
 )
 ENGINE_ERRORS = Counter(
@@ -373,6 +402,7 @@ def set_engine_stats(stats: dict[str, Any], buffered: int) -> None:
     if "snapshot_bytes" in stats:
         SNAPSHOT_BYTES.set(stats["snapshot_bytes"])
     REORDER_BUFFER.set(buffered)
+    ESCALATIONS_PENDING.set(stats.get("escalations", 0))
     alarms = stats.get("alarms") or {}
     for sev in SEVERITIES:
         for state in STATES:

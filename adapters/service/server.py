@@ -62,6 +62,7 @@ class ServeConfig:
     log_level: str = DEFAULTS.log_level
     log_format: str = DEFAULTS.log_format
     access_log: bool = DEFAULTS.access_log
+    console: bool = DEFAULTS.console
     metrics_label_limit: int = DEFAULTS.metrics_label_limit
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     limits: IngestLimits = field(default_factory=IngestLimits)
@@ -89,6 +90,7 @@ class ServeConfig:
             log_level=s.log_level,
             log_format=s.log_format,
             access_log=s.access_log,
+            console=s.console,
             metrics_label_limit=s.metrics_label_limit,
             worker=worker,
             limits=IngestLimits.from_settings(s),
@@ -405,6 +407,8 @@ def _serve(
             limits=cfg.limits,
             metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None,
             access_log=cfg.access_log,
+            console=cfg.console,
+            archive_uri=cfg.archive.uri if cfg.archive else None,
         )
 
         def make_server() -> uvicorn.Server:

@@ -205,6 +205,17 @@ class ServiceSettings:
         flags=("--alarm-cap",),
         unit="messages",
     )
+    routing: Path | None = _setting(
+        None,
+        Option(
+            "Routing file (docs/routing.md): alarm transitions go through its route tree, "
+            "schedules, quiet hours and escalation policies, grouped per subscriber by its "
+            "`grouping`; without it each alarm goes to its profile's subscriber.",
+            "path",
+            flags=("--routing",),
+            env="ENS_ROUTING",
+        ),
+    )
     max_body: int = _number(
         1 << 20,
         "Largest POST body in bytes (413 above).",
@@ -313,6 +324,17 @@ class ServiceSettings:
             flags=("--access-log",),
             env="ENS_ACCESS_LOG",
             switch_off="--no-access-log",
+        ),
+    )
+    console: bool = _setting(
+        True,
+        Option(
+            "Serve the operator console at /console on the API port (docs/console.md).",
+            "switch",
+            flags=("--console",),
+            env="ENS_CONSOLE",
+            switch_off="--no-console",
+            shown="console",
         ),
     )
     metrics_label_limit: int = _number(

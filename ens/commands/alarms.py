@@ -135,13 +135,21 @@ def alarms_show(
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """One alarm (JSON) and its history."""
+    """One alarm (JSON): its record, its next escalation step (with --routing) and history."""
     st = Store(redis_url, data_dir)
     rec = als.get_alarm(st.r, aid)
     if rec is None:
         raise _fail(f"no alarm {aid!r}", 3)
+    rec["escalation"] = als.next_escalation(st.r, rec)
     rec["history"] = als.history(st.r, alarm=rec["id"])
     typer.echo(json.dumps(rec, indent=2, ensure_ascii=False))
+    if rec["escalation"] is not None:  # the line people look for, on stderr (JSON stays clean)
+        e = rec["escalation"]
+        typer.echo(
+            f"next escalation: {e['policy']} level {e['level']}/{e['levels']} to "
+            f"{', '.join(e['receivers'])} at {_when(e['due_at'])}",
+            err=True,
+        )
 
 
 @alarms_app.command("ack")

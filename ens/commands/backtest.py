@@ -155,6 +155,83 @@ def _spark(
         return [json.loads(line) for line in text.splitlines() if line.strip()], text
 
 
+def _load(profiles: Path) -> Any:
+    from profiles.profile_file import load_profile_file
+
+    return load_profile_file(profiles)
+
+
+def compute(
+    pset: Any,
+    t0: float,
+    t1: float,
+    uri: str,
+    prog: Any,
+    spark: str = "auto",
+    spark_threshold: int = SPARK_THRESHOLD,
+    master: str = "local[2]",
+    key: str = "building",
+    tz: str = "UTC",
+) -> tuple[Any, str]:
+    """The backtest of a parsed profile file over ``[t0, t1)`` of the archive at ``uri``: its
+    report (without plot and time) and the notifications as JSON lines. ``prog`` is told
+    the stages (`Progress`'s methods); ENSError for bad input. `ens backtest` and the
+    console's backtest button (adapters/service/console) both run this."""
+    from adapters.archive.layout import open_archive
+    from adapters.archive.reader import scan
+    from ens import backtest as bt
+    from ens.options import check_tz
+
+    check_tz(tz)
+    if t1 <= t0:
+        raise ENSError(f"--to {bt.iso(t1)} is not after --from {bt.iso(t0)}")
+    arc = open_archive(uri)
+    sc = scan(arc, t0, t1)
+    use_spark = spark == "on" or (spark == "auto" and sc.bytes > spark_threshold)
+    report = bt.Report(t0, t1, arc.uri, "spark" if use_spark else "local")
+    report.files, report.bytes = len(sc.files), sc.bytes
+    prog.line(
+        f"{len(sc.files)} archive files ({sc.bytes} bytes) for {bt.iso(t0)} .. "
+        f"{bt.iso(t1)}: {report.engine}"
+    )
+    run_profiles = pset.profiles
+    if pset.alarms:  # and the companions of `clear: {on: ...}` (ens replay --alarms)
+        from ens.alarm_replay import with_companions
+
+        run_profiles = with_companions(pset.profiles, pset.alarms)
+    if use_spark:
+        notes, text = _spark(arc, sc, run_profiles, t0, t1, prog, tz, key, master)
+    else:
+        notes = _local(arc, sc, run_profiles, t0, t1, prog, tz)
+        text = as_lines(notes)
+    transitions = None
+    if pset.alarms:
+        transitions = bt.alarm_transitions(pset.profiles, pset.alarms, notes, t1)
+        notes = [n for n in notes if "#" not in n["profile"]]  # companions: no output
+        text = as_lines(notes)
+    report.events, report.skipped = sc.events, sc.skipped
+    bt.build(report, pset.profiles, pset.subscribers, notes, transitions)
+    return report, text
+
+
+def console_backtest(document: str, t0: float, t1: float, uri: str, prog: Any) -> dict[str, Any]:
+    """The console's backtest button (`adapters.service.console.backtests.RUNNER`): the
+    editor's profile document over the archive, locally (no JVM in an API process); the
+    report as `ens backtest --json` prints it (no plot)."""
+    from profiles.profile_file import parse_profile_document
+
+    t_start = time.perf_counter()
+    pset, errors = parse_profile_document(document, "editor")
+    if errors:
+        more = f" (and {len(errors) - 1} more: see the editor)" if len(errors) > 1 else ""
+        raise ENSError(f"{errors[0]}{more}")
+    report, _text = compute(pset, t0, t1, uri, prog, spark="off")
+    report.seconds = time.perf_counter() - t_start
+    out: dict[str, Any] = report.to_json()
+    out["columns"] = report.columns
+    return out
+
+
 def backtest(
     profiles: Annotated[Path, typer.Argument(help="Profile file (YAML or JSON), as `ens check`.")],
     start: Annotated[
@@ -193,48 +270,18 @@ def backtest(
 ) -> None:
     """Replay the archive's events of a range through PROFILES: per profile its matches and
     the messages each subscriber would have received, a table and a timeline plot."""
-    from adapters.archive.layout import open_archive
-    from adapters.archive.reader import scan
-    from ens import backtest as bt
-    from ens.options import check_tz
-    from profiles.profile_file import load_profile_file
-
     if spark not in ("auto", "on", "off"):
         raise _fail(ENSError(f"--spark must be auto, on or off, not {spark!r}"))
     t_start = time.perf_counter()
     prog = Progress(as_json)
     try:
-        check_tz(tz)
         t0 = parse_when("--from", start)
         t1 = parse_when("--to", end or "now")
         assert t0 is not None and t1 is not None
-        if t1 <= t0:
-            raise ENSError(f"--to {bt.iso(t1)} is not after --from {bt.iso(t0)}")
-        pset = load_profile_file(profiles)
-        arc = open_archive(archive_uri(archive))
-        sc = scan(arc, t0, t1)
-        use_spark = spark == "on" or (spark == "auto" and sc.bytes > spark_threshold)
-        report = bt.Report(t0, t1, arc.uri, "spark" if use_spark else "local")
-        report.files, report.bytes = len(sc.files), sc.bytes
-        prog.line(
-            f"{len(sc.files)} archive files ({sc.bytes} bytes) for {bt.iso(t0)} .. "
-            f"{bt.iso(t1)}: {report.engine}"
+        pset = _load(profiles)
+        report, text = compute(
+            pset, t0, t1, archive_uri(archive), prog, spark, spark_threshold, master, key, tz
         )
-        run_profiles = pset.profiles
-        if pset.alarms:  # and the companions of `clear: {on: ...}` (ens replay --alarms)
-            from ens.alarm_replay import with_companions
-
-            run_profiles = with_companions(pset.profiles, pset.alarms)
-        if use_spark:
-            notes, text = _spark(arc, sc, run_profiles, t0, t1, prog, tz, key, master)
-        else:
-            notes = _local(arc, sc, run_profiles, t0, t1, prog, tz)
-            text = as_lines(notes)
-        transitions = None
-        if pset.alarms:
-            transitions = bt.alarm_transitions(pset.profiles, pset.alarms, notes, t1)
-            notes = [n for n in notes if "#" not in n["profile"]]  # companions: no output
-            text = as_lines(notes)
     except ENSError as e:
         prog.stop()
         raise _fail(e) from None
@@ -242,8 +289,8 @@ def backtest(
         prog.stop()
         raise
     prog.stop()
-    report.events, report.skipped = sc.events, sc.skipped
-    bt.build(report, pset.profiles, pset.subscribers, notes, transitions)
+    from ens import backtest as bt
+
     if notifications:
         from adapters.files import atomic_text
 

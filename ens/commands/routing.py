@@ -407,8 +407,6 @@ def route_replay(
     import sys
     from dataclasses import asdict
 
-    from rich.table import Table
-
     from notifiers.alarms import Transition
     from notifiers.routing import RoutingError, load_routing
     from notifiers.routing.replay import replay_routing
@@ -439,6 +437,18 @@ def route_replay(
         for row in rows:
             typer.echo(json.dumps(asdict(row)))
         return
+    console = _console(170)
+    print_timeline(routing, rows, console)
+    if esc.pending:
+        console.print(f"{len(esc.pending)} escalation(s) still pending at the end")
+
+
+def print_timeline(routing: Any, rows: list[Any], console: Any) -> None:
+    """The timeline (`notifiers.routing.replay.Told` rows) as a table in the routing file's
+    zone, and how many were told or held back per subscriber (`ens route replay`, `ens replay
+    --alarms --routing`)."""
+    from rich.table import Table
+
     from notifiers.alarms.intervals import zone
 
     z = zone(routing.tz)
@@ -453,7 +463,6 @@ def route_replay(
             datetime.fromtimestamp(x.ts, z).strftime("%m-%d %H:%M"), alarm.strip(), x.what,
             x.subscriber or "-", "yes" if x.told else "no", x.through, x.reason,
         )  # fmt: skip
-    console = _console(170)
     console.print(table)
     per: dict[str, list[int]] = {}
     for x in rows:
@@ -465,5 +474,3 @@ def route_replay(
     for sub, (told, held) in sorted(per.items()):
         summary.add_row(sub, str(told), str(held))
     console.print(summary)
-    if esc.pending:
-        console.print(f"{len(esc.pending)} escalation(s) still pending at the end")

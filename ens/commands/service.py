@@ -85,7 +85,14 @@ def _serve_parameter(name: str, opt: Option) -> inspect.Parameter:
 
 def serve(**values: Any) -> None:
     """Run the service: HTTP API, engine worker and delivery worker, until Ctrl-C / SIGTERM."""
+    from adapters.service.console import backtests, evidence
     from adapters.service.server import ServeConfig, run
+    from ens.commands.backtest import console_backtest
+    from ens.explain import explain
+
+    # what the console (a layer below) runs from this one: backtests, an alarm's explain
+    backtests.RUNNER = console_backtest
+    evidence.EXPLAIN = explain
     from adapters.service.worker import WorkerConfig
     from ens.plans import check_plan, load_stats
 
@@ -93,6 +100,11 @@ def serve(**values: Any) -> None:
         settings = ServiceSettings.load(values, os.environ)
         check_plan(settings.plan)
         rates = load_stats(settings.stats)
+        routing = None
+        if settings.routing is not None:  # checked whole before anything starts
+            from notifiers.routing import load_routing
+
+            routing = load_routing(settings.routing, need_route=False)
     except ENSError as e:
         raise _fail(str(e)) from None
     load_index: Callable[[str], list[Any]] | None = None
@@ -104,7 +116,7 @@ def serve(**values: Any) -> None:
         st = Store(settings.redis_url, settings.data_dir, create=True)
         token = rs.reset_admin_token(st.r)
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
-    worker = WorkerConfig.from_settings(settings, rates, load_index)
+    worker = WorkerConfig.from_settings(settings, rates, load_index, routing)
     raise typer.Exit(run(ServeConfig.from_settings(settings, worker)))
 
 
@@ -437,6 +449,21 @@ def subscriber_add(
     sid: Annotated[str, typer.Argument(help="Subscriber id.")],
     email: Annotated[list[str] | None, typer.Option(help="E-mail address (repeatable).")] = None,
     webhook: Annotated[list[str] | None, typer.Option(help="Webhook URL (repeatable).")] = None,
+    slack: Annotated[
+        list[str] | None,
+        typer.Option(help="Slack (or compatible) incoming-webhook URL (repeatable)."),
+    ] = None,
+    teams: Annotated[
+        list[str] | None,
+        typer.Option(help="Microsoft Teams incoming-webhook URL: an Adaptive Card (repeatable)."),
+    ] = None,
+    template: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=FILE: a Jinja2 template for email_subject, email_text, email_html, "
+            "webhook, slack or teams (repeatable; docs/notifiers.md#templates)."
+        ),
+    ] = None,
     secret: Annotated[
         str | None, typer.Option(help="Webhook signing secret [generated and shown once].")
     ] = None,
@@ -474,13 +501,17 @@ def subscriber_add(
 
     channels: list[dict[str, Any]] = [{"email": a} for a in email or []]
     channels += [{"webhook": u} for u in webhook or []]
+    channels += [{"webhook": u, "format": "slack"} for u in slack or []]
+    channels += [{"webhook": u, "format": "teams"} for u in teams or []]
     if not channels:
-        raise _fail("give at least one --email or --webhook")
+        raise _fail("give at least one --email, --webhook, --slack or --teams")
     if secret and rotate_secret:
         raise _fail("--secret and --rotate-secret both set the secret: give one")
     rec: dict[str, Any] = {"id": sid, "channels": channels}
     if secret:
         rec["secret"] = secret
+    if template:
+        rec["templates"] = _template_files(template)
     try:
         if digest is not None:
             rec["digest"] = parse_duration("--digest", digest)
@@ -510,6 +541,112 @@ def subscriber_add(
         typer.echo(f"webhook signing secret (shown once): {shown_secret}")
 
 
+def _template_files(specs: list[str]) -> dict[str, str]:
+    """``NAME=FILE`` options as name -> template text (checked with the record)."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, eq, path = spec.partition("=")
+        if not eq or not name or not path:
+            raise _fail(f"--template {spec!r}: give NAME=FILE, e.g. slack=alarm.slack.j2")
+        try:
+            out[name.strip()] = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _fail(f"--template {name}: cannot read {path}: {exc}") from None
+    return out
+
+
+@subscriber_app.command("preview")
+def subscriber_preview(
+    sid: Annotated[str, typer.Argument(help="Subscriber id.")],
+    transition: Annotated[
+        str,
+        typer.Option(
+            help="The sample message: notification (a profile match), raise, repeat, ack, "
+            "clear (an alarm transition), group or digest (several alarms)."
+        ),
+    ] = "raise",
+    channel: Annotated[
+        int | None, typer.Option(help="Only this channel (its index, from 0).")
+    ] = None,
+    template: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=FILE: try a template instead of the stored one (not stored)."),
+    ] = None,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Print what each channel of a subscriber would receive for a sample message, rendered
+    with its templates (a template that fails on the sample is reported and the default shown,
+    as delivery would send it)."""
+    import logging
+
+    from notifiers import template_samples, templates
+
+    st = Store(redis_url, data_dir)
+    sub = store.get_subscriber(st.r, sid)
+    if sub is None:
+        raise _fail(f"no subscriber {sid!r} (see ens subscriber list)")
+    if template:
+        merged = {**(sub.templates or {}), **_template_files(template)}
+        try:
+            sub = store.Subscriber.model_validate({**sub.model_dump(), "templates": merged})
+        except store.ValidationError as exc:
+            raise _fail(f"subscriber {sid!r}: {store.subscriber_error(exc)}") from None
+    try:
+        n = template_samples.sample(transition, sub.id)
+    except ValueError as exc:
+        raise _fail(f"--transition: {exc}") from None
+    picked = list(enumerate(sub.channels))
+    if channel is not None:
+        if not 0 <= channel < len(picked):
+            raise _fail(f"subscriber {sid!r} has channels 0..{len(picked) - 1}, not {channel}")
+        picked = [picked[channel]]
+    for name, source in sorted((sub.templates or {}).items()):
+        try:
+            templates.render(name, source, n)
+        except Exception as exc:  # what delivery would meet: it sends the default instead
+            typer.echo(
+                f"warning: template {name} fails on the {transition} sample "
+                f"({type(exc).__name__}: {exc}); the default is shown, as delivery sends it",
+                err=True,
+            )
+    logging.getLogger("ens.notifiers").setLevel(logging.ERROR)  # reported just above
+    for k, ch in picked:
+        typer.echo(f"=== channel {k}: {store.describe_channel(ch.model_dump())}")
+        if isinstance(ch, store.WebhookChannel):
+            body = templates.webhook_body(sub.id, ch, sub.templates, n)
+            typer.echo("Content-Type: application/json\n")
+            typer.echo(body.decode())
+        else:
+            sender = os.environ.get("ENS_SMTP_FROM", "ens@localhost")
+            msg = templates.email_message(sub.id, sub.templates, n, sender, ch.email)
+            for header in ("Subject", "From", "To", "Content-Type"):
+                typer.echo(f"{header}: {msg[header]}")
+            for part in msg.walk():
+                if not part.is_multipart():
+                    typer.echo(f"\n--- {part.get_content_type()}")
+                    typer.echo(part.get_content().rstrip("\n"))
+
+
+@subscriber_app.command("templates")
+def subscriber_templates(
+    name: Annotated[
+        str | None,
+        typer.Argument(help="email_subject, email_text, email_html, webhook, slack or teams."),
+    ] = None,
+) -> None:
+    """Print the default templates (all, or one by name): a starting point for --template."""
+    from notifiers.templates import DEFAULT_TEMPLATES
+
+    if name is not None and name not in DEFAULT_TEMPLATES:
+        raise _fail(f"no template {name!r} (known: {', '.join(DEFAULT_TEMPLATES)})")
+    for key, text in DEFAULT_TEMPLATES.items():
+        if name is None:
+            typer.echo(f"=== {key}")
+        if name in (None, key):
+            typer.echo(text.rstrip("\n"))
+
+
 @subscriber_app.command("list")
 def subscriber_list(
     redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Json = False
@@ -528,6 +665,7 @@ def subscriber_list(
                     "id": s.id,
                     "channels": [store.redact(c.model_dump(exclude_none=True)) for c in s.channels],
                     "digest": s.digest,
+                    "templates": sorted(s.templates or {}),
                     "has_secret": bool(s.secret)
                     or any(getattr(c, "secret", None) for c in s.channels),
                     "profiles": rs.profiles_of_subscriber(st.r, s.id),
@@ -619,6 +757,57 @@ def subscriber_status(
             error,
         )
     _console().print(table)
+
+
+@subscriber_app.command("test")
+def subscriber_test(
+    sid: Annotated[str, typer.Argument(help="Subscriber id.")],
+    channel: Annotated[
+        int | None,
+        typer.Option("--channel", min=0, help="Only this channel (0-based, as listed) [each]."),
+    ] = None,
+    deadline: Annotated[
+        float, typer.Option("--deadline", min=0.1, max=60, help="Seconds each send may take.")
+    ] = 10.0,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="ENS_NOTIFIERS_CONFIG",
+            exists=True,
+            dir_okay=False,
+            help="YAML/JSON notifier config (SMTP relay, ...); ENS_SMTP_* etc. override it.",
+        ),
+    ] = None,
+    redis_url: RedisUrl = None,
+    data_dir: DataDir = None,
+    as_json: Json = False,
+) -> None:
+    """Send a real signed test message to the subscriber's channels (or one) through the
+    delivery senders, and show what each receiver answered (HTTP status, SMTP reply).
+    Exit status 1 when a channel did not take it."""
+    from notifiers.config import ConfigError, NotifierConfig
+    from notifiers.probe import send_test
+
+    st = Store(redis_url, data_dir)
+    sub = store.get_subscriber(st.r, sid)
+    if sub is None:
+        raise _fail(f"no subscriber {sid!r} (see ens subscriber list)", 3)
+    try:
+        cfg = NotifierConfig.load(config)
+        probes = send_test(sub, cfg, channel, deadline)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    except IndexError as exc:
+        raise _fail(f"--channel: {exc.args[0]}") from None
+    if as_json:
+        output.print_json([p.to_json() for p in probes])
+    else:
+        for p in probes:
+            verdict = "delivered" if p.delivered else "FAILED"
+            typer.echo(f"#{p.channel} {p.to}: {verdict} ({p.answer}, {p.seconds:.2f} s)")
+    if not all(p.delivered for p in probes):
+        raise typer.Exit(1)
 
 
 @subscriber_app.command("rm")

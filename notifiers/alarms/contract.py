@@ -35,6 +35,34 @@ class Effects:
         return self
 
 
+class Router(Protocol):
+    """Who hears of a transition instead of the profile's subscriber, and the timers of what
+    follows (escalation): `notifiers.routing.router.Router` is the implementation. Pure, with
+    time passed in, like the rules that call it."""
+
+    def transition(self, t: Transition) -> list[str]:
+        """The subscribers a transition reaches (``t.delivery`` says whether it is delivered
+        at all); an ack or a clear also stops what the raise started."""
+        ...
+
+    def route(self, kind: str, labels: dict[str, str], at: float, key: str) -> list[str]:
+        """The subscribers a notice that is no transition reaches: an alarm occurrence
+        ``key`` (``ID.N``) still active when its silence ended, delivered as a ``kind``
+        (unacknowledged: its escalation starts then)."""
+        ...
+
+    def due(self) -> float | None: ...
+
+    def advance(self, now: float) -> list[tuple[str, str, float, list[str]]]:
+        """Steps due by ``now``, in order: (step id, alarm occurrence ``ID.N``, due, the
+        subscribers it reaches)."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def load(self, snap: dict[str, Any]) -> None: ...
+
+
 class StatefulOperator(Protocol):
     """Inputs return `Effects`; the timer is ``due()``/``advance(now)``; state is
     ``snapshot()`` (the class's ``restore(snapshot, ...)`` inverts it)."""

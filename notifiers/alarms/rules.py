@@ -5,9 +5,13 @@ given its time and returns its `Effects`. As the engine's timers (LANGUAGE.md §
 ``d`` fires when time passes it: a call at ``t`` first fires the deadlines before ``t``, then
 acts, then fires those at ``t`` (a group without wait is sent at once); `advance(t)` fires
 them up to ``t`` inclusive. Deadlines that fall at the same time fire in a fixed order: clears
-(`clear: after`), then ended silences, then group messages, then digests; within a kind by
-key. A match exactly at a clear's deadline is therefore a repeat: the alarm never went quiet
-for T.
+(`clear: after`), then ended silences, then escalation steps, then group messages, then
+digests; within a kind by key. A match exactly at a clear's deadline is therefore a repeat: the
+alarm never went quiet for T.
+
+With a `Router` (notifiers.routing) a delivered transition goes to the subscribers the router
+names instead of the profile's subscriber, and the router's timers (escalation steps) fire as
+the rules' own; without one, everything goes to the profile's subscriber.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from notifiers.alarms.contract import Effects
+from notifiers.alarms.contract import Effects, Router
 from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
 from notifiers.alarms.lifecycle import AlarmBook
 from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, is_active
@@ -27,7 +31,7 @@ from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
 from profiles.errors import SilenceError, SilenceNotFound, StateError
 
 VERSION = 1
-CLEAR, UNSILENCE, FLUSH, DIGEST = 0, 1, 2, 3  # timer kinds, in the order they fire at a tie
+CLEAR, UNSILENCE, ESCALATE, FLUSH, DIGEST = 0, 1, 2, 3, 4  # timer kinds, in tie order
 
 
 class AlarmRules:
@@ -39,8 +43,10 @@ class AlarmRules:
         alarms: Mapping[str, AlarmSpec],
         policies: Mapping[str, GroupPolicy] | None = None,
         default: GroupPolicy | None = None,
+        router: Router | None = None,
     ) -> None:
         self.specs = dict(alarms)
+        self.router = router
         self.book = AlarmBook()
         self.silences: dict[str, Silence] = {}
         self.silence_seq = 0
@@ -104,10 +110,19 @@ class AlarmRules:
 
     # ------------------------------------------------------------------ time
     def due(self) -> float | None:
-        """The next deadline (a clear, a silence end, a group message, a digest), or None."""
+        """The next deadline (a clear, a silence end, an escalation step, a group message, a
+        digest), or None."""
+        nxt = self._next()
+        return None if nxt is None else nxt[0]
+
+    def _next(self) -> tuple[float, int, str] | None:
         while self._heap and not self._valid(*self._heap[0]):
             heapq.heappop(self._heap)
-        return self._heap[0][0] if self._heap else None
+        top = self._heap[0] if self._heap else None
+        esc = self.router.due() if self.router is not None else None
+        if esc is not None and (top is None or (esc, ESCALATE) < top[:2]):
+            return (esc, ESCALATE, "")
+        return top
 
     def advance(self, now: float) -> Effects:
         """Fire every deadline up to ``now`` (inclusive), each at its own time, in order."""
@@ -116,8 +131,10 @@ class AlarmRules:
     def _advance(self, now: float, inclusive: bool) -> Effects:
         eff, self._carry = self._carry, Effects()
         now = self._now(now)
-        while (at := self.due()) is not None and (at < now or (inclusive and at == now)):
-            _, kind, key = heapq.heappop(self._heap)
+        while (nxt := self._next()) is not None and (nxt[0] < now or (inclusive and nxt[0] == now)):
+            at, kind, key = nxt
+            if kind != ESCALATE:
+                heapq.heappop(self._heap)
             self.clock = max(self.clock or at, at)
             eff.extend(self._fire(kind, key, at))
         self.clock = now
@@ -135,6 +152,7 @@ class AlarmRules:
             "silences": [s.to_json() for s in self.silences.values()],
             "dispatch": self.dispatch.to_json(),
             "stats": {k: dict(v) for k, v in self.stats.items()},
+            **({"router": self.router.snapshot()} if self.router is not None else {}),
             "carry": {
                 "transitions": [t.to_json() for t in self._carry.transitions],
                 "messages": [m.to_json() for m in self._carry.messages],
@@ -148,13 +166,18 @@ class AlarmRules:
         alarms: Mapping[str, AlarmSpec],
         policies: Mapping[str, GroupPolicy] | None = None,
         default: GroupPolicy | None = None,
+        router: Router | None = None,
     ) -> AlarmRules:
+        """The rules of a snapshot; ``router``'s pending steps from it (a snapshot without
+        them, or a router that is gone, starts or drops them)."""
         version = snap.get("version")
         if not isinstance(version, int) or version > VERSION:
             raise StateError(
                 f"alarm state version {version!r} is newer than this release reads ({VERSION})"
             )
-        rules = cls(alarms, policies, default)
+        rules = cls(alarms, policies, default, router)
+        if router is not None and "router" in snap:
+            router.load(snap["router"])
         rules.clock = snap["clock"]
         rules.book.seq = snap["seq"]
         rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
@@ -247,7 +270,20 @@ class AlarmRules:
         return self._deliver(tr, t)
 
     def _deliver(self, tr: Transition, t: float) -> Effects:
-        """Record the transition; hand it to grouping unless a silence holds it back."""
+        """Record the transition; hand it to grouping unless a silence holds it back (to the
+        router's subscribers with a router)."""
+        eff = self._decide(tr, t)
+        if self.router is None:
+            return eff
+        done = eff.transitions[-1]
+        subs = self.router.transition(done)
+        if done.delivery == "sent":
+            notice = Notice.of(done)
+            for sub in subs:
+                self._queue(notice, sub, t)
+        return eff
+
+    def _decide(self, tr: Transition, t: float) -> Effects:
         a = self.book.alarms[tr.alarm]
         sub = a.subscriber or ""
         stats = self.stats.setdefault(sub, Counter())
@@ -264,7 +300,8 @@ class AlarmRules:
                 self._set_unsilence(a, min(s.end_after(t) for s in muting))
             return Effects([replace(tr, delivery="silenced")])
         a.unsilence_at = None  # delivered now: nothing left to deliver when a silence ends
-        self._queue(Notice.of(tr), sub, t)
+        if self.router is None:
+            self._queue(Notice.of(tr), sub, t)
         return Effects([replace(tr, delivery="sent")])
 
     def _queue(self, notice: Notice, sub: str, t: float) -> None:
@@ -285,6 +322,8 @@ class AlarmRules:
             return self._deliver(tr, at) if tr is not None else Effects()
         if kind == UNSILENCE:
             return self._unsilence(self.book.alarms[key], at)
+        if kind == ESCALATE:
+            return self._escalate(at)
         if kind == FLUSH:
             sub = self.dispatch.groups[key].subscriber
             msg = self.dispatch.flush(key, at)
@@ -319,7 +358,40 @@ class AlarmRules:
             "unsilenced", a.id, a.occurrence, None, at, a.state, a.severity, a.count,
             a.first_seen, a.last_seen, a.labels(),
         )  # fmt: skip
-        self._queue(notice, sub, at)
+        subs = (
+            [sub]
+            if self.router is None
+            else self.router.route(
+                "raise" if a.state == "active-unacknowledged" else "ack",
+                a.labels(),
+                at,
+                a.occurrence_id,
+            )
+        )
+        for s in subs:
+            self._queue(notice, s, at)
+        return Effects()
+
+    def _escalate(self, at: float) -> Effects:
+        """The router's steps due at ``at``: a notice to each subscriber they reach, for an
+        alarm still active and unacknowledged and not silenced (then counted, not sent)."""
+        assert self.router is not None
+        for step, occ, due, subs in self.router.advance(at):
+            aid, _, n = occ.rpartition(".")
+            a = self.book.alarms.get(aid)
+            if a is None or str(a.occurrence) != n or a.state != "active-unacknowledged":
+                continue  # the router stops on ack and clear: a snapshot of an older build
+            stats = self.stats.setdefault(a.subscriber or "", Counter())
+            stats["escalations"] += 1
+            if self.muted(a.labels(), due):
+                stats["silenced"] += 1
+                continue
+            notice = Notice(
+                "escalation", a.id, a.occurrence, step, due, a.state, a.severity, a.count,
+                a.first_seen, a.last_seen, a.labels(),
+            )  # fmt: skip
+            for sub in subs:
+                self._queue(notice, sub, due)
         return Effects()
 
     def _timer(self, kind: int, key: str, at: float | None) -> None:

@@ -12,13 +12,17 @@ from typing import Any
 import yaml
 
 import notifiers.routing.times as times
+from notifiers.alarms.grouping import GroupPolicy
 from notifiers.routing.errors import Loc, RoutingError, dotted
 from notifiers.routing.escalation import EscalationPolicy, parse_policy
+from notifiers.routing.grouping import parse_grouping
 from notifiers.routing.routes import QuietHours, Route, Routing, parse_quiet, parse_route, walk
 from notifiers.routing.schedules import Schedule, parse_schedule
 from profiles.errors import ENSError, ManyErrors
 
-TOP_KEYS = ("tz", "subscribers", "schedules", "escalation_policies", "quiet_hours", "route")
+TOP_KEYS = (
+    "tz", "subscribers", "schedules", "escalation_policies", "quiet_hours", "grouping", "route",
+)  # fmt: skip
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -137,12 +141,21 @@ def parse_routing(
             quiet[q.subscriber] = q
         except RoutingError as e:
             c.add(e, ("quiet_hours", i), f"quiet hours #{i + 1}")
+    grouping: dict[str, GroupPolicy] = {}
+    for i, item in enumerate(_entries(data, "grouping", c)):
+        try:
+            who, pol = parse_grouping(item)
+            if who in grouping:
+                raise RoutingError("a second entry for this subscriber", ("subscriber",))
+            grouping[who] = pol
+        except RoutingError as e:
+            c.add(e, ("grouping", i), f"grouping #{i + 1}")
     root = _root(data, tz, c) if need_route or "route" in data else Route("root")
     if root is not None:
-        _references(root, schedules, policies, quiet, subscribers, c)
+        _references(root, schedules, policies, quiet, grouping, subscribers, c)
     if c.errors or root is None:
         return None, c.errors
-    return Routing(root, schedules, policies, quiet, tz), []
+    return Routing(root, schedules, policies, quiet, tz, grouping, "route" in data), []
 
 
 def _root(data: dict[str, Any], tz: str, c: _Collector) -> Route | None:
@@ -169,6 +182,7 @@ def _references(
     schedules: dict[str, Schedule],
     policies: dict[str, EscalationPolicy],
     quiet: dict[str, QuietHours],
+    grouping: dict[str, GroupPolicy],
     subscribers: set[str] | None,
     c: _Collector,
 ) -> None:
@@ -218,6 +232,12 @@ def _references(
                     ("schedules", i),
                     f"schedule {s.id!r}",
                 )
+    for i, who in enumerate(grouping):
+        if who != "*" and who not in subscribers:
+            c.add(
+                RoutingError(f"unknown subscriber {who!r}", ("subscriber",)),
+                ("grouping", i),
+            )
     for i, q in enumerate(quiet.values()):
         if q.subscriber not in subscribers:
             c.add(

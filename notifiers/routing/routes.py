@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import notifiers.routing.times as times
+from notifiers.alarms.grouping import GroupPolicy
 from notifiers.alarms.intervals import WeeklyWindow
 from notifiers.alarms.silences import Matcher
 from notifiers.routing.errors import Loc, RoutingError
@@ -79,6 +80,9 @@ class Routing:
     policies: Mapping[str, EscalationPolicy] = field(default_factory=dict)
     quiet: Mapping[str, QuietHours] = field(default_factory=dict)
     tz: str = "UTC"  # the file's zone: local times without an offset are read in it
+    # subscriber -> grouping and cap of its alarm messages ("*": everyone else's)
+    grouping: Mapping[str, GroupPolicy] = field(default_factory=dict)
+    routed: bool = True  # False: a file without `route:` (alarms go to their subscriber)
 
     def resolve(self, receiver: str, at: float) -> tuple[list[str], str]:
         """The subscribers a receiver stands for at ``at``, and how (for explanations)."""

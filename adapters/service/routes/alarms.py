@@ -120,6 +120,7 @@ def get_alarm(aid: str, _who: AckOrAdmin, r: R) -> dict[str, Any]:
     rec = als.get_alarm(r, aid)
     if rec is None:
         raise HTTPException(404, f"no alarm {aid!r}")
+    rec["escalation"] = als.next_escalation(r, rec)  # the next step and when (None: none)
     return rec
 
 

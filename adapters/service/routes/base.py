@@ -62,6 +62,8 @@ class ApiSettings:
     # ENS_METRICS_TOKEN: /metrics wants it (or the admin token) when set; None: public
     metrics_token_sha256: str | None = None
     access_log: bool = DEFAULTS.access_log  # one log line per request (--access-log)
+    console: bool = DEFAULTS.console  # the operator console at /console (--no-console)
+    archive_uri: str | None = None  # --archive: the console's backtests read it
 
 
 class ErrorOut(BaseModel):

@@ -61,6 +61,9 @@ class SubscriberOut(BaseModel):
     id: str
     channels: list[dict[str, Any]]
     digest: float | None = None
+    templates: dict[str, str] | None = Field(
+        default=None, description="message templates by name (docs/notifiers.md#templates)"
+    )
     has_secret: bool = Field(description="a signing secret is set (never shown after creation)")
 
 
@@ -69,6 +72,7 @@ def _redact(sub: store.Subscriber) -> SubscriberOut:
         id=sub.id,
         channels=[store.redact(c.model_dump(exclude_none=True)) for c in sub.channels],
         digest=sub.digest,
+        templates=sub.templates,
         has_secret=bool(sub.secret) or any(getattr(c, "secret", None) for c in sub.channels),
     )
 
