@@ -366,9 +366,13 @@ def test_worker_raises_a_never_heard_sensor_and_clears_it(rb: redis.Redis, rt: r
     ingest(rb, [{"id": "q1", "ts": T0 + 19, "sensor": "quiet"}])
     drain(w, clock)
     assert (_alarm(rt, "comm-fault:quiet") or {})["state"] == "cleared-unacknowledged"
-    # a sensor registered while the worker runs is watched from the engine's time then
-    ast.import_registry(rt, _reg("late,sensor,co2,3,1,A,,5s\n"))
-    ingest(rb, [{"id": f"m{i}", "ts": T0 + 20 + i, "sensor": "live"} for i in range(8)])
+    # a sensor registered while the worker runs is watched from the engine's time then; one
+    # whose id is a number may be sent as one (its fault and its clear take both forms)
+    ast.import_registry(rt, _reg("late,sensor,co2,3,1,A,,5s\n", "101,sensor,co2,4,1,A,,5s\n"))
+    readings = [{"id": f"m{i}", "ts": T0 + 20 + i, "sensor": "live"} for i in range(8)]
+    readings += [{"id": f"n{i}", "ts": T0 + 20.5 + i, "sensor": 101} for i in range(8)]
+    ingest(rb, sorted(readings, key=lambda e: e["ts"]))
     drain(w, clock)
     late = _alarm(rt, "comm-fault:late")
     assert late is not None and T0 + 20 <= late["first_seen"] <= T0 + 26
+    assert _alarm(rt, "comm-fault:101") is None  # heard, as a number

@@ -73,6 +73,8 @@ def fault_profile(rec: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     aid, kind = rec["id"], rec.get("kind", "sensor")
     attr, pid = (SENSOR_ATTR, SENSOR_PREFIX) if kind == "sensor" else ("gateway", GATEWAY_PREFIX)
     cond = f"{attr} = {json.dumps(aid)}"
+    if _integer(aid):  # a gateway may send the id as a JSON number: both forms are the sensor
+        cond = f"({cond} or {attr} = {aid})"
     fault = rec.get("fault") or {}
     labels = {"class": FAULT_CLASS, kind: aid}
     labels.update({k: rec[k] for k in ("point", "room", "floor", "building") if rec.get(k)})
@@ -89,6 +91,11 @@ def fault_profile(rec: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
         "alarm": spec.to_json(),
         "generated": GENERATED,
     }
+
+
+def _integer(aid: str) -> bool:
+    """An id that a JSON number can spell (``101``; not ``0101``, not longer than an int64)."""
+    return aid.isascii() and aid.isdigit() and len(aid) <= 18 and (aid == "0" or aid[0] != "0")
 
 
 def _seconds(x: float) -> str:
