@@ -728,6 +728,9 @@ def _mount() -> None:
     from ens.commands import alarms as alarms_cli
 
     alarms_cli.register(app)  # alarms, silence, token
+    from ens.commands import assets as assets_cli
+
+    assets_cli.register(app)  # assets
 
 
 _mount()

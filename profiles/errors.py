@@ -206,3 +206,8 @@ class RoutingError(ENSError):
     def under(self, *prefix: str | int) -> RoutingError:
         """The same problem, one level further out (``layers`` + ``0.handoff``)."""
         return RoutingError(self.message, (*prefix, *self.loc))
+
+
+class AssetError(ENSError, ValueError):
+    """An asset registry record or file that is not valid (docs/assets.md); the message names
+    the line (``FILE:LINE: ...``) or the field."""

@@ -23,8 +23,9 @@ log = logging.getLogger("ens.service.worker")
 class Control(EngineState):
     """The control part of `EngineWorker`: what the engine matches, and the gateways' lateness."""
 
-    def _reconcile(self) -> bool:
-        """Make the engine's profiles those of ``ens:profiles`` (changes made while down).
+    def _reconcile(self, why: str = "made while the engine was down", move: bool = True) -> bool:
+        """Make the engine's profiles those of ``ens:profiles`` (changes made while down, or
+        an asset registry change: its generated profiles, `asset_store`).
 
         Returns True when many profiles changed (a first start on a large set).
         """
@@ -42,11 +43,12 @@ class Control(EngineState):
             changed += self._apply(p["id"], p, quiet)
         if changed:
             log.info(
-                "profiles: %d active after %d change(s) made while the engine was down",
+                "profiles: %d active after %d change(s) %s",
                 len(self.defs),
                 changed,
+                why,
             )
-        if rs.parse_id(ctl) > rs.parse_id(self.control_id):
+        if move and rs.parse_id(ctl) > rs.parse_id(self.control_id):
             self.control_id = ctl
         return changed > 100
 
@@ -175,6 +177,11 @@ class Control(EngineState):
     def _control(self) -> None:
         resp: Any = self.r.xread({rs.CONTROL: self.control_id}, count=100)
         for eid, fields in resp[0][1] if resp else []:
+            if fields.get(b"op") == b"assets":  # the registry's fault profiles: all at once
+                self.control_id = rs.text(eid)
+                self._reconcile("by an asset registry change", move=False)
+                self.changed = True
+                continue
             pid = rs.text(fields.get(b"id", b""))
             if pid:
                 self._apply(pid, rs.get_profile(self.r, pid))

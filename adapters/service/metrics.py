@@ -93,6 +93,18 @@ EVENTS_DUPLICATE = Counter(
     ["gateway"],
     registry=REGISTRY,
 )
+EVENTS_ENRICHED = Counter(
+    "ens_events_enriched",
+    "Events given attributes from the asset registry (their sensor or gateway is registered).",
+    registry=REGISTRY,
+)
+ASSET_CONFLICTS = Counter(
+    "ens_asset_conflicts",
+    "Events whose own attribute differs from their asset's registry entry (the event's value "
+    "is kept), by attribute (point, room, floor, building, tz).",
+    ["attribute"],
+    registry=REGISTRY,
+)
 REQUESTS = Counter(
     "ens_ingest_requests",
     "POST /v1/events requests by HTTP status.",

@@ -51,6 +51,7 @@ class AlarmBook:
             a.last_seen = ts
             a.events = dict(events)
             a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
+            a.fixed = dict(spec.labels)  # a registry change moves the labels with the next match
             return self._record(a, "repeat", ts, RULE, "match", before)
         occurrence = a.occurrence + 1 if a is not None else 1
         a = Alarm(
@@ -58,6 +59,8 @@ class AlarmBook:
             "active-unacknowledged", 1, ts, ts, dict(events),
         )  # fmt: skip
         a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
+        if spec.labels:
+            a.fixed = dict(spec.labels)
         self.alarms[aid] = a
         return self._record(a, "raise", ts, RULE, "match" if occurrence == 1 else "re-arm", None)
 

@@ -67,6 +67,8 @@ class AlarmRules:
     ) -> Effects:
         """A profile's match (an engine notification). ``P#clear`` matches clear P's alarm of
         the same partition; profiles without an alarm are ignored (no effects)."""
+        if profile.endswith(CLEAR_SUFFIX) and self._idle_clear(profile, ts, partition):
+            return Effects()
         return self._op(ts, lambda t: self._match(profile, t, partition, events or {}, subscriber))
 
     def acknowledge(self, ref: str, now: float, actor: str, note: str = "") -> Effects:
@@ -212,6 +214,22 @@ class AlarmRules:
         return [s for s in self.silences.values() if s.in_force(t) and s.matches(labels)]
 
     # ------------------------------------------------------------------ parts
+    def _idle_clear(self, profile: str, ts: float, partition: dict[str, Any] | None) -> bool:
+        """A clear condition that can change nothing (its alarm is not active, nothing is due
+        up to ``ts``): time moves to ``ts``, as the full call would. Every event of a
+        registered sensor is one (its `comm-fault` clear, docs/assets.md): this keeps them cheap."""
+        carry = self._carry
+        if carry.transitions or carry.messages or carry.warnings:
+            return False  # a refused call's effects: the full call returns them
+        due = self.due()
+        if due is not None and due <= self._now(ts):
+            return False
+        a = self.book.alarms.get(alarm_id(profile[: -len(CLEAR_SUFFIX)], partition))
+        if a is not None and is_active(a.state):
+            return False
+        self.clock = self._now(ts)
+        return True
+
     def _now(self, now: float) -> float:
         return now if self.clock is None else max(now, self.clock)
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.enrich import AssetCache
 from adapters.service.redis_limits import MemoryState, is_oom, store_problem
 from adapters.service.routes.base import (
     STORE_RETRY_AFTER,
@@ -229,6 +230,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     texts: list[str] = []  # ... and its normalized JSON
     exact = False  # some event needs the standard library's exact integer parsing
     errors: list[EventErrorOut] = []
+    assets: AssetCache = request.app.state.assets
+    await assets.refresh(request.app.state.aredis)
     now = time.time()
     odd = may_hold_surrogates(body)
     for index, line, obj in items:
@@ -240,6 +243,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             ev = event_from_obj(obj, "-")
             check_gateway(obj, gw)
             check_ts_window(ev.ts, now, settings.limits)
+            if assets:  # the registry's attributes of its sensor or gateway (docs/assets.md)
+                ev.attrs = assets.enrich(ev.attrs, gw)
             text, plain = normalized_json(obj, ev)
             ids.append("" if obj.get("id") is None else str(obj["id"]))
             texts.append(text)
@@ -250,6 +255,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             elif isinstance(exc, ForeignGateway):
                 _foreign_gateway(gw, exc.named)
             errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
+    assets.count()
     accepted = len(texts)
     duplicates = 0
     if texts:
