@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import _posixsubprocess
+import contextlib
 import copy
 import functools
 import gc
 import itertools
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,7 @@ def write_case_files(case: dict, tmp: Path) -> tuple[Path, Path]:
     """A conformance case as the files `ens replay` reads."""
     prof = tmp / "profiles.yaml"
     doc = {"profiles": case["profiles"]}
-    if "tz" in case:  # the profile file's tz: (LANGUAGE.md §2.1)
+    if "tz" in case:  # the profile file's tz: (docs/language.md §2.1)
         doc["tz"] = case["tz"]
     prof.write_text(yaml.safe_dump(doc, sort_keys=False))
     evs = tmp / "events.jsonl"
@@ -223,6 +226,58 @@ def _fewer_examples(test: object) -> None:
         wanted = max(20, int(current.max_examples * EXAMPLES_SHARE))
         if wanted < current.max_examples:
             test._hypothesis_internal_use_settings = settings(current, max_examples=wanted)  # type: ignore[attr-defined]
+
+
+# `make test-fast` runs the tests marked `fast` (module `pytestmark` or per test): the
+# in-process core. A test marked fast may start no process (no redis-server, no JVM, no
+# `ens serve`): while it is set up and runs, starting one fails it, in every run, so a new
+# test that needs Redis cannot sit silently in the fast set.
+_PROCESS_STARTERS = (
+    (subprocess, "_fork_exec"),  # subprocess.Popen (and run, check_output, asyncio's)
+    (_posixsubprocess, "fork_exec"),  # multiprocessing's spawn
+    (os, "fork"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+    (os, "system"),
+)
+
+
+@contextlib.contextmanager
+def _no_processes(nodeid: str) -> Iterator[None]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        pytest.fail(
+            f"{nodeid} is marked `fast` but starts a process (redis-server, Spark, ens, ...): "
+            "take the `fast` mark off it (docs/development.md, the loops)",
+            pytrace=True,
+        )
+
+    saved = [
+        (mod, name, getattr(mod, name)) for mod, name in _PROCESS_STARTERS if hasattr(mod, name)
+    ]
+    for mod, name, _ in saved:
+        setattr(mod, name, refuse)
+    try:
+        yield
+    finally:
+        for mod, name, original in saved:
+            setattr(mod, name, original)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """Set-up too: a session fixture (the worker's redis-server) starts in a test's set-up."""
+    if item.get_closest_marker("fast") is None:
+        return (yield)
+    with _no_processes(item.nodeid):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("fast") is None:
+        return (yield)
+    with _no_processes(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Events (LANGUAGE.md §1): ts formats, optional id, flat attributes, null = absent, nesting rejected."""
+"""Events (docs/language.md §1): ts formats, optional id, flat attributes, null = absent, nesting rejected."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`localtime` and `weekday` (LANGUAGE.md §2.1): parsing, the profile file's `tz:`, the local
+"""`localtime` and `weekday` (docs/language.md §2.1): parsing, the profile file's `tz:`, the local
 clock of the engines, what notifications show, lint. Matching semantics across midnight and DST
 are in tests/cases/42-*.yaml (every engine) and tests/test_differential.py."""
 
@@ -220,7 +220,7 @@ def test_lint_warns_when_events_carry_a_shadowed_attribute() -> None:
     got = warnings(p, {"kind", "localtime"})
     assert got == [
         "profile 'p': events carry an attribute 'localtime', which the profile cannot read: "
-        "localtime is the event's local time of day (LANGUAGE.md §2.1); rename the attribute "
+        "localtime is the event's local time of day (docs/language.md §2.1); rename the attribute "
         "at the source"
     ]
     assert warnings(p, {"kind"}) == []  # and never "no event has attribute 'localtime'"

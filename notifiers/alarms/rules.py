@@ -1,7 +1,7 @@
 """The alarm rules: matches, people and time in; transitions and messages out.
 
 One object holds every alarm's state, the silences and the grouping queues; each call is
-given its time and returns its `Effects`. As the engine's timers (LANGUAGE.md §5), a deadline
+given its time and returns its `Effects`. As the engine's timers (docs/language.md §5), a deadline
 ``d`` fires when time passes it: a call at ``t`` first fires the deadlines before ``t``, then
 acts, then fires those at ``t`` (a group without wait is sent at once); `advance(t)` fires
 them up to ``t`` inclusive. Deadlines that fall at the same time fire in a fixed order: clears

@@ -215,7 +215,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     """Validate every event; append the valid ones to `ens:ingest` before answering.
 
     `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
-    ingest entry id is used); other values must be scalars (LANGUAGE.md §1). `gateway` is
+    ingest entry id is used); other values must be scalars (docs/language.md §1). `gateway` is
     reserved: every event carries the gateway of the API key, and one naming another is refused.
     """
     settings: ApiSettings = request.app.state.settings
