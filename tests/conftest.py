@@ -108,6 +108,7 @@ def _objects_before_the_test_out_of_gc_scans() -> Iterator[None]:
 # ~0.2 s of wall time (little CPU). Tests about the server's life (killed, restarted, persisted, embedded) start their
 # own with `tests.helpers_service.redis_server`.
 REDIS_DATABASES = 1000
+REDIS_FIXTURES = {"_redis_of_this_worker", "redis_url", "rb", "rt", "r"}
 
 
 @pytest.fixture(scope="session")
@@ -196,12 +197,14 @@ EXAMPLES_SHARE = float(os.environ.get("ENS_TEST_EXAMPLES", "1"))
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that takes the `spark` fixture is a spark test, in the xdist group of the one
-    session; property tests draw EXAMPLES_SHARE of their examples. The longest tests first
+    session; one that takes a Redis fixture a redis test; property tests draw EXAMPLES_SHARE of their examples. The longest tests first
     (`slow`, then `spark`), so that `--dist loadgroup` does not start them last."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
             _join_group(config, item, "spark")
+        if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)  # so never in `make test-fast` (-m "... not redis")
         if EXAMPLES_SHARE < 1:
             _fewer_examples(getattr(item, "obj", None))
     items.sort(key=lambda i: (not i.get_closest_marker("slow"), not i.get_closest_marker("spark")))

@@ -24,6 +24,8 @@ from notifiers.alarms import (
 from profiles.alarm import AlarmSpec
 from profiles.errors import StateError
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 ALL = ("raise", "repeat", "ack", "clear")
 ROOM = {"room": "101"}
 AID = alarm_id("w", ROOM)

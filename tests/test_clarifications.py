@@ -23,6 +23,8 @@ from profiles.ast import Absent
 from profiles.parser import parse_profile
 from tests.conftest import canon, load_case
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 CASES = sorted((Path(__file__).parent / "cases").glob("41-*.yaml"))
 ENGINES = ["two-step"] + [
     f"{variant}+{plan}" for variant in Engine.VARIANTS for plan in ("eager", "rare-first", "auto")

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from ens.cli import app
 from tests.conftest import CONFORMANCE, canon, load_case
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(
     (Path(__file__).parent / "cases").glob("*.yaml")
 )

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,8 @@ from profiles.events import Event
 from profiles.parser import parse_profile
 from tests.reference import interpret
 from tests.strategies import flat_seq_profiles, tie_streams
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 KS = ["A", "B", "C", "X"]
 FILTERS = [

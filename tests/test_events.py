@@ -7,6 +7,8 @@ import pytest
 from profiles.errors import EventError, ManyErrors
 from profiles.events import parse_event_line, read_events
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 
 def test_ts_rfc3339_with_offset_or_epoch_seconds() -> None:
     assert parse_event_line('{"ts": "2024-03-01T22:15:00Z"}', 1).ts == 1709331300.0

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from adapters.service.routes.bodies import loads_body, loads_body_stdlib
 from profiles.errors import BadEvent
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 _scalars = (
     st.none()
     | st.booleans()

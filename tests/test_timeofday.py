@@ -24,6 +24,8 @@ from profiles.lint import warnings
 from profiles.parser import parse_profile
 from profiles.profile_file import parse_profile_document
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 LT, WD = tod.KEY_LOCALTIME, tod.KEY_WEEKDAY
 
 
