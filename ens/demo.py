@@ -45,9 +45,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ens.errors import DemoError, DemoFailure
 from ens.summary import ProfileRow, summary_rows, when
 from ens.summary import table as summary_table
-from profiles.errors import DemoError, DemoFailure
 from profiles.events import Event, event_from_obj, parse_ts
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
 )
 
-from profiles.errors import ConfigError as ConfigError  # raised here; one hierarchy there
+from notifiers.errors import ConfigError as ConfigError  # its old import path
 from profiles.options import duration_value
 
 Seconds = Annotated[float, BeforeValidator(duration_value)]

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import IO, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from profiles.errors import DatasetError as DatasetError  # raised here; one hierarchy there
+from adapters.errors import DatasetError as DatasetError  # its old import path
 
 Event = dict[str, str | int | float | bool]
 

@@ -57,6 +57,7 @@ import orjson
 import redis
 import redis.asyncio
 
+from adapters.errors import StoreMissing as StoreMissing  # its old import path
 from adapters.service import known_attrs
 from adapters.service.embedded import EmbeddedRedis, store_exists
 
@@ -77,7 +78,6 @@ from notifiers.records import VERSION_FIELD
 from profiles.alarm import AlarmSpec, parse_alarm
 from profiles.ast import Profile
 from profiles.errors import ProfileError
-from profiles.errors import StoreMissing as StoreMissing  # with every user-visible error
 from profiles.options import DURATION_HELP, OptionError, parse_duration
 from profiles.parser import parse_profile
 

@@ -18,13 +18,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from filters.errors import StateError
 from notifiers.alarms.contract import Effects
 from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
 from notifiers.alarms.lifecycle import AlarmBook
 from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, is_active
 from notifiers.alarms.silences import Silence, parse_silence
+from notifiers.errors import SilenceError, SilenceNotFound
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
-from profiles.errors import SilenceError, SilenceNotFound, StateError
 
 VERSION = 1
 CLEAR, UNSILENCE, FLUSH, DIGEST = 0, 1, 2, 3  # timer kinds, in the order they fire at a tie

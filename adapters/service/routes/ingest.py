@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from adapters.errors import ForeignGateway, TsOutOfWindow
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.redis_limits import MemoryState, is_oom, store_problem
@@ -33,7 +34,6 @@ from adapters.service.routes.bodies import (
     read_body,
 )
 from adapters.service.routes.gateways import Gateway, key_refused
-from profiles.errors import ForeignGateway, TsOutOfWindow
 from profiles.events import event_from_obj
 
 log = logging.getLogger("ens.service.api")
