@@ -56,3 +56,12 @@ class ForeignGateway(ENSError, ValueError):
     def __init__(self, message: str, named: Any) -> None:
         super().__init__(message)
         self.named = named
+
+
+class Refused(ENSError):
+    """A management request that cannot be done as asked (`adapters.service.admin`): the CLI
+    prints the message (exit status 2), HTTP answers ``status`` (404, 409, 422)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status

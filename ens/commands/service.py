@@ -172,7 +172,7 @@ def profile_add(
     profile or subscriber whose id is stored with another definition is replaced only with
     --replace; the changes are shown either way.
     """
-    from adapters.service.profile_lint import profile_warnings
+    from adapters.service import admin
     from notifiers import subscriber_change as sc
 
     if (file is None) == (pid is None and expr is None):
@@ -190,7 +190,7 @@ def profile_add(
     if file is not None:
         pset, errors = parse_profile_document(_read_text(file), str(file))
         parsed = list(pset.profiles)
-        errors += _zoned_profiles(pset)
+        errors += admin.zoned_profiles(pset)
         alarms = {pid: spec.to_json() for pid, spec in pset.alarms.items()}
         subs = pset.subscribers
         name = str(file)
@@ -199,7 +199,7 @@ def profile_add(
         name = "--expr"
         try:
             parsed = [rs.validate_profile(None, pid, expr, subscriber)]
-            alarm = _alarm_options(severity, clear, notify)
+            alarm = admin.alarm_options(severity, clear, notify)
             if alarm is not None:
                 alarms[pid] = rs.validate_alarm(parsed[0], alarm, "--expr").to_json()
         except ProfileError as exc:
@@ -220,16 +220,10 @@ def profile_add(
     if errors:
         _refuse(name, errors, pset, len(parsed))
     st = Store(redis_url, data_dir, create=True)
-    known = {s["id"] for s in subs}
+    unknown = set(admin.unknown_subscribers(st.r, parsed, {s["id"] for s in subs}))
     for prof in parsed:
-        if (
-            prof.subscriber is not None
-            and prof.subscriber not in known
-            and not st.r.hexists(store.SUBSCRIBERS, prof.subscriber)
-        ):
-            errors.append(
-                ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)", prof.id)
-            )
+        if prof.id in unknown:
+            errors.append(admin.unknown_subscriber_error(prof))
             if pset is not None:  # counted like `ens check` counts it
                 pset.profiles = [p for p in pset.profiles if p.id != prof.id]
                 pset.invalid += 1
@@ -237,30 +231,24 @@ def profile_add(
     if errors:
         _refuse(name, errors, pset, len(parsed))
     plans = [sc.plan(st.r, sub) for sub in subs]
-    changes = _profile_changes(st.r, parsed, alarms) + [
+    changes = [admin.plan_profile(st.r, prof, alarms.get(prof.id)) for prof in parsed]
+    refused = [(f"profile {c.id}", c.lines) for c in changes if c.needs_replace] + [
         (f"subscriber {p.id}", p.lines) for p in plans if p.needs_replace
     ]
-    if changes and not replace:
-        for what, lines in changes:
+    if refused and not replace:
+        for what, lines in refused:
             typer.echo(
                 f"error: {what} is stored with another definition (--replace replaces it):",
                 err=True,
             )
             for line in lines:
                 typer.echo(f"  {line}", err=True)
-        typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
+        typer.echo(f"{name}: {len(refused)} replacement(s) refused; nothing stored", err=True)
         raise typer.Exit(2)
     recent = rs.recent_events(st.r)
     for prof in parsed:
-        for w in profile_warnings(st.r, prof, recent):
+        for w in admin.profile_warnings(st.r, prof, recent):
             typer.echo(f"warning: {w}", err=True)
-        if prof.subscriber is None:
-            typer.echo(
-                f"warning: profile {prof.id!r} has no subscriber: its notifications go "
-                "to the outbox only (ens notifications tail)",
-                err=True,
-            )
-    replaced = dict(changes)
     for plan in plans:  # a stored secret is kept: its receivers go on verifying with it
         what = f"subscriber {plan.id}"
         _, shown_secret = sc.apply(st.r, plan)
@@ -269,16 +257,11 @@ def profile_add(
             typer.echo(f"  {line}")
         if shown_secret:
             typer.echo(f"  webhook signing secret (shown once): {shown_secret}")
-    for prof in parsed:
-        what = f"profile {prof.id}"
-        if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
-            typer.echo(f"{what} unchanged")
-            continue
-        _, created = rs.put_profile(
-            st.r, prof.id, prof.source, prof.subscriber, alarms.get(prof.id)
-        )
-        typer.echo(f"{what} {'added' if created else 'replaced'}")
-        for line in replaced.get(what, []):
+    for change in changes:
+        admin.apply_profile(st.r, change)
+        word = {"new": "added", "changed": "replaced"}.get(change.status, change.status)
+        typer.echo(f"profile {change.id} {word}")
+        for line in change.lines:
             typer.echo(f"  {line}")
 
 
@@ -290,73 +273,6 @@ def _refuse(name: str, errors: list[ENSError], pset: Any, parsed: int) -> None:
     else:
         typer.echo(f"{name}: {len(errors)} problem(s); nothing stored", err=True)
     raise typer.Exit(2)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _alarm_options(
-    severity: str | None, clear: str | None, notify: list[str] | None
-) -> dict[str, Any] | None:
-    """The `alarm:` that --severity/--clear/--notify describe (None: not an alarm)."""
-    if severity is None and clear is None and not notify:
-        return None
-    out: dict[str, Any] = {"severity": severity or "warning"}
-    if clear is not None:
-        text = clear.strip()
-        is_form = text == "manual" or text.startswith("after ")
-        out["clear"] = text if is_form else {"on": text}
-    if notify:
-        out["notify"] = [n.strip() for item in notify for n in item.split(",") if n.strip()]
-    return out
-
-
-def _profile_changes(
-    r: Any, parsed: list[Any], alarms: dict[str, dict[str, Any]]
-) -> list[tuple[str, list[str]]]:
-    """(``profile ID``, what changes as - old / + new lines) for stored profiles that differ."""
-    out = []
-    for prof in parsed:
-        old = rs.get_profile(r, prof.id)
-        if old is None:
-            continue
-        lines = []
-        if old.get("alarm") != alarms.get(prof.id):
-            lines += [
-                f"- alarm: {json.dumps(old.get('alarm'))}",
-                f"+ alarm: {json.dumps(alarms.get(prof.id))}",
-            ]
-        if _one_line(old["expr"]) != _one_line(prof.source):
-            lines += [f"- expr: {_one_line(old['expr'])}", f"+ expr: {_one_line(prof.source)}"]
-        if old.get("subscriber") != prof.subscriber:
-            lines += [
-                f"- subscriber: {old.get('subscriber') or '-'}",
-                f"+ subscriber: {prof.subscriber or '-'}",
-            ]
-        if lines:
-            out.append((f"profile {prof.id}", lines))
-    return out
-
-
-def _zoned_profiles(pset: Any) -> list[ENSError]:
-    """The service stores a profile's expression only: a file's `tz:` cannot travel with it, so
-    a profile that reads localtime/weekday in it is refused (the service reads them in its
-    --tz) rather than stored with another meaning."""
-    from profiles.lint import local_zones
-
-    out: list[ENSError] = []
-    for p in pset.profiles:
-        if local_zones(p) - {None}:
-            out.append(
-                ProfileError(
-                    f"reads localtime/weekday in the file's tz: {pset.tz}, which the service "
-                    "does not store; remove tz: from the file and start ens serve with "
-                    f"--tz {pset.tz}",
-                    p.id,
-                )
-            )
-    return out
 
 
 def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
@@ -650,9 +566,12 @@ Lateness = Annotated[
 
 
 def _lateness(text: str | None) -> float | None:
+    from adapters.errors import Refused
+    from adapters.service import admin
+
     try:
-        return None if text is None else rs.parse_lateness(text)
-    except ValueError as exc:
+        return admin.parse_lateness(text)
+    except Refused as exc:
         raise _fail(str(exc)) from None
 
 
@@ -664,15 +583,14 @@ def gateway_add(
     data_dir: DataDir = None,
 ) -> None:
     """Create a gateway and print its API key (once: only a hash is stored)."""
+    from adapters.errors import Refused
+    from adapters.service import admin
+
     late = _lateness(lateness)
     try:
-        rs.check_gateway_name(name)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
-    st = Store(redis_url, data_dir, create=True)
-    try:
-        key = rs.add_gateway(st.r, name, late)
-    except ValueError as exc:
+        rs.check_gateway_name(name)  # before a store is created for it
+        key = admin.add_gateway(Store(redis_url, data_dir, create=True).r, name, late)
+    except (Refused, ValueError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"gateway {name} created; its API key (shown once):", err=True)
     typer.echo(key)
@@ -686,12 +604,16 @@ def gateway_set(
     data_dir: DataDir = None,
 ) -> None:
     """Change a gateway's settings; a running service applies them at once."""
+    from adapters.errors import Refused
+    from adapters.service import admin
+
     if lateness is None:
         raise _fail("nothing to set (give --lateness)")
     late = _lateness(lateness)
-    st = Store(redis_url, data_dir)
-    if not rs.set_gateway_lateness(st.r, name, late):
-        raise _fail(f"no gateway {name!r}")
+    try:
+        admin.set_gateway(Store(redis_url, data_dir).r, name, late)
+    except Refused as exc:
+        raise _fail(str(exc)) from None
     typer.echo(f"gateway {name}: lateness {'default' if late is None else f'{late:g} s'}")
 
 
@@ -724,9 +646,13 @@ def gateway_revoke(
     data_dir: DataDir = None,
 ) -> None:
     """Revoke a gateway's API key (its requests get 403 from now on)."""
-    st = Store(redis_url, data_dir)
-    if not rs.revoke_gateway(st.r, name):
-        raise _fail(f"no gateway {name!r}")
+    from adapters.errors import Refused
+    from adapters.service import admin
+
+    try:
+        admin.revoke_gateway(Store(redis_url, data_dir).r, name)
+    except Refused as exc:
+        raise _fail(str(exc)) from None
     typer.echo(f"gateway {name} revoked")
 
 
