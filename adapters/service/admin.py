@@ -64,6 +64,27 @@ def zoned_profiles(pset: Any) -> list[ENSError]:
     return out
 
 
+def check_ids(parsed: Iterable[Profile], subs: Iterable[dict[str, Any]]) -> list[ENSError]:
+    """The problems of ids and subscriber definitions, found without Redis."""
+    from notifiers import store
+
+    errors: list[ENSError] = []
+    for sub in subs:
+        try:
+            rs.check_id(sub["id"], "subscriber id")
+            store.Subscriber.model_validate(sub)
+        except store.ValidationError as exc:
+            errors.append(ENSError(f"subscriber {sub.get('id')!r}: {store.subscriber_error(exc)}"))
+        except (ProfileError, ValueError) as exc:
+            errors.append(ENSError(f"subscriber {sub.get('id')!r}: {exc}"))
+    for prof in parsed:
+        try:
+            rs.check_id(prof.id)
+        except ProfileError as exc:
+            errors.append(exc)
+    return errors
+
+
 def unknown_subscribers(r: redis.Redis, parsed: Iterable[Profile], known: set[str]) -> list[str]:
     """Ids of the profiles whose subscriber is neither stored nor in ``known`` (added with them)."""
     from notifiers import store

@@ -182,52 +182,19 @@ def profile_add(
     # everything that needs no Redis first: a refused input starts and creates nothing
     if file is not None and (severity or clear or notify):
         raise _fail("--severity, --clear and --notify go with --expr (a file has alarm: blocks)")
-    alarms: dict[str, dict[str, Any]] = {}
-    errors: list[ENSError] = []
-    subs: list[dict[str, Any]] = []
-    parsed: list[Any] = []
-    pset = None
     if file is not None:
-        pset, errors = parse_profile_document(_read_text(file), str(file))
-        parsed = list(pset.profiles)
-        errors += admin.zoned_profiles(pset)
-        alarms = {pid: spec.to_json() for pid, spec in pset.alarms.items()}
-        subs = pset.subscribers
-        name = str(file)
+        got = _profiles_of_file(file)
     else:
         assert pid is not None and expr is not None
-        name = "--expr"
-        try:
-            parsed = [rs.validate_profile(None, pid, expr, subscriber)]
-            alarm = admin.alarm_options(severity, clear, notify)
-            if alarm is not None:
-                alarms[pid] = rs.validate_alarm(parsed[0], alarm, "--expr").to_json()
-        except ProfileError as exc:
-            errors.append(exc)
-    for sub in subs:
-        try:
-            rs.check_id(sub["id"], "subscriber id")
-            store.Subscriber.model_validate(sub)
-        except store.ValidationError as exc:
-            errors.append(ENSError(f"subscriber {sub.get('id')!r}: {store.subscriber_error(exc)}"))
-        except (ProfileError, ValueError) as exc:
-            errors.append(ENSError(f"subscriber {sub.get('id')!r}: {exc}"))
-    for prof in parsed:
-        try:
-            rs.check_id(prof.id)
-        except ProfileError as exc:
-            errors.append(exc)
+        got = _profile_of_options(
+            pid, expr, subscriber, admin.alarm_options(severity, clear, notify)
+        )
+    name, pset, parsed, alarms, subs, errors = got
+    errors += admin.check_ids(parsed, subs)
     if errors:
         _refuse(name, errors, pset, len(parsed))
     st = Store(redis_url, data_dir, create=True)
-    unknown = set(admin.unknown_subscribers(st.r, parsed, {s["id"] for s in subs}))
-    for prof in parsed:
-        if prof.id in unknown:
-            errors.append(admin.unknown_subscriber_error(prof))
-            if pset is not None:  # counted like `ens check` counts it
-                pset.profiles = [p for p in pset.profiles if p.id != prof.id]
-                pset.invalid += 1
-                pset.profile_problems += 1
+    errors += _unknown_subscribers(st.r, pset, parsed, subs)
     if errors:
         _refuse(name, errors, pset, len(parsed))
     plans = [sc.plan(st.r, sub) for sub in subs]
@@ -236,33 +203,92 @@ def profile_add(
         (f"subscriber {p.id}", p.lines) for p in plans if p.needs_replace
     ]
     if refused and not replace:
-        for what, lines in refused:
-            typer.echo(
-                f"error: {what} is stored with another definition (--replace replaces it):",
-                err=True,
-            )
-            for line in lines:
-                typer.echo(f"  {line}", err=True)
-        typer.echo(f"{name}: {len(refused)} replacement(s) refused; nothing stored", err=True)
-        raise typer.Exit(2)
+        _refuse_replacements(name, refused)
     recent = rs.recent_events(st.r)
     for prof in parsed:
         for w in admin.profile_warnings(st.r, prof, recent):
             typer.echo(f"warning: {w}", err=True)
+    _store(st.r, plans, changes)
+
+
+def _unknown_subscribers(
+    r: Any, pset: Any, parsed: list[Any], subs: list[dict[str, Any]]
+) -> list[ENSError]:
+    """A profile whose subscriber is neither stored nor in the file; counted like `ens check`
+    counts it."""
+    from adapters.service import admin
+
+    unknown = set(admin.unknown_subscribers(r, parsed, {s["id"] for s in subs}))
+    errors: list[ENSError] = []
+    for prof in parsed:
+        if prof.id in unknown:
+            errors.append(admin.unknown_subscriber_error(prof))
+            if pset is not None:
+                pset.profiles = [p for p in pset.profiles if p.id != prof.id]
+                pset.invalid += 1
+                pset.profile_problems += 1
+    return errors
+
+
+def _store(r: Any, plans: list[Any], changes: list[Any]) -> None:
+    """Subscribers first (a profile may name one), then profiles; what each did."""
+    from adapters.service import admin
+    from notifiers import subscriber_change as sc
+
     for plan in plans:  # a stored secret is kept: its receivers go on verifying with it
-        what = f"subscriber {plan.id}"
-        _, shown_secret = sc.apply(st.r, plan)
-        typer.echo(f"{what} {dict(new='stored', changed='replaced').get(plan.status, 'unchanged')}")
-        for line in plan.lines:
-            typer.echo(f"  {line}")
+        _, shown_secret = sc.apply(r, plan)
+        word = {"new": "stored", "changed": "replaced"}.get(plan.status, "unchanged")
+        _say_stored(f"subscriber {plan.id} {word}", plan.lines)
         if shown_secret:
             typer.echo(f"  webhook signing secret (shown once): {shown_secret}")
     for change in changes:
-        admin.apply_profile(st.r, change)
+        admin.apply_profile(r, change)
         word = {"new": "added", "changed": "replaced"}.get(change.status, change.status)
-        typer.echo(f"profile {change.id} {word}")
-        for line in change.lines:
-            typer.echo(f"  {line}")
+        _say_stored(f"profile {change.id} {word}", change.lines)
+
+
+_Input = tuple[str, Any, list[Any], dict[str, dict[str, Any]], list[dict[str, Any]], list[ENSError]]
+
+
+def _profiles_of_file(file: Path) -> _Input:
+    """(name, the parsed file, its profiles, their alarms, its subscribers, the problems)."""
+    from adapters.service import admin
+
+    pset, errors = parse_profile_document(_read_text(file), str(file))
+    errors += admin.zoned_profiles(pset)
+    alarms = {pid: spec.to_json() for pid, spec in pset.alarms.items()}
+    return str(file), pset, list(pset.profiles), alarms, pset.subscribers, errors
+
+
+def _profile_of_options(
+    pid: str, expr: str, subscriber: str | None, alarm: dict[str, Any] | None
+) -> _Input:
+    """As `_profiles_of_file`, for --id/--expr (and --severity/--clear/--notify)."""
+    alarms: dict[str, dict[str, Any]] = {}
+    try:
+        prof = rs.validate_profile(None, pid, expr, subscriber)
+        if alarm is not None:
+            alarms[pid] = rs.validate_alarm(prof, alarm, "--expr").to_json()
+    except ProfileError as exc:
+        return "--expr", None, [], {}, [], [exc]
+    return "--expr", None, [prof], alarms, [], []
+
+
+def _refuse_replacements(name: str, refused: list[tuple[str, list[str]]]) -> None:
+    for what, lines in refused:
+        typer.echo(
+            f"error: {what} is stored with another definition (--replace replaces it):", err=True
+        )
+        for line in lines:
+            typer.echo(f"  {line}", err=True)
+    typer.echo(f"{name}: {len(refused)} replacement(s) refused; nothing stored", err=True)
+    raise typer.Exit(2)
+
+
+def _say_stored(what: str, lines: list[str]) -> None:
+    typer.echo(what)
+    for line in lines:
+        typer.echo(f"  {line}")
 
 
 def _refuse(name: str, errors: list[ENSError], pset: Any, parsed: int) -> None:
