@@ -699,12 +699,11 @@ def _batches(lines: Iterator[str], size: int) -> Iterator[list[tuple[int, str]]]
 
 
 def retry_delay(attempt: int, retry_after: float | None, rng: Any = None) -> float:
-    """The wait before retry ``attempt`` (1, 2, ...): exponential backoff with full jitter
-    (0.5 s doubling, at most 30 s), never less than the service's Retry-After."""
-    import random
+    """The wait before retry ``attempt`` (1, 2, ...): `notifiers.backoff`'s rule, 0.5 s
+    doubling, at most 30 s, never less than the service's Retry-After."""
+    from notifiers.backoff import retry_delay as delay
 
-    jitter = (rng or random).uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
-    return max(jitter, retry_after or 0.0)
+    return delay(attempt, retry_after, 0.5, 30.0, rng=rng)
 
 
 def _answer(resp: Any) -> str:

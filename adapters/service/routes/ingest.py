@@ -92,7 +92,8 @@ _EVENTS_BODY = {
 
 
 async def _over_backlog(request: Request) -> bool:
-    """Back-pressure: is the ingest backlog (`rs.ingest_backlog`'s count) over the bound?
+    """Back-pressure: is the ingest backlog (`rs.backlog_of`, as `rs.ingest_backlog` counts it)
+    over the bound?
 
     Two reads (the API's event count and the worker's heartbeat), at most every
     `backlog_check_interval` per process, so a request does not pay them each time.
@@ -105,9 +106,7 @@ async def _over_backlog(request: Request) -> bool:
             p.get(rs.INGEST_IN)
             p.hget(rs.ENGINE_STATUS, "stats")
             appended, stats = await p.execute()
-        st = json.loads(stats) if stats else {}
-        backlog = max(int(appended or 0) - int(st.get("total_read", 0)), 0)
-        backlog_seen[:] = [now, backlog + int(st.get("buffered", 0))]
+        backlog_seen[:] = [now, rs.backlog_of(appended, json.loads(stats) if stats else {})]
     return backlog_seen[1] > settings.max_backlog
 
 
