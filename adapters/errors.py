@@ -65,3 +65,12 @@ class Refused(ENSError):
     def __init__(self, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.status = status
+
+
+class PostFailed(ENSError):
+    """`ens post` (`adapters.service.client`) could not deliver: the service refused a request
+    (exit status 2) or could not be reached in time (1)."""
+
+    def __init__(self, message: str, exit_status: int = 1) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -685,83 +685,18 @@ def gateway_revoke(
 # ----------------------------------------------------------------------------- post
 
 
-def _batches(lines: Iterator[str], size: int) -> Iterator[list[tuple[int, str]]]:
-    """(file line number, line) batches of non-blank lines."""
-    batch: list[tuple[int, str]] = []
-    for lineno, line in enumerate(lines, 1):
-        if line.strip():
-            batch.append((lineno, line.rstrip("\r\n")))
-            if len(batch) >= size:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
-
-
 def retry_delay(attempt: int, retry_after: float | None, rng: Any = None) -> float:
-    """The wait before retry ``attempt`` (1, 2, ...): `notifiers.backoff`'s rule, 0.5 s
-    doubling, at most 30 s, never less than the service's Retry-After."""
-    from notifiers.backoff import retry_delay as delay
+    """`ens post`'s wait before a retry (`adapters.service.client.retry_delay`)."""
+    from adapters.service.client import retry_delay as delay
 
-    return delay(attempt, retry_after, 0.5, 30.0, rng=rng)
-
-
-def _answer(resp: Any) -> str:
-    """``HTTP 503: <the service's reason>``: what an error answer said, not only its code."""
-    reason = ""
-    try:
-        data = resp.json()
-        if isinstance(data, dict):
-            reason = str(data.get("error") or data.get("detail") or "")
-    except ValueError:
-        reason = resp.text.strip()[:200]
-    return f"HTTP {resp.status_code}: {reason}" if reason else f"HTTP {resp.status_code}"
-
-
-def _service_url(url: str) -> str:
-    """The service's base URL; ``127.0.0.1:8080`` (no scheme) means ``http://127.0.0.1:8080``."""
-    import httpx
-
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parsed = httpx.URL(text)
-    except httpx.InvalidURL as exc:
-        raise _fail(f"--url {url!r}: {exc} (expected e.g. http://127.0.0.1:8080)") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise _fail(
-            f"--url {url!r}: expected an http:// or https:// URL with a host "
-            "(e.g. http://127.0.0.1:8080)"
-        )
-    return text
+    return delay(attempt, retry_after, rng)
 
 
 def restamp(lines: list[str], now: float) -> list[str]:
-    """The events of JSON lines shifted in time so that the latest is stamped ``now`` (epoch
-    seconds), their spacing kept; lines that are not events with a readable ``ts`` are left
-    as they are (the service reports them by line number)."""
-    from profiles.events import parse_ts
+    """`adapters.service.client.restamp` (``--now``)."""
+    from adapters.service.client import restamp as shifted
 
-    parsed: list[tuple[dict[str, Any], float] | None] = []
-    for line in lines:
-        try:
-            obj = json.loads(line)
-            parsed.append((obj, parse_ts(obj["ts"])) if isinstance(obj, dict) else None)
-        except (ValueError, KeyError, TypeError):
-            parsed.append(None)
-    stamps = [p[1] for p in parsed if p is not None]
-    if not stamps:
-        return lines
-    shift = now - max(stamps)
-    out = []
-    for line, p in zip(lines, parsed, strict=True):
-        if p is None:
-            out.append(line)
-        else:
-            obj, ts = p
-            out.append(json.dumps({**obj, "ts": round(ts + shift, 3)}) + "\n")
-    return out
+    return shifted(lines, now)
 
 
 def post(
@@ -815,11 +750,15 @@ def post(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from notifiers.webhook import parse_retry_after
+    from adapters.errors import PostFailed
+    from adapters.service import client as cl
 
     if not api_key:
         raise _fail("give --api-key or set ENS_API_KEY")
-    url = _service_url(url)
+    try:
+        url = cl.service_url(url)
+    except ValueError as exc:
+        raise _fail(f"--url {url!r}: {exc}") from None
     if file == "-":
         fh: Any = sys.stdin
         total = None
@@ -833,74 +772,8 @@ def post(
         import io
 
         with fh:
-            fh = io.StringIO("".join(restamp(list(fh), time.time())))
+            fh = io.StringIO("".join(cl.restamp(list(fh), time.time())))
     accepted = rejected = 0
-    problems: list[tuple[int, str]] = []
-    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/x-ndjson"}
-    endpoint = url.rstrip("/") + "/v1/events"
-
-    waited = [0.0]  # seconds spent waiting for the service, over the whole run
-
-    def attempt(client: httpx.Client, body: bytes) -> httpx.Response:
-        k = 0
-        spent = 0.0  # waiting for this request
-        while True:  # returns the answer, or raises once the patience is used up
-            try:
-                resp = client.post(endpoint, content=body, headers=headers)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-                why, after, answer = f"cannot connect ({exc})", None, None
-            except httpx.HTTPError as exc:  # sent: the service may have taken it, do not resend
-                raise _fail(f"no answer from {endpoint}: {exc}", 1) from None
-            else:
-                if resp.status_code not in (429, 503):
-                    return resp
-                why, answer = f"the service answered {_answer(resp)}", resp
-                after = parse_retry_after(resp.headers.get("Retry-After"))
-            k += 1
-            wait = retry_delay(k, after)
-            if (retries is not None and k > retries) or spent + wait > patience:
-                wait = patience - spent  # the last wait fits the limit exactly
-                if wait < 0.05 or (retries is not None and k > retries):
-                    if answer is not None:
-                        return answer  # reported by send()
-                    raise _fail(
-                        f"cannot reach {endpoint}: {why}; gave up after {k} attempts "
-                        f"and {spent:.1f} s of waiting (--retry-for {retry_for})",
-                        1,
-                    )
-            of = f" of {retries}" if retries is not None else ""
-            progress.console.print(
-                f"{why}; retry {k}{of} in {wait:.1f} s "
-                f"(waited {spent:.1f} s so far, at most {patience:g} s)",
-                soft_wrap=True,  # one line per retry, whatever the reason's length
-                markup=False,  # the service's reason is text, not rich markup
-                highlight=False,
-            )
-            time.sleep(wait)
-            spent += wait
-            waited[0] += wait
-
-    def send(client: httpx.Client, chunk: list[tuple[int, str]]) -> tuple[int, int]:
-        body = "".join(line + "\n" for _, line in chunk).encode()
-        resp = attempt(client, body)
-        if resp.status_code == 413 and len(chunk) > 1:  # split until it fits
-            half = len(chunk) // 2
-            a = send(client, chunk[:half])
-            b = send(client, chunk[half:])
-            return a[0] + b[0], a[1] + b[1]
-        data = resp.json() if resp.headers.get("content-type") == "application/json" else {}
-        if resp.status_code in (202, 422) and "accepted" in data:
-            for err in data.get("errors", []):
-                problems.append((chunk[err["index"]][0], err["error"]))
-            return data["accepted"], data["rejected"]
-        msg = f"the service at {endpoint} answered {_answer(resp)}"
-        if resp.status_code in (429, 503):
-            msg += f" (gave up after waiting {waited[0]:.1f} s in all; --retry-for {retry_for})"
-        raise _fail(
-            msg,
-            2 if resp.status_code in (400, 401, 403, 413) else 1,
-        )
-
     console = Console(stderr=True)
     progress = Progress(
         TextColumn("posting"),
@@ -911,18 +784,28 @@ def post(
         transient=False,
         disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
+
+    def say(line: str) -> None:  # one line per retry, whatever the reason's length; the
+        # service's reason is text, not rich markup
+        progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
     t0 = time.perf_counter()
     with fh, httpx.Client(timeout=http_timeout) as client, progress:
+        poster = cl.EventPoster(client, url, api_key, patience, retries, say, retry_for)
         task = progress.add_task("post", total=total, rejected=0)
-        for chunk in _batches(fh, batch):
-            a, rj = send(client, chunk)
-            accepted += a
-            rejected += rj
-            progress.update(task, advance=len(chunk), rejected=rejected)
-    for lineno, msg in sorted(problems):
+        try:
+            for chunk in cl.batches(fh, batch):
+                a, rj = poster.send(chunk)
+                accepted += a
+                rejected += rj
+                progress.update(task, advance=len(chunk), rejected=rejected)
+        except PostFailed as exc:
+            raise _fail(str(exc), exc.exit_status) from None
+    for lineno, msg in sorted(poster.problems):
         typer.echo(f"error: line {lineno}: {msg}", err=True)
     dt = time.perf_counter() - t0
-    wait_note = f" ({waited[0]:.1f} s of it waiting for the service)" if waited[0] else ""
+    waited = poster.waited
+    wait_note = f" ({waited:.1f} s of it waiting for the service)" if waited else ""
     typer.echo(f"{accepted} accepted, {rejected} rejected in {dt:.2f} s{wait_note}")
     if rejected:
         raise typer.Exit(2)
