@@ -10,7 +10,7 @@ straight to the waiting PM and the notification is produced in the same
 step — there is no separate composite pool.
 
 The engine is pure: no I/O and no clock. Time advances with the events and
-with `advance()`. Semantics: LANGUAGE.md and docs/semantics.md.
+with `advance()`. Semantics: docs/language.md and docs/semantics.md.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+from filters.errors import StateError as StateError  # its old import path
 from profiles.ast import Profile
-from profiles.errors import StateError as StateError  # with every user-visible error
 
 MAGIC = b"ENS-STATE "
 FORMAT = "ens.engine-state"

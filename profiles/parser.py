@@ -1,4 +1,4 @@
-"""Parse profile expressions (LANGUAGE.md §2-§4) into `profiles.ast` and validate them.
+"""Parse profile expressions (docs/language.md §2-§4) into `profiles.ast` and validate them.
 
 Parsing is LALR via lark, so syntax errors come with a position and the
 tokens that were expected. Semantic rules that make a profile unusable
@@ -281,7 +281,7 @@ def _day_literal(value: Any, where: Any) -> str:
 
 
 def _not_for(attr: str, what: str, where: Any) -> None:
-    """`localtime`/`weekday` support only the comparisons of LANGUAGE.md §2.1."""
+    """`localtime`/`weekday` support only the comparisons of docs/language.md §2.1."""
     if attr == tod.LOCALTIME:
         raise _Fail(
             f"localtime is the local time of day: it supports = != < <= > >= and between, "

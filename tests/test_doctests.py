@@ -10,6 +10,8 @@ import pytest
 from profiles.events import Event
 from profiles.parser import parse_profile
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 # The docstrings use these names without importing them (they read as the module's API)
 GLOBS = {"parse_profile": parse_profile, "Event": Event}
 

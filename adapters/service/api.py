@@ -21,6 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from adapters.errors import BadEvent as BadEvent  # raised by the ingest route's parsing
+from adapters.errors import TsOutOfWindow as TsOutOfWindow
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.access import AccessMiddleware
@@ -37,8 +39,6 @@ from adapters.service.routes.bodies import normalized_json as normalized_json
 from adapters.service.routes.gateways import KeyCache
 from notifiers import store
 from notifiers.config import describe_errors
-from profiles.errors import BadEvent as BadEvent  # raised by the ingest route's parsing
-from profiles.errors import TsOutOfWindow as TsOutOfWindow
 
 
 def create_app(settings: ApiSettings) -> FastAPI:

@@ -20,8 +20,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
+from adapters.errors import AssetError as AssetError  # with the registry's functions
 from profiles.alarm import SEVERITIES
-from profiles.errors import AssetError as AssetError  # with the registry's functions
 from profiles.errors import ENSError, ManyErrors
 from profiles.options import OptionError, parse_duration
 

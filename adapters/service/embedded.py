@@ -31,7 +31,7 @@ from pathlib import Path
 
 import redis
 
-from profiles.errors import EmbeddedError as EmbeddedError  # with every user-visible error
+from adapters.errors import EmbeddedError as EmbeddedError  # its old import path
 
 SOCKET = "redis.sock"
 DB = "redis.db"

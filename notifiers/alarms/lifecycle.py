@@ -21,8 +21,8 @@ from notifiers.alarms.model import (
     is_active,
     make_state,
 )
+from notifiers.errors import AlarmNotFound, AlarmStateConflict
 from profiles.alarm import AlarmSpec
-from profiles.errors import AlarmNotFound, AlarmStateConflict
 
 
 class AlarmBook:

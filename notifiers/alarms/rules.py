@@ -1,7 +1,7 @@
 """The alarm rules: matches, people and time in; transitions and messages out.
 
 One object holds every alarm's state, the silences and the grouping queues; each call is
-given its time and returns its `Effects`. As the engine's timers (LANGUAGE.md §5), a deadline
+given its time and returns its `Effects`. As the engine's timers (docs/language.md §5), a deadline
 ``d`` fires when time passes it: a call at ``t`` first fires the deadlines before ``t``, then
 acts, then fires those at ``t`` (a group without wait is sent at once); `advance(t)` fires
 them up to ``t`` inclusive. Deadlines that fall at the same time fire in a fixed order: clears
@@ -22,13 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from filters.errors import StateError
 from notifiers.alarms.contract import Effects, Router
 from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
 from notifiers.alarms.lifecycle import AlarmBook
 from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, is_active
 from notifiers.alarms.silences import Silence, parse_silence
+from notifiers.errors import SilenceError, SilenceNotFound
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
-from profiles.errors import SilenceError, SilenceNotFound, StateError
 
 VERSION = 1
 CLEAR, UNSILENCE, ESCALATE, FLUSH, DIGEST = 0, 1, 2, 3, 4  # timer kinds, in tie order

@@ -21,11 +21,11 @@ import notifiers.routing.times as times
 from notifiers.alarms.grouping import GroupPolicy
 from notifiers.alarms.intervals import WeeklyWindow
 from notifiers.alarms.silences import Matcher
+from notifiers.errors import SilenceError
 from notifiers.routing.errors import Loc, RoutingError
 from notifiers.routing.escalation import EscalationPolicy
 from notifiers.routing.schedules import Schedule, on_call
 from profiles.alarm import SEVERITIES
-from profiles.errors import SilenceError
 
 TRANSITIONS = ("raise", "repeat", "ack", "clear")
 ROUTE_KEYS = (
