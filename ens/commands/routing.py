@@ -381,7 +381,8 @@ def route_check(
     routes = len(walk(routing.root))
     typer.echo(
         f"{file}: ok ({len(routing.schedules)} schedule(s), {routes} route(s), "
-        f"{len(routing.policies)} escalation polic(ies), {len(routing.quiet)} quiet-hours entries)"
+        f"{len(routing.policies)} escalation polic(ies), {len(routing.quiet)} quiet-hours entries, "
+        f"{len(routing.grouping)} grouping entries)"
     )
 
 
