@@ -163,7 +163,8 @@ def schedule_add(
     data_dir: DataDir = None,
 ) -> None:
     """Store the schedules of a file in the service: all of them or, on any problem (reported
-    with FILE:LINE:COL), none."""
+    with FILE:LINE:COL), none. A running `ens serve --routing` resolves receivers with them at
+    once (its routing file's own schedules win on an id clash)."""
     from notifiers.routing import RoutingError, load_routing
     from notifiers.schedule_store import put_schedules
 
