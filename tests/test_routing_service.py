@@ -20,6 +20,7 @@ from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
 from ens.commands.alarms import register as register_alarms
 from ens.commands.service import register as register_service
+from notifiers import schedule_store
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
 from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
@@ -266,6 +267,9 @@ def test_receivers_resolve_stored_schedules_and_their_changes_without_a_restart(
             post_batch(svc, key, [{"id": "l2", "kind": "leak", "room": "2"}], 0.0)
             wait_for(lambda: told(seen) >= {"boss", "desk"}, 15, "the raise to the new crew")
             assert told(seen) == {"boss", "desk"}
+            r.hset(schedule_store.SCHEDULES, "broken", "{")  # hand-edited: left out, logged
+            r.xadd(rs.CONTROL, {"op": "schedules"})
+            wait_for(lambda: "stored schedule 'broken' cannot be read" in log.read_text(), 15)
             text = httpx.get(svc.url + "/metrics").text
             assert metric(text, "ens_routing_schedule_loads_total") >= 2
             assert svc.stop() == 0
