@@ -200,6 +200,12 @@ ROUTING_HELD = Counter(
     "with nobody on call, a route without receivers).",
     registry=REGISTRY,
 )
+ROUTING_SCHEDULE_LOADS = Counter(
+    "ens_routing_schedule_loads",
+    "Times the engine worker (--routing) read the stored schedules: at its start and at each "
+    "`ens schedule add|rm`.",
+    registry=REGISTRY,
+)
 SUBSCRIBER_TESTS = Counter(
     "ens_subscriber_tests",
     "Test messages sent (ens subscriber test, POST /v1/subscribers/{id}/test), by outcome.",

