@@ -266,10 +266,18 @@ def _no_processes(nodeid: str) -> Iterator[None]:
             setattr(mod, name, original)
 
 
+def _in_fast_set(item: pytest.Item) -> bool:
+    """What `make test-fast` selects: marked fast (a module's mark included) and not marked
+    redis, spark or slow (a test of a fast module may take Redis when it says so)."""
+    return item.get_closest_marker("fast") is not None and not any(
+        item.get_closest_marker(m) for m in ("redis", "spark", "slow")
+    )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     """Set-up too: a session fixture (the worker's redis-server) starts in a test's set-up."""
-    if item.get_closest_marker("fast") is None:
+    if not _in_fast_set(item):
         return (yield)
     with _no_processes(item.nodeid):
         return (yield)
@@ -277,7 +285,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    if item.get_closest_marker("fast") is None:
+    if not _in_fast_set(item):
         return (yield)
     with _no_processes(item.nodeid):
         return (yield)

@@ -66,11 +66,19 @@ class AssetCache:
         self.checked = now
         v = int(await ar.get(ast.VERSION) or 0)
         if v != self.version:
-            async with ar.pipeline(transaction=True) as p:  # the registry of that version
+            # not MULTI: over maxmemory Redis refuses every command queued in a MULTI, reads
+            # too, and ingest must answer its own 503. The version read on both sides of the
+            # registry (an import bumps it in the transaction that writes it) tells a torn
+            # read, which the next refresh reads again.
+            async with ar.pipeline(transaction=False) as p:
                 p.get(ast.VERSION)
                 p.hgetall(ast.ASSETS)
-                got, raw = await p.execute()
-            self.load(int(got or 0), raw)
+                p.get(ast.VERSION)
+                before, raw, after = await p.execute()
+            if before == after:
+                self.load(int(before or 0), raw)
+            else:
+                self.checked = float("-inf")
 
     def __bool__(self) -> bool:
         return bool(self.sensors or self.gateways)
