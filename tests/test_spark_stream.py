@@ -831,13 +831,12 @@ def test_a_restore_that_leaves_out_removed_profiles_logs_it_once_per_profile(
     rs.delete_profile(rt, "ab")
     st = pickle.loads(blob)  # noqa: S301 - ours
     st["ver"] = ProfileLog(rb).sync()  # the version without ab, as if applied already
-    del st["defs"]["ab"]
     stale = pickle.dumps(st)
     caplog.set_level("WARNING", "ens.spark.stream")
     for route in ("kr1", "kr1", "kr9"):
         live._live.clear()  # another Python worker, or a re-execution: a restore
-        out = KeyEngine(route, versions).step(stale, [], 1001.0)
-        assert out.records == []
+        out = KeyEngine(route, versions).step(stale, [], 9000.0)  # ab's timer was due
+        assert out.records == [] and out.restores == 1
     warned = [x for x in caplog.records if "left out engine state" in x.getMessage()]
     assert len(warned) == 1 and warned[0].levelname == "WARNING"
     assert "removed profile 'ab' (1 partial matches" in warned[0].getMessage()

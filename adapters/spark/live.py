@@ -29,6 +29,8 @@ import json
 import logging
 import math
 import pickle
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,9 @@ return n
 """
 
 
+GSHARDS = 8  # the routes of the profiles without a partition (never change it: state by route)
+
+
 def profile_class(p: Profile, key: str) -> str:
     """Where a profile runs (`adapters.spark.plan.make_plan`'s rule): 's', 'k' or 'g'."""
     if p.is_filter and not p.once:
@@ -89,6 +94,29 @@ def profile_class(p: Profile, key: str) -> str:
     if key in p.per and not p.once:
         return "k"
     return GLOBAL
+
+
+def route_class(p: Profile, key: str) -> str:
+    """The routes a profile runs in: 's' (stateless, no route), 'k' (one per value of `key`),
+    'a' + attribute (one per value of the first of its own `per` attributes, when `key` is
+    not among them), or 'g0'..'g7' (no partition, or `once`: sharded by profile id, each
+    shard one route over the whole stream)."""
+    c = profile_class(p, key)
+    if c != GLOBAL:
+        return c
+    if p.per and not p.once:
+        return "a" + min(p.per)
+    return f"g{zlib.crc32(p.id.encode()) % GSHARDS}"
+
+
+def class_of_route(route: str) -> str:
+    """The route class (`route_class`) of a route: 'k' + value, 'a' + attr + '|' + value, 'g0'..,
+    or `GLOBAL` (every global profile in one engine: the tests' and older states' route)."""
+    if route.startswith("a") and "|" in route:
+        return route.split("|", 1)[0]
+    if route[:1] == "g" and route[1:].isdigit():
+        return route
+    return GLOBAL if route == GLOBAL else "k"
 
 
 # ------------------------------------------------------------------ profiles
@@ -161,8 +189,11 @@ class Version:
 
     log_id: str
     profiles: dict[str, Profile]  # all of them (restore resolves snapshot references here)
-    by_class: dict[str, dict[str, Profile]]
+    by_class: dict[str, dict[str, Profile]]  # 's', 'k', GLOBAL (all others) and route classes
     sigs: dict[str, tuple[str, str | None]]  # pid -> (expr, subscriber)
+
+    def of(self, cls: str) -> dict[str, Profile]:
+        return self.by_class.get(cls, {})
 
 
 _ast_tag: list[str] = []
@@ -265,6 +296,11 @@ class Versions:
             if p is not None:
                 profiles[pid] = p
                 by_class[profile_class(p, self.key)][pid] = p
+                rc = route_class(p, self.key)
+                if rc not in by_class:
+                    by_class[rc] = {}
+                if rc not in ("s", "k"):
+                    by_class[rc][pid] = p
         v = Version(log_id, profiles, by_class, sigs)
         if len(self.cache) >= 4:
             self.cache.pop(min(self.cache, key=rs.parse_id))
@@ -274,6 +310,7 @@ class Versions:
 
 # ------------------------------------------------------------------ event time
 
+_UNKNOWN = "?"  # a header of an older state, without the engine time: the engine is loaded
 GATEWAYS = "ens:spark:gateways"  # gateway -> [newest ts, wall time of its last entry] (JSON)
 
 
@@ -362,11 +399,14 @@ class Row:
     counted: bool = True  # False: the global engine's copy of an event a keyed engine counts
 
 
+Held = tuple[float, tuple[int, int, int], str, str, Event]  # ts, arrival, event key, gw, event
+
+
 @dataclass
 class Stepped:
-    """What one call of `KeyEngine.step` gives back."""
+    """What one call of `KeyEngine.step` / `KeyEngine.run` gives back."""
 
-    blob: bytes | None  # the new state (None: nothing changed)
+    blob: bytes | None  # `step`: the new state as one blob (None: nothing changed)
     due: float  # the earliest ts it waits for (a held event or a timer); inf if none
     records: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0  # events fed (not counting the global engine's copies of keyed events)
@@ -374,6 +414,13 @@ class Stepped:
     held: int = 0
     late_keys: dict[str, str] = field(default_factory=dict)  # late event key -> gateway
     late_records: list[LateRecord] = field(default_factory=list)  # for ens:late (output)
+    # `run`: the state in pieces, each None when unchanged
+    hdr: dict[str, Any] | None = None  # the header (small: read on every call)
+    append: list[Held] = field(default_factory=list)  # held events to append (list not read)
+    held_list: list[Held] | None = None  # the whole held list to store (it was read)
+    record: bytes | None = None  # the engine record (`Engine.snapshot`)
+    restores: int = 0  # whole-engine restores (the cached engine was not this state's)
+    timer_ms: int | None = None  # the Spark event-time timer to have (ms), None: none
 
 
 _live: dict[str, tuple[str, int, Engine]] = {}  # route -> (epoch, gen, engine): no restore
@@ -410,8 +457,24 @@ def settle_garbage(dropped: int = 0) -> None:
     gc.freeze()
 
 
+def timer_ms(due: float, held_min: float) -> int | None:
+    """The Spark event-time timer (whole ms) that wakes a route when something is due: a held
+    event is released at a watermark >= its ts, an engine timer fires at one > its time."""
+    t = min(
+        math.ceil(round(held_min * 1000, 3)) if held_min < math.inf else math.inf,
+        math.floor(round(due * 1000, 3)) + 1 if due < math.inf else math.inf,
+    )
+    return None if t == math.inf else int(t)
+
+
 class KeyEngine:
-    """One key value's engine, its reorder buffer and its applied profiles, as a state blob."""
+    """One route's engine, its reorder buffer and its applied profiles.
+
+    The state is in three pieces (`run`): a small header (versions, engine time, next due
+    times, counts), the held events (a list, appended to without reading it while nothing is
+    due) and the engine record (`Engine.snapshot`, read only when the route's engine must run
+    and this process has no engine of that generation). `step` keeps them in one blob (tests).
+    """
 
     def __init__(
         self,
@@ -426,12 +489,70 @@ class KeyEngine:
         self.versions = versions
         self.tz = tz
         self.plan, self.rates = plan  # --plan / --stats: the engines' evaluation plan
-        self.cls = GLOBAL if route == GLOBAL else "k"
+        self.cls = class_of_route(route)
+        self.starts_at_first = self.cls[:1] == "g"  # no partition: starts with the stream
         self.dropped = 0  # stale cached engines let go of (see `settle_garbage`)
 
     def step(self, blob: bytes | None, rows: list[Row], wm: float | None) -> Stepped:
+        """`run` with the state as one pickled blob (header, held events, engine record)."""
+        st = pickle.loads(blob) if blob is not None else None  # noqa: S301 - our own state
+        hdr = None
+        if st is not None:
+            hdr = {k: v for k, v in st.items() if k not in ("held", "snap")}
+            if "now" not in hdr:  # written before the header had these
+                hdr.update(now=_UNKNOWN, timer=-math.inf, nheld=len(st["held"]))
+                hdr["held_min"] = min((h[0] for h in st["held"]), default=math.inf)
+        out = self.run(
+            hdr,
+            rows,
+            wm,
+            lambda: [
+                h if isinstance(h[4], Event) else (*h[:4], Event(*h[4]))  # type: ignore[misc]
+                for h in st["held"]  # type: ignore[index]
+            ],
+            lambda: st["snap"],  # type: ignore[index]
+        )
+        new = dict(out.hdr or {})
+        held = out.held_list if out.held_list is not None else (st or {}).get("held", [])
+        new["held"] = [
+            h if not isinstance(h[4], Event) else (*h[:4], (h[4].id, h[4].ts, h[4].attrs))
+            for h in [*held, *out.append]
+        ]
+        new["snap"] = out.record if out.record is not None else (st or {}).get("snap")
+        out.blob = pickle.dumps(new, pickle.HIGHEST_PROTOCOL)
+        return out
+
+    def _engine(self, hdr: dict[str, Any], load: Callable[[], bytes], out: Stepped) -> Engine:
+        """This state's engine: the one this process keeps for it, else restored (counted)."""
+        cached = _live.pop(self.route, None)
+        if cached is not None and cached[:2] == (hdr["epoch"], hdr["gen"]):
+            return cached[2]
+        self.dropped += cached is not None
+        out.restores += 1
+        engine, skipped = Engine.restore_reporting(
+            load(), self.versions.at(hdr["ver"]).profiles
+        )
+        if skipped:
+            self._report(skipped)
+        if engine.plan != self.plan:  # restarted with another --plan: convert the state
+            engine.configure_plans(self.plan, self.rates)
+        return engine
+
+    def run(
+        self,
+        hdr: dict[str, Any] | None,
+        rows: list[Row],
+        wm: float | None,
+        load_held: Callable[[], list[Held]],
+        load_record: Callable[[], bytes],
+    ) -> Stepped:
         """Apply the batch's profile version, take the rows, feed what the watermark `wm`
         releases (in ts, then ingest order), advance to `wm` if a timer falls due before it.
+
+        Reads the held events (`load_held`) and the engine record (`load_record`, unless this
+        process keeps the engine of this generation) only when the engine must run: a new
+        profile version, a late event to feed, or something due by `wm`; otherwise the new
+        events are only appended to the held list.
 
         An event older than the engine's time is late (the worker's rule,
         `adapters.service.intake`): kept out of the engine, in `Stepped.late_records`, or fed
@@ -439,84 +560,105 @@ class KeyEngine:
         due before it, so an engine with nothing due keeps the time of its last event and does
         not make events late that nothing has been decided past (the wall clock's watermark,
         ``--clock wall``, moves on every batch)."""
-        if blob is not None:
-            st = pickle.loads(blob)  # noqa: S301 - our own state store
-            cached = _live.pop(self.route, None)
-            if cached is not None and cached[:2] == (st["epoch"], st["gen"]):
-                engine = cached[2]
-            else:
-                self.dropped += cached is not None
-                engine, skipped = Engine.restore_reporting(
-                    st["snap"], self.versions.at(st["ver"]).profiles
-                )
-                if skipped:
-                    self._report(skipped)
-                if engine.plan != self.plan:  # restarted with another --plan: convert the state
-                    engine.configure_plans(self.plan, self.rates)
-        else:
+        out = Stepped(None, float("inf"))
+        engine: Engine | None = None
+        if hdr is None:
             epoch = next((r.epoch for r in rows), "")
-            st = {
+            hdr = {
                 "gen": 0,
                 "ver": None,
-                "defs": {},
-                "held": [],
                 "epoch": route_epoch(epoch, self.route),
+                "now": None,
+                "timer": math.inf,
+                "nheld": 0,
+                "held_min": math.inf,
+                "copies": set(),
+                "late": 0,
             }
             engine = Engine(tz=self.tz, plan=self.plan, rates=self.rates)
-        out = Stepped(None, float("inf"))
+        else:
+            hdr = dict(hdr)
+            hdr["copies"] = set(hdr.get("copies", ()))
         ver = max((r.plog for r in rows), key=rs.parse_id, default=None)
-        if ver is not None and ver != st["ver"]:
-            self._apply(engine, st, self.versions.at(ver))
-        if self.cls == GLOBAL and engine.now is None:
-            starts = [r.ts for r in rows if r.ts is not None]
-            if starts:  # the global engine starts at the stream's first event (replay's rule)
-                engine.advance(min(starts))
-        # held events are stored as plain (id, ts, attrs); states written before were Events
-        held: list[tuple[float, tuple[int, int, int], str, str, Event]] = [
-            h if isinstance(h[4], Event) else (*h[:4], Event(*h[4])) for h in st["held"]
-        ]
+        starts = [r.ts for r in rows if r.ts is not None]
+        if (
+            (ver is not None and ver != hdr["ver"])
+            or hdr["now"] is _UNKNOWN
+            or (self.starts_at_first and hdr["now"] is None and starts)
+        ):
+            engine = self._engine(hdr, load_record, out) if engine is None else engine
+        if engine is not None:
+            if ver is not None and ver != hdr["ver"]:
+                self._apply(engine, hdr, self.versions.at(ver))
+            if self.starts_at_first and engine.now is None and starts:
+                engine.advance(min(starts))  # starts at the stream's first event (replay's rule)
+            hdr["now"] = engine.now
+        now = hdr["now"]
+        new: list[Held] = []
         copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
-            if engine.now is not None and ev.ts < engine.now:
+            if now is not None and ev.ts < now:
                 out.late += 1
                 out.late_keys[r.key] = r.gw  # type: ignore[index]
                 if self.late_events == "feed":
+                    engine = self._engine(hdr, load_record, out) if engine is None else engine
                     self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
                     out.events += r.key not in copies
                 else:
-                    out.late_records.append(LateRecord.of(ev, r.key, r.gw, engine.now))  # type: ignore[arg-type]
+                    out.late_records.append(LateRecord.of(ev, r.key, r.gw, now))  # type: ignore[arg-type]
                     if out.late <= 10:
-                        _log_late(engine, ev, r.gw, "sent to the late output (not matched)")
+                        _log_late(now, ev, r.gw, "sent to the late output (not matched)")
             else:
-                held.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
-        held.sort(key=lambda h: (h[0], h[1]))
-        n = 0
-        if wm is not None:
-            while n < len(held) and held[n][0] <= wm:
-                self._feed(engine, held[n][4], held[n][2], held[n][3])
-                n += 1
-            due = engine.timers.next_time()
-            if engine.now is not None and wm > engine.now and due is not None and due < wm:
-                engine.advance(wm)
-        st["held"] = [(*h[:4], (h[4].id, h[4].ts, h[4].attrs)) for h in held[n:]]
-        copies.update(st.get("copies", ()))
-        out.events += sum(held[i][2] not in copies for i in range(n))
-        st["copies"] = {h[2] for h in st["held"] if h[2] in copies}
-        out.held = len(st["held"])
-        out.records = [record(x, st["epoch"]) for x in engine.take_notifications()]
-        out.due = min(st["held"][0][0] if st["held"] else float("inf"), engine.timers.head)
-        st["gen"] += 1
-        st["snap"] = engine.snapshot(profiles_apart=True)
-        st["late"] = st.get("late", 0) + out.late
-        out.blob = pickle.dumps(st, pickle.HIGHEST_PROTOCOL)
-        _live[self.route] = (st["epoch"], st["gen"], engine)
+                new.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
+        held_min = min(hdr["held_min"], min((h[0] for h in new), default=math.inf))
+        copies = copies & {h[2] for h in new} | hdr["copies"]
+        due = wm is not None and (held_min <= wm or hdr["timer"] < wm)
+        if engine is None and not due:  # nothing to run: the new events wait in the list
+            out.append = new
+            hdr.update(nheld=hdr["nheld"] + len(new), held_min=held_min, copies=copies)
+        else:
+            engine = self._engine(hdr, load_record, out) if engine is None else engine
+            held = (load_held() if hdr["nheld"] else []) + new
+            held.sort(key=lambda h: (h[0], h[1]))
+            n = 0
+            if wm is not None:
+                while n < len(held) and held[n][0] <= wm:
+                    self._feed(engine, held[n][4], held[n][2], held[n][3])
+                    n += 1
+                nxt = engine.timers.next_time()
+                if engine.now is not None and wm > engine.now and nxt is not None and nxt < wm:
+                    engine.advance(wm)
+            out.events += sum(held[i][2] not in copies for i in range(n))
+            out.held_list = held[n:]
+            out.records = [record(x, hdr["epoch"]) for x in engine.take_notifications()]
+            hdr.update(
+                gen=hdr["gen"] + 1,
+                now=engine.now,
+                timer=engine.timers.head,
+                nheld=len(out.held_list),
+                held_min=out.held_list[0][0] if out.held_list else math.inf,
+                copies={h[2] for h in out.held_list} & copies,
+            )
+            out.record = engine.snapshot(profiles_apart=True)
+            _live[self.route] = (hdr["epoch"], hdr["gen"], engine)
+        hdr["late"] = hdr.get("late", 0) + out.late
+        out.hdr = hdr
+        out.held = hdr["nheld"]
+        out.due = min(hdr["held_min"], hdr["timer"])
+        out.timer_ms = timer_ms(hdr["timer"], hdr["held_min"])
         return out
 
     def _apply(self, engine: Engine, st: dict[str, Any], v: Version) -> None:
         """Make the engine's profiles those of this class in version `v` (what changed only)."""
-        want = v.by_class[self.cls]
-        defs: dict[str, tuple[str, str | None]] = st["defs"]
+        want = v.of(self.cls)
+        if "defs" in st:  # states written before: the applied definitions
+            defs: dict[str, tuple[str, str | None]] = st.pop("defs")
+        elif st["ver"] is None:
+            defs = {}
+        else:  # what `_apply` made them at that version
+            old = self.versions.at(st["ver"])
+            defs = {pid: old.sigs[pid] for pid in old.of(self.cls)}
         for pid in list(defs):
             if pid not in want or v.sigs.get(pid) != defs[pid]:
                 try:
@@ -547,20 +689,20 @@ class KeyEngine:
 
     def _feed(self, engine: Engine, ev: Event, key: str, gw: str, late: bool = False) -> None:
         if late:
-            _log_late(engine, ev, gw, "processed in arrival order")
+            _log_late(engine.now, ev, gw, "processed in arrival order")  # type: ignore[arg-type]
         try:
             engine.process(ev)
         except Exception:  # a poison event must not stop the query
             log.exception("engine failed on event %s (%s); skipped", ev.id, key)
 
 
-def _log_late(engine: Engine, ev: Event, gw: str, what: str) -> None:
+def _log_late(now: float, ev: Event, gw: str, what: str) -> None:
     log.warning(
         "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; %s",
         ev.id,
         gw,
         ev.ts,
-        engine.now - ev.ts,  # type: ignore[operator]
+        now - ev.ts,
         what,
     )
 
