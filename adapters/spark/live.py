@@ -529,9 +529,7 @@ class KeyEngine:
             return cached[2]
         self.dropped += cached is not None
         out.restores += 1
-        engine, skipped = Engine.restore_reporting(
-            load(), self.versions.at(hdr["ver"]).profiles
-        )
+        engine, skipped = Engine.restore_reporting(load(), self.versions.at(hdr["ver"]).profiles)
         if skipped:
             self._report(skipped)
         if engine.plan != self.plan:  # restarted with another --plan: convert the state

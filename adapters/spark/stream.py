@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 from adapters.service import redis_store as rs
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -583,9 +582,7 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
     register(spark)
     spark.dataSource.register(_sink_classes())
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    spark.conf.set(
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
-    )
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     parts = cfg.partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     src = (
         spark.readStream.format(SOURCE)
