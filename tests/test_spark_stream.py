@@ -840,3 +840,27 @@ def test_a_restore_that_leaves_out_removed_profiles_logs_it_once_per_profile(
     warned = [x for x in caplog.records if "left out engine state" in x.getMessage()]
     assert len(warned) == 1 and warned[0].levelname == "WARNING"
     assert "removed profile 'ab' (1 partial matches" in warned[0].getMessage()
+
+
+def test_a_checkpoint_of_the_earlier_operator_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    """A checkpoint that has offsets but not this operator's marker was written by the earlier
+    operator (applyInPandasWithState, one pickled engine per route), whose state this one
+    cannot read: `ens spark stream` says so and what to do, before starting anything."""
+    from typer.testing import CliRunner
+
+    from adapters.spark.keyed import MARKER, check_checkpoint, mark_checkpoint
+    from ens.commands.spark import app
+
+    old = tmp_path / "old"
+    (old / "offsets").mkdir(parents=True)
+    (old / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"ingest":"0-0"}\n')
+    res = CliRunner().invoke(
+        app, ["stream", "--redis-url", "redis://127.0.0.1:1/0", "--checkpoint", str(old)]
+    )
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    err = " ".join(res.output.split())
+    assert f"checkpoint {old} holds the state of an earlier" in err
+    assert "new --checkpoint" in err and "XTRIM" in err
+    assert check_checkpoint(str(tmp_path / "new")) is None  # a new one, and ours, run
+    mark_checkpoint(str(old))
+    assert (old / MARKER).exists() and check_checkpoint(str(old)) is None
