@@ -60,9 +60,17 @@ def due_by(dues: Mapping[PartId, float | None], until: float) -> list[PartId]:
 
 def encode_id(part: PartId) -> str:
     """A partition id as a string (a state store's key): JSON ``[profile, [values]]``; a
-    boolean value as ``{"bool": v}`` (`per` keys hold it as (bool, v))."""
+    boolean value as ``{"bool": v}`` (`per` keys hold it as (bool, v)), a whole float as an
+    int (1.0 and 1 are one partition, as in the engine)."""
     pid, key = part
-    vals = [{"bool": v[1]} if isinstance(v, tuple) else v for v in key]
+    vals = [
+        {"bool": v[1]}
+        if isinstance(v, tuple)
+        else int(v)
+        if isinstance(v, float) and v.is_integer()
+        else v
+        for v in key
+    ]
     return json.dumps([pid, vals], separators=(",", ":"), sort_keys=True)
 
 
@@ -94,6 +102,19 @@ class PartitionedEngine:
     def reached(self, event: Event) -> list[PartId]:
         """The partitions `event` may change (load their records before `process`)."""
         return self.engine.reached(event)
+
+    def wanted(
+        self, events: Iterable[Event], dues: Mapping[PartId, float | None], until: float
+    ) -> list[PartId]:
+        """Every partition a step over `events` and up to `until` (its watermark) may change:
+        those the events reach, those due by then (`dues`: the caller's due map) and those the
+        header's clocks reach (after `begin`). Load the records of these before the step."""
+        evs = list(events)
+        horizon = max([until, *(ev.ts for ev in evs)])
+        out = dict.fromkeys(p for ev in evs for p in self.engine.reached(ev))
+        out.update(dict.fromkeys(due_by(dues, horizon)))
+        out.update(dict.fromkeys(self.engine.clock_parts(horizon)))
+        return list(out)
 
     def load(self, part: PartId, record: bytes) -> bool:
         """One partition's record into the engine; False if its profile is not active here

@@ -138,6 +138,17 @@ class PartitionState:
                 out[(got[0].pid, got[1])] = None
         return list(out)
 
+    def clock_parts(self, until: float) -> list[PartId]:
+        """The partitions the clocks due by `until` reach: of each profile waiting for one,
+        its partition without `per` (a clock event has no attributes)."""
+        out: list[PartId] = []
+        for clock, h in self._clocks.items():
+            if h is not None and h[0] <= until:
+                for rt in self._clock_users.get(clock, {}).values():
+                    if rt.active and not rt.per:
+                        out.append((rt.pid, ()))
+        return out
+
     def part_ids(self) -> list[PartId]:
         """Every partition the engine holds."""
         out: list[PartId] = []

@@ -585,7 +585,7 @@ class _PlainReader(_Reader):
             if t is None:
                 t = self.types[name] = type("Stored", (Stored,), {"__slots__": (), "name": name})
             return t
-        if isinstance(pid, str) and pid.startswith(_PROFILE):
+        if isinstance(pid, str) and pid.startswith((_PROFILE, _REF)):
             return pid
         return super().persistent_load(pid)
 
