@@ -39,6 +39,7 @@ from typing import Any
 from filters.engine import Engine
 from filters.notification import Notification
 from filters.partstate import PartId
+from filters.state import load_record
 from profiles.events import Event
 
 __all__ = ["PartId", "PartitionedEngine", "Record", "decode_id", "due_by", "encode_id"]
@@ -155,6 +156,13 @@ class PartitionedEngine:
         self.engine.reset_state()
         self._dirty.clear()
         return head
+
+    @staticmethod
+    def profile_order(header: bytes) -> list[str]:
+        """The active profiles of a header, in the engine's order (the order notifications of
+        one event come in): build the engine of a restore in this order."""
+        order: list[str] = load_record(header, "header")["order"]
+        return order
 
     # ---------------------------------------------------------------- steps
     def _mark(self, parts: Iterable[PartId]) -> None:

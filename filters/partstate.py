@@ -76,6 +76,9 @@ class PartitionState:
     def _register_starts(self, rt: Runtime) -> None:
         raise NotImplementedError
 
+    def _swap(self, idx: int, rt: Runtime, lazy: bool, driver: int | None = None) -> None:
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- reach
     def compiled(self) -> dict[int, Runtime]:
         """The runtimes of the compiled profile set (those a `once` retired included): taken
@@ -262,6 +265,8 @@ class PartitionState:
             "pm_counts": pm_counts,
             "sweeps": sweeps,
             "out": list(self._out),
+            "order": [rt.pid for rt in self._rts.values()],
+            "lazy": {rt.pid: rt.k for rt in self._rts.values() if isinstance(rt, LazySeqRuntime)},
         }
         return state_format.dump_record("header", body)
 
@@ -269,11 +274,24 @@ class PartitionState:
         """The engine-level state of a `store_header` into an engine holding none
         (`reset_state`), before its partitions are loaded."""
         body = state_format.load_record(data, "header")
-        self.compiled()
+        base = self.compiled()
+        lazy: dict[str, int] = body["lazy"]
+        for idx, rt in list(base.items()):  # each profile's plan as stored (its records' kind)
+            if not rt.active or not isinstance(rt, (CompositeRuntime, LazySeqRuntime)):
+                continue
+            k = lazy.get(rt.pid)
+            if isinstance(rt, LazySeqRuntime) != (k is not None) or (
+                isinstance(rt, LazySeqRuntime) and rt.k != k
+            ):
+                if isinstance(rt, LazySeqRuntime) and k is not None:  # another driver
+                    self._swap(idx, rt, False)
+                    rt = self._rts[idx]
+                self._swap(idx, rt, k is not None, k)
+                base[idx] = self._rts[idx]
         for pid in body["inactive"]:
-            rt = self._by_id.get(pid)
-            if rt is not None:
-                self._deactivate(rt)
+            gone = self._by_id.get(pid)
+            if gone is not None:
+                self._deactivate(gone)
         self.now = body["now"]
         self._seq = body["seq"]
         self._nseq = body["nseq"]
@@ -284,13 +302,13 @@ class PartitionState:
                 if h is not None:
                     self.timers.put(h)
         for pid, n in body["pm_counts"].items():
-            rt = self._by_id.get(pid)
-            if isinstance(rt, CompositeRuntime):
-                rt.pm_count = n
+            comp = self._by_id.get(pid)
+            if isinstance(comp, CompositeRuntime):
+                comp.pm_count = n
         for pid, t in body["sweeps"].items():
-            rt = self._by_id.get(pid)
-            if isinstance(rt, LazySeqRuntime):
-                rt.sweep_at = t
+            lz = self._by_id.get(pid)
+            if isinstance(lz, LazySeqRuntime):
+                lz.sweep_at = t
         self._out.extend(body["out"])
 
     def reset_state(self) -> None:

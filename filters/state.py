@@ -303,8 +303,10 @@ RECORDS: dict[str, tuple[str, ...]] = {
     "header": (
         "clocks",
         "inactive",
+        "lazy",
         "now",
         "nseq",
+        "order",
         "out",
         "pm_counts",
         "seq",

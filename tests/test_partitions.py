@@ -291,3 +291,29 @@ def test_the_schema_of_records_is_what_the_classes_store() -> None:
     assert "partial-match" in seen and "partition" in seen and "lazy-partition" in seen
     assert "engine" not in seen and "composite-runtime" not in seen  # runtimes are references
     assert {k: tuple(sorted(v)) for k, v in seen.items()} == {k: state.SCHEMA.get(k) for k in seen}
+
+
+def test_records_of_another_plan_load_as_written_and_the_header_names_the_order() -> None:
+    """A header says how each profile ran (eager or rare-first, its driver): an engine built
+    under another plan runs the stored profiles as written (a site restarted with another
+    --plan converts afterwards, `Engine.configure_plans`)."""
+    import base64
+
+    golden = Path(__file__).parent / "golden"
+    doc = json.loads((golden / "v2-records-rare-first.json").read_text())
+    pset, errors = parse_profile_document((golden / "profiles.json").read_text(), "p.json")
+    assert not errors
+    lines = (golden / "events.jsonl").read_text().splitlines()
+    evs = [event_from_obj(json.loads(line), f"#{n}") for n, line in enumerate(lines, 1)]
+    header = base64.b64decode(doc["header"])
+    assert PartitionedEngine.profile_order(header) == [p.id for p in pset.profiles]
+    pe = PartitionedEngine(Engine(pset.profiles, plan="eager"))
+    pe.begin(header)
+    for key, data in doc["partitions"].items():
+        assert pe.load(decode_id(key), base64.b64decode(data))
+    assert pe.engine.configure_plans("eager", None) == ["break-in"]  # converted
+    for ev in evs[len(evs) // 2 :]:
+        pe.process(ev)
+    pe.finish()
+    got = [n.to_json() for n in pe.take_notifications()]
+    assert got == json.loads((golden / "expect-rare-first.json").read_text())
