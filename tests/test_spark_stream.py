@@ -615,7 +615,7 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
     step per route with the watermark at the end of the stream: the case's notifications,
     under either plan (`ens spark stream --plan`)."""
     from adapters.spark import stream
-    from adapters.spark.live import TICK, KeyEngine, ProfileLog, Row, Versions, _live
+    from adapters.spark.live import TICK, KeyEngine, ProfileLog, Row, Versions, _compiled
     from adapters.spark.stream import read_range
     from profiles.events import parse_ts
     from tests.conftest import canon as case_canon
@@ -632,7 +632,7 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
                 continue
             zone = case.get("replay_tz", "UTC")
             r.flushall()  # a new service each time: the per-process caches go too
-            _live.clear()
+            _compiled.clear()
             stream._versions.clear()
             stream._relevance.clear()
             pers = [a for p in case["profiles"] for a in parse_profile(p["expr"], p["id"]).per]
@@ -664,8 +664,10 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
                     for x in rows
                     if x["route"] == route
                 ]
-                out = KeyEngine(route, versions, zone, (plan, None)).step(None, mine, end + 1e-6)
-                engine = _live[route][2]
+                ke = KeyEngine(route, versions, zone, (plan, None))
+                out = ke.step(None, mine, end + 1e-6)
+                engine = ke.engine
+                assert engine is not None
                 assert engine.plan == plan
                 lazy += sum(type(x).__name__ == "LazySeqRuntime" for x in engine._rts.values())
                 got += replay_records(out.records)
@@ -727,9 +729,9 @@ SEQ_2H = 'seq(a: kind = "A", b: kind = "B") within 2h per room'
 
 def _task_setup(rb: redis.Redis, rt: redis.Redis, profiles: dict[str, str]) -> tuple[str, Any]:
     """``profiles`` stored and folded into the profile log: (its head id, a `Versions`)."""
-    from adapters.spark.live import ProfileLog, Versions, _live
+    from adapters.spark.live import ProfileLog, Versions, _compiled
 
-    _live.clear()
+    _compiled.clear()
     for pid, expr in profiles.items():
         rs.put_profile(rt, pid, expr)
     return ProfileLog(rb).sync(), Versions(rb, "room")
@@ -830,16 +832,16 @@ def test_a_restore_that_leaves_out_removed_profiles_logs_it_once_per_profile(
     assert blob is not None
     rs.delete_profile(rt, "ab")
     st = pickle.loads(blob)  # noqa: S301 - ours
-    st["ver"] = ProfileLog(rb).sync()  # the version without ab, as if applied already
+    st["hdr"]["ver"] = ProfileLog(rb).sync()  # the version without ab, as if applied already
     stale = pickle.dumps(st)
     caplog.set_level("WARNING", "ens.spark.stream")
     for route in ("kr1", "kr1", "kr9"):
-        live._live.clear()  # another Python worker, or a re-execution: a restore
+        live._compiled.clear()  # another Python worker, or a re-execution
         out = KeyEngine(route, versions).step(stale, [], 9000.0)  # ab's timer was due
-        assert out.records == [] and out.restores == 1
+        assert out.records == [] and out.parts_read == 1
     warned = [x for x in caplog.records if "left out engine state" in x.getMessage()]
     assert len(warned) == 1 and warned[0].levelname == "WARNING"
-    assert "removed profile 'ab' (1 partial matches" in warned[0].getMessage()
+    assert "removed profile 'ab' (1 partitions)" in warned[0].getMessage()
 
 
 def test_a_checkpoint_of_the_earlier_operator_is_refused_with_what_to_do(tmp_path: Path) -> None:

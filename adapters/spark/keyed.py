@@ -4,18 +4,20 @@ A `StatefulProcessor` (``transformWithStateInPandas``, time mode EventTime, Rock
 store with changelog checkpointing) keeps, per route (a value of ``--key``, a value of
 another `per` attribute, or a shard of the profiles without a partition):
 
-- ``hdr`` (ValueState): a small header: profile version applied, engine generation and
-  time, next due times, held-event count, the Spark timer registered (`KeyEngine.run`);
+- ``hdr`` (ValueState): a small header: profile version applied, engine time, next due
+  time, held-event count and earliest ts, the Spark timer registered (`KeyEngine.run`);
 - ``held`` (ListState): the events held back by the watermark, appended to without reading
   while nothing is due;
-- ``parts`` (MapState (profile, partition) -> record): the engine's records. Until the engine
-  keeps its state per partition there is one entry, `WHOLE` (the engine snapshot); `records`
-  and `load` are the two places that change when it does;
+- ``eng`` (ValueState): the engine header (`PartitionedEngine.end`: time, counters, clocks)
+  and the due time of every partition that has a timer, read only when the engine runs;
+- ``parts`` (MapState (profile, partition id) -> record): one record per profile partition
+  (`filters.partitions`); a step reads those its events reach and those due by the
+  watermark, and writes those it changed;
 - one event-time timer at the route's next due time, so a route with nothing due is never
-  invoked, and a route whose engine this Python worker keeps (same generation) reads no
-  record at all.
+  invoked.
 
-Each call is a round trip to the JVM's state server (~50-100 µs), so a call reads each piece
+The compiled profiles are the Python worker's (`live.compiled`, per profile version and
+route class): no whole-engine restore, only partition records. Each call is a round trip to the JVM's state server (~50-100 µs), so a call reads each piece
 at most once and writes only what changed. Counters (whole-engine restores, records and
 bytes read and written, state calls, timers fired, task CPU) go out with each route's status
 row; the sink sums them per micro-batch (`adapters.spark.stream.write_status`).
@@ -36,13 +38,13 @@ if TYPE_CHECKING:
     from adapters.spark.stream import StreamConfig
 
 HDR_DDL = "h binary"
+ENG_DDL = "h binary, dues binary"
 HELD_DDL = "ts double, key string, gw string, ev binary"
 PART_KEY_DDL = "profile string, part string"
 PART_DDL = "rec binary"
-WHOLE = ("*", "*")  # the one engine record of a route (the engine is not split yet)
 COUNTERS = (
-    "restores",  # whole-engine restores (this worker did not keep the route's engine)
-    "parts_read",
+    "restores",  # whole-route loads (every record: a profile change of the route's class)
+    "parts_read",  # partition records read
     "parts_written",
     "bytes_read",
     "bytes_written",
@@ -52,22 +54,41 @@ COUNTERS = (
 )
 COUNTERS_DDL = ", ".join(f"{c} long" for c in COUNTERS) + ", cpu double"
 MARKER = "ens-operator.json"  # in the checkpoint: which operator wrote its state
-OPERATOR = {"operator": "transformWithStateInPandas", "layout": 1}
+OPERATOR = {"operator": "transformWithStateInPandas", "layout": 2}
 
 
-def records(record: bytes) -> dict[tuple[str, str], bytes]:
-    """The MapState entries of an engine record (today: one, the whole engine)."""
-    return {WHOLE: record}
+class MapRecords:
+    """`live.Records` over the route's MapState (profile, partition id) -> record, counted."""
 
+    def __init__(self, parts: Any, count: dict[str, float]) -> None:
+        self.parts = parts
+        self.count = count
 
-def load(parts: Any, count: dict[str, float]) -> bytes:
-    """The engine record of a route from its MapState entries (today: the one `WHOLE`)."""
-    v = parts.getValue(WHOLE)
-    count["calls"] += 1
-    count["parts_read"] += 1
-    rec: bytes = v[0]
-    count["bytes_read"] += len(rec)
-    return rec
+    @staticmethod
+    def _key(k: str) -> tuple[str, str]:
+        return (json.loads(k)[0], k)
+
+    def get(self, key: str) -> bytes | None:
+        v = self.parts.getValue(self._key(key))
+        self.count["calls"] += 1
+        if v is None:
+            return None
+        self.count["bytes_read"] += len(v[0])
+        return bytes(v[0])
+
+    def put(self, key: str, data: bytes) -> None:
+        self.parts.updateValue(self._key(key), (data,))
+        self.count["calls"] += 1
+        self.count["parts_written"] += 1
+        self.count["bytes_written"] += len(data)
+
+    def delete(self, key: str) -> None:
+        self.parts.removeKey(self._key(key))
+        self.count["calls"] += 1
+
+    def keys(self) -> list[str]:
+        self.count["calls"] += 1
+        return [k[1] for k in self.parts.keys()]
 
 
 def _held_row(h: Any) -> tuple[float, str, str, bytes]:
@@ -92,6 +113,7 @@ def processor(cfg: StreamConfig) -> Any:
             self.handle = handle
             self.hdr = handle.getValueState("hdr", HDR_DDL)
             self.held = handle.getListState("held", HELD_DDL)
+            self.eng = handle.getValueState("eng", ENG_DDL)
             self.parts = handle.getMapState("parts", PART_KEY_DDL, PART_DDL)
 
         def handleInputRows(
@@ -164,8 +186,17 @@ def processor(cfg: StreamConfig) -> Any:
                 count["bytes_read"] += sum(len(h[4].id) + 64 for h in got)
                 return got
 
-            out = eng.run(hdr, rows, wm, held, lambda: load(self.parts, count))
+            def eng_state() -> tuple[bytes | None, dict[str, float]]:
+                v = self.eng.get()
+                count["calls"] += 1
+                if v is None:
+                    return None, {}
+                count["bytes_read"] += len(v[0]) + len(v[1])
+                return bytes(v[0]), pickle.loads(v[1])  # noqa: S301 - ours
+
+            out = eng.run(hdr, rows, wm, held, eng_state, MapRecords(self.parts, count))
             count["restores"] += out.restores
+            count["parts_read"] += out.parts_read
             r = client(url)
             if hdr is None:
                 r.sadd(live.ROUTES, route)
@@ -173,12 +204,12 @@ def processor(cfg: StreamConfig) -> Any:
                 live.Outbox(r, ttl).write(out.records)
             if out.late_records:  # before the state: a re-execution writes them again, skipped
                 live.LateOutput(r, ttl, late_max).write(out.late_records)
-            if out.record is not None:
-                for k, rec in records(out.record).items():
-                    self.parts.updateValue(k, (rec,))
-                    count["calls"] += 1
-                    count["parts_written"] += 1
-                    count["bytes_written"] += len(rec)
+            if out.eng is not None:
+                eh, dues = out.eng
+                d = pickle.dumps(dues, pickle.HIGHEST_PROTOCOL)
+                self.eng.update((eh, d))
+                count["calls"] += 1
+                count["bytes_written"] += len(eh) + len(d)
             if out.held_list is not None:
                 if out.held_list:
                     rows_ = [_held_row(h) for h in out.held_list]

@@ -33,12 +33,13 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from adapters.service import redis_store as rs
 from adapters.service.late import LATE, LateRecord
 from filters.engine import Engine
 from filters.notification import Notification
+from filters.partitions import PartitionedEngine, decode_id, encode_id
 from filters.restore import Skipped
 from notifiers import store
 from profiles.ast import Profile
@@ -418,8 +419,10 @@ class Stepped:
     hdr: dict[str, Any] | None = None  # the header (small: read on every call)
     append: list[Held] = field(default_factory=list)  # held events to append (list not read)
     held_list: list[Held] | None = None  # the whole held list to store (it was read)
-    record: bytes | None = None  # the engine record (`Engine.snapshot`)
-    restores: int = 0  # whole-engine restores (the cached engine was not this state's)
+    eng: tuple[bytes, dict[str, float]] | None = None  # engine header, partitions' due times
+    parts_read: int = 0  # partition records read
+    parts_written: int = 0
+    restores: int = 0  # whole-route loads (every record: a profile change)
     timer_ms: int | None = None  # the Spark event-time timer to have (ms), None: none
 
 
@@ -467,13 +470,54 @@ def timer_ms(due: float, held_min: float) -> int | None:
     return None if t == math.inf else int(t)
 
 
+class Records(Protocol):
+    """A route's partition records by `encode_id` (Spark: a MapState; `KeyEngine.step`: a dict)."""
+
+    def get(self, key: str) -> bytes | None: ...
+    def put(self, key: str, data: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def keys(self) -> list[str]: ...
+
+
+class DictRecords(dict[str, bytes]):
+    """`Records` in a dict."""
+
+    def put(self, key: str, data: bytes) -> None:
+        self[key] = data
+
+    def delete(self, key: str) -> None:
+        self.pop(key, None)
+
+    def keys(self) -> list[str]:  # type: ignore[override]
+        return list(super().keys())
+
+
+_compiled: dict[tuple[str, str, str, str, int], PartitionedEngine] = {}  # per Python worker
+
+
+def compiled(versions: Versions, ver: str, cls: str, tz: str, plan: tuple[str, Any]) -> Any:
+    """The compiled profiles of a route class at a profile version, as a `PartitionedEngine`
+    holding no state: built once per Python worker and version, shared by its routes (each
+    step `begin`s with a route's header and `end`s with none)."""
+    k = (ver, cls, tz, plan[0], id(plan[1]))
+    pe = _compiled.get(k)
+    if pe is None:
+        if len(_compiled) >= 8:
+            _compiled.pop(next(iter(_compiled)))
+        eng = Engine(list(versions.at(ver).of(cls).values()), tz=tz, plan=plan[0], rates=plan[1])
+        pe = _compiled[k] = PartitionedEngine(eng)
+    return pe
+
+
 class KeyEngine:
     """One route's engine, its reorder buffer and its applied profiles.
 
-    The state is in three pieces (`run`): a small header (versions, engine time, next due
-    times, counts), the held events (a list, appended to without reading it while nothing is
-    due) and the engine record (`Engine.snapshot`, read only when the route's engine must run
-    and this process has no engine of that generation). `step` keeps them in one blob (tests).
+    The state is in pieces (`run`): a small header (versions, engine time, next due time,
+    held count), the held events (a list, appended to without reading it while nothing is
+    due), the engine header with the partitions' due times (read when the engine runs), and
+    one record per profile partition (`filters.partitions`: only those the step's events
+    reach or has due are read, only those it changed written). The compiled profiles are
+    the Python worker's (`compiled`). `step` keeps all of it in one blob (tests).
     """
 
     def __init__(
@@ -488,53 +532,36 @@ class KeyEngine:
         self.late_events = late_events  # "output": late events go to ens:late; "feed": fed
         self.versions = versions
         self.tz = tz
-        self.plan, self.rates = plan  # --plan / --stats: the engines' evaluation plan
+        self.plan = plan  # --plan / --stats: the engines' evaluation plan
         self.cls = class_of_route(route)
         self.starts_at_first = self.cls[:1] == "g"  # no partition: starts with the stream
-        self.dropped = 0  # stale cached engines let go of (see `settle_garbage`)
+        self.engine: Engine | None = None  # the engine of the last step (tests)
+        self.dropped = 0  # kept for `settle_garbage`: nothing is dropped per step any more
 
     def step(self, blob: bytes | None, rows: list[Row], wm: float | None) -> Stepped:
-        """`run` with the state as one pickled blob (header, held events, engine record)."""
+        """`run` with the state as one pickled blob (tests): {"hdr", "eng", "held", "parts"}."""
         st = pickle.loads(blob) if blob is not None else None  # noqa: S301 - our own state
-        hdr = None
-        if st is not None:
-            hdr = {k: v for k, v in st.items() if k not in ("held", "snap")}
-            if "now" not in hdr:  # written before the header had these
-                hdr.update(now=_UNKNOWN, timer=-math.inf, nheld=len(st["held"]))
-                hdr["held_min"] = min((h[0] for h in st["held"]), default=math.inf)
+        recs = DictRecords((st or {}).get("parts", {}))
         out = self.run(
-            hdr,
+            (st or {}).get("hdr"),
             rows,
             wm,
-            lambda: [
-                h if isinstance(h[4], Event) else (*h[:4], Event(*h[4]))  # type: ignore[misc]
-                for h in st["held"]  # type: ignore[index]
-            ],
-            lambda: st["snap"],  # type: ignore[index]
+            lambda: [(*h[:4], Event(*h[4])) for h in st["held"]],  # type: ignore[index]
+            lambda: st["eng"],  # type: ignore[index]
+            recs,
         )
-        new = dict(out.hdr or {})
         held = out.held_list if out.held_list is not None else (st or {}).get("held", [])
-        new["held"] = [
-            h if not isinstance(h[4], Event) else (*h[:4], (h[4].id, h[4].ts, h[4].attrs))
-            for h in [*held, *out.append]
-        ]
-        new["snap"] = out.record if out.record is not None else (st or {}).get("snap")
+        new = {
+            "hdr": out.hdr,
+            "eng": out.eng if out.eng is not None else (st or {}).get("eng"),
+            "held": [
+                h if not isinstance(h[4], Event) else (*h[:4], (h[4].id, h[4].ts, h[4].attrs))
+                for h in [*held, *out.append]
+            ],
+            "parts": dict(recs),
+        }
         out.blob = pickle.dumps(new, pickle.HIGHEST_PROTOCOL)
         return out
-
-    def _engine(self, hdr: dict[str, Any], load: Callable[[], bytes], out: Stepped) -> Engine:
-        """This state's engine: the one this process keeps for it, else restored (counted)."""
-        cached = _live.pop(self.route, None)
-        if cached is not None and cached[:2] == (hdr["epoch"], hdr["gen"]):
-            return cached[2]
-        self.dropped += cached is not None
-        out.restores += 1
-        engine, skipped = Engine.restore_reporting(load(), self.versions.at(hdr["ver"]).profiles)
-        if skipped:
-            self._report(skipped)
-        if engine.plan != self.plan:  # restarted with another --plan: convert the state
-            engine.configure_plans(self.plan, self.rates)
-        return engine
 
     def run(
         self,
@@ -542,15 +569,18 @@ class KeyEngine:
         rows: list[Row],
         wm: float | None,
         load_held: Callable[[], list[Held]],
-        load_record: Callable[[], bytes],
+        load_eng: Callable[[], tuple[bytes | None, dict[str, float]]],
+        records: Records,
     ) -> Stepped:
-        """Apply the batch's profile version, take the rows, feed what the watermark `wm`
+        """Take the rows, apply the batch's profile version, feed what the watermark `wm`
         releases (in ts, then ingest order), advance to `wm` if a timer falls due before it.
 
-        Reads the held events (`load_held`) and the engine record (`load_record`, unless this
-        process keeps the engine of this generation) only when the engine must run: a new
-        profile version, a late event to feed, or something due by `wm`; otherwise the new
-        events are only appended to the held list.
+        The engine runs only when it must: a new profile version, a late event to feed, or
+        something due by `wm` (a held event, a partition's timer, a clock); otherwise the new
+        events are only appended to the held list and nothing else is read. When it runs, it
+        reads the held events (`load_held`), the engine header and due times (`load_eng`) and
+        the records of the partitions the released events reach or has due; it writes the
+        records it changed to `records` (`Stepped.eng`: the new engine header and due times).
 
         An event older than the engine's time is late (the worker's rule,
         `adapters.service.intake`): kept out of the engine, in `Stepped.late_records`, or fed
@@ -559,11 +589,10 @@ class KeyEngine:
         not make events late that nothing has been decided past (the wall clock's watermark,
         ``--clock wall``, moves on every batch)."""
         out = Stepped(None, float("inf"))
-        engine: Engine | None = None
+        new_route = hdr is None
         if hdr is None:
             epoch = next((r.epoch for r in rows), "")
             hdr = {
-                "gen": 0,
                 "ver": None,
                 "epoch": route_epoch(epoch, self.route),
                 "now": None,
@@ -573,26 +602,16 @@ class KeyEngine:
                 "copies": set(),
                 "late": 0,
             }
-            engine = Engine(tz=self.tz, plan=self.plan, rates=self.rates)
         else:
             hdr = dict(hdr)
             hdr["copies"] = set(hdr.get("copies", ()))
         ver = max((r.plog for r in rows), key=rs.parse_id, default=None)
         starts = [r.ts for r in rows if r.ts is not None]
-        if (
-            (ver is not None and ver != hdr["ver"])
-            or hdr["now"] is _UNKNOWN
-            or (self.starts_at_first and hdr["now"] is None and starts)
-        ):
-            engine = self._engine(hdr, load_record, out) if engine is None else engine
-        if engine is not None:
-            if ver is not None and ver != hdr["ver"]:
-                self._apply(engine, hdr, self.versions.at(ver))
-            if self.starts_at_first and engine.now is None and starts:
-                engine.advance(min(starts))  # starts at the stream's first event (replay's rule)
-            hdr["now"] = engine.now
+        first = self.starts_at_first and hdr["now"] is None and bool(starts)
+        must = new_route or first or (ver is not None and ver != hdr["ver"])
         now = hdr["now"]
         new: list[Held] = []
+        fed_late: list[tuple[Event, str, str]] = []
         copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
@@ -600,8 +619,7 @@ class KeyEngine:
                 out.late += 1
                 out.late_keys[r.key] = r.gw  # type: ignore[index]
                 if self.late_events == "feed":
-                    engine = self._engine(hdr, load_record, out) if engine is None else engine
-                    self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
+                    fed_late.append((ev, r.key, r.gw))  # type: ignore[arg-type]
                     out.events += r.key not in copies
                 else:
                     out.late_records.append(LateRecord.of(ev, r.key, r.gw, now))  # type: ignore[arg-type]
@@ -612,34 +630,24 @@ class KeyEngine:
         held_min = min(hdr["held_min"], min((h[0] for h in new), default=math.inf))
         copies = copies & {h[2] for h in new} | hdr["copies"]
         due = wm is not None and (held_min <= wm or hdr["timer"] < wm)
-        if engine is None and not due:  # nothing to run: the new events wait in the list
+        if not (must or fed_late or due):  # nothing to run: the new events wait in the list
             out.append = new
             hdr.update(nheld=hdr["nheld"] + len(new), held_min=held_min, copies=copies)
         else:
-            engine = self._engine(hdr, load_record, out) if engine is None else engine
             held = (load_held() if hdr["nheld"] else []) + new
             held.sort(key=lambda h: (h[0], h[1]))
             n = 0
             if wm is not None:
                 while n < len(held) and held[n][0] <= wm:
-                    self._feed(engine, held[n][4], held[n][2], held[n][3])
                     n += 1
-                nxt = engine.timers.next_time()
-                if engine.now is not None and wm > engine.now and nxt is not None and nxt < wm:
-                    engine.advance(wm)
+            self._run(hdr, ver, starts, fed_late, held[:n], wm, load_eng, records, out)
             out.events += sum(held[i][2] not in copies for i in range(n))
             out.held_list = held[n:]
-            out.records = [record(x, hdr["epoch"]) for x in engine.take_notifications()]
             hdr.update(
-                gen=hdr["gen"] + 1,
-                now=engine.now,
-                timer=engine.timers.head,
                 nheld=len(out.held_list),
                 held_min=out.held_list[0][0] if out.held_list else math.inf,
                 copies={h[2] for h in out.held_list} & copies,
             )
-            out.record = engine.snapshot(profiles_apart=True)
-            _live[self.route] = (hdr["epoch"], hdr["gen"], engine)
         hdr["late"] = hdr.get("late", 0) + out.late
         out.hdr = hdr
         out.held = hdr["nheld"]
@@ -647,16 +655,124 @@ class KeyEngine:
         out.timer_ms = timer_ms(hdr["timer"], hdr["held_min"])
         return out
 
+    def _run(
+        self,
+        hdr: dict[str, Any],
+        ver: str | None,
+        starts: list[float],
+        fed_late: list[tuple[Event, str, str]],
+        released: list[Held],
+        wm: float | None,
+        load_eng: Callable[[], tuple[bytes | None, dict[str, float]]],
+        records: Records,
+        out: Stepped,
+    ) -> None:
+        """The engine's part of `run`: load what the step needs, step, store what changed."""
+        eh, dues = load_eng() if hdr["ver"] is not None else (None, {})
+        dues = dict(dues)
+        upgrade = ver is not None and ver != hdr["ver"] and hdr["ver"] is not None
+        if upgrade:  # a profile change: every record of the route, in an engine of its own
+            pe = self._upgrade(eh, hdr["ver"], ver, records, dues, out)  # type: ignore[arg-type]
+            loaded = set(pe.loaded())
+        else:
+            pe = compiled(self.versions, ver or hdr["ver"], self.cls, self.tz, self.plan)
+            pe.begin(eh)
+            loaded = set()
+        hdr["ver"] = ver or hdr["ver"]
+        engine = pe.engine
+        self.engine = engine
+        if self.starts_at_first and engine.now is None and starts:
+            pe.advance(min(starts))  # starts at the stream's first event (replay's rule)
+        events = [e for e, _k, _g in fed_late] + [h[4] for h in released]
+        until = wm if wm is not None else (engine.now if engine.now is not None else -math.inf)
+        gone: dict[str, int] = {}
+        for part in pe.wanted(events, {decode_id(k): t for k, t in dues.items()}, until):
+            if part in loaded:
+                continue
+            k = encode_id(part)
+            data = records.get(k)
+            if data is None:
+                continue
+            out.parts_read += 1
+            if not pe.load(part, data):  # its profile is gone (removed, `once` reported)
+                records.delete(k)
+                dues.pop(k, None)
+                gone[part[0]] = gone.get(part[0], 0) + 1
+        if gone:
+            self._report(Skipped({p: {"partitions": n} for p, n in gone.items()}))
+        for i, (ev, key, gw) in enumerate(fed_late):
+            self._feed(pe, ev, key, gw, late=i < 10)
+        for h in released:
+            self._feed(pe, h[4], h[2], h[3])
+        nxt = min([engine.timers.head, *dues.values()])
+        if wm is not None and engine.now is not None and wm > engine.now and nxt < wm:
+            pe.advance(wm)
+        for part, rec in pe.changed().items():
+            k = encode_id(part)
+            if rec is None:
+                records.delete(k)
+                dues.pop(k, None)
+            else:
+                records.put(k, rec.data)
+                out.parts_written += 1
+                if rec.due is None:
+                    dues.pop(k, None)
+                else:
+                    dues[k] = rec.due
+        retired = pe.retired()
+        if retired:  # a `once` profile reported: its records go
+            for k in records.keys():
+                if decode_id(k)[0] in retired:
+                    records.delete(k)
+                    dues.pop(k, None)
+        out.records = [record(x, hdr["epoch"]) for x in pe.take_notifications()]
+        hdr["now"] = engine.now
+        hdr["timer"] = min([engine.timers.head, *dues.values()])
+        out.eng = (pe.end() if not upgrade else pe.header(), dues)
+
+    def _upgrade(
+        self,
+        eh: bytes,
+        old: str,
+        ver: str,
+        records: Records,
+        dues: dict[str, float],
+        out: Stepped,
+    ) -> Any:
+        """The route's whole state in an engine of its own, the profiles of version `ver`
+        applied to it (removed and changed ones dropped, new ones activated at its time)."""
+        v_old = self.versions.at(old)
+        have = v_old.of(self.cls)
+        order = [p for p in PartitionedEngine.profile_order(eh) if p in have]
+        order += [p for p in have if p not in order]
+        engine = Engine([have[p] for p in order], tz=self.tz, plan=self.plan[0], rates=self.plan[1])
+        pe = PartitionedEngine(engine)
+        pe.begin(eh)
+        out.restores += 1
+        for k in records.keys():
+            data = records.get(k)
+            if data is None:
+                continue
+            out.parts_read += 1
+            if not pe.load(decode_id(k), data):
+                records.delete(k)
+                dues.pop(k, None)
+        v = self.versions.at(ver)
+        self._apply(engine, {"ver": old}, v)
+        keep = v.of(self.cls)
+        for k in records.keys():  # records of the profiles dropped or changed
+            pid = decode_id(k)[0]
+            if pid not in keep or v.sigs.get(pid) != v_old.sigs.get(pid):
+                records.delete(k)
+                dues.pop(k, None)
+        pe._mark(pe.loaded())  # noqa: SLF001 - every partition kept is stored again
+        return pe
+
     def _apply(self, engine: Engine, st: dict[str, Any], v: Version) -> None:
         """Make the engine's profiles those of this class in version `v` (what changed only)."""
         want = v.of(self.cls)
-        if "defs" in st:  # states written before: the applied definitions
-            defs: dict[str, tuple[str, str | None]] = st.pop("defs")
-        elif st["ver"] is None:
-            defs = {}
-        else:  # what `_apply` made them at that version
-            old = self.versions.at(st["ver"])
-            defs = {pid: old.sigs[pid] for pid in old.of(self.cls)}
+        old = self.versions.at(st["ver"])
+        defs = {pid: old.sigs[pid] for pid in old.of(self.cls)}
         for pid in list(defs):
             if pid not in want or v.sigs.get(pid) != defs[pid]:
                 try:
@@ -685,11 +801,11 @@ class KeyEngine:
                 new.describe(),
             )
 
-    def _feed(self, engine: Engine, ev: Event, key: str, gw: str, late: bool = False) -> None:
+    def _feed(self, pe: Any, ev: Event, key: str, gw: str, late: bool = False) -> None:
         if late:
-            _log_late(engine.now, ev, gw, "processed in arrival order")  # type: ignore[arg-type]
+            _log_late(pe.engine.now, ev, gw, "processed in arrival order")
         try:
-            engine.process(ev)
+            pe.process(ev)
         except Exception:  # a poison event must not stop the query
             log.exception("engine failed on event %s (%s); skipped", ev.id, key)
 
