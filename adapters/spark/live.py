@@ -7,8 +7,10 @@ exactly what the first one did:
 - `ProfileLog`: the profile set as a log (``ens:spark:plog``). The driver appends the changes
   announced on ``ens:control`` (`sync`); a micro-batch's offset names a log entry, so every
   task of that batch, and any re-execution of it, sees the same profiles (`Versions.at`);
-- `KeyEngine`: one ENS engine per key value (or the one global engine) whose state is a
-  bytes blob kept in Spark's state store: reorder buffer, engine snapshot, applied profiles;
+- `KeyEngine`: one ENS engine per route (a key value, a value of another `per` attribute,
+  a shard of the unpartitioned profiles) whose state is kept in pieces in Spark's per-key
+  state (`adapters.spark.keyed`): a header, the reorder buffer, the engine header and one
+  record per profile partition; the compiled profiles are the Python worker's (`compiled`);
 - `Outbox`: idempotent writes: one Lua script per batch XADDs a notification only if its id
   was never written (a marker key with a TTL), so a re-executed batch writes nothing twice;
   `LateOutput` does the same for late events (``ens:late``, the service's late output,

@@ -1,17 +1,18 @@
 """`ens spark stream`: live detection as a Spark Structured Streaming query.
 
-    ens:ingest --(Python data source: stream-id ranges)--> rows routed by key value
-      --(applyInPandasWithState: one engine per key, state in the state store)--> ens:outbox
+    ens:ingest --(Python data source: stream-id ranges)--> rows routed by route
+      --(transformWithStateInPandas: one engine per route, per-key state)--> ens:outbox
 
 Source. `IngestSource` is a PySpark Python streaming data source (no JVM connector): an
 offset is ``{"ingest": last entry id, "plog": profile-log id, "epoch": ..., "n": events the
 API accepted up to it}``; a micro-batch's id range is split by time into partitions, each
 read with XRANGE. The reader parses each event (bad ones are logged, recorded in
-``ens:spark:invalid`` and skipped), evaluates bare filters on the spot and routes the rest:
-keyed profiles by the value of ``--key``, global profiles to one route (`live.GLOBAL`).
+``ens:spark:invalid`` and skipped), evaluates bare filters on the spot and routes the rest
+by route class (`live.route_class`): profiles `per --key` by its value, profiles `per`
+other attributes by the first of theirs, the others to 8 shards by profile id.
 
-Engines. `live.KeyEngine` runs per route with its state (engine snapshot, reorder buffer,
-applied profiles) in Spark's state store. Event time: the service's per-gateway watermark
+Engines. `keyed.processor` runs `live.KeyEngine` per route with its state in Spark's per-key
+state (RocksDB). Event time: the service's per-gateway watermark
 (`live.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
 `latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
 and carried in the offset (checkpointed, so re-executions agree), releases held events in
@@ -20,10 +21,10 @@ and carried in the offset (checkpointed, so re-executions agree), releases held 
 it); an event older than its engine's time is late: written to the service's late output
 ``ens:late`` (`live.LateOutput`, idempotent like the outbox; ``--late-events feed``: fed at
 once), logged, counted once per event (the sink unions the engines' late keys). ``--clock
-wall`` also raises the offset's watermark to the wall clock minus the largest active lateness. A key
-with something due is invoked every micro-batch (a processing-time timeout of 1 ms; without
-rows it gets the watermark through Spark's, one batch later); the state keeps the next due
-time, so an idle key costs one state read.
+wall`` also raises the offset's watermark to the wall clock minus the largest active
+lateness. A route with something due has one Spark event-time timer at that time (Spark's
+watermark is the offsets' watermark, one batch later); a route with nothing due is never
+invoked.
 
 Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
 with deterministic ids: a micro-batch re-executed after a crash restores the same state,
