@@ -866,3 +866,44 @@ def test_a_checkpoint_of_the_earlier_operator_is_refused_with_what_to_do(tmp_pat
     assert check_checkpoint(str(tmp_path / "new")) is None  # a new one, and ours, run
     mark_checkpoint(str(old))
     assert (old / MARKER).exists() and check_checkpoint(str(old)) is None
+
+
+def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    """A route's engine state is one record per profile partition: 50 sensors' partial
+    matches in one room's route, then a B of one sensor reads and changes that one record;
+    a step with nothing due reads none (the new event waits in the held list); a profile
+    change loads the route's records once (a `restore`) and drops the removed profile's."""
+    import pickle
+
+    from adapters.spark.live import KeyEngine, ProfileLog
+
+    seq = 'seq(a: kind = "A", b: kind = "B") within 2h per room, sensor'
+    plog, versions = _task_setup(rb, rt, {"ab": seq})
+
+    def ev(i: str, ts: float, kind: str, sensor: str) -> dict[str, Any]:
+        return {"id": i, "ts": ts, "kind": kind, "room": "r1", "sensor": sensor}
+
+    rows = [_row(plog, f"1-0.{i}", ev(f"a{i}", 1000.0 + i, "A", f"s{i}")) for i in range(50)]
+    first = KeyEngine("kr1", versions).step(None, rows, 1100.0)
+    assert len(pickle.loads(first.blob)["parts"]) == 50  # type: ignore[arg-type]  # noqa: S301
+    b7 = _row(plog, "2-0.0", ev("b7", 1200.0, "B", "s7"))
+    waits = KeyEngine("kr1", versions).step(first.blob, [b7], 1150.0)  # b7 not released yet
+    assert waits.parts_read == 0 and waits.eng is None and waits.held == 1
+    out = KeyEngine("kr1", versions).step(waits.blob, [], 1300.0)
+    assert [n["events"]["a"]["id"] for n in out.records] == ["a7"]
+    assert out.parts_read == out.parts_written == 1 and out.restores == 0
+    before = pickle.loads(waits.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    after = pickle.loads(out.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    assert [k for k in after if after[k] != before[k]] == ['["ab",["r1","s7"]]']
+
+    rs.put_profile(rt, "c", 'seq(a: kind = "C", b: kind = "D") within 1h per room')
+    rs.delete_profile(rt, "ab")
+    plog2 = ProfileLog(rb).sync()
+    changed = KeyEngine("kr1", versions).step(
+        out.blob, [_row(plog2, "3-0.0", ev("c1", 1400.0, "C", "s1"))], 1500.0
+    )
+    assert changed.restores == 1 and changed.parts_read == 50
+    parts = pickle.loads(changed.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    assert [json.loads(k)[0] for k in parts] == ["c"]
