@@ -421,7 +421,7 @@ class Stepped:
     hdr: dict[str, Any] | None = None  # the header (small: read on every call)
     append: list[Held] = field(default_factory=list)  # held events to append (list not read)
     held_list: list[Held] | None = None  # the whole held list to store (it was read)
-    eng: tuple[bytes, dict[str, float]] | None = None  # engine header, partitions' due times
+    eng: tuple[bytes, dict[str, Any]] | None = None  # engine header, {"dues", "have"}
     parts_read: int = 0  # partition records read
     parts_written: int = 0
     restores: int = 0  # whole-route loads (every record: a profile change)
@@ -479,6 +479,31 @@ class Records(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
     def delete(self, key: str) -> None: ...
     def keys(self) -> list[str]: ...
+
+
+class Known:
+    """`Records` with the set of keys that exist (kept in the route's state): a partition an
+    event reaches but that holds nothing (most of them: a `per room` sequence's later
+    component reaches every such profile) costs no state call, to read it or to delete it."""
+
+    def __init__(self, records: Records, have: set[str]) -> None:
+        self.records = records
+        self.have = have
+
+    def get(self, key: str) -> bytes | None:
+        return self.records.get(key) if key in self.have else None
+
+    def put(self, key: str, data: bytes) -> None:
+        self.records.put(key, data)
+        self.have.add(key)
+
+    def delete(self, key: str) -> None:
+        if key in self.have:
+            self.records.delete(key)
+            self.have.discard(key)
+
+    def keys(self) -> list[str]:
+        return sorted(self.have)
 
 
 class DictRecords(dict[str, bytes]):
@@ -571,7 +596,7 @@ class KeyEngine:
         rows: list[Row],
         wm: float | None,
         load_held: Callable[[], list[Held]],
-        load_eng: Callable[[], tuple[bytes | None, dict[str, float]]],
+        load_eng: Callable[[], tuple[bytes | None, dict[str, Any]]],
         records: Records,
     ) -> Stepped:
         """Take the rows, apply the batch's profile version, feed what the watermark `wm`
@@ -665,13 +690,14 @@ class KeyEngine:
         fed_late: list[tuple[Event, str, str]],
         released: list[Held],
         wm: float | None,
-        load_eng: Callable[[], tuple[bytes | None, dict[str, float]]],
+        load_eng: Callable[[], tuple[bytes | None, dict[str, Any]]],
         records: Records,
         out: Stepped,
     ) -> None:
         """The engine's part of `run`: load what the step needs, step, store what changed."""
-        eh, dues = load_eng() if hdr["ver"] is not None else (None, {})
-        dues = dict(dues)
+        eh, meta = load_eng() if hdr["ver"] is not None else (None, {})
+        dues: dict[str, float] = dict(meta.get("dues", {}))
+        records = Known(records, set(meta.get("have", ())))
         upgrade = ver is not None and ver != hdr["ver"] and hdr["ver"] is not None
         if upgrade:  # a profile change: every record of the route, in an engine of its own
             pe = self._upgrade(eh, hdr["ver"], ver, records, dues, out)  # type: ignore[arg-type]
@@ -730,7 +756,7 @@ class KeyEngine:
         out.records = [record(x, hdr["epoch"]) for x in pe.take_notifications()]
         hdr["now"] = engine.now
         hdr["timer"] = min([engine.timers.head, *dues.values()])
-        out.eng = (pe.end() if not upgrade else pe.header(), dues)
+        out.eng = (pe.end() if not upgrade else pe.header(), {"dues": dues, "have": records.have})
 
     def _upgrade(
         self,
