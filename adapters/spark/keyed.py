@@ -35,8 +35,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from adapters.spark.stream import StreamConfig
-
+STATS_DDL = (
+    "route string, events long, late long, notes long, held long, nin long, "
+    "late_keys string, gw string, ts double, wall double"
+)  # + the counters of `keyed.COUNTERS_DDL`; gw/ts/wall: a source partition's gateway progress
+STATS_COLS = [c.split()[0] for c in STATS_DDL.split(", ")] + ["cpu"]
 HDR_DDL = "h binary"
 ENG_DDL = "h binary, dues binary"
 HELD_DDL = "ts double, key string, gw string, ev binary"
@@ -96,13 +99,14 @@ def _held_row(h: Any) -> tuple[float, str, str, bytes]:
     return (h[0], h[2], h[3], pickle.dumps((ev.id, ev.ts, ev.attrs), pickle.HIGHEST_PROTOCOL))
 
 
-def processor(cfg: StreamConfig) -> Any:
-    """The StatefulProcessor instance of a query (pyspark imported only here)."""
+def processor(cfg: Any) -> Any:
+    """The StatefulProcessor instance of a query, for `cfg` (a `stream.StreamConfig`; pyspark
+    is imported only here)."""
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     from adapters.spark import live
-    from adapters.spark.stream import STATS_COLS, client, versions
+    from adapters.spark.live import client, versions
 
     url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
     plan = (cfg.plan, cfg.rates)

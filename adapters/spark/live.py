@@ -122,6 +122,32 @@ def class_of_route(route: str) -> str:
     return GLOBAL if route == GLOBAL else "k"
 
 
+# ------------------------------------------------------------------ per process
+
+_clients: dict[str, Any] = {}
+
+
+def client(url: str) -> Any:
+    """One binary Redis client per URL and process (tasks of a Python worker share it)."""
+    import redis
+
+    r = _clients.get(url)
+    if r is None:
+        r = _clients[url] = redis.Redis.from_url(url)
+    return r
+
+
+_versions: dict[tuple[str, str], Versions] = {}
+
+
+def versions(url: str, key: str) -> Versions:
+    """The process's `Versions` of a Redis and `--key`."""
+    v = _versions.get((url, key))
+    if v is None:
+        v = _versions[(url, key)] = Versions(client(url), key)
+    return v
+
+
 # ------------------------------------------------------------------ profiles
 
 

@@ -47,6 +47,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from adapters.service import redis_store as rs
+from adapters.spark.live import _clients, _versions, client, versions  # noqa: F401 - tests
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,10 +60,6 @@ ROW_DDL = (
     "route string, key string, gw string, ts double, evtime timestamp, ev binary, "
     "plog string, epoch string, nin long, wm double, wall double, counted boolean"
 )
-STATS_DDL = (
-    "route string, events long, late long, notes long, held long, nin long, "
-    "late_keys string, gw string, ts double, wall double"
-)  # + the counters of `keyed.COUNTERS_DDL`; gw/ts/wall: a source partition's gateway progress
 PAGE = 2000
 STATUS_KEY = "ens:spark:status"
 HELD_KEY = "ens:spark:held"  # route -> events its engine holds back
@@ -70,31 +67,6 @@ BATCHES_KEY = "ens:spark:batches"  # the last micro-batches' state counters (JSO
 BATCHES_KEPT = 1000
 SINK = "ens_status"
 HOLDER = f"spark|{socket.gethostname()}"  # ens:engine:status's holder while a query runs
-
-_clients: dict[str, Any] = {}
-
-
-def client(url: str) -> Any:
-    """One binary Redis client per URL and process (tasks of a Python worker share it)."""
-    import redis
-
-    r = _clients.get(url)
-    if r is None:
-        r = _clients[url] = redis.Redis.from_url(url)
-    return r
-
-
-_versions: dict[tuple[str, str], Any] = {}
-
-
-def versions(url: str, key: str) -> Any:
-    from adapters.spark.live import Versions
-
-    v = _versions.get((url, key))
-    if v is None:
-        v = _versions[(url, key)] = Versions(client(url), key)
-    return v
-
 
 _relevance: dict[tuple[str, str], Any] = {}
 
@@ -426,11 +398,8 @@ class StreamConfig:
     late_max: int = 10_000  # about this many entries kept in ens:late
 
 
-STATS_COLS = [c.split()[0] for c in STATS_DDL.split(", ")] + ["cpu"]
-
-
 def out_ddl() -> str:
-    from adapters.spark.keyed import COUNTERS_DDL
+    from adapters.spark.keyed import COUNTERS_DDL, STATS_DDL
 
     return f"{STATS_DDL}, {COUNTERS_DDL}"
 
