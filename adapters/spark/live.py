@@ -41,7 +41,7 @@ from adapters.service import redis_store as rs
 from adapters.service.late import LATE, LateRecord
 from filters.engine import Engine
 from filters.notification import Notification
-from filters.partitions import PartitionedEngine, decode_id, encode_id
+from filters.partitions import PartId, PartitionedEngine, encode_id
 from filters.restore import Skipped
 from notifiers import store
 from profiles.ast import Profile
@@ -508,28 +508,29 @@ class Records(Protocol):
 
 
 class Known:
-    """`Records` with the set of keys that exist (kept in the route's state): a partition an
-    event reaches but that holds nothing (most of them: a `per room` sequence's later
-    component reaches every such profile) costs no state call, to read it or to delete it."""
+    """A route's records by partition id, with the set of those that exist (kept in the
+    route's state): a partition an event reaches but that holds nothing (most of them: a
+    `per room` sequence's later component reaches every such profile) costs no state call
+    to read or delete, and no `encode_id`."""
 
-    def __init__(self, records: Records, have: set[str]) -> None:
+    def __init__(self, records: Records, have: set[PartId]) -> None:
         self.records = records
         self.have = have
 
-    def get(self, key: str) -> bytes | None:
-        return self.records.get(key) if key in self.have else None
+    def get(self, part: PartId) -> bytes | None:
+        return self.records.get(encode_id(part)) if part in self.have else None
 
-    def put(self, key: str, data: bytes) -> None:
-        self.records.put(key, data)
-        self.have.add(key)
+    def put(self, part: PartId, data: bytes) -> None:
+        self.records.put(encode_id(part), data)
+        self.have.add(part)
 
-    def delete(self, key: str) -> None:
-        if key in self.have:
-            self.records.delete(key)
-            self.have.discard(key)
+    def delete(self, part: PartId) -> None:
+        if part in self.have:
+            self.records.delete(encode_id(part))
+            self.have.discard(part)
 
-    def keys(self) -> list[str]:
-        return sorted(self.have)
+    def keys(self) -> list[PartId]:
+        return sorted(self.have, key=encode_id)
 
 
 class DictRecords(dict[str, bytes]):
@@ -722,11 +723,11 @@ class KeyEngine:
     ) -> None:
         """The engine's part of `run`: load what the step needs, step, store what changed."""
         eh, meta = load_eng() if hdr["ver"] is not None else (None, {})
-        dues: dict[str, float] = dict(meta.get("dues", {}))
-        records = Known(records, set(meta.get("have", ())))
+        dues: dict[PartId, float] = dict(meta.get("dues", {}))
+        known = Known(records, set(meta.get("have", ())))
         upgrade = ver is not None and ver != hdr["ver"] and hdr["ver"] is not None
         if upgrade:  # a profile change: every record of the route, in an engine of its own
-            pe = self._upgrade(eh, hdr["ver"], ver, records, dues, out)  # type: ignore[arg-type]
+            pe = self._upgrade(eh, hdr["ver"], ver, known, dues, out)  # type: ignore[arg-type]
             loaded = set(pe.loaded())
         else:
             pe = compiled(self.versions, ver or hdr["ver"], self.cls, self.tz, self.plan)
@@ -740,17 +741,16 @@ class KeyEngine:
         events = [e for e, _k, _g in fed_late] + [h[4] for h in released]
         until = wm if wm is not None else (engine.now if engine.now is not None else -math.inf)
         gone: dict[str, int] = {}
-        for part in pe.wanted(events, {decode_id(k): t for k, t in dues.items()}, until):
-            if part in loaded:
+        for part in pe.wanted(events, dues, until):
+            if part in loaded or part not in known.have:
                 continue
-            k = encode_id(part)
-            data = records.get(k)
+            data = known.get(part)
             if data is None:
                 continue
             out.parts_read += 1
             if not pe.load(part, data):  # its profile is gone (removed, `once` reported)
-                records.delete(k)
-                dues.pop(k, None)
+                known.delete(part)
+                dues.pop(part, None)
                 gone[part[0]] = gone.get(part[0], 0) + 1
         if gone:
             self._report(Skipped({p: {"partitions": n} for p, n in gone.items()}))
@@ -762,35 +762,34 @@ class KeyEngine:
         if wm is not None and engine.now is not None and wm > engine.now and nxt < wm:
             pe.advance(wm)
         for part, rec in pe.changed().items():
-            k = encode_id(part)
             if rec is None:
-                records.delete(k)
-                dues.pop(k, None)
+                known.delete(part)
+                dues.pop(part, None)
             else:
-                records.put(k, rec.data)
+                known.put(part, rec.data)
                 out.parts_written += 1
                 if rec.due is None:
-                    dues.pop(k, None)
+                    dues.pop(part, None)
                 else:
-                    dues[k] = rec.due
+                    dues[part] = rec.due
         retired = pe.retired()
         if retired:  # a `once` profile reported: its records go
-            for k in records.keys():
-                if decode_id(k)[0] in retired:
-                    records.delete(k)
-                    dues.pop(k, None)
+            for part in known.keys():
+                if part[0] in retired:
+                    known.delete(part)
+                    dues.pop(part, None)
         out.records = [record(x, hdr["epoch"]) for x in pe.take_notifications()]
         hdr["now"] = engine.now
         hdr["timer"] = min([engine.timers.head, *dues.values()])
-        out.eng = (pe.end() if not upgrade else pe.header(), {"dues": dues, "have": records.have})
+        out.eng = (pe.end() if not upgrade else pe.header(), {"dues": dues, "have": known.have})
 
     def _upgrade(
         self,
         eh: bytes,
         old: str,
         ver: str,
-        records: Records,
-        dues: dict[str, float],
+        records: Known,
+        dues: dict[PartId, float],
         out: Stepped,
     ) -> Any:
         """The route's whole state in an engine of its own, the profiles of version `ver`
@@ -803,22 +802,22 @@ class KeyEngine:
         pe = PartitionedEngine(engine)
         pe.begin(eh)
         out.restores += 1
-        for k in records.keys():
-            data = records.get(k)
+        for part in records.keys():
+            data = records.get(part)
             if data is None:
                 continue
             out.parts_read += 1
-            if not pe.load(decode_id(k), data):
-                records.delete(k)
-                dues.pop(k, None)
+            if not pe.load(part, data):
+                records.delete(part)
+                dues.pop(part, None)
         v = self.versions.at(ver)
         self._apply(engine, {"ver": old}, v)
         keep = v.of(self.cls)
-        for k in records.keys():  # records of the profiles dropped or changed
-            pid = decode_id(k)[0]
+        for part in records.keys():  # records of the profiles dropped or changed
+            pid = part[0]
             if pid not in keep or v.sigs.get(pid) != v_old.sigs.get(pid):
-                records.delete(k)
-                dues.pop(k, None)
+                records.delete(part)
+                dues.pop(part, None)
         pe._mark(pe.loaded())  # noqa: SLF001 - every partition kept is stored again
         return pe
 
