@@ -93,6 +93,11 @@ class PartitionedEngine:
         engine.compiled()  # refuses an engine that re-plans online
         self.engine = engine
         self._dirty: dict[PartId, None] = {}
+        # profile id -> the partitions the caller's store holds as far as this engine knows
+        # (loaded, or stored by `changed`), and the rare-first profiles' sweep times then: a
+        # sweep drops buffered events of partitions no event reached (and empties some)
+        self._known: dict[str, set[Any]] = {}
+        self._sweeps: dict[str, float | None] = {}
 
     # --------------------------------------------------------------- state
     def begin(self, header: bytes | None = None) -> None:
@@ -120,7 +125,12 @@ class PartitionedEngine:
     def load(self, part: PartId, record: bytes) -> bool:
         """One partition's record into the engine; False if its profile is not active here
         (removed, or a `once` profile that reported): delete the record."""
-        return self.engine.load_part(part, record)
+        if not self.engine.load_part(part, record):
+            return False
+        self._known.setdefault(part[0], set()).add(part[1])
+        if part[0] not in self._sweeps:
+            self._sweeps[part[0]] = self.engine.sweep_at(part[0])
+        return True
 
     def loaded(self) -> list[PartId]:
         """The partitions the engine holds."""
@@ -131,16 +141,36 @@ class PartitionedEngine:
         delete); not reported by `changed`."""
         self.engine.unload_parts([part])
         self._dirty.pop(part, None)
+        known = self._known.get(part[0])
+        if known is not None:
+            known.discard(part[1])
 
     def changed(self) -> dict[PartId, Record | None]:
         """The record of every partition changed since the last call (a superset: those the
         events reached, whose timers fired, or all at the first event), None for those that
         hold nothing now (delete them); the engine keeps them loaded."""
+        eng = self.engine
+        for pid, keys in self._known.items():  # swept since: every partition it knew
+            t = eng.sweep_at(pid)
+            if t is not None and t != self._sweeps.get(pid):
+                self._sweeps[pid] = t
+                self._mark((pid, k) for k in keys)
         dirty, self._dirty = self._dirty, {}
-        return {
-            p: (Record(*got) if got is not None else None)
-            for p, got in self.engine.store_parts(dirty).items()
-        }
+        out: dict[PartId, Record | None] = {}
+        known = self._known
+        for p, got in eng.store_parts(dirty).items():
+            held = known.get(p[0])
+            if got is None:
+                out[p] = None
+                if held is not None:
+                    held.discard(p[1])
+                continue
+            out[p] = Record(*got)
+            if held is None:
+                held = known[p[0]] = set()
+                self._sweeps[p[0]] = eng.sweep_at(p[0])
+            held.add(p[1])
+        return out
 
     def retired(self) -> list[str]:
         """Profiles a `once` retired: delete every stored record of theirs."""
@@ -155,6 +185,8 @@ class PartitionedEngine:
         head = self.header()
         self.engine.reset_state()
         self._dirty.clear()
+        self._known.clear()
+        self._sweeps.clear()
         return head
 
     @staticmethod

@@ -98,10 +98,28 @@ class PartitionState:
             self.__dict__["_reach"] = reach
         return base
 
-    def profiles_changed(self) -> None:
-        """A profile was added or removed: the compiled set is taken again at its next use."""
-        self.__dict__.pop("_base", None)
-        self.__dict__.pop("_reach", None)
+    def profile_added(self, rt: Runtime) -> None:
+        """A profile joined the compiled set (`Engine.add_profile`, once it is in use)."""
+        base: dict[int, Runtime] | None = self.__dict__.get("_base")
+        if base is not None:
+            base[rt.idx] = rt
+            reach: PrimitivePool = self.__dict__["_reach"]
+            for f in _leaf_filters(rt):
+                reach.add(f, rt.idx)
+
+    def profile_removed(self, rt: Runtime) -> None:
+        """A profile left the compiled set (`Engine.remove_profile`)."""
+        base: dict[int, Runtime] | None = self.__dict__.get("_base")
+        if base is not None and base.pop(rt.idx, None) is not None:
+            reach: PrimitivePool = self.__dict__["_reach"]
+            for f in _leaf_filters(rt):
+                reach.remove(f, rt.idx)
+
+    def sweep_at(self, profile_id: str) -> float | None:
+        """A rare-first profile's next sweep of quiet partitions (None: not rare-first): a
+        sweep changes partitions no event reached (`PartitionedEngine.changed`)."""
+        rt = self._by_id.get(profile_id)
+        return rt.sweep_at if isinstance(rt, LazySeqRuntime) else None
 
     def reached(self, event: Event) -> list[PartId]:
         """The partitions `event` may change (a superset): of each stateful profile one of
@@ -164,7 +182,17 @@ class PartitionState:
     def retired(self) -> list[str]:
         """Profiles of the compiled set that are no longer active (`once`, reported): every
         stored partition of theirs goes."""
-        return sorted(rt.pid for rt in self.compiled().values() if not rt.active)
+        return sorted(rt.pid for rt in self._compiled_now().values() if not rt.active)
+
+    def _compiled_now(self) -> dict[int, Runtime]:
+        """`compiled`, runtimes a plan change replaced (`_swap`) taken as their successors."""
+        base = self.compiled()
+        rts = self._rts
+        for idx, rt in base.items():
+            cur = rts.get(idx)
+            if cur is not None and cur is not rt:
+                base[idx] = cur
+        return base
 
     # -------------------------------------------------------------- records
     def store_parts(self, ids: Iterable[PartId]) -> dict[PartId, tuple[bytes, float | None] | None]:
@@ -247,7 +275,7 @@ class PartitionState:
 
     def store_header(self) -> bytes:
         """The engine-level state (`filters.state.RECORDS["header"]`)."""
-        base = self.compiled()
+        base = self._compiled_now()
         pm_counts: dict[str, int] = {}
         sweeps: dict[str, float] = {}
         for rt in self._rts.values():
@@ -274,7 +302,7 @@ class PartitionState:
         """The engine-level state of a `store_header` into an engine holding none
         (`reset_state`), before its partitions are loaded."""
         body = state_format.load_record(data, "header")
-        base = self.compiled()
+        base = self._compiled_now()
         lazy: dict[str, int] = body["lazy"]
         for idx, rt in list(base.items()):  # each profile's plan as stored (its records' kind)
             if not rt.active or not isinstance(rt, (CompositeRuntime, LazySeqRuntime)):
@@ -315,7 +343,7 @@ class PartitionState:
         """Back to the compiled profiles holding no state (as `Engine(profiles)` built them):
         every partition out, retired profiles back, time unset. Take the notifications and
         store what is to be kept first."""
-        base = self.compiled()
+        base = self._compiled_now()
         self.timers.clear()
         for idx, rt in list(base.items()):
             if not rt.active:
