@@ -38,11 +38,19 @@ from typing import Any
 
 from filters.engine import Engine
 from filters.notification import Notification
-from filters.partstate import PartId
+from filters.partstate import PartId, part_counts
 from filters.state import load_record
 from profiles.events import Event
 
-__all__ = ["PartId", "PartitionedEngine", "Record", "decode_id", "due_by", "encode_id"]
+__all__ = [
+    "PartId",
+    "PartitionedEngine",
+    "Record",
+    "decode_id",
+    "due_by",
+    "encode_id",
+    "part_counts",
+]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 from filters import state as state_format
 from filters.composite import CompositeRuntime
 from filters.lazy import LazySeqRuntime
+from filters.lazy_base import LazyPartition
 from filters.localclock import LocalClock
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
@@ -370,6 +371,20 @@ class PartitionState:
         self.now = None
         self._seq = self._nseq = 0
         self._out.clear()
+
+
+def part_counts(data: bytes) -> dict[str, int]:
+    """What a partition record holds ("partial_matches", "partitions", "timers", as
+    `filters.restore.Skipped` counts it), read without an engine (its runtime is None)."""
+    body = state_format.load_record(data, "partition", refs={"runtime": None})
+    st = body["state"]
+    if isinstance(st, Partition):
+        pms = sum(1 for pm in st.pms if pm.alive)
+    elif isinstance(st, LazyPartition):
+        pms = st.size()
+    else:  # `absent`: its silence timer
+        pms = 1
+    return {"partial_matches": pms, "partitions": 1, "timers": len(body["timers"])}
 
 
 def _leaf_filters(rt: Runtime) -> list[Any]:

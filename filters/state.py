@@ -367,7 +367,9 @@ def load_record(
         except StateError:
             raise
         except (pickle.UnpicklingError, EOFError, ValueError) as exc:
-            raise StateError(f"the {kind} record is damaged ({exc}); nothing was loaded") from None
+            raise StateError(
+                f"the {kind} record's body is damaged ({exc}); nothing was loaded"
+            ) from None
     if not isinstance(body, dict) or tuple(sorted(body)) != RECORDS[kind]:
         raise StateError(f"not an engine {kind} record: its body has other fields")
     return body

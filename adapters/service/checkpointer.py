@@ -31,7 +31,8 @@ from adapters.service.records import CheckpointMeta, HeldRow
 from adapters.service.watermarks import Held
 from filters import state as state_format
 from filters.engine import Engine
-from filters.partitions import PartitionedEngine, Record, decode_id, encode_id
+from filters.partitions import PartitionedEngine, Record, decode_id, encode_id, part_counts
+from filters.restore import Skipped
 from notifiers import store
 from profiles.events import Event, event_from_obj
 
@@ -168,27 +169,31 @@ class Checkpointer(EngineState):
                 "online (--replan-every) cannot load: start once without --replan-every"
             )
         t.begin(header)
-        left_out: dict[str, int] = {}
+        skipped = Skipped()
         stored: dict[str, set[str]] = {}
         n = 0
         for k, data in self.r.hscan_iter(CHECKPOINT_PARTS, count=1000):
             key = rs.text(k)
             part = decode_id(key)
             stored.setdefault(part[0], set()).add(key)
-            if not t.load(part, data):
-                left_out[part[0]] = left_out.get(part[0], 0) + 1
+            if not t.load(part, data):  # deleted by the next snapshot
+                counts = skipped.removed.setdefault(
+                    part[0], {"partial_matches": 0, "partitions": 0, "timers": 0}
+                )
+                for what, c in part_counts(data).items():
+                    counts[what] += c
             n += 1
             if not n & 1023:
                 self._keepalive()
         t.changed()  # nothing to write: the hash holds what was loaded
         self.stored = stored
         self.parts_full = False
-        if left_out:
+        if skipped:
             log.warning(
                 "restore left out engine state of profiles that no longer exist: %s",
-                "; ".join(f"{n} partition(s) of {pid!r}" for pid, n in sorted(left_out.items())),
+                skipped.describe(),
             )
-            m.RESTORE_SKIPPED.labels("removed_profile").inc(len(left_out))
+            m.RESTORE_SKIPPED.labels("removed_profile").inc(len(skipped.removed))
 
     def _restore_position(self, meta: CheckpointMeta) -> None:
         """Where the checkpoint stands in the streams: ingest and control ids, totals, the
