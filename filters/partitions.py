@@ -39,7 +39,7 @@ from typing import Any
 from filters.engine import Engine
 from filters.notification import Notification
 from filters.partstate import PartId, part_counts
-from filters.state import load_record
+from filters.state import collector_paused, load_record
 from profiles.events import Event
 
 __all__ = [
@@ -139,6 +139,16 @@ class PartitionedEngine:
         if part[0] not in self._sweeps:
             self._sweeps[part[0]] = self.engine.sweep_at(part[0])
         return True
+
+    def load_all(self, records: Iterable[tuple[PartId, bytes]]) -> list[PartId]:
+        """`load` of many (a recovery), the collector paused throughout; returns the
+        partitions not loaded (their profile is not active here: delete them)."""
+        left: list[PartId] = []
+        with collector_paused():
+            for part, data in records:
+                if not self.load(part, data):
+                    left.append(part)
+        return left
 
     def loaded(self) -> list[PartId]:
         """The partitions the engine holds."""

@@ -18,6 +18,7 @@ import logging
 import pickle
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -31,7 +32,14 @@ from adapters.service.records import CheckpointMeta, HeldRow
 from adapters.service.watermarks import Held
 from filters import state as state_format
 from filters.engine import Engine
-from filters.partitions import PartitionedEngine, Record, decode_id, encode_id, part_counts
+from filters.partitions import (
+    PartId,
+    PartitionedEngine,
+    Record,
+    decode_id,
+    encode_id,
+    part_counts,
+)
 from filters.restore import Skipped
 from notifiers import store
 from profiles.events import Event, event_from_obj
@@ -169,22 +177,25 @@ class Checkpointer(EngineState):
                 "online (--replan-every) cannot load: start once without --replan-every"
             )
         t.begin(header)
-        skipped = Skipped()
         stored: dict[str, set[str]] = {}
-        n = 0
-        for k, data in self.r.hscan_iter(CHECKPOINT_PARTS, count=1000):
-            key = rs.text(k)
-            part = decode_id(key)
-            stored.setdefault(part[0], set()).add(key)
-            if not t.load(part, data):  # deleted by the next snapshot
-                counts = skipped.removed.setdefault(
-                    part[0], {"partial_matches": 0, "partitions": 0, "timers": 0}
-                )
-                for what, c in part_counts(data).items():
-                    counts[what] += c
-            n += 1
-            if not n & 1023:
-                self._keepalive()
+
+        def records() -> Iterator[tuple[PartId, bytes]]:
+            for n, (k, data) in enumerate(self.r.hscan_iter(CHECKPOINT_PARTS, count=1000), 1):
+                key = rs.text(k)
+                part = decode_id(key)
+                stored.setdefault(part[0], set()).add(key)
+                yield part, data
+                if not n & 1023:
+                    self._keepalive()
+
+        skipped = Skipped()
+        for part in t.load_all(records()):  # of profiles gone: deleted by the next snapshot
+            counts = skipped.removed.setdefault(
+                part[0], {"partial_matches": 0, "partitions": 0, "timers": 0}
+            )
+            data: Any = self.r.hget(CHECKPOINT_PARTS, encode_id(part))
+            for what, c in part_counts(data).items() if data is not None else ():
+                counts[what] += c
         t.changed()  # nothing to write: the hash holds what was loaded
         self.stored = stored
         self.parts_full = False
