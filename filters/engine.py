@@ -458,6 +458,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         state.pop("_skipped", None)  # (a restore's report, taken by `restore_reporting`)
         state.pop("_base", None)  # compiled set and reach pool (`filters.partstate`): rebuilt
         state.pop("_reach", None)
+        state.pop("_pers", None)
         del state["pool"]
         del state["aux"]
         del state["_by_id"]

@@ -101,6 +101,9 @@ class PartitionedEngine:
         engine.compiled()  # refuses an engine that re-plans online
         self.engine = engine
         self._dirty: dict[PartId, None] = {}
+        # what the events of the step reached, noted cheaply (`Engine.note_reach`)
+        self._entries: dict[int, Any] = {}
+        self._keys: dict[tuple[str, ...], set[Any]] = {}
         # profile id -> the partitions the caller's store holds as far as this engine knows
         # (loaded, or stored by `changed`), and the rare-first profiles' sweep times then: a
         # sweep drops buffered events of partitions no event reached (and empties some)
@@ -157,6 +160,7 @@ class PartitionedEngine:
     def drop(self, part: PartId) -> None:
         """The partition leaves the engine unstored (its record is the caller's to keep or
         delete); not reported by `changed`."""
+        self._flush()
         self.engine.unload_parts([part])
         self._dirty.pop(part, None)
         known = self._known.get(part[0])
@@ -168,6 +172,7 @@ class PartitionedEngine:
         events reached, whose timers fired, or all at the first event), None for those that
         hold nothing now (delete them); the engine keeps them loaded."""
         eng = self.engine
+        self._flush()
         for pid, keys in self._known.items():  # swept since: every partition it knew
             t = eng.sweep_at(pid)
             if t is not None and t != self._sweeps.get(pid):
@@ -203,6 +208,7 @@ class PartitionedEngine:
         head = self.header()
         self.engine.reset_state()
         self._dirty.clear()
+        self._entries, self._keys = {}, {}
         self._known.clear()
         self._sweeps.clear()
         return head
@@ -215,6 +221,12 @@ class PartitionedEngine:
         return order
 
     # ---------------------------------------------------------------- steps
+    def _flush(self) -> None:
+        """What the events reached, as partitions marked changed."""
+        if self._entries:
+            self._mark(self.engine.noted(self._entries, self._keys))
+            self._entries, self._keys = {}, {}
+
     def _mark(self, parts: Iterable[PartId]) -> None:
         self._dirty.update(dict.fromkeys(parts))
 
@@ -222,8 +234,9 @@ class PartitionedEngine:
         """`Engine.process`, marking the partitions it may change."""
         eng = self.engine
         first = eng.now is None
-        self._mark(eng.due_parts(event.ts))
-        self._mark(eng.reached(event))
+        if eng.timers.head <= event.ts:
+            self._mark(eng.due_parts(event.ts))
+        eng.note_reach(event, self._entries, self._keys)
         eng.process(event)
         if first:  # the first time: `absent` without `per` and clocks armed everywhere
             self._mark(eng.part_ids())
@@ -231,7 +244,8 @@ class PartitionedEngine:
     def advance(self, now: float, *, inclusive: bool = False) -> None:
         eng = self.engine
         first = eng.now is None
-        self._mark(eng.due_parts(now))
+        if eng.timers.head <= now:
+            self._mark(eng.due_parts(now))
         eng.advance(now, inclusive=inclusive)
         if first:
             self._mark(eng.part_ids())

@@ -93,11 +93,53 @@ class PartitionState:
                 )
             base = self.__dict__["_base"] = dict(self._rts)
             reach = PrimitivePool()
+            pers: dict[tuple[str, ...], None] = {}
             for idx, rt in base.items():
                 for f in _leaf_filters(rt):
                     reach.add(f, idx)
+                if _stateful(rt):
+                    pers[rt.per] = None
             self.__dict__["_reach"] = reach
+            self.__dict__["_pers"] = pers
         return base
+
+    def note_reach(
+        self, event: Event, entries: dict[int, Any], keys: dict[tuple[str, ...], set[PartKey]]
+    ) -> None:
+        """`reached`, cheaply, for marking what a step changed: notes the reach pool's entries
+        the event matches and its partition key under each `per` of the profiles; `noted`
+        makes partitions of them (a superset: every noted key of a profile's `per`)."""
+        self.compiled()
+        if self._local is not None:
+            event = self._local.event(event)
+        attrs = event.attrs
+        got = self.__dict__["_reach"].match(attrs)
+        if got:
+            for entry in got:
+                entries[id(entry)] = entry
+            for per in self.__dict__["_pers"]:
+                key = _key_of(per, attrs)
+                if key is not None:
+                    held = keys.get(per)
+                    if held is None:
+                        keys[per] = {key}
+                    else:
+                        held.add(key)
+
+    def noted(
+        self, entries: dict[int, Any], keys: dict[tuple[str, ...], set[PartKey]]
+    ) -> list[PartId]:
+        """The partitions of what `note_reach` noted."""
+        idxs: set[int] = set()
+        for entry in entries.values():
+            idxs.update(entry.owners)
+        out: list[PartId] = []
+        rts = self._rts
+        for idx in idxs:
+            rt = rts.get(idx)
+            if rt is not None and rt.active:
+                out += [(rt.pid, k) for k in keys.get(rt.per, ())]
+        return out
 
     def profile_added(self, rt: Runtime) -> None:
         """A profile joined the compiled set (`Engine.add_profile`, once it is in use)."""
@@ -107,6 +149,8 @@ class PartitionState:
             reach: PrimitivePool = self.__dict__["_reach"]
             for f in _leaf_filters(rt):
                 reach.add(f, rt.idx)
+            if _stateful(rt):
+                self.__dict__["_pers"][rt.per] = None
 
     def profile_removed(self, rt: Runtime) -> None:
         """A profile left the compiled set (`Engine.remove_profile`)."""
@@ -385,6 +429,17 @@ def part_counts(data: bytes) -> dict[str, int]:
     else:  # `absent`: its silence timer
         pms = 1
     return {"partial_matches": pms, "partitions": 1, "timers": len(body["timers"])}
+
+
+def _key_of(per: tuple[str, ...], attrs: dict[str, Any]) -> PartKey | None:
+    """`Runtime.partition_key` for a `per`."""
+    vals = []
+    for a in per:
+        v = attrs.get(a)
+        if v is None:
+            return None
+        vals.append((bool, v) if v.__class__ is bool else v)
+    return tuple(vals)
 
 
 def _leaf_filters(rt: Runtime) -> list[Any]:

@@ -216,9 +216,8 @@ def test_a_record_holds_one_partition_and_reads_back_as_that_partition() -> None
     assert sorted(recs, key=encode_id) == sorted(
         [("p", (1,)), ("p", (2,)), ("p", ((bool, True),))], key=encode_id
     )
-    assert all(
-        rec is not None and rec.due == float(i) + 10.0 for i, rec in enumerate(recs.values())
-    )
+    dues = {k: rec.due for k, rec in recs.items() if rec is not None}
+    assert dues == {("p", (1,)): 10.0, ("p", (2,)): 11.0, ("p", ((bool, True),)): 12.0}
     data = recs[("p", (2,))].data  # type: ignore[union-attr]
     head = state.header(data)
     assert head["record"] == "partition" and head["version"] == state.VERSION
@@ -239,6 +238,9 @@ def test_a_record_holds_one_partition_and_reads_back_as_that_partition() -> None
     pe.advance(12.0)
     assert pe.changed()[("p", (2,))] is None  # nothing left to store
     assert not pe.load(("gone", (2,)), data)  # a profile not here: the record can go
+    pe.process(Event("a9", 13.0, {"k": "A", "r": 7}))
+    pe.drop(("p", (7,)))  # unloaded unstored: not reported, not deleted
+    assert ("p", (7,)) not in pe.changed() and not pe.loaded()
 
 
 def test_an_engine_that_replans_online_is_refused() -> None:
