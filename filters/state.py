@@ -323,11 +323,16 @@ class _RecordWriter(_Writer):
         super().__init__(f, True)
         self.refs = refs
 
-    def persistent_id(self, obj: Any) -> str | None:
+    def persistent_id(self, obj: Any) -> str | None:  # every object: `_Writer`'s, inline
         ref = self.refs.get(id(obj))
         if ref is not None:
             return _REF + ref
-        return super().persistent_id(obj)
+        cls = obj.__class__
+        if cls is Profile:
+            return _PROFILE + obj.id
+        if isinstance(obj, type):
+            return super().persistent_id(obj)
+        return None
 
 
 def dump_record(kind: str, body: dict[str, Any], refs: Mapping[int, str] | None = None) -> bytes:
