@@ -327,9 +327,9 @@ class _RecordWriter(_Writer):
         ref = self.refs.get(id(obj))
         if ref is not None:
             return _REF + ref
-        cls = obj.__class__
-        if cls is Profile:
-            return _PROFILE + obj.id
+        if obj.__class__ is Profile:
+            pid: str = obj.id
+            return _PROFILE + pid
         if isinstance(obj, type):
             return super().persistent_id(obj)
         return None
