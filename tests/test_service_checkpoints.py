@@ -111,3 +111,26 @@ def test_a_whole_engine_checkpoint_restores_and_is_rewritten_by_partition(
     assert [x["events"]["a"]["id"] for x in outbox_for(rt, "w")] == ["a1"]
     _stop(w)
     assert Engine.restore(whole, {p.id: p for p in w.engine.profiles}).stats()["partitions"] == 3
+
+
+def test_a_damaged_partition_record_sets_the_checkpoint_aside_with_its_parts(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    """One unreadable record: the checkpoint cannot be restored as it was written, so it goes
+    aside whole (``…:parts`` with it) and the engine starts on a new state, as for a damaged
+    ``engine`` (tests/test_service_restore.py)."""
+    rs.put_profile(rt, "w", W)
+    w = _worker(rb)
+    ingest(rb, [{"id": f"a{i}", "ts": T0 + i, "kind": "A", "room": i} for i in range(3)])
+    drain(w, [time.time()])
+    _stop(w)
+    data = rb.hget(CHECKPOINT_PARTS, '["w",[1]]')
+    assert data is not None
+    rb.hset(CHECKPOINT_PARTS, '["w",[1]]', data[:-30])
+    before = m.CHECKPOINTS_SET_ASIDE._value.get()
+    w = _worker(rb)
+    assert m.CHECKPOINTS_SET_ASIDE._value.get() == before + 1
+    (aside,) = rb.keys(rs.CHECKPOINT_ASIDE + "*[0-9a-f]")
+    assert rb.hget(aside + b":parts", '["w",[1]]') == data[:-30]
+    assert sorted(w.defs) == ["w"] and w.engine.stats()["partitions"] == 0
+    _stop(w)
