@@ -84,7 +84,6 @@ def _register_base() -> None:
     from filters.temporal import TemporalPool
     from profiles.events import Event
 
-    register("bool", bool)  # a `per` or bound value True/False is keyed as (bool, value)
     register("event", Event)
     register("notification", Notification)
     register("temporal-pool", TemporalPool)
