@@ -168,8 +168,6 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
     def add_profile(self, profile: Profile) -> None:
         if profile.id in self._by_id:
             raise ValueError(f"profile {profile.id!r} is already active")
-        if "_base" in self.__dict__:
-            self.profiles_changed()
         idx = self._next_idx
         self._next_idx += 1
         self._local = LocalClock.of(self._local, self.tz, (profile,))
@@ -186,6 +184,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
                     if self.now is not None:
                         self._schedule_clock(clock, self.now)
         rt.activate(self.now)
+        if "_base" in self.__dict__:  # used by partition (`filters.partstate`)
+            self.profile_added(rt)
 
     def _register_starts(self, rt: Runtime) -> None:
         """The profile's starting components into the pool, then (a composite) its auxiliary
@@ -236,7 +236,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         if rt is None:
             raise KeyError(f"no active profile {profile_id!r}")
         if "_base" in self.__dict__:
-            self.profiles_changed()
+            self.profile_removed(rt)
         self._deactivate(rt)
 
     def _deactivate(self, rt: Runtime) -> None:
@@ -458,6 +458,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         state.pop("_skipped", None)  # (a restore's report, taken by `restore_reporting`)
         state.pop("_base", None)  # compiled set and reach pool (`filters.partstate`): rebuilt
         state.pop("_reach", None)
+        state.pop("_pers", None)
         del state["pool"]
         del state["aux"]
         del state["_by_id"]

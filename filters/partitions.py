@@ -38,11 +38,19 @@ from typing import Any
 
 from filters.engine import Engine
 from filters.notification import Notification
-from filters.partstate import PartId
-from filters.state import load_record
+from filters.partstate import PartId, part_counts
+from filters.state import collector_paused, load_record
 from profiles.events import Event
 
-__all__ = ["PartId", "PartitionedEngine", "Record", "decode_id", "due_by", "encode_id"]
+__all__ = [
+    "PartId",
+    "PartitionedEngine",
+    "Record",
+    "decode_id",
+    "due_by",
+    "encode_id",
+    "part_counts",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,14 @@ class PartitionedEngine:
         engine.compiled()  # refuses an engine that re-plans online
         self.engine = engine
         self._dirty: dict[PartId, None] = {}
+        # what the events of the step reached, noted cheaply (`Engine.note_reach`)
+        self._entries: dict[int, Any] = {}
+        self._keys: dict[tuple[str, ...], set[Any]] = {}
+        # profile id -> the partitions the caller's store holds as far as this engine knows
+        # (loaded, or stored by `changed`), and the rare-first profiles' sweep times then: a
+        # sweep drops buffered events of partitions no event reached (and empties some)
+        self._known: dict[str, set[Any]] = {}
+        self._sweeps: dict[str, float | None] = {}
 
     # --------------------------------------------------------------- state
     def begin(self, header: bytes | None = None) -> None:
@@ -120,7 +136,22 @@ class PartitionedEngine:
     def load(self, part: PartId, record: bytes) -> bool:
         """One partition's record into the engine; False if its profile is not active here
         (removed, or a `once` profile that reported): delete the record."""
-        return self.engine.load_part(part, record)
+        if not self.engine.load_part(part, record):
+            return False
+        self._known.setdefault(part[0], set()).add(part[1])
+        if part[0] not in self._sweeps:
+            self._sweeps[part[0]] = self.engine.sweep_at(part[0])
+        return True
+
+    def load_all(self, records: Iterable[tuple[PartId, bytes]]) -> list[PartId]:
+        """`load` of many (a recovery), the collector paused throughout; returns the
+        partitions not loaded (their profile is not active here: delete them)."""
+        left: list[PartId] = []
+        with collector_paused():
+            for part, data in records:
+                if not self.load(part, data):
+                    left.append(part)
+        return left
 
     def loaded(self) -> list[PartId]:
         """The partitions the engine holds."""
@@ -129,18 +160,40 @@ class PartitionedEngine:
     def drop(self, part: PartId) -> None:
         """The partition leaves the engine unstored (its record is the caller's to keep or
         delete); not reported by `changed`."""
+        self._flush()
         self.engine.unload_parts([part])
         self._dirty.pop(part, None)
+        known = self._known.get(part[0])
+        if known is not None:
+            known.discard(part[1])
 
     def changed(self) -> dict[PartId, Record | None]:
         """The record of every partition changed since the last call (a superset: those the
         events reached, whose timers fired, or all at the first event), None for those that
         hold nothing now (delete them); the engine keeps them loaded."""
+        eng = self.engine
+        self._flush()
+        for pid, keys in self._known.items():  # swept since: every partition it knew
+            t = eng.sweep_at(pid)
+            if t is not None and t != self._sweeps.get(pid):
+                self._sweeps[pid] = t
+                self._mark((pid, k) for k in keys)
         dirty, self._dirty = self._dirty, {}
-        return {
-            p: (Record(*got) if got is not None else None)
-            for p, got in self.engine.store_parts(dirty).items()
-        }
+        out: dict[PartId, Record | None] = {}
+        known = self._known
+        for p, got in eng.store_parts(dirty).items():
+            held = known.get(p[0])
+            if got is None:
+                out[p] = None
+                if held is not None:
+                    held.discard(p[1])
+                continue
+            out[p] = Record(*got)
+            if held is None:
+                held = known[p[0]] = set()
+                self._sweeps[p[0]] = eng.sweep_at(p[0])
+            held.add(p[1])
+        return out
 
     def retired(self) -> list[str]:
         """Profiles a `once` retired: delete every stored record of theirs."""
@@ -155,6 +208,9 @@ class PartitionedEngine:
         head = self.header()
         self.engine.reset_state()
         self._dirty.clear()
+        self._entries, self._keys = {}, {}
+        self._known.clear()
+        self._sweeps.clear()
         return head
 
     @staticmethod
@@ -165,6 +221,12 @@ class PartitionedEngine:
         return order
 
     # ---------------------------------------------------------------- steps
+    def _flush(self) -> None:
+        """What the events reached, as partitions marked changed."""
+        if self._entries:
+            self._mark(self.engine.noted(self._entries, self._keys))
+            self._entries, self._keys = {}, {}
+
     def _mark(self, parts: Iterable[PartId]) -> None:
         self._dirty.update(dict.fromkeys(parts))
 
@@ -172,8 +234,9 @@ class PartitionedEngine:
         """`Engine.process`, marking the partitions it may change."""
         eng = self.engine
         first = eng.now is None
-        self._mark(eng.due_parts(event.ts))
-        self._mark(eng.reached(event))
+        if eng.timers.head <= event.ts:
+            self._mark(eng.due_parts(event.ts))
+        eng.note_reach(event, self._entries, self._keys)
         eng.process(event)
         if first:  # the first time: `absent` without `per` and clocks armed everywhere
             self._mark(eng.part_ids())
@@ -181,7 +244,8 @@ class PartitionedEngine:
     def advance(self, now: float, *, inclusive: bool = False) -> None:
         eng = self.engine
         first = eng.now is None
-        self._mark(eng.due_parts(now))
+        if eng.timers.head <= now:
+            self._mark(eng.due_parts(now))
         eng.advance(now, inclusive=inclusive)
         if first:
             self._mark(eng.part_ids())

@@ -24,6 +24,7 @@ from typing import Any
 from filters import state as state_format
 from filters.composite import CompositeRuntime
 from filters.lazy import LazySeqRuntime
+from filters.lazy_base import LazyPartition
 from filters.localclock import LocalClock
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
@@ -92,16 +93,78 @@ class PartitionState:
                 )
             base = self.__dict__["_base"] = dict(self._rts)
             reach = PrimitivePool()
+            pers: dict[tuple[str, ...], None] = {}
             for idx, rt in base.items():
                 for f in _leaf_filters(rt):
                     reach.add(f, idx)
+                if _stateful(rt):
+                    pers[rt.per] = None
             self.__dict__["_reach"] = reach
+            self.__dict__["_pers"] = pers
         return base
 
-    def profiles_changed(self) -> None:
-        """A profile was added or removed: the compiled set is taken again at its next use."""
-        self.__dict__.pop("_base", None)
-        self.__dict__.pop("_reach", None)
+    def note_reach(
+        self, event: Event, entries: dict[int, Any], keys: dict[tuple[str, ...], set[PartKey]]
+    ) -> None:
+        """`reached`, cheaply, for marking what a step changed: notes the reach pool's entries
+        the event matches and its partition key under each `per` of the profiles; `noted`
+        makes partitions of them (a superset: every noted key of a profile's `per`)."""
+        self.compiled()
+        if self._local is not None:
+            event = self._local.event(event)
+        attrs = event.attrs
+        got = self.__dict__["_reach"].match(attrs)
+        if got:
+            for entry in got:
+                entries[id(entry)] = entry
+            for per in self.__dict__["_pers"]:
+                key = _key_of(per, attrs)
+                if key is not None:
+                    held = keys.get(per)
+                    if held is None:
+                        keys[per] = {key}
+                    else:
+                        held.add(key)
+
+    def noted(
+        self, entries: dict[int, Any], keys: dict[tuple[str, ...], set[PartKey]]
+    ) -> list[PartId]:
+        """The partitions of what `note_reach` noted."""
+        idxs: set[int] = set()
+        for entry in entries.values():
+            idxs.update(entry.owners)
+        out: list[PartId] = []
+        rts = self._rts
+        for idx in idxs:
+            rt = rts.get(idx)
+            if rt is not None and rt.active:
+                out += [(rt.pid, k) for k in keys.get(rt.per, ())]
+        return out
+
+    def profile_added(self, rt: Runtime) -> None:
+        """A profile joined the compiled set (`Engine.add_profile`, once it is in use)."""
+        base: dict[int, Runtime] | None = self.__dict__.get("_base")
+        if base is not None:
+            base[rt.idx] = rt
+            reach: PrimitivePool = self.__dict__["_reach"]
+            for f in _leaf_filters(rt):
+                reach.add(f, rt.idx)
+            if _stateful(rt):
+                self.__dict__["_pers"][rt.per] = None
+
+    def profile_removed(self, rt: Runtime) -> None:
+        """A profile left the compiled set (`Engine.remove_profile`)."""
+        base: dict[int, Runtime] | None = self.__dict__.get("_base")
+        if base is not None and base.pop(rt.idx, None) is not None:
+            reach: PrimitivePool = self.__dict__["_reach"]
+            for f in _leaf_filters(rt):
+                reach.remove(f, rt.idx)
+
+    def sweep_at(self, profile_id: str) -> float | None:
+        """A rare-first profile's next sweep of quiet partitions (None: not rare-first): a
+        sweep changes partitions no event reached (`PartitionedEngine.changed`)."""
+        rt = self._by_id.get(profile_id)
+        return rt.sweep_at if isinstance(rt, LazySeqRuntime) else None
 
     def reached(self, event: Event) -> list[PartId]:
         """The partitions `event` may change (a superset): of each stateful profile one of
@@ -164,7 +227,17 @@ class PartitionState:
     def retired(self) -> list[str]:
         """Profiles of the compiled set that are no longer active (`once`, reported): every
         stored partition of theirs goes."""
-        return sorted(rt.pid for rt in self.compiled().values() if not rt.active)
+        return sorted(rt.pid for rt in self._compiled_now().values() if not rt.active)
+
+    def _compiled_now(self) -> dict[int, Runtime]:
+        """`compiled`, runtimes a plan change replaced (`_swap`) taken as their successors."""
+        base = self.compiled()
+        rts = self._rts
+        for idx, rt in base.items():
+            cur = rts.get(idx)
+            if cur is not None and cur is not rt:
+                base[idx] = cur
+        return base
 
     # -------------------------------------------------------------- records
     def store_parts(self, ids: Iterable[PartId]) -> dict[PartId, tuple[bytes, float | None] | None]:
@@ -247,7 +320,7 @@ class PartitionState:
 
     def store_header(self) -> bytes:
         """The engine-level state (`filters.state.RECORDS["header"]`)."""
-        base = self.compiled()
+        base = self._compiled_now()
         pm_counts: dict[str, int] = {}
         sweeps: dict[str, float] = {}
         for rt in self._rts.values():
@@ -274,7 +347,7 @@ class PartitionState:
         """The engine-level state of a `store_header` into an engine holding none
         (`reset_state`), before its partitions are loaded."""
         body = state_format.load_record(data, "header")
-        base = self.compiled()
+        base = self._compiled_now()
         lazy: dict[str, int] = body["lazy"]
         for idx, rt in list(base.items()):  # each profile's plan as stored (its records' kind)
             if not rt.active or not isinstance(rt, (CompositeRuntime, LazySeqRuntime)):
@@ -315,7 +388,7 @@ class PartitionState:
         """Back to the compiled profiles holding no state (as `Engine(profiles)` built them):
         every partition out, retired profiles back, time unset. Take the notifications and
         store what is to be kept first."""
-        base = self.compiled()
+        base = self._compiled_now()
         self.timers.clear()
         for idx, rt in list(base.items()):
             if not rt.active:
@@ -342,6 +415,31 @@ class PartitionState:
         self.now = None
         self._seq = self._nseq = 0
         self._out.clear()
+
+
+def part_counts(data: bytes) -> dict[str, int]:
+    """What a partition record holds ("partial_matches", "partitions", "timers", as
+    `filters.restore.Skipped` counts it), read without an engine (its runtime is None)."""
+    body = state_format.load_record(data, "partition", refs={"runtime": None})
+    st = body["state"]
+    if isinstance(st, Partition):
+        pms = sum(1 for pm in st.pms if pm.alive)
+    elif isinstance(st, LazyPartition):
+        pms = st.size()
+    else:  # `absent`: its silence timer
+        pms = 1
+    return {"partial_matches": pms, "partitions": 1, "timers": len(body["timers"])}
+
+
+def _key_of(per: tuple[str, ...], attrs: dict[str, Any]) -> PartKey | None:
+    """`Runtime.partition_key` for a `per`."""
+    vals = []
+    for a in per:
+        v = attrs.get(a)
+        if v is None:
+            return None
+        vals.append((bool, v) if v.__class__ is bool else v)
+    return tuple(vals)
 
 
 def _leaf_filters(rt: Runtime) -> list[Any]:

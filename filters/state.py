@@ -84,7 +84,6 @@ def _register_base() -> None:
     from filters.temporal import TemporalPool
     from profiles.events import Event
 
-    register("bool", bool)  # a `per` or bound value True/False is keyed as (bool, value)
     register("event", Event)
     register("notification", Notification)
     register("temporal-pool", TemporalPool)
@@ -323,11 +322,16 @@ class _RecordWriter(_Writer):
         super().__init__(f, True)
         self.refs = refs
 
-    def persistent_id(self, obj: Any) -> str | None:
+    def persistent_id(self, obj: Any) -> str | None:  # every object: `_Writer`'s, inline
         ref = self.refs.get(id(obj))
         if ref is not None:
             return _REF + ref
-        return super().persistent_id(obj)
+        if obj.__class__ is Profile:
+            pid: str = obj.id
+            return _PROFILE + pid
+        if isinstance(obj, type):
+            return super().persistent_id(obj)
+        return None
 
 
 def dump_record(kind: str, body: dict[str, Any], refs: Mapping[int, str] | None = None) -> bytes:
@@ -335,9 +339,8 @@ def dump_record(kind: str, body: dict[str, Any], refs: Mapping[int, str] | None 
     references (`load_record` resolves them to objects of the loading engine)."""
     if tuple(sorted(body)) != RECORDS[kind]:
         raise ValueError(f"a {kind} record has the fields {RECORDS[kind]}, not {sorted(body)}")
-    head = {"format": FORMAT, "version": VERSION, "profiles": "apart", "record": kind}
     buf = io.BytesIO()
-    buf.write(MAGIC + json.dumps(head, separators=(",", ":")).encode() + b"\n")
+    buf.write(_record_head(kind))
     with collector_paused():
         _RecordWriter(buf, refs or {}).dump(body)
     return buf.getvalue()
@@ -351,6 +354,11 @@ def load_record(
 ) -> dict[str, Any]:
     """The body of a `kind` record (`dump_record`); "ref:<name>" resolves through `refs`.
     Anything else, a record of another kind or a damaged one, raises `StateError`."""
+    lead = _RECORD_HEADS.get(kind)
+    if lead is None:
+        lead = _RECORD_HEADS[kind] = _record_head(kind)
+    if data.startswith(lead):  # this version's own: no header to parse (10^5 at a recovery)
+        return _record_body(data, len(lead), kind, profiles, refs)
     head = header(data)
     if head.get("record") != kind:
         what = f"a {head['record']} record" if head.get("record") else "a whole-engine snapshot"
@@ -360,14 +368,35 @@ def load_record(
             f"this {kind} record was written by a newer ENS (state format version "
             f"{head['version']}; this release reads up to {VERSION}): upgrade ENS to read it"
         )
-    reader = _RecordReader(io.BytesIO(data[data.index(b"\n") + 1 :]), profiles or {}, refs or {})
+    return _record_body(data, data.index(b"\n") + 1, kind, profiles, refs)
+
+
+def _record_head(kind: str) -> bytes:
+    head = {"format": FORMAT, "version": VERSION, "profiles": "apart", "record": kind}
+    return MAGIC + json.dumps(head, separators=(",", ":")).encode() + b"\n"
+
+
+_RECORD_HEADS: dict[str, bytes] = {}
+_CLASSES: dict[Any, Any] = {}  # "class:<name>" -> class, shared by every record's reader
+
+
+def _record_body(
+    data: bytes,
+    start: int,
+    kind: str,
+    profiles: Mapping[str, Profile] | None,
+    refs: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    reader = _RecordReader(io.BytesIO(data[start:]), profiles or {}, refs or {})
     with collector_paused():
         try:
             body = reader.load()
         except StateError:
             raise
         except (pickle.UnpicklingError, EOFError, ValueError) as exc:
-            raise StateError(f"the {kind} record is damaged ({exc}); nothing was loaded") from None
+            raise StateError(
+                f"the {kind} record's body is damaged ({exc}); nothing was loaded"
+            ) from None
     if not isinstance(body, dict) or tuple(sorted(body)) != RECORDS[kind]:
         raise StateError(f"not an engine {kind} record: its body has other fields")
     return body
@@ -467,6 +496,15 @@ class _RecordReader(_Reader):
     ) -> None:
         super().__init__(f, profiles)
         self.refs = refs
+        self.resolved = _CLASSES  # class names only: a reference is resolved each time
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid.__class__ is str and pid.startswith(_CLASS):
+            got = _CLASSES.get(pid)
+            if got is None:
+                got = _CLASSES[pid] = self._resolve(pid)
+            return got
+        return self._resolve(pid)
 
     def _resolve(self, pid: Any) -> Any:
         if isinstance(pid, str) and pid.startswith(_REF):

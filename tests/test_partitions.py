@@ -97,6 +97,87 @@ def run_by_partition(
     return out, store
 
 
+def _canon(data: bytes) -> object:
+    """A record as nested plain values (equal records are equal whichever objects they share)."""
+    seen: set[int] = set()
+
+    def walk(x: object) -> object:
+        if isinstance(x, state.Stored):
+            if id(x) in seen:  # a cycle (a PM and its partition): its name only
+                return ("cycle", x.name)
+            seen.add(id(x))
+            out = (x.name, walk(x.args), walk(x.state))
+            seen.discard(id(x))
+            return out
+        if isinstance(x, dict):
+            return tuple(sorted((repr(walk(k)), walk(v)) for k, v in x.items()))
+        if isinstance(x, (list, tuple)):
+            return tuple(walk(v) for v in x)
+        if isinstance(x, (set, frozenset)):
+            return tuple(sorted(repr(walk(v)) for v in x))
+        return x
+
+    return walk(state.plain(data))
+
+
+def check_all_loaded(
+    profiles: list, evs: list[Event], every: int, until: float | None = None, **opts: str
+) -> None:
+    """The service's way: one engine holds every partition; after every `every` events the
+    records `changed` gives are applied to a map, which then holds exactly what storing every
+    partition of the engine would (nothing changed was missed, nothing gone is left)."""
+    pe = PartitionedEngine(Engine(profiles, **opts))
+    store: dict[str, bytes] = {}
+
+    def apply() -> None:
+        for part, rec in pe.changed().items():
+            if rec is None:
+                store.pop(encode_id(part), None)
+            else:
+                store[encode_id(part)] = rec.data
+        for pid in pe.retired():
+            for k in [k for k in store if decode_id(k)[0] == pid]:
+                del store[k]
+        eng = pe.engine
+        want = {encode_id(p): got[0] for p, got in eng.store_parts(eng.part_ids()).items() if got}
+        assert {k: _canon(v) for k, v in store.items()} == {k: _canon(v) for k, v in want.items()}
+
+    for i, ev in enumerate(evs, 1):
+        pe.process(ev)
+        if not i % every:
+            apply()
+    pe.finish(until)
+    apply()
+
+
+@pytest.mark.parametrize("plan", ["eager", "rare-first"])
+@pytest.mark.parametrize("variant", Engine.VARIANTS)
+def test_every_case_with_every_partition_loaded_stores_what_changed(variant, plan) -> None:
+    for path in CASES:
+        got = _case(path)
+        if got is None:
+            continue
+        profiles, evs, tz = got
+        for every in (1, 3):
+            check_all_loaded(profiles, evs, every, variant=variant, plan=plan, tz=tz)
+
+
+def test_a_sweep_of_quiet_partitions_deletes_their_records() -> None:
+    """Rare-first: a sweep (once per window of event time) empties partitions no event
+    reached; their records go too."""
+    p = parse_profile('seq(a: k = "A", b: k = "B") within 10s per r select each', "p")
+    evs = [Event(f"a{r}", float(r), {"k": "A", "r": r}) for r in range(5)]
+    evs.append(Event("x", 100.0, {"k": "A", "r": 99}))  # the sweep: r 0..4 are stale
+    check_all_loaded([p], evs, 1, plan="rare-first")
+    pe = PartitionedEngine(Engine([p], plan="rare-first"))
+    for ev in evs[:-1]:
+        pe.process(ev)
+    assert len(pe.changed()) == 5
+    pe.process(evs[-1])
+    gone = sorted(k for k, rec in pe.changed().items() if rec is None)
+    assert gone == [("p", (r,)) for r in range(5)]
+
+
 @pytest.mark.parametrize("plan", ["eager", "rare-first"])
 @pytest.mark.parametrize("variant", Engine.VARIANTS)
 def test_every_case_one_event_per_step_gives_what_one_engine_gives(variant, plan) -> None:
@@ -135,9 +216,8 @@ def test_a_record_holds_one_partition_and_reads_back_as_that_partition() -> None
     assert sorted(recs, key=encode_id) == sorted(
         [("p", (1,)), ("p", (2,)), ("p", ((bool, True),))], key=encode_id
     )
-    assert all(
-        rec is not None and rec.due == float(i) + 10.0 for i, rec in enumerate(recs.values())
-    )
+    dues = {k: rec.due for k, rec in recs.items() if rec is not None}
+    assert dues == {("p", (1,)): 10.0, ("p", (2,)): 11.0, ("p", ((bool, True),)): 12.0}
     data = recs[("p", (2,))].data  # type: ignore[union-attr]
     head = state.header(data)
     assert head["record"] == "partition" and head["version"] == state.VERSION
@@ -158,6 +238,9 @@ def test_a_record_holds_one_partition_and_reads_back_as_that_partition() -> None
     pe.advance(12.0)
     assert pe.changed()[("p", (2,))] is None  # nothing left to store
     assert not pe.load(("gone", (2,)), data)  # a profile not here: the record can go
+    pe.process(Event("a9", 13.0, {"k": "A", "r": 7}))
+    pe.drop(("p", (7,)))  # unloaded unstored: not reported, not deleted
+    assert ("p", (7,)) not in pe.changed() and not pe.loaded()
 
 
 def test_an_engine_that_replans_online_is_refused() -> None:
@@ -317,3 +400,24 @@ def test_records_of_another_plan_load_as_written_and_the_header_names_the_order(
     pe.finish()
     got = [n.to_json() for n in pe.take_notifications()]
     assert got == json.loads((golden / "expect-rare-first.json").read_text())
+
+
+@settings(
+    max_examples=150, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    scenario(),
+    st.sampled_from([1, 2, 5]),
+    st.sampled_from(Engine.VARIANTS),
+    st.sampled_from(["eager", "rare-first"]),
+)
+def test_generated_profiles_and_streams_with_every_partition_loaded_store_what_changed(
+    case: tuple[list[tuple[str, str]], list[dict], float | None],
+    every: int,
+    variant: str,
+    plan: str,
+) -> None:
+    texts, events, until = case
+    profiles = [parsed(text, pid) for pid, text in texts]
+    evs = order_events(_events(events))
+    check_all_loaded(profiles, evs, every, until, variant=variant, plan=plan)

@@ -2,6 +2,14 @@
 ``ens:checkpoint`` (one MULTI/EXEC that also writes the pending notifications, empties the
 journal, acknowledges and trims the ingest entries it covers), and their loading, with the
 migrations of older checkpoint versions (`adapters.service.records.CheckpointMeta`).
+
+The engine is checkpointed incrementally (issue 38.2): ``ens:checkpoint``'s ``engine`` field
+holds the engine's header record and ``ens:checkpoint:parts`` one record per profile partition
+(`filters.partitions`); a snapshot writes the header and only the partitions the steps since
+the last one may have changed, and deletes those that hold nothing any more, in the same
+transaction. A checkpoint whose ``engine`` is a whole-engine snapshot (older releases, or an
+engine that re-plans online: `--replan-every`) is restored as before, and the next snapshot
+writes every partition.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ import logging
 import pickle
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -21,15 +30,59 @@ from adapters.service.archive_feed import FEED
 from adapters.service.engine_state import EngineState, Item
 from adapters.service.records import CheckpointMeta, HeldRow
 from adapters.service.watermarks import Held
+from filters import state as state_format
 from filters.engine import Engine
+from filters.partitions import (
+    PartId,
+    PartitionedEngine,
+    Record,
+    decode_id,
+    encode_id,
+    part_counts,
+)
+from filters.restore import Skipped
 from notifiers import store
-from profiles.events import event_from_obj
+from profiles.events import Event, event_from_obj
 
 log = logging.getLogger("ens.service.worker")
+
+CHECKPOINT_PARTS = "ens:checkpoint:parts"  # partition id (`encode_id`) -> its record
+_CHUNK = 10_000  # fields per HSET/HDEL of a snapshot
 
 
 class Checkpointer(EngineState):
     """The snapshot part of `EngineWorker`."""
+
+    _tracked: PartitionedEngine | None = None
+
+    # ------------------------------------------------ the engine, by partition
+    def _reset_parts(self) -> None:
+        self._tracked = None
+        self.stored = {}
+        self.parts_full = True
+
+    def _tracker(self) -> PartitionedEngine | None:
+        """The engine's partition tracker (None: it re-plans online, snapshots are whole)."""
+        t = self._tracked
+        if t is None or t.engine is not self.engine:
+            if self.engine.replan_every:
+                return None
+            t = self._tracked = PartitionedEngine(self.engine)
+        return t
+
+    def _engine_process(self, ev: Event) -> None:
+        t = self._tracker()
+        if t is None:
+            self.engine.process(ev)
+        else:
+            t.process(ev)
+
+    def _engine_advance(self, at: float) -> None:
+        t = self._tracker()
+        if t is None:
+            self.engine.advance(at)
+        else:
+            t.advance(at)
 
     def _meta(self) -> CheckpointMeta:
         return CheckpointMeta(
@@ -68,8 +121,12 @@ class Checkpointer(EngineState):
             return True
 
     def _restore(self, snap: bytes, meta: CheckpointMeta) -> None:
-        if meta.profiles is None:  # version 3 on
+        if meta.profiles is None and state_format.header(snap).get("record") == "header":
             stored: Any = self.r.hgetall(rs.CHECKPOINT_PROFILES)
+            self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
+            self._restore_parts(snap)
+        elif meta.profiles is None:  # version 3 on: a whole-engine snapshot
+            stored = self.r.hgetall(rs.CHECKPOINT_PROFILES)
             self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
             self.engine, skipped = Engine.restore_reporting(snap, self.defs)
             if skipped:
@@ -88,7 +145,8 @@ class Checkpointer(EngineState):
                 self.defs[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
             self.dirty = set(self.defs)
         cfg = self.cfg  # this run's plan options apply to the restored state (same output)
-        self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift)
+        if self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift):
+            self.parts_full = True  # converted partitions: their records change kind
         self.engine.set_caps(cfg.caps)  # configuration, not state (`filters.caps`)
         self.epoch = meta.epoch
         self._restore_position(meta)
@@ -100,6 +158,53 @@ class Checkpointer(EngineState):
             len(self.buffer),
             self.engine.stats(),
         )
+
+    def _restore_parts(self, header: bytes) -> None:
+        """The engine from its header and partition records (an incremental checkpoint): built
+        from the profiles in the header's order (the order of one event's notifications), each
+        record loaded; records of profiles no longer active are left out (and deleted by the
+        next snapshot)."""
+        eng = self._new_engine()
+        for pid in PartitionedEngine.profile_order(header):
+            prof = self.defs.get(pid)
+            if prof is not None:
+                eng.add_profile(prof)
+        self.engine = eng
+        t = self._tracker()
+        if t is None:
+            raise state_format.StateError(
+                "this checkpoint holds the engine by partition, which an engine that re-plans "
+                "online (--replan-every) cannot load: start once without --replan-every"
+            )
+        t.begin(header)
+        stored: dict[str, set[str]] = {}
+
+        def records() -> Iterator[tuple[PartId, bytes]]:
+            for n, (k, data) in enumerate(self.r.hscan_iter(CHECKPOINT_PARTS, count=1000), 1):
+                key = rs.text(k)
+                part = decode_id(key)
+                stored.setdefault(part[0], set()).add(key)
+                yield part, data
+                if not n & 1023:
+                    self._keepalive()
+
+        skipped = Skipped()
+        for part in t.load_all(records()):  # of profiles gone: deleted by the next snapshot
+            counts = skipped.removed.setdefault(
+                part[0], {"partial_matches": 0, "partitions": 0, "timers": 0}
+            )
+            data: Any = self.r.hget(CHECKPOINT_PARTS, encode_id(part))
+            for what, c in part_counts(data).items() if data is not None else ():
+                counts[what] += c
+        t.changed()  # nothing to write: the hash holds what was loaded
+        self.stored = stored
+        self.parts_full = False
+        if skipped:
+            log.warning(
+                "restore left out engine state of profiles that no longer exist: %s",
+                skipped.describe(),
+            )
+            m.RESTORE_SKIPPED.labels("removed_profile").inc(len(skipped.removed))
 
     def _restore_position(self, meta: CheckpointMeta) -> None:
         """Where the checkpoint stands in the streams: ingest and control ids, totals, the
@@ -160,11 +265,14 @@ class Checkpointer(EngineState):
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{secrets.token_hex(2)}"
         aside = f"{rs.CHECKPOINT_ASIDE}{stamp}"
         has_profiles = bool(self.r.exists(rs.CHECKPOINT_PROFILES))
+        has_parts = bool(self.r.exists(CHECKPOINT_PARTS))
 
         def write(p: Any) -> None:
             p.rename(rs.CHECKPOINT, aside)
             if has_profiles:
                 p.rename(rs.CHECKPOINT_PROFILES, aside + ":profiles")
+            if has_parts:
+                p.rename(CHECKPOINT_PARTS, aside + ":parts")
 
         self._transaction(write)
         m.CHECKPOINTS_SET_ASIDE.inc()
@@ -174,7 +282,8 @@ class Checkpointer(EngineState):
             "lost",
             reason,
             aside,
-            f" and {aside}:profiles" if has_profiles else "",
+            (f" and {aside}:profiles" if has_profiles else "")
+            + (f" and {aside}:parts" if has_parts else ""),
             self.epoch,
             " and ".join(kept) or "nothing of it",
         )
@@ -204,7 +313,7 @@ class Checkpointer(EngineState):
         records = [self.record(n) for n in plain]
         alarm = self._alarm_step(alarm_notes)
         alarm_state = self._alarm_state()  # after the step: what the journal no longer holds
-        snap = self.engine.snapshot(profiles_apart=True)
+        snap, parts_write, parts_delete, full = self._engine_records()
         changed = {pid: self.defs.get(pid) for pid in self.dirty}
         meta_obj = self._meta()
         meta_obj.totals["notifications"] += len(records)  # written by this transaction
@@ -226,6 +335,13 @@ class Checkpointer(EngineState):
                     p.hdel(rs.CHECKPOINT_PROFILES, pid)
                 else:
                     p.hset(rs.CHECKPOINT_PROFILES, pid, pickle.dumps(prof, pickle.HIGHEST_PROTOCOL))
+            if full:
+                p.delete(CHECKPOINT_PARTS)
+            for i in range(0, len(parts_delete), _CHUNK):
+                p.hdel(CHECKPOINT_PARTS, *parts_delete[i : i + _CHUNK])
+            items = list(parts_write.items())
+            for i in range(0, len(items), _CHUNK):
+                p.hset(CHECKPOINT_PARTS, mapping=dict(items[i : i + _CHUNK]))
             p.hset(rs.CHECKPOINT, mapping={"engine": snap, "meta": meta, "alarms": alarm_state})
             p.delete(rs.JOURNAL)
             for i in range(0, len(unacked), 10_000):
@@ -234,6 +350,7 @@ class Checkpointer(EngineState):
                 p.xtrim(rs.INGEST, minid=rs.next_id(self.last_id), approximate=False)
 
         self._transaction(write)
+        self._parts_written(parts_write, parts_delete, full)
         self._alarm_published(alarm)
         self._published(records)
         self.inputs.clear()
@@ -245,5 +362,59 @@ class Checkpointer(EngineState):
         self.changed = False
         self.last_commit = self.last_snapshot = time.monotonic()
         m.SNAPSHOTS.observe(time.perf_counter() - t0)
-        m.SNAPSHOT_BYTES.set(len(snap))
-        self.snapshot_bytes = len(snap)
+        size = len(snap) + sum(map(len, parts_write.values()))
+        m.SNAPSHOT_BYTES.set(size)
+        self.snapshot_bytes = size
+
+    def _engine_records(self) -> tuple[bytes, dict[str, bytes], list[str], bool]:
+        """What a snapshot writes of the engine: the ``engine`` field, the partition records to
+        write and the keys to delete, and whether the hash is rewritten whole."""
+        t = self._tracker()
+        if t is None:  # re-plans online: the whole engine, and no partitions
+            self.parts_full = True
+            return self.engine.snapshot(profiles_apart=True), {}, [], True
+        eng = self.engine
+        full = self.parts_full
+        if full:
+            t.changed()
+            recs = {
+                p: (Record(*got) if got is not None else None)
+                for p, got in eng.store_parts(eng.part_ids()).items()
+            }
+        else:
+            recs = t.changed()
+        write: dict[str, bytes] = {}
+        held: dict[str, set[str]] = {} if full else self.stored
+        delete: list[str] = []
+        for part, rec in recs.items():
+            key = encode_id(part)
+            if rec is not None:
+                write[key] = rec.data
+            elif key in held.get(part[0], ()):
+                delete.append(key)
+        if not full:  # partitions of profiles removed, replaced or retired (`once`) since
+            active = {p.id for p in eng.profiles}
+            for pid, keys in held.items():
+                if pid not in active or pid in self.dirty:
+                    delete += [k for k in keys if k not in write]
+        return t.header(), write, delete, full
+
+    def _parts_written(self, write: dict[str, bytes], delete: list[str], full: bool) -> None:
+        """Keep `stored` as the hash now is (after the transaction)."""
+        if full:
+            self.stored = {}
+        stored = self.stored
+        for key in delete:
+            pid = decode_id(key)[0]
+            keys = stored.get(pid)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del stored[pid]
+        for key in write:
+            stored.setdefault(decode_id(key)[0], set()).add(key)
+        self.parts_full = self._tracker() is None
+        if write:
+            m.CHECKPOINT_PARTITIONS.labels("written").inc(len(write))
+        if delete:
+            m.CHECKPOINT_PARTITIONS.labels("deleted").inc(len(delete))

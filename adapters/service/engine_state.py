@@ -185,6 +185,11 @@ class EngineState:
     last_known: float  # monotonic time ens:attrs was last written
     unpublished: int  # events fed since the step last added them to ens_events_processed
     lost_state: bool  # the checkpoint could not be restored: a new engine state (`_set_aside`)
+    # incremental checkpoints (`checkpointer`): profile id -> its partitions' keys in
+    # ens:checkpoint:parts, and whether the next snapshot rewrites them all (the hash does not
+    # hold this engine's state: a new engine, a whole-engine snapshot restored, plans converted)
+    stored: dict[str, set[str]]
+    parts_full: bool
 
     @property
     def buffer(self) -> list[Held]:
@@ -195,6 +200,16 @@ class EngineState:
         raise NotImplementedError
 
     def _new_engine(self) -> Engine:
+        raise NotImplementedError
+
+    # the engine fed through the checkpointer, which marks the partitions a step changes
+    def _engine_process(self, ev: Event) -> None:
+        raise NotImplementedError
+
+    def _engine_advance(self, t: float) -> None:
+        raise NotImplementedError
+
+    def _reset_parts(self) -> None:
         raise NotImplementedError
 
     def _keepalive(self) -> None:

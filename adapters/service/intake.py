@@ -127,7 +127,7 @@ class Intake(EngineState):
                 due = alarm_due
             if self.engine.now is None or (due is not None and due < target):
                 self._input(op_advance(target))
-                self.engine.advance(target)
+                self._engine_advance(target)
 
     def _feed(self, ev: Event, key: str, gw: str) -> None:
         if self.cfg.archive:  # written to ens:archive:feed with the commit of this input
@@ -168,7 +168,7 @@ class Intake(EngineState):
         if self.engine.now is not None and ev.ts < self.engine.now:  # --late-events feed
             self._count_late(ev, gw, None if replay else "processed in arrival order")
         try:
-            self.engine.process(ev)
+            self._engine_process(ev)
         except Exception:  # a poison event must not stop the service
             log.exception("engine failed on event %s; skipped", ev.id)
             if not replay:

@@ -72,7 +72,7 @@ class Journal(EngineState):
                 if isinstance(op, ProfileChanged):
                     self._set_def(op.id, op.expr, op.subscriber, alarm=op.alarm)
                 elif isinstance(op, Advanced):
-                    self.engine.advance(op.t)
+                    self._engine_advance(op.t)
                 elif isinstance(op, LateSent):  # its record was committed with this entry
                     gw = by_key.get(op.key, ("?", None, False))[0]
                     self.totals["late"] += 1

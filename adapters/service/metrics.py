@@ -273,7 +273,17 @@ CHECKPOINTS_SET_ASIDE = Counter(
     "says why and what was kept).",
     registry=REGISTRY,
 )
-SNAPSHOT_BYTES = Gauge("ens_snapshot_bytes", "Size of the last engine snapshot.", registry=REGISTRY)
+SNAPSHOT_BYTES = Gauge(
+    "ens_snapshot_bytes",
+    "Bytes the last engine snapshot wrote (incremental: its header and changed partitions).",
+    registry=REGISTRY,
+)
+CHECKPOINT_PARTITIONS = Counter(
+    "ens_checkpoint_partitions_total",
+    "Partition records the engine's snapshots wrote or deleted (incremental checkpoints).",
+    ["op"],
+    registry=REGISTRY,
+)
 PARTIAL_MATCHES = Gauge(
     "ens_partial_matches", "Live partial matches in the engine.", registry=REGISTRY
 )

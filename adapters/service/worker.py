@@ -107,6 +107,7 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
     def _reset_state(self) -> None:
         self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
         self.engine = self._new_engine()
+        self._reset_parts()  # incremental checkpoints start again (`checkpointer`)
         self.lost_state = False  # the checkpoint could not be restored (`_set_aside`)
         self.epoch = secrets.token_hex(4)
         # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
