@@ -31,6 +31,36 @@ def _read_text(file: Path) -> str:
         raise fail(f"cannot read {file}: {exc.strerror}") from None
 
 
+_Replace = Annotated[
+    bool,
+    typer.Option(
+        "--replace",
+        help="Replace stored profiles and subscribers of the same id whose definition differs.",
+    ),
+]
+_Severity = Annotated[
+    str | None,
+    typer.Option(
+        help="With --expr: the profile is an alarm of this severity "
+        "(critical, major, minor, warning, info; docs/alarms.md)."
+    ),
+]
+_Clear = Annotated[
+    str | None,
+    typer.Option(
+        help="With --expr: how the alarm clears: 'after 30m', 'manual', or a filter "
+        "(an event of the alarm's partition that clears it)."
+    ),
+]
+_Notify = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="With --expr: a transition delivered (raise, repeat, ack, clear); repeatable "
+        "(default raise and clear)."
+    ),
+]
+
+
 @profile_app.command("add")
 def profile_add(
     file: Annotated[
@@ -39,34 +69,10 @@ def profile_add(
     pid: Annotated[str | None, typer.Option("--id", help="Profile id (with --expr).")] = None,
     expr: Annotated[str | None, typer.Option("--expr", help="Profile expression.")] = None,
     subscriber: Annotated[str | None, typer.Option(help="Subscriber id (with --expr).")] = None,
-    replace: Annotated[
-        bool,
-        typer.Option(
-            "--replace",
-            help="Replace stored profiles and subscribers of the same id whose definition differs.",
-        ),
-    ] = False,
-    severity: Annotated[
-        str | None,
-        typer.Option(
-            help="With --expr: the profile is an alarm of this severity "
-            "(critical, major, minor, warning, info; docs/alarms.md)."
-        ),
-    ] = None,
-    clear: Annotated[
-        str | None,
-        typer.Option(
-            help="With --expr: how the alarm clears: 'after 30m', 'manual', or a filter "
-            "(an event of the alarm's partition that clears it)."
-        ),
-    ] = None,
-    notify: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="With --expr: a transition delivered (raise, repeat, ack, clear); repeatable "
-            "(default raise and clear)."
-        ),
-    ] = None,
+    replace: _Replace = False,
+    severity: _Severity = None,
+    clear: _Clear = None,
+    notify: _Notify = None,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:

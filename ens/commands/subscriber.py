@@ -25,49 +25,58 @@ store = lazy_module("notifiers.store")
 subscriber_app = typer.Typer(help="Manage subscribers (e-mail, webhooks).", no_args_is_help=True)
 
 
+_AddSlack = Annotated[
+    list[str] | None,
+    typer.Option(help="Slack (or compatible) incoming-webhook URL (repeatable)."),
+]
+_AddTeams = Annotated[
+    list[str] | None,
+    typer.Option(help="Microsoft Teams incoming-webhook URL: an Adaptive Card (repeatable)."),
+]
+_AddTemplate = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="NAME=FILE: a Jinja2 template for email_subject, email_text, email_html, "
+        "webhook, slack or teams (repeatable; docs/notifiers.md#templates)."
+    ),
+]
+_AddSecret = Annotated[
+    str | None, typer.Option(help="Webhook signing secret [generated and shown once].")
+]
+_AddDigest = Annotated[
+    str | None,
+    typer.Option(
+        help="E-mail digest window: notifications within it go out as one mail (e.g. 10m)."
+    ),
+]
+_AddReplace = Annotated[
+    bool,
+    typer.Option(
+        "--replace", help="Replace a stored subscriber of the same id whose definition differs."
+    ),
+]
+_AddRotateSecret = Annotated[
+    bool,
+    typer.Option(
+        "--rotate-secret",
+        help="Give the subscriber a new webhook signing secret (shown once) instead of "
+        "keeping the stored one.",
+    ),
+]
+
+
 @subscriber_app.command("add")
 def subscriber_add(
     sid: Annotated[str, typer.Argument(help="Subscriber id.")],
     email: Annotated[list[str] | None, typer.Option(help="E-mail address (repeatable).")] = None,
     webhook: Annotated[list[str] | None, typer.Option(help="Webhook URL (repeatable).")] = None,
-    slack: Annotated[
-        list[str] | None,
-        typer.Option(help="Slack (or compatible) incoming-webhook URL (repeatable)."),
-    ] = None,
-    teams: Annotated[
-        list[str] | None,
-        typer.Option(help="Microsoft Teams incoming-webhook URL: an Adaptive Card (repeatable)."),
-    ] = None,
-    template: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="NAME=FILE: a Jinja2 template for email_subject, email_text, email_html, "
-            "webhook, slack or teams (repeatable; docs/notifiers.md#templates)."
-        ),
-    ] = None,
-    secret: Annotated[
-        str | None, typer.Option(help="Webhook signing secret [generated and shown once].")
-    ] = None,
-    digest: Annotated[
-        str | None,
-        typer.Option(
-            help="E-mail digest window: notifications within it go out as one mail (e.g. 10m)."
-        ),
-    ] = None,
-    replace: Annotated[
-        bool,
-        typer.Option(
-            "--replace", help="Replace a stored subscriber of the same id whose definition differs."
-        ),
-    ] = False,
-    rotate_secret: Annotated[
-        bool,
-        typer.Option(
-            "--rotate-secret",
-            help="Give the subscriber a new webhook signing secret (shown once) instead of "
-            "keeping the stored one.",
-        ),
-    ] = False,
+    slack: _AddSlack = None,
+    teams: _AddTeams = None,
+    template: _AddTemplate = None,
+    secret: _AddSecret = None,
+    digest: _AddDigest = None,
+    replace: _AddReplace = False,
+    rotate_secret: _AddRotateSecret = False,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
 ) -> None:
