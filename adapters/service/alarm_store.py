@@ -47,6 +47,7 @@ ESCALATION_DUE = "ens:escalation:due"  # sorted set: occurrence ID.N -> due time
 ESCALATIONS = "ens:escalations"  # hash: occurrence ID.N -> its next step (JSON)
 CONTROL_MAXLEN = 10_000
 REPLY_TTL = 300  # s: a reply nobody waited for goes away
+REPLY_SLICE = 2.0  # s: one BLPOP of `wait_reply`, well within a client's socket timeout
 COMMAND_MAX_AGE = 300.0  # s: an older command is not applied (whoever sent it gave up)
 OPS = ("ack", "clear", "silence", "expire")
 
@@ -93,7 +94,12 @@ def post_command(r: redis.Redis, op: str, args: Mapping[str, Any]) -> str:
 
 
 def wait_reply(r: redis.Redis, eid: str, timeout: float = 10.0) -> dict[str, Any]:
-    got: Any = r.blpop([REPLY + eid], timeout=max(int(timeout), 1))
+    """The reply to command ``eid``. BLPOP in slices shorter than the client's socket timeout
+    (redis-py's default is 5 s): a longer ``--wait`` is not a "Timeout reading from socket"."""
+    deadline = time.monotonic() + max(timeout, 1.0)
+    got: Any = None
+    while got is None and (left := deadline - time.monotonic()) > 0:
+        got = r.blpop([REPLY + eid], timeout=max(min(left, REPLY_SLICE), 0.01))
     if got is None:
         raise WorkerUnavailable(
             f"the engine worker did not answer within {timeout:g} s (is `ens serve` running?); "

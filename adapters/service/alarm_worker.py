@@ -11,6 +11,14 @@ and ``t`` (the notifications are reproduced by the engine), so a journal replay 
 rebuilds the same rules state and drops the effects, which were written already. The rules'
 ``snapshot()`` is stored with the engine checkpoint (field ``alarms`` of ``ens:checkpoint``).
 
+A commit Redis refuses over ``maxmemory`` did not happen, and the worker keeps its state and
+commits again (`adapters.service.pressure`). Its alarm step has changed the rules already and
+consumed its commands, so the step is **held** (`AlarmPart.alarm_held`) until a commit writes
+it: the retry feeds only the alarm notifications no held step fed, runs a step of its own for
+them and for the commands read meanwhile, and writes every held step's effects; its journal
+entry lists the steps in order (``{"steps": [...]}``, each with how many notifications it
+fed), which the replay runs one by one.
+
 A profile's `alarm:` comes with its stored definition; a `clear: {on: F}` (or a `clear: after`
 the temporal pool can detect) registers the companion profile ``<id>#clear`` in the engine.
 Notifications of alarm profiles and companions do not go to the outbox themselves: their
@@ -101,6 +109,8 @@ class AlarmPart(EngineState):
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
         self.alarm_dirty = False  # transitions since the last count
         self.escalations_gone: list[str] = []  # pending steps of a run with --routing, dropped
+        self.alarm_held: list[AlarmBatch] = []  # steps applied to the rules, not committed yet
+        self.alarm_fed = 0  # alarm notifications of the pending ones that held steps fed
 
     # ------------------------------------------------------------------ definitions
     def _is_alarm(self, pid: str) -> bool:
@@ -192,7 +202,7 @@ class AlarmPart(EngineState):
             self.alarm_cmds.append((eid, cmd))
 
     def _alarm_wants_commit(self) -> bool:
-        if self.alarm_cmds or self.escalations_gone:
+        if self.alarm_cmds or self.escalations_gone or self.alarm_held:
             return True
         due = self.rules.due()
         now = self.engine.now
@@ -246,7 +256,28 @@ class AlarmPart(EngineState):
         now = self.engine.now
         return time.time() if now is None else now
 
-    def _alarm_step(self, notes: list[Notification]) -> AlarmBatch | None:
+    def _alarm_step(self, notes: list[Notification]) -> list[AlarmBatch]:
+        """The steps a commit writes: those held from refused commits, then (if there is
+        anything to do) a new one for the alarm notifications ``notes`` none of them fed."""
+        new = notes[self.alarm_fed :]
+        if new or self.alarm_cmds or self.escalations_gone or not self.alarm_held:
+            batch = self._alarm_new_step(new)
+            if batch is not None:
+                batch.entry["n"] = len(new)
+                self.alarm_held.append(batch)
+        self.alarm_fed = len(notes)
+        return self.alarm_held
+
+    @staticmethod
+    def _alarm_entry(batches: list[AlarmBatch]) -> dict[str, Any] | None:
+        """The journal entry's ``al``: one step as it was (version 3), several in a list."""
+        if not batches:
+            return None
+        if len(batches) == 1:
+            return {k: v for k, v in batches[0].entry.items() if k != "n"}
+        return {"steps": [b.entry for b in batches]}
+
+    def _alarm_new_step(self, notes: list[Notification]) -> AlarmBatch | None:
         """Feed the batch's alarm notifications, then the commands, then advance."""
         if not notes and not self._alarm_wants_commit():
             return None
@@ -285,16 +316,24 @@ class AlarmPart(EngineState):
             if notes:  # a journal written before alarms: the same notifications, no time
                 self._alarm_feed(notes)
             return
-        t = float(entry["t"])
-        self._alarm_feed(notes)
-        for cmd in entry["ops"]:
-            self._alarm_apply(cmd, t)
-        self.rules.advance(t)
-        self.alarm_control_id = entry["ctl"]
+        steps = entry.get("steps", [{**entry, "n": len(notes)}])
+        at = 0
+        for step in steps:
+            t = float(step["t"])
+            self._alarm_feed(notes[at : at + int(step["n"])])
+            at += int(step["n"])
+            for cmd in step["ops"]:
+                self._alarm_apply(cmd, t)
+            self.rules.advance(t)
+            self.alarm_control_id = step["ctl"]
 
     # ------------------------------------------------------------------ writing
-    def _alarm_write(self, p: Any, batch: AlarmBatch, retention: float) -> None:
-        """Everything the step produced, in the caller's transaction."""
+    def _alarm_write(self, p: Any, batches: list[AlarmBatch], retention: float) -> None:
+        """Everything the steps produced, in the caller's transaction."""
+        for batch in batches:
+            self._alarm_write_step(p, batch, retention)
+
+    def _alarm_write_step(self, p: Any, batch: AlarmBatch, retention: float) -> None:
         eff = batch.effects
         minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
         for tr in eff.transitions:
@@ -325,10 +364,14 @@ class AlarmPart(EngineState):
                 p.zadd(als.ESCALATION_DUE, {key: step["due_at"]})
                 p.hset(als.ESCALATIONS, key, orjson.dumps(step))
 
-    def _alarm_published(self, batch: AlarmBatch | None) -> None:
-        """Count what a committed step wrote (Prometheus)."""
-        if batch is None:
-            return
+    def _alarm_published(self, batches: list[AlarmBatch]) -> None:
+        """The steps are committed: count what they wrote (Prometheus), hold them no more."""
+        for batch in batches:
+            self._alarm_count(batch)
+        self.alarm_held = []
+        self.alarm_fed = 0
+
+    def _alarm_count(self, batch: AlarmBatch) -> None:
         for tr in batch.effects.transitions:
             m.ALARM_TRANSITIONS.labels(kind=tr.kind).inc()
             if tr.delivery == "silenced":

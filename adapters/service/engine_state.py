@@ -243,16 +243,20 @@ class EngineState:
     def _alarm_split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
         raise NotImplementedError
 
-    def _alarm_step(self, notes: list[Notification]) -> Any:
+    def _alarm_step(self, notes: list[Notification]) -> list[Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _alarm_entry(batches: list[Any]) -> dict[str, Any] | None:
         raise NotImplementedError
 
     def _alarm_replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
         raise NotImplementedError
 
-    def _alarm_write(self, p: Any, batch: Any, retention: float) -> None:
+    def _alarm_write(self, p: Any, batches: list[Any], retention: float) -> None:
         raise NotImplementedError
 
-    def _alarm_published(self, batch: Any) -> None:
+    def _alarm_published(self, batches: list[Any]) -> None:
         raise NotImplementedError
 
     @staticmethod
