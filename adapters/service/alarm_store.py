@@ -143,6 +143,14 @@ def index_labels(p: Any, aid: str, labels: Mapping[str, str]) -> None:
         p.sadd(label_key(k, v), aid)
 
 
+def unindex(p: Any, aid: str, labels: Mapping[str, str]) -> None:
+    """Remove a pruned alarm from ``ens:alarms`` and its label sets (in the caller's
+    transaction); an emptied set goes away."""
+    p.hdel(ALARMS, aid)
+    for k, v in labels.items():
+        p.srem(label_key(k, v), aid)
+
+
 def _candidates(r: redis.Redis, matchers: Sequence[Matcher], severity: str | None) -> Any:
     """The raw records to filter: those in every equality matcher's label set (fast with
     100,000 alarms), else the whole hash."""

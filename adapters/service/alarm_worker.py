@@ -66,6 +66,7 @@ from profiles.errors import ProfileError
 log = logging.getLogger("ens.service.worker")
 
 CHECKPOINT_FIELD = "alarms"  # of ens:checkpoint: {"specs", "rules", "ctl"}
+PRUNE_PER_STEP = 500  # closed alarms forgotten per commit at most (bounded work per commit)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class AlarmBatch:
     silences: list[dict[str, Any]] = field(default_factory=list)
     # occurrence -> its next escalation step (None: none any more), as of the step
     escalations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    pruned: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (id, labels)
 
 
 class AlarmPart(EngineState):
@@ -206,7 +208,12 @@ class AlarmPart(EngineState):
             return True
         due = self.rules.due()
         now = self.engine.now
-        return due is not None and now is not None and due <= now
+        if now is None:
+            return False
+        keep = self.cfg.alarm_closed_retention
+        return (due is not None and due <= now) or (
+            keep is not None and self.rules.book.prune_due(now - keep)
+        )
 
     def _alarm_apply(self, cmd: dict[str, Any], t: float) -> tuple[Effects, dict[str, Any]]:
         """Apply one command at ``t``; its effects and its reply."""
@@ -293,6 +300,12 @@ class AlarmPart(EngineState):
                 batch.silences.append(got.silence.to_json())
         self.alarm_cmds = []
         eff.extend(self.rules.advance(t))
+        keep = self.cfg.alarm_closed_retention
+        if keep is not None:  # journalled: a replay forgets the same, whatever its setting
+            gone = self.rules.prune(t, keep, PRUNE_PER_STEP)
+            if gone:
+                batch.pruned = [(a.id, a.labels()) for a in gone]
+                batch.entry["pruned"] = [a.id for a in gone]
         if self.router is not None:
             batch.escalations = {k: self.router.next_step(k) for k in self.router.take_changed()}
         batch.escalations.update(dict.fromkeys(self.escalations_gone))
@@ -325,6 +338,7 @@ class AlarmPart(EngineState):
             for cmd in step["ops"]:
                 self._alarm_apply(cmd, t)
             self.rules.advance(t)
+            self.rules.book.forget(step.get("pruned", []))
             self.alarm_control_id = step["ctl"]
 
     # ------------------------------------------------------------------ writing
@@ -340,15 +354,15 @@ class AlarmPart(EngineState):
             p.xadd(als.HISTORY, als.history_fields(tr), minid=minid, approximate=True)
             if tr.kind == "raise":  # labels are the key's: indexed once per occurrence
                 als.index_labels(p, tr.alarm, tr.labels)
-        touched = {tr.alarm for tr in eff.transitions}
+        book = self.rules.book.alarms
+        touched = {tr.alarm for tr in eff.transitions if tr.alarm in book}  # else: pruned since
         if touched:
             p.hset(
                 als.ALARMS,
-                mapping={
-                    aid: orjson.dumps(als.index_record(self.rules.book.alarms[aid]))
-                    for aid in touched
-                },
+                mapping={aid: orjson.dumps(als.index_record(book[aid])) for aid in touched},
             )
+        for aid, labels in batch.pruned:
+            als.unindex(p, aid, labels)
         for s in batch.silences:
             p.hset(als.SILENCES, s["id"], json.dumps(s))
         for msg in eff.messages:
@@ -386,8 +400,11 @@ class AlarmPart(EngineState):
             m.ALARM_MESSAGES.labels(kind=msg.kind).inc()
             if msg.overflow:
                 m.ALARM_OVERFLOW.inc(msg.overflow)
-        if batch.effects.transitions:
+        if batch.effects.transitions or batch.pruned:
             self.alarm_dirty = True
+        if batch.pruned:
+            m.ALARMS_PRUNED.inc(len(batch.pruned))
+            log.debug("pruned %d closed alarms from ens:alarms", len(batch.pruned))
 
     def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
         """Alarms by severity and state, for the heartbeat's stats (`/metrics` reads them:

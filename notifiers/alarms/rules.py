@@ -138,6 +138,12 @@ class AlarmRules:
         self.clock = now
         return eff
 
+    def prune(self, now: float, keep: float, limit: int = 1000) -> list[Alarm]:
+        """Forget at most ``limit`` alarms cleared and acknowledged more than ``keep`` seconds
+        before ``now`` (their history stays); the ones forgotten. A later match of such a key
+        raises its next occurrence."""
+        return self.book.prune(self._now(now) - keep, limit)
+
     # ------------------------------------------------------------------ state
     def snapshot(self) -> dict[str, Any]:
         """The whole state as a versioned JSON-able record (the service keeps it in Redis)."""
@@ -146,6 +152,7 @@ class AlarmRules:
             "clock": self.clock,
             "seq": self.book.seq,
             "alarms": {k: a.to_json() for k, a in self.book.alarms.items()},
+            "gone": dict(self.book.gone),
             "silence_seq": self.silence_seq,
             "silences": [s.to_json() for s in self.silences.values()],
             "dispatch": self.dispatch.to_json(),
@@ -179,6 +186,8 @@ class AlarmRules:
         rules.clock = snap["clock"]
         rules.book.seq = snap["seq"]
         rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
+        rules.book.gone = dict(snap.get("gone", {}))
+        rules.book.reindex()
         rules.silence_seq = snap["silence_seq"]
         rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
         rules.dispatch.load(snap["dispatch"])
