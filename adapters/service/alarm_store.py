@@ -143,6 +143,36 @@ def index_labels(p: Any, aid: str, labels: Mapping[str, str]) -> None:
         p.sadd(label_key(k, v), aid)
 
 
+def index_many(p: Any, raised: Iterable[tuple[str, Mapping[str, str]]]) -> None:
+    """`index_labels` for many alarms: one SADD per label set (a step's raises share their
+    profile, severity and subscriber sets)."""
+    sets: dict[str, list[str]] = {}
+    for aid, labels in raised:
+        for k, v in labels.items():
+            sets.setdefault(label_key(k, v), []).append(aid)
+    for key, ids in sets.items():
+        p.sadd(key, *ids)
+
+
+# XADD each ARGV[2..] (a transition's JSON) as field "t", trimming to MINID ARGV[1]: one
+# command for a step's history instead of one per transition (each queued command of a
+# MULTI costs a round of parsing on both sides)
+HISTORY_SCRIPT = """
+for i = 2, #ARGV do
+  redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 't', ARGV[i])
+end
+return #ARGV - 1
+"""
+HISTORY_CHUNK = 1000  # transitions per script call
+
+
+def add_history(p: Any, script: Any, entries: Sequence[bytes], minid: str) -> None:
+    """Append transitions (`history_json`) to ``ens:alarm:history`` in the caller's
+    transaction, in order, through ``script`` (`HISTORY_SCRIPT` registered on a client)."""
+    for lo in range(0, len(entries), HISTORY_CHUNK):
+        script(keys=[HISTORY], args=[minid, *entries[lo : lo + HISTORY_CHUNK]], client=p)
+
+
 def unindex(p: Any, aid: str, labels: Mapping[str, str]) -> None:
     """Remove a pruned alarm from ``ens:alarms`` and its label sets (in the caller's
     transaction); an emptied set goes away."""
@@ -258,7 +288,11 @@ def parse_since(since: str | None, now: float | None = None) -> float | None:
 
 def history_fields(tr: Transition) -> dict[str, bytes]:
     """A history entry: the transition as JSON (`Transition.to_json`'s keys)."""
-    return {"t": orjson.dumps({name: getattr(tr, name) for name in _TRANSITION_FIELDS})}
+    return {"t": history_json(tr)}
+
+
+def history_json(tr: Transition) -> bytes:
+    return orjson.dumps({name: getattr(tr, name) for name in _TRANSITION_FIELDS})
 
 
 def list_silences(r: redis.Redis) -> list[dict[str, Any]]:

@@ -111,6 +111,7 @@ class AlarmPart(EngineState):
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
         self.alarm_dirty = False  # transitions since the last count
         self.escalations_gone: list[str] = []  # pending steps of a run with --routing, dropped
+        self.history_script = self.r.register_script(als.HISTORY_SCRIPT)
         self.alarm_held: list[AlarmBatch] = []  # steps applied to the rules, not committed yet
         self.alarm_fed = 0  # alarm notifications of the pending ones that held steps fed
 
@@ -350,10 +351,10 @@ class AlarmPart(EngineState):
     def _alarm_write_step(self, p: Any, batch: AlarmBatch, retention: float) -> None:
         eff = batch.effects
         minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
-        for tr in eff.transitions:
-            p.xadd(als.HISTORY, als.history_fields(tr), minid=minid, approximate=True)
-            if tr.kind == "raise":  # labels are the key's: indexed once per occurrence
-                als.index_labels(p, tr.alarm, tr.labels)
+        trs = eff.transitions
+        als.add_history(p, self.history_script, [als.history_json(tr) for tr in trs], minid)
+        # labels are the key's: indexed once per occurrence
+        als.index_many(p, ((tr.alarm, tr.labels) for tr in trs if tr.kind == "raise"))
         book = self.rules.book.alarms
         touched = {tr.alarm for tr in eff.transitions if tr.alarm in book}  # else: pruned since
         if touched:

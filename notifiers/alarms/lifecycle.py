@@ -36,6 +36,9 @@ class AlarmBook:
         # (occurrence and transition ids, the webhooks' Idempotency-Keys, stay unique)
         self.gone: dict[str, int] = {}
         self._closed: list[tuple[float, str]] = []  # (closed at, id): prune candidates, lazily
+        # id -> labels of its current occurrence (fixed per occurrence): made once, shared by
+        # its transitions (read-only) instead of rebuilt for each
+        self._labels: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------------ retention
     def prune(self, before: float, limit: int) -> list[Alarm]:
@@ -48,6 +51,7 @@ class AlarmBook:
             a = self.alarms.get(aid)
             if a is not None and closed_at(a) == at:
                 del self.alarms[aid]
+                self._labels.pop(aid, None)
                 self.gone[aid] = a.occurrence
                 out.append(a)
         return out
@@ -60,6 +64,7 @@ class AlarmBook:
         """Forget these alarms (a journal replay of `prune`'s decision)."""
         for aid in aids:
             a = self.alarms.pop(aid, None)
+            self._labels.pop(aid, None)
             if a is not None:
                 self.gone[aid] = a.occurrence
 
@@ -100,6 +105,7 @@ class AlarmBook:
         )  # fmt: skip
         a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
         self.alarms[aid] = a
+        self._labels[aid] = a.labels()
         return self._record(a, "raise", ts, RULE, "match" if occurrence == 1 else "re-arm", None)
 
     def rule_clear(self, aid: str, ts: float, reason: str) -> Transition | None:
@@ -150,9 +156,12 @@ class AlarmBook:
     ) -> Transition:
         self.seq += 1
         a.transitions += 1
+        labels = self._labels.get(a.id)
+        if labels is None:  # restored from a snapshot
+            labels = self._labels[a.id] = a.labels()
         return Transition(
             f"{a.occurrence_id}.{a.transitions}", self.seq, kind, a.id, a.occurrence, ts, actor,
-            reason, before, a.state, a.severity, a.count, a.first_seen, a.last_seen, a.labels(),
+            reason, before, a.state, a.severity, a.count, a.first_seen, a.last_seen, labels,
             dict(a.events),
         )  # fmt: skip
 

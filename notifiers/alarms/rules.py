@@ -19,13 +19,12 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from notifiers.alarms.contract import Effects, Router
 from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
 from notifiers.alarms.lifecycle import AlarmBook
-from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, is_active
+from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, delivered, is_active
 from notifiers.alarms.silences import Silence, parse_silence
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
 from profiles.errors import SilenceError, SilenceNotFound, StateError
@@ -277,7 +276,9 @@ class AlarmRules:
     def _decide(self, tr: Transition, t: float) -> Effects:
         a = self.book.alarms[tr.alarm]
         sub = a.subscriber or ""
-        stats = self.stats.setdefault(sub, Counter())
+        stats = self.stats.get(sub)
+        if stats is None:
+            stats = self.stats[sub] = Counter()
         stats["transitions"] += 1
         stats[tr.kind] += 1
         spec = self.specs.get(a.profile)
@@ -289,11 +290,11 @@ class AlarmRules:
             stats["silenced"] += 1
             if any(s.notify_after for s in muting):
                 self._set_unsilence(a, min(s.end_after(t) for s in muting))
-            return Effects([replace(tr, delivery="silenced")])
+            return Effects([delivered(tr, "silenced")])
         a.unsilence_at = None  # delivered now: nothing left to deliver when a silence ends
         if self.router is None:
             self._queue(Notice.of(tr), sub, t)
-        return Effects([replace(tr, delivery="sent")])
+        return Effects([delivered(tr, "sent")])
 
     def _queue(self, notice: Notice, sub: str, t: float) -> None:
         self.stats.setdefault(sub, Counter())["notices"] += 1
