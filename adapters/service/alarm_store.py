@@ -291,8 +291,50 @@ def history_fields(tr: Transition) -> dict[str, bytes]:
     return {"t": history_json(tr)}
 
 
-def history_json(tr: Transition) -> bytes:
-    return orjson.dumps({name: getattr(tr, name) for name in _TRANSITION_FIELDS})
+def history_json(tr: Transition, **extra: Any) -> bytes:
+    return orjson.dumps({**{name: getattr(tr, name) for name in _TRANSITION_FIELDS}, **extra})
+
+
+def history_entries(trs: Sequence[Transition]) -> list[bytes]:
+    """The history entries of one step's transitions, in order: one per transition, except
+    that consecutive repeats of one alarm occurrence that deliver nothing (a further match:
+    a count and a time) are one entry — the last repeat, with ``repeats`` (how many it
+    stands for) and ``since`` (the first one's time). Its ``count``/``first_seen``/
+    ``last_seen`` are the alarm's after them; the repeats' ids are the ``repeats`` ids up to
+    its own (`transition_ids`)."""
+    keep: list[Transition | None] = []
+    runs: dict[str, int] = {}  # alarm -> index in keep of its open run's last repeat
+    merged: dict[int, tuple[int, float]] = {}  # index -> (repeats, since)
+    for tr in trs:
+        if tr.kind == "repeat" and tr.delivery == "none":
+            i = runs.get(tr.alarm)
+            if i is not None:
+                k, since = merged.pop(i, (1, keep[i].ts))  # type: ignore[union-attr]
+                keep[i] = None
+                merged[len(keep)] = (k + 1, since)
+            runs[tr.alarm] = len(keep)
+        else:
+            runs.pop(tr.alarm, None)
+        keep.append(tr)
+    out = []
+    for i, kept in enumerate(keep):
+        if kept is None:
+            continue
+        if i in merged:
+            k, since = merged[i]
+            out.append(history_json(kept, repeats=k, since=since))
+        else:
+            out.append(history_json(kept))
+    return out
+
+
+def transition_ids(rec: Mapping[str, Any]) -> list[str]:
+    """The ids of the transitions a history entry stands for (several: coalesced repeats)."""
+    k = int(rec.get("repeats", 1))
+    if k == 1:
+        return [rec["id"]]
+    head, _, n = str(rec["id"]).rpartition(".")
+    return [f"{head}.{j}" for j in range(int(n) - k + 1, int(n) + 1)]
 
 
 def list_silences(r: redis.Redis) -> list[dict[str, Any]]:

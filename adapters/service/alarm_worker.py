@@ -352,7 +352,7 @@ class AlarmPart(EngineState):
         eff = batch.effects
         minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
         trs = eff.transitions
-        als.add_history(p, self.history_script, [als.history_json(tr) for tr in trs], minid)
+        als.add_history(p, self.history_script, als.history_entries(trs), minid)
         # labels are the key's: indexed once per occurrence
         als.index_many(p, ((tr.alarm, tr.labels) for tr in trs if tr.kind == "raise"))
         book = self.rules.book.alarms
