@@ -32,10 +32,11 @@ demo: $(STAMP)
 test: lint browser
 	$(PY) -m pytest -n 2 --dist loadgroup
 
-# The edit-test loop: everything but Spark, the kill -9 crash tests and the million-event run
-# (markers in pyproject), each property test on a fifth of its examples (tests/conftest.py).
+# The edit-test loop: the in-process core, the tests marked `fast` (no Redis, Spark or other
+# process: tests/conftest.py fails a fast test that starts one), each property test on a fifth
+# of its examples (tests/conftest.py). docs/development.md has what it runs and its timings.
 test-fast: $(STAMP)
-	ENS_TEST_EXAMPLES=0.2 $(PY) -m pytest -n 2 --dist loadgroup -m "not spark and not slow"
+	ENS_TEST_EXAMPLES=0.2 $(PY) -m pytest -n 2 -m "fast and not slow and not spark and not redis"
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -18,8 +18,20 @@ master given: local[1], local[2], local-cluster[2,1,2048] (two executor JVMs of 
 a new SparkSession each; trigger ``--trigger``). Ratios are of the one run. Results as JSON
 lines in ``--out``; a table on stdout.
 
+State work (Spark engines): the operator's counters per micro-batch (`adapters.spark.keyed`:
+whole-engine restores, engine records and state bytes read and written, state calls, timers
+fired, task CPU), from ``ens:spark:batches``: ``restores`` (timed interval) and
+``restores_warmup`` in the row, means per batch with work in ``state_per_batch``.
+
+3. *idle keys* (``--idle-keys 50,5000``, on the first Spark master): ``--profiles`` profiles
+   over 50 rooms; N rooms get one ``ack`` event each (a route each, nothing due after), then
+   ``--idle-seconds`` of paced load on rooms r0..r49 only: the state bytes per micro-batch
+   should not grow with N.
+
     python bench/spark_stream.py                        # 50k events, 10^4 profiles
     python bench/spark_stream.py --events 20000 --profiles 1000 --paced 10
+    python bench/spark_stream.py --engines "local[2]" --events 0 --profiles 200 \
+        --idle-keys 50,5000
 """
 
 from __future__ import annotations
@@ -259,6 +271,7 @@ def run_spark(
             "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
             "cores_busy": round(cpu["machine"] / secs, 2),
             **batches(q, first_batch),
+            **state_work(r, first_batch),
         }
         if args.paced:
             row.update(paced(r, args.rate, args.paced, rooms))
@@ -286,6 +299,88 @@ def batches(q: Any, first: int) -> dict[str, Any]:
         "commitOffsets",
     )
     return {"batches": len(prog), "batch_s": {k: round(dur[k], 2) for k in keep if k in dur}}
+
+
+def state_work(r: redis.Redis, first: int) -> dict[str, Any]:
+    """The operator's state counters (``ens:spark:batches``): restores before and from batch
+    `first`, and per-batch means over the batches from `first` that invoked any route."""
+    from adapters.spark.keyed import COUNTERS
+    from adapters.spark.stream import BATCHES_KEY
+
+    recs = [json.loads(x) for x in r.lrange(BATCHES_KEY, 0, -1)]
+    timed = [x for x in recs if x["batch"] >= first]
+    busy = [x for x in timed if x.get("routes")]
+    per = (
+        {
+            k: round(sum(x.get(k, 0) for x in busy) / len(busy), 3 if k == "cpu" else 1)
+            for k in (*COUNTERS, "cpu")
+        }
+        if busy
+        else {}
+    )
+    return {
+        "restores": sum(x.get("restores", 0) for x in timed),
+        "restores_warmup": sum(x.get("restores", 0) for x in recs if x["batch"] < first),
+        "state_batches": len(busy),
+        "state_per_batch": per,
+    }
+
+
+def idle_keys(
+    r: redis.Redis, url: str, master: str, keys: int, args: Any, work: Path
+) -> dict[str, Any]:
+    """`keys` rooms get a route each (one `ack` event: nothing due after), then paced load on
+    50 of them: the state work per micro-batch of that load."""
+    from adapters.spark.session import get_spark
+    from adapters.spark.stream import StreamConfig, start_query
+
+    setup(r, args.profiles, 50)
+    spark = get_spark(master, app=f"ens-bench-idle-{keys}")
+    cp = work / f"cp-idle-{keys}"
+    q = start_query(
+        spark,
+        StreamConfig(url, key="room", checkpoint=str(cp), trigger=args.trigger, clock="event"),
+    )
+    try:
+        evs = [
+            {"id": f"i{i}", "ts": T0 + i * 0.001, "kind": "ack", "room": f"r{i}"}
+            for i in range(keys)
+        ]
+        with r.pipeline(transaction=False) as p:
+            for lo in range(0, keys, 100):
+                p.xadd(
+                    rs.INGEST,
+                    {rs.INGEST_BATCH: json.dumps(evs[lo : lo + 100]), rs.INGEST_GATEWAY: "bench"},
+                )
+            p.incrby(rs.INGEST_IN, keys)
+            p.execute()
+        deadline = time.monotonic() + 900
+        t = time.perf_counter()
+        while time.monotonic() < deadline:
+            st = status(r)
+            if st.get("total_read") == keys and st.get("buffered") == 0:
+                break
+            if q.exception() is not None:
+                raise RuntimeError(str(q.exception()))
+            time.sleep(0.2)
+        populate = time.perf_counter() - t
+        routes = r.scard("ens:spark:routes")
+        time.sleep(3)  # the idle rule's batches settle
+        first = (q.lastProgress or {}).get("batchId", -1) + 1
+        lat = paced(r, args.rate, args.idle_seconds, 50)
+        time.sleep(2)
+        return {
+            "engine": f"spark {master}",
+            "idle_keys": keys,
+            "routes": routes,
+            "populate_s": round(populate, 1),
+            **lat,
+            **state_work(r, first),
+        }
+    finally:
+        q.stop()
+        spark.stop()
+        shutil.rmtree(cp, ignore_errors=True)
 
 
 def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, Any]:
@@ -339,13 +434,18 @@ def main() -> None:
         help="worker and Spark masters, comma-separated",
     )
     ap.add_argument("--out", default="docs/results/spark_stream.jsonl")
+    ap.add_argument(
+        "--idle-keys", default="", help="e.g. 50,5000: the idle-keys runs (see the docstring)"
+    )
+    ap.add_argument("--idle-seconds", type=float, default=20.0)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ens-bench-stream-"))
     rows = []
     try:
         with redis_server(work) as url:
             r = redis.Redis.from_url(url)
-            for eng in re.split(r",(?![^\[]*\])", args.engines):  # not the commas in [...]
+            engines = re.split(r",(?![^\[]*\])", args.engines)  # not the commas in [...]
+            for eng in engines if args.events else []:
                 setup(r, args.profiles, args.rooms)
                 print(f"-- {eng}", file=sys.stderr, flush=True)
                 if eng == "worker":
@@ -355,10 +455,17 @@ def main() -> None:
                 row.update(profiles=args.profiles, rooms=args.rooms)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 rows.append(row)
+            sparks = [e for e in engines if e != "worker"]
+            for n in [int(x) for x in args.idle_keys.split(",") if x] if sparks else []:
+                print(f"-- idle keys {n} on {sparks[0]}", file=sys.stderr, flush=True)
+                row = idle_keys(r, url, sparks[0], n, args, work)
+                row.update(profiles=args.profiles)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                rows.append(row)
             r.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    by = {x["engine"]: x for x in rows}
+    by = {x["engine"]: x for x in rows if "idle_keys" not in x}
     if "spark local[1]" in by and "spark local[2]" in by:
         ratio = by["spark local[2]"]["events_per_s"] / by["spark local[1]"]["events_per_s"]
         print(f"scaling local[2]/local[1]: {ratio:.2f}")

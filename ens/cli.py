@@ -484,7 +484,7 @@ def replay(
         int, typer.Option(help="Profiles with a series of their own in --plot.", min=1)
     ] = 8,
 ) -> None:
-    """Replay events through profiles and write the notifications as JSON lines (LANGUAGE.md §6).
+    """Replay events through profiles and write the notifications as JSON lines (docs/language.md §6).
 
     With --alarms, write the alarm transitions instead and a summary per subscriber: how many
     messages the alarms would have sent without and with grouping and silences.
@@ -728,6 +728,9 @@ def _mount() -> None:
     from ens.commands import alarms as alarms_cli
 
     alarms_cli.register(app)  # alarms, silence, token
+    from ens.commands import assets as assets_cli
+
+    assets_cli.register(app)  # assets
 
 
 _mount()

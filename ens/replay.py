@@ -1,4 +1,4 @@
-"""`ens replay`: profiles + a JSON-lines event file -> notifications (LANGUAGE.md §7)."""
+"""`ens replay`: profiles + a JSON-lines event file -> notifications (docs/language.md §7)."""
 
 from __future__ import annotations
 

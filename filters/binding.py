@@ -1,4 +1,4 @@
-"""Binding an event to a partial match: `where` conjuncts and negations (LANGUAGE.md §4, §4.1).
+"""Binding an event to a partial match: `where` conjuncts and negations (docs/language.md §4, §4.1).
 
 `MatchBinder.try_bind` is the one place that decides whether a partial match may take an
 event as a component: the conjuncts the binding makes checkable, the negation candidates

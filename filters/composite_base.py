@@ -481,6 +481,18 @@ class CompositeBase(DerivedRuntime):
             for key in part.regs:
                 aux.restore(self, part, key)
 
+    def load_partition(self, key: PartKey, part: Partition) -> None:
+        """One stored partition back (`filters.partstate`): into `parts`, its registrations
+        into the pool as `restore_registrations` puts a whole engine's (its timers: the
+        engine). The profile's PM count is the engine header's, not changed here."""
+        self.parts[key] = part
+        part.held = None
+        part.regs = {k: n for k, n in part.regs.items() if n}
+        part.dormant = 0
+        aux = self.engine.aux
+        for key in part.regs:
+            aux.restore(self, part, key)
+
     def _eqs(self, part: Partition, eqs: Eqs) -> Eqs:
         return full_eqs(part, eqs)
 

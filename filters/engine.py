@@ -10,7 +10,7 @@ straight to the waiting PM and the notification is produced in the same
 step — there is no separate composite pool.
 
 The engine is pure: no I/O and no clock. Time advances with the events and
-with `advance()`. Semantics: LANGUAGE.md and docs/semantics.md.
+with `advance()`. Semantics: docs/language.md and docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from filters.localclock import LocalClock
 from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
 from filters.output import NotificationOutput
+from filters.partstate import PartitionState
 from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
 from filters.plans import MODES, Rates
 from filters.pool import Entry, PrimitivePool, owners_by_profile
@@ -87,7 +88,7 @@ def load_pickle(data: bytes, profiles: Mapping[str, Profile]) -> Engine:
     return eng
 
 
-class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts):
+class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, PartitionState):
     """Deterministic event filtering: add/remove profiles, process events, advance time, take notifications.
 
     >>> eng = Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")])
@@ -167,6 +168,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts):
     def add_profile(self, profile: Profile) -> None:
         if profile.id in self._by_id:
             raise ValueError(f"profile {profile.id!r} is already active")
+        if "_base" in self.__dict__:
+            self.profiles_changed()
         idx = self._next_idx
         self._next_idx += 1
         self._local = LocalClock.of(self._local, self.tz, (profile,))
@@ -187,6 +190,12 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts):
     def _register_starts(self, rt: Runtime) -> None:
         """The profile's starting components into the pool, then (a composite) its auxiliary
         profiles prepared or pinned (after: a start's filter is then the pool's own entry)."""
+        self._add_starts(rt)
+        if isinstance(rt, CompositeRuntime):
+            rt.prepare_aux(self.aux)
+
+    def _add_starts(self, rt: Runtime) -> None:
+        """The profile's starting components into the pool."""
         pool, idx = self.pool, rt.idx
         # one owner object per leaf, the one the pool keeps: a release then finds it in the
         # owners dict by identity (no second tuple to read and compare); a composite's own
@@ -197,8 +206,6 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts):
             owner = mine[leaf] if mine is not None else (idx, leaf)
             held.append((pool.add(f, owner), owner))
         rt.starts = tuple(held)
-        if isinstance(rt, CompositeRuntime):
-            rt.prepare_aux(self.aux)
 
     def release_starts(self, rt: Runtime) -> None:
         """`rt`'s starting entries leave the pool: the profile goes, changes plan, or (its
@@ -228,6 +235,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts):
         rt = self._by_id.get(profile_id)
         if rt is None:
             raise KeyError(f"no active profile {profile_id!r}")
+        if "_base" in self.__dict__:
+            self.profiles_changed()
         self._deactivate(rt)
 
     def _deactivate(self, rt: Runtime) -> None:
@@ -447,6 +456,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts):
         (most of them, with many profiles: a snapshot then costs what is in flight)."""
         state = self.__dict__.copy()
         state.pop("_skipped", None)  # (a restore's report, taken by `restore_reporting`)
+        state.pop("_base", None)  # compiled set and reach pool (`filters.partstate`): rebuilt
+        state.pop("_reach", None)
         del state["pool"]
         del state["aux"]
         del state["_by_id"]

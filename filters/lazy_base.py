@@ -107,6 +107,16 @@ class LazyBase(DerivedRuntime):
         k = self.__dict__.get("k")  # None: snapshots from before drivers other than the last
         self.k = self.n - 1 if k is None or k < 0 or not self.each else k
 
+    @property
+    def sweep_at(self) -> float:
+        """Event time of the next sweep of quiet partitions (stored in a partitioned engine's
+        header, `filters.partstate`)."""
+        return self._sweep_at
+
+    @sweep_at.setter
+    def sweep_at(self, t: float) -> None:
+        self._sweep_at = t
+
     def start_registrations(self) -> list[tuple[Any, int]]:
         return [(lf.filter, lf.idx) for lf in self.pat.leaves]
 
@@ -121,6 +131,13 @@ class LazyBase(DerivedRuntime):
 
     def clear(self) -> None:
         self.parts.clear()
+
+    def load_partition(self, key: PartKey, part: LazyPartition) -> None:
+        """A stored partition back (`filters.partstate`): buffers only, no timers."""
+        self.parts[key] = part
+
+    def unload_partition(self, key: PartKey, timers: bool = True) -> None:
+        self.parts.pop(key, None)
 
     def _expire(self, part: LazyPartition) -> None:
         """`first`: the opener's window ended, its PM expired: nothing buffered can bind now."""

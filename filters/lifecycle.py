@@ -324,6 +324,31 @@ class MatchLifecycle(MatchBinder):
     def fresh(self) -> bool:
         return not self.parts and not self.pm_count and not self.clock_leaves
 
+    def unload_partition(self, key: Any, timers: bool = True) -> None:
+        """The partition leaves the engine, stored elsewhere (`filters.partstate`): `clear`
+        for one partition, the profile's PM count kept (the header's). Its PMs are dead
+        after this: store it first. `timers`: take its PMs' terminators out (not when the
+        caller empties the temporal pool anyway)."""
+        part = self.parts.pop(key, None)
+        if part is None:
+            return
+        eng = self.engine
+        tp, aux = eng.timers, eng.aux
+        if part.pms:
+            for pm in list(part.pms):
+                pm.alive = False
+                if timers:
+                    tp.discard(pm.handle)
+                pm.handle = None
+                self._sync(pm)
+            part.pms = ()
+        if part.regs or part.held:
+            aux.release(self, part)
+        if part.handle is not None:
+            if timers:
+                tp.discard(part.handle)
+            part.handle = None
+
     def clear(self) -> None:
         """The profile goes (removed, or `once` and reported): its PMs, timers and auxiliary
         profiles. A partition holding no registrations (most, after a completion) costs a look."""

@@ -1,4 +1,4 @@
-"""The local time of day and day of week of each event (LANGUAGE.md §2.1), for both engines.
+"""The local time of day and day of week of each event (docs/language.md §2.1), for both engines.
 
 A profile that uses `localtime`/`weekday` reads them under reserved keys
 (`profiles.timeofday`); before the primitive pool sees an event, the engine adds those keys to

@@ -1,4 +1,4 @@
-"""What the engine reports: one notification per match (LANGUAGE.md §6)."""
+"""What the engine reports: one notification per match (docs/language.md §6)."""
 
 from __future__ import annotations
 

@@ -138,13 +138,13 @@ def lazy_shape(profile: Profile) -> str | None:
     if kind == "last":
         return (
             "select last stays eager: every duplicate of the newest binding may replace it, and "
-            "whether it may depends on the where and on the events since (LANGUAGE.md §4.1 "
+            "whether it may depends on the where and on the events since (docs/language.md §4.1 "
             "item 1); buffered events cannot replay that chain"
         )
     if kind == "nth":
         return (
             "select nth stays eager: the N-th event is counted in arrival order among the "
-            "events that could bind at that moment (LANGUAGE.md §4.1 item 2); buffered events "
+            "events that could bind at that moment (docs/language.md §4.1 item 2); buffered events "
             "cannot recount them"
         )
     return None

@@ -297,6 +297,15 @@ class AbsentRuntime(Runtime):
     def fresh(self) -> bool:
         return not self.parts  # quiet: no timer armed (activation is not replayed on restore)
 
+    def load_partition(self, key: PartKey, st: list[Any]) -> None:
+        """A stored partition back (`filters.partstate`; its timer: the engine)."""
+        self.parts[key] = st
+
+    def unload_partition(self, key: PartKey, timers: bool = True) -> None:
+        st = self.parts.pop(key, None)
+        if st is not None and timers:
+            self.engine.timers.discard(st[1])
+
     def clear(self) -> None:
         for st in self.parts.values():
             self.engine.timers.discard(st[1])

@@ -38,8 +38,8 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+from filters.errors import StateError as StateError  # its old import path
 from profiles.ast import Profile
-from profiles.errors import StateError as StateError  # with every user-visible error
 
 MAGIC = b"ENS-STATE "
 FORMAT = "ens.engine-state"
@@ -84,6 +84,7 @@ def _register_base() -> None:
     from filters.temporal import TemporalPool
     from profiles.events import Event
 
+    register("bool", bool)  # a `per` or bound value True/False is keyed as (bool, value)
     register("event", Event)
     register("notification", Notification)
     register("temporal-pool", TemporalPool)
@@ -288,6 +289,90 @@ def dump(root: Any, *, profiles_apart: bool = False) -> bytes:
     return buf.getvalue()
 
 
+# ------------------------------------------------------------------ records
+#
+# A partitioned engine (`filters.partstate`) stores its state as records instead of one
+# snapshot: one per profile partition and a header (engine-level counters). A record is a
+# snapshot of this version whose header names its kind (``"record": "partition"``) and whose
+# body is a dict with the fields `RECORDS` lists; the objects inside are the stable names of
+# `SCHEMA`. The runtime a partition belongs to is not stored: it is a reference ("ref:<name>")
+# resolved to the runtime of the engine the record is loaded into.
+
+RECORDS: dict[str, tuple[str, ...]] = {
+    "partition": ("due", "key", "kind", "profile", "state", "timers"),
+    "header": (
+        "clocks",
+        "inactive",
+        "lazy",
+        "now",
+        "nseq",
+        "order",
+        "out",
+        "pm_counts",
+        "seq",
+        "sweeps",
+        "tie",
+    ),
+}
+
+_REF = "ref:"
+
+
+class _RecordWriter(_Writer):
+    def __init__(self, f: io.BytesIO, refs: Mapping[int, str]) -> None:
+        super().__init__(f, True)
+        self.refs = refs
+
+    def persistent_id(self, obj: Any) -> str | None:
+        ref = self.refs.get(id(obj))
+        if ref is not None:
+            return _REF + ref
+        return super().persistent_id(obj)
+
+
+def dump_record(kind: str, body: dict[str, Any], refs: Mapping[int, str] | None = None) -> bytes:
+    """A record of `kind` (`RECORDS`); `refs` (id(object) -> name) stores those objects as
+    references (`load_record` resolves them to objects of the loading engine)."""
+    if tuple(sorted(body)) != RECORDS[kind]:
+        raise ValueError(f"a {kind} record has the fields {RECORDS[kind]}, not {sorted(body)}")
+    head = {"format": FORMAT, "version": VERSION, "profiles": "apart", "record": kind}
+    buf = io.BytesIO()
+    buf.write(MAGIC + json.dumps(head, separators=(",", ":")).encode() + b"\n")
+    with collector_paused():
+        _RecordWriter(buf, refs or {}).dump(body)
+    return buf.getvalue()
+
+
+def load_record(
+    data: bytes,
+    kind: str,
+    profiles: Mapping[str, Profile] | None = None,
+    refs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The body of a `kind` record (`dump_record`); "ref:<name>" resolves through `refs`.
+    Anything else, a record of another kind or a damaged one, raises `StateError`."""
+    head = header(data)
+    if head.get("record") != kind:
+        what = f"a {head['record']} record" if head.get("record") else "a whole-engine snapshot"
+        raise StateError(f"expected an engine {kind} record, got {what}")
+    if head["version"] > VERSION:
+        raise StateError(
+            f"this {kind} record was written by a newer ENS (state format version "
+            f"{head['version']}; this release reads up to {VERSION}): upgrade ENS to read it"
+        )
+    reader = _RecordReader(io.BytesIO(data[data.index(b"\n") + 1 :]), profiles or {}, refs or {})
+    with collector_paused():
+        try:
+            body = reader.load()
+        except StateError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+            raise StateError(f"the {kind} record is damaged ({exc}); nothing was loaded") from None
+    if not isinstance(body, dict) or tuple(sorted(body)) != RECORDS[kind]:
+        raise StateError(f"not an engine {kind} record: its body has other fields")
+    return body
+
+
 # ------------------------------------------------------------------ reading
 
 
@@ -374,6 +459,22 @@ class _Reader(pickle.Unpickler):
         if (module, name) == ("copyreg", "__newobj__"):
             return copyreg.__newobj__  # type: ignore[attr-defined]  # (not in typeshed)
         raise StateError(f"not an ENS engine snapshot: its body names the class {module}.{name}")
+
+
+class _RecordReader(_Reader):
+    def __init__(
+        self, f: io.BytesIO, profiles: Mapping[str, Profile], refs: Mapping[str, Any]
+    ) -> None:
+        super().__init__(f, profiles)
+        self.refs = refs
+
+    def _resolve(self, pid: Any) -> Any:
+        if isinstance(pid, str) and pid.startswith(_REF):
+            try:
+                return self.refs[pid[len(_REF) :]]
+            except KeyError:
+                raise StateError(f"the record refers to {pid[len(_REF) :]!r}, not given") from None
+        return super()._resolve(pid)
 
 
 def header(data: bytes) -> dict[str, Any]:
@@ -486,7 +587,7 @@ class _PlainReader(_Reader):
             if t is None:
                 t = self.types[name] = type("Stored", (Stored,), {"__slots__": (), "name": name})
             return t
-        if isinstance(pid, str) and pid.startswith(_PROFILE):
+        if isinstance(pid, str) and pid.startswith((_PROFILE, _REF)):
             return pid
         return super().persistent_load(pid)
 

@@ -3,7 +3,7 @@
 An event that reaches a composite (through its starting components in the pool, or an
 auxiliary profile a partial match waits on) extends or completes the waiting partial
 matches as the selection says (`first`, `last`, `nth`, `each`), applies its negations to
-the others, opens new ones and keeps leading-negation history (LANGUAGE.md §4). The common
+the others, opens new ones and keeps leading-negation history (docs/language.md §4). The common
 shapes take the fast paths of `filters.composite` instead, with the same results.
 """
 
@@ -27,7 +27,7 @@ class GeneralSteps(MatchLifecycle):
         self, part: Partition | None, key: PartKey, ev: Event, seq: int, leaves: list[int]
     ) -> None:
         """Every shape and selection: extend or complete the waiting PMs, apply the event's
-        negations, open new PMs, keep leading-negation history (LANGUAGE.md §4)."""
+        negations, open new PMs, keep leading-negation history (docs/language.md §4)."""
         b = Binding(seq, ev)
         if self.neg_set:
             pos = [i for i in leaves if i not in self.neg_set]

@@ -268,6 +268,48 @@ class TemporalPool:
             return item
         return None
 
+    # ------------------------------------------------ partition records (filters.partstate)
+    def handles(self) -> list[Handle]:
+        """Every scheduled entry (sorted list, then each lane's, in order; no tombstones)."""
+        out = list(self._items)
+        for ln in self._lanes.values():
+            out += [h for h in ln.items[ln.start :] if h[3] is not _DEAD]
+        return out
+
+    def due_handles(self, now: float) -> list[Handle]:
+        """The entries with a deadline <= `now` (what `advance(now, inclusive=True)` fires
+        first; entries the firing adds are not in it)."""
+        out = list(self._items.irange(maximum=(now, TIMER + 1)))
+        for ln in self._lanes.values():
+            items = ln.items
+            for i in range(ln.start, len(items)):
+                h = items[i]
+                if h[0] > now:
+                    break
+                if h[3] is not _DEAD:
+                    out.append(h)
+        return out
+
+    def put(self, handle: Handle) -> Handle:
+        """Schedule a stored entry again as it was (its tie number too: same firing order)."""
+        return self._insert(handle)
+
+    @property
+    def tie(self) -> int:
+        """The next tie number (stored with a partitioned engine's header)."""
+        return int(repr(self._tie)[6:-1])
+
+    @tie.setter
+    def tie(self, n: int) -> None:
+        self._tie = itertools.count(n)
+
+    def clear(self) -> None:
+        """Nothing scheduled (a partitioned engine that stored its state and starts another)."""
+        self._items.clear()
+        self._lanes, self._heads, self._nlane, self._first = {}, [], 0, None
+        self._tie = itertools.count()
+        self.head = _INF
+
     def due(self, now: float) -> bool:
         """Is anything due at `now` (cheap check before `pop_due`)?"""
         return self.head <= now

@@ -11,7 +11,7 @@ an event that matches a component is evaluated for every profile that has
 that component, whether or not a partial match waits for it: the cost the
 single-step engine avoids.
 
-Written from LANGUAGE.md and docs/semantics.md only (not from filters/engine.py)
+Written from docs/language.md and docs/semantics.md only (not from filters/engine.py)
 so that the differential tests compare two independent readings. The pattern
 tree and the questions asked of a PM's bindings are in `filters.twostep_pattern`;
 here are the runtimes: `_PartialMatches` keeps a composite's partitions, PMs and

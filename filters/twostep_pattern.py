@@ -5,7 +5,7 @@ A partial match of the two-step engine is a list of bindings, one slot per leaf
 alone: is a node complete, which leaves may bind next, which negations are
 active, does a `where` conjunct hold. No runtime state, no timers.
 
-Written from LANGUAGE.md and docs/semantics.md only (not from filters/pattern.py,
+Written from docs/language.md and docs/semantics.md only (not from filters/pattern.py,
 the single-step engine's mask tables), so that the differential tests compare two
 independent readings.
 """

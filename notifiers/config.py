@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
 )
 
-from profiles.errors import ConfigError as ConfigError  # raised here; one hierarchy there
+from notifiers.errors import ConfigError as ConfigError  # its old import path
 from profiles.options import duration_value
 
 Seconds = Annotated[float, BeforeValidator(duration_value)]
@@ -129,7 +129,8 @@ class WebhookConfig(BaseModel):
 
 
 class RetryPolicy(BaseModel):
-    """Exponential backoff with full jitter: a failed attempt k waits U(0, min(cap, base*2^(k-1)))."""
+    """Exponential backoff with full jitter: a failed attempt k waits U(0, min(cap, base*2^(k-1))),
+    at least a Retry-After (`notifiers.backoff`)."""
 
     model_config = ConfigDict(extra="forbid")
     base: Seconds = Field(default=1.0, gt=0)
@@ -142,11 +143,11 @@ class RetryPolicy(BaseModel):
     def delay(
         self, attempts: int, retry_after: float | None = None, rng: random.Random | None = None
     ) -> float:
-        """Seconds to wait after ``attempts`` failed attempts; a Retry-After answer wins."""
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_retry_after)
-        ceiling = min(self.cap, self.base * 2 ** max(attempts - 1, 0))
-        return (rng or random).uniform(0, ceiling)
+        """Seconds to wait after ``attempts`` failed attempts (`notifiers.backoff`: a
+        Retry-After answer is the least wait)."""
+        from notifiers.backoff import retry_delay
+
+        return retry_delay(attempts, retry_after, self.base, self.cap, self.max_retry_after, rng)
 
 
 class WorkerConfig(BaseModel):

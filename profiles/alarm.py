@@ -8,6 +8,7 @@ single step as every profile; `clear: after T` is a timer of the alarm rules.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,7 +21,9 @@ from profiles.parser import parse_duration, parse_profile
 SEVERITIES: tuple[str, ...] = ("critical", "major", "minor", "warning", "info")
 NOTIFY_KINDS: tuple[str, ...] = ("raise", "repeat", "ack", "clear")
 DEFAULT_NOTIFY: tuple[str, ...] = ("raise", "clear")
-ALARM_KEYS: tuple[str, ...] = ("severity", "clear", "notify")
+ALARM_KEYS: tuple[str, ...] = ("severity", "clear", "notify", "labels")
+RESERVED_LABELS: tuple[str, ...] = ("profile", "severity", "subscriber")  # the rules' own
+_LABEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 CLEAR_SUFFIX = "#clear"  # the companion profile's id: `<profile>#clear`
 
 ClearKind = Literal["after", "on", "manual"]
@@ -29,16 +32,21 @@ ClearKind = Literal["after", "on", "manual"]
 @dataclass(frozen=True, slots=True)
 class AlarmSpec:
     """What `alarm:` declares. ``clear_after``: seconds (kind "after"); ``clear_on``: the
-    filter's text (kind "on")."""
+    filter's text (kind "on"); ``labels``: fixed labels every alarm of the profile carries
+    (name, value) — what silences and routes match beside the partition's (e.g. the
+    `comm-fault` class and the place of a sensor-silent fault, docs/assets.md)."""
 
     severity: str = "warning"
     clear: ClearKind = "manual"
     clear_after: float | None = None
     clear_on: str | None = None
     notify: tuple[str, ...] = DEFAULT_NOTIFY
+    labels: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"severity": self.severity, "notify": list(self.notify)}
+        if self.labels:
+            out["labels"] = dict(self.labels)
         if self.clear == "after":
             out["clear"] = f"after {self.clear_after:g}s"
         elif self.clear == "on":
@@ -174,12 +182,37 @@ def parse_alarm(
     )
     if isinstance(clear, ProfileError):
         errors.append(clear)
+    labels = _parse_labels(data.get("labels", {}), _child(node, "labels"), bad)
     if errors:
         return None, errors
     assert not isinstance(clear, ProfileError)
     kind, after, on = clear
     order = tuple(k for k in NOTIFY_KINDS if k in notify)
-    return AlarmSpec(str(severity), kind, after, on, order), []
+    return AlarmSpec(str(severity), kind, after, on, order, labels), []
+
+
+def _parse_labels(value: Any, node: yaml.Node | None, bad: Any) -> tuple[tuple[str, str], ...]:
+    """``labels: {class: comm-fault, building: B1}``: names like attributes, scalar values
+    (as strings), none of the rules' own (profile, severity, subscriber); sorted by name."""
+    if not isinstance(value, dict):
+        bad(node, "labels", f"{value!r}: expected a mapping of label names to values")
+        return ()
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        key = str(k)
+        if not _LABEL_RE.fullmatch(key):
+            bad(_child(node, key, key_node=True), "labels", f"{key!r} is not a label name")
+        elif key in RESERVED_LABELS:
+            bad(
+                _child(node, key, key_node=True),
+                "labels",
+                f"{key!r} is set by the alarm itself ({', '.join(RESERVED_LABELS)})",
+            )
+        elif v is None or isinstance(v, (dict, list)):
+            bad(_child(node, key), "labels", f"{key}: {v!r}: expected a string or number")
+        else:
+            out[key] = str(v).lower() if isinstance(v, bool) else str(v)
+    return tuple(sorted(out.items()))
 
 
 def _parse_clear(

@@ -1,4 +1,4 @@
-"""Typed representation of profiles (LANGUAGE.md §2-§4).
+"""Typed representation of profiles (docs/language.md §2-§4).
 
 Nodes are frozen dataclasses: hashable, so identical filters and predicates
 compare equal and can be stored once in the pool (profile sharing).

@@ -1,4 +1,4 @@
-"""Events (LANGUAGE.md §1): flat JSON objects with a `ts`, an optional `id` and scalar attributes."""
+"""Events (docs/language.md §1): flat JSON objects with a `ts`, an optional `id` and scalar attributes."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ that no event seen so far has carried is often a typo (`knd = "window"`) -- unle
 only asks whether it is there (`not (suspect exists)` guards against an attribute that
 most feeds never carry). Events that carry an attribute named `localtime` or `weekday` are
 warned about when a profile uses those names: the profile reads the time of day, not the
-attribute (LANGUAGE.md §2.1).
+attribute (docs/language.md §2.1).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
             out.append(
                 f"profile {p.id!r}: attribute {attr!r} is compared with a time of day as "
                 f"text; for the event's local time of day write localtime instead of {attr} "
-                "(LANGUAGE.md §2.1)"
+                "(docs/language.md §2.1)"
             )
     if seen:
         derived = {tod.shown(a) for a in attributes(p) if tod.split_key(a) is not None}
@@ -150,7 +150,7 @@ def warnings(p: Profile, seen: set[str] | None = None) -> list[str]:
                 f"profile {p.id!r}: events carry an attribute {name!r}, which the profile "
                 f"cannot read: {name} is the event's local "
                 f"{'time of day' if name == tod.LOCALTIME else 'day of the week'} "
-                "(LANGUAGE.md §2.1); rename the attribute at the source"
+                "(docs/language.md §2.1); rename the attribute at the source"
             )
         read = {a for a in _compared(p) if tod.split_key(a) is None}
         for attr in sorted(read - seen - EVENT_KEYS - SERVICE_KEYS):

@@ -1,4 +1,4 @@
-"""The profile file (LANGUAGE.md §7): YAML or JSON with `profiles` and optional `subscribers`.
+"""The profile file (docs/language.md §7): YAML or JSON with `profiles` and optional `subscribers`.
 
 Every problem is collected (`ens check` prints them all); a file with any
 problem is rejected as a whole by `load_profile_file`.

@@ -1,4 +1,4 @@
-"""`localtime` and `weekday` (LANGUAGE.md §2.1): the names, their literals and their keys.
+"""`localtime` and `weekday` (docs/language.md §2.1): the names, their literals and their keys.
 
 They are not event attributes: the engine derives them from each event's `ts` in a time zone
 and puts them into the attributes it matches under a reserved key, so the primitive pool

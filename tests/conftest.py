@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import _posixsubprocess
+import contextlib
 import copy
 import functools
 import gc
 import itertools
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,7 @@ def write_case_files(case: dict, tmp: Path) -> tuple[Path, Path]:
     """A conformance case as the files `ens replay` reads."""
     prof = tmp / "profiles.yaml"
     doc = {"profiles": case["profiles"]}
-    if "tz" in case:  # the profile file's tz: (LANGUAGE.md §2.1)
+    if "tz" in case:  # the profile file's tz: (docs/language.md §2.1)
         doc["tz"] = case["tz"]
     prof.write_text(yaml.safe_dump(doc, sort_keys=False))
     evs = tmp / "events.jsonl"
@@ -105,6 +108,7 @@ def _objects_before_the_test_out_of_gc_scans() -> Iterator[None]:
 # ~0.2 s of wall time (little CPU). Tests about the server's life (killed, restarted, persisted, embedded) start their
 # own with `tests.helpers_service.redis_server`.
 REDIS_DATABASES = 1000
+REDIS_FIXTURES = {"_redis_of_this_worker", "redis_url", "rb", "rt", "r"}
 
 
 @pytest.fixture(scope="session")
@@ -193,12 +197,14 @@ EXAMPLES_SHARE = float(os.environ.get("ENS_TEST_EXAMPLES", "1"))
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that takes the `spark` fixture is a spark test, in the xdist group of the one
-    session; property tests draw EXAMPLES_SHARE of their examples. The longest tests first
+    session; one that takes a Redis fixture a redis test; property tests draw EXAMPLES_SHARE of their examples. The longest tests first
     (`slow`, then `spark`), so that `--dist loadgroup` does not start them last."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
             _join_group(config, item, "spark")
+        if REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)  # so never in `make test-fast` (-m "... not redis")
         if EXAMPLES_SHARE < 1:
             _fewer_examples(getattr(item, "obj", None))
     items.sort(key=lambda i: (not i.get_closest_marker("slow"), not i.get_closest_marker("spark")))
@@ -223,6 +229,66 @@ def _fewer_examples(test: object) -> None:
         wanted = max(20, int(current.max_examples * EXAMPLES_SHARE))
         if wanted < current.max_examples:
             test._hypothesis_internal_use_settings = settings(current, max_examples=wanted)  # type: ignore[attr-defined]
+
+
+# `make test-fast` runs the tests marked `fast` (module `pytestmark` or per test): the
+# in-process core. A test marked fast may start no process (no redis-server, no JVM, no
+# `ens serve`): while it is set up and runs, starting one fails it, in every run, so a new
+# test that needs Redis cannot sit silently in the fast set.
+_PROCESS_STARTERS = (
+    (subprocess, "_fork_exec"),  # subprocess.Popen (and run, check_output, asyncio's)
+    (_posixsubprocess, "fork_exec"),  # multiprocessing's spawn
+    (os, "fork"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+    (os, "system"),
+)
+
+
+@contextlib.contextmanager
+def _no_processes(nodeid: str) -> Iterator[None]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        pytest.fail(
+            f"{nodeid} is marked `fast` but starts a process (redis-server, Spark, ens, ...): "
+            "take the `fast` mark off it (docs/development.md, the loops)",
+            pytrace=True,
+        )
+
+    saved = [
+        (mod, name, getattr(mod, name)) for mod, name in _PROCESS_STARTERS if hasattr(mod, name)
+    ]
+    for mod, name, _ in saved:
+        setattr(mod, name, refuse)
+    try:
+        yield
+    finally:
+        for mod, name, original in saved:
+            setattr(mod, name, original)
+
+
+def _in_fast_set(item: pytest.Item) -> bool:
+    """What `make test-fast` selects: marked fast (a module's mark included) and not marked
+    redis, spark or slow (a test of a fast module may take Redis when it says so)."""
+    return item.get_closest_marker("fast") is not None and not any(
+        item.get_closest_marker(m) for m in ("redis", "spark", "slow")
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """Set-up too: a session fixture (the worker's redis-server) starts in a test's set-up."""
+    if not _in_fast_set(item):
+        return (yield)
+    with _no_processes(item.nodeid):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if not _in_fast_set(item):
+        return (yield)
+    with _no_processes(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture

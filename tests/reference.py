@@ -1,4 +1,4 @@
-"""A reference interpreter of LANGUAGE.md, written from the spec only (§3, §4, §4.1, §5).
+"""A reference interpreter of docs/language.md, written from the spec only (§3, §4, §4.1, §5).
 
 It covers flat `seq(...)` profiles of primitive components — positive, and negated (leading,
 between, trailing) — with `within`, `per r`, `where`, `select first | last | nth N` and

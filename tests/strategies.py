@@ -44,7 +44,7 @@ predicates = st.one_of(
     st.builds(StartsWith, attr, st.sampled_from(["lab-", "l", "x", ""])),
 )
 
-# LANGUAGE.md §2.1 as the parser writes it: the reserved keys, seconds of the local day (a
+# docs/language.md §2.1 as the parser writes it: the reserved keys, seconds of the local day (a
 # `between` that wraps midnight is an `or` of two comparisons) and day names
 _SECS = st.sampled_from([0, 1, 3599, 21600, 43200, 79200, 86399])
 local_predicates = st.one_of(
@@ -116,7 +116,7 @@ SEQ_FILTERS: list[tuple[str, Callable[[dict], bool]]] = [
     ('k != "X"', lambda e: isinstance(e.get("k"), str) and e["k"] != "X"),
     ("v >= 2", lambda e: _num(e.get("v")) and e["v"] >= 2),
     ("true", lambda e: True),
-    # LANGUAGE.md §2.1 in UTC (tests.reference adds localtime and weekday): the streams start
+    # docs/language.md §2.1 in UTC (tests.reference adds localtime and weekday): the streams start
     # at the epoch, a Thursday, so these split them a few seconds in; the first wraps midnight
     ('localtime between "00:00:09" and "00:00:03"', lambda e: not 3 < e["localtime"] < 9),
     ('k = "A" and localtime <= "00:00:05"', lambda e: e.get("k") == "A" and e["localtime"] <= 5),

@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from filters.errors import StateError
 from notifiers.alarms import (
     AlarmNotFound,
     AlarmRules,
@@ -22,7 +23,8 @@ from notifiers.alarms import (
     alarm_id,
 )
 from profiles.alarm import AlarmSpec
-from profiles.errors import StateError
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 ALL = ("raise", "repeat", "ack", "clear")
 ROOM = {"room": "101"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,8 @@ from notifiers.alarms import (
 )
 from profiles.alarm import AlarmSpec
 from tests.alarm_model import Model, ModelError
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 SPECS = {
     "p": AlarmSpec("major", "after", 50.0, None, ("raise", "ack", "clear")),

@@ -29,6 +29,8 @@ from profiles.events import Event
 from profiles.parser import parse_profile
 from tests.test_differential import _events, parsed, scenario, seq_profile_text
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 EACH = 'seq(a: kind = "x", b: kind = "y") within 1d select each consume shared'
 
 

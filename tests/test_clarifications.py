@@ -1,4 +1,4 @@
-"""LANGUAGE.md §4.1 (the eleven clarifications): one case each in tests/cases/41-*.yaml, run
+"""docs/language.md §4.1 (the eleven clarifications): one case each in tests/cases/41-*.yaml, run
 through `ens replay` under every engine, every single-step variant and every plan.
 
 test_conformance.py runs these cases too, under its usual engines; here every variant meets
@@ -22,6 +22,8 @@ from filters.pattern import Pattern
 from profiles.ast import Absent
 from profiles.parser import parse_profile
 from tests.conftest import canon, load_case
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 CASES = sorted((Path(__file__).parent / "cases").glob("41-*.yaml"))
 ENGINES = ["two-step"] + [
@@ -124,7 +126,7 @@ def test_explain_says_why_last_and_nth_stay_eager(
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.stderr
     assert "plan: eager, matches opened by a" in r.stdout
-    assert why in r.stdout and "LANGUAGE.md §4.1" in r.stdout
+    assert why in r.stdout and "docs/language.md §4.1" in r.stdout
     assert f"    {trace}" in r.stdout  # the eager trace: the replacement / the count
     assert "1 notification(s)" in r.stdout
 

@@ -373,8 +373,11 @@ def test_misspelled_keys_are_rejected_at_their_file_line_and_column(tmp_path: Pa
     ) in r.stderr
     assert f"error: {f}:10:1: unknown top-level key 'profile'" in r.stderr
     for example in sorted(EXAMPLES.parent.glob("*/*.yaml")):  # the shipped files still pass
-        routing = "\nroute:" in "\n" + example.read_text()  # a routing file (docs/routing.md)
+        text = "\n" + example.read_text()
+        routing = "\nroute:" in text  # a routing file (docs/routing.md)
         command = ["route", "check"] if routing else ["check"]
+        if "\nassets:" in text:  # an asset registry (docs/assets.md)
+            command = ["assets", "check"]
         assert runner.invoke(app, [*command, str(example)]).exit_code == 0, example
 
 

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from ens.cli import app
 from tests.conftest import CONFORMANCE, canon, load_case
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(
     (Path(__file__).parent / "cases").glob("*.yaml")
 )
@@ -77,7 +79,7 @@ def test_shared_copy_is_complete() -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_matches_completed_by_one_event_come_in_bound_event_order(engine: str, case_files) -> None:
-    """LANGUAGE.md §4: matches completed by the same event are reported in the order of their
+    """docs/language.md §4: matches completed by the same event are reported in the order of their
     bound events, component by component (the cases compare notifications as a multiset)."""
     want = {
         "21-select-rows-seq3": [
@@ -106,7 +108,7 @@ def test_matches_completed_by_one_event_come_in_bound_event_order(engine: str, c
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
 def test_every_engine_writes_identical_output(path: Path, case_files) -> None:
-    """LANGUAGE.md §7: the output is identical whichever engine or option is chosen — byte for
+    """docs/language.md §7: the output is identical whichever engine or option is chosen — byte for
     byte, including the order of notifications with the same ts (test_case compares multisets)."""
     case = load_case(path)
     if "expect_error" in case:

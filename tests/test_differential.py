@@ -2,7 +2,7 @@
 
 Profiles are generated as TEXT from a small grammar over every operator and
 clause (so the parser is part of the loop), events are small streams with
-ties in `ts`. Both engines are independent implementations of LANGUAGE.md and
+ties in `ts`. Both engines are independent implementations of docs/language.md and
 docs/semantics.md; any disagreement is a bug in one of them. Failing examples
 are printed (and `print_blob` gives the `@reproduce_failure` line).
 """
@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,8 @@ from profiles.events import Event
 from profiles.parser import parse_profile
 from tests.reference import interpret
 from tests.strategies import flat_seq_profiles, tie_streams
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 KS = ["A", "B", "C", "X"]
 FILTERS = [
@@ -49,7 +52,7 @@ FILTERS = [
     'k not in ("B", "C")',
     "v < 2",
     'k = "C" and v >= 1',
-    # LANGUAGE.md §2.1 in UTC: the streams below start at the epoch (a Thursday), so these
+    # docs/language.md §2.1 in UTC: the streams below start at the epoch (a Thursday), so these
     # split them at a few minutes in; the first wraps midnight
     'localtime between "00:05:00" and "00:00:30"',
     'k = "A" and localtime >= "00:02:00"',
@@ -88,7 +91,7 @@ def profile_text(
     `selects`, `negate` (the most negated components inserted per composite) and `alone` (where
     conjuncts may also compare one component with a literal) steer it (issue 22 tests);
     `filters` and `withins` are what leaves and windows are drawn from, and `local` lets where
-    conjuncts compare `localtime`/`weekday` (LANGUAGE.md §2.1)."""
+    conjuncts compare `localtime`/`weekday` (docs/language.md §2.1)."""
     WITHIN = withins  # noqa: N806 - the module's list, unless the caller gives another
 
     def leaf_filter() -> st.SearchStrategy[str]:
@@ -724,7 +727,7 @@ def test_engines_agree_with_the_reference(
     """`seq` profiles with negations (leading, between, trailing), `where` (often on one
     component), `select last`/`nth`/`first` and either consume, on short streams with ties and
     repeated kinds: every engine, variant and plan gives exactly what tests/reference.py, an
-    interpreter written from LANGUAGE.md alone, gives (as multisets; order is checked against
+    interpreter written from docs/language.md alone, gives (as multisets; order is checked against
     the two-step engine elsewhere). Both issue-22 bugs were in all engines alike, so only a
     reference could catch them."""
     _check_against_the_reference(profile, events, extra)
@@ -773,7 +776,7 @@ def _check_against_the_reference(
     assert not bad, sorted(bad)
 
 
-# ------------------------------------------- local time of day across DST (LANGUAGE.md §2.1)
+# ------------------------------------------- local time of day across DST (docs/language.md §2.1)
 
 LOCAL_FILTERS = [
     'k = "A"',

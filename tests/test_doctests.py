@@ -10,11 +10,13 @@ import pytest
 from profiles.events import Event
 from profiles.parser import parse_profile
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 # The docstrings use these names without importing them (they read as the module's API)
 GLOBS = {"parse_profile": parse_profile, "Event": Event}
 
 
-@pytest.mark.parametrize("module", ["filters.engine", "filters.twostep"])
+@pytest.mark.parametrize("module", ["filters.engine", "filters.twostep", "filters.partitions"])
 def test_docstring_examples_run(module: str) -> None:
     mod = importlib.import_module(module)
     res = doctest.testmod(mod, extraglobs=GLOBS, optionflags=doctest.ELLIPSIS)

@@ -13,6 +13,8 @@ from filters.twostep import TwoStepEngine
 from profiles.events import Event
 from profiles.parser import parse_profile
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 
 @pytest.mark.slow  # a scale test: a million events (~10 s alone)
 def test_a_million_events_keep_state_bounded_by_the_window() -> None:

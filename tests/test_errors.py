@@ -1,20 +1,23 @@
-"""One error hierarchy: every exception class the packages define derives from ENSError and
-lives in profiles/errors.py (other modules only re-export them)."""
+"""One error hierarchy: every exception class the packages define derives from ENSError
+(profiles/errors.py, the lowest layer) and lives in the `errors` module of the layer that
+raises it (the lowest layer whose code names it); the old import paths still name them."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import pkgutil
+import re
 import subprocess
 import sys
 
 import pytest
 
-from profiles import errors
+from adapters import errors as adapter_errors
 from profiles.errors import ENSError
 from tests.helpers_service import ROOT
 
+# lowest first: a package imports only the ones before it (the import-linter layers)
 PACKAGES = ("profiles", "filters", "notifiers", "adapters", "ens")
 
 
@@ -45,28 +48,48 @@ def _exception_classes() -> dict[str, type[BaseException]]:
     return found
 
 
-def test_every_user_visible_error_derives_from_ens_error_in_one_module() -> None:
+def test_every_user_visible_error_derives_from_ens_error_in_an_errors_module() -> None:
     classes = _exception_classes()
     # the ones the issue named, so the walk cannot pass by finding nothing
     for name in (
-        "DatasetError",
-        "LockLost",
-        "BadEvent",
-        "TsOutOfWindow",
-        "ConfigError",
-        "DemoError",
-        "DemoFailure",
-        "ProfileError",
-        "EventError",
-        "ManyErrors",
-        "StoreMissing",
-        "EmbeddedError",
+        "adapters.errors.DatasetError",
+        "adapters.errors.LockLost",
+        "adapters.errors.BadEvent",
+        "adapters.errors.TsOutOfWindow",
+        "adapters.errors.StoreMissing",
+        "adapters.errors.EmbeddedError",
+        "notifiers.errors.ConfigError",
+        "ens.errors.DemoError",
+        "ens.errors.DemoFailure",
+        "profiles.errors.ProfileError",
+        "profiles.errors.EventError",
+        "profiles.errors.ManyErrors",
     ):
-        assert f"profiles.errors.{name}" in classes, name
-    outside = sorted(n for n in classes if not n.startswith("profiles.errors."))
-    assert outside == [], f"exception classes defined outside profiles/errors.py: {outside}"
+        assert name in classes, name
+    outside = sorted(n for n in classes if n.rsplit(".", 2)[-2] != "errors")
+    assert outside == [], f"exception classes defined outside an errors module: {outside}"
     loose = sorted(n for n, c in classes.items() if not issubclass(c, ENSError))
     assert loose == [], f"not derived from ENSError: {loose}"
+
+
+def test_each_error_lives_in_the_layer_that_raises_it() -> None:
+    """The lowest layer whose code (its errors modules aside) names the class is its own: not
+    lower (an upper layer's error in the bottom one), not higher (a lower layer could not
+    raise it)."""
+    sources = {
+        pkg: " ".join(p.read_text() for p in (ROOT / pkg).rglob("*.py") if p.name != "errors.py")
+        for pkg in PACKAGES
+    }
+    wrong = []
+    for name, cls in _exception_classes().items():
+        if cls is ENSError:
+            continue
+        word = re.compile(rf"\b{cls.__name__}\b")
+        users = [pkg for pkg in PACKAGES if word.search(sources[pkg])]
+        layer = name.split(".")[0]
+        if users and users[0] != layer:
+            wrong.append(f"{name}: first named in {users[0]}")
+    assert wrong == [], wrong
 
 
 @pytest.mark.parametrize(
@@ -80,7 +103,7 @@ def test_every_user_visible_error_derives_from_ens_error_in_one_module() -> None
 )
 def test_errors_keep_their_builtin_base(name: str, base: type[Exception]) -> None:
     """`except ValueError` / `except RuntimeError` handlers written before still catch them."""
-    assert issubclass(getattr(errors, name), base)
+    assert issubclass(getattr(adapter_errors, name), base)
 
 
 def test_old_import_paths_still_name_the_same_classes() -> None:
@@ -90,28 +113,31 @@ def test_old_import_paths_still_name_the_same_classes() -> None:
     from adapters.service.redis_store import StoreMissing
     from adapters.service.worker import LockLost
     from ens.demo import DemoError, DemoFailure
+    from ens.errors import DemoError as DemoErrorNow
+    from ens.errors import DemoFailure as DemoFailureNow
     from notifiers.config import ConfigError
+    from notifiers.errors import ConfigError as ConfigErrorNow
 
     assert (
         DatasetError,
         BadEvent,
         TsOutOfWindow,
         LockLost,
+        StoreMissing,
+        EmbeddedError,
         DemoError,
         DemoFailure,
         ConfigError,
-        StoreMissing,
-        EmbeddedError,
     ) == (
-        errors.DatasetError,
-        errors.BadEvent,
-        errors.TsOutOfWindow,
-        errors.LockLost,
-        errors.DemoError,
-        errors.DemoFailure,
-        errors.ConfigError,
-        errors.StoreMissing,
-        errors.EmbeddedError,
+        adapter_errors.DatasetError,
+        adapter_errors.BadEvent,
+        adapter_errors.TsOutOfWindow,
+        adapter_errors.LockLost,
+        adapter_errors.StoreMissing,
+        adapter_errors.EmbeddedError,
+        DemoErrorNow,
+        DemoFailureNow,
+        ConfigErrorNow,
     )
 
 
@@ -119,7 +145,7 @@ def test_exit_status_of_a_run_that_could_not_finish_is_1() -> None:
     """ens.cli.main ends a command with the error's exit_status, no traceback."""
     code = (
         "import ens.cli, sys\n"
-        "from profiles.errors import DemoFailure\n"
+        "from ens.errors import DemoFailure\n"
         "def boom(): raise DemoFailure('the service died')\n"
         "ens.cli.app = boom\n"
         "ens.cli.main()\n"

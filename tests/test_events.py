@@ -1,4 +1,4 @@
-"""Events (LANGUAGE.md §1): ts formats, optional id, flat attributes, null = absent, nesting rejected."""
+"""Events (docs/language.md §1): ts formats, optional id, flat attributes, null = absent, nesting rejected."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import pytest
 
 from profiles.errors import EventError, ManyErrors
 from profiles.events import parse_event_line, read_events
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 
 def test_ts_rfc3339_with_offset_or_epoch_seconds() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from notifiers.label_limit import OTHER, TopCounter
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 
 def series(c: TopCounter) -> dict[tuple[str, ...], float]:

@@ -11,6 +11,8 @@ from profiles.errors import ProfileError
 from profiles.parser import parse_duration, parse_profile
 from profiles.profile_file import parse_profile_document
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 
 def err(text: str) -> ProfileError:
     with pytest.raises(ProfileError) as e:

@@ -20,6 +20,8 @@ from filters.plans import Rates, costs
 from profiles.events import Event
 from profiles.parser import parse_profile
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 runner = CliRunner()
 
 SEQ = 'seq(t: kind = "temperature", w: kind = "window") within 30m per room'

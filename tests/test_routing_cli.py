@@ -21,6 +21,11 @@ def test_check_accepts_the_example_and_lists_every_problem_of_a_bad_file(tmp_pat
     assert r.exit_code == 0, r.output
     assert "ok (1 schedule(s), 4 route(s)" in r.output
     assert "warning" not in r.output  # day and night layers cover the week
+    assert "0 grouping entries)" in r.output
+    week = Path(EXAMPLE).parent / "keti-week-routing.yaml"
+    r = run("route", "check", str(week))
+    assert r.exit_code == 0, r.output
+    assert "1 quiet-hours entries, 2 grouping entries)" in r.output  # facility-desk, security
     gappy = tmp_path / "gappy.yaml"
     gappy.write_text(
         Path(EXAMPLE)

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from notifiers.alarms import Transition
 from notifiers.routing import EscalationPolicy, Escalator, Level, RoutingError, parse_policy
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 M = 60.0
 POLICY = parse_policy(
     {

@@ -166,3 +166,52 @@ def test_replay_alarms_with_routing_tells_the_same_as_route_replay(tmp_path: Pat
     assert "who is told, when" in table.output and "supervisor" in table.output
     bad = CliRunner().invoke(app, ["replay", str(events), str(events), "--routing", routing])
     assert bad.exit_code != 0 and "go with --alarms" in bad.output
+
+
+TWO_POLICIES = """
+escalation_policies:
+  - {id: crew-page, levels: [{receivers: [crew]}, {receivers: [boss], delay: 10m}]}
+  - {id: security-page, levels: [{receivers: [guard]}]}
+route:
+  receivers: [desk]
+  routes:
+    - {name: critical, match: [severity=critical], escalation: crew-page, continue: true}
+    - {name: annex, match: [building=annex], escalation: security-page}
+"""
+
+
+def test_one_escalation_per_occurrence_the_first_matching_routes(tmp_path: Path) -> None:
+    """Two escalating routes match (`continue`): the first one's policy runs, the other's does
+    not start (docs/routing.md#escalation); `ens route test` and `ens route check` say so."""
+    routing, errors = parse_routing(TWO_POLICIES)
+    assert routing is not None, errors
+    raised = tr("raise", at("2026-11-03T10:00"))
+    raised.labels["building"] = "annex"
+    rows, esc = replay_routing(routing, [raised], until=at("2026-11-03T11:00"))
+    assert [(r.what, r.subscriber) for r in rows] == [
+        ("escalation 1", "crew"),
+        ("escalation 2", "boss"),
+    ]
+    assert esc.pending == {}  # the ladder ran out; guard was never paged
+    f = tmp_path / "r.yaml"
+    f.write_text(TWO_POLICIES)
+    cli = CliRunner()
+    got = cli.invoke(app, ["route", "test", "-c", str(f), "-l", "severity=critical,building=annex"])
+    assert got.exit_code == 0, got.output
+    assert "escalation crew-page (route critical) while nobody acknowledges" in got.output
+    assert "escalation security-page (route annex): not started" in got.output
+    got = cli.invoke(
+        app, ["route", "test", "-c", str(f), "-l", "severity=critical,building=annex", "--json"]
+    )
+    assert json.loads(got.stdout)["escalations"] == [
+        {"policy": "crew-page", "route": "critical", "starts": True},
+        {"policy": "security-page", "route": "annex", "starts": False},
+    ]
+    got = cli.invoke(app, ["route", "check", str(f)])
+    assert got.exit_code == 0, got.output
+    assert (
+        "warning: routes 'critical' (crew-page) and 'annex' (security-page) may both match an "
+        "alarm: only 'critical''s escalation would start"
+    ) in got.output
+    f.write_text(TWO_POLICIES.replace(", continue: true", ""))  # no continue: no clash
+    assert "warning" not in cli.invoke(app, ["route", "check", str(f)]).output

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from notifiers.routing import explain, parse_routing
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 BERLIN = ZoneInfo("Europe/Berlin")
 MON_NOON = datetime(2026, 11, 2, 12, 0, tzinfo=BERLIN).timestamp()
 MON_NIGHT = datetime(2026, 11, 2, 23, 0, tzinfo=BERLIN).timestamp()

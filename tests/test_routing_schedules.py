@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from notifiers.routing import RoutingError, on_call, parse_schedule, who
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 BERLIN = ZoneInfo("Europe/Berlin")
 
 

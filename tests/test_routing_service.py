@@ -20,6 +20,7 @@ from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
 from ens.commands.alarms import register as register_alarms
 from ens.commands.service import register as register_service
+from notifiers import schedule_store
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
 from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
@@ -207,6 +208,70 @@ def test_pending_escalations_carry_over_a_restart_and_go_without_routing(tmp_pat
             svc = Service(url, log, "--reorder-seconds", "0.05").start()
             wait_for(lambda: not r.exists(als.ESCALATION_DUE, als.ESCALATIONS), 15, "dropped")
             assert "pending escalation(s) of the last run dropped" in log.read_text()
+            assert svc.stop() == 0
+        finally:
+            svc.kill()
+            r.close()
+
+
+def _schedule(sid: str, who: str) -> str:
+    return (
+        f"  - {{id: {sid}, layers: [{{name: all, participants: [{who}], rotation: 1d, "
+        "handoff: '00:00', start: 2020-01-01}]}\n"
+    )
+
+
+def test_receivers_resolve_stored_schedules_and_their_changes_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """`ens schedule add` stores `crew`; the routing file names it (and defines `front`, which
+    wins over the stored `front`). A change of `crew` reaches the running service."""
+    from ens.cli import app
+
+    routing = tmp_path / "routing.yaml"
+    routing.write_text(
+        "subscribers: [anna, boss, desk]\nschedules:\n"
+        + _schedule("front", "desk")
+        + "route: {receivers: [crew, front]}\n"
+    )
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("schedules:\n" + _schedule("crew", "anna") + _schedule("front", "boss"))
+    second.write_text("schedules:\n" + _schedule("crew", "boss"))
+    ghost = tmp_path / "ghost.yaml"
+    ghost.write_text("subscribers: [desk]\nroute: {receivers: [ghost]}\n")
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        cli = CliRunner(env={rs.ENV_URL: url})
+        res = cli.invoke(app, ["schedule", "add", str(first)])
+        assert res.exit_code == 0, res.output
+        res = cli.invoke(app, ["serve", "--routing", str(ghost), "--port", "1"])
+        assert res.exit_code == 2, res.output
+        assert "unknown receiver 'ghost': not a schedule (of the file or stored)" in res.output
+        rs.put_profile(r, "leak", 'seq(x: kind = "leak") per room', alarm={"severity": "major"})
+        key = rs.add_gateway(r, "g")
+        log = tmp_path / "serve.log"
+        svc = Service(url, log, "--reorder-seconds", "0.05", "--routing", str(routing)).start()
+        try:
+
+            def told(seen: set[str]) -> set[str]:
+                return {n["subscriber"] for n in alarm_messages(r) if n["id"] not in seen}
+
+            post_batch(svc, key, [{"id": "l1", "kind": "leak", "room": "1"}], 0.0)
+            wait_for(lambda: told(set()) >= {"anna", "desk"}, 15, "the raise to crew and front")
+            seen = {n["id"] for n in alarm_messages(r)}
+            assert told(set()) == {"anna", "desk"}  # the file's `front` (desk), not boss
+            assert "routing file's schedules front win over the stored ones" in log.read_text()
+            res = cli.invoke(app, ["schedule", "add", str(second), "--replace"])
+            assert res.exit_code == 0 and "replaced: schedule crew" in res.output, res.output
+            wait_for(lambda: log.read_text().count("stored schedule(s) in use") >= 2, 15)
+            post_batch(svc, key, [{"id": "l2", "kind": "leak", "room": "2"}], 0.0)
+            wait_for(lambda: told(seen) >= {"boss", "desk"}, 15, "the raise to the new crew")
+            assert told(seen) == {"boss", "desk"}
+            r.hset(schedule_store.SCHEDULES, "broken", "{")  # hand-edited: left out, logged
+            r.xadd(rs.CONTROL, {"op": "schedules"})
+            wait_for(lambda: "stored schedule 'broken' cannot be read" in log.read_text(), 15)
+            text = httpx.get(svc.url + "/metrics").text
+            assert metric(text, "ens_routing_schedule_loads_total") >= 2
             assert svc.stop() == 0
         finally:
             svc.kill()

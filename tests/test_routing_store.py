@@ -65,3 +65,23 @@ def test_add_list_show_who_rm(redis_url: str, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "no schedule 'technicians' stored" in r.output
     r = run("schedule", "who", "technicians")
     assert r.exit_code == 2 and "no schedule 'technicians' in the service" in r.output
+
+
+def test_each_change_is_announced_on_the_engine_control_stream(r) -> None:  # noqa: ANN001
+    """A running `ens serve --routing` rereads the stored schedules at each announcement."""
+    from adapters.service import redis_store as rs
+    from notifiers import schedule_store as ss
+
+    assert (ss.CONTROL, ss.CONTROL_MAXLEN) == (rs.CONTROL, rs.CONTROL_MAXLEN)
+    s = load_routing(EXAMPLE).schedules["technicians"]
+
+    def announced() -> int:
+        return sum(1 for _, f in r.xrange(rs.CONTROL) if f.get("op") == "schedules")
+
+    ss.put_schedules(r, [s])
+    assert announced() == 1
+    ss.put_schedules(r, [s])  # unchanged: nothing to reread
+    assert announced() == 1
+    assert ss.schedule_ids(r) == ["technicians"]
+    assert ss.remove_schedule(r, "technicians")
+    assert announced() == 2 and ss.schedule_ids(r) == []

@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapters.errors import BadEvent
 from adapters.service.routes.bodies import loads_body, loads_body_stdlib
-from profiles.errors import BadEvent
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 _scalars = (
     st.none()

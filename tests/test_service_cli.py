@@ -763,3 +763,29 @@ def test_data_list_json() -> None:
     res = CliRunner().invoke(ens_app, ["data", "list", "--json"])
     assert res.exit_code == 0, res.output
     assert "keti" in {d["name"] for d in json.loads(res.stdout)}
+
+
+def test_a_relative_data_dir_works_for_commands_and_serve(tmp_path: Path) -> None:
+    """--data-dir and ENS_DATA_DIR relative to the current directory: redis-server runs in the
+    directory, so the path is made absolute before its configuration names it."""
+    env = {k: v for k, v in os.environ.items() if k not in (rs.ENV_URL, rs.ENV_DATA_DIR)}
+
+    def ens(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ens", *args],
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    res = ens("subscriber", "add", "ops", "--email", "ops@example.org", "--data-dir", "rel")
+    assert res.returncode == 0, res.stderr
+    assert f"created a new ENS store in {tmp_path / 'rel'}" in res.stderr
+    res = ens("subscriber", "list", "--json", **{rs.ENV_DATA_DIR: "rel"})
+    assert res.returncode == 0 and '"ops"' in res.stdout, res.stderr
+    assert _redis_servers_in(tmp_path / "rel") == []
+    rel = Path(os.path.relpath(tmp_path / "rel", ROOT))  # `serve` runs in ROOT
+    svc = Service(None, tmp_path / "serve.log", data_dir=rel).start()
+    assert svc.stop(signal.SIGTERM) == 0

@@ -16,11 +16,11 @@ import httpx
 import pytest
 import redis
 
+from adapters.errors import EvictingRedis
 from adapters.service import redis_store as rs
 from adapters.service.embedded import CONF
 from adapters.service.redis_limits import check_policy, eviction_policy
 from adapters.service.worker import EngineWorker
-from profiles.errors import EvictingRedis
 from tests.helpers_service import (
     ADMIN_TOKEN,
     ROOT,

@@ -615,7 +615,7 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
     step per route with the watermark at the end of the stream: the case's notifications,
     under either plan (`ens spark stream --plan`)."""
     from adapters.spark import stream
-    from adapters.spark.live import TICK, KeyEngine, ProfileLog, Row, Versions, _live
+    from adapters.spark.live import TICK, KeyEngine, ProfileLog, Row, Versions, _compiled
     from adapters.spark.stream import read_range
     from profiles.events import parse_ts
     from tests.conftest import canon as case_canon
@@ -632,7 +632,7 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
                 continue
             zone = case.get("replay_tz", "UTC")
             r.flushall()  # a new service each time: the per-process caches go too
-            _live.clear()
+            _compiled.clear()
             stream._versions.clear()
             stream._relevance.clear()
             pers = [a for p in case["profiles"] for a in parse_profile(p["expr"], p["id"]).per]
@@ -664,8 +664,10 @@ def test_stream_tasks_reproduce_every_conformance_case(tmp_path: Path, plan: str
                     for x in rows
                     if x["route"] == route
                 ]
-                out = KeyEngine(route, versions, zone, (plan, None)).step(None, mine, end + 1e-6)
-                engine = _live[route][2]
+                ke = KeyEngine(route, versions, zone, (plan, None))
+                out = ke.step(None, mine, end + 1e-6)
+                engine = ke.engine
+                assert engine is not None
                 assert engine.plan == plan
                 lazy += sum(type(x).__name__ == "LazySeqRuntime" for x in engine._rts.values())
                 got += replay_records(out.records)
@@ -727,9 +729,9 @@ SEQ_2H = 'seq(a: kind = "A", b: kind = "B") within 2h per room'
 
 def _task_setup(rb: redis.Redis, rt: redis.Redis, profiles: dict[str, str]) -> tuple[str, Any]:
     """``profiles`` stored and folded into the profile log: (its head id, a `Versions`)."""
-    from adapters.spark.live import ProfileLog, Versions, _live
+    from adapters.spark.live import ProfileLog, Versions, _compiled
 
-    _live.clear()
+    _compiled.clear()
     for pid, expr in profiles.items():
         rs.put_profile(rt, pid, expr)
     return ProfileLog(rb).sync(), Versions(rb, "room")
@@ -830,14 +832,78 @@ def test_a_restore_that_leaves_out_removed_profiles_logs_it_once_per_profile(
     assert blob is not None
     rs.delete_profile(rt, "ab")
     st = pickle.loads(blob)  # noqa: S301 - ours
-    st["ver"] = ProfileLog(rb).sync()  # the version without ab, as if applied already
-    del st["defs"]["ab"]
+    st["hdr"]["ver"] = ProfileLog(rb).sync()  # the version without ab, as if applied already
     stale = pickle.dumps(st)
     caplog.set_level("WARNING", "ens.spark.stream")
     for route in ("kr1", "kr1", "kr9"):
-        live._live.clear()  # another Python worker, or a re-execution: a restore
-        out = KeyEngine(route, versions).step(stale, [], 1001.0)
-        assert out.records == []
+        live._compiled.clear()  # another Python worker, or a re-execution
+        out = KeyEngine(route, versions).step(stale, [], 9000.0)  # ab's timer was due
+        assert out.records == [] and out.parts_read == 1
     warned = [x for x in caplog.records if "left out engine state" in x.getMessage()]
     assert len(warned) == 1 and warned[0].levelname == "WARNING"
-    assert "removed profile 'ab' (1 partial matches" in warned[0].getMessage()
+    assert "removed profile 'ab' (1 partitions)" in warned[0].getMessage()
+
+
+def test_a_checkpoint_of_the_earlier_operator_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    """A checkpoint that has offsets but not this operator's marker was written by the earlier
+    operator (applyInPandasWithState, one pickled engine per route), whose state this one
+    cannot read: `ens spark stream` says so and what to do, before starting anything."""
+    from typer.testing import CliRunner
+
+    from adapters.spark.keyed import MARKER, check_checkpoint, mark_checkpoint
+    from ens.commands.spark import app
+
+    old = tmp_path / "old"
+    (old / "offsets").mkdir(parents=True)
+    (old / "offsets" / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"ingest":"0-0"}\n')
+    res = CliRunner().invoke(
+        app, ["stream", "--redis-url", "redis://127.0.0.1:1/0", "--checkpoint", str(old)]
+    )
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    err = " ".join(res.output.split())
+    assert f"checkpoint {old} holds the state of an earlier" in err
+    assert "new --checkpoint" in err and "XTRIM" in err
+    assert check_checkpoint(str(tmp_path / "new")) is None  # a new one, and ours, run
+    mark_checkpoint(str(old))
+    assert (old / MARKER).exists() and check_checkpoint(str(old)) is None
+
+
+def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    """A route's engine state is one record per profile partition: 50 sensors' partial
+    matches in one room's route, then a B of one sensor reads and changes that one record;
+    a step with nothing due reads none (the new event waits in the held list); a profile
+    change loads the route's records once (a `restore`) and drops the removed profile's."""
+    import pickle
+
+    from adapters.spark.live import KeyEngine, ProfileLog
+
+    seq = 'seq(a: kind = "A", b: kind = "B") within 2h per room, sensor'
+    plog, versions = _task_setup(rb, rt, {"ab": seq})
+
+    def ev(i: str, ts: float, kind: str, sensor: str) -> dict[str, Any]:
+        return {"id": i, "ts": ts, "kind": kind, "room": "r1", "sensor": sensor}
+
+    rows = [_row(plog, f"1-0.{i}", ev(f"a{i}", 1000.0 + i, "A", f"s{i}")) for i in range(50)]
+    first = KeyEngine("kr1", versions).step(None, rows, 1100.0)
+    assert len(pickle.loads(first.blob)["parts"]) == 50  # type: ignore[arg-type]  # noqa: S301
+    b7 = _row(plog, "2-0.0", ev("b7", 1200.0, "B", "s7"))
+    waits = KeyEngine("kr1", versions).step(first.blob, [b7], 1150.0)  # b7 not released yet
+    assert waits.parts_read == 0 and waits.eng is None and waits.held == 1
+    out = KeyEngine("kr1", versions).step(waits.blob, [], 1300.0)
+    assert [n["events"]["a"]["id"] for n in out.records] == ["a7"]
+    assert out.parts_read == out.parts_written == 1 and out.restores == 0
+    before = pickle.loads(waits.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    after = pickle.loads(out.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    assert [k for k in after if after[k] != before[k]] == ['["ab",["r1","s7"]]']
+
+    rs.put_profile(rt, "c", 'seq(a: kind = "C", b: kind = "D") within 1h per room')
+    rs.delete_profile(rt, "ab")
+    plog2 = ProfileLog(rb).sync()
+    changed = KeyEngine("kr1", versions).step(
+        out.blob, [_row(plog2, "3-0.0", ev("c1", 1400.0, "C", "s1"))], 1500.0
+    )
+    assert changed.restores == 1 and changed.parts_read == 50
+    parts = pickle.loads(changed.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    assert [json.loads(k)[0] for k in parts] == ["c"]

@@ -15,6 +15,8 @@ from profiles.events import event_from_obj
 from profiles.profile_file import parse_profile_document
 from tests.conftest import CONFORMANCE, load_case
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(CONFORMANCE.glob("*.yaml")) + sorted(
     (Path(__file__).parent / "cases").glob("*.yaml")

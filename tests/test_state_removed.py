@@ -21,6 +21,8 @@ from profiles.events import Event
 from profiles.parser import parse_profile
 from tests.test_state import GOLDEN, _events, _golden_profiles
 
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
+
 W = 'seq(a: kind = "A", b: kind = "C") within 10s per room'
 W2 = 'seq(a: kind = "A", d: kind = "D", e: kind = "E") within 10s per room'
 K = 'seq(x: kind = "X", y: kind = "Y") within 1h per room'

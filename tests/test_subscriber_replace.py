@@ -148,3 +148,31 @@ def test_http_post_refuses_put_replaces_and_the_secret_stays(svc: Service) -> No
     with redis.Redis.from_url(svc.redis_url or "", decode_responses=True) as r:
         sub = store.get_subscriber(r, "h1")
     assert sub is not None and sub.secret == rotated.json()["secret"]
+
+
+def test_profiles_and_gateways_follow_one_rule_through_cli_and_http(
+    cli: typer.Typer, svc: Service
+) -> None:
+    """`adapters.service.admin` (issue 39 item 1): the same definition again changes nothing,
+    another one is shown as - stored / + sent (the CLI refuses it without --replace, POST
+    replaces); a gateway name taken is refused by both."""
+    url = svc.redis_url or ""
+    assert ens(cli, url, "profile", "add", "--id", "ap", "--expr", "k = 1").exit_code == 0
+    same = ens(cli, url, "profile", "add", "--id", "ap", "--expr", "k  =  1")
+    assert same.exit_code == 0 and "profile ap unchanged" in same.stdout
+    refused = ens(cli, url, "profile", "add", "--id", "ap", "--expr", "k = 2")
+    assert refused.exit_code == 2 and "+ expr: k = 2" in refused.stderr
+    with svc.client(admin=True) as admin:
+        again = admin.post("/v1/profiles", json={"id": "ap", "expr": "k = 1"})
+        assert again.status_code == 200, again.text
+        assert again.json()["status"] == "unchanged" and again.json()["changes"] == []
+        changed = admin.post("/v1/profiles", json={"id": "ap", "expr": "k = 2"})
+        assert changed.status_code == 200 and changed.json()["status"] == "replaced"
+        assert changed.json()["changes"] == ["- expr: k = 1", "+ expr: k = 2"]
+        assert "no subscriber" in " ".join(changed.json()["warnings"])  # the CLI's warning
+        assert admin.post("/v1/gateways", json={"name": "g1"}).status_code == 201
+        taken = admin.post("/v1/gateways", json={"name": "g1"})
+        assert taken.status_code == 409
+    cli_taken = ens(cli, url, "gateway", "add", "g1")
+    assert cli_taken.exit_code == 2 and taken.json()["error"] in cli_taken.stderr
+    assert "no gateway 'nope'" in ens(cli, url, "gateway", "revoke", "nope").stderr

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filters.temporal import CLOCK, TIMER, TemporalPool
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 # one operation: ("add", kind, dt) | ("lane", lane, dt) | ("discard", pick, ordered)
 # | ("pop", dt, inclusive) | ("pickle",); dt is relative to the current time, so lanes get

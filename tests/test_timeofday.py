@@ -1,4 +1,4 @@
-"""`localtime` and `weekday` (LANGUAGE.md §2.1): parsing, the profile file's `tz:`, the local
+"""`localtime` and `weekday` (docs/language.md §2.1): parsing, the profile file's `tz:`, the local
 clock of the engines, what notifications show, lint. Matching semantics across midnight and DST
 are in tests/cases/42-*.yaml (every engine) and tests/test_differential.py."""
 
@@ -23,6 +23,8 @@ from profiles.events import Event, parse_ts
 from profiles.lint import warnings
 from profiles.parser import parse_profile
 from profiles.profile_file import parse_profile_document
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 LT, WD = tod.KEY_LOCALTIME, tod.KEY_WEEKDAY
 
@@ -220,7 +222,7 @@ def test_lint_warns_when_events_carry_a_shadowed_attribute() -> None:
     got = warnings(p, {"kind", "localtime"})
     assert got == [
         "profile 'p': events carry an attribute 'localtime', which the profile cannot read: "
-        "localtime is the event's local time of day (LANGUAGE.md §2.1); rename the attribute "
+        "localtime is the event's local time of day (docs/language.md §2.1); rename the attribute "
         "at the source"
     ]
     assert warnings(p, {"kind"}) == []  # and never "no event has attribute 'localtime'"

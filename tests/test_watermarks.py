@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.service.watermarks import Held, Watermarks
+
+pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 
 
 def released(w: Watermarks, now: float, floor: float = float("-inf")) -> list[str]:

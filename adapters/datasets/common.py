@@ -48,10 +48,10 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from itertools import islice
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, Any, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from profiles.errors import DatasetError as DatasetError  # raised here; one hierarchy there
+from adapters.errors import DatasetError as DatasetError  # its old import path
 
 Event = dict[str, str | int | float | bool]
 
@@ -273,6 +273,51 @@ def select_channels(
 def local_ts(dt: datetime, tz: tzinfo) -> float:
     """Epoch seconds of a naive local time in `tz` (nonexistent DST times use the earlier offset)."""
     return dt.replace(tzinfo=tz).timestamp()
+
+
+def read_wide(
+    path: Path,
+    table: WideTable,
+    tz: tzinfo,
+    header: list[str],
+    rows: Iterable[tuple[int, list[str]]],
+    time_columns: tuple[str, ...],
+    parse_time: Callable[..., datetime],
+    row_id: bool = False,
+) -> Iterator[Event]:
+    """The one loop of the wide (UCI) loaders: the header must name every channel's column;
+    each row (line number, fields; empty: skipped) must have its width (``row_id``: or one
+    more, a leading row id), its time read from ``time_columns`` by ``parse_time``. A problem
+    is a `DatasetError` naming FILE:LINE."""
+    missing = [c.column for c in table.channels if c.column not in header]
+    if missing:
+        raise DatasetError(f"{path}: header lacks column(s) {', '.join(missing)}")
+    width = len(header)
+    times = [header.index(c) for c in time_columns]
+    cols = [header.index(c.column) for c in table.channels]
+    for lineno, row in rows:
+        if not row:
+            continue
+        if row_id and len(row) == width + 1:  # the header names one column fewer
+            row = row[1:]
+        elif len(row) != width:
+            expected = f"{width} or {width + 1}" if row_id else str(width)
+            raise DatasetError(f"{path}:{lineno}: {len(row)} fields, expected {expected}")
+        try:
+            dt = parse_time(*(row[i] for i in times))
+            yield from table.events(local_ts(dt, tz), stamp(dt), [row[i] for i in cols])
+        except ValueError as e:
+            raise DatasetError(f"{path}:{lineno}: {e}") from None
+
+
+def csv_rows(reader: Any) -> Iterator[tuple[int, list[str]]]:
+    """A `csv.reader`'s rows with the line each ends on (``reader.line_num``)."""
+    for row in reader:
+        yield reader.line_num, row
+
+
+def iso_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.strip())
 
 
 def count_lines(path: Path) -> int:

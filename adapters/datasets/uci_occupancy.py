@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 from pathlib import Path
 
 from adapters.datasets.common import (
@@ -43,9 +43,10 @@ from adapters.datasets.common import (
     Event,
     WideFormat,
     WideTable,
-    local_ts,
+    csv_rows,
+    iso_time,
     open_text,
-    stamp,
+    read_wide,
 )
 
 NAME = "uci-occupancy"
@@ -74,26 +75,9 @@ def _read_file(path: Path, table: WideTable, tz: tzinfo) -> Iterator[Event]:
         header = next(reader, None)
         if not header or "date" not in header:
             raise DatasetError(f"{path}: not a UCI occupancy file (no 'date' column in header)")
-        missing = [c.column for c in table.channels if c.column not in header]
-        if missing:
-            raise DatasetError(f"{path}: header lacks column(s) {', '.join(missing)}")
-        width = len(header)
-        date_at = header.index("date")
-        cols = [header.index(c.column) for c in table.channels]
-        for row in reader:
-            if not row:
-                continue
-            if len(row) == width + 1:  # leading R row id: the header names one column fewer
-                row = row[1:]
-            elif len(row) != width:
-                raise DatasetError(
-                    f"{path}:{reader.line_num}: {len(row)} fields, expected {width} or {width + 1}"
-                )
-            try:
-                dt = datetime.fromisoformat(row[date_at].strip())
-                yield from table.events(local_ts(dt, tz), stamp(dt), [row[i] for i in cols])
-            except ValueError as e:
-                raise DatasetError(f"{path}:{reader.line_num}: {e}") from None
+        yield from read_wide(
+            path, table, tz, header, csv_rows(reader), ("date",), iso_time, row_id=True
+        )
 
 
 FORMAT = WideFormat(NAME, BUILDING, "UCI occupancy", SUFFIXES, CHANNELS, _read_file)

@@ -46,9 +46,8 @@ from adapters.datasets.common import (
     Event,
     WideFormat,
     WideTable,
-    local_ts,
     open_text,
-    stamp,
+    read_wide,
 )
 
 NAME = "uci-sml2010"
@@ -109,23 +108,14 @@ def _read_file(path: Path, table: WideTable, tz: tzinfo) -> Iterator[Event]:
             raise DatasetError(f"{path}:1: not an SML2010 header: {e}") from None
         if "Date" not in names or "Time" not in names:
             raise DatasetError(f"{path}:1: not an SML2010 header (no Date/Time column)")
-        missing = [c.column for c in table.channels if c.column not in names]
-        if missing:
-            raise DatasetError(f"{path}: header lacks column(s) {', '.join(missing)}")
-        width = len(names)
-        d_at, t_at = names.index("Date"), names.index("Time")
-        cols = [names.index(c.column) for c in table.channels]
-        for lineno, line in enumerate(f, 2):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):
-                continue
-            if len(fields) != width:
-                raise DatasetError(f"{path}:{lineno}: {len(fields)} fields, expected {width}")
-            try:
-                dt = parse_datetime(fields[d_at], fields[t_at])
-                yield from table.events(local_ts(dt, tz), stamp(dt), [fields[i] for i in cols])
-            except ValueError as e:
-                raise DatasetError(f"{path}:{lineno}: {e}") from None
+        rows = ((n, _fields(line)) for n, line in enumerate(f, 2))
+        yield from read_wide(path, table, tz, names, rows, ("Date", "Time"), parse_datetime)
+
+
+def _fields(line: str) -> list[str]:
+    """A line's whitespace-separated fields; none for a comment."""
+    fields = line.split()
+    return [] if fields and fields[0].startswith("#") else fields
 
 
 FORMAT = WideFormat(NAME, BUILDING, "SML2010", SUFFIXES, CHANNELS, _read_file)

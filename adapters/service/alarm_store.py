@@ -31,11 +31,11 @@ from typing import Any
 import orjson
 import redis
 
+from adapters.errors import WorkerUnavailable as WorkerUnavailable  # its old import path
 from notifiers.alarms import Alarm, Matcher, SilenceError, Transition
 from notifiers.alarms.silences import parse_time
 from notifiers.records import text
 from profiles.errors import ENSError
-from profiles.errors import WorkerUnavailable as WorkerUnavailable  # one hierarchy there
 
 ALARMS = "ens:alarms"
 BY_LABEL = "ens:alarms:by:"  # + "label=value": set of the alarm ids with that label value

@@ -21,11 +21,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from adapters.errors import BadEvent as BadEvent  # raised by the ingest route's parsing
+from adapters.errors import TsOutOfWindow as TsOutOfWindow
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.access import AccessMiddleware
+from adapters.service.enrich import AssetCache
 from adapters.service.routes import admin, ingest, manage, operations
 from adapters.service.routes import alarms as alarm_routes
+from adapters.service.routes import assets as asset_routes
 from adapters.service.routes import late as late_routes
 from adapters.service.routes import probe as probe_routes
 from adapters.service.routes.base import ApiSettings as ApiSettings
@@ -35,8 +39,6 @@ from adapters.service.routes.bodies import normalized_json as normalized_json
 from adapters.service.routes.gateways import KeyCache
 from notifiers import store
 from notifiers.config import describe_errors
-from profiles.errors import BadEvent as BadEvent  # raised by the ingest route's parsing
-from profiles.errors import TsOutOfWindow as TsOutOfWindow
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -76,6 +78,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.add_middleware(AccessMiddleware, log_requests=settings.access_log)
     app.state.settings = settings
     app.state.key_cache = KeyCache()
+    app.state.assets = AssetCache()  # the asset registry, for enrichment (adapters.service.enrich)
     m.INGEST_BACKLOG_MAX.set(settings.max_backlog)
     app.state.backlog_seen = [0.0, 0]  # (monotonic time read, backlog) for this process
     app.state.store_errors = [float("-inf"), 0]  # (last logged, 503s since) of ingest writes
@@ -114,6 +117,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(ingest.router)
     app.include_router(manage.router)
     app.include_router(admin.router)
+    app.include_router(asset_routes.router)
     app.include_router(operations.router)
     app.include_router(late_routes.router)
     app.include_router(alarm_routes.router)

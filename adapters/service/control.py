@@ -2,6 +2,10 @@
 (changes made while it was down, an `ens spark index` snapshot imported once), and the
 control stream followed while it runs. Each change is an input of the journal, so a replay
 applies it at the same point.
+
+The stored schedules (``ens:schedules``, `ens schedule add|rm`) are read at a start and again
+at each ``schedules`` entry of the stream, for ``--routing``: they are configuration like the
+routing file, not journalled (a replay after a crash resolves with those stored then).
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import logging
 import time
 from typing import Any
 
+from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.engine_state import EngineState
 from adapters.service.records import op_profile
+from notifiers import schedule_store
+from notifiers.routing import RoutingError
 from profiles.alarm import CLEAR_SUFFIX
 from profiles.errors import ProfileError
 
@@ -23,8 +30,9 @@ log = logging.getLogger("ens.service.worker")
 class Control(EngineState):
     """The control part of `EngineWorker`: what the engine matches, and the gateways' lateness."""
 
-    def _reconcile(self) -> bool:
-        """Make the engine's profiles those of ``ens:profiles`` (changes made while down).
+    def _reconcile(self, why: str = "made while the engine was down", move: bool = True) -> bool:
+        """Make the engine's profiles those of ``ens:profiles`` (changes made while down, or
+        an asset registry change: its generated profiles, `asset_store`).
 
         Returns True when many profiles changed (a first start on a large set).
         """
@@ -42,11 +50,12 @@ class Control(EngineState):
             changed += self._apply(p["id"], p, quiet)
         if changed:
             log.info(
-                "profiles: %d active after %d change(s) made while the engine was down",
+                "profiles: %d active after %d change(s) %s",
                 len(self.defs),
                 changed,
+                why,
             )
-        if rs.parse_id(ctl) > rs.parse_id(self.control_id):
+        if move and rs.parse_id(ctl) > rs.parse_id(self.control_id):
             self.control_id = ctl
         return changed > 100
 
@@ -172,15 +181,49 @@ class Control(EngineState):
                 )
             self.wm.set_lateness(gw, lateness)
 
+    def _schedules(self) -> None:
+        """Give the router (``--routing``) the stored schedules as they are now; one that
+        cannot be read is left out (logged), the others apply."""
+        if self.router is None:
+            return
+        stored = {}
+        raw: Any = self.r.hgetall(schedule_store.SCHEDULES)
+        for k in sorted(raw):
+            sid = rs.text(k)
+            try:
+                stored[sid] = schedule_store.decode(sid, raw[k])
+            except RoutingError as exc:
+                log.error("ignoring a stored schedule: %s", exc)
+        shadowed = self.router.use_schedules(stored)
+        in_use = [s for s in stored if s not in shadowed]
+        log.info(
+            "routing: %d stored schedule(s) in use%s",
+            len(in_use),
+            f" ({', '.join(in_use)})" if in_use else "",
+        )
+        if shadowed:
+            log.warning(
+                "routing: the routing file's schedules %s win over the stored ones of the same id",
+                ", ".join(shadowed),
+            )
+        m.ROUTING_SCHEDULE_LOADS.inc()
+
     def _control(self) -> None:
         resp: Any = self.r.xread({rs.CONTROL: self.control_id}, count=100)
         for eid, fields in resp[0][1] if resp else []:
+            if fields.get(b"op") == b"assets":  # the registry's fault profiles: all at once
+                self.control_id = rs.text(eid)
+                self._reconcile("by an asset registry change", move=False)
+                self.changed = True
+                continue
             pid = rs.text(fields.get(b"id", b""))
             if pid:
                 self._apply(pid, rs.get_profile(self.r, pid))
             gw = rs.text(fields.get(b"gw", b""))
             if gw:  # a gateway's lateness changed: only release decisions (journalled) change
                 self._gateways(gw)
+            if fields.get(b"op") == b"schedules":
+                self._schedules()
             self.control_id = rs.text(eid)
             self.changed = True
         self._alarm_control()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import redis
 
-from profiles.errors import EmbeddedError as EmbeddedError  # with every user-visible error
+from adapters.errors import EmbeddedError as EmbeddedError  # its old import path
 
 SOCKET = "redis.sock"
 DB = "redis.db"
@@ -115,7 +115,7 @@ class EmbeddedRedis:
     """The redis-server of one data directory."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.dir = data_dir
+        self.dir = data_dir.absolute()  # redis-server runs in it: its config names absolute paths
         self.socket = socket_path(data_dir)
         self.url = f"unix://{self.socket}"
         self._seen_pid: int | None = None  # the server's pid when this process registered

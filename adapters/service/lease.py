@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
+from adapters.errors import LockLost
 from adapters.service import redis_store as rs
-from profiles.errors import LockLost
 
 log = logging.getLogger("ens.service.worker")
 

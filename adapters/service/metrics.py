@@ -93,6 +93,18 @@ EVENTS_DUPLICATE = Counter(
     ["gateway"],
     registry=REGISTRY,
 )
+EVENTS_ENRICHED = Counter(
+    "ens_events_enriched",
+    "Events given attributes from the asset registry (their sensor or gateway is registered).",
+    registry=REGISTRY,
+)
+ASSET_CONFLICTS = Counter(
+    "ens_asset_conflicts",
+    "Events whose own attribute differs from their asset's registry entry (the event's value "
+    "is kept), by attribute (point, room, floor, building, tz).",
+    ["attribute"],
+    registry=REGISTRY,
+)
 REQUESTS = Counter(
     "ens_ingest_requests",
     "POST /v1/events requests by HTTP status.",
@@ -192,6 +204,12 @@ ROUTING_HELD = Counter(
     "ens_routing_held_back",
     "Deliveries the routing held back (quiet hours below their minimum severity, a schedule "
     "with nobody on call, a route without receivers).",
+    registry=REGISTRY,
+)
+ROUTING_SCHEDULE_LOADS = Counter(
+    "ens_routing_schedule_loads",
+    "Times the engine worker (--routing) read the stored schedules: at its start and at each "
+    "`ens schedule add|rm`.",
     registry=REGISTRY,
 )
 SUBSCRIBER_TESTS = Counter(

@@ -20,10 +20,10 @@ import time
 
 import redis
 
+from adapters.errors import EvictingRedis
 from adapters.service import metrics as m
 from adapters.service.engine_state import EngineState
 from adapters.service.redis_limits import check_policy, memory_state
-from profiles.errors import EvictingRedis
 
 log = logging.getLogger("ens.service.worker")
 

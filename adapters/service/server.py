@@ -28,6 +28,7 @@ from typing import Any
 import redis
 import uvicorn
 
+from adapters.errors import EvictingRedis
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.api import ApiSettings, IngestLimits, create_app
@@ -37,7 +38,6 @@ from adapters.service.embedded import EmbeddedError
 from adapters.service.redis_limits import check_policy
 from adapters.service.settings import DEFAULTS, ROLES, ServiceSettings
 from adapters.service.worker import EngineWorker, WorkerConfig
-from profiles.errors import EvictingRedis
 from profiles.subscribers import mask_url
 
 log = logging.getLogger("ens.service")

@@ -59,6 +59,8 @@ from typing import Any
 
 import redis
 
+from adapters.errors import EvictingRedis
+from adapters.errors import LockLost as LockLost  # its old import path
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.alarm_worker import AlarmPart
@@ -79,8 +81,6 @@ from filters.engine import Engine
 from filters.notification import Notification
 from notifiers.stream_wait import read_by
 from profiles.ast import Profile
-from profiles.errors import EvictingRedis
-from profiles.errors import LockLost as LockLost  # raised here; one hierarchy there
 
 log = logging.getLogger("ens.service.worker")
 
@@ -202,6 +202,7 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
         self.lease.acquire(stop)
         fresh = self._load()
         self._gateways()
+        self._schedules()  # --routing: the stored schedules, before the journal's replay
         if fresh and not self.r.exists(rs.JOURNAL):
             self.snapshot()  # fixes the epoch: every later state descends from this one
         try:

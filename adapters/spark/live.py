@@ -7,8 +7,10 @@ exactly what the first one did:
 - `ProfileLog`: the profile set as a log (``ens:spark:plog``). The driver appends the changes
   announced on ``ens:control`` (`sync`); a micro-batch's offset names a log entry, so every
   task of that batch, and any re-execution of it, sees the same profiles (`Versions.at`);
-- `KeyEngine`: one ENS engine per key value (or the one global engine) whose state is a
-  bytes blob kept in Spark's state store: reorder buffer, engine snapshot, applied profiles;
+- `KeyEngine`: one ENS engine per route (a key value, a value of another `per` attribute,
+  a shard of the unpartitioned profiles) whose state is kept in pieces in Spark's per-key
+  state (`adapters.spark.keyed`): a header, the reorder buffer, the engine header and one
+  record per profile partition; the compiled profiles are the Python worker's (`compiled`);
 - `Outbox`: idempotent writes: one Lua script per batch XADDs a notification only if its id
   was never written (a marker key with a TTL), so a re-executed batch writes nothing twice;
   `LateOutput` does the same for late events (``ens:late``, the service's late output,
@@ -29,14 +31,17 @@ import json
 import logging
 import math
 import pickle
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from adapters.service import redis_store as rs
 from adapters.service.late import LATE, LateRecord
 from filters.engine import Engine
 from filters.notification import Notification
+from filters.partitions import PartId, PartitionedEngine, encode_id
 from filters.restore import Skipped
 from notifiers import store
 from profiles.ast import Profile
@@ -82,6 +87,9 @@ return n
 """
 
 
+GSHARDS = 8  # the routes of the profiles without a partition (never change it: state by route)
+
+
 def profile_class(p: Profile, key: str) -> str:
     """Where a profile runs (`adapters.spark.plan.make_plan`'s rule): 's', 'k' or 'g'."""
     if p.is_filter and not p.once:
@@ -89,6 +97,55 @@ def profile_class(p: Profile, key: str) -> str:
     if key in p.per and not p.once:
         return "k"
     return GLOBAL
+
+
+def route_class(p: Profile, key: str) -> str:
+    """The routes a profile runs in: 's' (stateless, no route), 'k' (one per value of `key`),
+    'a' + attribute (one per value of the first of its own `per` attributes, when `key` is
+    not among them), or 'g0'..'g7' (no partition, or `once`: sharded by profile id, each
+    shard one route over the whole stream)."""
+    c = profile_class(p, key)
+    if c != GLOBAL:
+        return c
+    if p.per and not p.once:
+        return "a" + min(p.per)
+    return f"g{zlib.crc32(p.id.encode()) % GSHARDS}"
+
+
+def class_of_route(route: str) -> str:
+    """The route class (`route_class`) of a route: 'k' + value, 'a' + attr + '|' + value, 'g0'..,
+    or `GLOBAL` (every global profile in one engine: the tests' and older states' route)."""
+    if route.startswith("a") and "|" in route:
+        return route.split("|", 1)[0]
+    if route[:1] == "g" and route[1:].isdigit():
+        return route
+    return GLOBAL if route == GLOBAL else "k"
+
+
+# ------------------------------------------------------------------ per process
+
+_clients: dict[str, Any] = {}
+
+
+def client(url: str) -> Any:
+    """One binary Redis client per URL and process (tasks of a Python worker share it)."""
+    import redis
+
+    r = _clients.get(url)
+    if r is None:
+        r = _clients[url] = redis.Redis.from_url(url)
+    return r
+
+
+_versions: dict[tuple[str, str], Versions] = {}
+
+
+def versions(url: str, key: str) -> Versions:
+    """The process's `Versions` of a Redis and `--key`."""
+    v = _versions.get((url, key))
+    if v is None:
+        v = _versions[(url, key)] = Versions(client(url), key)
+    return v
 
 
 # ------------------------------------------------------------------ profiles
@@ -161,8 +218,11 @@ class Version:
 
     log_id: str
     profiles: dict[str, Profile]  # all of them (restore resolves snapshot references here)
-    by_class: dict[str, dict[str, Profile]]
+    by_class: dict[str, dict[str, Profile]]  # 's', 'k', GLOBAL (all others) and route classes
     sigs: dict[str, tuple[str, str | None]]  # pid -> (expr, subscriber)
+
+    def of(self, cls: str) -> dict[str, Profile]:
+        return self.by_class.get(cls, {})
 
 
 _ast_tag: list[str] = []
@@ -265,6 +325,11 @@ class Versions:
             if p is not None:
                 profiles[pid] = p
                 by_class[profile_class(p, self.key)][pid] = p
+                rc = route_class(p, self.key)
+                if rc not in by_class:
+                    by_class[rc] = {}
+                if rc not in ("s", "k"):
+                    by_class[rc][pid] = p
         v = Version(log_id, profiles, by_class, sigs)
         if len(self.cache) >= 4:
             self.cache.pop(min(self.cache, key=rs.parse_id))
@@ -274,6 +339,7 @@ class Versions:
 
 # ------------------------------------------------------------------ event time
 
+_UNKNOWN = "?"  # a header of an older state, without the engine time: the engine is loaded
 GATEWAYS = "ens:spark:gateways"  # gateway -> [newest ts, wall time of its last entry] (JSON)
 
 
@@ -362,11 +428,14 @@ class Row:
     counted: bool = True  # False: the global engine's copy of an event a keyed engine counts
 
 
+Held = tuple[float, tuple[int, int, int], str, str, Event]  # ts, arrival, event key, gw, event
+
+
 @dataclass
 class Stepped:
-    """What one call of `KeyEngine.step` gives back."""
+    """What one call of `KeyEngine.step` / `KeyEngine.run` gives back."""
 
-    blob: bytes | None  # the new state (None: nothing changed)
+    blob: bytes | None  # `step`: the new state as one blob (None: nothing changed)
     due: float  # the earliest ts it waits for (a held event or a timer); inf if none
     records: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0  # events fed (not counting the global engine's copies of keyed events)
@@ -374,6 +443,15 @@ class Stepped:
     held: int = 0
     late_keys: dict[str, str] = field(default_factory=dict)  # late event key -> gateway
     late_records: list[LateRecord] = field(default_factory=list)  # for ens:late (output)
+    # `run`: the state in pieces, each None when unchanged
+    hdr: dict[str, Any] | None = None  # the header (small: read on every call)
+    append: list[Held] = field(default_factory=list)  # held events to append (list not read)
+    held_list: list[Held] | None = None  # the whole held list to store (it was read)
+    eng: tuple[bytes, dict[str, Any]] | None = None  # engine header, {"dues", "have"}
+    parts_read: int = 0  # partition records read
+    parts_written: int = 0
+    restores: int = 0  # whole-route loads (every record: a profile change)
+    timer_ms: int | None = None  # the Spark event-time timer to have (ms), None: none
 
 
 _live: dict[str, tuple[str, int, Engine]] = {}  # route -> (epoch, gen, engine): no restore
@@ -410,8 +488,91 @@ def settle_garbage(dropped: int = 0) -> None:
     gc.freeze()
 
 
+def timer_ms(due: float, held_min: float) -> int | None:
+    """The Spark event-time timer (whole ms) that wakes a route when something is due: a held
+    event is released at a watermark >= its ts, an engine timer fires at one > its time."""
+    t = min(
+        math.ceil(round(held_min * 1000, 3)) if held_min < math.inf else math.inf,
+        math.floor(round(due * 1000, 3)) + 1 if due < math.inf else math.inf,
+    )
+    return None if t == math.inf else int(t)
+
+
+class Records(Protocol):
+    """A route's partition records by `encode_id` (Spark: a MapState; `KeyEngine.step`: a dict)."""
+
+    def get(self, key: str) -> bytes | None: ...
+    def put(self, key: str, data: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def keys(self) -> list[str]: ...
+
+
+class Known:
+    """A route's records by partition id, with the set of those that exist (kept in the
+    route's state): a partition an event reaches but that holds nothing (most of them: a
+    `per room` sequence's later component reaches every such profile) costs no state call
+    to read or delete, and no `encode_id`."""
+
+    def __init__(self, records: Records, have: set[PartId]) -> None:
+        self.records = records
+        self.have = have
+
+    def get(self, part: PartId) -> bytes | None:
+        return self.records.get(encode_id(part)) if part in self.have else None
+
+    def put(self, part: PartId, data: bytes) -> None:
+        self.records.put(encode_id(part), data)
+        self.have.add(part)
+
+    def delete(self, part: PartId) -> None:
+        if part in self.have:
+            self.records.delete(encode_id(part))
+            self.have.discard(part)
+
+    def keys(self) -> list[PartId]:
+        return sorted(self.have, key=encode_id)
+
+
+class DictRecords(dict[str, bytes]):
+    """`Records` in a dict."""
+
+    def put(self, key: str, data: bytes) -> None:
+        self[key] = data
+
+    def delete(self, key: str) -> None:
+        self.pop(key, None)
+
+    def keys(self) -> list[str]:  # type: ignore[override]
+        return list(super().keys())
+
+
+_compiled: dict[tuple[str, str, str, str, int], PartitionedEngine] = {}  # per Python worker
+
+
+def compiled(versions: Versions, ver: str, cls: str, tz: str, plan: tuple[str, Any]) -> Any:
+    """The compiled profiles of a route class at a profile version, as a `PartitionedEngine`
+    holding no state: built once per Python worker and version, shared by its routes (each
+    step `begin`s with a route's header and `end`s with none)."""
+    k = (ver, cls, tz, plan[0], id(plan[1]))
+    pe = _compiled.get(k)
+    if pe is None:
+        if len(_compiled) >= 8:
+            _compiled.pop(next(iter(_compiled)))
+        eng = Engine(list(versions.at(ver).of(cls).values()), tz=tz, plan=plan[0], rates=plan[1])
+        pe = _compiled[k] = PartitionedEngine(eng)
+    return pe
+
+
 class KeyEngine:
-    """One key value's engine, its reorder buffer and its applied profiles, as a state blob."""
+    """One route's engine, its reorder buffer and its applied profiles.
+
+    The state is in pieces (`run`): a small header (versions, engine time, next due time,
+    held count), the held events (a list, appended to without reading it while nothing is
+    due), the engine header with the partitions' due times (read when the engine runs), and
+    one record per profile partition (`filters.partitions`: only those the step's events
+    reach or has due are read, only those it changed written). The compiled profiles are
+    the Python worker's (`compiled`). `step` keeps all of it in one blob (tests).
+    """
 
     def __init__(
         self,
@@ -425,13 +586,55 @@ class KeyEngine:
         self.late_events = late_events  # "output": late events go to ens:late; "feed": fed
         self.versions = versions
         self.tz = tz
-        self.plan, self.rates = plan  # --plan / --stats: the engines' evaluation plan
-        self.cls = GLOBAL if route == GLOBAL else "k"
-        self.dropped = 0  # stale cached engines let go of (see `settle_garbage`)
+        self.plan = plan  # --plan / --stats: the engines' evaluation plan
+        self.cls = class_of_route(route)
+        self.starts_at_first = self.cls[:1] == "g"  # no partition: starts with the stream
+        self.engine: Engine | None = None  # the engine of the last step (tests)
+        self.dropped = 0  # kept for `settle_garbage`: nothing is dropped per step any more
 
     def step(self, blob: bytes | None, rows: list[Row], wm: float | None) -> Stepped:
-        """Apply the batch's profile version, take the rows, feed what the watermark `wm`
+        """`run` with the state as one pickled blob (tests): {"hdr", "eng", "held", "parts"}."""
+        st = pickle.loads(blob) if blob is not None else None  # noqa: S301 - our own state
+        recs = DictRecords((st or {}).get("parts", {}))
+        out = self.run(
+            (st or {}).get("hdr"),
+            rows,
+            wm,
+            lambda: [(*h[:4], Event(*h[4])) for h in st["held"]],  # type: ignore[index]
+            lambda: st["eng"],  # type: ignore[index]
+            recs,
+        )
+        held = out.held_list if out.held_list is not None else (st or {}).get("held", [])
+        new = {
+            "hdr": out.hdr,
+            "eng": out.eng if out.eng is not None else (st or {}).get("eng"),
+            "held": [
+                h if not isinstance(h[4], Event) else (*h[:4], (h[4].id, h[4].ts, h[4].attrs))
+                for h in [*held, *out.append]
+            ],
+            "parts": dict(recs),
+        }
+        out.blob = pickle.dumps(new, pickle.HIGHEST_PROTOCOL)
+        return out
+
+    def run(
+        self,
+        hdr: dict[str, Any] | None,
+        rows: list[Row],
+        wm: float | None,
+        load_held: Callable[[], list[Held]],
+        load_eng: Callable[[], tuple[bytes | None, dict[str, Any]]],
+        records: Records,
+    ) -> Stepped:
+        """Take the rows, apply the batch's profile version, feed what the watermark `wm`
         releases (in ts, then ingest order), advance to `wm` if a timer falls due before it.
+
+        The engine runs only when it must: a new profile version, a late event to feed, or
+        something due by `wm` (a held event, a partition's timer, a clock); otherwise the new
+        events are only appended to the held list and nothing else is read. When it runs, it
+        reads the held events (`load_held`), the engine header and due times (`load_eng`) and
+        the records of the partitions the released events reach or has due; it writes the
+        records it changed to `records` (`Stepped.eng`: the new engine header and due times).
 
         An event older than the engine's time is late (the worker's rule,
         `adapters.service.intake`): kept out of the engine, in `Stepped.late_records`, or fed
@@ -439,84 +642,190 @@ class KeyEngine:
         due before it, so an engine with nothing due keeps the time of its last event and does
         not make events late that nothing has been decided past (the wall clock's watermark,
         ``--clock wall``, moves on every batch)."""
-        if blob is not None:
-            st = pickle.loads(blob)  # noqa: S301 - our own state store
-            cached = _live.pop(self.route, None)
-            if cached is not None and cached[:2] == (st["epoch"], st["gen"]):
-                engine = cached[2]
-            else:
-                self.dropped += cached is not None
-                engine, skipped = Engine.restore_reporting(
-                    st["snap"], self.versions.at(st["ver"]).profiles
-                )
-                if skipped:
-                    self._report(skipped)
-                if engine.plan != self.plan:  # restarted with another --plan: convert the state
-                    engine.configure_plans(self.plan, self.rates)
-        else:
-            epoch = next((r.epoch for r in rows), "")
-            st = {
-                "gen": 0,
-                "ver": None,
-                "defs": {},
-                "held": [],
-                "epoch": route_epoch(epoch, self.route),
-            }
-            engine = Engine(tz=self.tz, plan=self.plan, rates=self.rates)
         out = Stepped(None, float("inf"))
+        new_route = hdr is None
+        if hdr is None:
+            epoch = next((r.epoch for r in rows), "")
+            hdr = {
+                "ver": None,
+                "epoch": route_epoch(epoch, self.route),
+                "now": None,
+                "timer": math.inf,
+                "nheld": 0,
+                "held_min": math.inf,
+                "copies": set(),
+                "late": 0,
+            }
+        else:
+            hdr = dict(hdr)
+            hdr["copies"] = set(hdr.get("copies", ()))
         ver = max((r.plog for r in rows), key=rs.parse_id, default=None)
-        if ver is not None and ver != st["ver"]:
-            self._apply(engine, st, self.versions.at(ver))
-        if self.cls == GLOBAL and engine.now is None:
-            starts = [r.ts for r in rows if r.ts is not None]
-            if starts:  # the global engine starts at the stream's first event (replay's rule)
-                engine.advance(min(starts))
-        # held events are stored as plain (id, ts, attrs); states written before were Events
-        held: list[tuple[float, tuple[int, int, int], str, str, Event]] = [
-            h if isinstance(h[4], Event) else (*h[:4], Event(*h[4])) for h in st["held"]
-        ]
+        starts = [r.ts for r in rows if r.ts is not None]
+        first = self.starts_at_first and hdr["now"] is None and bool(starts)
+        must = new_route or first or (ver is not None and ver != hdr["ver"])
+        now = hdr["now"]
+        new: list[Held] = []
+        fed_late: list[tuple[Event, str, str]] = []
         copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
-            if engine.now is not None and ev.ts < engine.now:
+            if now is not None and ev.ts < now:
                 out.late += 1
                 out.late_keys[r.key] = r.gw  # type: ignore[index]
                 if self.late_events == "feed":
-                    self._feed(engine, ev, r.key, r.gw, late=out.late <= 10)  # type: ignore[arg-type]
+                    fed_late.append((ev, r.key, r.gw))  # type: ignore[arg-type]
                     out.events += r.key not in copies
                 else:
-                    out.late_records.append(LateRecord.of(ev, r.key, r.gw, engine.now))  # type: ignore[arg-type]
+                    out.late_records.append(LateRecord.of(ev, r.key, r.gw, now))  # type: ignore[arg-type]
                     if out.late <= 10:
-                        _log_late(engine, ev, r.gw, "sent to the late output (not matched)")
+                        _log_late(now, ev, r.gw, "sent to the late output (not matched)")
             else:
-                held.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
-        held.sort(key=lambda h: (h[0], h[1]))
-        n = 0
-        if wm is not None:
-            while n < len(held) and held[n][0] <= wm:
-                self._feed(engine, held[n][4], held[n][2], held[n][3])
-                n += 1
-            due = engine.timers.next_time()
-            if engine.now is not None and wm > engine.now and due is not None and due < wm:
-                engine.advance(wm)
-        st["held"] = [(*h[:4], (h[4].id, h[4].ts, h[4].attrs)) for h in held[n:]]
-        copies.update(st.get("copies", ()))
-        out.events += sum(held[i][2] not in copies for i in range(n))
-        st["copies"] = {h[2] for h in st["held"] if h[2] in copies}
-        out.held = len(st["held"])
-        out.records = [record(x, st["epoch"]) for x in engine.take_notifications()]
-        out.due = min(st["held"][0][0] if st["held"] else float("inf"), engine.timers.head)
-        st["gen"] += 1
-        st["snap"] = engine.snapshot(profiles_apart=True)
-        st["late"] = st.get("late", 0) + out.late
-        out.blob = pickle.dumps(st, pickle.HIGHEST_PROTOCOL)
-        _live[self.route] = (st["epoch"], st["gen"], engine)
+                new.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
+        held_min = min(hdr["held_min"], min((h[0] for h in new), default=math.inf))
+        copies = copies & {h[2] for h in new} | hdr["copies"]
+        due = wm is not None and (held_min <= wm or hdr["timer"] < wm)
+        if not (must or fed_late or due):  # nothing to run: the new events wait in the list
+            out.append = new
+            hdr.update(nheld=hdr["nheld"] + len(new), held_min=held_min, copies=copies)
+        else:
+            held = (load_held() if hdr["nheld"] else []) + new
+            held.sort(key=lambda h: (h[0], h[1]))
+            n = 0
+            if wm is not None:
+                while n < len(held) and held[n][0] <= wm:
+                    n += 1
+            self._run(hdr, ver, starts, fed_late, held[:n], wm, load_eng, records, out)
+            out.events += sum(held[i][2] not in copies for i in range(n))
+            out.held_list = held[n:]
+            hdr.update(
+                nheld=len(out.held_list),
+                held_min=out.held_list[0][0] if out.held_list else math.inf,
+                copies={h[2] for h in out.held_list} & copies,
+            )
+        hdr["late"] = hdr.get("late", 0) + out.late
+        out.hdr = hdr
+        out.held = hdr["nheld"]
+        out.due = min(hdr["held_min"], hdr["timer"])
+        out.timer_ms = timer_ms(hdr["timer"], hdr["held_min"])
         return out
+
+    def _run(
+        self,
+        hdr: dict[str, Any],
+        ver: str | None,
+        starts: list[float],
+        fed_late: list[tuple[Event, str, str]],
+        released: list[Held],
+        wm: float | None,
+        load_eng: Callable[[], tuple[bytes | None, dict[str, Any]]],
+        records: Records,
+        out: Stepped,
+    ) -> None:
+        """The engine's part of `run`: load what the step needs, step, store what changed."""
+        eh, meta = load_eng() if hdr["ver"] is not None else (None, {})
+        dues: dict[PartId, float] = dict(meta.get("dues", {}))
+        known = Known(records, set(meta.get("have", ())))
+        upgrade = ver is not None and ver != hdr["ver"] and hdr["ver"] is not None
+        if upgrade:  # a profile change: every record of the route, in an engine of its own
+            pe = self._upgrade(eh, hdr["ver"], ver, known, dues, out)  # type: ignore[arg-type]
+            loaded = set(pe.loaded())
+        else:
+            pe = compiled(self.versions, ver or hdr["ver"], self.cls, self.tz, self.plan)
+            pe.begin(eh)
+            loaded = set()
+        hdr["ver"] = ver or hdr["ver"]
+        engine = pe.engine
+        self.engine = engine
+        if self.starts_at_first and engine.now is None and starts:
+            pe.advance(min(starts))  # starts at the stream's first event (replay's rule)
+        events = [e for e, _k, _g in fed_late] + [h[4] for h in released]
+        until = wm if wm is not None else (engine.now if engine.now is not None else -math.inf)
+        gone: dict[str, int] = {}
+        for part in pe.wanted(events, dues, until):
+            if part in loaded or part not in known.have:
+                continue
+            data = known.get(part)
+            if data is None:
+                continue
+            out.parts_read += 1
+            if not pe.load(part, data):  # its profile is gone (removed, `once` reported)
+                known.delete(part)
+                dues.pop(part, None)
+                gone[part[0]] = gone.get(part[0], 0) + 1
+        if gone:
+            self._report(Skipped({p: {"partitions": n} for p, n in gone.items()}))
+        for i, (ev, key, gw) in enumerate(fed_late):
+            self._feed(pe, ev, key, gw, late=i < 10)
+        for h in released:
+            self._feed(pe, h[4], h[2], h[3])
+        nxt = min([engine.timers.head, *dues.values()])
+        if wm is not None and engine.now is not None and wm > engine.now and nxt < wm:
+            pe.advance(wm)
+        for part, rec in pe.changed().items():
+            if rec is None:
+                known.delete(part)
+                dues.pop(part, None)
+            else:
+                known.put(part, rec.data)
+                out.parts_written += 1
+                if rec.due is None:
+                    dues.pop(part, None)
+                else:
+                    dues[part] = rec.due
+        retired = pe.retired()
+        if retired:  # a `once` profile reported: its records go
+            for part in known.keys():
+                if part[0] in retired:
+                    known.delete(part)
+                    dues.pop(part, None)
+        out.records = [record(x, hdr["epoch"]) for x in pe.take_notifications()]
+        hdr["now"] = engine.now
+        hdr["timer"] = min([engine.timers.head, *dues.values()])
+        out.eng = (pe.end() if not upgrade else pe.header(), {"dues": dues, "have": known.have})
+
+    def _upgrade(
+        self,
+        eh: bytes,
+        old: str,
+        ver: str,
+        records: Known,
+        dues: dict[PartId, float],
+        out: Stepped,
+    ) -> Any:
+        """The route's whole state in an engine of its own, the profiles of version `ver`
+        applied to it (removed and changed ones dropped, new ones activated at its time)."""
+        v_old = self.versions.at(old)
+        have = v_old.of(self.cls)
+        order = [p for p in PartitionedEngine.profile_order(eh) if p in have]
+        order += [p for p in have if p not in order]
+        engine = Engine([have[p] for p in order], tz=self.tz, plan=self.plan[0], rates=self.plan[1])
+        pe = PartitionedEngine(engine)
+        pe.begin(eh)
+        out.restores += 1
+        for part in records.keys():
+            data = records.get(part)
+            if data is None:
+                continue
+            out.parts_read += 1
+            if not pe.load(part, data):
+                records.delete(part)
+                dues.pop(part, None)
+        v = self.versions.at(ver)
+        self._apply(engine, {"ver": old}, v)
+        keep = v.of(self.cls)
+        for part in records.keys():  # records of the profiles dropped or changed
+            pid = part[0]
+            if pid not in keep or v.sigs.get(pid) != v_old.sigs.get(pid):
+                records.delete(part)
+                dues.pop(part, None)
+        pe._mark(pe.loaded())  # noqa: SLF001 - every partition kept is stored again
+        return pe
 
     def _apply(self, engine: Engine, st: dict[str, Any], v: Version) -> None:
         """Make the engine's profiles those of this class in version `v` (what changed only)."""
-        want = v.by_class[self.cls]
-        defs: dict[str, tuple[str, str | None]] = st["defs"]
+        want = v.of(self.cls)
+        old = self.versions.at(st["ver"])
+        defs = {pid: old.sigs[pid] for pid in old.of(self.cls)}
         for pid in list(defs):
             if pid not in want or v.sigs.get(pid) != defs[pid]:
                 try:
@@ -545,22 +854,22 @@ class KeyEngine:
                 new.describe(),
             )
 
-    def _feed(self, engine: Engine, ev: Event, key: str, gw: str, late: bool = False) -> None:
+    def _feed(self, pe: Any, ev: Event, key: str, gw: str, late: bool = False) -> None:
         if late:
-            _log_late(engine, ev, gw, "processed in arrival order")
+            _log_late(pe.engine.now, ev, gw, "processed in arrival order")
         try:
-            engine.process(ev)
+            pe.process(ev)
         except Exception:  # a poison event must not stop the query
             log.exception("engine failed on event %s (%s); skipped", ev.id, key)
 
 
-def _log_late(engine: Engine, ev: Event, gw: str, what: str) -> None:
+def _log_late(now: float, ev: Event, gw: str, what: str) -> None:
     log.warning(
         "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; %s",
         ev.id,
         gw,
         ev.ts,
-        engine.now - ev.ts,  # type: ignore[operator]
+        now - ev.ts,
         what,
     )
 

@@ -54,8 +54,9 @@ def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to loopback" warning
     warnings.filterwarnings("ignore", message=".*PySpark does not yet fully support pandas")
     log_conf = Path(__file__).with_name("log4j2.properties")
-    java_opts = (
-        f"-Dlog4j2.configurationFile=file:{log_conf} -Dlog4j.configurationFile=file:{log_conf}"
+    java_opts = (  # -Xss16m: query.stop() of a transformWithState query overflowed the stack
+        f"-Dlog4j2.configurationFile=file:{log_conf} -Dlog4j.configurationFile=file:{log_conf} "
+        "-Xss16m"
     )
     parts = str(2 * local_cores(master))
     builder = SparkSession.builder

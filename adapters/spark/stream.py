@@ -1,17 +1,18 @@
 """`ens spark stream`: live detection as a Spark Structured Streaming query.
 
-    ens:ingest --(Python data source: stream-id ranges)--> rows routed by key value
-      --(applyInPandasWithState: one engine per key, state in the state store)--> ens:outbox
+    ens:ingest --(Python data source: stream-id ranges)--> rows routed by route
+      --(transformWithStateInPandas: one engine per route, per-key state)--> ens:outbox
 
 Source. `IngestSource` is a PySpark Python streaming data source (no JVM connector): an
 offset is ``{"ingest": last entry id, "plog": profile-log id, "epoch": ..., "n": events the
 API accepted up to it}``; a micro-batch's id range is split by time into partitions, each
 read with XRANGE. The reader parses each event (bad ones are logged, recorded in
-``ens:spark:invalid`` and skipped), evaluates bare filters on the spot and routes the rest:
-keyed profiles by the value of ``--key``, global profiles to one route (`live.GLOBAL`).
+``ens:spark:invalid`` and skipped), evaluates bare filters on the spot and routes the rest
+by route class (`live.route_class`): profiles `per --key` by its value, profiles `per`
+other attributes by the first of theirs, the others to 8 shards by profile id.
 
-Engines. `live.KeyEngine` runs per route with its state (engine snapshot, reorder buffer,
-applied profiles) in Spark's state store. Event time: the service's per-gateway watermark
+Engines. `keyed.processor` runs `live.KeyEngine` per route with its state in Spark's per-key
+state (RocksDB). Event time: the service's per-gateway watermark
 (`live.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
 `latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
 and carried in the offset (checkpointed, so re-executions agree), releases held events in
@@ -20,10 +21,10 @@ and carried in the offset (checkpointed, so re-executions agree), releases held 
 it); an event older than its engine's time is late: written to the service's late output
 ``ens:late`` (`live.LateOutput`, idempotent like the outbox; ``--late-events feed``: fed at
 once), logged, counted once per event (the sink unions the engines' late keys). ``--clock
-wall`` also raises the offset's watermark to the wall clock minus the largest active lateness. A key
-with something due is invoked every micro-batch (a processing-time timeout of 1 ms; without
-rows it gets the watermark through Spark's, one batch later); the state keeps the next due
-time, so an idle key costs one state read.
+wall`` also raises the offset's watermark to the wall clock minus the largest active
+lateness. A route with something due has one Spark event-time timer at that time (Spark's
+watermark is the offsets' watermark, one batch later); a route with nothing due is never
+invoked.
 
 Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
 with deterministic ids: a micro-batch re-executed after a crash restores the same state,
@@ -46,9 +47,9 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from adapters.service import redis_store as rs
+from adapters.spark.live import _clients, _versions, client, versions  # noqa: F401 - tests
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -59,53 +60,35 @@ ROW_DDL = (
     "route string, key string, gw string, ts double, evtime timestamp, ev binary, "
     "plog string, epoch string, nin long, wm double, wall double, counted boolean"
 )
-STATE_DDL = "blob binary, due double, gen long"
-STATS_DDL = (
-    "route string, events long, late long, notes long, held long, nin long, "
-    "late_keys string, gws string"
-)
 PAGE = 2000
 STATUS_KEY = "ens:spark:status"
 HELD_KEY = "ens:spark:held"  # route -> events its engine holds back
+BATCHES_KEY = "ens:spark:batches"  # the last micro-batches' state counters (JSON, oldest first)
+BATCHES_KEPT = 1000
 SINK = "ens_status"
 HOLDER = f"spark|{socket.gethostname()}"  # ens:engine:status's holder while a query runs
 
-_clients: dict[str, Any] = {}
+_relevance: dict[tuple[str, str], Any] = {}
 
 
-def client(url: str) -> Any:
-    """One binary Redis client per URL and process (tasks of a Python worker share it)."""
-    import redis
-
-    r = _clients.get(url)
-    if r is None:
-        r = _clients[url] = redis.Redis.from_url(url)
-    return r
-
-
-_versions: dict[tuple[str, str], Any] = {}
-
-
-def versions(url: str, key: str) -> Any:
-    from adapters.spark.live import Versions
-
-    v = _versions.get((url, key))
-    if v is None:
-        v = _versions[(url, key)] = Versions(client(url), key)
-    return v
-
-
-_relevance: dict[tuple[str, str, str], Any] = {}
-
-
-def relevance(url: str, key: str, log_id: str, cls: str) -> Any:
+def routers(url: str, key: str, log_id: str) -> list[tuple[str, str | None, Any]]:
+    """The route classes of a profile version that have profiles, in routing order (the keyed
+    class first: it counts the event), each with the attribute that routes it (None: a shard
+    of the profiles without a partition, one route) and its `Relevance`."""
     from adapters.spark.plan import Relevance
 
-    k = (url, log_id, cls)
+    k = (url, log_id)
     if k not in _relevance:
         if len(_relevance) > 16:
             _relevance.clear()
-        _relevance[k] = Relevance(versions(url, key).at(log_id).by_class[cls].values())
+        v = versions(url, key).at(log_id)
+        out: list[tuple[str, str | None, Any]] = []
+        for cls in sorted(v.by_class, key=lambda c: (c != "k", c[:1] == "g", c)):
+            if cls in ("s", "g") or not v.by_class[cls]:
+                continue
+            attr = key if cls == "k" else cls[1:] if cls[:1] == "a" else None
+            out.append((cls, attr, Relevance(v.by_class[cls].values())))
+        _relevance[k] = out
     return _relevance[k]
 
 
@@ -212,8 +195,9 @@ def _source_classes() -> tuple[type, type]:
             end = {**end, "ctl": self._changed(start, end)}
             return [Range(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
 
-        def _changed(self, start: dict[str, Any], end: dict[str, Any]) -> bool:
-            return start.get("plog") != end.get("plog")
+        def _changed(self, start: dict[str, Any], end: dict[str, Any]) -> str | None:
+            """The profile version before this batch's, if it changed (None: unchanged)."""
+            return start.get("plog") if start.get("plog") != end.get("plog") else None
 
         def read(self, partition: Any) -> Iterator[Any]:
             yield from read_range(
@@ -262,10 +246,7 @@ def read_range(
 
     r = client(url)
     plog, epoch, nin, wm = offset["plog"], offset["epoch"], int(offset["n"]), offset.get("wm")
-    v = versions(url, key).at(plog)
-    keyed = relevance(url, key, plog, "k")
-    glob = relevance(url, key, plog, live.GLOBAL)
-    has_global = bool(v.by_class[live.GLOBAL])
+    route_of = routers(url, key, plog)
     cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
 
     def row(
@@ -316,38 +297,40 @@ def read_range(
                     pg[0], pg[1] = max(pg[0], ev.ts), wall
                 plain.append((k, ev))
                 blob = None
-                rk = route_key(ev.attrs.get(key)) if not keyed.empty else None
-                if rk is not None and keyed(ev.attrs):
-                    blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
-                    row("k" + rk, k, gw, ev.ts, blob)
-                if has_global and glob(ev.attrs):  # counted in `events` by one engine only
-                    row(
-                        live.GLOBAL,
-                        k,
-                        gw,
-                        ev.ts,
-                        blob or pickle.dumps(ev, pickle.HIGHEST_PROTOCOL),
-                        counted=blob is None,
-                    )
+                for cls, attr, relevant in route_of:  # counted in `events` by one engine only
+                    if attr is None:
+                        route = cls
+                    else:
+                        rk = route_key(ev.attrs.get(attr))
+                        if rk is None:
+                            continue
+                        route = "k" + rk if cls == "k" else f"{cls}|{rk}"
+                    if relevant(ev.attrs):
+                        if blob is None:
+                            blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
+                            row(route, k, gw, ev.ts, blob)
+                        else:
+                            row(route, k, gw, ev.ts, blob, counted=False)
         notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
         if notes:
             live.Outbox(r, ttl).write(notes)
         cursor = f"({rs.text(page[-1][0])}"
         if len(page) < PAGE:
             break
-    if first and offset.get("ctl"):  # profiles changed: every engine applies them now,
-        for route in sorted(rs.text(x) for x in r.smembers(live.ROUTES)):  # not at its next event
+    if first and offset.get("ctl"):  # profiles changed: the engines they concern apply them
+        for route in changed_routes(r, versions(url, key), offset["ctl"], plog):  # now
             row(route, None, "", None, None)
     # the gateways' progress reaches the driver (the sink), which computes the next batches'
     # watermark from it (`live.gateway_watermark`), also when no engine wanted the events;
     # the first partition's row carries `nin` to the status, and this batch's watermark into
-    # Spark's (the next batch's `getCurrentWatermarkMs`: what a timeout sees without rows)
+    # Spark's (the next batch's `getCurrentWatermarkMs`: what a timer sees without rows)
     if first:
         row(live.TICK, None, "", None, None, evtime=wm)
     for gw, (ts, wall) in progress.items():
         row(live.TICK, None, gw, ts, None, wall=wall)
-    if has_global:  # the global engine's start time and profile version, without events
-        row(live.GLOBAL, None, "", first_ts, None)
+    for cls, attr, _rel in route_of:  # the unpartitioned engines' start time and version
+        if attr is None:
+            row(cls, None, "", first_ts, None)
     live.settle_garbage()
     names = list(cols)
     types = [
@@ -367,6 +350,26 @@ def read_range(
     yield pa.RecordBatch.from_arrays(
         [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names
     )
+
+
+def changed_routes(r: Any, versions: Any, before: Any, now: str) -> list[str]:
+    """The routes whose engines a profile change concerns: those of the route classes of the
+    profiles that changed between versions `before` and `now` (every route if `before` is
+    not a version: a checkpoint's offset of an older release)."""
+    from adapters.spark import live
+
+    routes = sorted(rs.text(x) for x in r.smembers(live.ROUTES))
+    if not isinstance(before, str):
+        return routes
+    old, new = versions.at(before), versions.at(now)
+    pids = {p for p in old.sigs.keys() | new.sigs.keys() if old.sigs.get(p) != new.sigs.get(p)}
+    classes = {
+        live.route_class(v.profiles[p], versions.key)
+        for v in (old, new)
+        for p in pids
+        if p in v.profiles
+    }
+    return [x for x in routes if live.class_of_route(x) in classes]
 
 
 def register(spark: SparkSession) -> None:
@@ -395,103 +398,10 @@ class StreamConfig:
     late_max: int = 10_000  # about this many entries kept in ens:late
 
 
-def group_function(cfg: StreamConfig):  # noqa: ANN201 - an applyInPandasWithState function
-    url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
-    plan = (cfg.plan, cfg.rates)
-    late_events, late_max = cfg.late_events, cfg.late_max
+def out_ddl() -> str:
+    from adapters.spark.keyed import COUNTERS_DDL, STATS_DDL
 
-    def run(
-        group: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any
-    ) -> Iterator[pd.DataFrame]:
-        import pandas as pd
-
-        from adapters.spark import live
-
-        route = group[0]
-        frames = [p for p in pdfs if len(p)]
-        pdf = pd.concat(frames) if frames else None
-        stats: dict[str, Any] = {
-            "route": route,
-            "events": 0,
-            "late": 0,
-            "notes": 0,
-            "held": 0,
-            "nin": 0,
-            "late_keys": "",
-            "gws": "",
-        }
-        if route == live.TICK:
-            if pdf is not None:
-                stats["nin"] = int(pdf["nin"].max())
-                prog: dict[str, list[float]] = {}
-                for gw, ts, wall in zip(pdf["gw"], pdf["ts"], pdf["wall"], strict=True):
-                    if gw and ts == ts and wall == wall:  # not NaN: a gateway's progress row
-                        prog = live.merge_progress(prog, {gw: [float(ts), float(wall)]})
-                stats["gws"] = json.dumps(prog)
-            yield pd.DataFrame([stats])
-            return
-        # this batch's watermark (the offset's, on every row); a route called by its timeout
-        # alone has the previous batch's, through Spark's watermark
-        wm_ms = state.getCurrentWatermarkMs()
-        wm = wm_ms / 1000.0 if wm_ms > 0 else None
-        if pdf is not None:
-            rw = pdf["wm"].max()
-            if rw == rw:
-                wm = float(rw) if wm is None else max(wm, float(rw))
-        old = state.get if state.exists else None
-        if pdf is None and (old is None or wm is None or old[1] > wm):
-            if old is not None and old[1] < math.inf:
-                state.setTimeoutDuration(1)
-            return  # a timeout with nothing due yet: the state is not even read
-        rows = (
-            []
-            if pdf is None
-            else [
-                live.Row(
-                    k if isinstance(k, str) else None,
-                    gw,
-                    None if ts != ts else ts,
-                    ev,
-                    plog,
-                    ep,
-                    bool(c),
-                )
-                for k, gw, ts, ev, plog, ep, c in zip(
-                    pdf["key"],
-                    pdf["gw"],
-                    pdf["ts"],
-                    pdf["ev"],
-                    pdf["plog"],
-                    pdf["epoch"],
-                    pdf["counted"],
-                    strict=True,
-                )
-            ]
-        )
-        if old is None and all(r.key is None and r.ts is None for r in rows):
-            return  # only a profile change for a route without an engine: nothing to apply
-        eng = live.KeyEngine(route, versions(url, key), tz, plan, late_events)
-        out = eng.step(old[0] if old is not None else None, rows, wm)
-        if old is None:
-            client(url).sadd(live.ROUTES, route)
-        if out.records:
-            live.Outbox(client(url), ttl).write(out.records)
-        if out.late_records:  # before the state: a re-execution writes them again, skipped
-            live.LateOutput(client(url), ttl, late_max).write(out.late_records)
-        state.update((out.blob, out.due, int(old[2]) + 1 if old is not None else 1))
-        live.settle_garbage(eng.dropped)
-        if out.due < math.inf:
-            state.setTimeoutDuration(1)
-        stats.update(
-            events=out.events,
-            late=out.late,
-            notes=len(out.records),
-            held=out.held,
-            late_keys=json.dumps(out.late_keys) if out.late_keys else "",
-        )
-        yield pd.DataFrame([stats])
-
-    return run
+    return f"{STATS_DDL}, {COUNTERS_DDL}"
 
 
 def _sink_classes() -> type:
@@ -505,6 +415,7 @@ def _sink_classes() -> type:
         nin: int | None
         late: dict[str, str]  # late event key -> gateway (an event late in two engines: once)
         gws: dict[str, list[float]]  # gateway progress
+        work: dict[str, float]  # the state counters (`keyed.COUNTERS`) and task CPU, summed
 
     class StatusWriter(DataSourceStreamWriter):
         def __init__(self, options: Mapping[str, str]) -> None:
@@ -512,24 +423,28 @@ def _sink_classes() -> type:
 
         def write(self, iterator: Iterator[Any]) -> Totals:
             from adapters.spark import live
+            from adapters.spark.keyed import COUNTERS
 
             counts = {"events": 0, "notes": 0}
+            work: dict[str, float] = dict.fromkeys((*COUNTERS, "cpu"), 0)
             held: dict[str, int] = {}
             late: dict[str, str] = {}
             gws: dict[str, list[float]] = {}
             nin = None
             for x in iterator:
+                if x["route"] == live.TICK:  # a source partition's bookkeeping row
+                    nin = max(nin or 0, int(x["nin"]))
+                    if x["gw"] and x["ts"] is not None and x["wall"] is not None:
+                        gws = live.merge_progress(gws, {x["gw"]: [x["ts"], x["wall"]]})
+                    continue
                 for f in counts:
                     counts[f] += int(x[f])
+                for f in work:
+                    work[f] += x[f] or 0
                 if x["late_keys"]:
                     late.update(json.loads(x["late_keys"]))
-                if x["route"] == live.TICK:
-                    nin = max(nin or 0, int(x["nin"]))
-                    if x["gws"]:
-                        gws = live.merge_progress(gws, json.loads(x["gws"]))
-                else:
-                    held[x["route"]] = int(x["held"])
-            return Totals(counts, held, nin, late, gws)
+                held[x["route"]] = int(x["held"])
+            return Totals(counts, held, nin, late, gws, work)
 
         def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
             write_status(client(self.url), [m for m in messages if m is not None], batchId)
@@ -561,9 +476,21 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
         merged = live.merge_progress(old, gws)
         r.hset(live.GATEWAYS, mapping={g: json.dumps(v) for g, v in merged.items()})
     if batch_id > done:
+        work: dict[str, float] = {}
         for m in messages:
             for f, v in m.counts.items():
                 tot[f] = tot.get(f, 0) + v
+            for f, x in m.work.items():
+                work[f] = work.get(f, 0) + x
+        if work:  # this batch's state work (bench/spark_stream.py reads them)
+            work["cpu"] = round(work["cpu"], 4)
+            rec = json.dumps({"batch": batch_id, **work})
+            with r.pipeline(transaction=False) as p:
+                p.rpush(BATCHES_KEY, rec)
+                p.ltrim(BATCHES_KEY, -BATCHES_KEPT, -1)
+                p.execute()
+            for f, x in work.items():
+                tot.setdefault("work", {})[f] = round(tot.get("work", {}).get(f, 0) + x, 4)
         late = {k: g for m in messages for k, g in m.late.items()}
         tot["late"] = tot.get("late", 0) + len(late)
         by_gw = tot.setdefault("late_by_gateway", {})
@@ -589,6 +516,7 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
         "late_by_gateway": tot.get("late_by_gateway", {}),
         "buffered": buffered,
         "batch": batch_id,
+        "state": tot.get("work", {}),
     }
     with r.pipeline(transaction=True) as p:
         p.hset(STATUS_KEY, mapping={"batch": max(batch_id, done), "totals": json.dumps(tot)})
@@ -607,12 +535,24 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
         log.info("batch %d: %s", batch_id, stats)
 
 
-def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
-    """Register the source and start the query (returns at once; the query runs in the JVM)."""
-    from pyspark.sql.streaming.state import GroupStateTimeout
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
+
+def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
+    """Register the source and start the query (returns at once; the query runs in the JVM).
+
+    Raises ValueError for a checkpoint of the earlier operator (`keyed.check_checkpoint`)."""
+    from pyspark.sql import functions as F
+
+    from adapters.spark import keyed, live
+
+    why = keyed.check_checkpoint(cfg.checkpoint)
+    if why:
+        raise ValueError(why)
     register(spark)
     spark.dataSource.register(_sink_classes())
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     parts = cfg.partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     src = (
         spark.readStream.format(SOURCE)
@@ -627,9 +567,25 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
         .load()
         .withWatermark("evtime", "0 milliseconds")  # evtime: the offsets' watermark
     )
-    out = src.groupBy("route").applyInPandasWithState(
-        group_function(cfg), STATS_DDL, STATE_DDL, "append", GroupStateTimeout.ProcessingTimeTimeout
+    routed = (
+        src.filter(F.col("route") != live.TICK)
+        .groupBy("route")
+        .transformWithStateInPandas(keyed.processor(cfg), out_ddl(), "Append", "EventTime")
     )
+    zero = F.lit(0).cast("long")
+    ticks = src.filter(F.col("route") == live.TICK).select(  # no group: merged in the sink
+        "route",
+        *(zero.alias(c) for c in ("events", "late", "notes", "held")),
+        "nin",
+        F.lit("").alias("late_keys"),
+        "gw",
+        "ts",
+        "wall",
+        *(zero.alias(c) for c in keyed.COUNTERS),
+        F.lit(0.0).alias("cpu"),
+    )
+    out = routed.unionByName(ticks)
+    keyed.mark_checkpoint(cfg.checkpoint)
     return (
         out.writeStream.outputMode("append")
         .format(SINK)

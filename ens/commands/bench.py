@@ -277,11 +277,17 @@ def alarms_cmd(
         help="End to end: events POSTed to `ens serve` (a subprocess) over HTTP, alarms off "
         "and on, in the same run (0: skip).",
     ),
+    assets: int = typer.Option(
+        10_000,
+        help="Assets: registered sensors with intervals; enrichment (µs per event) and "
+        "sensor-silent fault detection against ingest without a registry (0: skip).",
+    ),
 ) -> None:
     """Alarms: a storm grouped by building (messages vs one per transition, every transition
     in history), the engine worker and `ens serve` end to end (HTTP) with alarms off and on in
-    the same run (the on/off ratio), and `ens alarms list --match` on many open alarms
-    (docs/benchmarks.md)."""
+    the same run (the on/off ratio), `ens alarms list --match` on many open alarms, and the
+    asset registry: enrichment and sensor-silent faults of 10,000 sensors against ingest
+    without a registry (docs/benchmarks.md)."""
     import json
 
     from bench.alarms import e2e, list_bench, storm, throughput
@@ -291,3 +297,7 @@ def alarms_cmd(
     if e2e_events:
         typer.echo(json.dumps({"e2e": e2e(e2e_events)}))
     typer.echo(json.dumps({"list": list_bench(open_alarms)}))
+    if assets:
+        from bench.assets import run as assets_run
+
+        typer.echo(json.dumps({"assets": assets_run(assets)}))

@@ -163,7 +163,8 @@ def schedule_add(
     data_dir: DataDir = None,
 ) -> None:
     """Store the schedules of a file in the service: all of them or, on any problem (reported
-    with FILE:LINE:COL), none."""
+    with FILE:LINE:COL), none. A running `ens serve --routing` resolves receivers with them at
+    once (its routing file's own schedules win on an id clash)."""
     from notifiers.routing import RoutingError, load_routing
     from notifiers.schedule_store import put_schedules
 
@@ -262,7 +263,9 @@ def _decision_json(d: Decision) -> dict[str, Any]:
     return {
         "tried": [asdict(x) for x in d.tried],
         "deliveries": [asdict(x) for x in d.deliveries],
-        "escalations": [{"policy": p, "route": r} for p, r in d.escalations],
+        "escalations": [
+            {"policy": p, "route": r, "starts": i == 0} for i, (p, r) in enumerate(d.escalations)
+        ],
         "receivers": d.receivers,
     }
 
@@ -332,8 +335,15 @@ def _print_decision(
         console.print("receivers: none directly; the escalation below tells its first level")
     else:
         console.print("receivers: nobody is told")
-    for policy, route in d.escalations:
+    for i, (policy, route) in enumerate(d.escalations):
         pol = routing.policies[policy]
+        if i:
+            first, by = d.escalations[0]
+            console.print(
+                f"escalation {policy} (route {route}): not started — an alarm occurrence has "
+                f"one escalation, the first matching route's ({first}, route {by})"
+            )
+            continue
         if transition != "raise":
             console.print(f"escalation {policy} (route {route}): started by a raise only")
             continue
@@ -362,6 +372,7 @@ def route_check(
     """Validate a routing file: every problem with FILE:LINE:COL; exit status 2 if any."""
     from notifiers.routing import load_routing
     from notifiers.routing.config import walk
+    from notifiers.routing.routes import escalation_clashes
 
     try:
         routing = load_routing(file)
@@ -378,10 +389,18 @@ def route_check(
                 f"({s.tz}; unless an override says so)",
                 err=True,
             )
+    for a, b in escalation_clashes(routing.root):
+        typer.echo(
+            f"warning: routes {a.name!r} ({a.escalation}) and {b.name!r} ({b.escalation}) may "
+            f"both match an alarm: only {a.name!r}'s escalation would start (one per alarm "
+            "occurrence; name both teams in one policy's levels to page both)",
+            err=True,
+        )
     routes = len(walk(routing.root))
     typer.echo(
         f"{file}: ok ({len(routing.schedules)} schedule(s), {routes} route(s), "
-        f"{len(routing.policies)} escalation polic(ies), {len(routing.quiet)} quiet-hours entries)"
+        f"{len(routing.policies)} escalation polic(ies), {len(routing.quiet)} quiet-hours entries, "
+        f"{len(routing.grouping)} grouping entries)"
     )
 
 

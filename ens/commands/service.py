@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -104,7 +104,9 @@ def serve(**values: Any) -> None:
         if settings.routing is not None:  # checked whole before anything starts
             from notifiers.routing import load_routing
 
-            routing = load_routing(settings.routing, need_route=False)
+            routing = load_routing(
+                settings.routing, need_route=False, stored=lambda: _stored_schedules(settings)
+            )
     except ENSError as e:
         raise _fail(str(e)) from None
     load_index: Callable[[str], list[Any]] | None = None
@@ -118,6 +120,14 @@ def serve(**values: Any) -> None:
         typer.echo(f"new admin token (shown once, keep it): {token}", err=True)
     worker = WorkerConfig.from_settings(settings, rates, load_index, routing)
     raise typer.Exit(run(ServeConfig.from_settings(settings, worker)))
+
+
+def _stored_schedules(settings: ServiceSettings) -> list[str]:
+    """The stored schedules' ids: receivers a routing file that lists its `subscribers` may
+    name (asked only when it names one it does not define)."""
+    from notifiers.schedule_store import schedule_ids
+
+    return schedule_ids(Store(settings.redis_url, settings.data_dir, create=True).r)
 
 
 _SERVE_PARAMETERS = [
@@ -184,7 +194,7 @@ def profile_add(
     profile or subscriber whose id is stored with another definition is replaced only with
     --replace; the changes are shown either way.
     """
-    from adapters.service.profile_lint import profile_warnings
+    from adapters.service import admin
     from notifiers import subscriber_change as sc
 
     if (file is None) == (pid is None and expr is None):
@@ -194,104 +204,113 @@ def profile_add(
     # everything that needs no Redis first: a refused input starts and creates nothing
     if file is not None and (severity or clear or notify):
         raise _fail("--severity, --clear and --notify go with --expr (a file has alarm: blocks)")
-    alarms: dict[str, dict[str, Any]] = {}
-    errors: list[ENSError] = []
-    subs: list[dict[str, Any]] = []
-    parsed: list[Any] = []
-    pset = None
     if file is not None:
-        pset, errors = parse_profile_document(_read_text(file), str(file))
-        parsed = list(pset.profiles)
-        errors += _zoned_profiles(pset)
-        alarms = {pid: spec.to_json() for pid, spec in pset.alarms.items()}
-        subs = pset.subscribers
-        name = str(file)
+        got = _profiles_of_file(file)
     else:
         assert pid is not None and expr is not None
-        name = "--expr"
-        try:
-            parsed = [rs.validate_profile(None, pid, expr, subscriber)]
-            alarm = _alarm_options(severity, clear, notify)
-            if alarm is not None:
-                alarms[pid] = rs.validate_alarm(parsed[0], alarm, "--expr").to_json()
-        except ProfileError as exc:
-            errors.append(exc)
-    for sub in subs:
-        try:
-            rs.check_id(sub["id"], "subscriber id")
-            store.Subscriber.model_validate(sub)
-        except store.ValidationError as exc:
-            errors.append(ENSError(f"subscriber {sub.get('id')!r}: {store.subscriber_error(exc)}"))
-        except (ProfileError, ValueError) as exc:
-            errors.append(ENSError(f"subscriber {sub.get('id')!r}: {exc}"))
-    for prof in parsed:
-        try:
-            rs.check_id(prof.id)
-        except ProfileError as exc:
-            errors.append(exc)
+        got = _profile_of_options(
+            pid, expr, subscriber, admin.alarm_options(severity, clear, notify)
+        )
+    name, pset, parsed, alarms, subs, errors = got
+    errors += admin.check_ids(parsed, subs)
     if errors:
         _refuse(name, errors, pset, len(parsed))
     st = Store(redis_url, data_dir, create=True)
-    known = {s["id"] for s in subs}
-    for prof in parsed:
-        if (
-            prof.subscriber is not None
-            and prof.subscriber not in known
-            and not st.r.hexists(store.SUBSCRIBERS, prof.subscriber)
-        ):
-            errors.append(
-                ProfileError(f"unknown subscriber {prof.subscriber!r} (add it first)", prof.id)
-            )
-            if pset is not None:  # counted like `ens check` counts it
-                pset.profiles = [p for p in pset.profiles if p.id != prof.id]
-                pset.invalid += 1
-                pset.profile_problems += 1
+    errors += _unknown_subscribers(st.r, pset, parsed, subs)
     if errors:
         _refuse(name, errors, pset, len(parsed))
     plans = [sc.plan(st.r, sub) for sub in subs]
-    changes = _profile_changes(st.r, parsed, alarms) + [
+    changes = [admin.plan_profile(st.r, prof, alarms.get(prof.id)) for prof in parsed]
+    refused = [(f"profile {c.id}", c.lines) for c in changes if c.needs_replace] + [
         (f"subscriber {p.id}", p.lines) for p in plans if p.needs_replace
     ]
-    if changes and not replace:
-        for what, lines in changes:
-            typer.echo(
-                f"error: {what} is stored with another definition (--replace replaces it):",
-                err=True,
-            )
-            for line in lines:
-                typer.echo(f"  {line}", err=True)
-        typer.echo(f"{name}: {len(changes)} replacement(s) refused; nothing stored", err=True)
-        raise typer.Exit(2)
+    if refused and not replace:
+        _refuse_replacements(name, refused)
     recent = rs.recent_events(st.r)
     for prof in parsed:
-        for w in profile_warnings(st.r, prof, recent):
+        for w in admin.profile_warnings(st.r, prof, recent):
             typer.echo(f"warning: {w}", err=True)
-        if prof.subscriber is None:
-            typer.echo(
-                f"warning: profile {prof.id!r} has no subscriber: its notifications go "
-                "to the outbox only (ens notifications tail)",
-                err=True,
-            )
-    replaced = dict(changes)
+    _store(st.r, plans, changes)
+
+
+def _unknown_subscribers(
+    r: Any, pset: Any, parsed: list[Any], subs: list[dict[str, Any]]
+) -> list[ENSError]:
+    """A profile whose subscriber is neither stored nor in the file; counted like `ens check`
+    counts it."""
+    from adapters.service import admin
+
+    unknown = set(admin.unknown_subscribers(r, parsed, {s["id"] for s in subs}))
+    errors: list[ENSError] = []
+    for prof in parsed:
+        if prof.id in unknown:
+            errors.append(admin.unknown_subscriber_error(prof))
+            if pset is not None:
+                pset.profiles = [p for p in pset.profiles if p.id != prof.id]
+                pset.invalid += 1
+                pset.profile_problems += 1
+    return errors
+
+
+def _store(r: Any, plans: list[Any], changes: list[Any]) -> None:
+    """Subscribers first (a profile may name one), then profiles; what each did."""
+    from adapters.service import admin
+    from notifiers import subscriber_change as sc
+
     for plan in plans:  # a stored secret is kept: its receivers go on verifying with it
-        what = f"subscriber {plan.id}"
-        _, shown_secret = sc.apply(st.r, plan)
-        typer.echo(f"{what} {dict(new='stored', changed='replaced').get(plan.status, 'unchanged')}")
-        for line in plan.lines:
-            typer.echo(f"  {line}")
+        _, shown_secret = sc.apply(r, plan)
+        word = {"new": "stored", "changed": "replaced"}.get(plan.status, "unchanged")
+        _say_stored(f"subscriber {plan.id} {word}", plan.lines)
         if shown_secret:
             typer.echo(f"  webhook signing secret (shown once): {shown_secret}")
-    for prof in parsed:
-        what = f"profile {prof.id}"
-        if rs.get_profile(st.r, prof.id) is not None and what not in replaced:
-            typer.echo(f"{what} unchanged")
-            continue
-        _, created = rs.put_profile(
-            st.r, prof.id, prof.source, prof.subscriber, alarms.get(prof.id)
+    for change in changes:
+        admin.apply_profile(r, change)
+        word = {"new": "added", "changed": "replaced"}.get(change.status, change.status)
+        _say_stored(f"profile {change.id} {word}", change.lines)
+
+
+_Input = tuple[str, Any, list[Any], dict[str, dict[str, Any]], list[dict[str, Any]], list[ENSError]]
+
+
+def _profiles_of_file(file: Path) -> _Input:
+    """(name, the parsed file, its profiles, their alarms, its subscribers, the problems)."""
+    from adapters.service import admin
+
+    pset, errors = parse_profile_document(_read_text(file), str(file))
+    errors += admin.zoned_profiles(pset)
+    alarms = {pid: spec.to_json() for pid, spec in pset.alarms.items()}
+    return str(file), pset, list(pset.profiles), alarms, pset.subscribers, errors
+
+
+def _profile_of_options(
+    pid: str, expr: str, subscriber: str | None, alarm: dict[str, Any] | None
+) -> _Input:
+    """As `_profiles_of_file`, for --id/--expr (and --severity/--clear/--notify)."""
+    alarms: dict[str, dict[str, Any]] = {}
+    try:
+        prof = rs.validate_profile(None, pid, expr, subscriber)
+        if alarm is not None:
+            alarms[pid] = rs.validate_alarm(prof, alarm, "--expr").to_json()
+    except ProfileError as exc:
+        return "--expr", None, [], {}, [], [exc]
+    return "--expr", None, [prof], alarms, [], []
+
+
+def _refuse_replacements(name: str, refused: list[tuple[str, list[str]]]) -> None:
+    for what, lines in refused:
+        typer.echo(
+            f"error: {what} is stored with another definition (--replace replaces it):", err=True
         )
-        typer.echo(f"{what} {'added' if created else 'replaced'}")
-        for line in replaced.get(what, []):
-            typer.echo(f"  {line}")
+        for line in lines:
+            typer.echo(f"  {line}", err=True)
+    typer.echo(f"{name}: {len(refused)} replacement(s) refused; nothing stored", err=True)
+    raise typer.Exit(2)
+
+
+def _say_stored(what: str, lines: list[str]) -> None:
+    typer.echo(what)
+    for line in lines:
+        typer.echo(f"  {line}")
 
 
 def _refuse(name: str, errors: list[ENSError], pset: Any, parsed: int) -> None:
@@ -302,73 +321,6 @@ def _refuse(name: str, errors: list[ENSError], pset: Any, parsed: int) -> None:
     else:
         typer.echo(f"{name}: {len(errors)} problem(s); nothing stored", err=True)
     raise typer.Exit(2)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _alarm_options(
-    severity: str | None, clear: str | None, notify: list[str] | None
-) -> dict[str, Any] | None:
-    """The `alarm:` that --severity/--clear/--notify describe (None: not an alarm)."""
-    if severity is None and clear is None and not notify:
-        return None
-    out: dict[str, Any] = {"severity": severity or "warning"}
-    if clear is not None:
-        text = clear.strip()
-        is_form = text == "manual" or text.startswith("after ")
-        out["clear"] = text if is_form else {"on": text}
-    if notify:
-        out["notify"] = [n.strip() for item in notify for n in item.split(",") if n.strip()]
-    return out
-
-
-def _profile_changes(
-    r: Any, parsed: list[Any], alarms: dict[str, dict[str, Any]]
-) -> list[tuple[str, list[str]]]:
-    """(``profile ID``, what changes as - old / + new lines) for stored profiles that differ."""
-    out = []
-    for prof in parsed:
-        old = rs.get_profile(r, prof.id)
-        if old is None:
-            continue
-        lines = []
-        if old.get("alarm") != alarms.get(prof.id):
-            lines += [
-                f"- alarm: {json.dumps(old.get('alarm'))}",
-                f"+ alarm: {json.dumps(alarms.get(prof.id))}",
-            ]
-        if _one_line(old["expr"]) != _one_line(prof.source):
-            lines += [f"- expr: {_one_line(old['expr'])}", f"+ expr: {_one_line(prof.source)}"]
-        if old.get("subscriber") != prof.subscriber:
-            lines += [
-                f"- subscriber: {old.get('subscriber') or '-'}",
-                f"+ subscriber: {prof.subscriber or '-'}",
-            ]
-        if lines:
-            out.append((f"profile {prof.id}", lines))
-    return out
-
-
-def _zoned_profiles(pset: Any) -> list[ENSError]:
-    """The service stores a profile's expression only: a file's `tz:` cannot travel with it, so
-    a profile that reads localtime/weekday in it is refused (the service reads them in its
-    --tz) rather than stored with another meaning."""
-    from profiles.lint import local_zones
-
-    out: list[ENSError] = []
-    for p in pset.profiles:
-        if local_zones(p) - {None}:
-            out.append(
-                ProfileError(
-                    f"reads localtime/weekday in the file's tz: {pset.tz}, which the service "
-                    "does not store; remove tz: from the file and start ens serve with "
-                    f"--tz {pset.tz}",
-                    p.id,
-                )
-            )
-    return out
 
 
 def parse_profile_document(text: str, name: str) -> tuple[Any, list[ENSError]]:
@@ -839,9 +791,12 @@ Lateness = Annotated[
 
 
 def _lateness(text: str | None) -> float | None:
+    from adapters.errors import Refused
+    from adapters.service import admin
+
     try:
-        return None if text is None else rs.parse_lateness(text)
-    except ValueError as exc:
+        return admin.parse_lateness(text)
+    except Refused as exc:
         raise _fail(str(exc)) from None
 
 
@@ -853,15 +808,14 @@ def gateway_add(
     data_dir: DataDir = None,
 ) -> None:
     """Create a gateway and print its API key (once: only a hash is stored)."""
+    from adapters.errors import Refused
+    from adapters.service import admin
+
     late = _lateness(lateness)
     try:
-        rs.check_gateway_name(name)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
-    st = Store(redis_url, data_dir, create=True)
-    try:
-        key = rs.add_gateway(st.r, name, late)
-    except ValueError as exc:
+        rs.check_gateway_name(name)  # before a store is created for it
+        key = admin.add_gateway(Store(redis_url, data_dir, create=True).r, name, late)
+    except (Refused, ValueError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"gateway {name} created; its API key (shown once):", err=True)
     typer.echo(key)
@@ -875,12 +829,16 @@ def gateway_set(
     data_dir: DataDir = None,
 ) -> None:
     """Change a gateway's settings; a running service applies them at once."""
+    from adapters.errors import Refused
+    from adapters.service import admin
+
     if lateness is None:
         raise _fail("nothing to set (give --lateness)")
     late = _lateness(lateness)
-    st = Store(redis_url, data_dir)
-    if not rs.set_gateway_lateness(st.r, name, late):
-        raise _fail(f"no gateway {name!r}")
+    try:
+        admin.set_gateway(Store(redis_url, data_dir).r, name, late)
+    except Refused as exc:
+        raise _fail(str(exc)) from None
     typer.echo(f"gateway {name}: lateness {'default' if late is None else f'{late:g} s'}")
 
 
@@ -913,93 +871,31 @@ def gateway_revoke(
     data_dir: DataDir = None,
 ) -> None:
     """Revoke a gateway's API key (its requests get 403 from now on)."""
-    st = Store(redis_url, data_dir)
-    if not rs.revoke_gateway(st.r, name):
-        raise _fail(f"no gateway {name!r}")
+    from adapters.errors import Refused
+    from adapters.service import admin
+
+    try:
+        admin.revoke_gateway(Store(redis_url, data_dir).r, name)
+    except Refused as exc:
+        raise _fail(str(exc)) from None
     typer.echo(f"gateway {name} revoked")
 
 
 # ----------------------------------------------------------------------------- post
 
 
-def _batches(lines: Iterator[str], size: int) -> Iterator[list[tuple[int, str]]]:
-    """(file line number, line) batches of non-blank lines."""
-    batch: list[tuple[int, str]] = []
-    for lineno, line in enumerate(lines, 1):
-        if line.strip():
-            batch.append((lineno, line.rstrip("\r\n")))
-            if len(batch) >= size:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
-
-
 def retry_delay(attempt: int, retry_after: float | None, rng: Any = None) -> float:
-    """The wait before retry ``attempt`` (1, 2, ...): exponential backoff with full jitter
-    (0.5 s doubling, at most 30 s), never less than the service's Retry-After."""
-    import random
+    """`ens post`'s wait before a retry (`adapters.service.client.retry_delay`)."""
+    from adapters.service.client import retry_delay as delay
 
-    jitter = (rng or random).uniform(0, min(30.0, 0.5 * 2 ** (attempt - 1)))
-    return max(jitter, retry_after or 0.0)
-
-
-def _answer(resp: Any) -> str:
-    """``HTTP 503: <the service's reason>``: what an error answer said, not only its code."""
-    reason = ""
-    try:
-        data = resp.json()
-        if isinstance(data, dict):
-            reason = str(data.get("error") or data.get("detail") or "")
-    except ValueError:
-        reason = resp.text.strip()[:200]
-    return f"HTTP {resp.status_code}: {reason}" if reason else f"HTTP {resp.status_code}"
-
-
-def _service_url(url: str) -> str:
-    """The service's base URL; ``127.0.0.1:8080`` (no scheme) means ``http://127.0.0.1:8080``."""
-    import httpx
-
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    try:
-        parsed = httpx.URL(text)
-    except httpx.InvalidURL as exc:
-        raise _fail(f"--url {url!r}: {exc} (expected e.g. http://127.0.0.1:8080)") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise _fail(
-            f"--url {url!r}: expected an http:// or https:// URL with a host "
-            "(e.g. http://127.0.0.1:8080)"
-        )
-    return text
+    return delay(attempt, retry_after, rng)
 
 
 def restamp(lines: list[str], now: float) -> list[str]:
-    """The events of JSON lines shifted in time so that the latest is stamped ``now`` (epoch
-    seconds), their spacing kept; lines that are not events with a readable ``ts`` are left
-    as they are (the service reports them by line number)."""
-    from profiles.events import parse_ts
+    """`adapters.service.client.restamp` (``--now``)."""
+    from adapters.service.client import restamp as shifted
 
-    parsed: list[tuple[dict[str, Any], float] | None] = []
-    for line in lines:
-        try:
-            obj = json.loads(line)
-            parsed.append((obj, parse_ts(obj["ts"])) if isinstance(obj, dict) else None)
-        except (ValueError, KeyError, TypeError):
-            parsed.append(None)
-    stamps = [p[1] for p in parsed if p is not None]
-    if not stamps:
-        return lines
-    shift = now - max(stamps)
-    out = []
-    for line, p in zip(lines, parsed, strict=True):
-        if p is None:
-            out.append(line)
-        else:
-            obj, ts = p
-            out.append(json.dumps({**obj, "ts": round(ts + shift, 3)}) + "\n")
-    return out
+    return shifted(lines, now)
 
 
 def post(
@@ -1053,11 +949,15 @@ def post(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from notifiers.webhook import parse_retry_after
+    from adapters.errors import PostFailed
+    from adapters.service import client as cl
 
     if not api_key:
         raise _fail("give --api-key or set ENS_API_KEY")
-    url = _service_url(url)
+    try:
+        url = cl.service_url(url)
+    except ValueError as exc:
+        raise _fail(f"--url {url!r}: {exc}") from None
     if file == "-":
         fh: Any = sys.stdin
         total = None
@@ -1071,74 +971,8 @@ def post(
         import io
 
         with fh:
-            fh = io.StringIO("".join(restamp(list(fh), time.time())))
+            fh = io.StringIO("".join(cl.restamp(list(fh), time.time())))
     accepted = rejected = 0
-    problems: list[tuple[int, str]] = []
-    headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/x-ndjson"}
-    endpoint = url.rstrip("/") + "/v1/events"
-
-    waited = [0.0]  # seconds spent waiting for the service, over the whole run
-
-    def attempt(client: httpx.Client, body: bytes) -> httpx.Response:
-        k = 0
-        spent = 0.0  # waiting for this request
-        while True:  # returns the answer, or raises once the patience is used up
-            try:
-                resp = client.post(endpoint, content=body, headers=headers)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent
-                why, after, answer = f"cannot connect ({exc})", None, None
-            except httpx.HTTPError as exc:  # sent: the service may have taken it, do not resend
-                raise _fail(f"no answer from {endpoint}: {exc}", 1) from None
-            else:
-                if resp.status_code not in (429, 503):
-                    return resp
-                why, answer = f"the service answered {_answer(resp)}", resp
-                after = parse_retry_after(resp.headers.get("Retry-After"))
-            k += 1
-            wait = retry_delay(k, after)
-            if (retries is not None and k > retries) or spent + wait > patience:
-                wait = patience - spent  # the last wait fits the limit exactly
-                if wait < 0.05 or (retries is not None and k > retries):
-                    if answer is not None:
-                        return answer  # reported by send()
-                    raise _fail(
-                        f"cannot reach {endpoint}: {why}; gave up after {k} attempts "
-                        f"and {spent:.1f} s of waiting (--retry-for {retry_for})",
-                        1,
-                    )
-            of = f" of {retries}" if retries is not None else ""
-            progress.console.print(
-                f"{why}; retry {k}{of} in {wait:.1f} s "
-                f"(waited {spent:.1f} s so far, at most {patience:g} s)",
-                soft_wrap=True,  # one line per retry, whatever the reason's length
-                markup=False,  # the service's reason is text, not rich markup
-                highlight=False,
-            )
-            time.sleep(wait)
-            spent += wait
-            waited[0] += wait
-
-    def send(client: httpx.Client, chunk: list[tuple[int, str]]) -> tuple[int, int]:
-        body = "".join(line + "\n" for _, line in chunk).encode()
-        resp = attempt(client, body)
-        if resp.status_code == 413 and len(chunk) > 1:  # split until it fits
-            half = len(chunk) // 2
-            a = send(client, chunk[:half])
-            b = send(client, chunk[half:])
-            return a[0] + b[0], a[1] + b[1]
-        data = resp.json() if resp.headers.get("content-type") == "application/json" else {}
-        if resp.status_code in (202, 422) and "accepted" in data:
-            for err in data.get("errors", []):
-                problems.append((chunk[err["index"]][0], err["error"]))
-            return data["accepted"], data["rejected"]
-        msg = f"the service at {endpoint} answered {_answer(resp)}"
-        if resp.status_code in (429, 503):
-            msg += f" (gave up after waiting {waited[0]:.1f} s in all; --retry-for {retry_for})"
-        raise _fail(
-            msg,
-            2 if resp.status_code in (400, 401, 403, 413) else 1,
-        )
-
     console = Console(stderr=True)
     progress = Progress(
         TextColumn("posting"),
@@ -1149,18 +983,28 @@ def post(
         transient=False,
         disable=not console.is_terminal,  # a pipe or a log file gets no bar
     )
+
+    def say(line: str) -> None:  # one line per retry, whatever the reason's length; the
+        # service's reason is text, not rich markup
+        progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
+
     t0 = time.perf_counter()
     with fh, httpx.Client(timeout=http_timeout) as client, progress:
+        poster = cl.EventPoster(client, url, api_key, patience, retries, say, retry_for)
         task = progress.add_task("post", total=total, rejected=0)
-        for chunk in _batches(fh, batch):
-            a, rj = send(client, chunk)
-            accepted += a
-            rejected += rj
-            progress.update(task, advance=len(chunk), rejected=rejected)
-    for lineno, msg in sorted(problems):
+        try:
+            for chunk in cl.batches(fh, batch):
+                a, rj = poster.send(chunk)
+                accepted += a
+                rejected += rj
+                progress.update(task, advance=len(chunk), rejected=rejected)
+        except PostFailed as exc:
+            raise _fail(str(exc), exc.exit_status) from None
+    for lineno, msg in sorted(poster.problems):
         typer.echo(f"error: line {lineno}: {msg}", err=True)
     dt = time.perf_counter() - t0
-    wait_note = f" ({waited[0]:.1f} s of it waiting for the service)" if waited[0] else ""
+    waited = poster.waited
+    wait_note = f" ({waited:.1f} s of it waiting for the service)" if waited else ""
     typer.echo(f"{accepted} accepted, {rejected} rejected in {dt:.2f} s{wait_note}")
     if rejected:
         raise typer.Exit(2)

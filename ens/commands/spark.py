@@ -466,6 +466,11 @@ def stream(
         trig = _interval("--trigger", trigger)
         late = _interval("--lateness", lateness)
         idle = _interval("--idle-timeout", idle_timeout)
+        from adapters.spark.keyed import check_checkpoint
+
+        why = check_checkpoint(checkpoint)
+        if why:
+            raise ENSError(why)
         import redis
 
         from profiles.subscribers import mask_url

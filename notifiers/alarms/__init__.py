@@ -19,7 +19,7 @@ from notifiers.alarms.model import (
 )
 from notifiers.alarms.rules import VERSION, AlarmRules
 from notifiers.alarms.silences import Matcher, Silence, parse_silence
-from profiles.errors import AlarmNotFound, AlarmStateConflict, SilenceError, SilenceNotFound
+from notifiers.errors import AlarmNotFound, AlarmStateConflict, SilenceError, SilenceNotFound
 
 __all__ = [
     "STATES",

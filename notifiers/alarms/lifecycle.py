@@ -22,8 +22,8 @@ from notifiers.alarms.model import (
     is_active,
     make_state,
 )
+from notifiers.errors import AlarmNotFound, AlarmStateConflict
 from profiles.alarm import AlarmSpec
-from profiles.errors import AlarmNotFound, AlarmStateConflict
 
 
 class AlarmBook:
@@ -97,6 +97,7 @@ class AlarmBook:
             a.last_seen = ts
             a.events = dict(events)
             a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
+            a.fixed = dict(spec.labels)  # a registry change moves the labels with the next match
             return self._record(a, "repeat", ts, RULE, "match", before)
         occurrence = a.occurrence + 1 if a is not None else self.gone.pop(aid, 0) + 1
         a = Alarm(
@@ -104,6 +105,8 @@ class AlarmBook:
             "active-unacknowledged", 1, ts, ts, dict(events),
         )  # fmt: skip
         a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
+        if spec.labels:
+            a.fixed = dict(spec.labels)
         self.alarms[aid] = a
         self._labels[aid] = a.labels()
         return self._record(a, "raise", ts, RULE, "match" if occurrence == 1 else "re-arm", None)

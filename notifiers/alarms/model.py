@@ -81,14 +81,18 @@ class Alarm:
     clear_reason: str | None = None
     clear_due: float | None = None  # `clear: after T`: when it clears without a further match
     unsilence_at: float | None = None  # a silenced delivery waits for the silence to end
+    fixed: dict[str, str] = field(default_factory=dict)  # the `alarm:` block's own `labels:`
 
     @property
     def occurrence_id(self) -> str:
         return f"{self.id}.{self.occurrence}"
 
     def labels(self) -> dict[str, str]:
-        """What silences match and grouping groups by: profile, severity, subscriber, partition."""
+        """What silences match and grouping groups by: the partition's values, the profile's
+        fixed labels (`alarm: labels:`), then profile, severity and subscriber."""
         out = {k: str(v) for k, v in self.partition.items()}
+        if self.fixed:
+            out.update(self.fixed)
         out.update(profile=self.profile, severity=self.severity, subscriber=self.subscriber or "")
         return out
 

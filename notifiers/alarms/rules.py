@@ -1,7 +1,7 @@
 """The alarm rules: matches, people and time in; transitions and messages out.
 
 One object holds every alarm's state, the silences and the grouping queues; each call is
-given its time and returns its `Effects`. As the engine's timers (LANGUAGE.md §5), a deadline
+given its time and returns its `Effects`. As the engine's timers (docs/language.md §5), a deadline
 ``d`` fires when time passes it: a call at ``t`` first fires the deadlines before ``t``, then
 acts, then fires those at ``t`` (a group without wait is sent at once); `advance(t)` fires
 them up to ``t`` inclusive. Deadlines that fall at the same time fire in a fixed order: clears
@@ -21,13 +21,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from filters.errors import StateError
 from notifiers.alarms.contract import Effects, Router
 from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
 from notifiers.alarms.lifecycle import AlarmBook
 from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, delivered, is_active
 from notifiers.alarms.silences import Silence, parse_silence
+from notifiers.errors import SilenceError, SilenceNotFound
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
-from profiles.errors import SilenceError, SilenceNotFound, StateError
 
 VERSION = 1
 CLEAR, UNSILENCE, ESCALATE, FLUSH, DIGEST = 0, 1, 2, 3, 4  # timer kinds, in tie order
@@ -66,6 +67,8 @@ class AlarmRules:
     ) -> Effects:
         """A profile's match (an engine notification). ``P#clear`` matches clear P's alarm of
         the same partition; profiles without an alarm are ignored (no effects)."""
+        if profile.endswith(CLEAR_SUFFIX) and self._idle_clear(profile, ts, partition):
+            return Effects()
         return self._op(ts, lambda t: self._match(profile, t, partition, events or {}, subscriber))
 
     def acknowledge(self, ref: str, now: float, actor: str, note: str = "") -> Effects:
@@ -220,6 +223,22 @@ class AlarmRules:
         return [s for s in self.silences.values() if s.in_force(t) and s.matches(labels)]
 
     # ------------------------------------------------------------------ parts
+    def _idle_clear(self, profile: str, ts: float, partition: dict[str, Any] | None) -> bool:
+        """A clear condition that can change nothing (its alarm is not active, nothing is due
+        up to ``ts``): time moves to ``ts``, as the full call would. Every event of a
+        registered sensor is one (its `comm-fault` clear, docs/assets.md): this keeps them cheap."""
+        carry = self._carry
+        if carry.transitions or carry.messages or carry.warnings:
+            return False  # a refused call's effects: the full call returns them
+        due = self.due()
+        if due is not None and due <= self._now(ts):
+            return False
+        a = self.book.alarms.get(alarm_id(profile[: -len(CLEAR_SUFFIX)], partition))
+        if a is not None and is_active(a.state):
+            return False
+        self.clock = self._now(ts)
+        return True
+
     def _now(self, now: float) -> float:
         return now if self.clock is None else max(now, self.clock)
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from notifiers.alarms.intervals import WeeklyWindow, zone
-from profiles.errors import SilenceError
+from notifiers.errors import SilenceError
 from profiles.parser import parse_duration
 
 _MATCHER = re.compile(r"\s*([A-Za-z_][\w.\-]*)\s*(=~|!~|!=|=)\s*(.*?)\s*")

@@ -6,6 +6,7 @@ profile file) and a file with any problem is rejected as a whole: nothing half-l
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +79,15 @@ def _label(item: Any, kind: str, i: int) -> str:
 
 
 def parse_routing(
-    text: str, name: str = "<routing>", need_route: bool = True
+    text: str,
+    name: str = "<routing>",
+    need_route: bool = True,
+    stored: Callable[[], Collection[str]] | None = None,
 ) -> tuple[Routing | None, list[ENSError]]:
     """The configuration in ``text`` (None when anything is wrong) and every problem.
-    ``need_route=False``: a file of schedules alone (`ens schedule add`) is enough."""
+    ``need_route=False``: a file of schedules alone (`ens schedule add`) is enough.
+    ``stored``: the ids of the stored schedules (`ens serve`), asked only when a file that
+    lists its ``subscribers`` names a receiver that is neither: such a receiver may be one."""
     try:
         loader = _Loader(text)
         try:
@@ -152,7 +158,7 @@ def parse_routing(
             c.add(e, ("grouping", i), f"grouping #{i + 1}")
     root = _root(data, tz, c) if need_route or "route" in data else Route("root")
     if root is not None:
-        _references(root, schedules, policies, quiet, grouping, subscribers, c)
+        _references(root, schedules, policies, quiet, grouping, subscribers, c, stored)
     if c.errors or root is None:
         return None, c.errors
     return Routing(root, schedules, policies, quiet, tz, grouping, "route" in data), []
@@ -185,13 +191,23 @@ def _references(
     grouping: dict[str, GroupPolicy],
     subscribers: set[str] | None,
     c: _Collector,
+    stored: Callable[[], Collection[str]] | None = None,
 ) -> None:
     """Names that point nowhere: receivers, policies, and (with ``subscribers``) people."""
+    stored_ids: list[Collection[str]] = []  # asked at most once
 
     def known(n: str) -> bool:
-        return n in schedules or subscribers is None or n in subscribers
+        if n in schedules or subscribers is None or n in subscribers:
+            return True
+        if stored is None:
+            return False
+        if not stored_ids:
+            stored_ids.append(stored())
+        return n in stored_ids[0]
 
     hint = "not a schedule nor one of the subscribers"
+    if stored is not None:
+        hint = "not a schedule (of the file or stored) nor one of the subscribers"
     for loc, r in _with_locs(root, ()):
         for i, n in enumerate(r.receivers):
             if not known(n):
@@ -253,15 +269,19 @@ def _with_locs(route: Route, loc: Loc) -> list[tuple[Loc, Route]]:
     return out
 
 
-def load_routing(path: str | Path, need_route: bool = True) -> Routing:
-    """Load a routing file or raise every problem at once."""
+def load_routing(
+    path: str | Path,
+    need_route: bool = True,
+    stored: Callable[[], Collection[str]] | None = None,
+) -> Routing:
+    """Load a routing file or raise every problem at once (``stored``: `parse_routing`'s)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise RoutingError(f"{path}: not UTF-8 text") from None
     except OSError as e:
         raise RoutingError(f"cannot read routing file {path}: {e.strerror}") from None
-    routing, errors = parse_routing(text, str(path), need_route)
+    routing, errors = parse_routing(text, str(path), need_route, stored)
     if errors:
         raise errors[0] if len(errors) == 1 else ManyErrors(errors)
     assert routing is not None

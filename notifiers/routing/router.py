@@ -12,22 +12,34 @@ row of the timeline (`Told`), told or held back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from notifiers.alarms.model import Transition
 from notifiers.routing.escalation import Escalator, Pending
 from notifiers.routing.replay import Told, _rows, route_transition, step_deliveries
 from notifiers.routing.routes import Routing, explain
+from notifiers.routing.schedules import Schedule
 
 
 class Router:
     def __init__(self, routing: Routing, log: list[Told] | None = None) -> None:
         self.routing = routing
+        self.file = routing  # as loaded: `use_schedules` adds the stored schedules to it
         self.escalator = Escalator(routing.policies)
         self.changed: set[str] = set()
         self.log = log
         self.held = 0  # deliveries held back (quiet hours, nobody on call), for metrics
         self.steps = 0  # escalation steps fired
+
+    def use_schedules(self, stored: Mapping[str, Schedule]) -> list[str]:
+        """Resolve receivers with the stored schedules (`ens schedule add`) too, from now on;
+        a schedule of the routing file wins over a stored one of the same id. Returns the
+        stored ids the file's schedules shadow."""
+        merged = {**stored, **self.file.schedules}
+        self.routing = replace(self.file, schedules=merged)
+        return sorted(set(stored) & set(self.file.schedules))
 
     def transition(self, t: Transition) -> list[str]:
         before = self.escalator.pending.get(f"{t.alarm}.{t.occurrence}")

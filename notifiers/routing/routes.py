@@ -21,11 +21,11 @@ import notifiers.routing.times as times
 from notifiers.alarms.grouping import GroupPolicy
 from notifiers.alarms.intervals import WeeklyWindow
 from notifiers.alarms.silences import Matcher
+from notifiers.errors import SilenceError
 from notifiers.routing.errors import Loc, RoutingError
 from notifiers.routing.escalation import EscalationPolicy
 from notifiers.routing.schedules import Schedule, on_call
 from profiles.alarm import SEVERITIES
-from profiles.errors import SilenceError
 
 TRANSITIONS = ("raise", "repeat", "ack", "clear")
 ROUTE_KEYS = (
@@ -330,6 +330,23 @@ def parse_quiet(data: Any, loc: Loc, tz: str) -> QuietHours:
             f"unknown severity {minimum!r} (one of {', '.join(SEVERITIES)})", (*loc, "min_severity")
         )
     return QuietHours(sub[0], times.windows(d["windows"], qtz, (*loc, "windows")), minimum)
+
+
+def escalation_clashes(route: Route) -> list[tuple[Route, Route]]:
+    """Pairs of escalating routes that may both match one alarm (an earlier sibling subtree
+    ``continue``s into a later one) with different policies: only the first one's starts, as an
+    alarm occurrence has one escalation. For `ens route check` to warn about."""
+    out: list[tuple[Route, Route]] = []
+    kids = route.routes
+    for i, a in enumerate(kids):
+        out += escalation_clashes(a)
+        if not a.cont:
+            continue
+        first = [x for x in walk(a) if x.escalation is not None]
+        for b in kids[i + 1 :]:
+            later = [x for x in walk(b) if x.escalation is not None]
+            out += [(x, y) for x in first for y in later if x.escalation != y.escalation]
+    return list(dict.fromkeys(out))
 
 
 def walk(route: Route) -> list[Route]:

@@ -12,8 +12,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from notifiers.alarms.intervals import WeeklyWindow, zone
+from notifiers.errors import SilenceError
 from notifiers.routing.errors import Loc, RoutingError
-from profiles.errors import SilenceError
 from profiles.parser import parse_duration
 
 _WEEKS = re.compile(r"\s*(\d+)\s*w\s*")

@@ -13,6 +13,8 @@ from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from adapters.errors import NeedLogin as NeedLogin
+from adapters.errors import NotAllowed as NotAllowed
 from adapters.service.console import session
 from adapters.service.routes.base import sync_redis
 
@@ -39,14 +41,6 @@ def _ago(ts: float | None) -> str:
 templates.env.filters["when"] = _when
 templates.env.filters["ago"] = _ago
 templates.env.globals["urlencode"] = urlencode
-
-
-class NeedLogin(Exception):
-    """No session (or it expired): the login page."""
-
-
-class NotAllowed(Exception):
-    """A management page or action with an acknowledge-only session: 403."""
 
 
 def user(request: Request) -> session.User:

@@ -1,6 +1,6 @@
 """`/v1/gateways`, `/v1/outbox` (read-only) and `/v1/dead-letters` (admin token): what `ens
 gateway`, `ens notifications tail` and `ens notifications dead-letter` manage, over HTTP, with
-the same store functions (`redis_store`, `notifiers.store`)."""
+the same rules and store functions (`adapters.service.admin`, `redis_store`, `notifiers.store`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from adapters.errors import Refused
+from adapters.service import admin
 from adapters.service import redis_store as rs
 from adapters.service.routes.base import Admin, ErrorOut, R
 from notifiers import store
@@ -47,9 +49,9 @@ class GatewaySet(BaseModel):
 
 def _lateness(text: str | None) -> float | None:
     try:
-        return None if text is None else rs.parse_lateness(text)
-    except ValueError as exc:
-        raise HTTPException(422, str(exc).replace("--lateness", "lateness")) from None
+        return admin.parse_lateness(text, "lateness")
+    except Refused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
 
 
 def _gateway(r: Any, name: str) -> dict[str, Any]:
@@ -77,13 +79,9 @@ def add_gateway(body: GatewayIn, _: Admin, r: R) -> GatewayCreated:
     of that name has a key that is not revoked."""
     late = _lateness(body.lateness)
     try:
-        rs.check_gateway_name(body.name)
-    except ValueError as exc:
-        raise HTTPException(422, str(exc)) from None
-    try:
-        key = rs.add_gateway(r, body.name, late)
-    except ValueError as exc:
-        raise HTTPException(409, str(exc)) from None
+        key = admin.add_gateway(r, body.name, late)
+    except Refused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     return GatewayCreated(**_gateway(r, body.name), api_key=key)
 
 
@@ -95,8 +93,10 @@ def add_gateway(body: GatewayIn, _: Admin, r: R) -> GatewayCreated:
 )
 def set_gateway(name: str, body: GatewaySet, _: Admin, r: R) -> dict[str, Any]:
     """Change a gateway's lateness (`ens gateway set`); the running engine applies it at once."""
-    if not rs.set_gateway_lateness(r, name, _lateness(body.lateness)):
-        raise HTTPException(404, f"no gateway {name!r}")
+    try:
+        admin.set_gateway(r, name, _lateness(body.lateness))
+    except Refused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     return _gateway(r, name)
 
 
@@ -109,8 +109,10 @@ def set_gateway(name: str, body: GatewaySet, _: Admin, r: R) -> dict[str, Any]:
 def revoke_gateway(name: str, _: Admin, r: R) -> Response:
     """Revoke a gateway's API key (`ens gateway revoke`): its requests get 403 from now on; it
     stays listed as revoked."""
-    if not rs.revoke_gateway(r, name):
-        raise HTTPException(404, f"no gateway {name!r}")
+    try:
+        admin.revoke_gateway(r, name)
+    except Refused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     return Response(status_code=204)
 
 

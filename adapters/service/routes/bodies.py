@@ -16,11 +16,11 @@ import orjson
 from fastapi import Request
 from starlette.exceptions import HTTPException
 
+from adapters.errors import BadEvent, ForeignGateway, TsOutOfWindow
 from adapters.service import metrics as m
 from adapters.service.records import GATEWAY_ATTR
 from adapters.service.routes.base import IngestLimits
 from notifiers import store
-from profiles.errors import BadEvent, ForeignGateway, TsOutOfWindow
 from profiles.events import Event
 
 NDJSON_TYPES = frozenset(

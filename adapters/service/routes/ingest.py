@@ -13,8 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from adapters.errors import ForeignGateway, TsOutOfWindow
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.enrich import AssetCache
 from adapters.service.redis_limits import MemoryState, is_oom, store_problem
 from adapters.service.routes.base import (
     STORE_RETRY_AFTER,
@@ -33,7 +35,6 @@ from adapters.service.routes.bodies import (
     read_body,
 )
 from adapters.service.routes.gateways import Gateway, key_refused
-from profiles.errors import ForeignGateway, TsOutOfWindow
 from profiles.events import event_from_obj
 
 log = logging.getLogger("ens.service.api")
@@ -92,7 +93,8 @@ _EVENTS_BODY = {
 
 
 async def _over_backlog(request: Request) -> bool:
-    """Back-pressure: is the ingest backlog (`rs.ingest_backlog`'s count) over the bound?
+    """Back-pressure: is the ingest backlog (`rs.backlog_of`, as `rs.ingest_backlog` counts it)
+    over the bound?
 
     Two reads (the API's event count and the worker's heartbeat), at most every
     `backlog_check_interval` per process, so a request does not pay them each time.
@@ -105,9 +107,7 @@ async def _over_backlog(request: Request) -> bool:
             p.get(rs.INGEST_IN)
             p.hget(rs.ENGINE_STATUS, "stats")
             appended, stats = await p.execute()
-        st = json.loads(stats) if stats else {}
-        backlog = max(int(appended or 0) - int(st.get("total_read", 0)), 0)
-        backlog_seen[:] = [now, backlog + int(st.get("buffered", 0))]
+        backlog_seen[:] = [now, rs.backlog_of(appended, json.loads(stats) if stats else {})]
     return backlog_seen[1] > settings.max_backlog
 
 
@@ -215,7 +215,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     """Validate every event; append the valid ones to `ens:ingest` before answering.
 
     `ts` is required (RFC 3339 with offset, or epoch seconds); `id` is optional (the
-    ingest entry id is used); other values must be scalars (LANGUAGE.md §1). `gateway` is
+    ingest entry id is used); other values must be scalars (docs/language.md §1). `gateway` is
     reserved: every event carries the gateway of the API key, and one naming another is refused.
     """
     settings: ApiSettings = request.app.state.settings
@@ -229,6 +229,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     texts: list[str] = []  # ... and its normalized JSON
     exact = False  # some event needs the standard library's exact integer parsing
     errors: list[EventErrorOut] = []
+    assets: AssetCache = request.app.state.assets
+    await assets.refresh(request.app.state.aredis)
     now = time.time()
     odd = may_hold_surrogates(body)
     for index, line, obj in items:
@@ -240,6 +242,8 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             ev = event_from_obj(obj, "-")
             check_gateway(obj, gw)
             check_ts_window(ev.ts, now, settings.limits)
+            if assets:  # the registry's attributes of its sensor or gateway (docs/assets.md)
+                ev.attrs = assets.enrich(ev.attrs, gw)
             text, plain = normalized_json(obj, ev)
             ids.append("" if obj.get("id") is None else str(obj["id"]))
             texts.append(text)
@@ -250,6 +254,7 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
             elif isinstance(exc, ForeignGateway):
                 _foreign_gateway(gw, exc.named)
             errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
+    assets.count()
     accepted = len(texts)
     duplicates = 0
     if texts:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
+from adapters.service import admin
 from adapters.service import redis_store as rs
 from adapters.service.routes.base import Admin, ErrorOut, R
 from notifiers import store, subscriber_change
@@ -46,6 +47,10 @@ class ProfileStored(ProfileOut):
         default_factory=list,
         description="what looks wrong but is valid: no subscriber, a number read as infinity, "
         "an attribute no recent event has carried",
+    )
+    status: str = Field("created", description="created, replaced or unchanged")
+    changes: list[str] = Field(
+        default_factory=list, description="what a replacement changed: - stored / + sent"
     )
 
 
@@ -97,10 +102,13 @@ def list_profiles(_: Admin, r: R) -> list[dict[str, Any]]:
 def add_profile(body: ProfileIn, _: Admin, r: R) -> JSONResponse:
     """Validate and store a profile; the running engine picks it up without a restart.
 
-    Replacing a profile (same id) drops its partial matches.
+    The rules of `ens profile add --replace` (`adapters.service.admin`): replacing a profile
+    (same id, another definition) drops its partial matches, and ``changes`` shows what changed
+    (- stored / + sent); the same definition again changes nothing (``status`` unchanged).
     """
     try:
-        rec, created = rs.put_profile(r, body.id, body.expr, body.subscriber, body.alarm)
+        prof = rs.validate_profile(r, body.id, body.expr, body.subscriber)
+        alarm = None if body.alarm is None else rs.validate_alarm(prof, body.alarm).to_json()
     except ProfileError as exc:
         out = ProfileErrorOut(
             error=str(exc),
@@ -110,16 +118,15 @@ def add_profile(body: ProfileIn, _: Admin, r: R) -> JSONResponse:
             expected=exc.expected,
         )
         return JSONResponse(out.model_dump(), 422)
-    from adapters.service.profile_lint import profile_warnings
-    from profiles.parser import parse_profile
-
-    warnings = profile_warnings(r, parse_profile(body.expr, body.id, body.subscriber))
-    if body.subscriber is None:
-        warnings.append(
-            f"profile {body.id!r} has no subscriber: its notifications go to the outbox only"
-        )
-    stored = ProfileStored(**rec, warnings=warnings)
-    return JSONResponse(stored.model_dump(), 201 if created else 200)
+    change = admin.plan_profile(r, prof, alarm)
+    rec = admin.apply_profile(r, change)
+    stored = ProfileStored(
+        **rec,
+        warnings=admin.profile_warnings(r, prof),
+        status={"new": "created", "changed": "replaced"}.get(change.status, change.status),
+        changes=change.lines,
+    )
+    return JSONResponse(stored.model_dump(), 201 if change.status == "new" else 200)
 
 
 @router.get(

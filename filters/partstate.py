@@ -1,0 +1,373 @@
+"""The engine's state per profile partition: what the event reaches, records, load and unload.
+
+Compiled profiles (the primitive pool's starting entries, patterns, plans) are built once per
+profile set by `Engine(profiles)`; the runtime state of one profile partition (its partial
+matches, bindings, counters, auxiliary registrations and timers) is a *record*
+(`filters.state.dump_record`, kind "partition") that can be loaded into such an engine,
+changed by events and stored again, alone. The engine-level counters (time, arrival and
+notification numbers, the timers' tie number, clocks, PM counts per profile, profiles a `once`
+retired) are the *header* record. Storing every partition and the header and loading them into
+a fresh engine is a whole-engine snapshot and restore (same semantics: dormant auxiliary
+profiles are not stored, `Engine.__setstate__`).
+
+An event can change only the partitions of the profiles one of whose components it matches
+(`reached`: a pool of every component's filter, the partition from the event's `per` values)
+and those whose timers are due before it (`due_parts`). Mixed into `filters.engine.Engine`;
+`filters.partitions.PartitionedEngine` is the interface runtimes use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from filters import state as state_format
+from filters.composite import CompositeRuntime
+from filters.lazy import LazySeqRuntime
+from filters.localclock import LocalClock
+from filters.matches import PartialMatch, Partition
+from filters.notification import Notification
+from filters.pool import PrimitivePool
+from filters.runtime import AbsentRuntime, Handle, PartKey, Runtime
+from filters.temporal import CLOCK, TIMER, TemporalPool
+from profiles.ast import Absent, Clock, Profile
+from profiles.events import Event
+
+PartId = tuple[str, PartKey]  # (profile id, partition key: its `per` values, normalised)
+
+_KINDS: dict[type, str] = {
+    CompositeRuntime: "composite",
+    LazySeqRuntime: "lazy",
+    AbsentRuntime: "absent",
+}
+
+
+def _stateful(rt: Runtime) -> bool:
+    return rt.__class__ in _KINDS
+
+
+class PartitionState:
+    """Partition records of the engine (mixed into `Engine`; see the module docstring)."""
+
+    now: float | None
+    timers: TemporalPool
+    replan_every: int
+    _rts: dict[int, Runtime]
+    _by_id: dict[str, Runtime]
+    _seq: int
+    _nseq: int
+    _out: list[Notification]
+    _clocks: dict[Clock, Handle | None]
+    _clock_users: dict[Clock, dict[int, CompositeRuntime]]
+    _local: LocalClock | None
+
+    def add_profile(self, profile: Profile) -> None:
+        raise NotImplementedError
+
+    def _deactivate(self, rt: Runtime) -> None:
+        raise NotImplementedError
+
+    def _runtime(self, profile: Profile, idx: int) -> Runtime:
+        raise NotImplementedError
+
+    def _add_starts(self, rt: Runtime) -> None:
+        raise NotImplementedError
+
+    def _register_starts(self, rt: Runtime) -> None:
+        raise NotImplementedError
+
+    def _swap(self, idx: int, rt: Runtime, lazy: bool, driver: int | None = None) -> None:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- reach
+    def compiled(self) -> dict[int, Runtime]:
+        """The runtimes of the compiled profile set (those a `once` retired included): taken
+        the first time the engine is used by partition, again after a profile change."""
+        base: dict[int, Runtime] | None = self.__dict__.get("_base")
+        if base is None:
+            if self.replan_every:
+                raise ValueError(
+                    "an engine that re-plans online (replan_every > 0) cannot keep its state "
+                    "by partition: a re-plan moves a whole profile's state"
+                )
+            base = self.__dict__["_base"] = dict(self._rts)
+            reach = PrimitivePool()
+            for idx, rt in base.items():
+                for f in _leaf_filters(rt):
+                    reach.add(f, idx)
+            self.__dict__["_reach"] = reach
+        return base
+
+    def profiles_changed(self) -> None:
+        """A profile was added or removed: the compiled set is taken again at its next use."""
+        self.__dict__.pop("_base", None)
+        self.__dict__.pop("_reach", None)
+
+    def reached(self, event: Event) -> list[PartId]:
+        """The partitions `event` may change (a superset): of each stateful profile one of
+        whose components' filters it matches, the partition of its `per` values."""
+        self.compiled()
+        reach: PrimitivePool = self.__dict__["_reach"]
+        if self._local is not None:
+            event = self._local.event(event)
+        attrs = event.attrs
+        out: list[PartId] = []
+        idxs: set[int] = set()
+        for entry in reach.match(attrs):
+            idxs.update(entry.owners)  # type: ignore[arg-type]  # owners: runtime indices
+        rts = self._rts
+        for idx in sorted(idxs):
+            rt = rts.get(idx)
+            if rt is not None and rt.active:
+                key = rt.partition_key(attrs)
+                if key is not None:
+                    out.append((rt.pid, key))
+        return out
+
+    def due_parts(self, until: float) -> list[PartId]:
+        """The loaded partitions whose timers are due by `until` (a clock due: every loaded
+        partition of its profiles, and the one of a profile without `per`)."""
+        out: dict[PartId, None] = {}
+        for h in self.timers.due_handles(until):
+            if h[1] == CLOCK:
+                for rt in self._clock_users.get(h[3], {}).values():
+                    if rt.active:
+                        out.update(dict.fromkeys((rt.pid, k) for k in rt.parts))
+                        if not rt.per:
+                            out[(rt.pid, ())] = None
+                continue
+            got = _timer_part(h)
+            if got is not None:
+                out[(got[0].pid, got[1])] = None
+        return list(out)
+
+    def clock_parts(self, until: float) -> list[PartId]:
+        """The partitions the clocks due by `until` reach: of each profile waiting for one,
+        its partition without `per` (a clock event has no attributes)."""
+        out: list[PartId] = []
+        for clock, h in self._clocks.items():
+            if h is not None and h[0] <= until:
+                for rt in self._clock_users.get(clock, {}).values():
+                    if rt.active and not rt.per:
+                        out.append((rt.pid, ()))
+        return out
+
+    def part_ids(self) -> list[PartId]:
+        """Every partition the engine holds."""
+        out: list[PartId] = []
+        for rt in self._rts.values():
+            if _stateful(rt):
+                parts: dict[PartKey, Any] = rt.parts  # type: ignore[attr-defined]
+                out += [(rt.pid, k) for k in parts]
+        return out
+
+    def retired(self) -> list[str]:
+        """Profiles of the compiled set that are no longer active (`once`, reported): every
+        stored partition of theirs goes."""
+        return sorted(rt.pid for rt in self.compiled().values() if not rt.active)
+
+    # -------------------------------------------------------------- records
+    def store_parts(self, ids: Iterable[PartId]) -> dict[PartId, tuple[bytes, float | None] | None]:
+        """Each partition as (record, its next due time), or None: it holds nothing (its
+        stored record goes)."""
+        want = list(ids)
+        wanted = set(want)
+        timers: dict[PartId, list[Handle]] = {i: [] for i in want}
+        if wanted:
+            for h in self.timers.handles():
+                got = _timer_part(h)
+                if got is not None:
+                    pid = (got[0].pid, got[1])
+                    if pid in wanted:
+                        timers[pid].append(h)
+        out: dict[PartId, tuple[bytes, float | None] | None] = {}
+        for part_id in want:
+            rt = self._by_id.get(part_id[0])
+            st = None
+            if rt is not None and rt.active and _stateful(rt):
+                st = rt.parts.get(part_id[1])  # type: ignore[attr-defined]
+            if st is None:
+                out[part_id] = None
+                continue
+            hs = sorted(timers[part_id], key=lambda h: (h[0], h[1], h[2]))
+            due = hs[0][0] if hs else None
+            body = {
+                "profile": part_id[0],
+                "key": part_id[1],
+                "kind": _KINDS[rt.__class__],  # type: ignore[union-attr]
+                "state": st,
+                "timers": hs,
+                "due": due,
+            }
+            out[part_id] = (state_format.dump_record("partition", body, {id(rt): "runtime"}), due)
+        return out
+
+    def load_part(self, part_id: PartId, data: bytes) -> bool:
+        """A stored partition into the engine; False (nothing loaded) if its profile is not
+        active here (removed, or retired by `once`): its record can go."""
+        self.compiled()
+        rt = self._by_id.get(part_id[0])
+        if rt is None or not rt.active or not _stateful(rt):
+            return False
+        body = state_format.load_record(data, "partition", refs={"runtime": rt})
+        if body["profile"] != part_id[0] or body["key"] != part_id[1]:
+            raise state_format.StateError(
+                f"the record of partition {body['key']!r} of profile {body['profile']!r} was "
+                f"given as that of {part_id[1]!r} of {part_id[0]!r}"
+            )
+        kind = _KINDS[rt.__class__]
+        if body["kind"] != kind:
+            raise state_format.StateError(
+                f"the record of profile {part_id[0]!r} holds {body['kind']} state, but the "
+                f"profile runs {kind} here (its plan changed): the record cannot be loaded"
+            )
+        rt.load_partition(part_id[1], body["state"])  # type: ignore[attr-defined]
+        put = self.timers.put
+        for h in body["timers"]:
+            put(h)
+        return True
+
+    def unload_parts(self, ids: Iterable[PartId]) -> None:
+        """The partitions leave the engine (store them first: their PMs end here)."""
+        objs: set[int] = set()
+        for pid, key in ids:
+            rt = self._by_id.get(pid)
+            if rt is None or not _stateful(rt):
+                continue
+            st = rt.parts.get(key)  # type: ignore[attr-defined]
+            if st is not None:
+                objs.add(id(st))
+                rt.unload_partition(key)  # type: ignore[attr-defined]
+        if objs:  # the terminators its finished PMs left
+            self.timers.drop_where(
+                lambda h: (
+                    h[1] == TIMER and h[3][1].__class__ is PartialMatch and id(h[3][1].part) in objs
+                )
+            )
+
+    def store_header(self) -> bytes:
+        """The engine-level state (`filters.state.RECORDS["header"]`)."""
+        base = self.compiled()
+        pm_counts: dict[str, int] = {}
+        sweeps: dict[str, float] = {}
+        for rt in self._rts.values():
+            if isinstance(rt, CompositeRuntime) and rt.pm_count:
+                pm_counts[rt.pid] = rt.pm_count
+            elif isinstance(rt, LazySeqRuntime) and rt.sweep_at != float("-inf"):
+                sweeps[rt.pid] = rt.sweep_at
+        body = {
+            "now": self.now,
+            "seq": self._seq,
+            "nseq": self._nseq,
+            "tie": self.timers.tie,
+            "clocks": dict(self._clocks),
+            "inactive": sorted(rt.pid for rt in base.values() if not rt.active),
+            "pm_counts": pm_counts,
+            "sweeps": sweeps,
+            "out": list(self._out),
+            "order": [rt.pid for rt in self._rts.values()],
+            "lazy": {rt.pid: rt.k for rt in self._rts.values() if isinstance(rt, LazySeqRuntime)},
+        }
+        return state_format.dump_record("header", body)
+
+    def load_header(self, data: bytes) -> None:
+        """The engine-level state of a `store_header` into an engine holding none
+        (`reset_state`), before its partitions are loaded."""
+        body = state_format.load_record(data, "header")
+        base = self.compiled()
+        lazy: dict[str, int] = body["lazy"]
+        for idx, rt in list(base.items()):  # each profile's plan as stored (its records' kind)
+            if not rt.active or not isinstance(rt, (CompositeRuntime, LazySeqRuntime)):
+                continue
+            k = lazy.get(rt.pid)
+            if isinstance(rt, LazySeqRuntime) != (k is not None) or (
+                isinstance(rt, LazySeqRuntime) and rt.k != k
+            ):
+                if isinstance(rt, LazySeqRuntime) and k is not None:  # another driver
+                    self._swap(idx, rt, False)
+                    rt = self._rts[idx]
+                self._swap(idx, rt, k is not None, k)
+                base[idx] = self._rts[idx]
+        for pid in body["inactive"]:
+            gone = self._by_id.get(pid)
+            if gone is not None:
+                self._deactivate(gone)
+        self.now = body["now"]
+        self._seq = body["seq"]
+        self._nseq = body["nseq"]
+        self.timers.tie = body["tie"]
+        for clock, h in body["clocks"].items():
+            if clock in self._clocks:
+                self._clocks[clock] = h
+                if h is not None:
+                    self.timers.put(h)
+        for pid, n in body["pm_counts"].items():
+            comp = self._by_id.get(pid)
+            if isinstance(comp, CompositeRuntime):
+                comp.pm_count = n
+        for pid, t in body["sweeps"].items():
+            lz = self._by_id.get(pid)
+            if isinstance(lz, LazySeqRuntime):
+                lz.sweep_at = t
+        self._out.extend(body["out"])
+
+    def reset_state(self) -> None:
+        """Back to the compiled profiles holding no state (as `Engine(profiles)` built them):
+        every partition out, retired profiles back, time unset. Take the notifications and
+        store what is to be kept first."""
+        base = self.compiled()
+        self.timers.clear()
+        for idx, rt in list(base.items()):
+            if not rt.active:
+                fresh = self._runtime(rt.profile, idx)
+                base[idx] = self._rts[idx] = self._by_id[rt.pid] = fresh
+                self._register_starts(fresh)
+                if isinstance(fresh, CompositeRuntime):
+                    for clock in fresh.clocks:
+                        self._clock_users.setdefault(clock, {})[idx] = fresh
+                continue
+            if _stateful(rt):
+                for key in list(rt.parts):  # type: ignore[attr-defined]
+                    rt.unload_partition(key, False)  # type: ignore[attr-defined]
+            if isinstance(rt, CompositeRuntime):
+                rt.pm_count = 0
+                if not rt.starts:  # `opens_once` let them go when its PM opened
+                    self._add_starts(rt)
+            elif isinstance(rt, LazySeqRuntime):
+                rt.sweep_at = float("-inf")
+        self._rts = dict(sorted(self._rts.items()))
+        self._clocks = dict.fromkeys(self._clocks)
+        for clock in self._clock_users:
+            self._clocks.setdefault(clock, None)
+        self.now = None
+        self._seq = self._nseq = 0
+        self._out.clear()
+
+
+def _leaf_filters(rt: Runtime) -> list[Any]:
+    """The filters of every component of a stateful runtime (clock components have none)."""
+    if isinstance(rt, (CompositeRuntime, LazySeqRuntime)):
+        return [lf.filter for lf in rt.pat.leaves if lf.clock is None]
+    if isinstance(rt, AbsentRuntime):
+        expr = rt.profile.expr
+        assert isinstance(expr, Absent)
+        return [expr.filter]
+    return []
+
+
+def _timer_part(h: Handle) -> tuple[Runtime, PartKey] | None:
+    """The runtime and partition a timer belongs to, if that partition is the runtime's
+    current one (a finished PM's terminator of a partition since dropped fires as a no-op)."""
+    if h[1] != TIMER:
+        return None
+    rt, x = h[3]
+    if not rt.active:
+        return None
+    cls = x.__class__
+    if cls is PartialMatch:
+        part = x.part
+        return (rt, part.key) if rt.parts.get(part.key) is part else None
+    if cls is Partition:
+        return (rt, x.key) if rt.parts.get(x.key) is x else None
+    st = rt.parts.get(x)  # `absent`: its key
+    return (rt, x) if st is not None and st[1] is h else None
