@@ -36,8 +36,8 @@ class AlarmBook:
         # (occurrence and transition ids, the webhooks' Idempotency-Keys, stay unique)
         self.gone: dict[str, int] = {}
         self._closed: list[tuple[float, str]] = []  # (closed at, id): prune candidates, lazily
-        # id -> labels of its current occurrence (fixed per occurrence): made once, shared by
-        # its transitions (read-only) instead of rebuilt for each
+        # id -> labels of its current occurrence: made once (again when its fixed labels
+        # change), shared by its transitions (read-only) instead of rebuilt for each
         self._labels: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------------ retention
@@ -97,7 +97,10 @@ class AlarmBook:
             a.last_seen = ts
             a.events = dict(events)
             a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
-            a.fixed = dict(spec.labels)  # a registry change moves the labels with the next match
+            fixed = dict(spec.labels)
+            if fixed != a.fixed:  # a registry change moves the labels with the next match
+                a.fixed = fixed
+                self._labels.pop(aid, None)
             return self._record(a, "repeat", ts, RULE, "match", before)
         occurrence = a.occurrence + 1 if a is not None else self.gone.pop(aid, 0) + 1
         a = Alarm(
