@@ -362,7 +362,7 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
             notes.extend(ns)
             return feed(ns)
 
-        w._alarm_feed = capture  # type: ignore[method-assign]
+        w._alarm_feed = capture  # type: ignore[method-assign,assignment]
         while w.step(block=0):
             pass
         if w.pending:
