@@ -193,9 +193,7 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
                     out.get(f"alarms_{name}_events_per_s", 0), round(rate)
                 )
                 if spec is not None:
-                    from adapters.service import alarm_store as als
-
-                    out["transitions"] = rb.xlen(als.HISTORY)
+                    out["transitions"], out["history_entries"] = history_size(rb)
                 rb.close()
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     return out
@@ -272,13 +270,22 @@ def e2e(
                     out.setdefault(f"alarms_{mode}_runs", []).append(round(rate))
                     out[k] = max(out.get(k, 0), round(rate))
                     if mode == "on":
-                        out["transitions"] = r.xlen(als.HISTORY)
+                        out["transitions"], out["history_entries"] = history_size(r)
                         out["alarms"] = r.hlen(als.ALARMS)
                     r.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     return out
+
+
+def history_size(r: Any) -> tuple[int, int]:
+    """(transitions, entries) of ``ens:alarm:history``: an entry of coalesced repeats stands
+    for several transitions (docs/alarms.md, "History")."""
+    from adapters.service import alarm_store as als
+
+    recs = als.history(r, limit=10**8)
+    return sum(len(als.transition_ids(t)) for t in recs), len(recs)
 
 
 def _final_probe(r: Any, base: str, key: str, gen: Any, timeout: float = 300.0) -> None:
@@ -294,3 +301,95 @@ def _final_probe(r: Any, base: str, key: str, gen: Any, timeout: float = 300.0) 
         if time.monotonic() > deadline:
             raise RuntimeError(f"the final probe was not notified within {timeout:g} s")
         time.sleep(0.05)
+
+
+def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
+    """The engine worker's alarm step alone, per match (µs), best of ``repeat``: the alarm
+    notifications of `e2e`'s profile set (every profile an alarm) over ``events`` events,
+    captured once from an in-process worker on a real redis-server, then fed to fresh rules
+    (``rules``: `AlarmPart._alarm_feed` + ``advance``), written into a recording pipeline
+    (``writer``: the commands built) and into a real MULTI/EXEC (``redis``)."""
+    import inspect
+
+    import redis
+
+    from adapters.service import redis_store as rs
+    from adapters.service.alarm_worker import AlarmBatch, AlarmPart
+    from adapters.service.worker import EngineWorker, WorkerConfig
+    from bench import service_load as sl
+    from notifiers.alarms import AlarmRules
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __getattr__(self, name: str) -> Any:
+            def command(*a: Any, **k: Any) -> None:
+                self.n += 1
+
+            return command
+
+    def alarm_of(pid: str) -> dict[str, Any] | None:
+        if pid == "window-open":
+            return WINDOW_ALARM
+        if pid.startswith("c"):
+            return {"severity": "minor", "clear": "after 30m"}
+        return {"severity": "warning", "clear": "manual"} if pid.startswith("f") else None
+
+    gen = sl.Gen(7)
+    evs = [gen.event() for _ in range(events)]
+    for i, e in enumerate(evs):
+        e["ts"] = 1_700_000_000.0 + i * 0.002
+    listed = "batches" in inspect.signature(AlarmPart._alarm_write).parameters
+    best = {"rules": 1e9, "writer": 1e9, "redis": 1e9}
+    with redis_server() as url:
+        rb = redis.Redis.from_url(url)
+        for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]:
+            rs.put_profile(rb, pid, expr, alarm=alarm_of(pid))
+        with rb.pipeline(transaction=False) as p:
+            for i in range(0, events, 500):
+                p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 500]),
+                                   rs.INGEST_GATEWAY: "g"})  # fmt: skip
+            p.execute()
+        cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
+                           snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
+        w = EngineWorker(rb, cfg)
+        w.start()
+        notes: list[Any] = []
+        feed = w._alarm_feed
+
+        def capture(ns: list[Any]) -> Any:
+            notes.extend(ns)
+            return feed(ns)
+
+        w._alarm_feed = capture  # type: ignore[method-assign,assignment]
+        while w.step(block=0):
+            pass
+        if w.pending:
+            w.commit()
+        end = w._alarm_now()
+        for _ in range(repeat):
+            w.rules = AlarmRules(dict(w.rules.specs), {}, w.cfg.alarm_policy, None)
+            t0 = time.perf_counter()
+            eff = feed(notes)
+            eff.extend(w.rules.advance(end))
+            t1 = time.perf_counter()
+            batch = AlarmBatch({"ops": [], "t": end, "ctl": "0-0"}, eff)
+            arg: Any = [batch] if listed else batch
+            rec = Recorder()
+            w._alarm_write(rec, arg, 86400 * 30)
+            t2 = time.perf_counter()
+            rb.delete("ens:alarm:history", "ens:alarms", "ens:outbox")
+            with rb.pipeline(transaction=True) as p:
+                w._alarm_write(p, arg, 86400 * 30)
+                p.execute()
+            t3 = time.perf_counter()
+            for k, v in (("rules", t1 - t0), ("writer", t2 - t1), ("redis", t3 - t2)):
+                best[k] = min(best[k], v)
+        out = {f"{k}_us_per_match": round(v * 1e6 / len(notes), 1) for k, v in best.items()}
+        out["total_us_per_match"] = round(sum(best.values()) * 1e6 / len(notes), 1)
+        out.update(matches=len(notes), transitions=len(eff.transitions),
+                   messages=len(eff.messages), commands=rec.n)  # fmt: skip
+        out["transitions"], out["history_entries"] = len(eff.transitions), history_size(rb)[1]
+        rb.close()
+    return out

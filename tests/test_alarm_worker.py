@@ -221,3 +221,32 @@ def test_commands_without_a_worker_and_across_a_crash_apply_once(
     acks = [t for t in history(rt) if t["kind"] == "ack"]
     assert [t["actor"] for t in acks] == ["ann", "bob"]
     assert als.get_alarm(rt, ids["101"])["state"] == "active-acknowledged"  # type: ignore[index]
+
+
+def test_repeats_of_one_commit_are_one_history_entry(rb: redis.Redis, rt: redis.Redis) -> None:
+    """Consecutive repeats of an alarm in one commit: one history entry with ``repeats`` and
+    ``since``, standing for every repeat id (docs/alarms.md, "History"); a clear ends the run,
+    and the next commit's repeats are an entry of their own."""
+    rs.put_profile(rt, "win", f"seq(w: {WINDOW}) per room", alarm=ALARM)
+    w = EngineWorker(rb, config())
+    w.start()
+    clock = [time.time()]
+    ingest(rb, [window(i, "101") for i in range(1, 6)] + [window(6, "102"), window(7, "101")])
+    drain(w, clock)
+    ingest(rb, [window(8, "101"), window(9, "101"), window(10, "101", "closed")])
+    drain(w, clock)
+    got = [(t["labels"]["room"], t["kind"], t.get("repeats", 1)) for t in history(rt)]
+    assert got == [
+        ("101", "raise", 1),
+        ("102", "raise", 1),
+        ("101", "repeat", 5),  # e2-e5 and e7, at the last one's place
+        ("101", "repeat", 2),
+        ("101", "clear", 1),
+    ]
+    run = history(rt)[2]
+    assert run["since"] == T0 + 2 and run["last_seen"] == T0 + 7 and run["count"] == 6
+    aid = run["alarm"]
+    ids = [i for t in history(rt) if t["alarm"] == aid for i in als.transition_ids(t)]
+    assert ids == [f"{aid}.1.{n}" for n in range(1, 10)]  # every transition, once, in order
+    rec = als.get_alarm(rt, aid)
+    assert rec is not None and rec["count"] == 8

@@ -430,3 +430,14 @@ def test_a_matcher_that_matches_no_current_label_is_stored_with_a_warning() -> N
     e = r.add_silence({"matchers": ["room=101", "building=Z"], "for": "1h"}, 10)
     assert e.silence is not None and "s1" in r.silences
     assert e.warnings == ["silence s1: matcher building=Z matches no current alarm's labels"]
+
+
+def test_a_repeat_after_a_change_of_fixed_labels_carries_the_new_ones() -> None:
+    """Transitions share their alarm's labels, made once per occurrence: a repeat that moves
+    the fixed labels (`alarm: labels:`, e.g. a registry change) makes them again."""
+    rules = AlarmRules({"p": AlarmSpec("major", labels=(("zone", "north"),))})
+    first = rules.on_match("p", 1.0, {"room": "1"}).transitions[0]
+    rules.specs["p"] = AlarmSpec("major", labels=(("zone", "south"),))
+    again = rules.on_match("p", 2.0, {"room": "1"}).transitions[0]
+    assert (first.labels["zone"], again.labels["zone"]) == ("north", "south")
+    assert first.labels["room"] == again.labels["room"] == "1"

@@ -47,6 +47,7 @@ ESCALATION_DUE = "ens:escalation:due"  # sorted set: occurrence ID.N -> due time
 ESCALATIONS = "ens:escalations"  # hash: occurrence ID.N -> its next step (JSON)
 CONTROL_MAXLEN = 10_000
 REPLY_TTL = 300  # s: a reply nobody waited for goes away
+REPLY_SLICE = 2.0  # s: one BLPOP of `wait_reply`, well within a client's socket timeout
 COMMAND_MAX_AGE = 300.0  # s: an older command is not applied (whoever sent it gave up)
 OPS = ("ack", "clear", "silence", "expire")
 
@@ -93,7 +94,12 @@ def post_command(r: redis.Redis, op: str, args: Mapping[str, Any]) -> str:
 
 
 def wait_reply(r: redis.Redis, eid: str, timeout: float = 10.0) -> dict[str, Any]:
-    got: Any = r.blpop([REPLY + eid], timeout=max(int(timeout), 1))
+    """The reply to command ``eid``. BLPOP in slices shorter than the client's socket timeout
+    (redis-py's default is 5 s): a longer ``--wait`` is not a "Timeout reading from socket"."""
+    deadline = time.monotonic() + max(timeout, 1.0)
+    got: Any = None
+    while got is None and (left := deadline - time.monotonic()) > 0:
+        got = r.blpop([REPLY + eid], timeout=max(min(left, REPLY_SLICE), 0.01))
     if got is None:
         raise WorkerUnavailable(
             f"the engine worker did not answer within {timeout:g} s (is `ens serve` running?); "
@@ -135,6 +141,44 @@ def index_labels(p: Any, aid: str, labels: Mapping[str, str]) -> None:
     widens the candidates, which the matchers then filter."""
     for k, v in labels.items():
         p.sadd(label_key(k, v), aid)
+
+
+def index_many(p: Any, raised: Iterable[tuple[str, Mapping[str, str]]]) -> None:
+    """`index_labels` for many alarms: one SADD per label set (a step's raises share their
+    profile, severity and subscriber sets)."""
+    sets: dict[str, list[str]] = {}
+    for aid, labels in raised:
+        for k, v in labels.items():
+            sets.setdefault(label_key(k, v), []).append(aid)
+    for key, ids in sets.items():
+        p.sadd(key, *ids)
+
+
+# XADD each ARGV[2..] (a transition's JSON) as field "t", trimming to MINID ARGV[1]: one
+# command for a step's history instead of one per transition (each queued command of a
+# MULTI costs a round of parsing on both sides)
+HISTORY_SCRIPT = """
+for i = 2, #ARGV do
+  redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 't', ARGV[i])
+end
+return #ARGV - 1
+"""
+HISTORY_CHUNK = 1000  # transitions per script call
+
+
+def add_history(p: Any, script: Any, entries: Sequence[bytes], minid: str) -> None:
+    """Append transitions (`history_json`) to ``ens:alarm:history`` in the caller's
+    transaction, in order, through ``script`` (`HISTORY_SCRIPT` registered on a client)."""
+    for lo in range(0, len(entries), HISTORY_CHUNK):
+        script(keys=[HISTORY], args=[minid, *entries[lo : lo + HISTORY_CHUNK]], client=p)
+
+
+def unindex(p: Any, aid: str, labels: Mapping[str, str]) -> None:
+    """Remove a pruned alarm from ``ens:alarms`` and its label sets (in the caller's
+    transaction); an emptied set goes away."""
+    p.hdel(ALARMS, aid)
+    for k, v in labels.items():
+        p.srem(label_key(k, v), aid)
 
 
 def _candidates(r: redis.Redis, matchers: Sequence[Matcher], severity: str | None) -> Any:
@@ -244,7 +288,53 @@ def parse_since(since: str | None, now: float | None = None) -> float | None:
 
 def history_fields(tr: Transition) -> dict[str, bytes]:
     """A history entry: the transition as JSON (`Transition.to_json`'s keys)."""
-    return {"t": orjson.dumps({name: getattr(tr, name) for name in _TRANSITION_FIELDS})}
+    return {"t": history_json(tr)}
+
+
+def history_json(tr: Transition, **extra: Any) -> bytes:
+    return orjson.dumps({**{name: getattr(tr, name) for name in _TRANSITION_FIELDS}, **extra})
+
+
+def history_entries(trs: Sequence[Transition]) -> list[bytes]:
+    """The history entries of one step's transitions, in order: one per transition, except
+    that consecutive repeats of one alarm occurrence that deliver nothing (a further match:
+    a count and a time) are one entry — the last repeat, with ``repeats`` (how many it
+    stands for) and ``since`` (the first one's time). Its ``count``/``first_seen``/
+    ``last_seen`` are the alarm's after them; the repeats' ids are the ``repeats`` ids up to
+    its own (`transition_ids`)."""
+    keep: list[Transition | None] = []
+    runs: dict[str, int] = {}  # alarm -> index in keep of its open run's last repeat
+    merged: dict[int, tuple[int, float]] = {}  # index -> (repeats, since)
+    for tr in trs:
+        if tr.kind == "repeat" and tr.delivery == "none":
+            i = runs.get(tr.alarm)
+            if i is not None:
+                k, since = merged.pop(i, (1, keep[i].ts))  # type: ignore[union-attr]
+                keep[i] = None
+                merged[len(keep)] = (k + 1, since)
+            runs[tr.alarm] = len(keep)
+        else:
+            runs.pop(tr.alarm, None)
+        keep.append(tr)
+    out = []
+    for i, kept in enumerate(keep):
+        if kept is None:
+            continue
+        if i in merged:
+            k, since = merged[i]
+            out.append(history_json(kept, repeats=k, since=since))
+        else:
+            out.append(history_json(kept))
+    return out
+
+
+def transition_ids(rec: Mapping[str, Any]) -> list[str]:
+    """The ids of the transitions a history entry stands for (several: coalesced repeats)."""
+    k = int(rec.get("repeats", 1))
+    if k == 1:
+        return [rec["id"]]
+    head, _, n = str(rec["id"]).rpartition(".")
+    return [f"{head}.{j}" for j in range(int(n) - k + 1, int(n) + 1)]
 
 
 def list_silences(r: redis.Redis) -> list[dict[str, Any]]:

@@ -11,6 +11,14 @@ and ``t`` (the notifications are reproduced by the engine), so a journal replay 
 rebuilds the same rules state and drops the effects, which were written already. The rules'
 ``snapshot()`` is stored with the engine checkpoint (field ``alarms`` of ``ens:checkpoint``).
 
+A commit Redis refuses over ``maxmemory`` did not happen, and the worker keeps its state and
+commits again (`adapters.service.pressure`). Its alarm step has changed the rules already and
+consumed its commands, so the step is **held** (`AlarmPart.alarm_held`) until a commit writes
+it: the retry feeds only the alarm notifications no held step fed, runs a step of its own for
+them and for the commands read meanwhile, and writes every held step's effects; its journal
+entry lists the steps in order (``{"steps": [...]}``, each with how many notifications it
+fed), which the replay runs one by one.
+
 A profile's `alarm:` comes with its stored definition; a `clear: {on: F}` (or a `clear: after`
 the temporal pool can detect) registers the companion profile ``<id>#clear`` in the engine.
 Notifications of alarm profiles and companions do not go to the outbox themselves: their
@@ -58,6 +66,7 @@ from profiles.errors import ProfileError
 log = logging.getLogger("ens.service.worker")
 
 CHECKPOINT_FIELD = "alarms"  # of ens:checkpoint: {"specs", "rules", "ctl"}
+PRUNE_PER_STEP = 500  # closed alarms forgotten per commit at most (bounded work per commit)
 
 
 @dataclass
@@ -70,6 +79,7 @@ class AlarmBatch:
     silences: list[dict[str, Any]] = field(default_factory=list)
     # occurrence -> its next escalation step (None: none any more), as of the step
     escalations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    pruned: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (id, labels)
 
 
 class AlarmPart(EngineState):
@@ -101,6 +111,9 @@ class AlarmPart(EngineState):
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
         self.alarm_dirty = False  # transitions since the last count
         self.escalations_gone: list[str] = []  # pending steps of a run with --routing, dropped
+        self.history_script = self.r.register_script(als.HISTORY_SCRIPT)
+        self.alarm_held: list[AlarmBatch] = []  # steps applied to the rules, not committed yet
+        self.alarm_fed = 0  # alarm notifications of the pending ones that held steps fed
 
     # ------------------------------------------------------------------ definitions
     def _is_alarm(self, pid: str) -> bool:
@@ -192,11 +205,16 @@ class AlarmPart(EngineState):
             self.alarm_cmds.append((eid, cmd))
 
     def _alarm_wants_commit(self) -> bool:
-        if self.alarm_cmds or self.escalations_gone:
+        if self.alarm_cmds or self.escalations_gone or self.alarm_held:
             return True
         due = self.rules.due()
         now = self.engine.now
-        return due is not None and now is not None and due <= now
+        if now is None:
+            return False
+        keep = self.cfg.alarm_closed_retention
+        return (due is not None and due <= now) or (
+            keep is not None and self.rules.book.prune_due(now - keep)
+        )
 
     def _alarm_apply(self, cmd: dict[str, Any], t: float) -> tuple[Effects, dict[str, Any]]:
         """Apply one command at ``t``; its effects and its reply."""
@@ -246,7 +264,28 @@ class AlarmPart(EngineState):
         now = self.engine.now
         return time.time() if now is None else now
 
-    def _alarm_step(self, notes: list[Notification]) -> AlarmBatch | None:
+    def _alarm_step(self, notes: list[Notification]) -> list[AlarmBatch]:
+        """The steps a commit writes: those held from refused commits, then (if there is
+        anything to do) a new one for the alarm notifications ``notes`` none of them fed."""
+        new = notes[self.alarm_fed :]
+        if new or self.alarm_cmds or self.escalations_gone or not self.alarm_held:
+            batch = self._alarm_new_step(new)
+            if batch is not None:
+                batch.entry["n"] = len(new)
+                self.alarm_held.append(batch)
+        self.alarm_fed = len(notes)
+        return self.alarm_held
+
+    @staticmethod
+    def _alarm_entry(batches: list[AlarmBatch]) -> dict[str, Any] | None:
+        """The journal entry's ``al``: one step as it was (version 3), several in a list."""
+        if not batches:
+            return None
+        if len(batches) == 1:
+            return {k: v for k, v in batches[0].entry.items() if k != "n"}
+        return {"steps": [b.entry for b in batches]}
+
+    def _alarm_new_step(self, notes: list[Notification]) -> AlarmBatch | None:
         """Feed the batch's alarm notifications, then the commands, then advance."""
         if not notes and not self._alarm_wants_commit():
             return None
@@ -262,6 +301,12 @@ class AlarmPart(EngineState):
                 batch.silences.append(got.silence.to_json())
         self.alarm_cmds = []
         eff.extend(self.rules.advance(t))
+        keep = self.cfg.alarm_closed_retention
+        if keep is not None:  # journalled: a replay forgets the same, whatever its setting
+            gone = self.rules.prune(t, keep, PRUNE_PER_STEP)
+            if gone:
+                batch.pruned = [(a.id, a.labels()) for a in gone]
+                batch.entry["pruned"] = [a.id for a in gone]
         if self.router is not None:
             batch.escalations = {k: self.router.next_step(k) for k in self.router.take_changed()}
         batch.escalations.update(dict.fromkeys(self.escalations_gone))
@@ -285,31 +330,40 @@ class AlarmPart(EngineState):
             if notes:  # a journal written before alarms: the same notifications, no time
                 self._alarm_feed(notes)
             return
-        t = float(entry["t"])
-        self._alarm_feed(notes)
-        for cmd in entry["ops"]:
-            self._alarm_apply(cmd, t)
-        self.rules.advance(t)
-        self.alarm_control_id = entry["ctl"]
+        steps = entry.get("steps", [{**entry, "n": len(notes)}])
+        at = 0
+        for step in steps:
+            t = float(step["t"])
+            self._alarm_feed(notes[at : at + int(step["n"])])
+            at += int(step["n"])
+            for cmd in step["ops"]:
+                self._alarm_apply(cmd, t)
+            self.rules.advance(t)
+            self.rules.book.forget(step.get("pruned", []))
+            self.alarm_control_id = step["ctl"]
 
     # ------------------------------------------------------------------ writing
-    def _alarm_write(self, p: Any, batch: AlarmBatch, retention: float) -> None:
-        """Everything the step produced, in the caller's transaction."""
+    def _alarm_write(self, p: Any, batches: list[AlarmBatch], retention: float) -> None:
+        """Everything the steps produced, in the caller's transaction."""
+        for batch in batches:
+            self._alarm_write_step(p, batch, retention)
+
+    def _alarm_write_step(self, p: Any, batch: AlarmBatch, retention: float) -> None:
         eff = batch.effects
         minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
-        for tr in eff.transitions:
-            p.xadd(als.HISTORY, als.history_fields(tr), minid=minid, approximate=True)
-            if tr.kind == "raise":  # labels are the key's: indexed once per occurrence
-                als.index_labels(p, tr.alarm, tr.labels)
-        touched = {tr.alarm for tr in eff.transitions}
+        trs = eff.transitions
+        als.add_history(p, self.history_script, als.history_entries(trs), minid)
+        # labels are the key's: indexed once per occurrence
+        als.index_many(p, ((tr.alarm, tr.labels) for tr in trs if tr.kind == "raise"))
+        book = self.rules.book.alarms
+        touched = {tr.alarm for tr in eff.transitions if tr.alarm in book}  # else: pruned since
         if touched:
             p.hset(
                 als.ALARMS,
-                mapping={
-                    aid: orjson.dumps(als.index_record(self.rules.book.alarms[aid]))
-                    for aid in touched
-                },
+                mapping={aid: orjson.dumps(als.index_record(book[aid])) for aid in touched},
             )
+        for aid, labels in batch.pruned:
+            als.unindex(p, aid, labels)
         for s in batch.silences:
             p.hset(als.SILENCES, s["id"], json.dumps(s))
         for msg in eff.messages:
@@ -325,10 +379,14 @@ class AlarmPart(EngineState):
                 p.zadd(als.ESCALATION_DUE, {key: step["due_at"]})
                 p.hset(als.ESCALATIONS, key, orjson.dumps(step))
 
-    def _alarm_published(self, batch: AlarmBatch | None) -> None:
-        """Count what a committed step wrote (Prometheus)."""
-        if batch is None:
-            return
+    def _alarm_published(self, batches: list[AlarmBatch]) -> None:
+        """The steps are committed: count what they wrote (Prometheus), hold them no more."""
+        for batch in batches:
+            self._alarm_count(batch)
+        self.alarm_held = []
+        self.alarm_fed = 0
+
+    def _alarm_count(self, batch: AlarmBatch) -> None:
         for tr in batch.effects.transitions:
             m.ALARM_TRANSITIONS.labels(kind=tr.kind).inc()
             if tr.delivery == "silenced":
@@ -343,8 +401,11 @@ class AlarmPart(EngineState):
             m.ALARM_MESSAGES.labels(kind=msg.kind).inc()
             if msg.overflow:
                 m.ALARM_OVERFLOW.inc(msg.overflow)
-        if batch.effects.transitions:
+        if batch.effects.transitions or batch.pruned:
             self.alarm_dirty = True
+        if batch.pruned:
+            m.ALARMS_PRUNED.inc(len(batch.pruned))
+            log.debug("pruned %d closed alarms from ens:alarms", len(batch.pruned))
 
     def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
         """Alarms by severity and state, for the heartbeat's stats (`/metrics` reads them:

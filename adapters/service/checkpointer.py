@@ -328,7 +328,7 @@ class Checkpointer(EngineState):
             if archived is not None:  # fed since the last commit (`Journal.commit`)
                 p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # sent since the last commit
-            if alarm is not None:
+            if alarm:
                 self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
             for pid, prof in changed.items():  # only what changed: 10^6 profiles are not rewritten
                 if prof is None:

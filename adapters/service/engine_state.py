@@ -47,6 +47,7 @@ class WorkerConfig:
     late_events: str = DEFAULTS.late_events
     late_max: int = DEFAULTS.late_max  # ens:late keeps about this many
     alarm_history_retention: float = DEFAULTS.alarm_history_retention  # s
+    alarm_closed_retention: float | None = DEFAULTS.alarm_closed_retention  # s; None: forever
     # grouping and cap of alarm messages, for every subscriber (configuration, not state)
     alarm_policy: GroupPolicy = field(default_factory=GroupPolicy)
     # `ens serve --routing FILE` (docs/routing.md): who hears of an alarm, escalation, and
@@ -107,6 +108,7 @@ class WorkerConfig:
             late_events=s.late_events,
             late_max=s.late_max,
             alarm_history_retention=s.alarm_history_retention,
+            alarm_closed_retention=s.alarm_closed_retention,
             alarm_policy=GroupPolicy(
                 tuple(x.strip() for x in s.alarm_group_by.split(",") if x.strip()) or None,
                 s.alarm_group_wait,
@@ -258,16 +260,20 @@ class EngineState:
     def _alarm_split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
         raise NotImplementedError
 
-    def _alarm_step(self, notes: list[Notification]) -> Any:
+    def _alarm_step(self, notes: list[Notification]) -> list[Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _alarm_entry(batches: list[Any]) -> dict[str, Any] | None:
         raise NotImplementedError
 
     def _alarm_replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
         raise NotImplementedError
 
-    def _alarm_write(self, p: Any, batch: Any, retention: float) -> None:
+    def _alarm_write(self, p: Any, batches: list[Any], retention: float) -> None:
         raise NotImplementedError
 
-    def _alarm_published(self, batch: Any) -> None:
+    def _alarm_published(self, batches: list[Any]) -> None:
         raise NotImplementedError
 
     @staticmethod

@@ -141,7 +141,7 @@ class Journal(EngineState):
             len(self.pending),
             self.control_id,
             bool(late_out),
-            alarm.entry if alarm is not None else None,
+            self._alarm_entry(alarm),
         ).fields()
         archived = self._archive_entry()
 
@@ -152,7 +152,7 @@ class Journal(EngineState):
             if archived is not None:  # the events these inputs fed, exactly once
                 p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # with the OP_LATE inputs that sent them
-            if alarm is not None:  # with the notifications and commands that made them
+            if alarm:  # with the notifications and commands that made them
                 self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
 
         self._transaction(write)

@@ -166,6 +166,12 @@ ALARM_MESSAGES = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+ALARMS_PRUNED = Counter(
+    "ens_alarms_pruned",
+    "Closed alarms (cleared and acknowledged) removed from ens:alarms after "
+    "--alarm-closed-retention (their history stays).",
+    registry=REGISTRY,
+)
 ALARM_OVERFLOW = Counter(
     "ens_alarm_cap_overflow",
     "Alarm notices the per-subscriber cap held back into a digest (never dropped).",

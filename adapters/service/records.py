@@ -168,16 +168,19 @@ class JournalEntry:
     """One ``ens:engine:journal`` entry: the engine inputs of one commit (in order), how many
     notifications they made (replay checks it) and the control stream id applied so far.
 
-    Version 2 may hold ``OP_LATE`` operations, version 3 an alarm step (``al``); an entry
-    without either is written as version 1, so an older worker still reads the journal unless
-    a late event was sent or alarms moved (it would refuse by name rather than lose them)."""
+    Version 2 may hold ``OP_LATE`` operations, version 3 an alarm step (``al``), version 4
+    several alarm steps (``{"steps": [...]}``: a commit refused over maxmemory, whose step is
+    kept, and its retry's); an entry without either is written as version 1, so an older
+    worker still reads the journal unless a late event was sent or alarms moved (it would
+    refuse by name rather than lose them)."""
 
-    VERSION: ClassVar[int] = 3
+    VERSION: ClassVar[int] = 4
     ops: list[list[Any]]  # wire form (`op_event` ...); `operations()` types them
     notifications: int
     control_id: str
     late: bool = False  # holds an OP_LATE (written as version 2)
-    # the alarm step of this commit (`adapters.service.alarm_worker`): {"ops", "t", "ctl"}
+    # the alarm step of this commit (`adapters.service.alarm_worker`): {"ops", "t", "ctl"},
+    # or {"steps": [{"n", "ops", "t", "ctl"}, ...]} (n: alarm notifications each one fed)
     alarm: dict[str, Any] | None = None
 
     def fields(self) -> Fields:
@@ -185,11 +188,16 @@ class JournalEntry:
             "ops": dumps(self.ops),
             "n": self.notifications,
             "ctl": self.control_id,
-            VERSION_FIELD: "3" if self.alarm is not None else "2" if self.late else "1",
+            VERSION_FIELD: self._version(),
         }
         if self.alarm is not None:
             out["al"] = dumps(self.alarm)
         return out
+
+    def _version(self) -> str:
+        if self.alarm is not None:
+            return "4" if "steps" in self.alarm else "3"
+        return "2" if self.late else "1"
 
     @classmethod
     def read(cls, fields: Mapping[Any, Any]) -> JournalEntry:

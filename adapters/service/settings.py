@@ -178,6 +178,14 @@ class _RunSettings:
         flags=("--alarm-history-retention",),
         above=True,
     )
+    alarm_closed_retention: float | None = _duration(
+        "7d",
+        "Keep an alarm cleared and acknowledged this long in the alarm index (ens:alarms, "
+        "ens alarms list), then forget it (its history stays; 'off': keep every alarm).",
+        flags=("--alarm-closed-retention",),
+        above=True,
+        off=True,
+    )
     alarm_group_by: str = _setting(
         "",
         Option(

@@ -78,6 +78,12 @@ def _send(st: Store, op: str, args: dict[str, Any], wait: float) -> dict[str, An
     return reply
 
 
+def _kind(rec: dict[str, Any]) -> str:
+    """A history entry's kind; coalesced repeats with their number (``repeat x12``)."""
+    k = rec.get("repeats", 1)
+    return f"{rec['kind']} x{k}" if k > 1 else str(rec["kind"])
+
+
 def _labels(rec: dict[str, Any]) -> str:
     skip = {"profile", "severity", "subscriber"}
     return ", ".join(f"{k}={v}" for k, v in sorted(rec["labels"].items()) if k not in skip)
@@ -213,7 +219,7 @@ def alarms_history(
         table.add_column(col)
     for t in rows:
         table.add_row(
-            _when(t["ts"]), t["id"], t["kind"], t["actor"], t["reason"], t["after"],
+            _when(t["ts"]), t["id"], _kind(t), t["actor"], t["reason"], t["after"],
             _labels(t), t["delivery"],
         )  # fmt: skip
     output.console().print(table)

@@ -8,6 +8,7 @@ asks for the state the alarm is already in raises `AlarmStateConflict`, an unkno
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from notifiers.alarms.model import (
@@ -31,6 +32,51 @@ class AlarmBook:
     def __init__(self) -> None:
         self.alarms: dict[str, Alarm] = {}
         self.seq = 0  # transitions made so far: orders history
+        # pruned alarm id -> its last occurrence: a later raise of the key goes on numbering
+        # (occurrence and transition ids, the webhooks' Idempotency-Keys, stay unique)
+        self.gone: dict[str, int] = {}
+        self._closed: list[tuple[float, str]] = []  # (closed at, id): prune candidates, lazily
+        # id -> labels of its current occurrence: made once (again when its fixed labels
+        # change), shared by its transitions (read-only) instead of rebuilt for each
+        self._labels: dict[str, dict[str, str]] = {}
+
+    # ------------------------------------------------------------------ retention
+    def prune(self, before: float, limit: int) -> list[Alarm]:
+        """Forget at most ``limit`` alarms closed (cleared and acknowledged) before ``before``,
+        oldest first; the ones forgotten."""
+        out: list[Alarm] = []
+        heap = self._closed
+        while heap and heap[0][0] < before and len(out) < limit:
+            at, aid = heapq.heappop(heap)
+            a = self.alarms.get(aid)
+            if a is not None and closed_at(a) == at:
+                del self.alarms[aid]
+                self._labels.pop(aid, None)
+                self.gone[aid] = a.occurrence
+                out.append(a)
+        return out
+
+    def prune_due(self, before: float) -> bool:
+        """Whether `prune` has a candidate (maybe a stale one, which it discards)."""
+        return bool(self._closed) and self._closed[0][0] < before
+
+    def forget(self, aids: list[str]) -> None:
+        """Forget these alarms (a journal replay of `prune`'s decision)."""
+        for aid in aids:
+            a = self.alarms.pop(aid, None)
+            self._labels.pop(aid, None)
+            if a is not None:
+                self.gone[aid] = a.occurrence
+
+    def reindex(self) -> None:
+        """Rebuild the prune candidates (after a restore)."""
+        self._closed = [(at, a.id) for a in self.alarms.values() if (at := closed_at(a))]
+        heapq.heapify(self._closed)
+
+    def _closing(self, a: Alarm) -> None:
+        at = closed_at(a)
+        if at is not None:
+            heapq.heappush(self._closed, (at, a.id))
 
     # ------------------------------------------------------------------ the rule's side
     def match(
@@ -51,9 +97,12 @@ class AlarmBook:
             a.last_seen = ts
             a.events = dict(events)
             a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
-            a.fixed = dict(spec.labels)  # a registry change moves the labels with the next match
+            fixed = dict(spec.labels)
+            if fixed != a.fixed:  # a registry change moves the labels with the next match
+                a.fixed = fixed
+                self._labels.pop(aid, None)
             return self._record(a, "repeat", ts, RULE, "match", before)
-        occurrence = a.occurrence + 1 if a is not None else 1
+        occurrence = a.occurrence + 1 if a is not None else self.gone.pop(aid, 0) + 1
         a = Alarm(
             aid, profile, dict(partition or {}), spec.severity, subscriber, occurrence,
             "active-unacknowledged", 1, ts, ts, dict(events),
@@ -62,6 +111,7 @@ class AlarmBook:
         if spec.labels:
             a.fixed = dict(spec.labels)
         self.alarms[aid] = a
+        self._labels[aid] = a.labels()
         return self._record(a, "raise", ts, RULE, "match" if occurrence == 1 else "re-arm", None)
 
     def rule_clear(self, aid: str, ts: float, reason: str) -> Transition | None:
@@ -89,6 +139,7 @@ class AlarmBook:
         before = a.state
         a.state = make_state(is_active(a.state), True)
         a.acked_by, a.acked_at, a.ack_note = actor, ts, note or None
+        self._closing(a)
         return self._record(a, "ack", ts, actor, note or "acknowledged", before)
 
     def clear(self, ref: str, ts: float, actor: str, reason: str) -> Transition:
@@ -103,6 +154,7 @@ class AlarmBook:
         a.state = make_state(False, is_acked(a.state))
         a.cleared_by, a.cleared_at, a.clear_reason = actor, ts, reason
         a.clear_due = None
+        self._closing(a)
         return self._record(a, "clear", ts, actor, reason, before)
 
     def _record(
@@ -110,8 +162,18 @@ class AlarmBook:
     ) -> Transition:
         self.seq += 1
         a.transitions += 1
+        labels = self._labels.get(a.id)
+        if labels is None:  # restored from a snapshot
+            labels = self._labels[a.id] = a.labels()
         return Transition(
             f"{a.occurrence_id}.{a.transitions}", self.seq, kind, a.id, a.occurrence, ts, actor,
-            reason, before, a.state, a.severity, a.count, a.first_seen, a.last_seen, a.labels(),
+            reason, before, a.state, a.severity, a.count, a.first_seen, a.last_seen, labels,
             dict(a.events),
         )  # fmt: skip
+
+
+def closed_at(a: Alarm) -> float | None:
+    """When the alarm became cleared and acknowledged (None: it is not)."""
+    if a.state != "cleared-acknowledged":
+        return None
+    return max(a.acked_at or 0.0, a.cleared_at or 0.0)

@@ -171,6 +171,14 @@ class Notice:
         )  # fmt: skip
 
 
+def delivered(tr: Transition, how: str) -> Transition:
+    """``tr`` with its delivery decided. Only for a transition just made and not handed out
+    yet (the rules' own): set in place, as `dataclasses.replace` costs a new object per
+    transition for nothing."""
+    object.__setattr__(tr, "delivery", how)
+    return tr
+
+
 def _shallow(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
     """``asdict`` without its deep copy (it runs per message and history record): the
     fields are scalars and flat ``dict[str, str]`` (labels, events), copied one level."""

@@ -19,14 +19,13 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from filters.errors import StateError
 from notifiers.alarms.contract import Effects, Router
 from notifiers.alarms.grouping import Dispatcher, GroupPolicy, Message
 from notifiers.alarms.lifecycle import AlarmBook
-from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, is_active
+from notifiers.alarms.model import Alarm, Notice, Transition, alarm_id, delivered, is_active
 from notifiers.alarms.silences import Silence, parse_silence
 from notifiers.errors import SilenceError, SilenceNotFound
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
@@ -141,6 +140,12 @@ class AlarmRules:
         self.clock = now
         return eff
 
+    def prune(self, now: float, keep: float, limit: int = 1000) -> list[Alarm]:
+        """Forget at most ``limit`` alarms cleared and acknowledged more than ``keep`` seconds
+        before ``now`` (their history stays); the ones forgotten. A later match of such a key
+        raises its next occurrence."""
+        return self.book.prune(self._now(now) - keep, limit)
+
     # ------------------------------------------------------------------ state
     def snapshot(self) -> dict[str, Any]:
         """The whole state as a versioned JSON-able record (the service keeps it in Redis)."""
@@ -149,6 +154,7 @@ class AlarmRules:
             "clock": self.clock,
             "seq": self.book.seq,
             "alarms": {k: a.to_json() for k, a in self.book.alarms.items()},
+            "gone": dict(self.book.gone),
             "silence_seq": self.silence_seq,
             "silences": [s.to_json() for s in self.silences.values()],
             "dispatch": self.dispatch.to_json(),
@@ -182,6 +188,8 @@ class AlarmRules:
         rules.clock = snap["clock"]
         rules.book.seq = snap["seq"]
         rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
+        rules.book.gone = dict(snap.get("gone", {}))
+        rules.book.reindex()
         rules.silence_seq = snap["silence_seq"]
         rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
         rules.dispatch.load(snap["dispatch"])
@@ -287,7 +295,9 @@ class AlarmRules:
     def _decide(self, tr: Transition, t: float) -> Effects:
         a = self.book.alarms[tr.alarm]
         sub = a.subscriber or ""
-        stats = self.stats.setdefault(sub, Counter())
+        stats = self.stats.get(sub)
+        if stats is None:
+            stats = self.stats[sub] = Counter()
         stats["transitions"] += 1
         stats[tr.kind] += 1
         spec = self.specs.get(a.profile)
@@ -299,11 +309,11 @@ class AlarmRules:
             stats["silenced"] += 1
             if any(s.notify_after for s in muting):
                 self._set_unsilence(a, min(s.end_after(t) for s in muting))
-            return Effects([replace(tr, delivery="silenced")])
+            return Effects([delivered(tr, "silenced")])
         a.unsilence_at = None  # delivered now: nothing left to deliver when a silence ends
         if self.router is None:
             self._queue(Notice.of(tr), sub, t)
-        return Effects([replace(tr, delivery="sent")])
+        return Effects([delivered(tr, "sent")])
 
     def _queue(self, notice: Notice, sub: str, t: float) -> None:
         self.stats.setdefault(sub, Counter())["notices"] += 1
