@@ -24,8 +24,6 @@ PENDING = {
     "adapters/spark": "issue 39: after spark-perf",
     "filters/partitions.py": "issue 39: after spark-perf",
     "filters/partstate.py": "issue 39: after spark-perf",
-    "adapters/service/alarm_worker.py": "issue 39: after alarm-oom",
-    "adapters/service/alarm_store.py": "issue 39: after alarm-oom",
 }
 
 
