@@ -303,6 +303,28 @@ def _final_probe(r: Any, base: str, key: str, gen: Any, timeout: float = 300.0) 
         time.sleep(0.05)
 
 
+class _Recorder:
+    """A pipeline that only counts the commands given to it."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __getattr__(self, name: str) -> Any:
+        def command(*a: Any, **k: Any) -> None:
+            self.n += 1
+
+        return command
+
+
+def _alarm_of(pid: str) -> dict[str, Any] | None:
+    """The alarm block of `alarm_step`'s profiles: composites minor, filters warning."""
+    if pid == "window-open":
+        return WINDOW_ALARM
+    if pid.startswith("c"):
+        return {"severity": "minor", "clear": "after 30m"}
+    return {"severity": "warning", "clear": "manual"} if pid.startswith("f") else None
+
+
 def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     """The engine worker's alarm step alone, per match (µs), best of ``repeat``: the alarm
     notifications of `e2e`'s profile set (every profile an alarm) over ``events`` events,
@@ -319,23 +341,6 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     from bench import service_load as sl
     from notifiers.alarms import AlarmRules
 
-    class Recorder:
-        def __init__(self) -> None:
-            self.n = 0
-
-        def __getattr__(self, name: str) -> Any:
-            def command(*a: Any, **k: Any) -> None:
-                self.n += 1
-
-            return command
-
-    def alarm_of(pid: str) -> dict[str, Any] | None:
-        if pid == "window-open":
-            return WINDOW_ALARM
-        if pid.startswith("c"):
-            return {"severity": "minor", "clear": "after 30m"}
-        return {"severity": "warning", "clear": "manual"} if pid.startswith("f") else None
-
     gen = sl.Gen(7)
     evs = [gen.event() for _ in range(events)]
     for i, e in enumerate(evs):
@@ -345,7 +350,7 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     with redis_server() as url:
         rb = redis.Redis.from_url(url)
         for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]:
-            rs.put_profile(rb, pid, expr, alarm=alarm_of(pid))
+            rs.put_profile(rb, pid, expr, alarm=_alarm_of(pid))
         with rb.pipeline(transaction=False) as p:
             for i in range(0, events, 500):
                 p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 500]),
@@ -376,7 +381,7 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
             t1 = time.perf_counter()
             batch = AlarmBatch({"ops": [], "t": end, "ctl": "0-0"}, eff)
             arg: Any = [batch] if listed else batch
-            rec = Recorder()
+            rec = _Recorder()
             w._alarm_write(rec, arg, 86400 * 30)
             t2 = time.perf_counter()
             rb.delete("ens:alarm:history", "ens:alarms", "ens:outbox")

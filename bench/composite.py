@@ -42,6 +42,38 @@ def attrs_of(kind: str, x: int, per_room: bool) -> dict:
     return {"kind": kind, "x": x, "room": f"r{x % 51}"} if per_room else {"kind": kind, "x": x}
 
 
+def _med(xs: list[int]) -> float:
+    return sorted(xs)[len(xs) // 2] / 1000
+
+
+def _result(
+    label: str,
+    variant: str,
+    n_comp: int,
+    n_prim: int,
+    times: dict[str, list[int]],
+    notes: tuple[int, int],
+    rate: float,
+) -> dict:
+    """`measure`'s figures from its samples (ns): medians in µs, ratios, notifications."""
+    p, b, a = _med(times["prim"]), _med(times["last"]), _med(times["first"])
+    notes_prim, notes_last = notes
+    return {
+        "params": label,
+        "variant": variant,
+        "composites": n_comp,
+        "primitives": n_prim,
+        "primitive_us": round(p, 2),
+        "first_component_us": round(a, 2),
+        "last_component_us": round(b, 2),
+        "ratio_last_vs_primitive": round(b / p, 2),
+        "filter_only_ratio": round(_med(times["last_f"]) / _med(times["prim_f"]), 2),
+        "notifications_per_last_event": round(notes_last / len(times["last"]), 2),
+        "notifications_per_primitive_event": round(notes_prim / len(times["prim"]), 2),
+        "stream_events_per_s": round(rate),
+    }
+
+
 def measure(
     n_comp: int,
     n_prim: int,
@@ -109,24 +141,8 @@ def measure(
     elapsed = time.perf_counter() - t_all0
     gc.unfreeze()
 
-    def med(xs: list[int]) -> float:
-        return sorted(xs)[len(xs) // 2] / 1000
-
-    p, b, a = med(prim), med(last), med(first)
-    return {
-        "params": label,
-        "variant": variant,
-        "composites": n_comp,
-        "primitives": n_prim,
-        "primitive_us": round(p, 2),
-        "first_component_us": round(a, 2),
-        "last_component_us": round(b, 2),
-        "ratio_last_vs_primitive": round(b / p, 2),
-        "filter_only_ratio": round(med(last_f) / med(prim_f), 2),
-        "notifications_per_last_event": round(notes_last / len(last), 2),
-        "notifications_per_primitive_event": round(notes_prim / len(prim), 2),
-        "stream_events_per_s": round(n_all / elapsed),
-    }
+    times = {"prim": prim, "last": last, "first": first, "prim_f": prim_f, "last_f": last_f}
+    return _result(label, variant, n_comp, n_prim, times, (notes_prim, notes_last), n_all / elapsed)
 
 
 def run(

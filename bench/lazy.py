@@ -137,7 +137,6 @@ def run(
     periods: tuple[float, ...] = (60.0, 300.0),
 ) -> list[dict]:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     rows: list[dict] = []
@@ -186,6 +185,28 @@ def run(
                     f"auto[{row['auto_plan']}] {row['speedup_auto']}x  peak {row['eager_peak']:,} -> "
                     f"{row['rare_first_peak']:,}  ({row['notifications']:,} notifications, equal)"
                 )
+    console.print(_table(rows, rooms, n_events, repeat))
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    with open(outdir / "lazy.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    png = outdir / "lazy.png"
+    plot(rows, png)
+    if docs_img:
+        import shutil
+
+        Path(docs_img).mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, Path(docs_img) / "lazy.png")
+    console.print(f"wrote {outdir / 'lazy.csv'} and {png}")
+    return rows
+
+
+def _table(rows: list[dict], rooms: int, n_events: int, repeat: int) -> Any:
+    """The rows as a rich table, one line per shape, selection, period and ratio."""
+    from rich.table import Table
+
     table = Table(
         title=f"rare-first vs eager ({rooms} rooms, ~{n_events:,} events, median of {repeat})"
     )
@@ -217,22 +238,7 @@ def run(
             f"{r['eager_peak']:,}",
             f"{r['rare_first_peak']:,}",
         )
-    console.print(table)
-    outdir = Path(out)
-    outdir.mkdir(parents=True, exist_ok=True)
-    with open(outdir / "lazy.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    png = outdir / "lazy.png"
-    plot(rows, png)
-    if docs_img:
-        import shutil
-
-        Path(docs_img).mkdir(parents=True, exist_ok=True)
-        shutil.copy(png, Path(docs_img) / "lazy.png")
-    console.print(f"wrote {outdir / 'lazy.csv'} and {png}")
-    return rows
+    return table
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -470,8 +470,8 @@ _PHASES = {
 }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--events", type=int, default=60_000, help="batched events")
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--singles", type=int, default=4_000, help="single-event POSTs")
@@ -518,6 +518,38 @@ def main() -> None:
     ap.add_argument("--churn-live", type=int, default=20, help="churned profiles alive at once")
     ap.add_argument("--churn-expr", default=CHURN_EXPR, help="the churned profiles' expression")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    return ap
+
+
+def _print_results(args: argparse.Namespace, phases: list[str], results: dict[str, Any]) -> None:
+    """The results as a few lines and a table of the phases."""
+    print(
+        f"reorder {args.reorder_seconds} s, gateway lateness {args.lateness}, "
+        f"{args.clients} clients, profiles: "
+        f"{results['engine']['profiles']} ({args.composites} composite), "
+        f"snapshot {results['snapshot_bytes'] / 1024:.1f} KiB, {results['commits']:.0f} commits "
+        f"of {results['commit_mean_ms']:.1f} ms"
+    )
+    print(f"late events: {results['engine']['total_late']} of {results['engine']['total_events']}")
+    if args.churn:
+        print(f"profile churn: {results['churn']} at {args.churn:g}/s")
+    print(
+        f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
+        f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}{'POST p50':>10}{'POST p99':>10}"
+    )
+    for name in phases:
+        res = results[name]
+        print(
+            f"{name:<10}{res.get('events', res['probes']):>8}"
+            f"{res.get('ingest_eps', float('nan')):>13.0f}{res.get('e2e_eps', float('nan')):>10.0f}"
+            f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}{res['late']:>7}"
+            f"{res.get('post_p50_ms', float('nan')):>10.0f}"
+            f"{res.get('post_p99_ms', float('nan')):>10.0f}"
+        )
+
+
+def main() -> None:
+    ap = _parser()
     args = ap.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = set(phases) - {"batched", "paced", "single", "idle"}
@@ -574,29 +606,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(
-        f"reorder {args.reorder_seconds} s, gateway lateness {args.lateness}, "
-        f"{args.clients} clients, profiles: "
-        f"{results['engine']['profiles']} ({args.composites} composite), "
-        f"snapshot {results['snapshot_bytes'] / 1024:.1f} KiB, {results['commits']:.0f} commits "
-        f"of {results['commit_mean_ms']:.1f} ms"
-    )
-    print(f"late events: {results['engine']['total_late']} of {results['engine']['total_events']}")
-    if args.churn:
-        print(f"profile churn: {results['churn']} at {args.churn:g}/s")
-    print(
-        f"{'run':<10}{'events':>8}{'ingest ev/s':>13}{'e2e ev/s':>10}"
-        f"{'p50 ms':>9}{'p99 ms':>9}{'late':>7}{'POST p50':>10}{'POST p99':>10}"
-    )
-    for name in phases:
-        res = results[name]
-        print(
-            f"{name:<10}{res.get('events', res['probes']):>8}"
-            f"{res.get('ingest_eps', float('nan')):>13.0f}{res.get('e2e_eps', float('nan')):>10.0f}"
-            f"{res['p50_ms']:>9.0f}{res['p99_ms']:>9.0f}{res['late']:>7}"
-            f"{res.get('post_p50_ms', float('nan')):>10.0f}"
-            f"{res.get('post_p99_ms', float('nan')):>10.0f}"
-        )
+    _print_results(args, phases, results)
 
 
 def _metric(text: str, name: str) -> float:

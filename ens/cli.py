@@ -356,133 +356,153 @@ def _warn_lint(profiles: list, events: list) -> None:
             typer.echo(f"warning: {w}", err=True)
 
 
+_ReplayPaths = Annotated[
+    list[str],
+    typer.Argument(
+        help="PROFILES EVENTS: a profile file (YAML or JSON) and a JSON-lines event file "
+        "('-' for stdin, .gz allowed); with --index only EVENTS; with --archive only "
+        "PROFILES.",
+        metavar="[PROFILES] EVENTS",
+    ),
+]
+_ReplayOut = Annotated[
+    str | None, typer.Option("--out", "-o", help="Write notifications here (default stdout).")
+]
+_ReplayUntil = Annotated[
+    str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
+]
+_ReplayIndex = Annotated[
+    Path | None,
+    typer.Option(help="Load the profiles from an `ens spark index` snapshot instead (no parsing)."),
+]
+_ReplayEngine = Annotated[str, typer.Option(help="single-step (CompAS) or two-step (baseline).")]
+_ReplayVariant = Annotated[
+    str | None,
+    typer.Option(
+        help="Single-step variant (how auxiliary profiles are kept; same output): references "
+        "(default: kept in the pool, only their owner references change, lazily), dynamic "
+        "(inserted and deleted as partial matches need them), marking (kept in the pool and "
+        "marked/unmarked until the partition empties). Not with --engine two-step."
+    ),
+]
+_ReplayTz = Annotated[
+    str,
+    typer.Option(
+        help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+    ),
+]
+_ReplayArchive = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        help="Read the events from the service's event archive (a path or URI; 'on': "
+        "$ENS_DATA_DIR/archive) instead of a file, --from/--to (docs/archive.md).",
+    ),
+]
+_ReplayStart = Annotated[
+    str | None,
+    typer.Option("--from", help="--archive: start (7d back from now, RFC 3339, epoch s)."),
+]
+_ReplayTo = Annotated[
+    str | None, typer.Option("--to", help="--archive: end (exclusive; default now).")
+]
+_ReplayAlarms = Annotated[
+    bool,
+    typer.Option(
+        "--alarms",
+        help="Run the matches through the profiles' alarm rules in event time: write the "
+        "alarm transitions (not the notifications) and a summary per subscriber on stderr "
+        "(docs/alarms.md).",
+    ),
+]
+_ReplaySilences = Annotated[
+    Path | None,
+    typer.Option(help="With --alarms: a YAML file of silences (`silences: [...]`)."),
+]
+_ReplayMessages = Annotated[
+    str | None, typer.Option(help="With --alarms: write the messages (JSON lines) here.")
+]
+_ReplayRouting = Annotated[
+    Path | None,
+    typer.Option(
+        "--routing",
+        help="With --alarms: a routing file (docs/routing.md), as `ens serve --routing`: "
+        "print who would have been told what and when (stderr; --json: JSON lines on "
+        "stdout, the transitions then only to --out).",
+    ),
+]
+_ReplayGroupBy = Annotated[
+    str | None,
+    typer.Option(
+        help="With --alarms: group each subscriber's notices by these labels (comma "
+        "separated, e.g. building; '' = one group per subscriber). Default: no grouping."
+    ),
+]
+_ReplayGroupWait = Annotated[
+    str, typer.Option(help="With --group-by: a new group waits this long (Alertmanager's).")
+]
+_ReplayGroupInterval = Annotated[
+    str, typer.Option(help="With --group-by: then at most one message per group this often.")
+]
+_ReplayCap = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="With --alarms: at most N messages per subscriber per hour; the rest "
+        "goes into the next digest.",
+    ),
+]
+_ReplaySummary = Annotated[
+    bool,
+    typer.Option(
+        "--summary",
+        help="Print a table per profile instead of the notifications (matches, top "
+        "partitions, first and last); the notifications go to --out only.",
+    ),
+]
+_ReplayAsJson = Annotated[
+    bool,
+    typer.Option("--json", help="The summary as one JSON document (implies --summary)."),
+]
+_ReplayPlot = Annotated[
+    Path | None,
+    typer.Option(
+        help="Also write a PNG of notifications per hour per profile (the --top profiles "
+        "with most, the rest as 'other').",
+        metavar="FILE.png",
+    ),
+]
+_ReplayTop = Annotated[
+    int, typer.Option(help="Profiles with a series of their own in --plot.", min=1)
+]
+
+
 @app.command()
 def replay(
-    paths: Annotated[
-        list[str],
-        typer.Argument(
-            help="PROFILES EVENTS: a profile file (YAML or JSON) and a JSON-lines event file "
-            "('-' for stdin, .gz allowed); with --index only EVENTS; with --archive only "
-            "PROFILES.",
-            metavar="[PROFILES] EVENTS",
-        ),
-    ],
-    out: Annotated[
-        str | None, typer.Option("--out", "-o", help="Write notifications here (default stdout).")
-    ] = None,
-    until: Annotated[
-        str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
-    ] = None,
-    index: Annotated[
-        Path | None,
-        typer.Option(
-            help="Load the profiles from an `ens spark index` snapshot instead (no parsing)."
-        ),
-    ] = None,
-    engine: Annotated[
-        str, typer.Option(help="single-step (CompAS) or two-step (baseline).")
-    ] = "single-step",
-    variant: Annotated[
-        str | None,
-        typer.Option(
-            help="Single-step variant (how auxiliary profiles are kept; same output): references "
-            "(default: kept in the pool, only their owner references change, lazily), dynamic "
-            "(inserted and deleted as partial matches need them), marking (kept in the pool and "
-            "marked/unmarked until the partition empties). Not with --engine two-step."
-        ),
-    ] = None,
-    tz: Annotated[
-        str,
-        typer.Option(
-            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
-        ),
-    ] = "UTC",
+    paths: _ReplayPaths,
+    out: _ReplayOut = None,
+    until: _ReplayUntil = None,
+    index: _ReplayIndex = None,
+    engine: _ReplayEngine = "single-step",
+    variant: _ReplayVariant = None,
+    tz: _ReplayTz = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
-    archive: Annotated[
-        str | None,
-        typer.Option(
-            "--archive",
-            help="Read the events from the service's event archive (a path or URI; 'on': "
-            "$ENS_DATA_DIR/archive) instead of a file, --from/--to (docs/archive.md).",
-        ),
-    ] = None,
-    start: Annotated[
-        str | None,
-        typer.Option("--from", help="--archive: start (7d back from now, RFC 3339, epoch s)."),
-    ] = None,
-    to: Annotated[
-        str | None, typer.Option("--to", help="--archive: end (exclusive; default now).")
-    ] = None,
-    alarms: Annotated[
-        bool,
-        typer.Option(
-            "--alarms",
-            help="Run the matches through the profiles' alarm rules in event time: write the "
-            "alarm transitions (not the notifications) and a summary per subscriber on stderr "
-            "(docs/alarms.md).",
-        ),
-    ] = False,
-    silences: Annotated[
-        Path | None,
-        typer.Option(help="With --alarms: a YAML file of silences (`silences: [...]`)."),
-    ] = None,
-    messages: Annotated[
-        str | None, typer.Option(help="With --alarms: write the messages (JSON lines) here.")
-    ] = None,
-    routing: Annotated[
-        Path | None,
-        typer.Option(
-            "--routing",
-            help="With --alarms: a routing file (docs/routing.md), as `ens serve --routing`: "
-            "print who would have been told what and when (stderr; --json: JSON lines on "
-            "stdout, the transitions then only to --out).",
-        ),
-    ] = None,
-    group_by: Annotated[
-        str | None,
-        typer.Option(
-            help="With --alarms: group each subscriber's notices by these labels (comma "
-            "separated, e.g. building; '' = one group per subscriber). Default: no grouping."
-        ),
-    ] = None,
-    group_wait: Annotated[
-        str, typer.Option(help="With --group-by: a new group waits this long (Alertmanager's).")
-    ] = "30s",
-    group_interval: Annotated[
-        str, typer.Option(help="With --group-by: then at most one message per group this often.")
-    ] = "5m",
-    cap: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="With --alarms: at most N messages per subscriber per hour; the rest "
-            "goes into the next digest.",
-        ),
-    ] = None,
-    summary: Annotated[
-        bool,
-        typer.Option(
-            "--summary",
-            help="Print a table per profile instead of the notifications (matches, top "
-            "partitions, first and last); the notifications go to --out only.",
-        ),
-    ] = False,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", help="The summary as one JSON document (implies --summary)."),
-    ] = False,
-    plot: Annotated[
-        Path | None,
-        typer.Option(
-            help="Also write a PNG of notifications per hour per profile (the --top profiles "
-            "with most, the rest as 'other').",
-            metavar="FILE.png",
-        ),
-    ] = None,
-    top: Annotated[
-        int, typer.Option(help="Profiles with a series of their own in --plot.", min=1)
-    ] = 8,
+    archive: _ReplayArchive = None,
+    start: _ReplayStart = None,
+    to: _ReplayTo = None,
+    alarms: _ReplayAlarms = False,
+    silences: _ReplaySilences = None,
+    messages: _ReplayMessages = None,
+    routing: _ReplayRouting = None,
+    group_by: _ReplayGroupBy = None,
+    group_wait: _ReplayGroupWait = "30s",
+    group_interval: _ReplayGroupInterval = "5m",
+    cap: _ReplayCap = None,
+    summary: _ReplaySummary = False,
+    as_json: _ReplayAsJson = False,
+    plot: _ReplayPlot = None,
+    top: _ReplayTop = 8,
 ) -> None:
     """Replay events through profiles and write the notifications as JSON lines (docs/language.md §6).
 
@@ -493,27 +513,14 @@ def replay(
     partitions with most, the first and last (docs/replay.md).
     """
     from ens.plans import check_plan, load_stats
-    from ens.replay import replay as run
 
     try:
         end = parse_time_arg(until)
         check_tz(tz)
         check_plan(plan)
         rates = load_stats(stats)
-        if archive is not None:
-            if index is not None or len(paths) != 1:
-                raise ENSError("with --archive give only the PROFILES file")
-        elif start is not None or to is not None:
-            raise ENSError("--from/--to apply to --archive only")
-        alarm_opts = silences is not None or messages is not None or group_by is not None
-        if (alarm_opts or cap is not None or routing is not None) and not alarms:
-            raise ENSError(
-                "--silences, --messages, --group-by, --cap and --routing go with --alarms"
-            )
-        if plot is not None:
-            from ens.summary import check_plot_path
-
-            check_plot_path(plot)
+        alarm_opts = (silences, messages, group_by, cap, routing)
+        _check_replay_options(paths, index, archive, (start, to), alarms, alarm_opts, plot)
         if index is not None:
             if alarms:
                 raise ENSError("--alarms needs the profile file (an index has no alarm blocks)")
@@ -537,42 +544,80 @@ def replay(
                     routing, as_json,
                 )  # fmt: skip
                 return
-        bar = _ReplayProgress(events if archive is None else "")
-        try:
-            if archive is not None:
-                evs = _archive_events(archive, start, to)
-            else:
-                evs = read_event_file(events, bar.read if bar.bar is not None else None)
-            if index is None:
-                _warn_lint(profiles, evs)
-            eng = make_engine(engine, profiles, tz, variant, plan, rates)
-            # The engine and the events live as long as the run: out of the collector's scans
-            # (at 10^5 profiles they made every event ~1.7x dearer; docs/benchmarks.md).
-            gc.collect()
-            gc.freeze()
-            notes = run(profiles, evs, end, engine=eng, progress=bar.replaying(len(evs)))
-        finally:
-            gc.unfreeze()
-            bar.stop()
-        records = [n.to_json() for n in notes]
-        if not (summary or as_json) or out is not None:
-            write_lines(records, out)
-        if summary or as_json or plot is not None:
-            from ens.commands.output import console
-            from ens.summary import report
-
-            report(
-                profiles,
-                records,
-                events,
-                show=summary,
-                as_json=as_json,
-                plot=plot,
-                top=top,
-                console=console(),
-            )
+        evs_of = (lambda _: _archive_events(archive, start, to)) if archive is not None else None
+        notes = _replay_events(
+            profiles, events, evs_of, index is None, end, (engine, tz, variant, plan, rates)
+        )
+        _write_replay(
+            [n.to_json() for n in notes], out, profiles, events, summary, as_json, plot, top
+        )
     except ENSError as e:
         raise report_errors(e) from None
+
+
+def _check_replay_options(  # noqa: ANN001 - the CLI's options, passed through
+    paths: list[str], index, archive, window: tuple, alarms: bool, alarm_opts: tuple, plot
+) -> None:
+    """`ens replay`'s options that go together (the inputs are read after)."""
+    if archive is not None:
+        if index is not None or len(paths) != 1:
+            raise ENSError("with --archive give only the PROFILES file")
+    elif any(w is not None for w in window):
+        raise ENSError("--from/--to apply to --archive only")
+    if any(o is not None for o in alarm_opts) and not alarms:
+        raise ENSError("--silences, --messages, --group-by, --cap and --routing go with --alarms")
+    if plot is not None:
+        from ens.summary import check_plot_path
+
+        check_plot_path(plot)
+
+
+def _replay_events(  # noqa: ANN001 - the CLI's parts, passed through
+    profiles: list, events: str, archived, lint: bool, end, eng: tuple
+) -> list:
+    """Read the events (a file, or `archived(events)`), run them through a new engine."""
+    from ens.replay import replay as run
+
+    engine, tz, variant, plan, rates = eng
+    bar = _ReplayProgress(events if archived is None else "")
+    try:
+        if archived is not None:
+            evs = archived(events)
+        else:
+            evs = read_event_file(events, bar.read if bar.bar is not None else None)
+        if lint:
+            _warn_lint(profiles, evs)
+        engine_ = make_engine(engine, profiles, tz, variant, plan, rates)
+        # The engine and the events live as long as the run: out of the collector's scans
+        # (at 10^5 profiles they made every event ~1.7x dearer; docs/benchmarks.md).
+        gc.collect()
+        gc.freeze()
+        return run(profiles, evs, end, engine=engine_, progress=bar.replaying(len(evs)))
+    finally:
+        gc.unfreeze()
+        bar.stop()
+
+
+def _write_replay(  # noqa: ANN001 - the CLI's options, passed through
+    records: list[dict], out, profiles: list, events: str, summary: bool, as_json: bool, plot, top
+) -> None:
+    """The notifications to --out (or stdout), and the summary table, JSON or plot if asked."""
+    if not (summary or as_json) or out is not None:
+        write_lines(records, out)
+    if summary or as_json or plot is not None:
+        from ens.commands.output import console
+        from ens.summary import report
+
+        report(
+            profiles,
+            records,
+            events,
+            show=summary,
+            as_json=as_json,
+            plot=plot,
+            top=top,
+            console=console(),
+        )
 
 
 def _replay_alarms(  # noqa: ANN001 - the CLI's parts, passed through

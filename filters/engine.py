@@ -297,10 +297,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         if self._local is not None:  # localtime/weekday as attributes (filters.localclock)
             event = self._local.event(event)
         if self._count_pool is not None:
-            if not seq % self.sample:
-                self._count(event)
-            if not seq % self.replan_every:
-                self._online_replan(ts)  # between events: the state moves with a re-plan
+            self._sampled(event, seq)
         tracer = self.tracer
         if tracer is not None:
             self._current = event
@@ -332,6 +329,14 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         if tracer is None and self._report_plain(entries, event):
             return
         self._fan_out(entries, event, seq)
+
+    def _sampled(self, event: Event, seq: int) -> None:
+        """Online rates (``replan_every`` > 0): count one event in ``sample``, re-plan every
+        ``replan_every`` events."""
+        if not seq % self.sample:
+            self._count(event)
+        if not seq % self.replan_every:
+            self._online_replan(event.ts)  # between events: the state moves with a re-plan
 
     def _fan_out(self, entries: list[Entry], event: Event, seq: int) -> None:
         """The event to each owner profile once, with the leaves it matched (sorted), in profile
@@ -452,61 +457,10 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         return eng, skipped if isinstance(skipped, Skipped) else Skipped()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The state without what can be rebuilt: the pool, and runtimes that hold only a profile
-        (most of them, with many profiles: a snapshot then costs what is in flight)."""
-        state = self.__dict__.copy()
-        state.pop("_skipped", None)  # (a restore's report, taken by `restore_reporting`)
-        state.pop("_base", None)  # compiled set and reach pool (`filters.partstate`): rebuilt
-        state.pop("_reach", None)
-        state.pop("_pers", None)
-        del state["pool"]
-        del state["aux"]
-        del state["_by_id"]
-        state.pop("_count_pool", None)
-        for k in ("cap_partition", "cap_profile", "cap_notifications", "cap_hits"):
-            del state[k]  # configuration and counts taken per batch, not state
-        state["tracer"] = None
-        state["tz"] = self.tz.key
-        del state["_local"]  # rebuilt from the profiles
-        kept: dict[int, Runtime] = {}
-        fresh: list[tuple[int, Profile]] = []
-        for idx, rt in self._rts.items():
-            if rt.fresh():
-                fresh.append((idx, rt.profile))
-            else:
-                kept[idx] = rt
-        state["_rts"], state["_fresh"] = kept, fresh
-        return state
+        return _snapshot_state(self)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        skipped = leave_out_gone(state)  # profiles not supplied: before the pool is rebuilt
-        if skipped:
-            state["_skipped"] = skipped
-        fresh = state.pop("_fresh", ())
-        self.__dict__.update(state)
-        for k, v in (
-            ("_online", {}),
-            ("_counts", {}),
-            ("_count_since", None),
-            ("_counted", {}),
-        ):  # older
-            self.__dict__.setdefault(k, v)
-        self.tz = ZoneInfo(state["tz"])
-        CapCounts.__init__(self)
-        self.pool = PrimitivePool()
-        self.aux = VARIANTS[self.variant](self.pool)
-        for idx, profile in fresh:
-            self._rts[idx] = self._runtime(profile, idx)
-        self._rts = dict(sorted(self._rts.items()))
-        self._by_id = {rt.profile.id: rt for rt in self._rts.values()}
-        self._local = LocalClock.of(None, self.tz, (rt.profile for rt in self._rts.values()))
-        self._count_pool = PrimitivePool() if self.replan_every else None
-        self._counted = {}
-        for rt in self._rts.values():
-            self._count_leaves(rt, add=True)
-            self._register_starts(rt)
-            if isinstance(rt, CompositeRuntime):
-                rt.restore_registrations(self.aux)
+        _rebuild(self, state)
 
     def _trace(self, profile_id: str, action: str, detail: str) -> None:
         if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):
@@ -547,3 +501,63 @@ _V1_CLASSES: dict[tuple[str, str], type] = {
     ("filters.engine", "_CompositeRuntime"): CompositeRuntime,
     ("filters.lazy", "_LPart"): LazyPartition,
 }
+
+
+def _snapshot_state(eng: Engine) -> dict[str, Any]:
+    """`Engine.__getstate__`: The state without what can be rebuilt: the pool, and runtimes that hold only a profile
+    (most of them, with many profiles: a snapshot then costs what is in flight)."""
+    state = eng.__dict__.copy()
+    state.pop("_skipped", None)  # (a restore's report, taken by `restore_reporting`)
+    state.pop("_base", None)  # compiled set and reach pool (`filters.partstate`): rebuilt
+    state.pop("_reach", None)
+    state.pop("_pers", None)
+    del state["pool"]
+    del state["aux"]
+    del state["_by_id"]
+    state.pop("_count_pool", None)
+    for k in ("cap_partition", "cap_profile", "cap_notifications", "cap_hits"):
+        del state[k]  # configuration and counts taken per batch, not state
+    state["tracer"] = None
+    state["tz"] = eng.tz.key
+    del state["_local"]  # rebuilt from the profiles
+    kept: dict[int, Runtime] = {}
+    fresh: list[tuple[int, Profile]] = []
+    for idx, rt in eng._rts.items():
+        if rt.fresh():
+            fresh.append((idx, rt.profile))
+        else:
+            kept[idx] = rt
+    state["_rts"], state["_fresh"] = kept, fresh
+    return state
+
+
+def _rebuild(eng: Engine, state: dict[str, Any]) -> None:
+    """`Engine.__setstate__`: the state back, and what `_snapshot_state` left out rebuilt."""
+    skipped = leave_out_gone(state)  # profiles not supplied: before the pool is rebuilt
+    if skipped:
+        state["_skipped"] = skipped
+    fresh = state.pop("_fresh", ())
+    eng.__dict__.update(state)
+    for k, v in (
+        ("_online", {}),
+        ("_counts", {}),
+        ("_count_since", None),
+        ("_counted", {}),
+    ):  # older
+        eng.__dict__.setdefault(k, v)
+    eng.tz = ZoneInfo(state["tz"])
+    CapCounts.__init__(eng)
+    eng.pool = PrimitivePool()
+    eng.aux = VARIANTS[eng.variant](eng.pool)
+    for idx, profile in fresh:
+        eng._rts[idx] = eng._runtime(profile, idx)
+    eng._rts = dict(sorted(eng._rts.items()))
+    eng._by_id = {rt.profile.id: rt for rt in eng._rts.values()}
+    eng._local = LocalClock.of(None, eng.tz, (rt.profile for rt in eng._rts.values()))
+    eng._count_pool = PrimitivePool() if eng.replan_every else None
+    eng._counted = {}
+    for rt in eng._rts.values():
+        eng._count_leaves(rt, add=True)
+        eng._register_starts(rt)
+        if isinstance(rt, CompositeRuntime):
+            rt.restore_registrations(eng.aux)

@@ -180,7 +180,15 @@ def choose(
             window,
             n - 1,
         )
-    # auto: the measured rates decide
+    return _auto(profile, names, measured, window)
+
+
+def _auto(
+    profile: Profile, names: list[str], measured: dict[str, float | None], window: float | None
+) -> Plan:
+    """`--plan auto` for a profile that may be lazy: the measured rates decide."""
+    n = len(names)
+    first, last = names[0], names[-1]
     if not measured or any(r is None for r in measured.values()):
         return Plan(
             profile.id,

@@ -141,14 +141,35 @@ class Digests(DeliveryState):
             out[sid] = sub.templates if sub is not None else None
         return out
 
-    def _flush_digest_one(self, address: str, counts: Counts) -> None:
-        buf = digest_key(address)
-        members = [text(m) for m in self.r.zrange(buf, 0, self.config.worker.digest_max - 1)]
+    def _undelivered(self, members: list[str]) -> list[tuple[str, dict[str, Any]]]:
+        """(delivery key, state) of the parked deliveries not yet delivered or dead."""
         states: list[tuple[str, dict[str, Any]]] = []
         for dkey, raw in zip(members, self.r.hmget(STATE, members) if members else [], strict=True):
             nid, ch = split_delivery_key(dkey)
             if raw is not None and not self.r.exists(delivered_key(nid, ch), dead_key(nid, ch)):
                 states.append((dkey, json.loads(text(raw))))
+        return states
+
+    def _digest_message(
+        self, address: str, states: list[tuple[str, dict[str, Any]]], sender: str
+    ) -> Any:
+        """One notification's own mail, or the digest of several, each with its templates."""
+        ns = [st["n"] for _, st in states]
+        templates = self._templates_of(ns)
+        if len(ns) == 1:
+            sid = str(ns[0].get("subscriber"))
+            return email_message(sid, templates.get(sid), ns[0], sender, address, states[0][0])
+
+        def sections(n: Any) -> tuple[str, str, str]:
+            sid = str(n.get("subscriber"))
+            return email_parts(sid, templates.get(sid), n)
+
+        return email_digest(sections, ns, sender, address)
+
+    def _flush_digest_one(self, address: str, counts: Counts) -> None:
+        buf = digest_key(address)
+        members = [text(m) for m in self.r.zrange(buf, 0, self.config.worker.digest_max - 1)]
+        states = self._undelivered(members)
         args = [address, *members]
         keys = [DIGESTS, buf, DIGEST_WINDOW, DIGEST_ATTEMPTS]
         if not states:
@@ -162,18 +183,7 @@ class Digests(DeliveryState):
         if not states:
             self._digest_done(keys=keys, args=args)
             return
-        ns = [st["n"] for _, st in states]
-        templates = self._templates_of(ns)
-        if len(ns) == 1:
-            sid = str(ns[0].get("subscriber"))
-            msg = email_message(sid, templates.get(sid), ns[0], sender, address, states[0][0])
-        else:
-
-            def sections(n: Any) -> tuple[str, str, str]:
-                sid = str(n.get("subscriber"))
-                return email_parts(sid, templates.get(sid), n)
-
-            msg = email_digest(sections, ns, sender, address)
+        msg = self._digest_message(address, states, sender)
         grant = self._gate.acquire(self._smtp_dest, time.time())
         if not grant.ok:  # the relay is busy or its circuit open: the digest comes back then
             self.r.zadd(DIGESTS, {address: grant.retry_at})

@@ -32,6 +32,7 @@ from notifiers.store import (
     RETRY,
     STATE,
     EmailChannel,
+    Subscriber,
     WebhookChannel,
     dead_key,
     delivered_key,
@@ -84,16 +85,8 @@ class Sending(DeliveryState):
         channel = sub.channels[ch]
         kind = "webhook" if isinstance(channel, WebhookChannel) else "email"
         chan = channel.model_dump(exclude_none=True)
-        if isinstance(channel, EmailChannel):
-            window = next(
-                w for w in (channel.digest, sub.digest, self.config.digest) if w is not None
-            )
-            if window > 0:
-                self._park(dkey, channel.email, window)
-                log.info("parked nid=%s ch=%d for the digest of %s", nid, ch, channel.email)
-                count_delivery(kind, "digested", n)
-                counts.digested += 1
-                return
+        if isinstance(channel, EmailChannel) and self._parked(dkey, sub, channel, n, counts):
+            return
 
         dest = (
             destination(channel.webhook) if isinstance(channel, WebhookChannel) else self._smtp_dest
@@ -106,15 +99,7 @@ class Sending(DeliveryState):
         started = time.monotonic()
         result = Attempt.fatal("no signing secret for this webhook")
         try:
-            if isinstance(channel, WebhookChannel):
-                secret = sub.webhook_secret(channel)
-                if secret:
-                    body = webhook_body(sub.id, channel, sub.templates, n)
-                    result = self._webhook.send(channel.webhook, secret, n, body)
-            else:
-                sender, to = self.config.smtp.sender, channel.email
-                msg = compose(email_message, sub.id, sub.templates, n, sender, to, key=dkey)
-                result = msg if isinstance(msg, Attempt) else self._smtp.send(msg)
+            result = self._send(sub, channel, n, dkey)
         finally:  # the slot is given back whatever happened
             self._release(dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
@@ -147,6 +132,33 @@ class Sending(DeliveryState):
         else:
             why = result.error if not result.retryable else f"gave up: {result.error}"
             self._finish_dead(dkey, st, chan, kind, why, counts)
+
+    def _parked(
+        self, dkey: str, sub: Subscriber, channel: EmailChannel, n: dict[str, Any], counts: Counts
+    ) -> bool:
+        """Parked for the address's digest when a digest window applies (channel, subscriber,
+        then the config's)."""
+        window = next(w for w in (channel.digest, sub.digest, self.config.digest) if w is not None)
+        if window <= 0:
+            return False
+        self._park(dkey, channel.email, window)
+        nid, ch = split_delivery_key(dkey)
+        log.info("parked nid=%s ch=%d for the digest of %s", nid, ch, channel.email)
+        count_delivery("email", "digested", n)
+        counts.digested += 1
+        return True
+
+    def _send(self, sub: Subscriber, channel: Any, n: dict[str, Any], dkey: str) -> Attempt:
+        """One attempt on one channel: the signed webhook POST or the e-mail."""
+        if isinstance(channel, WebhookChannel):
+            secret = sub.webhook_secret(channel)
+            if not secret:
+                return Attempt.fatal("no signing secret for this webhook")
+            body = webhook_body(sub.id, channel, sub.templates, n)
+            return self._webhook.send(channel.webhook, secret, n, body)
+        sender, to = self.config.smtp.sender, channel.email
+        msg = compose(email_message, sub.id, sub.templates, n, sender, to, key=dkey)
+        return msg if isinstance(msg, Attempt) else self._smtp.send(msg)
 
     def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
         """Put a delivery back on the schedule at the gate's time, without an attempt."""

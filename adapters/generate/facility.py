@@ -104,7 +104,8 @@ def _counts(incidents: int | Mapping[str, int], buildings: int, days: int) -> di
 
 
 class _Feed:
-    """Builds the background, injects incidents, emits events and resolves the truth."""
+    """The feed being built: rooms, the background series, event-driven events and truth
+    resolvers; the incident functions below inject into it, `emit` writes it out."""
 
     def __init__(
         self, buildings: int, days: int, rooms: int, seed: int, t0: float, step: int
@@ -331,244 +332,6 @@ class _Feed:
     def per_room(self, room: Room) -> dict[str, str]:
         return {"building": room.building, "room": room.name}
 
-    # ---- incidents (each mutates the series, then registers how to resolve its truth)
-    def night_overheat(self, day: int) -> None:
-        """P1: the air conditioning fails at night; the office warms at 3.5 °C/h past 26 °C."""
-        room, k0 = self.slot(
-            "night-overheat",
-            self.offices(),
-            [(21.5, 22.0)],
-            0.5 * HOUR,
-            5 * HOUR,
-            day,
-            overrun=True,
-        )
-        peak, up = self.rng.uniform(27.3, 28.3), 3.5 * self.step / HOUR
-        hold, down = self.steps(self.rng.uniform(30, 45) * 60), 6.0 * self.step / HOUR
-        k, bump = k0, 0.0
-        while k < self.n and room.temp[k] + bump < peak:
-            bump += up
-            room.temp[k] = round(min(peak, room.temp[k] + bump), 1)
-            k += 1
-        for _ in range(hold):
-            if k < self.n:
-                room.temp[k] = round(peak + self.rng.uniform(-0.1, 0.1), 1)
-            k += 1
-        v = peak - down
-        while k < self.n and v > room.temp[k]:  # falling: harmless for every profile
-            room.temp[k] = round(v, 1)
-            k, v = k + 1, v - down
-        night = self.t0 + day * DAY + 22 * HOUR
-
-        def truth() -> Truth:
-            hi = next(
-                self.at[room.sensor("t"), k]
-                for k in range(self.k_of(night), self.n)
-                if (room.sensor("t"), k) in self.at
-                and float(self.at[room.sensor("t"), k]["value"]) > HOT
-                and self.ts(room, k) >= night
-            )
-            assert float(hi["ts"]) < night + 8 * HOUR, "P1 incident outside the night"
-            clock = "clock:" + datetime.fromtimestamp(night, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            return self.record(
-                "night-overheat",
-                room,
-                None,
-                {"n": [clock], "hi": [hi]},
-                float(hi["ts"]),
-                float(hi["ts"]),
-                f"office above {HOT} °C at night (AC failure, +3.5 °C/h)",
-            )
-
-        self.resolvers.append(truth)
-
-    def silent_sensor(self) -> None:
-        """P2: a sensor fails and sends nothing for 40-150 minutes, then comes back."""
-        span = self.rng.uniform(40, 150) * 60
-        room, k0 = self.slot("silent-sensor", self.rooms, [(0.5, 22.0)], HOUR, span + 2 * HOUR)
-        sensor = room.sensor(self.rng.choice(room.suffixes))
-        m = self.steps(span)
-        # (previous reading, next reading): open interval, also drops door events in between
-        self.silent.append((sensor, self.ts(room, k0 - 1), self.ts(room, k0 + m)))
-
-        def truth() -> Truth:  # the sensor's last event before the gap (a door event may tie)
-            last = [e for e in self.by_sensor[sensor] if float(e["ts"]) < self.ts(room, k0)][-1]
-            t = float(last["ts"]) + SILENCE
-            return self.record(
-                "silent-sensor",
-                room,
-                {"sensor": sensor},
-                {"last": [last]},
-                t,
-                t,
-                f"sensor silent for {m * self.step / 60:.0f} min",
-            )
-
-        self.resolvers.append(truth)
-
-    def lab_cold_humid(self) -> None:
-        """P3: a lab's climate unit fails: humid air first (0-15 min), then cold for a while."""
-        room, kc = self.slot("lab-cold-humid", self.labs(), [(1.0, 19.0)], HOUR, 5 * HOUR)
-        n_down, cold = self.steps(1800), self.steps(self.rng.uniform(30, 75) * 60)
-        lead = self.steps(self.rng.choice((0, 5, 10, 15)) * 60) if self.rng.random() < 0.75 else 0
-        start = room.temp[kc - n_down - 1]
-        for j in range(1, n_down + 1):  # fall to just above the threshold in 30 min
-            room.temp[kc - n_down - 1 + j] = round(start + (COLD + 0.6 - start) * j / n_down, 1)
-        for k in range(kc, kc + cold):
-            room.temp[k] = round(self.rng.uniform(12.0, 14.2), 1)
-        v, k = room.temp[kc + cold - 1], kc + cold
-        while k < self.n and (v := v + 3.0 * self.step / HOUR) < room.temp[k]:
-            room.temp[k] = round(v, 1)  # recover at 3 °C/h: no temp-rise
-            k += 1
-        for k in range(kc - lead, kc + cold):
-            room.hum[k] = round(self.rng.uniform(72.0, 80.0), 1)
-        n_dry = self.steps(HOUR)
-        for j in range(n_dry):
-            k = kc + cold + j
-            if k < self.n:
-                room.hum[k] = round(min(69.0, 69.0 + (room.hum[k] - 69.0) * j / n_dry), 1)
-
-        def truth() -> Truth:  # `select last`: h is the latest humid reading, t the first cold
-            t, h = self.at[room.sensor("t"), kc], self.at[room.sensor("h"), kc - min(lead, 1)]
-            assert float(t["value"]) < COLD and float(h["value"]) > HUMID
-            ts = float(t["ts"])
-            return self.record(
-                "lab-cold-humid",
-                room,
-                self.per_room(room),
-                {"t": [t], "h": [h]},
-                ts,
-                ts,
-                f"humid {lead * self.step // 60} min before cold, "
-                f"cold for {cold * self.step // 60} min",
-            )
-
-        self.resolvers.append(truth)
-
-    def break_in(self) -> None:
-        """P4: an office window is broken at night; the intruder is seen 5-20 minutes later."""
-        broken = self.steps(self.rng.uniform(45, 75) * 60)
-        room, k = self.slot(
-            "break-in", self.offices(), [(0.5, 4.5)], HOUR, broken * self.step + HOUR
-        )
-        j = self.steps(self.rng.uniform(5, 20) * 60)
-        for i in range(k, k + broken):  # security resets the glass-break sensor after its visit
-            room.window[i] = "broken"
-        room.occ[k + j] = 1
-        assert not any(room.occ[i] for i in range(k - 6, k + broken + 6) if i != k + j)
-
-        def truth() -> Truth:
-            w, p = self.at[room.sensor("w"), k], self.at[room.sensor("p"), k + j]
-            return self.record(
-                "break-in",
-                room,
-                self.per_room(room),
-                {"w": [w], "p": [p]},
-                float(p["ts"]),
-                float(p["ts"]),
-                f"window broken, presence {j * self.step // 60} min later",
-            )
-
-        self.resolvers.append(truth)
-
-    def co2_stuffy(self) -> None:
-        """CO2: a crowded meeting; exactly three readings above 1000 ppm, then ventilation."""
-        room, k = self.slot("co2-stuffy", self.offices(), [(9.5, 16.0)], 1.5 * HOUR, 1.5 * HOUR)
-        n_up = n_dn = max(3, self.steps(1800))
-        start = room.co2[k - n_up - 1]
-        for j in range(1, n_up + 1):
-            room.co2[k - n_up - 1 + j] = float(round(start + (960 - start) * j / n_up))
-        for i in range(k, k + 3):
-            room.co2[i] = float(self.rng.randint(1015, 1150))
-        end = room.co2[k + 3 + n_dn]
-        for j in range(n_dn):
-            room.co2[k + 3 + j] = float(round(950 + (end - 950) * j / n_dn))
-        for i in range(k - n_up, k + 3):
-            room.occ[i] = max(room.occ[i], 6)
-
-        def truth() -> Truth:
-            r = [self.at[room.sensor("c"), i] for i in range(k, k + 3)]
-            t = float(r[2]["ts"])
-            return self.record(
-                "co2-stuffy",
-                room,
-                self.per_room(room),
-                {"r1": [r[0]], "r2": [r[1]], "r3": [r[2]]},
-                t,
-                t,
-                "meeting: three CO2 readings above 1000 ppm",
-            )
-
-        self.resolvers.append(truth)
-
-    def alarm_unacked(self) -> None:
-        """Trailing negation: an alarm nobody acknowledges (or only after 12-25 minutes)."""
-        room = self.rng.choice(self.labs())
-        t = self.t0 + self.rng.randrange(self.days) * DAY + self.rng.uniform(0.5, 22.5) * HOUR
-        alarm = self._alarm(room, t, self.rng.choice(("fume-hood", "fridge-temp", "gas")))
-        late = self.rng.random() < 0.5
-        if late:
-            self._ack(room, t + self.rng.uniform(12, 25) * 60, str(alarm["alarm"]))
-        due = float(alarm["ts"]) + ACK_WITHIN
-        self.resolvers.append(
-            lambda: self.record(
-                "alarm-unacked",
-                room,
-                {"alarm": alarm["alarm"]},
-                {"a": [alarm]},
-                due,
-                due,
-                "acknowledged too late" if late else "never acknowledged",
-            )
-        )
-
-    def door_forced(self) -> None:
-        """Leading negation: a lab door opens at night (nobody badges then) without a badge."""
-        room, k = self.slot("door-forced", self.labs(), [(0.5, 5.5), (19.5, 23.0)], HOUR, HOUR)
-        t = self.ts(room, k) + self.rng.randint(20, self.step - 20)
-        door = self._door(room, t, "open")
-        self._door(room, t + self.rng.randint(20, 60), "closed")
-        for i in (k + 1, k + 2):
-            room.occ[i] = 1
-        self.resolvers.append(
-            lambda: self.record(
-                "door-forced",
-                room,
-                self.per_room(room),
-                {"d": [door]},
-                float(door["ts"]),
-                float(door["ts"]),
-                "lab door opened at night, no badge",
-            )
-        )
-
-    def temp_rise(self) -> None:
-        """`where`: a heater sticks on; +7.5 °C in each of two readings, then back to normal.
-
-        With `select first` the 1-hour windows of a sensor follow each other, so the rise is
-        seen at the first jump (the window's first reading is still low) or, when a window
-        happens to start at the first jump, at the second: the truth allows both readings.
-        """
-        room, k = self.slot("temp-rise", self.rooms, [(9.5, 15.0)], 1.5 * HOUR, 2 * HOUR)
-        room.temp[k] = round(room.temp[k] + 7.5 + self.rng.uniform(0, 0.5), 1)
-        room.temp[k + 1] = round(room.temp[k] + 7.5 + self.rng.uniform(0, 0.5), 1)
-        for i in range(k + 2, k + 1 + self.steps(self.rng.uniform(10, 20) * 60)):
-            room.temp[i] = round(room.temp[k + 1] + self.rng.uniform(-0.2, 0.2), 1)
-
-        def truth() -> Truth:
-            b = [self.at[room.sensor("t"), i] for i in (k, k + 1)]
-            return self.record(
-                "temp-rise",
-                room,
-                {"sensor": room.sensor("t")},
-                {"b": b},
-                float(b[0]["ts"]),
-                float(b[1]["ts"]),
-                "temperature +7.5 °C in each of two readings",
-            )
-
-        self.resolvers.append(truth)
-
     # ---- output
     def emit(self) -> list[Event]:
         """All events in time order (stable: a room's readings keep their t,h,c,p,w/d order)."""
@@ -621,6 +384,252 @@ class _Feed:
         return events
 
 
+# ---- incidents: each mutates the feed's series, then registers how to resolve its truth
+
+
+def night_overheat(feed: _Feed, day: int) -> None:
+    """P1: the air conditioning fails at night; the office warms at 3.5 °C/h past 26 °C."""
+    room, k0 = feed.slot(
+        "night-overheat",
+        feed.offices(),
+        [(21.5, 22.0)],
+        0.5 * HOUR,
+        5 * HOUR,
+        day,
+        overrun=True,
+    )
+    peak, up = feed.rng.uniform(27.3, 28.3), 3.5 * feed.step / HOUR
+    hold, down = feed.steps(feed.rng.uniform(30, 45) * 60), 6.0 * feed.step / HOUR
+    k, bump = k0, 0.0
+    while k < feed.n and room.temp[k] + bump < peak:
+        bump += up
+        room.temp[k] = round(min(peak, room.temp[k] + bump), 1)
+        k += 1
+    for _ in range(hold):
+        if k < feed.n:
+            room.temp[k] = round(peak + feed.rng.uniform(-0.1, 0.1), 1)
+        k += 1
+    v = peak - down
+    while k < feed.n and v > room.temp[k]:  # falling: harmless for every profile
+        room.temp[k] = round(v, 1)
+        k, v = k + 1, v - down
+    night = feed.t0 + day * DAY + 22 * HOUR
+
+    def truth() -> Truth:
+        hi = next(
+            feed.at[room.sensor("t"), k]
+            for k in range(feed.k_of(night), feed.n)
+            if (room.sensor("t"), k) in feed.at
+            and float(feed.at[room.sensor("t"), k]["value"]) > HOT
+            and feed.ts(room, k) >= night
+        )
+        assert float(hi["ts"]) < night + 8 * HOUR, "P1 incident outside the night"
+        clock = "clock:" + datetime.fromtimestamp(night, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return feed.record(
+            "night-overheat",
+            room,
+            None,
+            {"n": [clock], "hi": [hi]},
+            float(hi["ts"]),
+            float(hi["ts"]),
+            f"office above {HOT} °C at night (AC failure, +3.5 °C/h)",
+        )
+
+    feed.resolvers.append(truth)
+
+
+def silent_sensor(feed: _Feed) -> None:
+    """P2: a sensor fails and sends nothing for 40-150 minutes, then comes back."""
+    span = feed.rng.uniform(40, 150) * 60
+    room, k0 = feed.slot("silent-sensor", feed.rooms, [(0.5, 22.0)], HOUR, span + 2 * HOUR)
+    sensor = room.sensor(feed.rng.choice(room.suffixes))
+    m = feed.steps(span)
+    # (previous reading, next reading): open interval, also drops door events in between
+    feed.silent.append((sensor, feed.ts(room, k0 - 1), feed.ts(room, k0 + m)))
+
+    def truth() -> Truth:  # the sensor's last event before the gap (a door event may tie)
+        last = [e for e in feed.by_sensor[sensor] if float(e["ts"]) < feed.ts(room, k0)][-1]
+        t = float(last["ts"]) + SILENCE
+        return feed.record(
+            "silent-sensor",
+            room,
+            {"sensor": sensor},
+            {"last": [last]},
+            t,
+            t,
+            f"sensor silent for {m * feed.step / 60:.0f} min",
+        )
+
+    feed.resolvers.append(truth)
+
+
+def lab_cold_humid(feed: _Feed) -> None:
+    """P3: a lab's climate unit fails: humid air first (0-15 min), then cold for a while."""
+    room, kc = feed.slot("lab-cold-humid", feed.labs(), [(1.0, 19.0)], HOUR, 5 * HOUR)
+    n_down, cold = feed.steps(1800), feed.steps(feed.rng.uniform(30, 75) * 60)
+    lead = feed.steps(feed.rng.choice((0, 5, 10, 15)) * 60) if feed.rng.random() < 0.75 else 0
+    start = room.temp[kc - n_down - 1]
+    for j in range(1, n_down + 1):  # fall to just above the threshold in 30 min
+        room.temp[kc - n_down - 1 + j] = round(start + (COLD + 0.6 - start) * j / n_down, 1)
+    for k in range(kc, kc + cold):
+        room.temp[k] = round(feed.rng.uniform(12.0, 14.2), 1)
+    v, k = room.temp[kc + cold - 1], kc + cold
+    while k < feed.n and (v := v + 3.0 * feed.step / HOUR) < room.temp[k]:
+        room.temp[k] = round(v, 1)  # recover at 3 °C/h: no temp-rise
+        k += 1
+    for k in range(kc - lead, kc + cold):
+        room.hum[k] = round(feed.rng.uniform(72.0, 80.0), 1)
+    n_dry = feed.steps(HOUR)
+    for j in range(n_dry):
+        k = kc + cold + j
+        if k < feed.n:
+            room.hum[k] = round(min(69.0, 69.0 + (room.hum[k] - 69.0) * j / n_dry), 1)
+
+    def truth() -> Truth:  # `select last`: h is the latest humid reading, t the first cold
+        t, h = feed.at[room.sensor("t"), kc], feed.at[room.sensor("h"), kc - min(lead, 1)]
+        assert float(t["value"]) < COLD and float(h["value"]) > HUMID
+        ts = float(t["ts"])
+        return feed.record(
+            "lab-cold-humid",
+            room,
+            feed.per_room(room),
+            {"t": [t], "h": [h]},
+            ts,
+            ts,
+            f"humid {lead * feed.step // 60} min before cold, "
+            f"cold for {cold * feed.step // 60} min",
+        )
+
+    feed.resolvers.append(truth)
+
+
+def break_in(feed: _Feed) -> None:
+    """P4: an office window is broken at night; the intruder is seen 5-20 minutes later."""
+    broken = feed.steps(feed.rng.uniform(45, 75) * 60)
+    room, k = feed.slot("break-in", feed.offices(), [(0.5, 4.5)], HOUR, broken * feed.step + HOUR)
+    j = feed.steps(feed.rng.uniform(5, 20) * 60)
+    for i in range(k, k + broken):  # security resets the glass-break sensor after its visit
+        room.window[i] = "broken"
+    room.occ[k + j] = 1
+    assert not any(room.occ[i] for i in range(k - 6, k + broken + 6) if i != k + j)
+
+    def truth() -> Truth:
+        w, p = feed.at[room.sensor("w"), k], feed.at[room.sensor("p"), k + j]
+        return feed.record(
+            "break-in",
+            room,
+            feed.per_room(room),
+            {"w": [w], "p": [p]},
+            float(p["ts"]),
+            float(p["ts"]),
+            f"window broken, presence {j * feed.step // 60} min later",
+        )
+
+    feed.resolvers.append(truth)
+
+
+def co2_stuffy(feed: _Feed) -> None:
+    """CO2: a crowded meeting; exactly three readings above 1000 ppm, then ventilation."""
+    room, k = feed.slot("co2-stuffy", feed.offices(), [(9.5, 16.0)], 1.5 * HOUR, 1.5 * HOUR)
+    n_up = n_dn = max(3, feed.steps(1800))
+    start = room.co2[k - n_up - 1]
+    for j in range(1, n_up + 1):
+        room.co2[k - n_up - 1 + j] = float(round(start + (960 - start) * j / n_up))
+    for i in range(k, k + 3):
+        room.co2[i] = float(feed.rng.randint(1015, 1150))
+    end = room.co2[k + 3 + n_dn]
+    for j in range(n_dn):
+        room.co2[k + 3 + j] = float(round(950 + (end - 950) * j / n_dn))
+    for i in range(k - n_up, k + 3):
+        room.occ[i] = max(room.occ[i], 6)
+
+    def truth() -> Truth:
+        r = [feed.at[room.sensor("c"), i] for i in range(k, k + 3)]
+        t = float(r[2]["ts"])
+        return feed.record(
+            "co2-stuffy",
+            room,
+            feed.per_room(room),
+            {"r1": [r[0]], "r2": [r[1]], "r3": [r[2]]},
+            t,
+            t,
+            "meeting: three CO2 readings above 1000 ppm",
+        )
+
+    feed.resolvers.append(truth)
+
+
+def alarm_unacked(feed: _Feed) -> None:
+    """Trailing negation: an alarm nobody acknowledges (or only after 12-25 minutes)."""
+    room = feed.rng.choice(feed.labs())
+    t = feed.t0 + feed.rng.randrange(feed.days) * DAY + feed.rng.uniform(0.5, 22.5) * HOUR
+    alarm = feed._alarm(room, t, feed.rng.choice(("fume-hood", "fridge-temp", "gas")))
+    late = feed.rng.random() < 0.5
+    if late:
+        feed._ack(room, t + feed.rng.uniform(12, 25) * 60, str(alarm["alarm"]))
+    due = float(alarm["ts"]) + ACK_WITHIN
+    feed.resolvers.append(
+        lambda: feed.record(
+            "alarm-unacked",
+            room,
+            {"alarm": alarm["alarm"]},
+            {"a": [alarm]},
+            due,
+            due,
+            "acknowledged too late" if late else "never acknowledged",
+        )
+    )
+
+
+def door_forced(feed: _Feed) -> None:
+    """Leading negation: a lab door opens at night (nobody badges then) without a badge."""
+    room, k = feed.slot("door-forced", feed.labs(), [(0.5, 5.5), (19.5, 23.0)], HOUR, HOUR)
+    t = feed.ts(room, k) + feed.rng.randint(20, feed.step - 20)
+    door = feed._door(room, t, "open")
+    feed._door(room, t + feed.rng.randint(20, 60), "closed")
+    for i in (k + 1, k + 2):
+        room.occ[i] = 1
+    feed.resolvers.append(
+        lambda: feed.record(
+            "door-forced",
+            room,
+            feed.per_room(room),
+            {"d": [door]},
+            float(door["ts"]),
+            float(door["ts"]),
+            "lab door opened at night, no badge",
+        )
+    )
+
+
+def temp_rise(feed: _Feed) -> None:
+    """`where`: a heater sticks on; +7.5 °C in each of two readings, then back to normal.
+
+    With `select first` the 1-hour windows of a sensor follow each other, so the rise is
+    seen at the first jump (the window's first reading is still low) or, when a window
+    happens to start at the first jump, at the second: the truth allows both readings.
+    """
+    room, k = feed.slot("temp-rise", feed.rooms, [(9.5, 15.0)], 1.5 * HOUR, 2 * HOUR)
+    room.temp[k] = round(room.temp[k] + 7.5 + feed.rng.uniform(0, 0.5), 1)
+    room.temp[k + 1] = round(room.temp[k] + 7.5 + feed.rng.uniform(0, 0.5), 1)
+    for i in range(k + 2, k + 1 + feed.steps(feed.rng.uniform(10, 20) * 60)):
+        room.temp[i] = round(room.temp[k + 1] + feed.rng.uniform(-0.2, 0.2), 1)
+
+    def truth() -> Truth:
+        b = [feed.at[room.sensor("t"), i] for i in (k, k + 1)]
+        return feed.record(
+            "temp-rise",
+            room,
+            {"sensor": room.sensor("t")},
+            {"b": b},
+            float(b[0]["ts"]),
+            float(b[1]["ts"]),
+            "temperature +7.5 °C in each of two readings",
+        )
+
+    feed.resolvers.append(truth)
+
+
 def generate_facility(
     buildings: int = 2,
     days: int = 1,
@@ -648,20 +657,20 @@ def generate_facility(
     feed.background()
     nights = sorted(feed.rng.sample(range(days), counts["night-overheat"]))
     for d in nights:
-        feed.night_overheat(d)
+        night_overheat(feed, d)
     # most constrained first: night-only incidents, then daytime ones, then anywhere
     makers = {
-        "break-in": feed.break_in,
-        "door-forced": feed.door_forced,
-        "lab-cold-humid": feed.lab_cold_humid,
-        "co2-stuffy": feed.co2_stuffy,
-        "temp-rise": feed.temp_rise,
-        "silent-sensor": feed.silent_sensor,
-        "alarm-unacked": feed.alarm_unacked,
+        "break-in": break_in,
+        "door-forced": door_forced,
+        "lab-cold-humid": lab_cold_humid,
+        "co2-stuffy": co2_stuffy,
+        "temp-rise": temp_rise,
+        "silent-sensor": silent_sensor,
+        "alarm-unacked": alarm_unacked,
     }
     for kind, make in makers.items():
         for _ in range(counts[kind]):
-            make()
+            make(feed)
     events = feed.emit()
     truth = sorted((r() for r in feed.resolvers), key=lambda r: (r["ts_min"], r["profile"]))
     return events, truth

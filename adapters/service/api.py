@@ -84,6 +84,25 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.store_errors = [float("-inf"), 0]  # (last logged, 503s since) of ingest writes
     app.state.memory_seen = [float("-inf"), None]  # (time read, MemoryState) for this process
 
+    _error_answers(app)
+    app.include_router(ingest.router)
+    app.include_router(manage.router)
+    app.include_router(admin.router)
+    app.include_router(asset_routes.router)
+    app.include_router(operations.router)
+    app.include_router(late_routes.router)
+    app.include_router(alarm_routes.router)
+    app.include_router(probe_routes.router)
+    if settings.console:
+        from adapters.service import console
+
+        console.mount(app)
+    return app
+
+
+def _error_answers(app: FastAPI) -> None:
+    """Every error as one JSON `error`: HTTP errors, Redis unavailable (503), bad bodies."""
+
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, exc.status_code, headers=exc.headers)
@@ -113,17 +132,3 @@ def create_app(settings: ApiSettings) -> FastAPI:
             )
         message = describe_errors(errors, lambda loc: store.subscriber_field(loc, "body"))
         return JSONResponse({"error": message, "detail": detail}, 422)
-
-    app.include_router(ingest.router)
-    app.include_router(manage.router)
-    app.include_router(admin.router)
-    app.include_router(asset_routes.router)
-    app.include_router(operations.router)
-    app.include_router(late_routes.router)
-    app.include_router(alarm_routes.router)
-    app.include_router(probe_routes.router)
-    if settings.console:
-        from adapters.service import console
-
-        console.mount(app)
-    return app

@@ -162,6 +162,27 @@ def _same(old: dict[str, Any] | None, rec: dict[str, Any]) -> bool:
     return old is not None and {k: v for k, v in old.items() if k != "updated"} == rec
 
 
+def _profile_changes(
+    final: dict[str, dict[str, Any]], have: dict[str, dict[str, Any]], now: float
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[str]]:
+    """The generated fault profiles the registry ``final`` wants, those of them to write (new
+    or changed, keeping their creation time) and the stored ones (``have``) to delete."""
+    want = {}
+    for rec in final.values():
+        gen = fault_profile(rec)
+        if gen is not None:
+            want[gen[0]] = gen[1]
+    write: dict[str, str] = {}
+    for pid, prof in want.items():
+        cur = have.get(pid)
+        if cur is not None and all(cur.get(k) == v for k, v in prof.items()):
+            continue
+        created = cur["created"] if cur is not None else now
+        write[pid] = rs.dumps({**prof, "created": created, "updated": now})
+    delete = [pid for pid in have if pid not in want]
+    return want, write, delete
+
+
 def _commit(
     r: redis.Redis, new: dict[str, dict[str, Any]], *, replace: bool, drop: tuple[str, ...]
 ) -> ImportResult:
@@ -177,21 +198,8 @@ def _commit(
                 )
                 final = {k: v for k, v in old.items() if k not in gone}
                 final.update(new)
-                want = {}
-                for rec in final.values():
-                    gen = fault_profile(rec)
-                    if gen is not None:
-                        want[gen[0]] = gen[1]
-                have = _generated(p)
                 now = time.time()
-                write: dict[str, str] = {}
-                for pid, prof in want.items():
-                    cur = have.get(pid)
-                    if cur is not None and all(cur.get(k) == v for k, v in prof.items()):
-                        continue
-                    created = cur["created"] if cur is not None else now
-                    write[pid] = rs.dumps({**prof, "created": created, "updated": now})
-                delete = [pid for pid in have if pid not in want]
+                want, write, delete = _profile_changes(final, _generated(p), now)
                 changed = {k: v for k, v in new.items() if not _same(old.get(k), v)}
                 p.multi()
                 if changed:

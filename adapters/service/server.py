@@ -366,6 +366,56 @@ def _serve(
     token_hash: str,
     generated: str | None,
 ) -> int:
+    _announce(cfg, conn, sock, notifier_cfg, generated)
+    # Stopped in this order: HTTP first, so no event arrives after the final snapshot was
+    # planned (one that does is in the ingest stream for the next start anyway), then the
+    # engine worker (final snapshot, lock released), then delivery.
+    parts: list[Any] = []
+    if sock is not None:
+        parts.append(_http_part(cfg, conn, sock, token_hash))
+    if "engine" in cfg.roles:
+        engine_stop = threading.Event()
+        worker = EngineWorker(conn.binary(), cfg.worker)
+        parts.append(_Part("engine-worker", worker.run_forever, engine_stop, halt=engine_stop.set))
+    delivery = None
+    if notifier_cfg is not None:
+        from notifiers.worker import DeliveryWorker
+
+        delivery_stop = threading.Event()
+        delivery = DeliveryWorker(conn.text(), notifier_cfg)
+        parts.append(
+            _Part("delivery-worker", delivery.run_forever, delivery_stop, halt=delivery_stop.set)
+        )
+
+    archiving = "archive" in cfg.roles and cfg.archive is not None
+    if archiving:
+        from adapters.service.archiver import Archiver
+
+        archive_stop = threading.Event()
+        archiver = Archiver(conn.binary(), cfg.archive)  # type: ignore[arg-type]
+        parts.append(_Part("archiver", archiver.run_forever, archive_stop, halt=archive_stop.set))
+        log.info("archiving processed events to %s", cfg.archive.uri)  # type: ignore[union-attr]
+    if "engine" in cfg.roles or delivery is not None or archiving:  # an API thread would too
+        m.Publisher.ensure(conn.url)  # after the fork: children publish their own
+    status = _run_parts(parts, conn)
+    if delivery is not None:
+        delivery.close()
+    try:
+        m.unpublish(conn.text())
+    except redis.RedisError:
+        pass
+    log.info("stopped")
+    return status
+
+
+def _announce(
+    cfg: ServeConfig,
+    conn: rs.Connection,
+    sock: socket.socket | None,
+    notifier_cfg: Any,
+    generated: str | None,
+) -> None:
+    """The start-up lines: a new admin token (once), where the store is, the roles run."""
     if generated:
         # Shown once; only its hash is stored. Lost? `ens serve --reset-admin-token`.
         print(f"admin token (shown once, keep it): {generated}", file=sys.stderr, flush=True)
@@ -393,79 +443,52 @@ def _serve(
     else:
         log.info("ENS service, %s (%s)", where, roles)
 
-    # Stopped in this order: HTTP first, so no event arrives after the final snapshot was
-    # planned (one that does is in the ingest stream for the next start anyway), then the
-    # engine worker (final snapshot, lock released), then delivery.
-    parts: list[Any] = []
-    if sock is not None:
-        metrics_token = cfg.metrics_token
-        settings = ApiSettings(
-            conn.url,
-            token_hash,
-            cfg.max_body,
-            max_backlog=cfg.max_backlog,
-            limits=cfg.limits,
-            metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None,
-            access_log=cfg.access_log,
-            console=cfg.console,
-            archive_uri=cfg.archive.uri if cfg.archive else None,
+
+def _http_part(cfg: ServeConfig, conn: rs.Connection, sock: socket.socket, token_hash: str) -> Any:
+    """The HTTP API on ``sock``: a thread, or with ``--api-workers`` > 1 a forked supervisor of
+    that many processes (forked before any thread starts)."""
+    metrics_token = cfg.metrics_token
+    settings = ApiSettings(
+        conn.url,
+        token_hash,
+        cfg.max_body,
+        max_backlog=cfg.max_backlog,
+        limits=cfg.limits,
+        metrics_token_sha256=rs.sha256(metrics_token) if metrics_token else None,
+        access_log=cfg.access_log,
+        console=cfg.console,
+        archive_uri=cfg.archive.uri if cfg.archive else None,
+    )
+
+    def make_server() -> uvicorn.Server:
+        return uvicorn.Server(
+            uvicorn.Config(
+                create_app(settings),
+                host=cfg.host,
+                port=cfg.port,
+                log_level="warning",
+                access_log=False,  # ours, with the route and duration: --access-log
+                # json: uvicorn's own records go through the root logger's JSON lines
+                log_config=None if cfg.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+                **uvicorn_options(cfg.keepalive_timeout, cfg.header_timeout, cfg.max_connections),
+            )
         )
 
-        def make_server() -> uvicorn.Server:
-            return uvicorn.Server(
-                uvicorn.Config(
-                    create_app(settings),
-                    host=cfg.host,
-                    port=cfg.port,
-                    log_level="warning",
-                    access_log=False,  # ours, with the route and duration: --access-log
-                    # json: uvicorn's own records go through the root logger's JSON lines
-                    log_config=None if cfg.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
-                    lifespan="on",
-                    timeout_graceful_shutdown=5,
-                    **uvicorn_options(
-                        cfg.keepalive_timeout, cfg.header_timeout, cfg.max_connections
-                    ),
-                )
-            )
+    if cfg.api_workers > 1:  # forked before any thread starts
+        n = cfg.api_workers
+        sup = _Child("http", lambda: sys.exit(supervise_api(n, lambda: make_server().run([sock]))))
+        sup.start()
+        sock.close()  # the supervisor and its children hold it
+        return sup
+    server = make_server()
+    return _Part("http", server.run, [sock], halt=lambda: setattr(server, "should_exit", True))
 
-        if cfg.api_workers > 1:  # forked before any thread starts
-            n = cfg.api_workers
-            sup = _Child(
-                "http", lambda: sys.exit(supervise_api(n, lambda: make_server().run([sock])))
-            )
-            sup.start()
-            parts.append(sup)
-            sock.close()  # the supervisor and its children hold it
-        else:
-            server = make_server()
-            parts.append(
-                _Part("http", server.run, [sock], halt=lambda: setattr(server, "should_exit", True))
-            )
-    if "engine" in cfg.roles:
-        engine_stop = threading.Event()
-        worker = EngineWorker(conn.binary(), cfg.worker)
-        parts.append(_Part("engine-worker", worker.run_forever, engine_stop, halt=engine_stop.set))
-    delivery = None
-    if notifier_cfg is not None:
-        from notifiers.worker import DeliveryWorker
 
-        delivery_stop = threading.Event()
-        delivery = DeliveryWorker(conn.text(), notifier_cfg)
-        parts.append(
-            _Part("delivery-worker", delivery.run_forever, delivery_stop, halt=delivery_stop.set)
-        )
-
-    archiving = "archive" in cfg.roles and cfg.archive is not None
-    if archiving:
-        from adapters.service.archiver import Archiver
-
-        archive_stop = threading.Event()
-        archiver = Archiver(conn.binary(), cfg.archive)  # type: ignore[arg-type]
-        parts.append(_Part("archiver", archiver.run_forever, archive_stop, halt=archive_stop.set))
-        log.info("archiving processed events to %s", cfg.archive.uri)  # type: ignore[union-attr]
-    if "engine" in cfg.roles or delivery is not None or archiving:  # an API thread would too
-        m.Publisher.ensure(conn.url)  # after the fork: children publish their own
+def _run_parts(parts: list[Any], conn: rs.Connection) -> int:
+    """Start the threads, watch them until a signal or one of them dies, stop them in order.
+    Exit status 1 when a part died or failed."""
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -497,11 +520,4 @@ def _serve(
         p.join(timeout=30)
         if p.failed is not None:
             status = 1
-    if delivery is not None:
-        delivery.close()
-    try:
-        m.unpublish(conn.text())
-    except redis.RedisError:
-        pass
-    log.info("stopped")
     return status

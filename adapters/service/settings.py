@@ -87,8 +87,9 @@ def _number(default: Any, help: str, kind: Kind = "int", **kw: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class ServiceSettings:
-    """Every setting of `ens serve`, checked; ``ServiceSettings()`` holds the defaults."""
+class _RunSettings:
+    """The first half of `ServiceSettings`' fields (one class of 500 lines was too long to
+    read): where the service listens and keeps its data, time, alarms, roles, logging."""
 
     host: str = _setting(
         "127.0.0.1", Option("Address to listen on.", flags=("--host",), shown="127.0.0.1")
@@ -372,6 +373,16 @@ class ServiceSettings:
             flags=("--index",),
         ),
     )
+
+
+@dataclass(frozen=True)
+class ServiceSettings(_RunSettings):
+    """Every setting of `ens serve`, checked; ``ServiceSettings()`` holds the defaults.
+
+    The fields of `_RunSettings` come first (``--help`` and docs order), then these: input
+    limits, planning, engine limits, de-duplication, archive, HTTP limits and tokens.
+    """
+
     max_future: float | None = _duration(
         "5m",
         "Reject events whose ts is further ahead of the wall clock (e.g. 30s, 5m; 'off': no bound).",

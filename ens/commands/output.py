@@ -1,4 +1,4 @@
-"""How list commands print: a table for people, or JSON (``--json``) for scripts.
+"""How commands print: a table for people, or JSON (``--json``) for scripts; an error line.
 
 A table printed into a pipe or a file is laid out at its natural width: rich assumes 80
 columns there and cut long cells ("394…").
@@ -7,6 +7,7 @@ columns there and cut long cells ("394…").
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -30,3 +31,17 @@ def console(stderr: bool = False) -> Console:
 
 def print_json(rows: list[dict[str, Any]]) -> None:
     typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` on stderr; the caller raises the returned exit (status 2: the
+    input was refused)."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def when(ts: float | None) -> str:
+    """A stored timestamp as UTC wall time, ``-`` when unset."""
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")

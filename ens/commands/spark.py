@@ -190,33 +190,51 @@ def index(
     typer.echo(f"{out}: {c['profiles']} profiles indexed, {c['errors']} rejected")
 
 
+_ReplayOut = Annotated[
+    str, typer.Option("--out", "-o", help="Notifications file (jsonl) or directory (parquet).")
+]
+_ReplayFeed = Annotated[
+    str | None,
+    typer.Argument(
+        help="Events: JSON lines, CSV or Parquet (.gz ok); with --dataset its path; "
+        "none with --archive."
+    ),
+]
+_ReplayKey = Annotated[
+    str, typer.Option("--key", help="Partition attribute: per-key profiles run in parallel.")
+]
+_ReplayUntil = Annotated[
+    str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
+]
+_ReplayTz = Annotated[
+    str,
+    typer.Option(
+        help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+    ),
+]
+_ReplayArchive = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        help="Read the events from the service's event archive (path or URI; 'on': "
+        "$ENS_DATA_DIR/archive), --from/--to, instead of FEED.",
+    ),
+]
+_ReplayStart = Annotated[
+    str | None, typer.Option("--from", help="--archive: start (7d, RFC 3339).")
+]
+
+
 @app.command()
 def replay(
-    out: Annotated[
-        str, typer.Option("--out", "-o", help="Notifications file (jsonl) or directory (parquet).")
-    ],
-    feed: Annotated[
-        str | None,
-        typer.Argument(
-            help="Events: JSON lines, CSV or Parquet (.gz ok); with --dataset its path; "
-            "none with --archive."
-        ),
-    ] = None,
+    out: _ReplayOut,
+    feed: _ReplayFeed = None,
     profiles: ProfilesOpt = None,
     index: IndexOpt = None,
-    key: Annotated[
-        str, typer.Option("--key", help="Partition attribute: per-key profiles run in parallel.")
-    ] = "building",
+    key: _ReplayKey = "building",
     fmt: Annotated[str, typer.Option("--format", help="Output: jsonl or parquet.")] = "jsonl",
-    until: Annotated[
-        str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
-    ] = None,
-    tz: Annotated[
-        str,
-        typer.Option(
-            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
-        ),
-    ] = "UTC",
+    until: _ReplayUntil = None,
+    tz: _ReplayTz = "UTC",
     dataset: DatasetOpt = None,
     rooms: RoomsOpt = None,
     input_format: InputFormatOpt = None,
@@ -224,17 +242,8 @@ def replay(
     work: Work = None,
     plan: PlanOpt = "eager",
     stats_file: StatsOpt = None,
-    archive: Annotated[
-        str | None,
-        typer.Option(
-            "--archive",
-            help="Read the events from the service's event archive (path or URI; 'on': "
-            "$ENS_DATA_DIR/archive), --from/--to, instead of FEED.",
-        ),
-    ] = None,
-    start: Annotated[
-        str | None, typer.Option("--from", help="--archive: start (7d, RFC 3339).")
-    ] = None,
+    archive: _ReplayArchive = None,
+    start: _ReplayStart = None,
     to: Annotated[str | None, typer.Option("--to", help="--archive: end (default now).")] = None,
 ) -> None:
     """Replay a feed through the profiles; output identical to `ens replay` (same order)."""
@@ -360,81 +369,119 @@ def _interval(flag: str, text: str) -> float:
     return parse_duration(flag, text)
 
 
+def _check_stream_options(clock: str, partitions: int, late_events: str, late_max: int) -> None:
+    if clock not in ("wall", "event"):
+        raise ENSError(f"--clock must be wall or event, not {clock!r}")
+    if partitions < 0:
+        raise ENSError(f"--partitions must be >= 0, not {partitions}")
+    if late_events not in ("output", "feed"):
+        raise ENSError(f"--late-events must be output or feed, not {late_events!r}")
+    if late_max < 1:
+        raise ENSError(f"--late-max must be >= 1, not {late_max}")
+
+
+def _reach_redis(redis_url: str) -> str:
+    """Ping the Redis the executors will use; its URL as shown (no password)."""
+    import redis
+
+    from profiles.subscribers import mask_url
+
+    shown = mask_url(redis_url, query=False)  # a Redis password is not shown
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=5).ping()
+    except (redis.RedisError, ValueError) as e:
+        raise ENSError(f"cannot reach Redis at {shown}: {e}") from None
+    return shown
+
+
+_StreamRedisUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--redis-url",
+        envvar="ENS_REDIS_URL",
+        help="The service's Redis (reachable from every executor).",
+    ),
+]
+_StreamKey = Annotated[
+    str, typer.Option("--key", help="Partition attribute: one engine per value, in parallel.")
+]
+_StreamCheckpoint = Annotated[
+    str,
+    typer.Option(
+        help="Spark checkpoint directory (offsets, engine states); a restart "
+        "with the same one resumes exactly where the query stopped."
+    ),
+]
+_StreamLateness = Annotated[
+    str,
+    typer.Option(
+        help="How far out of ts order events may arrive (the watermark's "
+        "delay; `ens serve --default-lateness`)."
+    ),
+]
+_StreamIdleTimeout = Annotated[
+    str,
+    typer.Option(
+        help="A gateway silent this long holds no event back (`ens serve --idle-timeout`)."
+    ),
+]
+_StreamClock = Annotated[
+    str,
+    typer.Option(
+        help="wall: timers also fire by the wall clock minus the largest "
+        "active lateness; event: only by event time."
+    ),
+]
+_StreamTz = Annotated[
+    str,
+    typer.Option(
+        help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+    ),
+]
+_StreamPartitions = Annotated[
+    int, typer.Option(help="Source partitions per micro-batch (0: 2 x cores).")
+]
+_StreamRunFor = Annotated[
+    float | None,
+    typer.Option(
+        "--run-for",
+        help="Stop after this many seconds (tests, benchmarks); default: until Ctrl-C.",
+    ),
+]
+_StreamLateEvents = Annotated[
+    str,
+    typer.Option(
+        "--late-events",
+        help="An event older than its engine's time when read: output: kept out of the "
+        "engine, in the service's late output (ens notifications late); feed: fed at "
+        "once, in arrival order (`ens serve --late-events`).",
+    ),
+]
+_StreamLateMax = Annotated[
+    int,
+    typer.Option(
+        "--late-max",
+        help="Keep about this many late events in the late output (ens:late; the oldest "
+        "go first; `ens serve --late-max`).",
+    ),
+]
+
+
 @app.command()
 def stream(
-    redis_url: Annotated[
-        str | None,
-        typer.Option(
-            "--redis-url",
-            envvar="ENS_REDIS_URL",
-            help="The service's Redis (reachable from every executor).",
-        ),
-    ] = None,
-    key: Annotated[
-        str, typer.Option("--key", help="Partition attribute: one engine per value, in parallel.")
-    ] = "building",
+    redis_url: _StreamRedisUrl = None,
+    key: _StreamKey = "building",
     master: Master = "local[2]",
-    checkpoint: Annotated[
-        str,
-        typer.Option(
-            help="Spark checkpoint directory (offsets, engine states); a restart "
-            "with the same one resumes exactly where the query stopped."
-        ),
-    ] = ".ens-spark-stream",
+    checkpoint: _StreamCheckpoint = ".ens-spark-stream",
     trigger: Annotated[str, typer.Option(help="Micro-batch interval (500ms, 1s, ...).")] = "1s",
-    lateness: Annotated[
-        str,
-        typer.Option(
-            help="How far out of ts order events may arrive (the watermark's "
-            "delay; `ens serve --default-lateness`)."
-        ),
-    ] = "2s",
-    idle_timeout: Annotated[
-        str,
-        typer.Option(
-            help="A gateway silent this long holds no event back (`ens serve --idle-timeout`)."
-        ),
-    ] = "500ms",
-    clock: Annotated[
-        str,
-        typer.Option(
-            help="wall: timers also fire by the wall clock minus the largest "
-            "active lateness; event: only by event time."
-        ),
-    ] = "wall",
-    tz: Annotated[
-        str,
-        typer.Option(
-            help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
-        ),
-    ] = "UTC",
-    partitions: Annotated[
-        int, typer.Option(help="Source partitions per micro-batch (0: 2 x cores).")
-    ] = 0,
-    run_for: Annotated[
-        float | None,
-        typer.Option(
-            "--run-for",
-            help="Stop after this many seconds (tests, benchmarks); default: until Ctrl-C.",
-        ),
-    ] = None,
-    late_events: Annotated[
-        str,
-        typer.Option(
-            "--late-events",
-            help="An event older than its engine's time when read: output: kept out of the "
-            "engine, in the service's late output (ens notifications late); feed: fed at "
-            "once, in arrival order (`ens serve --late-events`).",
-        ),
-    ] = "output",
-    late_max: Annotated[
-        int,
-        typer.Option(
-            "--late-max",
-            help="Keep about this many late events in the late output (ens:late; the oldest "
-            "go first; `ens serve --late-max`).",
-        ),
-    ] = 10_000,
+    lateness: _StreamLateness = "2s",
+    idle_timeout: _StreamIdleTimeout = "500ms",
+    clock: _StreamClock = "wall",
+    tz: _StreamTz = "UTC",
+    partitions: _StreamPartitions = 0,
+    run_for: _StreamRunFor = None,
+    late_events: _StreamLateEvents = "output",
+    late_max: _StreamLateMax = 10_000,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     plan: PlanOpt = "eager",
     stats_file: StatsOpt = None,
@@ -455,14 +502,7 @@ def stream(
         rates = load_stats(stats_file)
         if not redis_url:
             raise ENSError("--redis-url (or ENS_REDIS_URL) is required: executors connect to it")
-        if clock not in ("wall", "event"):
-            raise ENSError(f"--clock must be wall or event, not {clock!r}")
-        if partitions < 0:
-            raise ENSError(f"--partitions must be >= 0, not {partitions}")
-        if late_events not in ("output", "feed"):
-            raise ENSError(f"--late-events must be output or feed, not {late_events!r}")
-        if late_max < 1:
-            raise ENSError(f"--late-max must be >= 1, not {late_max}")
+        _check_stream_options(clock, partitions, late_events, late_max)
         trig = _interval("--trigger", trigger)
         late = _interval("--lateness", lateness)
         idle = _interval("--idle-timeout", idle_timeout)
@@ -471,15 +511,7 @@ def stream(
         why = check_checkpoint(checkpoint)
         if why:
             raise ENSError(why)
-        import redis
-
-        from profiles.subscribers import mask_url
-
-        shown = mask_url(redis_url, query=False)  # a Redis password is not shown
-        try:
-            redis.Redis.from_url(redis_url, socket_connect_timeout=5).ping()
-        except (redis.RedisError, ValueError) as e:
-            raise ENSError(f"cannot reach Redis at {shown}: {e}") from None
+        shown = _reach_redis(redis_url)
         from notifiers.logs import setup_logging
 
         setup_logging(log_level)

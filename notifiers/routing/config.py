@@ -89,12 +89,7 @@ def parse_routing(
     ``stored``: the ids of the stored schedules (`ens serve`), asked only when a file that
     lists its ``subscribers`` names a receiver that is neither: such a receiver may be one."""
     try:
-        loader = _Loader(text)
-        try:
-            root = loader.get_single_node()
-            data = loader.construct_document(root) if root is not None else None
-        finally:
-            loader.dispose()
+        root, data = _load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -107,19 +102,7 @@ def parse_routing(
     for key in data:
         if key not in TOP_KEYS:
             c.add(RoutingError(f"unknown key (allowed: {', '.join(TOP_KEYS)})", (str(key),)), ())
-    tz = "UTC"
-    if "tz" in data:
-        try:
-            times.tz(data["tz"], ("tz",))
-            tz = str(data["tz"]).strip()
-        except RoutingError as e:
-            c.add(e, ())
-    subscribers: set[str] | None = None
-    if "subscribers" in data:
-        try:
-            subscribers = set(times.names(data["subscribers"], ("subscribers",), "subscribers"))
-        except RoutingError as e:
-            c.add(e, ())
+    tz, subscribers = _tz_and_subscribers(data, c)
     schedules: dict[str, Schedule] = {}
     for i, item in enumerate(_entries(data, "schedules", c)):
         try:
@@ -162,6 +145,34 @@ def parse_routing(
     if c.errors or root is None:
         return None, c.errors
     return Routing(root, schedules, policies, quiet, tz, grouping, "route" in data), []
+
+
+def _load(text: str) -> tuple[Any, Any]:
+    """The YAML node tree (for line numbers) and the document; `yaml.YAMLError` if invalid."""
+    loader = _Loader(text)
+    try:
+        root = loader.get_single_node()
+        return root, loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+
+
+def _tz_and_subscribers(data: dict[str, Any], c: _Collector) -> tuple[str, set[str] | None]:
+    """The file's ``tz`` (UTC) and its ``subscribers`` list (None: not given)."""
+    tz = "UTC"
+    if "tz" in data:
+        try:
+            times.tz(data["tz"], ("tz",))
+            tz = str(data["tz"]).strip()
+        except RoutingError as e:
+            c.add(e, ())
+    subscribers: set[str] | None = None
+    if "subscribers" in data:
+        try:
+            subscribers = set(times.names(data["subscribers"], ("subscribers",), "subscribers"))
+        except RoutingError as e:
+            c.add(e, ())
+    return tz, subscribers
 
 
 def _root(data: dict[str, Any], tz: str, c: _Collector) -> Route | None:

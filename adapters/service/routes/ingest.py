@@ -225,35 +225,11 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
     if problem:
         m.REQUESTS.labels(status="400").inc()
         return JSONResponse({"error": problem}, 400)
-    ids: list[str] = []  # per valid event: its id (or "")
-    texts: list[str] = []  # ... and its normalized JSON
-    exact = False  # some event needs the standard library's exact integer parsing
-    errors: list[EventErrorOut] = []
     assets: AssetCache = request.app.state.assets
     await assets.refresh(request.app.state.aredis)
-    now = time.time()
-    odd = may_hold_surrogates(body)
-    for index, line, obj in items:
-        try:
-            if isinstance(obj, ValueError):
-                raise obj
-            if odd:
-                check_values(obj)
-            ev = event_from_obj(obj, "-")
-            check_gateway(obj, gw)
-            check_ts_window(ev.ts, now, settings.limits)
-            if assets:  # the registry's attributes of its sensor or gateway (docs/assets.md)
-                ev.attrs = assets.enrich(ev.attrs, gw)
-            text, plain = normalized_json(obj, ev)
-            ids.append("" if obj.get("id") is None else str(obj["id"]))
-            texts.append(text)
-            exact = exact or not plain
-        except ValueError as exc:
-            if isinstance(exc, TsOutOfWindow):
-                m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
-            elif isinstance(exc, ForeignGateway):
-                _foreign_gateway(gw, exc.named)
-            errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
+    ids, texts, exact, errors = _check_events(
+        items, gw, settings, assets, may_hold_surrogates(body)
+    )
     assets.count()
     accepted = len(texts)
     duplicates = 0
@@ -303,3 +279,37 @@ async def post_events(request: Request, gw: Gateway) -> JSONResponse:
         accepted=accepted, duplicates=duplicates or None, rejected=len(errors), errors=errors
     )
     return JSONResponse(result.model_dump(exclude_none=True), status)
+
+
+def _check_events(
+    items: list[Any], gw: str, settings: ApiSettings, assets: AssetCache, odd: bool
+) -> tuple[list[str], list[str], bool, list[EventErrorOut]]:
+    """Each event checked and normalized: the valid ones' ids (or "") and JSON texts, whether
+    one needs exact integer parsing, and the invalid ones' errors (counted in the metrics)."""
+    ids: list[str] = []  # per valid event: its id (or "")
+    texts: list[str] = []  # ... and its normalized JSON
+    exact = False  # some event needs the standard library's exact integer parsing
+    errors: list[EventErrorOut] = []
+    now = time.time()
+    for index, line, obj in items:
+        try:
+            if isinstance(obj, ValueError):
+                raise obj
+            if odd:
+                check_values(obj)
+            ev = event_from_obj(obj, "-")
+            check_gateway(obj, gw)
+            check_ts_window(ev.ts, now, settings.limits)
+            if assets:  # the registry's attributes of its sensor or gateway (docs/assets.md)
+                ev.attrs = assets.enrich(ev.attrs, gw)
+            text, plain = normalized_json(obj, ev)
+            ids.append("" if obj.get("id") is None else str(obj["id"]))
+            texts.append(text)
+            exact = exact or not plain
+        except ValueError as exc:
+            if isinstance(exc, TsOutOfWindow):
+                m.EVENTS_REJECTED_TS.labels(gateway=gw, bound=exc.bound).inc()
+            elif isinstance(exc, ForeignGateway):
+                _foreign_gateway(gw, exc.named)
+            errors.append(EventErrorOut(index=index, line=line, id=error_id(obj), error=str(exc)))
+    return ids, texts, exact, errors
