@@ -155,7 +155,7 @@ def import_cmd(
     checked first: a file with bad lines (not JSON, no ts, no kind) is refused whole, each bad
     line named, nothing written."""
     from adapters.archive import importer
-    from ens.cli import _open_text
+    from ens.event_files import open_text
 
     try:
         if events == "-":
@@ -163,7 +163,7 @@ def import_cmd(
         arc = open_uri(archive)
         prog = _ImportProgress(events)
         try:
-            with _open_text(events) as fh:
+            with open_text(events) as fh:
                 checked = importer.check(prog.lines(fh, "checking"), events)
             if checked.bad_lines:
                 prog.stop()
@@ -184,7 +184,7 @@ def import_cmd(
                     f"the archive {arc.uri} holds events already (up to seq {seq0 - 1}): import "
                     "into a new archive directory, or give --append to add after them"
                 )
-            with _open_text(events) as fh:
+            with open_text(events) as fh:
                 res = importer.write(
                     arc, prog.lines(fh, "importing"), events, gateway, seq0, progress=None
                 )
@@ -226,13 +226,13 @@ class _ImportProgress:
             self.bar.start()
 
     def lines(self, fh: Any, what: str) -> Any:
-        from ens.cli import _tracked
+        from ens.event_files import tracked
 
         if self.bar is None:
             typer.echo(f"import: {what} {self.path}", err=True)
             return fh
         task = self.bar.add_task(what, total=self.size or None)
-        return _tracked(fh, lambda done: self.bar.update(task, completed=done))
+        return tracked(fh, lambda done: self.bar.update(task, completed=done))
 
     def stop(self) -> None:
         if self.bar is not None:
