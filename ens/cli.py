@@ -71,44 +71,17 @@ def report_errors(err: ENSError) -> typer.Exit:
     return fail(str(err))
 
 
-def _open_text(path: str):  # noqa: ANN202 - file-like
-    if path == "-":
-        return sys.stdin
-    import gzip
-
-    p = Path(path)
-    if not p.exists():
-        raise ENSError(f"no such file: {path}")
-    if p.is_dir():
-        raise ENSError(f"{path} is a directory, not an event file")
-    try:
-        if path.endswith(".gz"):
-            return gzip.open(p, "rt", encoding="utf-8")
-        return p.open(encoding="utf-8")
-    except OSError as e:
-        raise ENSError(f"cannot read event file {path}: {e.strerror or e}") from None
-
-
-def _tracked(fh, advance):  # noqa: ANN001, ANN202 - file-like, callback
-    """The lines of ``fh``, reporting how far into the file (bytes on disk) every 4096 lines."""
-    raw = getattr(fh, "buffer", None)
-    raw = getattr(raw, "fileobj", None) or getattr(raw, "raw", None)  # gzip: compressed bytes
-    for i, line in enumerate(fh):
-        if i % 4096 == 0 and raw is not None:
-            advance(raw.tell())
-        yield line
-
-
 def read_event_file(path: str, progress=None) -> list:  # noqa: ANN001 - list[Event]
     """Every event of a JSON-lines file ('-' for stdin, .gz allowed); unreadable input is a user error.
 
     ``progress(bytes read)`` is called as the file is read, if given.
     """
+    from ens.event_files import open_text, tracked
     from profiles.events import read_events
 
     try:
-        with _open_text(path) as fh:
-            lines = fh if progress is None else _tracked(fh, progress)
+        with open_text(path) as fh:
+            lines = fh if progress is None else tracked(fh, progress)
             return read_events(lines, source="<stdin>" if path == "-" else path)
     except UnicodeDecodeError:
         raise ENSError(f"{path}: not UTF-8 text (events are JSON lines in UTF-8)") from None

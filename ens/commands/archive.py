@@ -121,3 +121,120 @@ def export(
         raise _fail(ENSError(f"cannot write --out {out}: {e.strerror or e}")) from None
     skipped = f", {len(sc.skipped)} corrupt files skipped" if sc.skipped else ""
     typer.echo(f"{out}: {len(got)} events from {len(sc.files)} files{skipped}", err=True)
+
+
+@app.command("import")
+def import_cmd(
+    events: Annotated[
+        str,
+        typer.Argument(
+            help="JSON-lines event file (.gz allowed), e.g. `ens data convert` output; its "
+            "order is the engine order."
+        ),
+    ],
+    gateway: Annotated[
+        str | None,
+        typer.Option(
+            "--gateway",
+            help="Stamp this gateway on every event (as the service does for the posting "
+            "key); default: each event keeps its own `gateway` attribute, if any.",
+        ),
+    ] = None,
+    append: Annotated[
+        bool,
+        typer.Option(
+            "--append",
+            help="Add to an archive that holds files already (after its last seq); not one a "
+            "running service writes.",
+        ),
+    ] = False,
+    archive: ArchiveOpt = None,
+) -> None:
+    """Write historical events into the archive, as the service's archiver writes them (hour
+    partitions, zstd, whole files), to backtest data recorded before ENS ran. Every line is
+    checked first: a file with bad lines (not JSON, no ts, no kind) is refused whole, each bad
+    line named, nothing written."""
+    from adapters.archive import importer
+    from ens.event_files import open_text
+
+    try:
+        if events == "-":
+            raise ENSError("import reads the file twice (check, then write): give a file, not -")
+        arc = open_uri(archive)
+        prog = _ImportProgress(events)
+        try:
+            with open_text(events) as fh:
+                checked = importer.check(prog.lines(fh, "checking"), events)
+            if checked.bad_lines:
+                prog.stop()
+                for e in checked.errors:
+                    typer.echo(f"error: {e}", err=True)
+                more = checked.bad_lines - len(checked.errors)
+                tail = f" ({more} more not shown)" if more else ""
+                typer.echo(
+                    f"{checked.bad_lines} bad lines{tail}: nothing imported into {arc.uri}",
+                    err=True,
+                )
+                raise typer.Exit(2)
+            if not checked.events:
+                raise ENSError(f"{events}: no events to import")
+            seq0 = importer.next_seq(arc)
+            if seq0 and not append:
+                raise ENSError(
+                    f"the archive {arc.uri} holds events already (up to seq {seq0 - 1}): import "
+                    "into a new archive directory, or give --append to add after them"
+                )
+            with open_text(events) as fh:
+                res = importer.write(
+                    arc, prog.lines(fh, "importing"), events, gateway, seq0, progress=None
+                )
+        finally:
+            prog.stop()
+    except ENSError as e:
+        raise _fail(e) from None
+    except UnicodeDecodeError:
+        raise _fail(ENSError(f"{events}: not UTF-8 text (events are JSON lines)")) from None
+    except OSError as e:
+        raise _fail(ENSError(f"cannot import {events}: {e.strerror or e}")) from None
+    late = f", {res.late} out of ts order (late)" if res.late else ""
+    typer.echo(
+        f"{arc.uri}: imported {res.events} events (seq {res.first_seq}..{res.first_seq + res.events - 1})"
+        f" in {res.files} files, {res.bytes} bytes{late}",
+        err=True,
+    )
+
+
+class _ImportProgress:
+    """A bar over the file's bytes on a terminal; plain ``import:`` lines in a pipe."""
+
+    def __init__(self, path: str) -> None:
+        import sys
+
+        self.path = path
+        self.size = os.path.getsize(path) if os.path.isfile(path) else 0
+        self.bar: Any = None
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+            self.bar = Progress(
+                TextColumn("{task.description:<12}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                console=console(stderr=True),
+                transient=True,
+            )
+            self.bar.start()
+
+    def lines(self, fh: Any, what: str) -> Any:
+        from ens.event_files import tracked
+
+        if self.bar is None:
+            typer.echo(f"import: {what} {self.path}", err=True)
+            return fh
+        task = self.bar.add_task(what, total=self.size or None)
+        return tracked(fh, lambda done: self.bar.update(task, completed=done))
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
