@@ -62,7 +62,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     app = FastAPI(
         title="ENS service",
-        version="0.1.0",
+        version=m.package_version(),
         description=(
             "Event ingestion for sensor gateways (`POST /v1/events`, API key); profiles, "
             "subscribers, gateways, the outbox (read-only) and dead letters (admin token); "

@@ -50,7 +50,8 @@ for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
 BUILD = Info("ens_build", "The running ENS: its version and Python's.", registry=RUNTIME)
 
 
-def _version() -> str:
+def package_version() -> str:
+    """The installed ENS version (the API document and `ens_build` show it)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -59,7 +60,7 @@ def _version() -> str:
         return "unknown"
 
 
-BUILD.info({"version": _version(), "python": platform.python_version()})
+BUILD.info({"version": package_version(), "python": platform.python_version()})
 
 EVENTS_IN = Counter(
     "ens_events_received",
