@@ -18,7 +18,7 @@ and those whose timers are due before it (`due_parts`). Mixed into `filters.engi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from filters import state as state_format
@@ -166,9 +166,14 @@ class PartitionState:
         rt = self._by_id.get(profile_id)
         return rt.sweep_at if isinstance(rt, LazySeqRuntime) else None
 
-    def reached(self, event: Event) -> list[PartId]:
+    def reached(
+        self, event: Event, held: Mapping[int, Container[PartKey]] | None = None
+    ) -> list[PartId]:
         """The partitions `event` may change (a superset): of each stateful profile one of
-        whose components' filters it matches, the partition of its `per` values."""
+        whose components' filters it matches, the partition of its `per` values. With `held`
+        (`held_index`: the partitions that exist, stored or loaded), only those of them: the
+        others have no record to load (a `per room` sequence's later component reaches every
+        such profile, nearly all without a partition in the event's room)."""
         self.compiled()
         reach: PrimitivePool = self.__dict__["_reach"]
         if self._local is not None:
@@ -179,12 +184,35 @@ class PartitionState:
         for entry in reach.match(attrs):
             idxs.update(entry.owners)  # type: ignore[arg-type]  # owners: runtime indices
         rts = self._rts
+        if held is not None:
+            idxs.intersection_update(held)
+            for idx in sorted(idxs):
+                rt = rts.get(idx)
+                if rt is not None and rt.active:
+                    key = rt.partition_key(attrs)
+                    if key is not None and key in held[idx]:
+                        out.append((rt.pid, key))
+            return out
         for idx in sorted(idxs):
             rt = rts.get(idx)
             if rt is not None and rt.active:
                 key = rt.partition_key(attrs)
                 if key is not None:
                     out.append((rt.pid, key))
+        return out
+
+    def held_index(self, held: Iterable[PartId]) -> dict[int, set[PartKey]]:
+        """Partitions by runtime index, for `reached`."""
+        out: dict[int, set[PartKey]] = {}
+        by_id = self._by_id
+        for pid, key in held:
+            rt = by_id.get(pid)
+            if rt is not None:
+                got = out.get(rt.idx)
+                if got is None:
+                    out[rt.idx] = {key}
+                else:
+                    got.add(key)
         return out
 
     def due_parts(self, until: float) -> list[PartId]:

@@ -741,7 +741,7 @@ class KeyEngine:
         events = [e for e, _k, _g in fed_late] + [h[4] for h in released]
         until = wm if wm is not None else (engine.now if engine.now is not None else -math.inf)
         gone: dict[str, int] = {}
-        for part in pe.wanted(events, dues, until):
+        for part in pe.wanted(events, dues, until, known.have):
             if part in loaded or part not in known.have:
                 continue
             data = known.get(part)
