@@ -33,7 +33,9 @@ from bench.spark_stream import preload, run_worker, setup  # noqa: E402
 from tests.helpers_service import redis_server  # noqa: E402
 
 
-def steps(url: str, n: int, batch: int, prof: cProfile.Profile | None) -> dict[str, Any]:
+def steps(
+    url: str, n: int, batch: int, prof: cProfile.Profile | None, what: str = "steps"
+) -> dict[str, Any]:
     from adapters.service import redis_store as rs
     from adapters.spark import live
     from adapters.spark.live import TICK, DictRecords, KeyEngine, ProfileLog, Row, versions
@@ -46,11 +48,21 @@ def steps(url: str, n: int, batch: int, prof: cProfile.Profile | None) -> dict[s
     if chunks[-1] != ids[-1]:
         chunks.append(ids[-1])
     state: dict[str, dict[str, Any]] = {}
+    from adapters.spark.stream import routers
+
+    for cls, _attr, _rel in routers(url, "room", plog):  # warm-up: profiles parsed, compiled
+        live.compiled(versions(url, "room"), plog, cls, "UTC", ("eager", None))
+    import pandas  # noqa: F401 - imported by the worker before any batch
+
+    live.stateless(versions(url, "room"), plog, "w", [("w", live.Event("w", 0.0, {}))])
+
     src = run = 0.0
     out = {"notifications": 0, "parts_read": 0, "parts_written": 0, "restores": 0, "routes": 0}
     lo, wm = "0-0", None
     for bi, hi in enumerate(chunks):
         t = time.process_time()
+        if prof and what == "source":
+            prof.enable()
         offset = {"plog": plog, "epoch": "b", "n": 0, "wm": wm}
         rows: dict[str, list[Any]] = {}
         newest = None
@@ -64,9 +76,11 @@ def steps(url: str, n: int, batch: int, prof: cProfile.Profile | None) -> dict[s
                 rows.setdefault(route, []).append(
                     Row(d["key"][i], d["gw"][i], d["ts"][i], d["ev"][i], plog, "b", d["counted"][i])
                 )
+        if prof and what == "source":
+            prof.disable()
         src += time.process_time() - t
         t = time.process_time()
-        if prof:
+        if prof and what == "steps":
             prof.enable()
         vs = versions(url, "room")
         for route in sorted(set(rows) | {k for k, s in state.items() if s["due"] <= (wm or 0)}):
@@ -98,7 +112,7 @@ def steps(url: str, n: int, batch: int, prof: cProfile.Profile | None) -> dict[s
             out["parts_written"] += got.parts_written
             out["restores"] += got.restores
             out["routes"] += 1
-        if prof:
+        if prof and what == "steps":
             prof.disable()
         run += time.process_time() - t
         lo = hi
@@ -112,7 +126,7 @@ def main() -> None:
     ap.add_argument("--profiles", type=int, default=2000)
     ap.add_argument("--rooms", type=int, default=50)
     ap.add_argument("--batch", type=int, default=5000, help="events per micro-batch")
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", choices=["steps", "source"], help="cProfile this part")
     ap.add_argument("--out", type=Path, default=None, help="append the row (JSON) here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp)) as url:
@@ -122,7 +136,7 @@ def main() -> None:
         setup(r, a.profiles, a.rooms)
         preload(r, a.events, a.rooms)
         prof = cProfile.Profile() if a.profile else None
-        t = steps(url, a.events, a.batch, prof)
+        t = steps(url, a.events, a.batch, prof, a.profile or "steps")
     wcpu = w["cpu_s"]["driver"]
     row = {
         "bench": "spark_tasks",
