@@ -245,7 +245,7 @@ def run_spark(
         before = r.xlen(store.OUTBOX)
         first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
         meter = CpuMeter()
-        t0 = time.perf_counter()
+        t0, since = time.perf_counter(), time.time()
         preload(r, n, rooms)
         polls = 0
         while time.monotonic() < deadline:
@@ -270,7 +270,7 @@ def run_spark(
             "cpu_s": cpu,
             "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
             "cores_busy": round(cpu["machine"] / secs, 2),
-            **batches(q, first_batch),
+            **batches(q, first_batch, since),
             **state_work(r, first_batch),
         }
         if args.paced:
@@ -282,10 +282,16 @@ def run_spark(
         shutil.rmtree(cp, ignore_errors=True)
 
 
-def batches(q: Any, first: int) -> dict[str, Any]:
-    """The micro-batches of the timed interval (from the query's progress): how many, and the
-    wall seconds of their phases (Spark's ``durationMs``) summed."""
-    prog = [p for p in q.recentProgress if p["batchId"] >= first]
+def batches(q: Any, first: int, since: float = 0.0) -> dict[str, Any]:
+    """The micro-batches of the timed interval (from the query's progress: from batch `first`
+    and started at `since` (epoch s) or later, so not the warm-up's): how many, and the wall
+    seconds of their phases (Spark's ``durationMs``) summed."""
+    from datetime import datetime
+
+    def start(p: dict[str, Any]) -> float:
+        return datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+
+    prog = [p for p in q.recentProgress if p["batchId"] >= first and start(p) >= since]
     dur: dict[str, float] = {}
     for p in prog:
         for k, v in p["durationMs"].items():
