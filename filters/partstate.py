@@ -418,25 +418,34 @@ class PartitionState:
         store what is to be kept first."""
         base = self._compiled_now()
         self.timers.clear()
-        for idx, rt in list(base.items()):
-            if not rt.active:
-                fresh = self._runtime(rt.profile, idx)
-                base[idx] = self._rts[idx] = self._by_id[rt.pid] = fresh
-                self._register_starts(fresh)
-                if isinstance(fresh, CompositeRuntime):
-                    for clock in fresh.clocks:
-                        self._clock_users.setdefault(clock, {})[idx] = fresh
+        fresh_idx: set[int] = set()
+        for idx, rt in [(i, r) for i, r in base.items() if not r.active]:
+            fresh = self._runtime(rt.profile, idx)
+            base[idx] = self._rts[idx] = self._by_id[rt.pid] = fresh
+            self._register_starts(fresh)
+            if isinstance(fresh, CompositeRuntime):
+                for clock in fresh.clocks:
+                    self._clock_users.setdefault(clock, {})[idx] = fresh
+            fresh_idx.add(idx)
+        inf = float("-inf")
+        for idx, rt in base.items():  # (a loop per step over every profile: kept lean)
+            cls = rt.__class__
+            if cls not in _KINDS or idx in fresh_idx:
                 continue
-            if _stateful(rt):
-                for key in list(rt.parts):  # type: ignore[attr-defined]
+            parts = rt.parts  # type: ignore[attr-defined]
+            if parts:
+                for key in list(parts):
                     rt.unload_partition(key, False)  # type: ignore[attr-defined]
-            if isinstance(rt, CompositeRuntime):
-                rt.pm_count = 0
-                if not rt.starts:  # `opens_once` let them go when its PM opened
+            if cls is CompositeRuntime:
+                rt.pm_count = 0  # type: ignore[attr-defined]
+                if not rt.starts:  # type: ignore[attr-defined]  # `opens_once` let them go
                     self._add_starts(rt)
-            elif isinstance(rt, LazySeqRuntime):
-                rt.sweep_at = float("-inf")
-        self._rts = dict(sorted(self._rts.items()))
+            elif cls is LazySeqRuntime:
+                rt.sweep_at = inf  # type: ignore[attr-defined]
+        rts = self._rts
+        keys = list(rts)
+        if keys != sorted(keys):  # (a profile re-added since: in index order again)
+            self._rts = dict(sorted(rts.items()))
         self._clocks = dict.fromkeys(self._clocks)
         for clock in self._clock_users:
             self._clocks.setdefault(clock, None)
