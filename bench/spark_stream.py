@@ -245,7 +245,7 @@ def run_spark(
         before = r.xlen(store.OUTBOX)
         first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
         meter = CpuMeter()
-        t0 = time.perf_counter()
+        t0, since = time.perf_counter(), time.time()
         preload(r, n, rooms)
         polls = 0
         while time.monotonic() < deadline:
@@ -270,7 +270,7 @@ def run_spark(
             "cpu_s": cpu,
             "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
             "cores_busy": round(cpu["machine"] / secs, 2),
-            **batches(q, first_batch),
+            **batches(q, first_batch, since),
             **state_work(r, first_batch),
         }
         if args.paced:
@@ -282,10 +282,16 @@ def run_spark(
         shutil.rmtree(cp, ignore_errors=True)
 
 
-def batches(q: Any, first: int) -> dict[str, Any]:
-    """The micro-batches of the timed interval (from the query's progress): how many, and the
-    wall seconds of their phases (Spark's ``durationMs``) summed."""
-    prog = [p for p in q.recentProgress if p["batchId"] >= first]
+def batches(q: Any, first: int, since: float = 0.0) -> dict[str, Any]:
+    """The micro-batches of the timed interval (from the query's progress: from batch `first`
+    and started at `since` (epoch s) or later, so not the warm-up's): how many, and the wall
+    seconds of their phases (Spark's ``durationMs``) summed."""
+    from datetime import datetime
+
+    def start(p: dict[str, Any]) -> float:
+        return datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+
+    prog = [p for p in q.recentProgress if p["batchId"] >= first and start(p) >= since]
     dur: dict[str, float] = {}
     for p in prog:
         for k, v in p["durationMs"].items():
@@ -298,7 +304,22 @@ def batches(q: Any, first: int) -> dict[str, Any]:
         "walCommit",
         "commitOffsets",
     )
-    return {"batches": len(prog), "batch_s": {k: round(dur[k], 2) for k in keep if k in dur}}
+    out: dict[str, Any] = {
+        "batches": len(prog),
+        "batch_s": {k: round(dur[k], 2) for k in keep if k in dur},
+    }
+    if prog and "triggerExecution" in dur and "addBatch" in dur:
+        # the driver's serial part: every phase but addBatch (offsets, planning, the WAL, the
+        # commit), which holds the tasks (and the sink's commit on the driver: an upper bound
+        # on the speedup); Amdahl: T(N) = serial + addBatch / N
+        serial = dur["triggerExecution"] - dur["addBatch"]
+        out["driver_serial_s_per_batch"] = round(serial / len(prog), 3)
+        out["batch_s_mean"] = round(dur["triggerExecution"] / len(prog), 3)
+        out["amdahl_speedup"] = {
+            str(n): round(dur["triggerExecution"] / (serial + dur["addBatch"] / n), 2)
+            for n in (4, 16, 64)
+        }
+    return out
 
 
 def state_work(r: redis.Redis, first: int) -> dict[str, Any]:
@@ -466,6 +487,14 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     by = {x["engine"]: x for x in rows if "idle_keys" not in x}
+    w = by.get("worker")
+    for x in by.values():  # CPU per event against the in-process worker's, same run
+        if w is not None and x is not w and x.get("events"):
+            wcpu = w["cpu_s"]["driver"] / w["events"]
+            cpu = x["cpu_s"]
+            job = cpu["driver"] + cpu["jvm"] + cpu["python workers"]
+            x["python_workers_cpu_x"] = round(cpu["python workers"] / x["events"] / wcpu, 2)
+            x["job_cpu_x"] = round(job / x["events"] / wcpu, 2)
     if "spark local[1]" in by and "spark local[2]" in by:
         ratio = by["spark local[2]"]["events_per_s"] / by["spark local[1]"]["events_per_s"]
         print(f"scaling local[2]/local[1]: {ratio:.2f}")

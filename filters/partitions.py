@@ -121,14 +121,23 @@ class PartitionedEngine:
         return self.engine.reached(event)
 
     def wanted(
-        self, events: Iterable[Event], dues: Mapping[PartId, float | None], until: float
+        self,
+        events: Iterable[Event],
+        dues: Mapping[PartId, float | None],
+        until: float,
+        held: Iterable[PartId] | None = None,
     ) -> list[PartId]:
         """Every partition a step over `events` and up to `until` (its watermark) may change:
         those the events reach, those due by then (`dues`: the caller's due map) and those the
-        header's clocks reach (after `begin`). Load the records of these before the step."""
+        header's clocks reach (after `begin`). Load the records of these before the step.
+        `held`: the partitions that exist (stored or loaded): only those are given (the
+        others have nothing to load), at a cost per event that does not grow with the
+        partitions the events reach but that do not exist."""
         evs = list(events)
         horizon = max([until, *(ev.ts for ev in evs)])
-        out = dict.fromkeys(p for ev in evs for p in self.engine.reached(ev))
+        reach = self.engine.reached
+        index = self.engine.held_index(held) if held is not None else None
+        out = dict.fromkeys(p for ev in evs for p in reach(ev, index))
         out.update(dict.fromkeys(due_by(dues, horizon)))
         out.update(dict.fromkeys(self.engine.clock_parts(horizon)))
         return list(out)

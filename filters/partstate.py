@@ -18,7 +18,7 @@ and those whose timers are due before it (`due_parts`). Mixed into `filters.engi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from filters import state as state_format
@@ -166,9 +166,14 @@ class PartitionState:
         rt = self._by_id.get(profile_id)
         return rt.sweep_at if isinstance(rt, LazySeqRuntime) else None
 
-    def reached(self, event: Event) -> list[PartId]:
+    def reached(
+        self, event: Event, held: Mapping[int, Container[PartKey]] | None = None
+    ) -> list[PartId]:
         """The partitions `event` may change (a superset): of each stateful profile one of
-        whose components' filters it matches, the partition of its `per` values."""
+        whose components' filters it matches, the partition of its `per` values. With `held`
+        (`held_index`: the partitions that exist, stored or loaded), only those of them: the
+        others have no record to load (a `per room` sequence's later component reaches every
+        such profile, nearly all without a partition in the event's room)."""
         self.compiled()
         reach: PrimitivePool = self.__dict__["_reach"]
         if self._local is not None:
@@ -179,12 +184,35 @@ class PartitionState:
         for entry in reach.match(attrs):
             idxs.update(entry.owners)  # type: ignore[arg-type]  # owners: runtime indices
         rts = self._rts
+        if held is not None:
+            idxs.intersection_update(held)
+            for idx in sorted(idxs):
+                rt = rts.get(idx)
+                if rt is not None and rt.active:
+                    key = rt.partition_key(attrs)
+                    if key is not None and key in held[idx]:
+                        out.append((rt.pid, key))
+            return out
         for idx in sorted(idxs):
             rt = rts.get(idx)
             if rt is not None and rt.active:
                 key = rt.partition_key(attrs)
                 if key is not None:
                     out.append((rt.pid, key))
+        return out
+
+    def held_index(self, held: Iterable[PartId]) -> dict[int, set[PartKey]]:
+        """Partitions by runtime index, for `reached`."""
+        out: dict[int, set[PartKey]] = {}
+        by_id = self._by_id
+        for pid, key in held:
+            rt = by_id.get(pid)
+            if rt is not None:
+                got = out.get(rt.idx)
+                if got is None:
+                    out[rt.idx] = {key}
+                else:
+                    got.add(key)
         return out
 
     def due_parts(self, until: float) -> list[PartId]:
@@ -390,25 +418,34 @@ class PartitionState:
         store what is to be kept first."""
         base = self._compiled_now()
         self.timers.clear()
-        for idx, rt in list(base.items()):
-            if not rt.active:
-                fresh = self._runtime(rt.profile, idx)
-                base[idx] = self._rts[idx] = self._by_id[rt.pid] = fresh
-                self._register_starts(fresh)
-                if isinstance(fresh, CompositeRuntime):
-                    for clock in fresh.clocks:
-                        self._clock_users.setdefault(clock, {})[idx] = fresh
+        fresh_idx: set[int] = set()
+        for idx, rt in [(i, r) for i, r in base.items() if not r.active]:
+            fresh = self._runtime(rt.profile, idx)
+            base[idx] = self._rts[idx] = self._by_id[rt.pid] = fresh
+            self._register_starts(fresh)
+            if isinstance(fresh, CompositeRuntime):
+                for clock in fresh.clocks:
+                    self._clock_users.setdefault(clock, {})[idx] = fresh
+            fresh_idx.add(idx)
+        inf = float("-inf")
+        for idx, rt in base.items():  # (a loop per step over every profile: kept lean)
+            cls = rt.__class__
+            if cls not in _KINDS or idx in fresh_idx:
                 continue
-            if _stateful(rt):
-                for key in list(rt.parts):  # type: ignore[attr-defined]
+            parts = rt.parts  # type: ignore[attr-defined]
+            if parts:
+                for key in list(parts):
                     rt.unload_partition(key, False)  # type: ignore[attr-defined]
-            if isinstance(rt, CompositeRuntime):
-                rt.pm_count = 0
-                if not rt.starts:  # `opens_once` let them go when its PM opened
+            if cls is CompositeRuntime:
+                rt.pm_count = 0  # type: ignore[attr-defined]
+                if not rt.starts:  # type: ignore[attr-defined]  # `opens_once` let them go
                     self._add_starts(rt)
-            elif isinstance(rt, LazySeqRuntime):
-                rt.sweep_at = float("-inf")
-        self._rts = dict(sorted(self._rts.items()))
+            elif cls is LazySeqRuntime:
+                rt.sweep_at = inf  # type: ignore[attr-defined]
+        rts = self._rts
+        keys = list(rts)
+        if keys != sorted(keys):  # (a profile re-added since: in index order again)
+            self._rts = dict(sorted(rts.items()))
         self._clocks = dict.fromkeys(self._clocks)
         for clock in self._clock_users:
             self._clocks.setdefault(clock, None)

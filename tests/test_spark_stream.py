@@ -907,3 +907,30 @@ def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due
     assert changed.restores == 1 and changed.parts_read == 50
     parts = pickle.loads(changed.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
     assert [json.loads(k)[0] for k in parts] == ["c"]
+
+
+def test_the_bare_filters_engine_is_built_once_per_profile_version(
+    rb: redis.Redis, rt: redis.Redis
+) -> None:
+    """The source's bare filters (`live.stateless`) run on an engine built once per Python
+    worker and profile version (it was built for every page of every micro-batch), give each
+    match on its own whatever the order, and a profile change gets an engine of its own."""
+    from adapters.spark import live
+    from adapters.spark.live import ProfileLog, stateless
+
+    plog, versions = _task_setup(rb, rt, {"hot": 'kind = "T" and value > 30'})
+    evs = [
+        (f"1-0.{i}", event_from_obj({"id": f"e{i}", "ts": ts, "kind": "T", "value": v}, "k"))
+        for i, (ts, v) in enumerate([(10.0, 31), (5.0, 35), (7.0, 10)])
+    ]
+    first = stateless(versions, plog, "t", evs[:2])
+    engine = live._bare[(plog, "UTC")][1]
+    again = stateless(versions, plog, "t", evs[2:] + evs[:1])  # older ts after newer: matched
+    assert live._bare[(plog, "UTC")][1] is engine  # not built again
+    assert [x["id"] for x in first] == ["hot:ts:1-0.0", "hot:ts:1-0.1"]
+    assert [x["id"] for x in again] == ["hot:ts:1-0.0"]  # the same id: the outbox dedupes it
+    rs.put_profile(rt, "cold", 'kind = "T" and value < 20')
+    plog2 = ProfileLog(rb).sync()
+    got = stateless(versions, plog2, "t", evs[2:])
+    assert [x["id"] for x in got] == ["cold:ts:1-0.2"]
+    assert live._bare[(plog2, "UTC")][1] is not engine

@@ -741,7 +741,7 @@ class KeyEngine:
         events = [e for e, _k, _g in fed_late] + [h[4] for h in released]
         until = wm if wm is not None else (engine.now if engine.now is not None else -math.inf)
         gone: dict[str, int] = {}
-        for part in pe.wanted(events, dues, until):
+        for part in pe.wanted(events, dues, until, known.have):
             if part in loaded or part not in known.have:
                 continue
             data = known.get(part)
@@ -874,14 +874,28 @@ def _log_late(now: float, ev: Event, gw: str, what: str) -> None:
     )
 
 
+# `stateless`'s engines by (profile version, tz), with the `Versions` they were built from
+_bare: dict[tuple[str, str], tuple[Versions, Engine | None]] = {}
+
+
 def stateless(
     versions: Versions, log_id: str, epoch: str, events: list[tuple[str, Event]], tz: str = "UTC"
 ) -> list[dict[str, Any]]:
-    """Bare filters over events in any order: each match on its own, id by event key."""
-    profiles = list(versions.at(log_id).by_class["s"].values())
-    if not profiles or not events:
+    """Bare filters over events in any order: each match on its own, id by event key. The
+    engine is built once per Python worker and profile version (`_bare`): it holds no state
+    a later call could see (bare filters keep none; notification ids are event keys)."""
+    if not events:
         return []
-    engine = Engine(profiles, tz=tz)
+    k = (log_id, tz)
+    got = _bare.get(k)
+    if got is None or got[0] is not versions:  # (another store's versions: built again)
+        profiles = list(versions.at(log_id).by_class["s"].values())
+        if len(_bare) >= 4:
+            _bare.pop(next(iter(_bare)))
+        got = _bare[k] = (versions, Engine(profiles, tz=tz) if profiles else None)
+    engine = got[1]
+    if engine is None:
+        return []
     out = []
     for key, ev in events:
         engine.process(ev)
