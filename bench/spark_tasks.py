@@ -33,6 +33,44 @@ from bench.spark_stream import preload, run_worker, setup  # noqa: E402
 from tests.helpers_service import redis_server  # noqa: E402
 
 
+def _step_route(
+    live: Any,
+    key_engine: Any,
+    dict_records: Any,
+    vs: Any,
+    state: dict[str, dict[str, Any]],
+    route: str,
+    rows: dict[str, list[Any]],
+    wm: float | None,
+    out: dict[str, int],
+) -> None:
+    """One `KeyEngine.run` of a route, its state kept as the operator keeps it (pickled)."""
+    s = state.setdefault(route, {"hdr": None, "held": [], "eng": None, "parts": dict_records()})
+    hdr = pickle.loads(s["hdr"]) if s["hdr"] else None  # noqa: S301
+    ke = key_engine(route, vs)
+    got = ke.run(
+        hdr,
+        rows.get(route, []),
+        wm,
+        lambda s=s: [(*h[:4], live.Event(*pickle.loads(h[4]))) for h in s["held"]],  # noqa: S301
+        lambda s=s: (s["eng"][0], pickle.loads(s["eng"][1])),  # noqa: S301
+        s["parts"],
+    )
+    ser = [(*h[:4], pickle.dumps((h[4].id, h[4].ts, h[4].attrs))) for h in got.append]
+    if got.held_list is not None:
+        s["held"] = [(*h[:4], pickle.dumps((h[4].id, h[4].ts, h[4].attrs))) for h in got.held_list]
+    s["held"] += ser
+    if got.eng is not None:
+        s["eng"] = (got.eng[0], pickle.dumps(got.eng[1], pickle.HIGHEST_PROTOCOL))
+    s["hdr"] = pickle.dumps(got.hdr, pickle.HIGHEST_PROTOCOL)
+    s["due"] = got.due
+    out["notifications"] += len(got.records)
+    out["parts_read"] += got.parts_read
+    out["parts_written"] += got.parts_written
+    out["restores"] += got.restores
+    out["routes"] += 1
+
+
 def steps(
     url: str, n: int, batch: int, prof: cProfile.Profile | None, what: str = "steps"
 ) -> dict[str, Any]:
@@ -84,34 +122,7 @@ def steps(
             prof.enable()
         vs = versions(url, "room")
         for route in sorted(set(rows) | {k for k, s in state.items() if s["due"] <= (wm or 0)}):
-            s = state.setdefault(
-                route, {"hdr": None, "held": [], "eng": None, "parts": DictRecords()}
-            )
-            hdr = pickle.loads(s["hdr"]) if s["hdr"] else None  # noqa: S301
-            ke = KeyEngine(route, vs)
-            got = ke.run(
-                hdr,
-                rows.get(route, []),
-                wm,
-                lambda s=s: [(*h[:4], live.Event(*pickle.loads(h[4]))) for h in s["held"]],  # noqa: S301
-                lambda s=s: (s["eng"][0], pickle.loads(s["eng"][1])),  # noqa: S301
-                s["parts"],
-            )
-            ser = [(*h[:4], pickle.dumps((h[4].id, h[4].ts, h[4].attrs))) for h in got.append]
-            if got.held_list is not None:
-                s["held"] = [
-                    (*h[:4], pickle.dumps((h[4].id, h[4].ts, h[4].attrs))) for h in got.held_list
-                ]
-            s["held"] += ser
-            if got.eng is not None:
-                s["eng"] = (got.eng[0], pickle.dumps(got.eng[1], pickle.HIGHEST_PROTOCOL))
-            s["hdr"] = pickle.dumps(got.hdr, pickle.HIGHEST_PROTOCOL)
-            s["due"] = got.due
-            out["notifications"] += len(got.records)
-            out["parts_read"] += got.parts_read
-            out["parts_written"] += got.parts_written
-            out["restores"] += got.restores
-            out["routes"] += 1
+            _step_route(live, KeyEngine, DictRecords, vs, state, route, rows, wm, out)
         if prof and what == "steps":
             prof.disable()
         run += time.process_time() - t
