@@ -13,9 +13,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
+import adapters.service.console.evidence as evidence
+import adapters.service.console.web as web
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
-from adapters.service.console import evidence, web
 from adapters.service.console.web import AdminUser, Csrf, R, User
 from adapters.service.routes import alarms as api
 from notifiers.alarms import SilenceError

@@ -20,9 +20,10 @@ import redis
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
+import adapters.service.console.session as session
+import adapters.service.console.web as web
 from adapters.service import alarm_store as als
 from adapters.service import metrics as m
-from adapters.service.console import session, web
 from adapters.service.console.web import Csrf, R, User
 
 router = APIRouter()

@@ -20,9 +20,10 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException
 
+import adapters.service.console.backtests as backtests
+import adapters.service.console.web as web
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
-from adapters.service.console import backtests, web
 from adapters.service.console.web import AdminUser, Csrf, R
 from adapters.service.routes import admin as admin_api
 from adapters.service.routes import manage as manage_api

@@ -12,8 +12,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, Response
 from pydantic import ValidationError
 
+import adapters.service.console.web as web
 from adapters.service import alarm_store as als
-from adapters.service.console import web
 from adapters.service.console.web import AdminUser, Csrf, R
 from adapters.service.routes import alarms as api
 

@@ -13,9 +13,9 @@ from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+import adapters.service.console.session as session
 from adapters.errors import NeedLogin as NeedLogin
 from adapters.errors import NotAllowed as NotAllowed
-from adapters.service.console import session
 from adapters.service.routes.base import sync_redis
 
 HERE = Path(__file__).resolve().parent
