@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ens.commands.store import DataDir, RedisUrl
-from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_time_arg, tidy_help_metavars
+from ens.options import (
+    PLAN_HELP,
+    STATS_HELP,
+    ReplayTz,
+    check_tz,
+    parse_time_arg,
+    tidy_help_metavars,
+)
 from filters.caps import DEFAULT_NOTIFICATIONS, DEFAULT_PARTITION, DEFAULT_PROFILE, Caps
 from profiles.errors import ENSError, ManyErrors
 
@@ -358,12 +365,6 @@ _ReplayVariant = Annotated[
         "marked/unmarked until the partition empties). Not with --engine two-step."
     ),
 ]
-_ReplayTz = Annotated[
-    str,
-    typer.Option(
-        help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
-    ),
-]
 _ReplayArchive = Annotated[
     str | None,
     typer.Option(
@@ -458,7 +459,7 @@ def replay(
     index: _ReplayIndex = None,
     engine: _ReplayEngine = "single-step",
     variant: _ReplayVariant = None,
-    tz: _ReplayTz = "UTC",
+    tz: ReplayTz = "UTC",
     plan: Annotated[str, typer.Option(help=PLAN_HELP)] = "eager",
     stats: Annotated[Path | None, typer.Option(help=STATS_HELP)] = None,
     archive: _ReplayArchive = None,

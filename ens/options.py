@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from profiles.errors import ENSError
 
@@ -87,3 +89,12 @@ def parse_time_arg(text: str | None) -> float | None:
         return parse_ts(text)
     except ValueError as e:
         raise ENSError(f"--until: {e}") from None
+
+
+# the time zone option of `ens replay` and `ens spark replay` (the same meaning in both)
+ReplayTz = Annotated[
+    str,
+    typer.Option(
+        help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
+    ),
+]

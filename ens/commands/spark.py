@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ens.options import PLAN_HELP, STATS_HELP, check_tz, parse_duration, parse_time_arg
+from ens.options import PLAN_HELP, STATS_HELP, ReplayTz, check_tz, parse_duration, parse_time_arg
 from profiles.errors import ENSError, ManyErrors
 
 app = typer.Typer(
@@ -206,12 +206,6 @@ _ReplayKey = Annotated[
 _ReplayUntil = Annotated[
     str | None, typer.Option(help="End time (epoch seconds or RFC 3339); timers up to it fire.")
 ]
-_ReplayTz = Annotated[
-    str,
-    typer.Option(
-        help="Time zone of clock(...) events and of localtime/weekday (a profile file's tz: wins)."
-    ),
-]
 _ReplayArchive = Annotated[
     str | None,
     typer.Option(
@@ -234,7 +228,7 @@ def replay(
     key: _ReplayKey = "building",
     fmt: Annotated[str, typer.Option("--format", help="Output: jsonl or parquet.")] = "jsonl",
     until: _ReplayUntil = None,
-    tz: _ReplayTz = "UTC",
+    tz: ReplayTz = "UTC",
     dataset: DatasetOpt = None,
     rooms: RoomsOpt = None,
     input_format: InputFormatOpt = None,
