@@ -8,28 +8,28 @@ offset is ``{"ingest": last entry id, "plog": profile-log id, "epoch": ..., "n":
 API accepted up to it}``; a micro-batch's id range is split by time into partitions, each
 read with XRANGE. The reader parses each event (bad ones are logged, recorded in
 ``ens:spark:invalid`` and skipped), evaluates bare filters on the spot and routes the rest
-by route class (`live.route_class`): profiles `per --key` by its value, profiles `per`
+by route class (`routes.route_class`): profiles `per --key` by its value, profiles `per`
 other attributes by the first of theirs, the others to 8 shards by profile id.
 
 Engines. `keyed.processor` runs `live.KeyEngine` per route with its state in Spark's per-key
 state (RocksDB). Event time: the service's per-gateway watermark
-(`live.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
+(`watermark.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
 `latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
 and carried in the offset (checkpointed, so re-executions agree), releases held events in
 (ts, ingest) order and advances the engine, which fires trailing negations, ``absent`` and
 ``within`` expiries (engine time moves to the watermark only when a timer falls due before
 it); an event older than its engine's time is late: written to the service's late output
-``ens:late`` (`live.LateOutput`, idempotent like the outbox; ``--late-events feed``: fed at
+``ens:late`` (`sinks.LateOutput`, idempotent like the outbox; ``--late-events feed``: fed at
 once), logged, counted once per event (the sink unions the engines' late keys). ``--clock
 wall`` also raises the offset's watermark to the wall clock minus the largest active
 lateness. A route with something due has one Spark event-time timer at that time (Spark's
 watermark is the offsets' watermark, one batch later); a route with nothing due is never
 invoked.
 
-Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
+Output. Notifications are written by the tasks themselves, idempotently (`sinks.Outbox`),
 with deterministic ids: a micro-batch re-executed after a crash restores the same state,
 reads the same range and profile version, and so gives the same ids, which are skipped.
-Late records likewise (`live.LateOutput`, one per ingest event key).
+Late records likewise (`sinks.LateOutput`, one per ingest event key).
 """
 
 from __future__ import annotations
@@ -46,8 +46,15 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+import adapters.spark.ingest as ingest
+import adapters.spark.live as live
+import adapters.spark.profile_log as profile_log
+import adapters.spark.routes as routes
+import adapters.spark.sinks as sinks
+import adapters.spark.watermark as watermark
 from adapters.service import redis_store as rs
-from adapters.spark.live import _clients, _versions, client, versions  # noqa: F401 - tests
+from adapters.spark.clients import _clients, client  # noqa: F401 - tests
+from adapters.spark.versions import _versions, versions  # noqa: F401 - tests
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -130,17 +137,15 @@ def _source_classes() -> tuple[type, type]:
         def latestOffset(
             self, start: dict[str, Any] | None = None, limit: Any = None
         ) -> dict[str, Any]:
-            from adapters.spark import live
-
             r = client(self.url)
             if self._plog is None:
-                self._plog = live.ProfileLog(r)
+                self._plog = profile_log.ProfileLog(r)
             plog = self._plog.sync()
             with r.pipeline(transaction=True) as p:
                 p.xrevrange(rs.INGEST, count=1)
                 p.get(rs.INGEST_IN)
                 p.time()  # Redis's clock, as the entry ids: the idle rule compares the two
-                p.hgetall(live.GATEWAYS)
+                p.hgetall(watermark.GATEWAYS)
                 p.hgetall(rs.GATEWAYS)
                 # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
                 p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
@@ -155,7 +160,7 @@ def _source_classes() -> tuple[type, type]:
             # (the previous batch committed): as of start["t"], or of now if none came since
             same = top == start["ingest"]
             progress = {rs.text(g): json.loads(v) for g, v in prog.items()}
-            wm, lag = live.gateway_watermark(
+            wm, lag = watermark.gateway_watermark(
                 progress,
                 {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
                 self.lateness,
@@ -165,7 +170,7 @@ def _source_classes() -> tuple[type, type]:
             if self.clock == "wall":  # timers fire by the wall clock minus the largest lateness
                 wm = now - lag if wm is None else max(wm, now - lag)
             newest = max((p[0] for p in progress.values()), default=None)
-            wm = live.whole_ms(wm, newest)
+            wm = watermark.whole_ms(wm, newest)
             off = {
                 "ingest": top,
                 "plog": plog,
@@ -241,7 +246,6 @@ def read_range(
     """The rows of ingest entries in (lo, hi]: routed events, plus bookkeeping rows."""
     import pyarrow as pa
 
-    from adapters.spark import live
     from adapters.spark.plan import route_key
 
     r = client(url)
@@ -263,7 +267,7 @@ def read_range(
         cols["key"].append(k)
         cols["gw"].append(gw)
         cols["ts"].append(ts)
-        cols["evtime"].append(  # a whole ms (`live.whole_ms`): Spark's watermark keeps it
+        cols["evtime"].append(  # a whole ms (`watermark.whole_ms`): Spark's watermark keeps it
             round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
         )
         cols["ev"].append(ev)
@@ -285,8 +289,8 @@ def read_range(
         for eid, fields in page:
             eid = rs.text(eid)
             wall = rs.stream_ms(eid)
-            for k, gw, obj in live.decode(eid, fields, r):
-                ev = live.parse(k, gw, obj, r)
+            for k, gw, obj in ingest.decode(eid, fields, r):
+                ev = ingest.parse(k, gw, obj, r)
                 if ev is None:
                     continue
                 first_ts = ev.ts if first_ts is None else min(first_ts, ev.ts)
@@ -313,7 +317,7 @@ def read_range(
                             row(route, k, gw, ev.ts, blob, counted=False)
         notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
         if notes:
-            live.Outbox(r, ttl).write(notes)
+            sinks.Outbox(r, ttl).write(notes)
         cursor = f"({rs.text(page[-1][0])}"
         if len(page) < PAGE:
             break
@@ -321,13 +325,13 @@ def read_range(
         for route in changed_routes(r, versions(url, key), offset["ctl"], plog):  # now
             row(route, None, "", None, None)
     # the gateways' progress reaches the driver (the sink), which computes the next batches'
-    # watermark from it (`live.gateway_watermark`), also when no engine wanted the events;
+    # watermark from it (`watermark.gateway_watermark`), also when no engine wanted the events;
     # the first partition's row carries `nin` to the status, and this batch's watermark into
     # Spark's (the next batch's `getCurrentWatermarkMs`: what a timer sees without rows)
     if first:
-        row(live.TICK, None, "", None, None, evtime=wm)
+        row(routes.TICK, None, "", None, None, evtime=wm)
     for gw, (ts, wall) in progress.items():
-        row(live.TICK, None, gw, ts, None, wall=wall)
+        row(routes.TICK, None, gw, ts, None, wall=wall)
     for cls, attr, _rel in route_of:  # the unpartitioned engines' start time and version
         if attr is None:
             row(cls, None, "", first_ts, None)
@@ -356,20 +360,18 @@ def changed_routes(r: Any, versions: Any, before: Any, now: str) -> list[str]:
     """The routes whose engines a profile change concerns: those of the route classes of the
     profiles that changed between versions `before` and `now` (every route if `before` is
     not a version: a checkpoint's offset of an older release)."""
-    from adapters.spark import live
-
-    routes = sorted(rs.text(x) for x in r.smembers(live.ROUTES))
+    names = sorted(rs.text(x) for x in r.smembers(routes.ROUTES))
     if not isinstance(before, str):
-        return routes
+        return names
     old, new = versions.at(before), versions.at(now)
     pids = {p for p in old.sigs.keys() | new.sigs.keys() if old.sigs.get(p) != new.sigs.get(p)}
     classes = {
-        live.route_class(v.profiles[p], versions.key)
+        routes.route_class(v.profiles[p], versions.key)
         for v in (old, new)
         for p in pids
         if p in v.profiles
     }
-    return [x for x in routes if live.class_of_route(x) in classes]
+    return [x for x in names if routes.class_of_route(x) in classes]
 
 
 def register(spark: SparkSession) -> None:
@@ -422,7 +424,6 @@ def _sink_classes() -> type:
             self.url = options["url"]
 
         def write(self, iterator: Iterator[Any]) -> Totals:
-            from adapters.spark import live
             from adapters.spark.keyed import COUNTERS
 
             counts = {"events": 0, "notes": 0}
@@ -432,10 +433,10 @@ def _sink_classes() -> type:
             gws: dict[str, list[float]] = {}
             nin = None
             for x in iterator:
-                if x["route"] == live.TICK:  # a source partition's bookkeeping row
+                if x["route"] == routes.TICK:  # a source partition's bookkeeping row
                     nin = max(nin or 0, int(x["nin"]))
                     if x["gw"] and x["ts"] is not None and x["wall"] is not None:
-                        gws = live.merge_progress(gws, {x["gw"]: [x["ts"], x["wall"]]})
+                        gws = watermark.merge_progress(gws, {x["gw"]: [x["ts"], x["wall"]]})
                     continue
                 for f in counts:
                     counts[f] += int(x[f])
@@ -463,18 +464,16 @@ def _sink_classes() -> type:
 def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
     """Totals into ``ens:spark:status`` and ``ens:engine:status`` (the API's back-pressure
     reads ``total_read`` there), counted once per batch id (a re-executed batch is not)."""
-    from adapters.spark import live
-
     done = int(rs.text(r.hget(STATUS_KEY, "batch") or b"-1"))
     tot = json.loads(r.hget(STATUS_KEY, "totals") or b"{}")
     held = {k: v for m in messages for k, v in m.held.items()}
     gws: dict[str, list[float]] = {}
     for m in messages:
-        gws = live.merge_progress(gws, m.gws)
+        gws = watermark.merge_progress(gws, m.gws)
     if gws:  # a max per gateway: written again by a re-executed batch, it changes nothing
-        old = {rs.text(g): json.loads(v) for g, v in r.hgetall(live.GATEWAYS).items()}
-        merged = live.merge_progress(old, gws)
-        r.hset(live.GATEWAYS, mapping={g: json.dumps(v) for g, v in merged.items()})
+        old = {rs.text(g): json.loads(v) for g, v in r.hgetall(watermark.GATEWAYS).items()}
+        merged = watermark.merge_progress(old, gws)
+        r.hset(watermark.GATEWAYS, mapping={g: json.dumps(v) for g, v in merged.items()})
     if batch_id > done:
         work: dict[str, float] = {}
         for m in messages:
@@ -503,7 +502,7 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
         if held:
             p.hset(HELD_KEY, mapping=held)
         p.hvals(HELD_KEY)
-        p.hlen(live.INVALID)
+        p.hlen(ingest.INVALID)
         res = p.execute()
     buffered, invalid = sum(int(v) for v in res[-2]), res[-1]
     stats = {
@@ -544,7 +543,7 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
     Raises ValueError for a checkpoint of the earlier operator (`keyed.check_checkpoint`)."""
     from pyspark.sql import functions as F
 
-    from adapters.spark import keyed, live
+    from adapters.spark import keyed
 
     why = keyed.check_checkpoint(cfg.checkpoint)
     if why:
@@ -568,12 +567,12 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
         .withWatermark("evtime", "0 milliseconds")  # evtime: the offsets' watermark
     )
     routed = (
-        src.filter(F.col("route") != live.TICK)
+        src.filter(F.col("route") != routes.TICK)
         .groupBy("route")
         .transformWithStateInPandas(keyed.processor(cfg), out_ddl(), "Append", "EventTime")
     )
     zero = F.lit(0).cast("long")
-    ticks = src.filter(F.col("route") == live.TICK).select(  # no group: merged in the sink
+    ticks = src.filter(F.col("route") == routes.TICK).select(  # no group: merged in the sink
         "route",
         *(zero.alias(c) for c in ("events", "late", "notes", "held")),
         "nin",
