@@ -53,6 +53,7 @@ import adapters.spark.routes as routes
 import adapters.spark.sinks as sinks
 import adapters.spark.watermark as watermark
 from adapters.service import redis_store as rs
+from adapters.service.watermarks import Watermarks
 from adapters.spark.clients import _clients, client  # noqa: F401 - tests
 from adapters.spark.versions import _versions, versions  # noqa: F401 - tests
 
@@ -124,15 +125,7 @@ def _source_classes() -> tuple[type, type]:
             self._plog: Any = None
 
         def initialOffset(self) -> dict[str, Any]:
-            # a new query (no checkpoint): a new epoch, so its ids never meet an older query's
-            return {
-                "ingest": "0-0",
-                "plog": "0-0",
-                "epoch": secrets.token_hex(4),
-                "n": 0,
-                "t": None,
-                "wm": None,
-            }
+            return initial_offset()
 
         def latestOffset(
             self, start: dict[str, Any] | None = None, limit: Any = None
@@ -140,69 +133,13 @@ def _source_classes() -> tuple[type, type]:
             r = client(self.url)
             if self._plog is None:
                 self._plog = profile_log.ProfileLog(r)
-            plog = self._plog.sync()
-            with r.pipeline(transaction=True) as p:
-                p.xrevrange(rs.INGEST, count=1)
-                p.get(rs.INGEST_IN)
-                p.time()  # Redis's clock, as the entry ids: the idle rule compares the two
-                p.hgetall(watermark.GATEWAYS)
-                p.hgetall(rs.GATEWAYS)
-                # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
-                p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
-                last, n, (sec, usec), prog, gws, _ = p.execute()
             if start is None:  # Spark < 4.2 calls latestOffset() without the start
                 start = self._last if hasattr(self, "_last") else self.initialOffset()
-            top = rs.text(last[0][0]) if last else "0-0"
-            if rs.parse_id(top) < rs.parse_id(start["ingest"]):
-                top = start["ingest"]  # trimmed or reset: never go back
-            now = sec + usec / 1e6
-            # ens:spark:gateways holds the progress of every entry up to start["ingest"]
-            # (the previous batch committed): as of start["t"], or of now if none came since
-            same = top == start["ingest"]
-            progress = {rs.text(g): json.loads(v) for g, v in prog.items()}
-            wm, lag = watermark.gateway_watermark(
-                progress,
-                {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
-                self.lateness,
-                self.idle,
-                now if same else start.get("t"),
-            )
-            if self.clock == "wall":  # timers fire by the wall clock minus the largest lateness
-                wm = now - lag if wm is None else max(wm, now - lag)
-            newest = max((p[0] for p in progress.values()), default=None)
-            wm = watermark.whole_ms(wm, newest)
-            off = {
-                "ingest": top,
-                "plog": plog,
-                "epoch": start["epoch"],
-                "n": max(int(n or 0), int(start["n"])),
-                "t": now,
-                "wm": wm,
-            }
-            if same and all(off[k] == start.get(k) for k in ("plog", "n", "wm")):
-                off = start  # nothing new: no micro-batch
-            self._last = off
-            return off
+            self._last = latest_offset(r, self._plog, start, self.lateness, self.idle, self.clock)
+            return self._last
 
         def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
-            lo, hi = start["ingest"], end["ingest"]
-            if lo == hi:
-                return [Range(lo, hi, {**end, "ctl": self._changed(start, end)}, True)]
-            lo_ms, hi_ms = rs.parse_id(lo)[0], rs.parse_id(hi)[0]
-            k = max(1, min(self.parts, hi_ms - lo_ms + 1))
-            cuts = [lo_ms + (hi_ms - lo_ms + 1) * i // k for i in range(1, k)]
-            bounds = [lo] + [f"{c - 1}-18446744073709551615" for c in cuts] + [hi]
-            bounds = [
-                b
-                for i, b in enumerate(bounds)
-                if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])
-            ]
-            end = {**end, "ctl": self._changed(start, end)}
-            return [Range(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
-
-        def _changed(self, start: dict[str, Any], end: dict[str, Any]) -> str | None:
-            """The profile version before this batch's, if it changed (None: unchanged)."""
-            return start.get("plog") if start.get("plog") != end.get("plog") else None
+            return [Range(*x) for x in ranges(start, end, self.parts)]
 
         def read(self, partition: Any) -> Iterator[Any]:
             yield from read_range(
@@ -233,6 +170,135 @@ def _source_classes() -> tuple[type, type]:
     return IngestSource, IngestReader
 
 
+def initial_offset() -> dict[str, Any]:
+    """A new query's offset (no checkpoint): a new epoch, so its ids never meet an older
+    query's."""
+    return {
+        "ingest": "0-0",
+        "plog": "0-0",
+        "epoch": secrets.token_hex(4),
+        "n": 0,
+        "t": None,
+        "wm": None,
+    }
+
+
+def latest_offset(
+    r: Any, plog_log: Any, start: dict[str, Any], lateness: float, idle: float, clock: str
+) -> dict[str, Any]:
+    """The driver's next offset after `start`: the newest ingest entry, the profile log's head
+    (`plog_log.sync()`), the events the API accepted and the watermark; `start` itself when
+    nothing changed (no micro-batch)."""
+    plog = plog_log.sync()
+    with r.pipeline(transaction=True) as p:
+        p.xrevrange(rs.INGEST, count=1)
+        p.get(rs.INGEST_IN)
+        p.time()  # Redis's clock, as the entry ids: the idle rule compares the two
+        p.hgetall(watermark.GATEWAYS)
+        p.hgetall(rs.GATEWAYS)
+        # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
+        p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
+        last, n, (sec, usec), prog, gws, _ = p.execute()
+    top = rs.text(last[0][0]) if last else "0-0"
+    if rs.parse_id(top) < rs.parse_id(start["ingest"]):
+        top = start["ingest"]  # trimmed or reset: never go back
+    now = sec + usec / 1e6
+    # ens:spark:gateways holds the progress of every entry up to start["ingest"]
+    # (the previous batch committed): as of start["t"], or of now if none came since
+    same = top == start["ingest"]
+    wm = watermark.offset_watermark(
+        {rs.text(g): json.loads(v) for g, v in prog.items()},
+        {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
+        lateness,
+        idle,
+        now if same else start.get("t"),
+        now if clock == "wall" else None,
+    )
+    off = {
+        "ingest": top,
+        "plog": plog,
+        "epoch": start["epoch"],
+        "n": max(int(n or 0), int(start["n"])),
+        "t": now,
+        "wm": wm,
+    }
+    if same and all(off[k] == start.get(k) for k in ("plog", "n", "wm")):
+        return start  # nothing new: no micro-batch
+    return off
+
+
+def ranges(
+    start: dict[str, Any], end: dict[str, Any], parts: int
+) -> list[tuple[str, str, dict[str, Any], bool]]:
+    """A micro-batch's id range split by time into at most `parts` source partitions:
+    (lo, hi, offset, first); the offset carries the profile version before this batch's
+    (``ctl``) if it changed."""
+    lo, hi = start["ingest"], end["ingest"]
+    ctl = start.get("plog") if start.get("plog") != end.get("plog") else None
+    end = {**end, "ctl": ctl}
+    if lo == hi:
+        return [(lo, hi, end, True)]
+    lo_ms, hi_ms = rs.parse_id(lo)[0], rs.parse_id(hi)[0]
+    k = max(1, min(parts, hi_ms - lo_ms + 1))
+    cuts = [lo_ms + (hi_ms - lo_ms + 1) * i // k for i in range(1, k)]
+    bounds = [lo] + [f"{c - 1}-18446744073709551615" for c in cuts] + [hi]
+    bounds = [
+        b for i, b in enumerate(bounds) if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])
+    ]
+    return [(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
+
+
+class _Rows:
+    """The columns of the source's rows (`ROW_DDL`), one Arrow batch per partition read."""
+
+    TYPES = (
+        "string string string float64 timestamp binary string string int64 float64 float64 bool_"
+    )
+
+    def __init__(self, plog: str, epoch: str, nin: int, wm: float | None) -> None:
+        self.plog, self.epoch, self.nin, self.wm = plog, epoch, nin, wm
+        self.cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
+
+    def add(
+        self,
+        route: str,
+        k: str | None,
+        gw: str,
+        ts: float | None,
+        ev: bytes | None,
+        evtime: float | None = None,
+        wall: float | None = None,
+        counted: bool = True,
+    ) -> None:
+        cols = self.cols
+        cols["route"].append(route)
+        cols["key"].append(k)
+        cols["gw"].append(gw)
+        cols["ts"].append(ts)
+        cols["evtime"].append(  # a whole ms (`watermark.whole_ms`): Spark's watermark keeps it
+            round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
+        )
+        cols["ev"].append(ev)
+        cols["plog"].append(self.plog)
+        cols["epoch"].append(self.epoch)
+        cols["nin"].append(self.nin)
+        cols["wm"].append(self.wm)
+        cols["wall"].append(wall)
+        cols["counted"].append(counted)
+
+    def batch(self) -> Any:
+        import pyarrow as pa
+
+        types = [
+            pa.timestamp("us", tz="UTC") if t == "timestamp" else getattr(pa, t)()
+            for t in self.TYPES.split()
+        ]
+        names = list(self.cols)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(self.cols[n], t) for n, t in zip(names, types, strict=True)], names=names
+        )
+
+
 def read_range(
     url: str,
     key: str,
@@ -244,77 +310,20 @@ def read_range(
     ttl: int = 7 * 86400,
 ) -> Iterator[Any]:
     """The rows of ingest entries in (lo, hi]: routed events, plus bookkeeping rows."""
-    import pyarrow as pa
-
-    from adapters.spark.plan import route_key
-
     r = client(url)
-    plog, epoch, nin, wm = offset["plog"], offset["epoch"], int(offset["n"]), offset.get("wm")
+    plog, epoch, wm = offset["plog"], offset["epoch"], offset.get("wm")
     route_of = routers(url, key, plog)
-    cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
-
-    def row(
-        route: str,
-        k: str | None,
-        gw: str,
-        ts: float | None,
-        ev: bytes | None,
-        evtime: float | None = None,
-        wall: float | None = None,
-        counted: bool = True,
-    ) -> None:
-        cols["route"].append(route)
-        cols["key"].append(k)
-        cols["gw"].append(gw)
-        cols["ts"].append(ts)
-        cols["evtime"].append(  # a whole ms (`watermark.whole_ms`): Spark's watermark keeps it
-            round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
-        )
-        cols["ev"].append(ev)
-        cols["plog"].append(plog)
-        cols["epoch"].append(epoch)
-        cols["nin"].append(nin)
-        cols["wm"].append(wm)
-        cols["wall"].append(wall)
-        cols["counted"].append(counted)
-
+    rows = _Rows(plog, epoch, int(offset["n"]), wm)
+    seen = Watermarks(0.0, 0.0, 0)  # the gateways' progress in this range (`observe`)
     first_ts = None
-    progress: dict[str, list[float]] = {}  # gateway -> [newest ts, wall time of its last entry]
     cursor = f"({lo}"
     while lo != hi:
         page = r.xrange(rs.INGEST, min=cursor, max=hi, count=PAGE)
         if not page:
             break
-        plain: list[tuple[str, Any]] = []
-        for eid, fields in page:
-            eid = rs.text(eid)
-            wall = rs.stream_ms(eid)
-            for k, gw, obj in ingest.decode(eid, fields, r):
-                ev = ingest.parse(k, gw, obj, r)
-                if ev is None:
-                    continue
-                first_ts = ev.ts if first_ts is None else min(first_ts, ev.ts)
-                pg = progress.get(gw)
-                if pg is None:
-                    progress[gw] = [ev.ts, wall]
-                else:
-                    pg[0], pg[1] = max(pg[0], ev.ts), wall
-                plain.append((k, ev))
-                blob = None
-                for cls, attr, relevant in route_of:  # counted in `events` by one engine only
-                    if attr is None:
-                        route = cls
-                    else:
-                        rk = route_key(ev.attrs.get(attr))
-                        if rk is None:
-                            continue
-                        route = "k" + rk if cls == "k" else f"{cls}|{rk}"
-                    if relevant(ev.attrs):
-                        if blob is None:
-                            blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
-                            row(route, k, gw, ev.ts, blob)
-                        else:
-                            row(route, k, gw, ev.ts, blob, counted=False)
+        plain = _route_page(r, page, route_of, rows, seen)
+        stamps = [ev.ts for _k, ev in plain] + ([] if first_ts is None else [first_ts])
+        first_ts = min(stamps, default=None)
         notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
         if notes:
             sinks.Outbox(r, ttl).write(notes)
@@ -323,37 +332,60 @@ def read_range(
             break
     if first and offset.get("ctl"):  # profiles changed: the engines they concern apply them
         for route in changed_routes(r, versions(url, key), offset["ctl"], plog):  # now
-            row(route, None, "", None, None)
+            rows.add(route, None, "", None, None)
     # the gateways' progress reaches the driver (the sink), which computes the next batches'
-    # watermark from it (`watermark.gateway_watermark`), also when no engine wanted the events;
+    # watermark from it (`watermark.offset_watermark`), also when no engine wanted the events;
     # the first partition's row carries `nin` to the status, and this batch's watermark into
     # Spark's (the next batch's `getCurrentWatermarkMs`: what a timer sees without rows)
     if first:
-        row(routes.TICK, None, "", None, None, evtime=wm)
-    for gw, (ts, wall) in progress.items():
-        row(routes.TICK, None, gw, ts, None, wall=wall)
+        rows.add(routes.TICK, None, "", None, None, evtime=wm)
+    for gw, (ts, wall) in seen.progress().items():
+        rows.add(routes.TICK, None, gw, ts, None, wall=wall)
     for cls, attr, _rel in route_of:  # the unpartitioned engines' start time and version
         if attr is None:
-            row(cls, None, "", first_ts, None)
+            rows.add(cls, None, "", first_ts, None)
     live.settle_garbage()
-    names = list(cols)
-    types = [
-        pa.string(),
-        pa.string(),
-        pa.string(),
-        pa.float64(),
-        pa.timestamp("us", tz="UTC"),
-        pa.binary(),
-        pa.string(),
-        pa.string(),
-        pa.int64(),
-        pa.float64(),
-        pa.float64(),
-        pa.bool_(),
-    ]
-    yield pa.RecordBatch.from_arrays(
-        [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names
-    )
+    yield rows.batch()
+
+
+def _route_page(
+    r: Any,
+    page: list[Any],
+    route_of: list[tuple[str, str | None, Any]],
+    rows: _Rows,
+    seen: Watermarks,
+) -> list[tuple[str, Any]]:
+    """Parse a page of ingest entries, note the gateways' progress and add each event's rows
+    (one per route class that wants it; counted by the first); returns the events (for the
+    bare filters)."""
+    from adapters.spark.plan import route_key
+
+    plain: list[tuple[str, Any]] = []
+    for eid, fields in page:
+        eid = rs.text(eid)
+        wall = rs.stream_ms(eid)
+        for k, gw, obj in ingest.decode(eid, fields, r):
+            ev = ingest.parse(k, gw, obj, r)
+            if ev is None:
+                continue
+            seen.observe(gw, ev.ts, wall)
+            plain.append((k, ev))
+            blob = None
+            for cls, attr, relevant in route_of:  # counted in `events` by one engine only
+                if attr is None:
+                    route = cls
+                else:
+                    rk = route_key(ev.attrs.get(attr))
+                    if rk is None:
+                        continue
+                    route = "k" + rk if cls == "k" else f"{cls}|{rk}"
+                if relevant(ev.attrs):
+                    if blob is None:
+                        blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
+                        rows.add(route, k, gw, ev.ts, blob)
+                    else:
+                        rows.add(route, k, gw, ev.ts, blob, counted=False)
+    return plain
 
 
 def changed_routes(r: Any, versions: Any, before: Any, now: str) -> list[str]:
