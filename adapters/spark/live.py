@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from adapters.service import redis_store as rs
+from adapters.service.feeding import log_late
 from adapters.service.late import LateRecord
 
 # the names keyed.py, bench/spark_tasks.py and the tests take from here
@@ -52,6 +53,7 @@ from filters.engine import Engine
 from filters.notification import Notification
 from filters.partitions import PartId, PartitionedEngine, encode_id
 from filters.restore import Skipped
+from notifiers.records import outbox_notification
 from profiles.events import Event
 
 log = logging.getLogger("ens.spark.stream")
@@ -67,12 +69,8 @@ def arrival(event_key: str) -> tuple[int, int, int]:
 
 
 def record(n: Notification, epoch: str, seq: Any = None) -> dict[str, Any]:
-    """The outbox record (the worker's `EngineWorker.record`)."""
-    return {
-        "id": f"{n.profile}:{epoch}:{n.seq if seq is None else seq}",
-        **n.to_detail(),
-        "subscriber": n.subscriber,
-    }
+    """The outbox record, as the service's worker writes it (`outbox_notification`)."""
+    return outbox_notification(n, epoch, seq)
 
 
 def route_epoch(epoch: str, route: str) -> str:
@@ -528,14 +526,7 @@ class KeyEngine:
 
 
 def _log_late(now: float, ev: Event, gw: str, what: str) -> None:
-    log.warning(
-        "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; %s",
-        ev.id,
-        gw,
-        ev.ts,
-        now - ev.ts,
-        what,
-    )
+    log_late(log, now, ev, gw, what)  # the service's line
 
 
 # `stateless`'s engines by (profile version, tz), with the `Versions` they were built from
