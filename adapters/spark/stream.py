@@ -13,7 +13,7 @@ other attributes by the first of theirs, the others to 8 shards by profile id.
 
 Engines. `keyed.processor` runs `live.KeyEngine` per route with its state in Spark's per-key
 state (RocksDB). Event time: the service's per-gateway watermark
-(`watermark.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
+(`watermark.offset_watermark`: own latenesses, the idle rule), computed by the driver in
 `latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
 and carried in the offset (checkpointed, so re-executions agree), releases held events in
 (ts, ingest) order and advances the engine, which fires trailing negations, ``absent`` and
@@ -275,7 +275,7 @@ class _Rows:
         cols["key"].append(k)
         cols["gw"].append(gw)
         cols["ts"].append(ts)
-        cols["evtime"].append(  # a whole ms (`watermark.whole_ms`): Spark's watermark keeps it
+        cols["evtime"].append(  # a whole ms (`watermark.PER_SECOND`): Spark's watermark keeps it
             round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
         )
         cols["ev"].append(ev)
