@@ -25,6 +25,7 @@ from adapters.service import known_attrs
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.engine_state import EngineState, Item
+from adapters.service.feeding import feed, is_late, log_late
 from adapters.service.late import LateRecord
 from adapters.service.records import OP_EVENT, OP_LATE, op_advance
 from profiles.events import Event, event_from_normalized, event_from_obj
@@ -155,24 +156,13 @@ class Intake(EngineState):
             return
         self._interval["late"] += 1
         if self._interval["late"] <= 10:  # the rest only in the periodic summary
-            log.warning(
-                "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; %s",
-                ev.id,
-                gw,
-                ev.ts,
-                self.engine.now - ev.ts,  # type: ignore[operator]
-                what,
-            )
+            log_late(log, self.engine.now, ev, gw, what)  # type: ignore[arg-type]
 
     def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
-        if self.engine.now is not None and ev.ts < self.engine.now:  # --late-events feed
+        if is_late(self.engine.now, ev.ts):  # --late-events feed
             self._count_late(ev, gw, None if replay else "processed in arrival order")
-        try:
-            self._engine_process(ev)
-        except Exception:  # a poison event must not stop the service
-            log.exception("engine failed on event %s; skipped", ev.id)
-            if not replay:
-                m.ENGINE_ERRORS.inc()
+        if not feed(self._engine_process, ev, gw, log) and not replay:
+            m.ENGINE_ERRORS.inc()
         self.totals["events"] += 1
         if not replay:
             self.unpublished += 1  # the metric takes a lock per call: the step adds them once

@@ -19,6 +19,7 @@ from adapters.service.engine_state import EngineState
 from adapters.service.records import Advanced, JournalEntry, LateSent, ProfileChanged
 from filters.notification import Notification
 from notifiers import store
+from notifiers.records import outbox_notification
 
 log = logging.getLogger("ens.service.worker")
 
@@ -121,11 +122,7 @@ class Journal(EngineState):
 
     def record(self, n: Notification) -> dict[str, Any]:
         """The outbox record of a notification (`notifiers.store.enqueue`'s contract)."""
-        return {
-            "id": f"{n.profile}:{self.epoch}:{n.seq}",
-            **n.to_detail(),
-            "subscriber": n.subscriber,
-        }
+        return outbox_notification(n, self.epoch)
 
     def commit(self) -> None:
         """Journal the inputs since the last commit together with the notifications they made
