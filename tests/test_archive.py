@@ -121,7 +121,9 @@ def test_crashes_of_engine_and_archiver_lose_and_duplicate_nothing(
         elif step % 4 == 1:
             w.commit()
     if crash_at > 3:
-        assert len(w.archive_rows)  # fed, not committed: lost with the worker, fed again by w2
+        assert len(
+            w.intake.archive_rows
+        )  # fed, not committed: lost with the worker, fed again by w2
     rb.delete(rs.ENGINE_LOCK)  # kill -9: its uncommitted inputs (and rows) are gone
 
     uri = str(tmp_path / "archive")
