@@ -323,10 +323,7 @@ class Checkpointer:
         and trims ingest."""
         t0 = time.perf_counter()
         live, intake, journal, alarms = self.live, self.intake, self.journal, self.alarms
-        journal.pending.extend(live.engine.take_notifications())
-        plain, alarm_notes = alarms.split(journal.pending)
-        records = [journal.record(n) for n in plain]
-        alarm = alarms.step(alarm_notes)
+        records, alarm = journal.outputs()
         alarm_state = alarms.state()  # after the step: what the journal no longer holds
         snap, parts_write, parts_delete, full = self._engine_records()
         changed = {pid: live.defs.get(pid) for pid in live.dirty}
@@ -369,12 +366,12 @@ class Checkpointer:
         self._parts_written(parts_write, parts_delete, full)
         alarms.published(alarm)
         journal.published(records)
-        intake.unacked.clear()
+        intake.acknowledged()
         live.dirty.clear()
-        self.inputs.since_snapshot = 0
-        journal.journal_len = 0
+        self.inputs.snapshotted()
+        self.last_snapshot = time.monotonic()
+        journal.compacted(self.last_snapshot)
         self.progress.changed = False
-        journal.last_commit = self.last_snapshot = time.monotonic()
         m.SNAPSHOTS.observe(time.perf_counter() - t0)
         size = len(snap) + sum(map(len, parts_write.values()))
         m.SNAPSHOT_BYTES.set(size)

@@ -179,6 +179,9 @@ class InputLog:
         self.ops: list[list[Any]] = []
         self.since_snapshot = 0
 
+    def snapshotted(self) -> None:
+        self.since_snapshot = 0
+
     def add(self, op: list[Any]) -> None:
         self.ops.append(op)
         self.since_snapshot += 1

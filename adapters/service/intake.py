@@ -115,6 +115,10 @@ class Intake:
         self.late_out.clear()
         self.archive_rows.clear()
 
+    def acknowledged(self) -> None:
+        """A snapshot acknowledged (XACK) the entries read."""
+        self.unacked.clear()
+
     def parse(self, key: str, gw: str, obj: Any, normalized: bool = False) -> Event | None:
         if normalized:  # validated by the API already; anything odd gets the full check
             try:

@@ -16,7 +16,7 @@ import redis
 from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.alarm_worker import AlarmPart
+from adapters.service.alarm_worker import AlarmBatch, AlarmPart
 from adapters.service.archive_feed import FEED
 from adapters.service.control import Control
 from adapters.service.engine_state import InputLog, LiveEngine, Progress, WorkerConfig
@@ -157,15 +157,23 @@ class Journal:
             "subscriber": n.subscriber,
         }
 
+    def collect(self) -> None:
+        """Take what the engine detected: pending until a commit or snapshot writes it."""
+        self.pending.extend(self.live.engine.take_notifications())
+
+    def outputs(self) -> tuple[list[dict[str, Any]], list[AlarmBatch]]:
+        """What the pending notifications write: the outbox records of the plain ones, and
+        the alarm steps (alarm profiles: their messages, not themselves)."""
+        self.collect()
+        plain, alarm_notes = self.alarms.split(self.pending)
+        return [self.record(n) for n in plain], self.alarms.step(alarm_notes)
+
     def commit(self) -> None:
         """Journal the inputs since the last commit together with the notifications they made
         and the events they sent to the late output."""
         t0 = time.perf_counter()
         alarms = self.alarms
-        self.pending.extend(self.live.engine.take_notifications())
-        plain, alarm_notes = alarms.split(self.pending)
-        records = [self.record(n) for n in plain]
-        alarm = alarms.step(alarm_notes)  # alarm profiles: their messages, not themselves
+        records, alarm = self.outputs()
         late_out = self.intake.late_out
         entry = JournalEntry(
             self.inputs.ops,
@@ -204,3 +212,8 @@ class Journal:
         self.pending.clear()
         self.intake.committed()
         self.inputs.ops.clear()
+
+    def compacted(self, mono: float) -> None:
+        """A snapshot emptied ``ens:engine:journal`` at monotonic time ``mono``."""
+        self.journal_len = 0
+        self.last_commit = mono

@@ -380,9 +380,8 @@ class EngineWorker:
         # overtake events that were accepted but not read yet (they would all turn late), so
         # only event time moves.
         intake.release_due(now, caught_up=not (self.read_full or self.queued))
-        engine = self.live.engine
-        journal.pending.extend(engine.take_notifications())
-        if engine.cap_hits:
+        journal.collect()
+        if self.live.engine.cap_hits:
             self._cap_hits(mono=time.monotonic())
         progress = self.progress
         if progress.unpublished:
