@@ -38,10 +38,16 @@ class Recording(EngineWorker):
 
     order: list[str]
 
-    def _process(self, ev: Any, gw: str, replay: bool = False) -> None:
-        if not replay:
-            self.order.append(ev.id)
-        super()._process(ev, gw, replay)
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        process = self.intake.process  # every event reaches the engine through it
+
+        def recording(ev: Any, gw: str, replay: bool = False) -> None:
+            if not replay:
+                self.order.append(ev.id)
+            process(ev, gw, replay)
+
+        self.intake.process = recording  # type: ignore[method-assign]
 
 
 def archived(uri: str) -> list[dict[str, Any]]:
