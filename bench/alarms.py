@@ -345,7 +345,7 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     evs = [gen.event() for _ in range(events)]
     for i, e in enumerate(evs):
         e["ts"] = 1_700_000_000.0 + i * 0.002
-    listed = "batches" in inspect.signature(AlarmPart._alarm_write).parameters
+    listed = "batches" in inspect.signature(AlarmPart.write).parameters
     best = {"rules": 1e9, "writer": 1e9, "redis": 1e9}
     with redis_server() as url:
         rb = redis.Redis.from_url(url)
@@ -361,32 +361,32 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
         w = EngineWorker(rb, cfg)
         w.start()
         notes: list[Any] = []
-        feed = w._alarm_feed
+        feed = w.alarms._alarm_feed
 
         def capture(ns: list[Any]) -> Any:
             notes.extend(ns)
             return feed(ns)
 
-        w._alarm_feed = capture  # type: ignore[method-assign,assignment]
+        w.alarms._alarm_feed = capture  # type: ignore[method-assign,assignment]
         while w.step(block=0):
             pass
         if w.pending:
             w.commit()
-        end = w._alarm_now()
+        end = w.alarms._alarm_now()
         for _ in range(repeat):
-            w.rules = AlarmRules(dict(w.rules.specs), {}, w.cfg.alarm_policy, None)
+            w.alarms.rules = AlarmRules(dict(w.alarms.rules.specs), {}, w.cfg.alarm_policy, None)
             t0 = time.perf_counter()
             eff = feed(notes)
-            eff.extend(w.rules.advance(end))
+            eff.extend(w.alarms.rules.advance(end))
             t1 = time.perf_counter()
             batch = AlarmBatch({"ops": [], "t": end, "ctl": "0-0"}, eff)
             arg: Any = [batch] if listed else batch
             rec = _Recorder()
-            w._alarm_write(rec, arg, 86400 * 30)
+            w.alarms.write(rec, arg, 86400 * 30)
             t2 = time.perf_counter()
             rb.delete("ens:alarm:history", "ens:alarms", "ens:outbox")
             with rb.pipeline(transaction=True) as p:
-                w._alarm_write(p, arg, 86400 * 30)
+                w.alarms.write(p, arg, 86400 * 30)
                 p.execute()
             t3 = time.perf_counter()
             for k, v in (("rules", t1 - t0), ("writer", t2 - t1), ("redis", t3 - t2)):

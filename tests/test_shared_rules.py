@@ -69,7 +69,7 @@ def test_the_outbox_record_and_its_id_are_the_services() -> None:
     Spark engine (`live.record`), accepted by the outbox; Spark's bare filters give the event
     key for the engine's counter."""
     n = _notification()
-    service = Journal.record(SimpleNamespace(epoch="E"), n)  # type: ignore[arg-type]
+    service = Journal.record(SimpleNamespace(live=SimpleNamespace(epoch="E")), n)  # type: ignore[arg-type]
     assert live.record(n, "E") == service == outbox_notification(n, "E")
     assert service["id"] == f"p:E:{n.seq}" and service["events"]["e"]["id"] == "e1"
     OutboxRecord(service).check()
