@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from adapters.service import redis_store as rs
@@ -282,3 +283,42 @@ def serving(d: Path, *args: str) -> Iterator[Service]:
             yield s
         finally:
             assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+
+
+def service_fixtures(name: str, *args: str, gateway: str | None = None) -> tuple[Any, ...]:
+    """The module-scoped fixtures of a module whose tests share one `ens serve ARGS` (on a
+    redis-server of its own, `serving`): ``svc`` and `client_fixtures`' ``r``, ``admin`` and
+    ``gw`` (gateway ``gateway``, default ``gw-NAME``). A module takes them as
+    ``svc, r, admin, gw = service_fixtures("assets", "--reorder-seconds", "0.1")``."""
+
+    @pytest.fixture(scope="module", name="svc")
+    def svc_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+        with serving(tmp_path_factory.mktemp(f"svc-{name}"), *args) as s:
+            yield s
+
+    return (svc_, *client_fixtures(gateway or f"gw-{name}"))
+
+
+def client_fixtures(gateway: str | None = None) -> tuple[Any, ...]:
+    """Module-scoped clients of the module's ``svc`` fixture, however it is started: ``r``
+    (Redis, decoding responses), ``admin`` (HTTP with the admin token) and, given a
+    ``gateway``, ``gw`` (HTTP with the key of that new gateway):
+    ``r, admin, gw = client_fixtures("gw-console")``, ``r, admin = client_fixtures()``."""
+
+    @pytest.fixture(scope="module", name="r")
+    def r_(svc: Service) -> Iterator[redis.Redis]:
+        c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
+        yield c
+        c.close()
+
+    @pytest.fixture(scope="module", name="admin")
+    def admin_(svc: Service) -> Iterator[httpx.Client]:
+        with svc.client(admin=True) as c:
+            yield c
+
+    @pytest.fixture(scope="module", name="gw")
+    def gw_(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
+        with svc.client(rs.add_gateway(r, gateway)) as c:
+            yield c
+
+    return (r_, admin_, gw_) if gateway else (r_, admin_)

@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,14 @@ from ens.commands.alarms import register as register_alarms
 from ens.commands.service import register as register_service
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
+from tests.helpers_service import (
+    Service,
+    metric,
+    outbox,
+    redis_server,
+    service_fixtures,
+    wait_for,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -36,30 +42,7 @@ ALARM = {
 }
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    d = tmp_path_factory.mktemp("svc-alarms")
-    with serving(d, "--reorder-seconds", "0.1") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def admin(svc: Service) -> Iterator[httpx.Client]:
-    with svc.client(admin=True) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def gw(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
-    with svc.client(rs.add_gateway(r, "gw-alarms")) as c:
-        yield c
+svc, r, admin, gw = service_fixtures("alarms", "--reorder-seconds", "0.1")
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +51,6 @@ def cli() -> typer.Typer:
     register_service(app)
     register_alarms(app)
     return app
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    rec = Receiver().start()
-    yield rec
-    rec.stop()
 
 
 def run(app: typer.Typer, url: str | None, *args: str) -> Any:

@@ -23,7 +23,15 @@ from ens.commands.service import register as register_service
 from notifiers import schedule_store
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
+from tests.helpers_service import (
+    Service,
+    client_fixtures,
+    metric,
+    outbox,
+    redis_server,
+    serving,
+    wait_for,
+)
 from tests.test_service_crash import post_batch
 
 pytestmark = pytest.mark.redis
@@ -64,11 +72,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
+r, _admin = client_fixtures()
 
 
 @pytest.fixture(scope="module")
