@@ -14,31 +14,10 @@ from ens.cli import app
 from notifiers.alarms import Transition
 from notifiers.routing import parse_routing
 from notifiers.routing.replay import replay_routing
+from tests.helpers_routing import BERLIN, CREW_ROUTING, at
 
 ROOT = Path(__file__).parent.parent
-BERLIN = ZoneInfo("Europe/Berlin")
-ROUTING = """
-tz: Europe/Berlin
-schedules:
-  - id: crew
-    layers:
-      - {name: day, participants: [anna], rotation: 1d, handoff: "07:00", start: 2026-11-02,
-         restrict: Mon-Sun 07:00-19:00}
-      - {name: night, participants: [carla], rotation: 1d, handoff: "19:00", start: 2026-11-02,
-         restrict: Mon-Sun 19:00-07:00}
-escalation_policies:
-  - id: page
-    levels: [{receivers: [crew]}, {receivers: [boss], delay: 20m}]
-    repeat: 40m
-route:
-  receivers: [desk]
-  routes:
-    - {match: [severity=critical], escalation: page}
-"""
-
-
-def at(text: str) -> float:
-    return datetime.fromisoformat(text).replace(tzinfo=BERLIN).timestamp()
+ROUTING = CREW_ROUTING
 
 
 def tr(kind: str, ts: float, severity: str = "critical", delivery: str = "sent", alarm: str = "a1"):
