@@ -28,11 +28,11 @@ from tests.helpers_service import (
     client_fixtures,
     metric,
     outbox,
+    post_batch,
     redis_server,
     serving,
     wait_for,
 )
-from tests.test_service_crash import post_batch
 
 pytestmark = pytest.mark.redis
 
