@@ -34,6 +34,16 @@ DataDir = Annotated[
         "--data-dir", envvar="ENS_DATA_DIR", help="Embedded Redis data directory [~/.ens]."
     ),
 ]
+NotifierConfig = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="ENS_NOTIFIERS_CONFIG",
+        exists=True,
+        dir_okay=False,
+        help="YAML/JSON notifier config (SMTP relay, ...); ENS_SMTP_* etc. env vars override it.",
+    ),
+]
 
 
 def _at_command_end(fn: Callable[[], None]) -> None:
