@@ -309,6 +309,27 @@ def service_fixtures(name: str, *args: str, gateway: str | None = None) -> tuple
     return (svc_, *client_fixtures(gateway or f"gw-{name}"))
 
 
+def alarm_cli() -> Any:
+    """`ens`'s service and alarm command groups as one Typer app (for `CliRunner`); a module
+    takes it as a fixture: ``cli = pytest.fixture(scope="module", name="cli")(alarm_cli)``."""
+    import typer
+
+    from ens.commands.alarms import register as register_alarms
+    from ens.commands.service import register as register_service
+
+    app = typer.Typer()
+    register_service(app)
+    register_alarms(app)
+    return app
+
+
+def run_cli(app: Any, url: str | None, *args: str) -> Any:
+    """Invoke ``app`` with ``args``, the Redis at ``url`` given as ENS_REDIS_URL."""
+    from typer.testing import CliRunner
+
+    return CliRunner(env={rs.ENV_URL: url}).invoke(app, list(args))
+
+
 def client_fixtures(gateway: str | None = None) -> tuple[Any, ...]:
     """Module-scoped clients of the module's ``svc`` fixture, however it is started: ``r``
     (Redis, decoding responses), ``admin`` (HTTP with the admin token) and, given a
