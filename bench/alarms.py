@@ -105,6 +105,40 @@ def redis_server() -> Iterator[str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@contextmanager
+def bench_worker(
+    url: str,
+    profiles: list[tuple[str, str, dict[str, Any] | None]],
+    events: list[dict[str, Any]],
+    per_entry: int = 100,
+    gateway: str = "g",
+) -> Iterator[tuple[Any, Any]]:
+    """An emptied database of the server at ``url`` with ``profiles`` (id, expression, alarm
+    block) stored and ``events`` waiting in the ingest stream (``per_entry`` a batch), and an
+    engine worker on it in event time with no reorder delay and no periodic snapshot; yields
+    (client, worker) with the worker not started yet (some benches time its start)."""
+    import redis
+
+    from adapters.service import redis_store as rs
+    from adapters.service.worker import EngineWorker, WorkerConfig
+
+    rb = redis.Redis.from_url(url)
+    try:
+        rb.flushdb()
+        for pid, expr, alarm in profiles:
+            rs.put_profile(rb, pid, expr, alarm=alarm)
+        with rb.pipeline(transaction=False) as p:
+            for i in range(0, len(events), per_entry):
+                p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(events[i : i + per_entry]),
+                                   rs.INGEST_GATEWAY: gateway})  # fmt: skip
+            p.execute()
+        cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
+                           snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
+        yield rb, EngineWorker(rb, cfg)
+    finally:
+        rb.close()
+
+
 def list_bench(n: int = 100_000, repeat: int = 3) -> dict[str, Any]:
     import redis
 
@@ -155,11 +189,6 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
     as a plain profile and as an alarm profile (clear on an event): events per second each.
     Every match of the plain profile is an outbox record; as an alarm, every match is a
     history entry and the raises and clears are messages."""
-    import redis
-
-    from adapters.service import redis_store as rs
-    from adapters.service.worker import EngineWorker, WorkerConfig
-
     rnd = random.Random(3)
     evs = [
         {"id": f"e{i}", "ts": 1_700_000_000.0 + i * 0.01, "kind": "window",
@@ -172,29 +201,18 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
     with redis_server() as url:
         for _ in range(repeat):
             for name, spec in (("off", None), ("on", alarm)):
-                rb = redis.Redis.from_url(url)
-                rb.flushdb()
-                rs.put_profile(rb, "win", expr, alarm=spec)
-                with rb.pipeline(transaction=False) as p:
-                    for i in range(0, events, 100):
-                        p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 100]),
-                                           rs.INGEST_GATEWAY: "g"})  # fmt: skip
-                    p.execute()
-                cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
-                                   snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
-                w = EngineWorker(rb, cfg)
-                w.start()
-                t0 = time.perf_counter()
-                while w.step(block=0):
-                    pass
-                w.snapshot()
-                rate = events / (time.perf_counter() - t0)
-                out[f"alarms_{name}_events_per_s"] = max(
-                    out.get(f"alarms_{name}_events_per_s", 0), round(rate)
-                )
-                if spec is not None:
-                    out["transitions"], out["history_entries"] = history_size(rb)
-                rb.close()
+                with bench_worker(url, [("win", expr, spec)], evs) as (rb, w):
+                    w.start()
+                    t0 = time.perf_counter()
+                    while w.step(block=0):
+                        pass
+                    w.snapshot()
+                    rate = events / (time.perf_counter() - t0)
+                    out[f"alarms_{name}_events_per_s"] = max(
+                        out.get(f"alarms_{name}_events_per_s", 0), round(rate)
+                    )
+                    if spec is not None:
+                        out["transitions"], out["history_entries"] = history_size(rb)
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     return out
 
@@ -233,15 +251,7 @@ def e2e(
     from bench import service_load as sl
 
     def alarm_of(pid: str) -> dict[str, Any] | None:
-        if pid == "window-open":
-            return WINDOW_ALARM
-        if window_only:
-            return None
-        if pid.startswith("c"):
-            return {"severity": "minor", "clear": "after 30m"}
-        if pid.startswith("f"):
-            return {"severity": "warning", "clear": "manual"}
-        return None
+        return None if window_only and pid != "window-open" else _alarm_of(pid)
 
     profs = [*sl.profiles(composites, filters), ("window-open", WINDOW_EXPR)]
     out: dict[str, Any] = {"events": events, "batch": batch, "clients": clients,
@@ -333,11 +343,7 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     (``writer``: the commands built) and into a real MULTI/EXEC (``redis``)."""
     import inspect
 
-    import redis
-
-    from adapters.service import redis_store as rs
     from adapters.service.alarm_worker import AlarmBatch, AlarmPart
-    from adapters.service.worker import EngineWorker, WorkerConfig
     from bench import service_load as sl
     from notifiers.alarms import AlarmRules
 
@@ -347,18 +353,9 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
         e["ts"] = 1_700_000_000.0 + i * 0.002
     listed = "batches" in inspect.signature(AlarmPart.write).parameters
     best = {"rules": 1e9, "writer": 1e9, "redis": 1e9}
-    with redis_server() as url:
-        rb = redis.Redis.from_url(url)
-        for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]:
-            rs.put_profile(rb, pid, expr, alarm=_alarm_of(pid))
-        with rb.pipeline(transaction=False) as p:
-            for i in range(0, events, 500):
-                p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 500]),
-                                   rs.INGEST_GATEWAY: "g"})  # fmt: skip
-            p.execute()
-        cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
-                           snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
-        w = EngineWorker(rb, cfg)
+    profiles = [(pid, expr, _alarm_of(pid))
+                for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]]  # fmt: skip
+    with redis_server() as url, bench_worker(url, profiles, evs, per_entry=500) as (rb, w):
         w.start()
         notes: list[Any] = []
         feed = w.alarms._alarm_feed
@@ -396,5 +393,4 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
         out.update(matches=len(notes), transitions=len(eff.transitions),
                    messages=len(eff.messages), commands=rec.n)  # fmt: skip
         out["transitions"], out["history_entries"] = len(eff.transitions), history_size(rb)[1]
-        rb.close()
     return out
