@@ -559,7 +559,7 @@ def compiled(versions: Versions, ver: str, cls: str, tz: str, plan: tuple[str, A
         if len(_compiled) >= 8:
             _compiled.pop(next(iter(_compiled)))
         eng = Engine(list(versions.at(ver).of(cls).values()), tz=tz, plan=plan[0], rates=plan[1])
-        pe = _compiled[k] = PartitionedEngine(eng)
+        pe = _compiled[k] = PartitionedEngine(eng, shared=True)
     return pe
 
 
@@ -799,7 +799,7 @@ class KeyEngine:
         order = [p for p in PartitionedEngine.profile_order(eh) if p in have]
         order += [p for p in have if p not in order]
         engine = Engine([have[p] for p in order], tz=self.tz, plan=self.plan[0], rates=self.plan[1])
-        pe = PartitionedEngine(engine)
+        pe = PartitionedEngine(engine, shared=True)
         pe.begin(eh)
         out.restores += 1
         for part in records.keys():
