@@ -868,6 +868,46 @@ def test_a_checkpoint_of_the_earlier_operator_is_refused_with_what_to_do(tmp_pat
     assert (old / MARKER).exists() and check_checkpoint(str(old)) is None
 
 
+def _records(blob: bytes | None) -> dict[str, bytes]:
+    """Every partition record of a `KeyEngine.step` blob: the map's and the inline ones."""
+    import pickle
+
+    from filters.partitions import encode_id
+
+    st = pickle.loads(blob)  # type: ignore[arg-type]  # noqa: S301 - the test's own
+    inline = st["eng"][1].get("inline", {}) if st["eng"] else {}
+    return {**st["parts"], **{encode_id(p): d for p, d in inline.items()}}
+
+
+def test_small_records_are_kept_inline_and_large_ones_in_the_map() -> None:
+    """`Known` keeps a route's small records in the engine header's value (no state call
+    each) up to `INLINE_TOTAL`, larger ones in the map; a record that grows moves to the map
+    (its inline copy goes), one that shrinks moves back (its map entry goes)."""
+    from adapters.spark.live import DictRecords, Known
+    from filters.partitions import encode_id
+
+    recs = DictRecords()
+    k = Known(recs, set())
+    k.put(("a", (1,)), b"x" * 100)
+    k.put(("big", (1,)), b"y" * (Known.INLINE_MAX + 1))
+    assert set(k.inline) == {("a", (1,))} and list(recs) == [encode_id(("big", (1,)))]
+    for i in range(Known.INLINE_TOTAL // 1000 + 2):
+        k.put(("s", (i,)), b"z" * 1000)
+    assert k.size <= Known.INLINE_TOTAL and len(recs) > 1  # the rest spilled to the map
+    assert all(k.get(p) is not None for p in k.have) and len(k.have) == len(k.inline) + len(recs)
+    k.put(("a", (1,)), b"x" * (Known.INLINE_MAX + 1))  # grew: to the map
+    assert ("a", (1,)) not in k.inline and encode_id(("a", (1,))) in recs
+    k.delete(("s", (0,)))
+    k.put(("a", (1,)), b"x")  # small again, room again: back inline, the map's copy gone
+    assert k.inline[("a", (1,))] == b"x" and encode_id(("a", (1,))) not in recs
+    assert k.size == sum(len(d) for d in k.inline.values())
+    again = Known(recs, set(k.have), dict(k.inline))  # as the next step reads it
+    assert {p: again.get(p) for p in again.keys()} == {p: k.get(p) for p in k.keys()}
+    for p in list(k.have):
+        again.delete(p)
+    assert not recs and not again.inline and not again.have and again.size == 0
+
+
 def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due(
     rb: redis.Redis, rt: redis.Redis
 ) -> None:
@@ -875,7 +915,6 @@ def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due
     matches in one room's route, then a B of one sensor reads and changes that one record;
     a step with nothing due reads none (the new event waits in the held list); a profile
     change loads the route's records once (a `restore`) and drops the removed profile's."""
-    import pickle
 
     from adapters.spark.live import KeyEngine, ProfileLog
 
@@ -887,15 +926,14 @@ def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due
 
     rows = [_row(plog, f"1-0.{i}", ev(f"a{i}", 1000.0 + i, "A", f"s{i}")) for i in range(50)]
     first = KeyEngine("kr1", versions).step(None, rows, 1100.0)
-    assert len(pickle.loads(first.blob)["parts"]) == 50  # type: ignore[arg-type]  # noqa: S301
+    assert len(_records(first.blob)) == 50
     b7 = _row(plog, "2-0.0", ev("b7", 1200.0, "B", "s7"))
     waits = KeyEngine("kr1", versions).step(first.blob, [b7], 1150.0)  # b7 not released yet
     assert waits.parts_read == 0 and waits.eng is None and waits.held == 1
     out = KeyEngine("kr1", versions).step(waits.blob, [], 1300.0)
     assert [n["events"]["a"]["id"] for n in out.records] == ["a7"]
     assert out.parts_read == out.parts_written == 1 and out.restores == 0
-    before = pickle.loads(waits.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
-    after = pickle.loads(out.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    before, after = _records(waits.blob), _records(out.blob)
     assert [k for k in after if after[k] != before[k]] == ['["ab",["r1","s7"]]']
 
     rs.put_profile(rt, "c", 'seq(a: kind = "C", b: kind = "D") within 1h per room')
@@ -905,7 +943,7 @@ def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due
         out.blob, [_row(plog2, "3-0.0", ev("c1", 1400.0, "C", "s1"))], 1500.0
     )
     assert changed.restores == 1 and changed.parts_read == 50
-    parts = pickle.loads(changed.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    parts = _records(changed.blob)
     assert [json.loads(k)[0] for k in parts] == ["c"]
 
 

@@ -8,9 +8,11 @@ another `per` attribute, or a shard of the profiles without a partition):
   time, held-event count and earliest ts, the Spark timer registered (`KeyEngine.run`);
 - ``held`` (ListState): the events held back by the watermark, appended to without reading
   while nothing is due;
-- ``eng`` (ValueState): the engine header (`PartitionedEngine.end`: time, counters, clocks)
-  and the due time of every partition that has a timer, read only when the engine runs;
-- ``parts`` (MapState (profile, partition id) -> record): one record per profile partition
+- ``eng`` (ValueState): the engine header (`PartitionedEngine.end`: time, counters, clocks),
+  the due time of every partition that has a timer, which partitions exist, and the small
+  partition records themselves (`live.Known`: up to 32 kB a route, 4 kB a record), read only
+  when the engine runs;
+- ``parts`` (MapState (profile, partition id) -> record): the larger partition records
   (`filters.partitions`); a step reads those its events reach and those due by the
   watermark, and writes those it changed;
 - one event-time timer at the route's next due time, so a route with nothing due is never
@@ -82,7 +84,6 @@ class MapRecords:
     def put(self, key: str, data: bytes) -> None:
         self.parts.updateValue(self._key(key), (data,))
         self.count["calls"] += 1
-        self.count["parts_written"] += 1
         self.count["bytes_written"] += len(data)
 
     def delete(self, key: str) -> None:
@@ -201,6 +202,7 @@ def processor(cfg: Any) -> Any:
             out = eng.run(hdr, rows, wm, held, eng_state, MapRecords(self.parts, count))
             count["restores"] += out.restores
             count["parts_read"] += out.parts_read
+            count["parts_written"] += out.parts_written
             r = client(url)
             if hdr is None:
                 r.sadd(live.ROUTES, route)
