@@ -972,3 +972,176 @@ def test_the_bare_filters_engine_is_built_once_per_profile_version(
     got = stateless(versions, plog2, "t", evs[2:])
     assert [x["id"] for x in got] == ["cold:ts:1-0.2"]
     assert live._bare[(plog2, "UTC")][1] is not engine
+
+
+class _FakeState:
+    """Spark's per-key state of one route in memory (ValueState, ListState, MapState and
+    timers as `keyed.processor` calls them), for running the processor without Spark; a
+    `snapshot` taken and put back is a micro-batch re-executed after a failure."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, Any] = {}
+        self.calls = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        import copy
+
+        return copy.deepcopy(self.store)
+
+    def value(self, name: str) -> Any:
+        fake = self
+
+        class Value:
+            def get(self) -> Any:
+                fake.calls += 1
+                return fake.store.get(name)
+
+            def update(self, v: Any) -> None:
+                fake.calls += 1
+                fake.store[name] = tuple(v)
+
+        return Value()
+
+    def list_(self, name: str) -> Any:
+        fake = self
+
+        class List:
+            def get(self) -> Any:
+                fake.calls += 1
+                return iter(list(fake.store.get(name, [])))
+
+            def put(self, rows: list[Any]) -> None:
+                fake.calls += 1
+                fake.store[name] = list(rows)
+
+            def appendList(self, rows: list[Any]) -> None:  # noqa: N802 - Spark's name
+                fake.calls += 1
+                fake.store[name] = [*fake.store.get(name, []), *rows]
+
+            def clear(self) -> None:
+                fake.calls += 1
+                fake.store.pop(name, None)
+
+        return List()
+
+    def map_(self, name: str) -> Any:
+        fake = self
+
+        class Map:
+            def getValue(self, k: Any) -> Any:  # noqa: N802
+                fake.calls += 1
+                return fake.store.get(name, {}).get(k)
+
+            def updateValue(self, k: Any, v: Any) -> None:  # noqa: N802
+                fake.calls += 1
+                fake.store.setdefault(name, {})[k] = tuple(v)
+
+            def removeKey(self, k: Any) -> None:  # noqa: N802
+                fake.calls += 1
+                fake.store.get(name, {}).pop(k, None)
+
+            def keys(self) -> Any:
+                fake.calls += 1
+                return iter(list(fake.store.get(name, {})))
+
+        return Map()
+
+
+def _fake_processor(url: str, state: _FakeState) -> Any:
+    from types import SimpleNamespace
+
+    from adapters.spark import keyed
+
+    cfg = SimpleNamespace(
+        redis_url=url,
+        key="room",
+        tz="UTC",
+        dedup_ttl=3600,
+        plan="eager",
+        rates=None,
+        late_events="output",
+        late_max=1000,
+    )
+    proc = keyed.processor(cfg)
+    handle = SimpleNamespace(
+        getValueState=lambda n, _ddl: state.value(n),
+        getListState=lambda n, _ddl: state.list_(n),
+        getMapState=lambda n, _k, _v: state.map_(n),
+        registerTimer=lambda _t: None,
+        deleteTimer=lambda _t: None,
+    )
+    proc.init(handle)
+    return proc
+
+
+def test_a_workers_cache_of_a_route_is_used_only_while_the_routes_token_is_its_own(
+    rb: redis.Redis, rt: redis.Redis, redis_url: str
+) -> None:
+    """`keyed.RouteCache`: a worker that wrote a route's state answers its next step's reads
+    from its cache (no state call for the engine header, the held list or records); another
+    worker's step in between, or the same micro-batch re-executed after its writes were
+    rolled back, gives the route a token the cache does not have: the state is read again,
+    and the notifications are those of a run that never cached anything."""
+    from adapters.spark import keyed
+
+    seq = 'seq(a: kind = "A", b: kind = "B") within 2h per room, sensor'
+    plog, _versions = _task_setup(rb, rt, {"ab": seq})
+
+    def ev(i: str, ts: float, kind: str, sensor: str) -> dict[str, Any]:
+        return {"id": i, "ts": ts, "kind": kind, "room": "r1", "sensor": sensor}
+
+    batches = [
+        [_row(plog, f"1-0.{i}", ev(f"a{i}", 1000.0 + i, "A", f"s{i % 5}")) for i in range(10)],
+        [_row(plog, f"2-0.{i}", ev(f"b{i}", 1100.0 + i, "B", f"s{i}")) for i in range(2)],
+        [_row(plog, f"3-0.{i}", ev(f"a{i}x", 1200.0 + i, "A", f"s{i}")) for i in range(3)],
+        [_row(plog, f"4-0.{i}", ev(f"b{i}x", 1300.0 + i, "B", f"s{i}")) for i in range(5)],
+        [_row(plog, "5-0.0", ev("b9", 1400.0, "B", "s4"))],
+    ]
+
+    def step(proc: Any, i: int) -> dict[str, Any]:
+        wm = 1000.0 + 100 * i + 50
+        out = list(proc._step("kr1", batches[i], wm, int(wm * 1000), None))
+        return out[0].iloc[0].to_dict() if out else {}
+
+    # reference: no cache survives a step
+    ref = _FakeState()
+    proc = _fake_processor(redis_url, ref)
+    for i in range(len(batches)):
+        keyed._cache.clear()
+        step(proc, i)
+    want = _outbox_ids(rt)
+    assert want  # the B's matched
+    rt.flushall()
+    _task_setup(rb, rt, {"ab": seq})
+
+    a_cache: dict[str, Any] = {}
+    b_cache: dict[str, Any] = {}
+    st = _FakeState()
+    proc = _fake_processor(redis_url, st)
+    keyed._cache = a_cache
+    try:
+        step(proc, 0)  # worker A writes the route
+        before = st.calls
+        got = step(proc, 1)  # A again: its cache answers (only the route header is read)
+        assert got["cached"] >= 1
+        keyed._cache = b_cache
+        got = step(proc, 2)  # worker B: no cache, reads the store; writes a new token
+        assert got["cached"] == 0
+        keyed._cache = a_cache
+        got = step(proc, 3)  # A: B's token is not its own: reads the store again
+        assert got["cached"] == 0 and st.calls > before
+        saved = st.snapshot()
+        step(proc, 4)  # A writes batch 4 and caches it ...
+        st.store = saved  # ... the batch failed: its writes rolled back, re-executed on A
+        got = step(proc, 4)
+        assert got["cached"] == 0  # the rolled-back token is not the cached one
+    finally:
+        keyed._cache = {}
+    assert _outbox_ids(rt) == want
+    assert {k: v for k, v in st.store.items() if k != "hdr"} == {
+        k: v for k, v in ref.store.items() if k != "hdr"
+    }
+
+
+def _outbox_ids(r: redis.Redis) -> list[str]:
+    return sorted(x["id"] for x in outbox(r))
