@@ -79,7 +79,7 @@ class RouteCache:
 
 
 _cache: dict[str, RouteCache] = {}  # route -> its state as this worker last saw it
-CACHE_ROUTES = 4096
+CACHE_ROUTES = 1024  # (each up to ~40 kB: the inline records, the held list, map records seen)
 
 
 def cache_put(route: str, entry: RouteCache) -> None:
