@@ -1145,3 +1145,32 @@ def test_a_workers_cache_of_a_route_is_used_only_while_the_routes_token_is_its_o
 
 def _outbox_ids(r: redis.Redis) -> list[str]:
     return sorted(x["id"] for x in outbox(r))
+
+
+def test_the_route_cache_outlives_a_task_as_spark_ships_the_processor(
+    rb: redis.Redis, rt: redis.Redis, redis_url: str
+) -> None:
+    """Spark sends the processor to each task by cloudpickle, which copies the module-level
+    objects a function defined inside `processor` refers to: the cache must be the module's
+    (reached through it), or each task starts with an empty one. Two tasks on one worker:
+    the second step's reads are answered from the first's cache."""
+    from pyspark import cloudpickle
+
+    from adapters.spark import keyed
+
+    plog, _versions = _task_setup(
+        rb, rt, {"ab": 'seq(a: kind = "A", b: kind = "B") within 2h per room'}
+    )
+    ev = {"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}
+    keyed._cache.clear()
+    blob = cloudpickle.dumps(_fake_processor(redis_url, _FakeState()))
+    st = _FakeState()
+    stats = []
+    # the A, released; then a watermark past its window: its timer is due, the engine runs
+    for rows, wm in [([_row(plog, "1-0.0", ev)], 1100.0), ([], 9000.0)]:
+        proc = cloudpickle.loads(blob)  # a task: the processor as the worker receives it
+        proc.init(_fake_processor(redis_url, st).handle)
+        out = list(proc._step("kr1", rows, wm, int(wm * 1000), None))
+        stats.append(out[0].iloc[0].to_dict())
+    assert "kr1" in keyed._cache
+    assert stats[1]["cached"] >= 1

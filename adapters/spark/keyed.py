@@ -82,6 +82,13 @@ _cache: dict[str, RouteCache] = {}  # route -> its state as this worker last saw
 CACHE_ROUTES = 1024  # (each up to ~40 kB: the inline records, the held list, map records seen)
 
 
+def cache_take(route: str, tok: str | None) -> RouteCache | None:
+    """The route's cached state if it was cached under `tok` (the route header's); the entry
+    leaves the cache either way (`cache_put` once the step has written)."""
+    hit = _cache.pop(route, None)
+    return hit if hit is not None and tok is not None and hit.tok == tok else None
+
+
 def cache_put(route: str, entry: RouteCache) -> None:
     """Remember `entry` (the latest first out when full)."""
     _cache.pop(route, None)
@@ -147,7 +154,7 @@ def processor(cfg: Any) -> Any:
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from adapters.spark import live
+    from adapters.spark import keyed, live
     from adapters.spark.live import client, versions
 
     url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
@@ -222,9 +229,9 @@ def processor(cfg: Any) -> Any:
             if hdr is None and all(r.key is None and r.ts is None for r in rows):
                 return  # a profile change for a route without an engine: nothing to apply
             eng = live.KeyEngine(route, versions(url, key), tz, plan, late_events)
-            hit = _cache.pop(route, None)  # (set again only once this step has written)
-            if hit is not None and (hdr is None or hit.tok != hdr.get("tok")):
-                hit = None
+            # (the module's cache, reached through the module: Spark ships this class to each
+            # task by cloudpickle, which would copy a module-level dict named here)
+            hit = keyed.cache_take(route, hdr.get("tok") if hdr is not None else None)
             seen: dict[str, Any] = {
                 "eng": hit.eng if hit else None,
                 "held": hit.held if hit else None,
@@ -320,7 +327,9 @@ def processor(cfg: Any) -> Any:
                 count["calls"] += 1
                 count["bytes_written"] += len(blob)
             if new["tok"] is not None:
-                cache_put(route, RouteCache(new["tok"], seen["eng"], seen["held"], recs.known))
+                keyed.cache_put(
+                    route, RouteCache(new["tok"], seen["eng"], seen["held"], recs.known)
+                )
             live.settle_garbage(eng.dropped)
             stats.update(
                 events=out.events,
