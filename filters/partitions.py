@@ -38,7 +38,7 @@ from typing import Any
 
 from filters.engine import Engine
 from filters.notification import Notification
-from filters.partstate import PartId, part_counts
+from filters.partstate import PartId, known_order, part_counts
 from filters.state import collector_paused, load_record
 from profiles.events import Event
 
@@ -95,11 +95,19 @@ class PartitionedEngine:
     `engine` holds the compiled profiles and no state yet (or all of it: the service keeps
     every partition loaded and stores only `changed` ones). Profiles are changed on the
     engine itself (`add_profile`, `remove_profile`) between steps.
+
+    `shared`: the engine's compiled profiles run many routes' state, one step at a time, and
+    an engine of the same profiles and plan reads the headers (a Spark Python worker's
+    `compiled`): the header names the profile set's shape by a digest while it is the
+    compiled one, and a step's `end` looks only at the profiles it loaded or changed
+    partitions of, not at every profile of the engine.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, shared: bool = False) -> None:
         engine.compiled()  # refuses an engine that re-plans online
         self.engine = engine
+        self.shared = shared
+        self._touched: set[str] = set()  # profiles of the partitions loaded or changed
         self._dirty: dict[PartId, None] = {}
         # what the events of the step reached, noted cheaply (`Engine.note_reach`)
         self._entries: dict[int, Any] = {}
@@ -147,6 +155,7 @@ class PartitionedEngine:
         (removed, or a `once` profile that reported): delete the record."""
         if not self.engine.load_part(part, record):
             return False
+        self._touched.add(part[0])
         self._known.setdefault(part[0], set()).add(part[1])
         if part[0] not in self._sweeps:
             self._sweeps[part[0]] = self.engine.sweep_at(part[0])
@@ -188,6 +197,7 @@ class PartitionedEngine:
                 self._sweeps[pid] = t
                 self._mark((pid, k) for k in keys)
         dirty, self._dirty = self._dirty, {}
+        self._touched.update(p[0] for p in dirty)
         out: dict[PartId, Record | None] = {}
         known = self._known
         for p, got in eng.store_parts(dirty).items():
@@ -210,12 +220,17 @@ class PartitionedEngine:
 
     def header(self) -> bytes:
         """The engine-level record (time, counters, clocks, pending notifications)."""
-        return self.engine.store_header()
+        if not self.shared:
+            return self.engine.store_header()
+        self._flush()
+        self._touched.update(p[0] for p in self._dirty)
+        return self.engine.store_header(True, self._touched)
 
     def end(self) -> bytes:
         """The header, then the engine holds no state again (store `changed` first)."""
         head = self.header()
-        self.engine.reset_state()
+        self.engine.reset_state(self._touched if self.shared else None)
+        self._touched = set()
         self._dirty.clear()
         self._entries, self._keys = {}, {}
         self._known.clear()
@@ -225,8 +240,12 @@ class PartitionedEngine:
     @staticmethod
     def profile_order(header: bytes) -> list[str]:
         """The active profiles of a header, in the engine's order (the order notifications of
-        one event come in): build the engine of a restore in this order."""
-        order: list[str] = load_record(header, "header")["order"]
+        one event come in): build the engine of a restore in this order. Empty for a compact
+        header (`shared`) whose shape this process has not seen: the order is then that of
+        the compiled profiles the header's engine was built from."""
+        order: list[str] | str = load_record(header, "header")["order"]
+        if isinstance(order, str):
+            return known_order(order) or []
         return order
 
     # ---------------------------------------------------------------- steps

@@ -18,7 +18,9 @@ and those whose timers are due before it (`due_parts`). Mixed into `filters.engi
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+import hashlib
+import json
+from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any
 
 from filters import state as state_format
@@ -41,6 +43,18 @@ _KINDS: dict[type, str] = {
     LazySeqRuntime: "lazy",
     AbsentRuntime: "absent",
 }
+
+
+# profile set shapes by digest (`PartitionState.shape`): the order and rare-first drivers a
+# compact header names; every shape this process computed, the latest kept
+_SHAPES: dict[str, tuple[list[str], dict[str, int]]] = {}
+Shape = tuple[str, list[str], dict[str, int]]  # digest, profile order, rare-first drivers
+
+
+def known_order(digest: str) -> list[str] | None:
+    """The profile order of a shape's digest (a compact header's), if this process saw it."""
+    got = _SHAPES.get(digest)
+    return list(got[0]) if got is not None else None
 
 
 def _stateful(rt: Runtime) -> bool:
@@ -101,7 +115,27 @@ class PartitionState:
                     pers[rt.per] = None
             self.__dict__["_reach"] = reach
             self.__dict__["_pers"] = pers
+            self.__dict__["_pristine"] = self.shape()[0]
         return base
+
+    def shape(self) -> Shape:
+        """The profile set's shape: its order (that of one event's notifications) and the
+        rare-first runtimes' drivers, with a digest of both. Computed again only when the
+        runtimes changed (a comparison of their identities, at C speed)."""
+        rts = tuple(self._rts.values())
+        got: tuple[tuple[Runtime, ...], Shape] | None = self.__dict__.get("_shape")
+        if got is not None and got[0] == rts:
+            return got[1]
+        order = [rt.pid for rt in rts]
+        lazy = {rt.pid: rt.k for rt in rts if isinstance(rt, LazySeqRuntime)}
+        text = json.dumps([order, sorted(lazy.items())], separators=(",", ":"))
+        digest = hashlib.sha1(text.encode()).hexdigest()[:20]
+        if len(_SHAPES) >= 64:
+            _SHAPES.pop(next(iter(_SHAPES)))
+        _SHAPES[digest] = (order, lazy)
+        out = (digest, order, lazy)
+        self.__dict__["_shape"] = (rts, out)
+        return out
 
     def note_reach(
         self, event: Event, entries: dict[int, Any], keys: dict[tuple[str, ...], set[PartKey]]
@@ -255,16 +289,21 @@ class PartitionState:
     def retired(self) -> list[str]:
         """Profiles of the compiled set that are no longer active (`once`, reported): every
         stored partition of theirs goes."""
-        return sorted(rt.pid for rt in self._compiled_now().values() if not rt.active)
+        base = self._compiled_now()
+        return sorted(base[i].pid for i in base.keys() - self._rts.keys())
 
     def _compiled_now(self) -> dict[int, Runtime]:
-        """`compiled`, runtimes a plan change replaced (`_swap`) taken as their successors."""
+        """`compiled`, runtimes a plan change replaced (`_swap`) taken as their successors
+        (looked for only when the runtimes changed). An inactive runtime is one `_rts` no
+        longer holds (`_deactivate`; `_swap` replaces it)."""
         base = self.compiled()
         rts = self._rts
-        for idx, rt in base.items():
-            cur = rts.get(idx)
-            if cur is not None and cur is not rt:
-                base[idx] = cur
+        cur = tuple(rts.values())
+        if self.__dict__.get("_seen") != cur:
+            for idx, rt in rts.items():
+                if base.get(idx) is not rt:
+                    base[idx] = rt
+            self.__dict__["_seen"] = cur
         return base
 
     # -------------------------------------------------------------- records
@@ -346,28 +385,54 @@ class PartitionState:
                 )
             )
 
-    def store_header(self) -> bytes:
-        """The engine-level state (`filters.state.RECORDS["header"]`)."""
+    def store_header(self, compact: bool = False, touched: Collection[str] | None = None) -> bytes:
+        """The engine-level state (`filters.state.RECORDS["header"]`).
+
+        `compact` (an engine of compiled profiles shared by many routes, `Engine(profiles)`
+        built alike wherever the header is read): while the profile set's shape (order,
+        rare-first drivers) is the one it was compiled with, the header holds the shape's
+        digest instead of the list of every profile. `touched` (the profiles the step loaded
+        or changed partitions of, `PartitionedEngine`): only their PM counts are looked at,
+        the others are those `load_header` read."""
         base = self._compiled_now()
-        pm_counts: dict[str, int] = {}
+        pm_counts: dict[str, int]
         sweeps: dict[str, float] = {}
-        for rt in self._rts.values():
-            if isinstance(rt, CompositeRuntime) and rt.pm_count:
-                pm_counts[rt.pid] = rt.pm_count
-            elif isinstance(rt, LazySeqRuntime) and rt.sweep_at != float("-inf"):
-                sweeps[rt.pid] = rt.sweep_at
+        digest, order, lazy = self.shape()
+        inf = float("-inf")
+        if touched is None:
+            pm_counts = {}
+            for rt in self._rts.values():
+                if isinstance(rt, CompositeRuntime) and rt.pm_count:
+                    pm_counts[rt.pid] = rt.pm_count
+                elif isinstance(rt, LazySeqRuntime) and rt.sweep_at != inf:
+                    sweeps[rt.pid] = rt.sweep_at
+        else:
+            pm_counts = dict(self.__dict__.get("_pm_read", {}))
+            by_id = self._by_id
+            for pid in touched:
+                comp = by_id.get(pid)
+                if isinstance(comp, CompositeRuntime) and comp.pm_count:
+                    pm_counts[pid] = comp.pm_count
+                else:
+                    pm_counts.pop(pid, None)
+            for pid in lazy:  # (rare-first runtimes: few, and a sweep may touch any)
+                lz = by_id[pid]
+                if lz.sweep_at != inf:  # type: ignore[attr-defined]
+                    sweeps[pid] = lz.sweep_at  # type: ignore[attr-defined]
+        gone = base.keys() - self._rts.keys()
+        pristine = compact and digest == self.__dict__.get("_pristine")
         body = {
             "now": self.now,
             "seq": self._seq,
             "nseq": self._nseq,
             "tie": self.timers.tie,
             "clocks": dict(self._clocks),
-            "inactive": sorted(rt.pid for rt in base.values() if not rt.active),
+            "inactive": sorted(base[i].pid for i in gone),
             "pm_counts": pm_counts,
             "sweeps": sweeps,
             "out": list(self._out),
-            "order": [rt.pid for rt in self._rts.values()],
-            "lazy": {rt.pid: rt.k for rt in self._rts.values() if isinstance(rt, LazySeqRuntime)},
+            "order": digest if pristine else order,
+            "lazy": lazy,
         }
         return state_format.dump_record("header", body)
 
@@ -377,10 +442,11 @@ class PartitionState:
         body = state_format.load_record(data, "header")
         base = self._compiled_now()
         lazy: dict[str, int] = body["lazy"]
-        for idx, rt in list(base.items()):  # each profile's plan as stored (its records' kind)
+        same = lazy == self.shape()[2]  # (no profile's plan to change: no loop over them)
+        for idx, rt in list(base.items()) if not same else ():
             if not rt.active or not isinstance(rt, (CompositeRuntime, LazySeqRuntime)):
-                continue
-            k = lazy.get(rt.pid)
+                continue  # (each profile's plan as stored: its records' kind)
+            k = lazy.get(rt.pid)  # type: ignore[union-attr]
             if isinstance(rt, LazySeqRuntime) != (k is not None) or (
                 isinstance(rt, LazySeqRuntime) and rt.k != k
             ):
@@ -406,20 +472,23 @@ class PartitionState:
             comp = self._by_id.get(pid)
             if isinstance(comp, CompositeRuntime):
                 comp.pm_count = n
+        self.__dict__["_pm_read"] = body["pm_counts"]
         for pid, t in body["sweeps"].items():
             lz = self._by_id.get(pid)
             if isinstance(lz, LazySeqRuntime):
                 lz.sweep_at = t
         self._out.extend(body["out"])
 
-    def reset_state(self) -> None:
+    def reset_state(self, touched: Collection[str] | None = None) -> None:
         """Back to the compiled profiles holding no state (as `Engine(profiles)` built them):
         every partition out, retired profiles back, time unset. Take the notifications and
-        store what is to be kept first."""
+        store what is to be kept first. `touched`: as for `store_header` (the profiles whose
+        partitions the step loaded or changed: the others hold none)."""
         base = self._compiled_now()
         self.timers.clear()
         fresh_idx: set[int] = set()
-        for idx, rt in [(i, r) for i, r in base.items() if not r.active]:
+        for idx in sorted(base.keys() - self._rts.keys()):  # retired (`once`): built again
+            rt = base[idx]
             fresh = self._runtime(rt.profile, idx)
             base[idx] = self._rts[idx] = self._by_id[rt.pid] = fresh
             self._register_starts(fresh)
@@ -428,7 +497,13 @@ class PartitionState:
                     self._clock_users.setdefault(clock, {})[idx] = fresh
             fresh_idx.add(idx)
         inf = float("-inf")
-        for idx, rt in base.items():  # (a loop per step over every profile: kept lean)
+        if touched is None:
+            rts: Iterable[tuple[int, Runtime]] = base.items()
+        else:
+            by_id = self._by_id
+            pids = {*touched, *self.__dict__.get("_pm_read", ()), *self.shape()[2]}
+            rts = [(rt.idx, rt) for rt in (by_id.get(p) for p in pids) if rt is not None]
+        for idx, rt in rts:  # (a loop per step: kept lean)
             cls = rt.__class__
             if cls not in _KINDS or idx in fresh_idx:
                 continue
@@ -442,10 +517,11 @@ class PartitionState:
                     self._add_starts(rt)
             elif cls is LazySeqRuntime:
                 rt.sweep_at = inf  # type: ignore[attr-defined]
-        rts = self._rts
-        keys = list(rts)
+        self.__dict__["_pm_read"] = {}
+        rts_ = self._rts
+        keys = list(rts_)
         if keys != sorted(keys):  # (a profile re-added since: in index order again)
-            self._rts = dict(sorted(rts.items()))
+            self._rts = dict(sorted(rts_.items()))
         self._clocks = dict.fromkeys(self._clocks)
         for clock in self._clock_users:
             self._clocks.setdefault(clock, None)

@@ -297,6 +297,13 @@ def dump(root: Any, *, profiles_apart: bool = False) -> bytes:
 # `SCHEMA`. The runtime a partition belongs to is not stored: it is a reference ("ref:<name>")
 # resolved to the runtime of the engine the record is loaded into.
 
+# Records have their own version (the snapshot's `VERSION` names the object states inside):
+# version 2 wrote the body as a dict of `RECORDS`' fields; version 3 writes it as a tuple in
+# that order (no field names per record; a Spark route writes ~10 records per step) and its
+# header's profile order may be a digest of the compiled engine's (`filters.partstate`).
+# A version-2 record is still read (`load_record` gives every version's body as the dict).
+RECORD_VERSION = 3
+
 RECORDS: dict[str, tuple[str, ...]] = {
     "partition": ("due", "key", "kind", "profile", "state", "timers"),
     "header": (
@@ -337,12 +344,13 @@ class _RecordWriter(_Writer):
 def dump_record(kind: str, body: dict[str, Any], refs: Mapping[int, str] | None = None) -> bytes:
     """A record of `kind` (`RECORDS`); `refs` (id(object) -> name) stores those objects as
     references (`load_record` resolves them to objects of the loading engine)."""
-    if tuple(sorted(body)) != RECORDS[kind]:
-        raise ValueError(f"a {kind} record has the fields {RECORDS[kind]}, not {sorted(body)}")
+    fields = RECORDS[kind]
+    if tuple(sorted(body)) != fields:
+        raise ValueError(f"a {kind} record has the fields {fields}, not {sorted(body)}")
     buf = io.BytesIO()
     buf.write(_record_head(kind))
     with collector_paused():
-        _RecordWriter(buf, refs or {}).dump(body)
+        _RecordWriter(buf, refs or {}).dump(tuple([body[f] for f in fields]))
     return buf.getvalue()
 
 
@@ -363,16 +371,17 @@ def load_record(
     if head.get("record") != kind:
         what = f"a {head['record']} record" if head.get("record") else "a whole-engine snapshot"
         raise StateError(f"expected an engine {kind} record, got {what}")
-    if head["version"] > VERSION:
+    if head["version"] > RECORD_VERSION:
         raise StateError(
-            f"this {kind} record was written by a newer ENS (state format version "
-            f"{head['version']}; this release reads up to {VERSION}): upgrade ENS to read it"
+            f"this {kind} record was written by a newer ENS (record format version "
+            f"{head['version']}; this release reads up to {RECORD_VERSION}): upgrade ENS to "
+            "read it"
         )
     return _record_body(data, data.index(b"\n") + 1, kind, profiles, refs)
 
 
-def _record_head(kind: str) -> bytes:
-    head = {"format": FORMAT, "version": VERSION, "profiles": "apart", "record": kind}
+def _record_head(kind: str, version: int = RECORD_VERSION) -> bytes:
+    head = {"format": FORMAT, "version": version, "profiles": "apart", "record": kind}
     return MAGIC + json.dumps(head, separators=(",", ":")).encode() + b"\n"
 
 
@@ -397,7 +406,15 @@ def _record_body(
             raise StateError(
                 f"the {kind} record's body is damaged ({exc}); nothing was loaded"
             ) from None
-    if not isinstance(body, dict) or tuple(sorted(body)) != RECORDS[kind]:
+    return _record_fields(body, kind)
+
+
+def _record_fields(body: Any, kind: str) -> dict[str, Any]:
+    """A record's body as the dict of its fields (version 3 stores a tuple in field order)."""
+    fields = RECORDS[kind]
+    if body.__class__ is tuple and len(body) == len(fields):
+        return dict(zip(fields, body, strict=True))
+    if not isinstance(body, dict) or tuple(sorted(body)) != fields:
         raise StateError(f"not an engine {kind} record: its body has other fields")
     return body
 
@@ -633,9 +650,12 @@ class _PlainReader(_Reader):
 def plain(data: bytes) -> Stored:
     """The snapshot's object graph with every engine object as a `Stored` (for migrations, the
     schema test and looking inside a checkpoint); never builds an engine class."""
-    if header(data)["version"] < 2:
+    head = header(data)
+    if head["version"] < 2:
         raise StateError("a version 1 snapshot (the old pickle) has no plain view")
     stored: Stored = _PlainReader(io.BytesIO(data[data.index(b"\n") + 1 :])).load()
+    if head.get("record") in RECORDS:  # a record's body: the dict of its fields
+        return _record_fields(stored, head["record"])  # type: ignore[return-value]
     return stored
 
 

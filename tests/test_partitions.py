@@ -53,12 +53,15 @@ def run_by_partition(
     per_step: int = 1,
     until: float | None = None,
     held: bool = False,
+    shared: bool = True,
     **opts: str,
 ) -> tuple[list[dict], dict[str, bytes]]:
     """Steps of `per_step` events, each on an engine holding only the header and the
     partitions the step reaches or has due, read from and written back to a key-value map;
-    `held`: `wanted` is told which partitions the map holds (loads only those)."""
-    pe = PartitionedEngine(Engine(profiles, **opts))
+    `held`: `wanted` is told which partitions the map holds (loads only those); `shared`:
+    the engine as Spark's workers keep it (compact headers, `end` looks at what the step
+    touched only)."""
+    pe = PartitionedEngine(Engine(profiles, **opts), shared=shared)
     store: dict[str, bytes] = {}
     dues: dict = {}
     out: list[dict] = []
@@ -186,11 +189,13 @@ def test_a_sweep_of_quiet_partitions_deletes_their_records() -> None:
     assert gone == [("p", (r,)) for r in range(5)]
 
 
+@pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("plan", ["eager", "rare-first"])
 @pytest.mark.parametrize("variant", Engine.VARIANTS)
-def test_every_case_one_event_per_step_gives_what_one_engine_gives(variant, plan) -> None:
+def test_every_case_one_event_per_step_gives_what_one_engine_gives(variant, plan, shared) -> None:
     """Every conformance case, one event per step: each step loads only the partitions the
-    event reaches or has due, and the notifications are those of one engine, in order."""
+    event reaches or has due, and the notifications are those of one engine, in order
+    (headers and `end` of a shared engine, `PartitionedEngine(shared=True)`, or not)."""
     ran = 0
     for path in CASES:
         got = _case(path)
@@ -199,7 +204,7 @@ def test_every_case_one_event_per_step_gives_what_one_engine_gives(variant, plan
         profiles, evs, tz = got
         opts = {"variant": variant, "plan": plan, "tz": tz}
         want = _whole(profiles, evs, **opts)
-        out, _ = run_by_partition(profiles, evs, **opts)
+        out, _ = run_by_partition(profiles, evs, shared=shared, **opts)
         assert out == want, path.name
         ran += 1
     assert ran > 40
@@ -266,7 +271,7 @@ def test_a_record_holds_one_partition_and_reads_back_as_that_partition() -> None
     assert dues == {("p", (1,)): 10.0, ("p", (2,)): 11.0, ("p", ((bool, True),)): 12.0}
     data = recs[("p", (2,))].data  # type: ignore[union-attr]
     head = state.header(data)
-    assert head["record"] == "partition" and head["version"] == state.VERSION
+    assert head["record"] == "partition" and head["version"] == state.RECORD_VERSION
     assert b"a1" in data and b"a0" not in data  # only its own events
     assert decode_id(encode_id(("p", ((bool, True),)))) == ("p", ((bool, True),))
     assert encode_id(("p", (1.0, "x"))) == encode_id(("p", (1, "x")))  # one partition
@@ -370,14 +375,19 @@ def test_generated_profiles_and_streams_by_partition_agree_with_one_engine(
     assert got == want
 
 
+@pytest.mark.parametrize("version", ["v2", "v3"])
 @pytest.mark.parametrize("plan", ["eager", "rare-first"])
-def test_golden_records_load_and_the_stream_ends_as_if_never_stopped(plan: str) -> None:
+def test_golden_records_load_and_the_stream_ends_as_if_never_stopped(
+    plan: str, version: str
+) -> None:
     """Records written by the release of their format version (tests/golden/
     make_golden_records.py) load into an engine of this release and end the golden stream."""
     import base64
 
     golden = Path(__file__).parent / "golden"
-    doc = json.loads((golden / f"v2-records-{plan}.json").read_text())
+    doc = json.loads((golden / f"{version}-records-{plan}.json").read_text())
+    head = state.header(base64.b64decode(doc["header"]))
+    assert head["record"] == "header" and head["version"] == int(version[1:])
     pset, errors = parse_profile_document((golden / "profiles.json").read_text(), "p.json")
     assert not errors
     lines = (golden / "events.jsonl").read_text().splitlines()
@@ -467,3 +477,58 @@ def test_generated_profiles_and_streams_with_every_partition_loaded_store_what_c
     profiles = [parsed(text, pid) for pid, text in texts]
     evs = order_events(_events(events))
     check_all_loaded(profiles, evs, every, until, variant=variant, plan=plan)
+
+
+def test_a_shared_engines_header_names_its_profile_order_by_a_digest_and_stays_small() -> None:
+    """A shared engine (`PartitionedEngine(shared=True)`, Spark's per-worker compiled
+    profiles) writes a header that names the compiled profile order by a digest: its size does
+    not grow with the profiles, and another engine of the same profiles loads it. After a
+    profile change the engine's order is no longer the compiled one: the list is written."""
+    from filters.partstate import known_order
+
+    def head_size(n: int, shared: bool) -> tuple[int, bytes, PartitionedEngine]:
+        ps = [
+            parse_profile(f'seq(a: k = "A{i}", b: k = "B") within 10s per r', f"p{i}")
+            for i in range(n)
+        ]
+        pe = PartitionedEngine(Engine(ps), shared=shared)
+        pe.process(Event("a", 1.0, {"k": "A1", "r": 1}))
+        pe.changed()
+        data = pe.end()
+        return len(data), data, pe
+
+    small, data, _ = head_size(500, True)
+    assert small < 400 and abs(small - head_size(20, True)[0]) < 40
+    assert head_size(500, False)[0] > 10 * small  # the list of 500 profile ids
+    order = PartitionedEngine.profile_order(data)
+    assert order == [f"p{i}" for i in range(500)]
+    assert isinstance(state.load_record(data, "header")["order"], str)
+    other = PartitionedEngine(
+        Engine(
+            [
+                parse_profile(f'seq(a: k = "A{i}", b: k = "B") within 10s per r', f"p{i}")
+                for i in range(500)
+            ]
+        ),
+        shared=True,
+    )
+    other.begin(data)
+    assert other.engine.now == 1.0
+    other.engine.add_profile(parse_profile('k = "X"', "x"))
+    other.changed()
+    assert state.load_record(other.end(), "header")["order"][-1] == "x"
+    from filters import partstate
+
+    partstate._SHAPES.clear()  # another process: the digest is not known, the caller's order
+    assert known_order(state.load_record(data, "header")["order"]) is None
+    assert PartitionedEngine.profile_order(data) == []
+
+
+def test_a_record_of_a_newer_record_format_is_refused_with_what_to_do() -> None:
+    pe = PartitionedEngine(Engine([parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")]))
+    pe.process(Event("a", 1.0, {"k": "A"}))
+    data = pe.changed()[("p", ())].data  # type: ignore[union-attr]
+    assert b'"version":3' in data
+    newer = data.replace(b'"version":3', b'"version":4', 1)
+    with pytest.raises(state.StateError, match="newer ENS .*version 4; this release reads up to 3"):
+        pe.load(("p", ()), newer)

@@ -868,6 +868,46 @@ def test_a_checkpoint_of_the_earlier_operator_is_refused_with_what_to_do(tmp_pat
     assert (old / MARKER).exists() and check_checkpoint(str(old)) is None
 
 
+def _records(blob: bytes | None) -> dict[str, bytes]:
+    """Every partition record of a `KeyEngine.step` blob: the map's and the inline ones."""
+    import pickle
+
+    from filters.partitions import encode_id
+
+    st = pickle.loads(blob)  # type: ignore[arg-type]  # noqa: S301 - the test's own
+    inline = st["eng"][1].get("inline", {}) if st["eng"] else {}
+    return {**st["parts"], **{encode_id(p): d for p, d in inline.items()}}
+
+
+def test_small_records_are_kept_inline_and_large_ones_in_the_map() -> None:
+    """`Known` keeps a route's small records in the engine header's value (no state call
+    each) up to `INLINE_TOTAL`, larger ones in the map; a record that grows moves to the map
+    (its inline copy goes), one that shrinks moves back (its map entry goes)."""
+    from adapters.spark.live import DictRecords, Known
+    from filters.partitions import encode_id
+
+    recs = DictRecords()
+    k = Known(recs, set())
+    k.put(("a", (1,)), b"x" * 100)
+    k.put(("big", (1,)), b"y" * (Known.INLINE_MAX + 1))
+    assert set(k.inline) == {("a", (1,))} and list(recs) == [encode_id(("big", (1,)))]
+    for i in range(Known.INLINE_TOTAL // 1000 + 2):
+        k.put(("s", (i,)), b"z" * 1000)
+    assert k.size <= Known.INLINE_TOTAL and len(recs) > 1  # the rest spilled to the map
+    assert all(k.get(p) is not None for p in k.have) and len(k.have) == len(k.inline) + len(recs)
+    k.put(("a", (1,)), b"x" * (Known.INLINE_MAX + 1))  # grew: to the map
+    assert ("a", (1,)) not in k.inline and encode_id(("a", (1,))) in recs
+    k.delete(("s", (0,)))
+    k.put(("a", (1,)), b"x")  # small again, room again: back inline, the map's copy gone
+    assert k.inline[("a", (1,))] == b"x" and encode_id(("a", (1,))) not in recs
+    assert k.size == sum(len(d) for d in k.inline.values())
+    again = Known(recs, set(k.have), dict(k.inline))  # as the next step reads it
+    assert {p: again.get(p) for p in again.keys()} == {p: k.get(p) for p in k.keys()}
+    for p in list(k.have):
+        again.delete(p)
+    assert not recs and not again.inline and not again.have and again.size == 0
+
+
 def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due(
     rb: redis.Redis, rt: redis.Redis
 ) -> None:
@@ -875,7 +915,6 @@ def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due
     matches in one room's route, then a B of one sensor reads and changes that one record;
     a step with nothing due reads none (the new event waits in the held list); a profile
     change loads the route's records once (a `restore`) and drops the removed profile's."""
-    import pickle
 
     from adapters.spark.live import KeyEngine, ProfileLog
 
@@ -887,15 +926,14 @@ def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due
 
     rows = [_row(plog, f"1-0.{i}", ev(f"a{i}", 1000.0 + i, "A", f"s{i}")) for i in range(50)]
     first = KeyEngine("kr1", versions).step(None, rows, 1100.0)
-    assert len(pickle.loads(first.blob)["parts"]) == 50  # type: ignore[arg-type]  # noqa: S301
+    assert len(_records(first.blob)) == 50
     b7 = _row(plog, "2-0.0", ev("b7", 1200.0, "B", "s7"))
     waits = KeyEngine("kr1", versions).step(first.blob, [b7], 1150.0)  # b7 not released yet
     assert waits.parts_read == 0 and waits.eng is None and waits.held == 1
     out = KeyEngine("kr1", versions).step(waits.blob, [], 1300.0)
     assert [n["events"]["a"]["id"] for n in out.records] == ["a7"]
     assert out.parts_read == out.parts_written == 1 and out.restores == 0
-    before = pickle.loads(waits.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
-    after = pickle.loads(out.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    before, after = _records(waits.blob), _records(out.blob)
     assert [k for k in after if after[k] != before[k]] == ['["ab",["r1","s7"]]']
 
     rs.put_profile(rt, "c", 'seq(a: kind = "C", b: kind = "D") within 1h per room')
@@ -905,7 +943,7 @@ def test_a_step_reads_and_writes_only_the_partitions_its_events_reach_or_has_due
         out.blob, [_row(plog2, "3-0.0", ev("c1", 1400.0, "C", "s1"))], 1500.0
     )
     assert changed.restores == 1 and changed.parts_read == 50
-    parts = pickle.loads(changed.blob)["parts"]  # type: ignore[arg-type]  # noqa: S301
+    parts = _records(changed.blob)
     assert [json.loads(k)[0] for k in parts] == ["c"]
 
 
@@ -934,3 +972,205 @@ def test_the_bare_filters_engine_is_built_once_per_profile_version(
     got = stateless(versions, plog2, "t", evs[2:])
     assert [x["id"] for x in got] == ["cold:ts:1-0.2"]
     assert live._bare[(plog2, "UTC")][1] is not engine
+
+
+class _FakeState:
+    """Spark's per-key state of one route in memory (ValueState, ListState, MapState and
+    timers as `keyed.processor` calls them), for running the processor without Spark; a
+    `snapshot` taken and put back is a micro-batch re-executed after a failure."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, Any] = {}
+        self.calls = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        import copy
+
+        return copy.deepcopy(self.store)
+
+    def value(self, name: str) -> Any:
+        fake = self
+
+        class Value:
+            def get(self) -> Any:
+                fake.calls += 1
+                return fake.store.get(name)
+
+            def update(self, v: Any) -> None:
+                fake.calls += 1
+                fake.store[name] = tuple(v)
+
+        return Value()
+
+    def list_(self, name: str) -> Any:
+        fake = self
+
+        class List:
+            def get(self) -> Any:
+                fake.calls += 1
+                return iter(list(fake.store.get(name, [])))
+
+            def put(self, rows: list[Any]) -> None:
+                fake.calls += 1
+                fake.store[name] = list(rows)
+
+            def appendList(self, rows: list[Any]) -> None:  # noqa: N802 - Spark's name
+                fake.calls += 1
+                fake.store[name] = [*fake.store.get(name, []), *rows]
+
+            def clear(self) -> None:
+                fake.calls += 1
+                fake.store.pop(name, None)
+
+        return List()
+
+    def map_(self, name: str) -> Any:
+        fake = self
+
+        class Map:
+            def getValue(self, k: Any) -> Any:  # noqa: N802
+                fake.calls += 1
+                return fake.store.get(name, {}).get(k)
+
+            def updateValue(self, k: Any, v: Any) -> None:  # noqa: N802
+                fake.calls += 1
+                fake.store.setdefault(name, {})[k] = tuple(v)
+
+            def removeKey(self, k: Any) -> None:  # noqa: N802
+                fake.calls += 1
+                fake.store.get(name, {}).pop(k, None)
+
+            def keys(self) -> Any:
+                fake.calls += 1
+                return iter(list(fake.store.get(name, {})))
+
+        return Map()
+
+
+def _fake_processor(url: str, state: _FakeState) -> Any:
+    from types import SimpleNamespace
+
+    from adapters.spark import keyed
+
+    cfg = SimpleNamespace(
+        redis_url=url,
+        key="room",
+        tz="UTC",
+        dedup_ttl=3600,
+        plan="eager",
+        rates=None,
+        late_events="output",
+        late_max=1000,
+    )
+    proc = keyed.processor(cfg)
+    handle = SimpleNamespace(
+        getValueState=lambda n, _ddl: state.value(n),
+        getListState=lambda n, _ddl: state.list_(n),
+        getMapState=lambda n, _k, _v: state.map_(n),
+        registerTimer=lambda _t: None,
+        deleteTimer=lambda _t: None,
+    )
+    proc.init(handle)
+    return proc
+
+
+def test_a_workers_cache_of_a_route_is_used_only_while_the_routes_token_is_its_own(
+    rb: redis.Redis, rt: redis.Redis, redis_url: str
+) -> None:
+    """`keyed.RouteCache`: a worker that wrote a route's state answers its next step's reads
+    from its cache (no state call for the engine header, the held list or records); another
+    worker's step in between, or the same micro-batch re-executed after its writes were
+    rolled back, gives the route a token the cache does not have: the state is read again,
+    and the notifications are those of a run that never cached anything."""
+    from adapters.spark import keyed
+
+    seq = 'seq(a: kind = "A", b: kind = "B") within 2h per room, sensor'
+    plog, _versions = _task_setup(rb, rt, {"ab": seq})
+
+    def ev(i: str, ts: float, kind: str, sensor: str) -> dict[str, Any]:
+        return {"id": i, "ts": ts, "kind": kind, "room": "r1", "sensor": sensor}
+
+    batches = [
+        [_row(plog, f"1-0.{i}", ev(f"a{i}", 1000.0 + i, "A", f"s{i % 5}")) for i in range(10)],
+        [_row(plog, f"2-0.{i}", ev(f"b{i}", 1100.0 + i, "B", f"s{i}")) for i in range(2)],
+        [_row(plog, f"3-0.{i}", ev(f"a{i}x", 1200.0 + i, "A", f"s{i}")) for i in range(3)],
+        [_row(plog, f"4-0.{i}", ev(f"b{i}x", 1300.0 + i, "B", f"s{i}")) for i in range(5)],
+        [_row(plog, "5-0.0", ev("b9", 1400.0, "B", "s4"))],
+    ]
+
+    def step(proc: Any, i: int) -> dict[str, Any]:
+        wm = 1000.0 + 100 * i + 50
+        out = list(proc._step("kr1", batches[i], wm, int(wm * 1000), None))
+        return out[0].iloc[0].to_dict() if out else {}
+
+    # reference: no cache survives a step
+    ref = _FakeState()
+    proc = _fake_processor(redis_url, ref)
+    for i in range(len(batches)):
+        keyed._cache.clear()
+        step(proc, i)
+    want = _outbox_ids(rt)
+    assert want  # the B's matched
+    rt.flushall()
+    _task_setup(rb, rt, {"ab": seq})
+
+    a_cache: dict[str, Any] = {}
+    b_cache: dict[str, Any] = {}
+    st = _FakeState()
+    proc = _fake_processor(redis_url, st)
+    keyed._cache = a_cache
+    try:
+        step(proc, 0)  # worker A writes the route
+        before = st.calls
+        got = step(proc, 1)  # A again: its cache answers (only the route header is read)
+        assert got["cached"] >= 1
+        keyed._cache = b_cache
+        got = step(proc, 2)  # worker B: no cache, reads the store; writes a new token
+        assert got["cached"] == 0
+        keyed._cache = a_cache
+        got = step(proc, 3)  # A: B's token is not its own: reads the store again
+        assert got["cached"] == 0 and st.calls > before
+        saved = st.snapshot()
+        step(proc, 4)  # A writes batch 4 and caches it ...
+        st.store = saved  # ... the batch failed: its writes rolled back, re-executed on A
+        got = step(proc, 4)
+        assert got["cached"] == 0  # the rolled-back token is not the cached one
+    finally:
+        keyed._cache = {}
+    assert _outbox_ids(rt) == want
+    assert {k: v for k, v in st.store.items() if k != "hdr"} == {
+        k: v for k, v in ref.store.items() if k != "hdr"
+    }
+
+
+def _outbox_ids(r: redis.Redis) -> list[str]:
+    return sorted(x["id"] for x in outbox(r))
+
+
+def test_the_route_cache_outlives_a_task_as_spark_ships_the_processor(
+    rb: redis.Redis, rt: redis.Redis, redis_url: str
+) -> None:
+    """Spark sends the processor to each task by cloudpickle, which copies the module-level
+    objects a function defined inside `processor` refers to: the cache must be the module's
+    (reached through it), or each task starts with an empty one. Two tasks on one worker:
+    the second step's reads are answered from the first's cache."""
+    from pyspark import cloudpickle
+
+    from adapters.spark import keyed
+
+    plog, _versions = _task_setup(
+        rb, rt, {"ab": 'seq(a: kind = "A", b: kind = "B") within 2h per room'}
+    )
+    ev = {"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}
+    keyed._cache.clear()
+    blob = cloudpickle.dumps(_fake_processor(redis_url, _FakeState()))
+    st = _FakeState()
+    stats = []
+    # the A, released; then a watermark past its window: its timer is due, the engine runs
+    for rows, wm in [([_row(plog, "1-0.0", ev)], 1100.0), ([], 9000.0)]:
+        proc = cloudpickle.loads(blob)  # a task: the processor as the worker receives it
+        proc.init(_fake_processor(redis_url, st).handle)
+        out = list(proc._step("kr1", rows, wm, int(wm * 1000), None))
+        stats.append(out[0].iloc[0].to_dict())
+    assert "kr1" in keyed._cache
+    assert stats[1]["cached"] >= 1

@@ -8,9 +8,11 @@ another `per` attribute, or a shard of the profiles without a partition):
   time, held-event count and earliest ts, the Spark timer registered (`KeyEngine.run`);
 - ``held`` (ListState): the events held back by the watermark, appended to without reading
   while nothing is due;
-- ``eng`` (ValueState): the engine header (`PartitionedEngine.end`: time, counters, clocks)
-  and the due time of every partition that has a timer, read only when the engine runs;
-- ``parts`` (MapState (profile, partition id) -> record): one record per profile partition
+- ``eng`` (ValueState): the engine header (`PartitionedEngine.end`: time, counters, clocks),
+  the due time of every partition that has a timer, which partitions exist, and the small
+  partition records themselves (`live.Known`: up to 32 kB a route, 4 kB a record), read only
+  when the engine runs;
+- ``parts`` (MapState (profile, partition id) -> record): the larger partition records
   (`filters.partitions`); a step reads those its events reach and those due by the
   watermark, and writes those it changed;
 - one event-time timer at the route's next due time, so a route with nothing due is never
@@ -27,8 +29,10 @@ from __future__ import annotations
 
 import json
 import pickle
+import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,40 +58,85 @@ COUNTERS = (
     "calls",  # state calls (each a round trip to the JVM)
     "timers",  # Spark timers fired (Spark's own timer metrics stay 0 for Python processors)
     "routes",  # route invocations
+    "cached",  # state reads the Python worker's cache answered (`RouteCache`): no call
 )
 COUNTERS_DDL = ", ".join(f"{c} long" for c in COUNTERS) + ", cpu double"
 MARKER = "ens-operator.json"  # in the checkpoint: which operator wrote its state
 OPERATOR = {"operator": "transformWithStateInPandas", "layout": 2}
 
 
-class MapRecords:
-    """`live.Records` over the route's MapState (profile, partition id) -> record, counted."""
+@dataclass
+class RouteCache:
+    """What this Python worker last read or wrote of a route's state, valid while the route
+    header's random token (`tok`, new with every write of the route's state) is the one it
+    was written with: a re-executed micro-batch (its writes rolled back) or another worker's
+    step finds another token and reads the state store again. None: not known here."""
 
-    def __init__(self, parts: Any, count: dict[str, float]) -> None:
+    tok: str
+    eng: tuple[bytes, dict[str, Any]] | None  # the engine header and its meta (`live.Known`)
+    held: list[tuple[float, str, str, bytes]] | None  # the held list's rows
+    parts: dict[str, bytes | None]  # map records read or written (None: not in the map)
+
+
+_cache: dict[str, RouteCache] = {}  # route -> its state as this worker last saw it
+CACHE_ROUTES = 1024  # (each up to ~40 kB: the inline records, the held list, map records seen)
+
+
+def cache_take(route: str, tok: str | None) -> RouteCache | None:
+    """The route's cached state if it was cached under `tok` (the route header's); the entry
+    leaves the cache either way (`cache_put` once the step has written)."""
+    hit = _cache.pop(route, None)
+    return hit if hit is not None and tok is not None and hit.tok == tok else None
+
+
+def cache_put(route: str, entry: RouteCache) -> None:
+    """Remember `entry` (the latest first out when full)."""
+    _cache.pop(route, None)
+    if len(_cache) >= CACHE_ROUTES:
+        _cache.pop(next(iter(_cache)))
+    _cache[route] = entry
+
+
+class MapRecords:
+    """`live.Records` over the route's MapState (profile, partition id) -> record, counted;
+    `known`: the records this worker's cache knows (`RouteCache.parts`), kept up to date."""
+
+    def __init__(
+        self, parts: Any, count: dict[str, float], known: dict[str, bytes | None] | None = None
+    ) -> None:
         self.parts = parts
         self.count = count
+        self.known: dict[str, bytes | None] = known if known is not None else {}
+        self.writes = 0
 
     @staticmethod
     def _key(k: str) -> tuple[str, str]:
         return (json.loads(k)[0], k)
 
     def get(self, key: str) -> bytes | None:
+        if key in self.known:
+            self.count["cached"] += 1
+            return self.known[key]
         v = self.parts.getValue(self._key(key))
         self.count["calls"] += 1
-        if v is None:
-            return None
-        self.count["bytes_read"] += len(v[0])
-        return bytes(v[0])
+        got = None if v is None else bytes(v[0])
+        if got is not None:
+            self.count["bytes_read"] += len(got)
+        self.known[key] = got
+        return got
 
     def put(self, key: str, data: bytes) -> None:
         self.parts.updateValue(self._key(key), (data,))
+        self.writes += 1
         self.count["calls"] += 1
-        self.count["parts_written"] += 1
         self.count["bytes_written"] += len(data)
+        self.known[key] = data
 
     def delete(self, key: str) -> None:
         self.parts.removeKey(self._key(key))
+        self.writes += 1
         self.count["calls"] += 1
+        self.known[key] = None
 
     def keys(self) -> list[str]:
         self.count["calls"] += 1
@@ -105,7 +154,7 @@ def processor(cfg: Any) -> Any:
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from adapters.spark import live
+    from adapters.spark import keyed, live
     from adapters.spark.live import client, versions
 
     url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
@@ -180,27 +229,44 @@ def processor(cfg: Any) -> Any:
             if hdr is None and all(r.key is None and r.ts is None for r in rows):
                 return  # a profile change for a route without an engine: nothing to apply
             eng = live.KeyEngine(route, versions(url, key), tz, plan, late_events)
+            # (the module's cache, reached through the module: Spark ships this class to each
+            # task by cloudpickle, which would copy a module-level dict named here)
+            hit = keyed.cache_take(route, hdr.get("tok") if hdr is not None else None)
+            seen: dict[str, Any] = {
+                "eng": hit.eng if hit else None,
+                "held": hit.held if hit else None,
+            }
 
             def held() -> list[Any]:
-                got = [
+                rows_ = seen["held"]
+                if rows_ is None:
+                    rows_ = seen["held"] = [tuple(x) for x in self.held.get()]
+                    count["calls"] += 1
+                    count["bytes_read"] += sum(len(x[3]) + 32 for x in rows_)
+                else:
+                    count["cached"] += 1
+                return [
                     (ts, live.arrival(k), k, gw, live.Event(*pickle.loads(ev)))  # noqa: S301
-                    for ts, k, gw, ev in self.held.get()
+                    for ts, k, gw, ev in rows_
                 ]
-                count["calls"] += 1
-                count["bytes_read"] += sum(len(h[4].id) + 64 for h in got)
-                return got
 
             def eng_state() -> tuple[bytes | None, dict[str, float]]:
+                if seen["eng"] is not None:
+                    count["cached"] += 1
+                    return seen["eng"]  # type: ignore[no-any-return]
                 v = self.eng.get()
                 count["calls"] += 1
                 if v is None:
                     return None, {}
                 count["bytes_read"] += len(v[0]) + len(v[1])
-                return bytes(v[0]), pickle.loads(v[1])  # noqa: S301 - ours
+                got = seen["eng"] = (bytes(v[0]), pickle.loads(v[1]))  # noqa: S301 - ours
+                return got  # type: ignore[no-any-return]
 
-            out = eng.run(hdr, rows, wm, held, eng_state, MapRecords(self.parts, count))
+            recs = MapRecords(self.parts, count, hit.parts if hit else None)
+            out = eng.run(hdr, rows, wm, held, eng_state, recs)
             count["restores"] += out.restores
             count["parts_read"] += out.parts_read
+            count["parts_written"] += out.parts_written
             r = client(url)
             if hdr is None:
                 r.sadd(live.ROUTES, route)
@@ -208,15 +274,17 @@ def processor(cfg: Any) -> Any:
                 live.Outbox(r, ttl).write(out.records)
             if out.late_records:  # before the state: a re-execution writes them again, skipped
                 live.LateOutput(r, ttl, late_max).write(out.late_records)
+            wrote = count["calls"]
             if out.eng is not None:
                 eh, dues = out.eng
                 d = pickle.dumps(dues, pickle.HIGHEST_PROTOCOL)
                 self.eng.update((eh, d))
                 count["calls"] += 1
                 count["bytes_written"] += len(eh) + len(d)
+                seen["eng"] = (eh, pickle.loads(d))  # noqa: S301 - (a copy: `run` keeps none)
             if out.held_list is not None:
-                if out.held_list:
-                    rows_ = [_held_row(h) for h in out.held_list]
+                rows_ = [_held_row(h) for h in out.held_list]
+                if rows_:
                     self.held.put(rows_)
                     count["bytes_written"] += sum(len(x[3]) for x in rows_)
                 elif hdr is not None and hdr["nheld"]:
@@ -224,11 +292,18 @@ def processor(cfg: Any) -> Any:
                 else:
                     count["calls"] -= 1
                 count["calls"] += 1
+                seen["held"] = rows_
             elif out.append:
                 rows_ = [_held_row(h) for h in out.append]
                 self.held.appendList(rows_)
                 count["calls"] += 1
                 count["bytes_written"] += sum(len(x[3]) for x in rows_)
+                if seen["held"] is not None:
+                    seen["held"] = seen["held"] + rows_
+            elif hdr is None:
+                seen["held"] = []
+            if hdr is None:
+                seen["eng"] = seen["eng"] or (None, {})
             assert out.hdr is not None
             new = out.hdr
             old_t = hdr.get("tms") if hdr is not None else None
@@ -243,11 +318,18 @@ def processor(cfg: Any) -> Any:
                     self.handle.registerTimer(want)
                     count["calls"] += 1
             new["tms"] = want
+            changed = count["calls"] != wrote or recs.writes
+            # a new token whenever the route's state is written: caches of it elsewhere lapse
+            new["tok"] = secrets.token_hex(8) if changed or hdr is None else hdr.get("tok")
             blob = pickle.dumps(new, pickle.HIGHEST_PROTOCOL)
             if raw is None or blob != raw[0]:
                 self.hdr.update((blob,))
                 count["calls"] += 1
                 count["bytes_written"] += len(blob)
+            if new["tok"] is not None:
+                keyed.cache_put(
+                    route, RouteCache(new["tok"], seen["eng"], seen["held"], recs.known)
+                )
             live.settle_garbage(eng.dropped)
             stats.update(
                 events=out.events,

@@ -4,7 +4,9 @@ The engine of make_golden.py's stream stopped halfway (notifications not taken: 
 holds them), stored as partition records and a header (`filters.partitions`), one JSON file per
 plan: ``{"header": base64, "partitions": {encode_id(part): base64}}``. Every later release must
 load them and end the stream with `expect-<plan>.json` (tests/test_partitions.py). Run it with
-the release whose state format version N the records hold; never rewrite an existing file.
+the release whose record format version N the records hold; never rewrite an existing file.
+From v3 the engine is a shared one (`PartitionedEngine(shared=True)`, as Spark's workers
+keep it): its header names the profile order by a digest.
 """
 
 import base64
@@ -23,7 +25,7 @@ assert not errs, errs
 lines = (out / "events.jsonl").read_text().splitlines()
 evs = [event_from_obj(json.loads(line), f"#{n}") for n, line in enumerate(lines, 1)]
 for plan in ("eager", "rare-first"):
-    pe = PartitionedEngine(Engine(pset.profiles, plan=plan))
+    pe = PartitionedEngine(Engine(pset.profiles, plan=plan), shared=tag >= "v3")
     for ev in evs[: len(evs) // 2]:
         pe.process(ev)
     parts = pe.changed()
