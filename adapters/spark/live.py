@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from adapters.service import redis_store as rs
-from adapters.service.feeding import log_late
+from adapters.service.feeding import feed, is_late, log_late
 from adapters.service.late import LateRecord
 
 # the names keyed.py, bench/spark_tasks.py and the tests take from here
@@ -361,7 +361,7 @@ class KeyEngine:
         copies = {r.key for r in rows if not r.counted}
         for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
             ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
-            if now is not None and ev.ts < now:
+            if is_late(now, ev.ts):
                 out.late += 1
                 out.late_keys[r.key] = r.gw  # type: ignore[index]
                 if self.late_events == "feed":
@@ -550,10 +550,7 @@ class KeyEngine:
     def _feed(self, pe: Any, ev: Event, key: str, gw: str, late: bool = False) -> None:
         if late:
             _log_late(pe.engine.now, ev, gw, "processed in arrival order")
-        try:
-            pe.process(ev)
-        except Exception:  # a poison event must not stop the query
-            log.exception("engine failed on event %s (%s); skipped", ev.id, key)
+        feed(pe.process, ev, gw, log)  # the service's rule: a poison event is logged, skipped
 
 
 def _log_late(now: float, ev: Event, gw: str, what: str) -> None:
