@@ -500,6 +500,9 @@ _V1_CLASSES: dict[tuple[str, str], type] = {
     ("filters.engine", "_AbsentRuntime"): AbsentRuntime,
     ("filters.engine", "_CompositeRuntime"): CompositeRuntime,
     ("filters.lazy", "_LPart"): LazyPartition,
+    # modules moved into subpackages (issue 38): a v1 pickle names them where they were
+    ("filters.lazy", "LazySeqRuntime"): LazySeqRuntime,
+    ("filters.plans", "Rates"): Rates,
 }
 
 
