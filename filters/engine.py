@@ -24,20 +24,20 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from filters import state as state_format
-from filters.auxiliary import VARIANTS, AuxiliaryRegistrations
 from filters.caps import CapCounts, Caps
-from filters.composite import CompositeRuntime
-from filters.lazy import LazySeqRuntime
-from filters.lazy_base import LazyPartition
+from filters.eager.auxiliary import VARIANTS, AuxiliaryRegistrations
+from filters.eager.composite import CompositeRuntime
+from filters.eager.matches import PartialMatch, Partition
 from filters.localclock import LocalClock
-from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
 from filters.output import NotificationOutput
 from filters.partstate import PartitionState
 from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
-from filters.plans import MODES, Rates
-from filters.pool import Entry, PrimitivePool, owners_by_profile
-from filters.replan import PlanSwitching
+from filters.plans.choose import MODES, Rates
+from filters.plans.replan import PlanSwitching
+from filters.pool.primitive import Entry, PrimitivePool, owners_by_profile
+from filters.rarefirst.lazy import LazySeqRuntime
+from filters.rarefirst.lazy_base import LazyPartition
 from filters.restore import Skipped, leave_out_gone
 from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Handle, Runtime
 from filters.temporal import TemporalPool, TimeDriven
@@ -145,7 +145,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         self._counted: dict[int, tuple[str, ...]] = {}  # runtime -> its counted components' names
         self._count_pool = PrimitivePool() if replan_every else None
         self.pool = PrimitivePool()
-        # how auxiliary profiles enter and leave the pool (`filters.auxiliary`)
+        # how auxiliary profiles enter and leave the pool (`filters.eager.auxiliary`)
         self.aux: AuxiliaryRegistrations = VARIANTS[variant](self.pool)
         self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)

@@ -2,7 +2,7 @@
 
 A *runtime* is one profile's state inside the engine (`filters.engine.Engine`): plain filter
 profiles (`FilterRuntime`), `absent` (`AbsentRuntime`), composites evaluated eagerly
-(`filters.composite.CompositeRuntime`) or rare-first (`filters.lazy.LazySeqRuntime`). They
+(`filters.eager.composite.CompositeRuntime`) or rare-first (`filters.rarefirst.lazy.LazySeqRuntime`). They
 see the engine only through `EngineHost`, so none of their modules imports the engine's.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from filters.notification import Notification
-from filters.pool import Entry, Eqs, PrimitivePool
+from filters.pool.primitive import Entry, Eqs, PrimitivePool
 from filters.temporal import TIMER, TemporalPool
 from profiles.ast import Absent, Filter, Profile
 from profiles.events import Event

@@ -1,9 +1,9 @@
 """The eager composite runtime (CompAS single-step detection) and its fast paths.
 
 `CompositeRuntime` is what `filters.engine.Engine` runs for a composite profile evaluated
-eagerly: the layers below it hold its tables and registrations (`filters.composite_base`),
-binding checks (`filters.binding`), the life of a match (`filters.lifecycle`) and the general
-event step (`filters.stepping`). Here are the event entry point and the fast paths for the
+eagerly: the layers below it hold its tables and registrations (`filters.eager.composite_base`),
+binding checks (`filters.eager.binding`), the life of a match (`filters.eager.lifecycle`) and the general
+event step (`filters.eager.stepping`). Here are the event entry point and the fast paths for the
 common shapes (no where, no negation, no any): one PM under first/last extended or completed
 (`_fast_step`) or, under first, killed by a between-negation (`_fast_negate`), a starting
 event (`_fast_open`), `select each` (`_fast_each`); each returns
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from filters.compile import evaluate
-from filters.matches import PartialMatch, Partition
+from filters.eager.matches import PartialMatch, Partition
+from filters.eager.stepping import GeneralSteps
 from filters.notification import Notification
 from filters.runtime import INF, Binding, PartKey
-from filters.stepping import GeneralSteps
 from profiles.ast import Clock
 from profiles.events import Event
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from filters.composite import CompositeRuntime
-from filters.lazy import LazySeqRuntime
-from filters.lazy_base import LazyPartition
-from filters.matches import PartialMatch, Partition
+from filters.eager.composite import CompositeRuntime
+from filters.eager.matches import PartialMatch, Partition
 from filters.pattern import Pattern
-from filters.plans import MODES, Plan, Rates, choose, lazy_shape
-from filters.pool import PrimitivePool
+from filters.plans.choose import MODES, Plan, Rates, choose, lazy_shape
+from filters.pool.primitive import PrimitivePool
+from filters.rarefirst.lazy import LazySeqRuntime
+from filters.rarefirst.lazy_base import LazyPartition
 from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Runtime, shared
 from profiles.ast import Absent, Profile
 from profiles.events import Event
@@ -70,7 +70,7 @@ class PlanSwitching:
     def replan(self, plan: str | None = None, rates: Rates | None = None) -> list[str]:
         """Change the plan mode and/or the rates; convert the runtimes whose plan changes.
 
-        The state moves with them (`filters.lazy.eager_to_lazy` / `lazy_to_eager`): no match
+        The state moves with them (`filters.rarefirst.lazy.eager_to_lazy` / `lazy_to_eager`): no match
         in flight is lost or reported twice. Returns the ids of the profiles converted.
         """
         if plan is not None:

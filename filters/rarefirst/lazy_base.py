@@ -3,7 +3,7 @@
 `LazyBase` holds a `seq` profile's buffers (`LazyPartition`: the events of the components
 before the driver, in arrival order, pruned by the window) and does the work when a driver
 event arrives (`_drive_first`, `_drive_each`, `_step_past`). The event entry point and the
-precompiled handlers for deferred components are `filters.lazy.LazySeqRuntime`; the module
+precompiled handlers for deferred components are `filters.rarefirst.lazy.LazySeqRuntime`; the module
 docstring there says what is reconstructed from the buffers, per selection.
 """
 

@@ -5,11 +5,11 @@ pattern and selection, shared by every runtime of that pattern). `CompositeBase`
 runtime's fields (the tables as typed attributes, read directly on the hot paths), creates
 partitions, describes matches for traces, and keeps the auxiliary profiles a partial match
 waits on in the pool (`_sync`), counting them per partition and leaving what a count change
-means to the engine's variant (`filters.auxiliary`).
+means to the engine's variant (`filters.eager.auxiliary`).
 
 The runtime is built up in layers, each a class in its own module: this base, then binding
-(`filters.binding`), the life of a match (`filters.lifecycle`), the general event step
-(`filters.stepping`) and the fast paths (`filters.composite`).
+(`filters.eager.binding`), the life of a match (`filters.eager.lifecycle`), the general event step
+(`filters.eager.stepping`) and the fast paths (`filters.eager.composite`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from filters.auxiliary import AuxiliaryRegistrations, full_eqs
-from filters.matches import PartialMatch, Partition
+from filters.eager.auxiliary import AuxiliaryRegistrations, full_eqs
+from filters.eager.matches import PartialMatch, Partition
 from filters.pattern import Conj, Leaf
 from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
-from filters.pool import Entry, Eqs
+from filters.pool.primitive import Entry, Eqs
 from filters.runtime import (
     Binding,
     DerivedRuntime,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from filters.binding import MatchBinder
-from filters.matches import PartialMatch, Partition
+from filters.eager.binding import MatchBinder
+from filters.eager.matches import PartialMatch, Partition
 from filters.runtime import fmt_ts
 from filters.temporal import TIMER
 

@@ -1,0 +1,1 @@
+"""The eager composite runtime (CompAS single-step detection) and its state."""

@@ -1,0 +1,1 @@
+"""Evaluation plans: eager or rare-first per profile, and switching between them."""

@@ -1,0 +1,1 @@
+"""The primitive pool: filters indexed Gough-style, shared by both engines."""
