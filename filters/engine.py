@@ -237,9 +237,9 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
             raise KeyError(f"no active profile {profile_id!r}")
         if "_base" in self.__dict__:
             self.profile_removed(rt)
-        self._deactivate(rt)
+        self.deactivate(rt)
 
-    def _deactivate(self, rt: Runtime) -> None:
+    def deactivate(self, rt: Runtime) -> None:
         """Take `rt` out: starting entries, state (`clear`), clocks. A `once` profile calls it
         when it reports (a paper closing event completes 2,000-10,000): few, direct steps."""
         if not rt.active:
@@ -256,6 +256,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         rt.clear()
         if isinstance(rt, CompositeRuntime) and rt.clock_leaves:
             _drop_clock_user(self, rt)
+
+    _deactivate = deactivate  # (the name `filters.partstate` calls it by)
 
     @property
     def profiles(self) -> list[Profile]:
@@ -462,7 +464,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
     def __setstate__(self, state: dict[str, Any]) -> None:
         _rebuild(self, state)
 
-    def _trace(self, profile_id: str, action: str, detail: str) -> None:
+    def trace(self, profile_id: str, action: str, detail: str) -> None:
+        """Report one step of `profile_id` to the tracer (`ens explain`), if it is traced."""
         if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):
             self.tracer(profile_id, action, detail)
 

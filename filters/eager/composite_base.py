@@ -97,13 +97,13 @@ class CompositeTables:
         between = frozenset(neg_set - set(pat.leading) - set(pat.trailing))
         wants = None
         if not pat.eq_bindings and kind != "last":
-            shape = (id(pat._masks), tuple(lf.clock is None for lf in pat.leaves))
+            shape = (pat.shape_id, tuple(lf.clock is None for lf in pat.leaves))
             wants = _WANTS.setdefault(shape, {})
         return CompositeTables(
             kind=kind,
             pat=pat,
             n=len(pat.leaves),
-            trans=pat._trans,
+            trans=pat.transition_memo,
             start=start,
             start_set=frozenset(start),
             leading=frozenset(pat.leading),

@@ -150,7 +150,7 @@ class GeneralSteps(MatchLifecycle):
                 completions.append((new, pm))
             else:
                 touched.add(id(new))  # the copy holds the event; the original does not
-                self._add_pm(part, new)
+                self.add_pm(part, new)
                 if tracing and new.alive:
                     self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
 
@@ -347,7 +347,7 @@ class GeneralSteps(MatchLifecycle):
             if self.pat.info(new.mask).complete and not self.pat.trailing:
                 completions.append((new, None))
             else:
-                self._add_pm(part, new)
+                self.add_pm(part, new)
                 if tracing and new.alive:  # (not refused by a cap)
                     self._trace("opened", self._desc(new))
             if kind != "each":

@@ -64,7 +64,7 @@ class PlanSwitching:
     def release_starts(self, rt: Runtime) -> None:
         raise NotImplementedError
 
-    def _trace(self, profile_id: str, action: str, detail: str) -> None:
+    def trace(self, profile_id: str, action: str, detail: str) -> None:
         raise NotImplementedError
 
     def replan(self, plan: str | None = None, rates: Rates | None = None) -> list[str]:
@@ -201,7 +201,7 @@ class PlanSwitching:
         self._count_since = now
         if changed and self.tracer is not None:
             for pid in changed:
-                self._trace(pid, "replanned", self.plan_of(self._by_id[pid].profile).reason)
+                self.trace(pid, "replanned", self.plan_of(self._by_id[pid].profile).reason)
 
 
 # ------------------------------------------------------------------ re-planning
@@ -250,7 +250,7 @@ def lazy_to_eager(old: LazySeqRuntime, new: CompositeRuntime, now: float | None)
 
     Every PM alive at `now` (first.ts + T >= now): under `first` the tracked one, under
     `each` every valid prefix of buffered events in arrival order (the conjuncts checked at
-    each binding). `new._add_pm` gives each its terminator and auxiliary profiles.
+    each binding). `new.add_pm` gives each its terminator and auxiliary profiles.
     """
     n, w = old.n, old.window
     for key, lp in old.parts.items():
@@ -271,7 +271,7 @@ def lazy_to_eager(old: LazySeqRuntime, new: CompositeRuntime, now: float | None)
             for j, x in enumerate(binds):
                 pm.binds[j] = x
             pm.mask = (1 << len(binds)) - 1
-            new._add_pm(part, pm)
+            new.add_pm(part, pm)
 
 
 def _prefixes(
@@ -292,7 +292,7 @@ def _prefixes(
             if j == 0 and now is not None and x.ev.ts + w < now:
                 continue  # its window ended: eagerly, its PMs expired
             attrs[names[j]] = x.ev.attrs
-            if conjs[j] and not rt._check(conjs[j], attrs):
+            if conjs[j] and not all(c.fn(attrs) for c in conjs[j]):
                 continue
             stack.append(x)
             made.append(list(stack))
