@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from bench.composite import build_engine
-from filters.auxiliary import VARIANTS
-from filters.composite import CompositeRuntime
+from filters.eager.auxiliary import VARIANTS
+from filters.eager.composite import CompositeRuntime
 from profiles.events import Event
 
 _ORIGINAL = CompositeRuntime.on_event

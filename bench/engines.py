@@ -275,7 +275,7 @@ class Runner:
 
     def measure(self, cell: str, engine: str) -> tuple[float, int]:
         from filters.engine import Engine
-        from filters.twostep import TwoStepEngine
+        from filters.twostep.engine import TwoStepEngine
 
         c = self.cells[cell]
         if cell not in self._built:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ens.plans import count_stats
 from filters.engine import Engine
-from filters.plans import Rates
+from filters.plans.choose import Rates
 from profiles.ast import Profile
 from profiles.events import Event
 from profiles.parser import parse_profile

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from filters.engine import Engine
-from filters.twostep import TwoStepEngine
+from filters.twostep.engine import TwoStepEngine
 from profiles.ast import And, Cmp, Component, Profile, Seq
 from profiles.events import Event
 from profiles.parser import parse_profile

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from filters.compile import compile_filter
-from filters.pool import PrimitivePool
+from filters.pool.primitive import PrimitivePool
 from profiles.ast import And, Between, Cmp, Filter
 
 KINDS = ["temperature", "humidity", "co2", "light", "presence"]

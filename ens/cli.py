@@ -26,7 +26,7 @@ from profiles.errors import ENSError, ManyErrors
 
 if TYPE_CHECKING:  # (imported where used: `ens --help` stays quick)
     from filters.interface import DetectionEngine
-    from filters.plans import Rates
+    from filters.plans.choose import Rates
     from profiles.ast import Profile
 
 tidy_help_metavars()
@@ -246,7 +246,7 @@ def make_engine(
             raise ENSError("--variant applies to the single-step engine only")
         if plan != "eager":
             raise ENSError("--plan applies to the single-step engine only")
-        from filters.twostep import TwoStepEngine  # type: ignore[import-not-found]
+        from filters.twostep.engine import TwoStepEngine  # type: ignore[import-not-found]
 
         return TwoStepEngine(profiles, tz=tz)
     raise ENSError(f"unknown engine {engine!r} (single-step or two-step)")

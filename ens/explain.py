@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from ens.replay import order_events
 from filters.caps import CapHits, Caps
 from filters.engine import Engine
-from filters.plans import Rates
+from filters.plans.choose import Rates
 from profiles.ast import Profile
 from profiles.events import Event
 

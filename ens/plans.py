@@ -1,6 +1,6 @@
 """Rates for evaluation plans (issue 16): `--stats STATS.json` files, or counted from events.
 
-The planner itself is pure (`filters/plans.py`); this reads the `ens spark stats`
+The planner itself is pure (`filters/plans/choose.py`); this reads the `ens spark stats`
 document, checks it and turns problems into user errors.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from filters.plans import MODES, Rates
+from filters.plans.choose import MODES, Rates
 from profiles.ast import Profile
 from profiles.errors import ENSError
 from profiles.events import Event

@@ -24,20 +24,20 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from filters import state as state_format
-from filters.auxiliary import VARIANTS, AuxiliaryRegistrations
 from filters.caps import CapCounts, Caps
-from filters.composite import CompositeRuntime
-from filters.lazy import LazySeqRuntime
-from filters.lazy_base import LazyPartition
+from filters.eager.auxiliary import VARIANTS, AuxiliaryRegistrations
+from filters.eager.composite import CompositeRuntime
+from filters.eager.matches import PartialMatch, Partition
 from filters.localclock import LocalClock
-from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
 from filters.output import NotificationOutput
 from filters.partstate import PartitionState
 from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
-from filters.plans import MODES, Rates
-from filters.pool import Entry, PrimitivePool, owners_by_profile
-from filters.replan import PlanSwitching
+from filters.plans.choose import MODES, Rates
+from filters.plans.replan import PlanSwitching
+from filters.pool.primitive import Entry, PrimitivePool, owners_by_profile
+from filters.rarefirst.lazy import LazySeqRuntime
+from filters.rarefirst.lazy_base import LazyPartition
 from filters.restore import Skipped, leave_out_gone
 from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Handle, Runtime
 from filters.temporal import TemporalPool, TimeDriven
@@ -145,7 +145,7 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         self._counted: dict[int, tuple[str, ...]] = {}  # runtime -> its counted components' names
         self._count_pool = PrimitivePool() if replan_every else None
         self.pool = PrimitivePool()
-        # how auxiliary profiles enter and leave the pool (`filters.auxiliary`)
+        # how auxiliary profiles enter and leave the pool (`filters.eager.auxiliary`)
         self.aux: AuxiliaryRegistrations = VARIANTS[variant](self.pool)
         self.timers = timers if timers is not None else TemporalPool()
         self.tz = ZoneInfo(tz)
@@ -237,9 +237,9 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
             raise KeyError(f"no active profile {profile_id!r}")
         if "_base" in self.__dict__:
             self.profile_removed(rt)
-        self._deactivate(rt)
+        self.deactivate(rt)
 
-    def _deactivate(self, rt: Runtime) -> None:
+    def deactivate(self, rt: Runtime) -> None:
         """Take `rt` out: starting entries, state (`clear`), clocks. A `once` profile calls it
         when it reports (a paper closing event completes 2,000-10,000): few, direct steps."""
         if not rt.active:
@@ -256,6 +256,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         rt.clear()
         if isinstance(rt, CompositeRuntime) and rt.clock_leaves:
             _drop_clock_user(self, rt)
+
+    _deactivate = deactivate  # (the name `filters.partstate` calls it by)
 
     @property
     def profiles(self) -> list[Profile]:
@@ -462,7 +464,8 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
     def __setstate__(self, state: dict[str, Any]) -> None:
         _rebuild(self, state)
 
-    def _trace(self, profile_id: str, action: str, detail: str) -> None:
+    def trace(self, profile_id: str, action: str, detail: str) -> None:
+        """Report one step of `profile_id` to the tracer (`ens explain`), if it is traced."""
         if self.tracer is not None and (self.trace_only is None or self.trace_only == profile_id):
             self.tracer(profile_id, action, detail)
 
@@ -500,6 +503,9 @@ _V1_CLASSES: dict[tuple[str, str], type] = {
     ("filters.engine", "_AbsentRuntime"): AbsentRuntime,
     ("filters.engine", "_CompositeRuntime"): CompositeRuntime,
     ("filters.lazy", "_LPart"): LazyPartition,
+    # modules moved into subpackages (issue 38): a v1 pickle names them where they were
+    ("filters.lazy", "LazySeqRuntime"): LazySeqRuntime,
+    ("filters.plans", "Rates"): Rates,
 }
 
 

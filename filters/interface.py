@@ -1,6 +1,6 @@
 """The public interface of a detection engine, as `ens`, the service and Spark use it.
 
-`filters.engine.Engine` (single-step, CompAS) and `filters.twostep.TwoStepEngine` (the
+`filters.engine.Engine` (single-step, CompAS) and `filters.twostep.engine.TwoStepEngine` (the
 baseline) both implement it; `ens replay --engine`, `ens bench` and the differential tests
 swap one for the other through it. Time is passed in (`process` moves it to the event's
 time, `advance` and `finish` move it on): the engine reads no clock.

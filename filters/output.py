@@ -1,14 +1,17 @@
 """The output end both engines share: numbered notifications, taken in batches.
 
-Runtimes append a `Notification` per detection, numbered in the order they are detected
-(`_nseq`); the caller (`ens replay`, the service's worker, `ens spark`) takes them after each
+Runtimes report a detection through `emit`, which numbers it in the order of detection; the
+caller (`ens replay`, the service's worker, `ens spark`) takes them after each
 event or batch. One implementation, so the single-step engine and its two-step baseline hand
 out notifications the same way.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from filters.notification import Notification
+from profiles.events import Event
 
 
 class NotificationOutput:
@@ -17,6 +20,19 @@ class NotificationOutput:
     def __init__(self) -> None:
         self._nseq = 0  # the last notification's number
         self._out: list[Notification] = []  # runtimes append here (the hot path: a plain list)
+
+    def emit(
+        self,
+        profile: str,
+        ts: float,
+        events: dict[str, Event],
+        partition: dict[str, Any] | None,
+        subscriber: str | None,
+    ) -> None:
+        """A runtime's detection: numbered (the engine's detection counter) and kept until taken.
+        The runtimes' one way to report (`filters.runtime.EngineHost`), so none touches the list."""
+        self._nseq = n = self._nseq + 1
+        self._out.append(Notification(profile, ts, events, partition, n, subscriber))
 
     def collect_into(self, out: list[Notification]) -> None:
         """Append notifications to `out` from now on, until `take_notifications` starts a new

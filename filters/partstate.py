@@ -24,13 +24,13 @@ from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any
 
 from filters import state as state_format
-from filters.composite import CompositeRuntime
-from filters.lazy import LazySeqRuntime
-from filters.lazy_base import LazyPartition
+from filters.eager.composite import CompositeRuntime
+from filters.eager.matches import PartialMatch, Partition
 from filters.localclock import LocalClock
-from filters.matches import PartialMatch, Partition
 from filters.notification import Notification
-from filters.pool import PrimitivePool
+from filters.pool.primitive import PrimitivePool
+from filters.rarefirst.lazy import LazySeqRuntime
+from filters.rarefirst.lazy_base import LazyPartition
 from filters.runtime import AbsentRuntime, Handle, PartKey, Runtime
 from filters.temporal import CLOCK, TIMER, TemporalPool
 from profiles.ast import Absent, Clock, Profile

@@ -192,6 +192,17 @@ class Pattern:
     has_any: bool = False
     _bind_conjs: dict[tuple[int, int], list[Conj]] = field(default_factory=dict)
 
+    @property
+    def transition_memo(self) -> dict[int, Transitions]:
+        """The transitions memo by mask, shared by the patterns of one shape: the eager runtime
+        reads it on its hot path (`CompositeTables.trans`)."""
+        return self._trans
+
+    @property
+    def shape_id(self) -> int:
+        """Equal for two patterns exactly when they share their memo tables (one shape)."""
+        return id(self._masks)
+
     @classmethod
     def build(cls, profile: Profile) -> Pattern:
         """The profile's pattern, compiled once per `Profile` object (kept on it): engines,

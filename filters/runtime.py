@@ -2,7 +2,7 @@
 
 A *runtime* is one profile's state inside the engine (`filters.engine.Engine`): plain filter
 profiles (`FilterRuntime`), `absent` (`AbsentRuntime`), composites evaluated eagerly
-(`filters.composite.CompositeRuntime`) or rare-first (`filters.lazy.LazySeqRuntime`). They
+(`filters.eager.composite.CompositeRuntime`) or rare-first (`filters.rarefirst.lazy.LazySeqRuntime`). They
 see the engine only through `EngineHost`, so none of their modules imports the engine's.
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
-from filters.notification import Notification
-from filters.pool import Entry, Eqs, PrimitivePool
+from filters.pool.primitive import Entry, Eqs, PrimitivePool
 from filters.temporal import TIMER, TemporalPool
 from profiles.ast import Absent, Filter, Profile
 from profiles.events import Event
@@ -31,19 +30,26 @@ class EngineHost(Protocol):
     timers: TemporalPool
     tracer: Callable[[str, str, str], None] | None
     now: float | None
-    _out: list[Notification]
-    _nseq: int
     cap_partition: int  # `filters.caps`: PMs per partition of a profile
     cap_profile: int  # PMs per profile
     cap_notifications: int  # notifications per profile and event
 
-    def _trace(self, profile_id: str, action: str, detail: str) -> None: ...
+    def emit(
+        self,
+        profile: str,
+        ts: float,
+        events: dict[str, Event],
+        partition: dict[str, Any] | None,
+        subscriber: str | None,
+    ) -> None: ...  # `filters.output.NotificationOutput.emit`
+
+    def trace(self, profile_id: str, action: str, detail: str) -> None: ...
 
     def count_dropped_pm(self, pid: str, n: int = 1) -> None: ...
 
     def count_capped_notifications(self, pid: str, n: int) -> None: ...
 
-    def _deactivate(self, rt: Runtime) -> None: ...
+    def deactivate(self, rt: Runtime) -> None: ...  # a `once` profile that reported
 
 
 class Binding:
@@ -160,15 +166,14 @@ class Runtime:
 
     def report(self, ts: float, events: dict[str, Event], partition: dict[str, Any] | None) -> None:
         eng = self.engine
-        eng._nseq += 1
-        eng._out.append(Notification(self.pid, ts, events, partition, eng._nseq, self.subscriber))
+        eng.emit(self.pid, ts, events, partition, self.subscriber)
         if eng.tracer is not None:
-            eng._trace(self.pid, "reported", fmt_events(events) + f" at {fmt_ts(ts)}")
+            eng.trace(self.pid, "reported", fmt_events(events) + f" at {fmt_ts(ts)}")
         if self.once:
-            eng._deactivate(self)
+            eng.deactivate(self)
 
     def _trace(self, action: str, detail: str) -> None:
-        self.engine._trace(self.profile.id, action, detail)
+        self.engine.trace(self.profile.id, action, detail)
 
     def partition_key(self, attrs: dict[str, Any]) -> PartKey | None:
         """The event's partition (`per` values, normalised); None if it lacks a `per` attribute."""

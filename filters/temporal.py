@@ -69,7 +69,7 @@ _DEAD = object()  # a discarded lane entry's payload
 def inert(h: Handle) -> bool:
     """A timer of a runtime no longer active (its profile removed, or `once` and reported): it
     fires as a no-op (`TimeDriven.advance`). A partial match that completed leaves its
-    terminator in the pool (`filters.lifecycle`), so a removed profile can leave some."""
+    terminator in the pool (`filters.eager.lifecycle`), so a removed profile can leave some."""
     if h[1] != TIMER:
         return False
     payload = h[3]

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from ens.cli import app
 from ens.replay import order_events
 from filters.caps import CapHits, Caps
+from filters.eager.matches import PartialMatch
 from filters.engine import Engine
-from filters.matches import PartialMatch
-from filters.twostep import TwoStepEngine
+from filters.twostep.engine import TwoStepEngine
 from profiles.errors import ProfileError
 from profiles.events import Event
 from profiles.parser import parse_profile

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from ens.replay import order_events, replay
 from filters.engine import Engine
 from filters.pattern import Pattern
-from filters.plans import Rates
-from filters.twostep import TwoStepEngine
+from filters.plans.choose import Rates
+from filters.twostep.engine import TwoStepEngine
 from profiles.ast import Absent, Profile
 from profiles.errors import ProfileError
 from profiles.events import Event

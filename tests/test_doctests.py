@@ -16,7 +16,9 @@ pytestmark = pytest.mark.fast  # in-process: `make test-fast` runs it
 GLOBS = {"parse_profile": parse_profile, "Event": Event}
 
 
-@pytest.mark.parametrize("module", ["filters.engine", "filters.twostep", "filters.partitions"])
+@pytest.mark.parametrize(
+    "module", ["filters.engine", "filters.twostep.engine", "filters.partitions"]
+)
 def test_docstring_examples_run(module: str) -> None:
     mod = importlib.import_module(module)
     res = doctest.testmod(mod, extraglobs=GLOBS, optionflags=doctest.ELLIPSIS)

@@ -9,7 +9,7 @@ import pytest
 from filters.engine import Engine
 from filters.interface import DetectionEngine
 from filters.notification import Notification
-from filters.twostep import TwoStepEngine
+from filters.twostep.engine import TwoStepEngine
 from profiles.events import Event
 from profiles.parser import parse_profile
 
@@ -162,7 +162,7 @@ def test_a_once_profile_waiting_for_its_last_component_leaves_its_start_out_of_t
     end by completing, which retires the profile, so a later A could do nothing for it. Its
     starting entry leaves the pool when the match opens (a repeated A reaches no profile); the
     notifications are those of the two-step engine, which keeps every start registered."""
-    from filters.twostep import TwoStepEngine
+    from filters.twostep.engine import TwoStepEngine
 
     text = 'seq(a: k = "A" and x = 1, b: k = "B") once'
     eng = Engine([parse_profile(text, "p")], variant=variant)
@@ -339,7 +339,7 @@ def test_an_idle_partition_lets_its_auxiliary_profiles_go(
 def test_plain_filters_matched_together_report_in_profile_order() -> None:
     """The reporting fast path (every matched filter a plain one) keeps the general path's output:
     profile order, `once` profiles and removed profiles included, the same as the two-step engine."""
-    from filters.twostep import TwoStepEngine
+    from filters.twostep.engine import TwoStepEngine
 
     texts = ["v > 5", "v > 1", 'v > 3 and kind = "t"', "v > 2 once", "v > 4"]
     profiles = [parse_profile(t, f"f{i}") for i, t in enumerate(texts)]
@@ -362,7 +362,7 @@ def test_plain_filters_matched_together_report_in_profile_order() -> None:
 
 def test_both_engines_take_their_temporal_pool_and_say_what_is_pending() -> None:
     from filters.temporal import TemporalPool
-    from filters.twostep import TwoStepEngine
+    from filters.twostep.engine import TwoStepEngine
 
     profile = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
     for make in (Engine, TwoStepEngine):
@@ -378,7 +378,7 @@ def test_both_engines_take_their_temporal_pool_and_say_what_is_pending() -> None
 
 
 def test_both_engines_append_to_a_given_output_list_until_notifications_are_taken() -> None:
-    from filters.twostep import TwoStepEngine
+    from filters.twostep.engine import TwoStepEngine
 
     profile = parse_profile('seq(a: k = "A", b: k = "B") within 10s', "p")
     for make in (Engine, TwoStepEngine):
@@ -400,7 +400,7 @@ def test_select_last_negation_log_stays_bounded_without_a_window(variant: str) -
     """`select last` keeps the between-negation events a PM saw, to check replacements (§4.1
     item 1); without a window the PM lives on, yet repeated events of one negation without
     `where` in one gap are kept once, and the replacement stays refused."""
-    from filters.twostep import TwoStepEngine
+    from filters.twostep.engine import TwoStepEngine
 
     p = parse_profile('seq(a: k = "A", not x: k = "X", b: k = "B", c: k = "C") select last', "p")
     engines = [Engine([p], variant=variant), TwoStepEngine([p])]
@@ -473,7 +473,7 @@ def test_matches_leave_no_reference_cycles_for_the_collector(variant: str) -> No
     payload) that only the cyclic collector frees, which costs a busy site collections."""
     import gc
 
-    from filters.matches import PartialMatch, Partition
+    from filters.eager.matches import PartialMatch, Partition
 
     exprs = [
         'seq(a: k = "A" and x = 1, b: k = "B" and x = 1) within 10s',
@@ -540,7 +540,7 @@ def test_busy_composite_handlers_keep_the_notifications(tail: str) -> None:
     engine's per-leaf handler): the notifications stay those of the general dispatch (a tracer
     turns the handlers off) and of the two-step engine, across opens, duplicates, completions,
     dormant auxiliary profiles and expiries; a snapshot taken midway restores and goes on."""
-    from filters.twostep import TwoStepEngine
+    from filters.twostep.engine import TwoStepEngine
 
     texts = [
         f'seq(a: k = "A" and x = {i}, b: k = "B" and x = {i}, c: k = "C" and x = {i}) within 20s'

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from ens.cli import app
 from ens.plans import count_stats
 from filters.engine import Engine
-from filters.lazy import LazySeqRuntime
-from filters.plans import Rates, costs
+from filters.plans.choose import Rates, costs
+from filters.rarefirst.lazy import LazySeqRuntime
 from profiles.events import Event
 from profiles.parser import parse_profile
 

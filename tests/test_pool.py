@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filters.compile import compile_filter, evaluate
-from filters.pool import PrimitivePool
-from filters.poolindex import Range
+from filters.pool.index import Range
+from filters.pool.primitive import PrimitivePool
 from profiles.ast import And, Cmp, In, Or
 from profiles.parser import parse_filter
 from tests.strategies import STRS, attr, events, filters, numbers, scalars
@@ -185,7 +185,7 @@ def check_ops_against_direct_evaluation(
 def test_memoized_matches_agree_with_direct_evaluation(ops, evs) -> None:
     """With memoization from the first match (`CALM` 0): results are right after every insert
     and delete, also for booleans against 0 and 1 (equal as dict keys, not as values)."""
-    import filters.poolmemo as memo_module
+    import filters.pool.memo as memo_module
 
     calm = memo_module.CALM
     memo_module.CALM = 0
@@ -200,7 +200,7 @@ def test_memoized_matches_agree_with_direct_evaluation(ops, evs) -> None:
 def test_memo_is_used_once_the_pool_is_calm() -> None:
     """A pool without ranges or residual checks memoizes by its equality attributes' values;
     a change drops the memo, a range predicate keeps it off."""
-    import filters.poolmemo as memo_module
+    import filters.pool.memo as memo_module
 
     pool = PrimitivePool()
     pool.add(parse_filter('kind = "window" and state = "broken"'), "w")
@@ -221,7 +221,7 @@ def test_memo_is_used_once_the_pool_is_calm() -> None:
 def test_plain_inserts_over_the_memo_attributes_forget_one_key_only() -> None:
     """Auxiliary profiles come and go on every partial match: an equality insert or delete over
     exactly the memoized attributes keeps the memo and forgets the one combination it changes."""
-    import filters.poolmemo as memo_module
+    import filters.pool.memo as memo_module
 
     pool = PrimitivePool()
     pool.add(parse_filter('kind = "A" and g = 1'), "a1")
@@ -311,8 +311,8 @@ def test_memoized_ranges_agree_with_direct_evaluation(ops, evs, big) -> None:
     """Equalities with a range are memoized too (the range's thresholds decide, by bisect):
     results are right after every insert and delete, for small and big (SortedKeyList) ranges,
     also for values of the other kind and for booleans (which are not numbers here)."""
-    import filters.poolindex as index_module
-    import filters.poolmemo as memo_module
+    import filters.pool.index as index_module
+    import filters.pool.memo as memo_module
 
     calm, big_was = memo_module.CALM, index_module._BIG
     memo_module.CALM, index_module._BIG = 0, big
@@ -331,7 +331,7 @@ def test_memoized_ranges_agree_with_direct_evaluation(ops, evs, big) -> None:
 def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
     """`kind = "T" and v > t` filters: the memo keeps the range per kind, a match is one bisect;
     a new threshold forgets that kind only."""
-    import filters.poolmemo as memo_module
+    import filters.pool.memo as memo_module
 
     pool = PrimitivePool()
     for t in range(10):
@@ -353,7 +353,7 @@ def test_a_threshold_pool_is_memoized_by_its_equality_values() -> None:
 def test_booleans_and_numbers_are_memoized_apart() -> None:
     """`flag = true` and `flag = 1` (or `x = 1` and `x = true`) share a dict key (True == 1),
     not a result: the memo keys booleans as the buckets do, and memoizes both."""
-    import filters.poolmemo as memo_module
+    import filters.pool.memo as memo_module
 
     pool = PrimitivePool()
     filters_ = {
@@ -396,7 +396,7 @@ def test_the_memo_pauses_while_nearly_every_look_up_misses() -> None:
     """Unique keys (every event a new `x`): the memo only costs, so it pauses, resumes after
     the pause as it was (kept up to date meanwhile) and stays on for a stream it serves; every
     result equals direct evaluation."""
-    import filters.poolmemo as memo_module
+    import filters.pool.memo as memo_module
 
     pool = PrimitivePool()
     live: dict[str, str] = {}
@@ -449,7 +449,7 @@ def test_the_memo_pauses_while_nearly_every_look_up_misses() -> None:
 def test_a_paused_memo_agrees_with_direct_evaluation(ops, evs) -> None:
     """The memo pausing after every few look-ups and resuming (kept up to date meanwhile): the
     results stay those of direct evaluation after every insert and delete."""
-    import filters.poolmemo as memo_module
+    import filters.pool.memo as memo_module
 
     saved = (
         memo_module.CALM,

@@ -251,7 +251,7 @@ def test_reading_and_writing_pause_the_collector_and_leave_it_as_it_was() -> Non
 def test_a_partition_stored_by_older_releases_restores_without_its_pool_entries() -> None:
     """`Partition.entries` is not stored and is made on first use: a state written before
     (without `until`, or with an `entries` dict of the pool's objects) restores with none."""
-    from filters.matches import Partition
+    from filters.eager.matches import Partition
 
     old = {
         "pms": [],

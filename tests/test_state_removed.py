@@ -16,7 +16,7 @@ import pytest
 
 from filters import state
 from filters.engine import Engine
-from filters.twostep import TwoStepEngine
+from filters.twostep.engine import TwoStepEngine
 from profiles.events import Event
 from profiles.parser import parse_profile
 from tests.test_state import GOLDEN, _events, _golden_profiles

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from filters.engine import Engine
 from filters.localclock import LocalClock, _Zone, relaxed
-from filters.twostep import TwoStepEngine
+from filters.twostep.engine import TwoStepEngine
 from profiles import timeofday as tod
 from profiles.ast import Between, Cmp, Const, In, Or, Ref, WCmp
 from profiles.errors import ProfileError

@@ -69,7 +69,7 @@ class WorkerConfig:
     # import the Spark adapter itself)
     load_index: Callable[[str], list[Profile]] | None = None
     plan: str = DEFAULTS.plan  # plan of a fresh engine (docs/plans.md; a snapshot keeps its own)
-    rates: Any = None  # filters.plans.Rates from --stats, for plan "auto"
+    rates: Any = None  # filters.plans.choose.Rates from --stats, for plan "auto"
     replan_every: int = DEFAULTS.replan_every  # plan "auto": re-plan every N events (0: never)
     drift: float = DEFAULTS.drift  # ... when a component's rate moved by this factor
     allow_evicting_redis: bool = DEFAULTS.allow_evicting_redis  # else refuse such a Redis

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filters.localclock import relaxed
-from filters.pool import PrimitivePool
+from filters.pool.primitive import PrimitivePool
 from profiles.ast import (
     Absent,
     All,
@@ -83,7 +83,7 @@ class Plan:
     global_: list[Profile] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     evaluation: str = "eager"  # the engines' evaluation plan (docs/plans.md): same output
-    rates: Any = None  # filters.plans.Rates for evaluation "auto"
+    rates: Any = None  # filters.plans.choose.Rates for evaluation "auto"
 
     def summary(self) -> str:
         return (

@@ -65,7 +65,7 @@ class Counter:
     """
 
     def __init__(self, filters: list[Any]) -> None:
-        from filters.pool import PrimitivePool
+        from filters.pool.primitive import PrimitivePool
 
         self.pool = PrimitivePool()
         self.direct: list[tuple[int, Any]] = []

@@ -427,7 +427,7 @@ class StreamConfig:
     partitions: int = 0  # source partitions per micro-batch (0: the shuffle partitions)
     dedup_ttl: int = 7 * 86400
     plan: str = "eager"  # evaluation plan of the engines (docs/plans.md); same output
-    rates: Any = None  # `filters.plans.Rates` from --stats, for plan auto
+    rates: Any = None  # `filters.plans.choose.Rates` from --stats, for plan auto
     late_events: str = "output"  # late events: "output" (ens:late) or "feed" (fed at once)
     late_max: int = 10_000  # about this many entries kept in ens:late
 

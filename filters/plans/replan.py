@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from filters.composite import CompositeRuntime
-from filters.lazy import LazySeqRuntime
-from filters.lazy_base import LazyPartition
-from filters.matches import PartialMatch, Partition
+from filters.eager.composite import CompositeRuntime
+from filters.eager.matches import PartialMatch, Partition
 from filters.pattern import Pattern
-from filters.plans import MODES, Plan, Rates, choose, lazy_shape
-from filters.pool import PrimitivePool
+from filters.plans.choose import MODES, Plan, Rates, choose, lazy_shape
+from filters.pool.primitive import PrimitivePool
+from filters.rarefirst.lazy import LazySeqRuntime
+from filters.rarefirst.lazy_base import LazyPartition
 from filters.runtime import AbsentRuntime, Binding, FilterRuntime, Runtime, shared
 from profiles.ast import Absent, Profile
 from profiles.events import Event
@@ -64,13 +64,13 @@ class PlanSwitching:
     def release_starts(self, rt: Runtime) -> None:
         raise NotImplementedError
 
-    def _trace(self, profile_id: str, action: str, detail: str) -> None:
+    def trace(self, profile_id: str, action: str, detail: str) -> None:
         raise NotImplementedError
 
     def replan(self, plan: str | None = None, rates: Rates | None = None) -> list[str]:
         """Change the plan mode and/or the rates; convert the runtimes whose plan changes.
 
-        The state moves with them (`filters.lazy.eager_to_lazy` / `lazy_to_eager`): no match
+        The state moves with them (`filters.rarefirst.lazy.eager_to_lazy` / `lazy_to_eager`): no match
         in flight is lost or reported twice. Returns the ids of the profiles converted.
         """
         if plan is not None:
@@ -201,7 +201,7 @@ class PlanSwitching:
         self._count_since = now
         if changed and self.tracer is not None:
             for pid in changed:
-                self._trace(pid, "replanned", self.plan_of(self._by_id[pid].profile).reason)
+                self.trace(pid, "replanned", self.plan_of(self._by_id[pid].profile).reason)
 
 
 # ------------------------------------------------------------------ re-planning
@@ -250,7 +250,7 @@ def lazy_to_eager(old: LazySeqRuntime, new: CompositeRuntime, now: float | None)
 
     Every PM alive at `now` (first.ts + T >= now): under `first` the tracked one, under
     `each` every valid prefix of buffered events in arrival order (the conjuncts checked at
-    each binding). `new._add_pm` gives each its terminator and auxiliary profiles.
+    each binding). `new.add_pm` gives each its terminator and auxiliary profiles.
     """
     n, w = old.n, old.window
     for key, lp in old.parts.items():
@@ -271,7 +271,7 @@ def lazy_to_eager(old: LazySeqRuntime, new: CompositeRuntime, now: float | None)
             for j, x in enumerate(binds):
                 pm.binds[j] = x
             pm.mask = (1 << len(binds)) - 1
-            new._add_pm(part, pm)
+            new.add_pm(part, pm)
 
 
 def _prefixes(
@@ -292,7 +292,7 @@ def _prefixes(
             if j == 0 and now is not None and x.ev.ts + w < now:
                 continue  # its window ended: eagerly, its PMs expired
             attrs[names[j]] = x.ev.attrs
-            if conjs[j] and not rt._check(conjs[j], attrs):
+            if conjs[j] and not all(c.fn(attrs) for c in conjs[j]):
                 continue
             stack.append(x)
             made.append(list(stack))

@@ -1,4 +1,4 @@
-"""The primitive pool's index: clauses under their access predicates (see filters/pool.py).
+"""The primitive pool's index: clauses under their access predicates (see filters/pool/primitive.py).
 
 Equality clauses go into buckets, one per combination of equality values (`_Bucket`), with
 their range, if any, sorted by threshold inside the bucket (`Range`); `in` lists put the clause
@@ -18,7 +18,7 @@ from typing import Any
 from sortedcontainers import SortedKeyList, SortedList
 
 from filters.compile import Check
-from filters.poolplan import Access, Eqs, kind_of
+from filters.pool.plan import Access, Eqs, kind_of
 from profiles.ast import Filter
 
 _INF = float("inf")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from filters.composite_base import CompositeBase
-from filters.matches import PartialMatch
+from filters.eager.composite_base import CompositeBase
+from filters.eager.matches import PartialMatch
 from filters.pattern import Conj
 from filters.runtime import Binding
 

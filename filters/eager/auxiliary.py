@@ -26,9 +26,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Protocol
 
-from filters.matches import Partition
+from filters.eager.matches import Partition
 from filters.pattern import Pattern
-from filters.pool import Entry, Eqs, PrimitivePool
+from filters.pool.primitive import Entry, Eqs, PrimitivePool
 from filters.runtime import RegKey
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from filters.pool import Entry
+from filters.pool.primitive import Entry
 from filters.runtime import INF, Binding, Handle, PartKey, RegKey
 
 
@@ -146,7 +146,7 @@ class Partition:
         # partitions hold none, a pinned profile's never do; a set is the dearest field to make)
         self.held: set[RegKey] | None = None
         # (leaf, eqs) -> its pool entry (dynamic/references), made on first use: a registration
-        # without `per` and bound values uses its runtime's entry (`filters.auxiliary.entry_of`)
+        # without `per` and bound values uses its runtime's entry (`filters.eager.auxiliary.entry_of`)
         self.entries: dict[RegKey, Entry] | None = None
         self.dormant = 0  # how many keys of `regs` are dormant
         self.until = 0.0  # the latest deadline of a PM that left: its terminator lets `held` go

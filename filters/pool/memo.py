@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from filters.poolindex import Clause, ClauseIndex, Entry, Range
+from filters.pool.index import Clause, ClauseIndex, Entry, Range
 
 CALM = 64  # matches without a pool change before results are memoized
 MEMO_MAX = 4096  # memoized value combinations (a facility feed has tens: kind x state)

@@ -7,8 +7,8 @@ hash table per attribute, ranges and `between` in sorted lists searched by
 binary search, `starts with` by prefix length, `exists` per attribute. The
 rest of the clause (its residual) is a compiled predicate checked only for
 the candidates the index returns. Clauses with no indexable predicate
-(e.g. `not (...)` alone) are scanned. (Planning: filters/poolplan.py; the
-index: filters/poolindex.py.)
+(e.g. `not (...)` alone) are scanned. (Planning: filters/pool/plan.py; the
+index: filters/pool/index.py.)
 
 Identical filters (same AST, same bound equalities) are stored once and
 carry every owner; identical access predicates are stored once and point to
@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from filters import poolmemo
-from filters.poolindex import Clause, ClauseIndex, Entry, Range
-from filters.poolmemo import MatchMemo
-from filters.poolplan import Eqs, Plan, from_plan, plan_clause, split
+import filters.pool.memo as poolmemo
+from filters.pool.index import Clause, ClauseIndex, Entry, Range
+from filters.pool.memo import MatchMemo
+from filters.pool.plan import Eqs, Plan, from_plan, plan_clause, split
 from profiles.ast import Filter
 
 __all__ = ["Entry", "Eqs", "PrimitivePool", "owners_by_profile"]
@@ -52,7 +52,7 @@ class PrimitivePool(MatchMemo):
         # differ only in bound values, so they are inserted without planning again
         self._plans: dict[tuple[Filter, tuple[str, ...]], list[Plan]] = {}
         self.owner_count = 0
-        super().__init__()  # the memo (filters/poolmemo.py)
+        super().__init__()  # the memo (filters/pool/memo.py)
         # (filter, eqs) -> the entry `prepare` made for it (equal auxiliary filters of many
         # profiles share one handle: one entry and one set of clauses, revived by a count)
         self._prepared: dict[tuple[Filter, Eqs], Entry] = {}

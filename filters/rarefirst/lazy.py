@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from filters.lazy_base import LazyBase, LazyPartition, drop_expired
+from filters.rarefirst.lazy_base import LazyBase, LazyPartition, drop_expired
 from filters.runtime import Binding, PartKey
 from profiles.events import Event
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from filters.binding import MatchBinder
-from filters.matches import PartialMatch, Partition
+from filters.eager.binding import MatchBinder
+from filters.eager.matches import PartialMatch, Partition
 from filters.runtime import fmt_ts
 from filters.temporal import TIMER
 
@@ -21,7 +21,9 @@ class MatchLifecycle(MatchBinder):
 
     __slots__ = ()
 
-    def _add_pm(self, part: Partition, pm: PartialMatch) -> None:
+    def add_pm(self, part: Partition, pm: PartialMatch) -> None:
+        """Keep a new PM in `part` (the caps applied), with its terminator and auxiliary profiles:
+        every PM the runtime opens, and those `filters.plans.replan` converts from rare-first."""
         pms = part.pms
         eng = self.engine
         if len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile:

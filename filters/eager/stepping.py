@@ -4,13 +4,13 @@ An event that reaches a composite (through its starting components in the pool, 
 auxiliary profile a partial match waits on) extends or completes the waiting partial
 matches as the selection says (`first`, `last`, `nth`, `each`), applies its negations to
 the others, opens new ones and keeps leading-negation history (docs/language.md §4). The common
-shapes take the fast paths of `filters.composite` instead, with the same results.
+shapes take the fast paths of `filters.eager.composite` instead, with the same results.
 """
 
 from __future__ import annotations
 
-from filters.lifecycle import MatchLifecycle
-from filters.matches import PartialMatch, Partition
+from filters.eager.lifecycle import MatchLifecycle
+from filters.eager.matches import PartialMatch, Partition
 from filters.pattern import MaskInfo
 from filters.runtime import Binding, PartKey
 from profiles.events import Event
@@ -150,7 +150,7 @@ class GeneralSteps(MatchLifecycle):
                 completions.append((new, pm))
             else:
                 touched.add(id(new))  # the copy holds the event; the original does not
-                self._add_pm(part, new)
+                self.add_pm(part, new)
                 if tracing and new.alive:
                     self._trace("extended", f"{self._desc(pm)} -> {self._desc(new)} (branch)")
 
@@ -347,7 +347,7 @@ class GeneralSteps(MatchLifecycle):
             if self.pat.info(new.mask).complete and not self.pat.trailing:
                 completions.append((new, None))
             else:
-                self._add_pm(part, new)
+                self.add_pm(part, new)
                 if tracing and new.alive:  # (not refused by a cap)
                     self._trace("opened", self._desc(new))
             if kind != "each":

@@ -5,11 +5,11 @@ pattern and selection, shared by every runtime of that pattern). `CompositeBase`
 runtime's fields (the tables as typed attributes, read directly on the hot paths), creates
 partitions, describes matches for traces, and keeps the auxiliary profiles a partial match
 waits on in the pool (`_sync`), counting them per partition and leaving what a count change
-means to the engine's variant (`filters.auxiliary`).
+means to the engine's variant (`filters.eager.auxiliary`).
 
 The runtime is built up in layers, each a class in its own module: this base, then binding
-(`filters.binding`), the life of a match (`filters.lifecycle`), the general event step
-(`filters.stepping`) and the fast paths (`filters.composite`).
+(`filters.eager.binding`), the life of a match (`filters.eager.lifecycle`), the general event step
+(`filters.eager.stepping`) and the fast paths (`filters.eager.composite`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from filters.auxiliary import AuxiliaryRegistrations, full_eqs
-from filters.matches import PartialMatch, Partition
+from filters.eager.auxiliary import AuxiliaryRegistrations, full_eqs
+from filters.eager.matches import PartialMatch, Partition
 from filters.pattern import Conj, Leaf
 from filters.pattern import Pattern as Pattern  # re-exported: adapters.spark.live shares it
-from filters.pool import Entry, Eqs
+from filters.pool.primitive import Entry, Eqs
 from filters.runtime import (
     Binding,
     DerivedRuntime,
@@ -97,13 +97,13 @@ class CompositeTables:
         between = frozenset(neg_set - set(pat.leading) - set(pat.trailing))
         wants = None
         if not pat.eq_bindings and kind != "last":
-            shape = (id(pat._masks), tuple(lf.clock is None for lf in pat.leaves))
+            shape = (pat.shape_id, tuple(lf.clock is None for lf in pat.leaves))
             wants = _WANTS.setdefault(shape, {})
         return CompositeTables(
             kind=kind,
             pat=pat,
             n=len(pat.leaves),
-            trans=pat._trans,
+            trans=pat.transition_memo,
             start=start,
             start_set=frozenset(start),
             leading=frozenset(pat.leading),

@@ -3,7 +3,7 @@
 `LazyBase` holds a `seq` profile's buffers (`LazyPartition`: the events of the components
 before the driver, in arrival order, pruned by the window) and does the work when a driver
 event arrives (`_drive_first`, `_drive_each`, `_step_past`). The event entry point and the
-precompiled handlers for deferred components are `filters.lazy.LazySeqRuntime`; the module
+precompiled handlers for deferred components are `filters.rarefirst.lazy.LazySeqRuntime`; the module
 docstring there says what is reconstructed from the buffers, per selection.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from filters.notification import Notification
 from filters.pattern import Conj, Pattern
 from filters.runtime import Binding, DerivedRuntime, EngineHost, PartKey, shared
 from profiles.ast import Profile
@@ -341,10 +340,9 @@ class LazyBase(DerivedRuntime):
                 eng.count_capped_notifications(pid, 1)
                 continue
             room -= 1
-            eng._nseq += 1
-            eng._out.append(Notification(pid, ev.ts, {n0: x.ev, n1: ev}, values, eng._nseq, sub))
+            eng.emit(pid, ev.ts, {n0: x.ev, n1: ev}, values, sub)
             if self.once:
-                eng._deactivate(self)
+                eng.deactivate(self)
                 return self.unique
             if self.unique:
                 buf.remove(x)

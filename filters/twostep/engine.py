@@ -13,7 +13,7 @@ single-step engine avoids.
 
 Written from docs/language.md and docs/semantics.md only (not from filters/engine.py)
 so that the differential tests compare two independent readings. The pattern
-tree and the questions asked of a PM's bindings are in `filters.twostep_pattern`;
+tree and the questions asked of a PM's bindings are in `filters.twostep.pattern`;
 here are the runtimes: `_PartialMatches` keeps a composite's partitions, PMs and
 timers, `_CompositeRuntime` evaluates an event in four phases on top of it.
 """
@@ -32,9 +32,9 @@ from filters.compile import norm
 from filters.localclock import LocalClock
 from filters.notification import Notification
 from filters.output import NotificationOutput
-from filters.pool import PrimitivePool, owners_by_profile
+from filters.pool.primitive import PrimitivePool, owners_by_profile
 from filters.temporal import Handle, TemporalPool, TimeDriven
-from filters.twostep_pattern import B, Binds, Node, TreePattern, holds, node_done, node_started
+from filters.twostep.pattern import B, Binds, Node, TreePattern, holds, node_done, node_started
 from profiles.ast import Absent, Clock, Profile, is_filter
 from profiles.events import Event
 

@@ -5,7 +5,7 @@ first component (*eager*). When that component is frequent and a later one
 rare, most partial matches expire unused. A *rare-first* plan keeps the
 events of the components before the rare one in per-partition buffers bounded
 by the window, and looks them up when the rare component arrives (see
-`filters/lazy.py`). The plan is chosen per profile from measured rates
+`filters/rarefirst/lazy.py`). The plan is chosen per profile from measured rates
 (`ens spark stats` output); the output is identical either way.
 
 Pure: rates come in as numbers, nothing here reads files or clocks.

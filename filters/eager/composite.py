@@ -1,9 +1,9 @@
 """The eager composite runtime (CompAS single-step detection) and its fast paths.
 
 `CompositeRuntime` is what `filters.engine.Engine` runs for a composite profile evaluated
-eagerly: the layers below it hold its tables and registrations (`filters.composite_base`),
-binding checks (`filters.binding`), the life of a match (`filters.lifecycle`) and the general
-event step (`filters.stepping`). Here are the event entry point and the fast paths for the
+eagerly: the layers below it hold its tables and registrations (`filters.eager.composite_base`),
+binding checks (`filters.eager.binding`), the life of a match (`filters.eager.lifecycle`) and the general
+event step (`filters.eager.stepping`). Here are the event entry point and the fast paths for the
 common shapes (no where, no negation, no any): one PM under first/last extended or completed
 (`_fast_step`) or, under first, killed by a between-negation (`_fast_negate`), a starting
 event (`_fast_open`), `select each` (`_fast_each`); each returns
@@ -17,10 +17,9 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from filters.compile import evaluate
-from filters.matches import PartialMatch, Partition
-from filters.notification import Notification
+from filters.eager.matches import PartialMatch, Partition
+from filters.eager.stepping import GeneralSteps
 from filters.runtime import INF, Binding, PartKey
-from filters.stepping import GeneralSteps
 from profiles.ast import Clock
 from profiles.events import Event
 
@@ -134,12 +133,9 @@ class CompositeRuntime(GeneralSteps):
                 kept = self._unreg_done(part, regs)
             part.pms.clear()  # type: ignore[union-attr]  # a list: it held `pm` (no `cast` call)
             self.pm_count -= 1
-        eng._nseq += 1
-        eng._out.append(
-            Notification(self.pid, ev.ts, events, part.values, eng._nseq, self.subscriber)
-        )
+        eng.emit(self.pid, ev.ts, events, part.values, self.subscriber)
         if self.once:
-            eng._deactivate(self)
+            eng.deactivate(self)
         elif self.unique and (
             not (kept or part.held or self.aux_pins) or (part.key and self.window is None)
         ):
@@ -147,7 +143,7 @@ class CompositeRuntime(GeneralSteps):
         return True
 
     def _retire(self, part: Partition, pm: PartialMatch) -> None:
-        """`_fast_step`'s completing PM of a `once` profile, which goes next (`Engine._deactivate`):
+        """`_fast_step`'s completing PM of a `once` profile, which goes next (`Engine.deactivate`):
         its registrations leave the pool now, for good (`AuxiliaryRegistrations.retire`),
         instead of going dormant for `clear` to release them (a paper closing event completes
         10^4 such profiles). Its terminator stays and fires as a no-op."""
@@ -234,9 +230,9 @@ class CompositeRuntime(GeneralSteps):
             pm.binds[i] = b
             pm.mask = mask
             if not flat or len(pms) >= eng.cap_partition or self.pm_count >= eng.cap_profile:
-                self._add_pm(part, pm)  # (and the caps, `filters.caps`)
+                self.add_pm(part, pm)  # (and the caps, `filters.caps`)
                 continue
-            pms.append(pm)  # `_add_pm` and `_changed`, inline: the deadline is known
+            pms.append(pm)  # `add_pm` and `_changed`, inline: the deadline is known
             self.pm_count += 1
             if window is not None:
                 pm.deadline = d = ev.ts + window
@@ -248,7 +244,7 @@ class CompositeRuntime(GeneralSteps):
         self, part: Partition | None, key: PartKey, ev: Event, seq: int, i: int, mask: int
     ) -> bool:
         """`_fast_open` under first/last: one PM, bound to leaf `i`; flat, it is registered
-        here (`_add_pm`, `_changed` and `_sync` of a new PM, inline: its deadline is known and
+        here (`add_pm`, `_changed` and `_sync` of a new PM, inline: its deadline is known and
         it holds no registrations yet)."""
         if self.pm_count >= self.engine.cap_profile:  # the partition holds no PM: refused
             self._refuse(PartialMatch(self.n, part or Partition(key, None)))
@@ -262,7 +258,7 @@ class CompositeRuntime(GeneralSteps):
         pm.binds[i] = Binding(seq, ev)
         pm.mask = mask
         if not self.flat:
-            self._add_pm(part, pm)
+            self.add_pm(part, pm)
             return True
         pms = part.pms
         if isinstance(pms, list):  # (a new partition's empty list too: no second one)
@@ -319,7 +315,7 @@ class CompositeRuntime(GeneralSteps):
                     new = pm.copy()
                     new.binds[i] = b
                     new.mask = new_mask
-                    self._add_pm(part, new)
+                    self.add_pm(part, new)
         consumed = False
         if done:
             consumed = self._report_each(part, done, ev, seq)
@@ -365,12 +361,9 @@ class CompositeRuntime(GeneralSteps):
                 used.add(seq)
                 self._consume(part, used)
                 consumed = True
-            eng._nseq += 1
-            eng._out.append(
-                Notification(self.pid, ev.ts, events, values, eng._nseq, self.subscriber)
-            )
+            eng.emit(self.pid, ev.ts, events, values, self.subscriber)
             if self.once:
-                eng._deactivate(self)
+                eng.deactivate(self)
                 break
         return consumed
 
