@@ -32,7 +32,7 @@ import orjson
 import redis
 
 from adapters.errors import WorkerUnavailable as WorkerUnavailable  # its old import path
-from notifiers.alarms import Alarm, Matcher, SilenceError, Transition
+from notifiers.alarms import Alarm, Matcher, Notice, SilenceError, Transition
 from notifiers.alarms.silences import parse_time
 from notifiers.records import text
 from profiles.errors import ENSError
@@ -58,11 +58,12 @@ _ALARM_FIELDS = tuple(
 _TRANSITION_FIELDS = tuple(f.name for f in dataclasses.fields(Transition))
 
 
-def index_record(a: Alarm) -> dict[str, Any]:
+def index_record(a: Alarm, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """What ``ens:alarms`` keeps of an alarm: its record without the last match's events.
-    (A shallow copy: `dataclasses.asdict` deep-copies, and this runs per transition.)"""
+    (A shallow copy: `dataclasses.asdict` deep-copies, and this runs per transition.)
+    ``labels``: ``a.labels()`` if the caller has them made already."""
     rec = {name: getattr(a, name) for name in _ALARM_FIELDS}
-    rec["labels"] = a.labels()
+    rec["labels"] = a.labels() if labels is None else labels
     return rec
 
 
@@ -292,7 +293,23 @@ def history_fields(tr: Transition) -> dict[str, bytes]:
 
 
 def history_json(tr: Transition, **extra: Any) -> bytes:
+    """The transition's fields in order (orjson writes the dataclass itself: no dict), then
+    ``extra``."""
+    if not extra:
+        return orjson.dumps(tr)
     return orjson.dumps({**{name: getattr(tr, name) for name in _TRANSITION_FIELDS}, **extra})
+
+
+def notice_json(n: Notice) -> dict[str, Any]:
+    """A notice as an alarm message lists it: `Notice.to_json` with ``kind`` as
+    ``transition_kind`` (last) and how to acknowledge the alarm. Built in one literal, in that
+    key order (it runs per message); the labels are shared, to be serialised at once."""
+    return {
+        "alarm": n.alarm, "occurrence": n.occurrence, "transition": n.transition, "ts": n.ts,
+        "state": n.state, "severity": n.severity, "count": n.count, "first_seen": n.first_seen,
+        "last_seen": n.last_seen, "labels": n.labels, "transition_kind": n.kind,
+        "acknowledge": ack_hint(n.alarm),
+    }  # fmt: skip
 
 
 def history_entries(trs: Sequence[Transition]) -> list[bytes]:

@@ -104,6 +104,13 @@ class Dispatcher:
         g.pending.append(notice)
         return key
 
+    def single(self, notice: Notice, subscriber: str, now: float) -> Message | None:
+        """`add` then `flush` of a notice for a subscriber without grouping whose group would
+        be flushed at once: the same message (or overflow), numbered the same, without the
+        group."""
+        self.singles += 1
+        return self._send(subscriber, now, "single", {}, [notice])
+
     def _n(self) -> int:
         self.messages += 1
         return self.messages
