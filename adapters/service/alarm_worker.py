@@ -111,8 +111,6 @@ class AlarmPart(EngineState):
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
         self.alarm_dirty = False  # transitions since the last count
         self.escalations_gone: list[str] = []  # pending steps of a run with --routing, dropped
-        self.history_script = self.r.register_script(als.HISTORY_SCRIPT)
-        self.outbox_script = self.r.register_script(store.OUTBOX_SCRIPT)
         self.alarm_held: list[AlarmBatch] = []  # steps applied to the rules, not committed yet
         self.alarm_fed = 0  # alarm notifications of the pending ones that held steps fed
 
@@ -359,7 +357,7 @@ class AlarmPart(EngineState):
         eff = batch.effects
         minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
         trs = eff.transitions
-        als.add_history(p, self.history_script, als.history_entries(trs), minid)
+        als.add_history(p, als.history_entries(trs), minid)
         # labels are the key's: indexed once per occurrence
         als.index_many(p, ((tr.alarm, tr.labels) for tr in trs if tr.kind == "raise"))
         book = self.rules.book
@@ -377,7 +375,7 @@ class AlarmPart(EngineState):
             als.unindex(p, aid, labels)
         for s in batch.silences:
             p.hset(als.SILENCES, s["id"], json.dumps(s))
-        store.enqueue_many(p, self.outbox_script, [self._alarm_record(msg) for msg in eff.messages])
+        store.enqueue_many(p, [self._alarm_record(msg) for msg in eff.messages])
         for eid, reply in batch.replies:
             p.rpush(als.REPLY + eid, json.dumps(reply))
             p.expire(als.REPLY + eid, als.REPLY_TTL)
