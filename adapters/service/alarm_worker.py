@@ -408,8 +408,8 @@ class AlarmPart(EngineState):
                 m.ROUTING_HELD.inc(self.router.held)
             self.router.steps = self.router.held = 0
         msgs = batch.effects.messages
-        for kind, k in Counter(msg.kind for msg in msgs).items():
-            m.ALARM_MESSAGES.labels(kind=kind).inc(k)
+        for mkind, k in Counter(msg.kind for msg in msgs).items():
+            m.ALARM_MESSAGES.labels(kind=mkind).inc(k)
         overflow = sum(msg.overflow for msg in msgs)
         if overflow:
             m.ALARM_OVERFLOW.inc(overflow)
