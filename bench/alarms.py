@@ -10,6 +10,7 @@
 3. **Throughput**: the engine worker in-process, one profile plain vs as an alarm.
 4. **End to end** (`e2e`): `ens serve` driven over HTTP as `bench/service_load.py` does, a
    facility's profile set without and with `alarm:` blocks, in the same run; the on/off ratio.
+   `worker_mix`: the same profile set and events through the engine worker alone (CPU time).
 """
 
 from __future__ import annotations
@@ -197,6 +198,58 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
                 rb.close()
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     return out
+
+
+def worker_mix(events: int = 30_000, repeat: int = 5) -> dict[str, Any]:
+    """The engine worker alone (in-process, real redis-server) on `e2e`'s profile set and
+    event mix, every profile plain ("off") and with its `alarm:` ("on"), alternating
+    ``repeat`` times: CPU seconds (`time.process_time`, which other jobs on the machine
+    disturb less than the wall clock) of working off ``events`` events posted as `e2e` posts
+    them (entries of 500), in commits as large as the worker makes them. Events per CPU
+    second per run, the best of each mode, their ratio and the median of the runs' ratios."""
+    import statistics
+
+    import redis
+
+    from adapters.service import redis_store as rs
+    from adapters.service.worker import EngineWorker, WorkerConfig
+    from bench import service_load as sl
+
+    gen = sl.Gen(7)
+    evs = [gen.event() for _ in range(events)]
+    for i, e in enumerate(evs):
+        e["ts"] = 1_700_000_000.0 + i * 5e-5
+    runs: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(repeat):
+        for mode in ("off", "on"):
+            with redis_server() as url:
+                rb = redis.Redis.from_url(url)
+                for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]:
+                    rs.put_profile(rb, pid, expr, alarm=_alarm_of(pid) if mode == "on" else None)
+                with rb.pipeline(transaction=False) as p:
+                    for i in range(0, events, 500):
+                        p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 500]),
+                                           rs.INGEST_GATEWAY: "g"})  # fmt: skip
+                    p.execute()
+                cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
+                                   snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
+                w = EngineWorker(rb, cfg)
+                w.start()
+                t0 = time.process_time()
+                while w.step(block=0):
+                    pass
+                if w.pending:
+                    w.commit()
+                runs[mode].append(events / (time.process_time() - t0))
+                rb.close()
+    ratios = [on / off for off, on in zip(runs["off"], runs["on"], strict=True)]
+    return {
+        "events": events,
+        "off_events_per_cpu_s": [round(x) for x in runs["off"]],
+        "on_events_per_cpu_s": [round(x) for x in runs["on"]],
+        "best_on_vs_off": round(max(runs["on"]) / max(runs["off"]), 3),
+        "median_on_vs_off": round(statistics.median(ratios), 3),
+    }
 
 
 WINDOW_EXPR = 'seq(w: kind = "window" and state = "open") per room'
