@@ -289,15 +289,7 @@ def e2e(
     from bench import service_load as sl
 
     def alarm_of(pid: str) -> dict[str, Any] | None:
-        if pid == "window-open":
-            return WINDOW_ALARM
-        if window_only:
-            return None
-        if pid.startswith("c"):
-            return {"severity": "minor", "clear": "after 30m"}
-        if pid.startswith("f"):
-            return {"severity": "warning", "clear": "manual"}
-        return None
+        return WINDOW_ALARM if pid == "window-open" else None if window_only else _alarm_of(pid)
 
     profs = [*sl.profiles(composites, filters), ("window-open", WINDOW_EXPR)]
     out: dict[str, Any] = {"events": events, "batch": batch, "clients": clients,

@@ -198,27 +198,7 @@ class AlarmRules:
         rules = cls(alarms, policies, default, router)
         if router is not None and "router" in snap:
             router.load(snap["router"])
-        rules.clock = snap["clock"]
-        rules.book.seq = snap["seq"]
-        rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
-        rules.book.gone = dict(snap.get("gone", {}))
-        rules.book.reindex()
-        rules.silence_seq = snap["silence_seq"]
-        rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
-        rules.dispatch.load(snap["dispatch"])
-        rules.stats = {k: Counter(v) for k, v in snap["stats"].items()}
-        carry = snap.get("carry", {})
-        rules._carry = Effects(
-            [Transition.from_json(t) for t in carry.get("transitions", [])],
-            [Message.from_json(m) for m in carry.get("messages", [])],
-        )
-        for a in rules.book.alarms.values():
-            rules._timer(CLEAR, a.id, a.clear_due)
-            rules._timer(UNSILENCE, a.id, a.unsilence_at)
-        for k, g in rules.dispatch.groups.items():
-            rules._timer(FLUSH, k, g.flush_at)
-        for s, o in rules.dispatch.outlets.items():
-            rules._timer(DIGEST, s, o.digest_at)
+        _load(rules, snap)
         return rules
 
     def _unmatched(self, silence: Silence) -> list[str]:
@@ -386,7 +366,7 @@ class AlarmRules:
         if kind == UNSILENCE:
             return self._unsilence(self.book.alarms[key], at)
         if kind == ESCALATE:
-            return self._escalate(at)
+            return _escalate(self, at)
         if kind == FLUSH:
             sub = self.dispatch.groups[key].subscriber
             msg = self.dispatch.flush(key, at)
@@ -437,28 +417,6 @@ class AlarmRules:
             self._queue(notice, s, at)
         return Effects()
 
-    def _escalate(self, at: float) -> Effects:
-        """The router's steps due at ``at``: a notice to each subscriber they reach, for an
-        alarm still active and unacknowledged and not silenced (then counted, not sent)."""
-        assert self.router is not None
-        for step, occ, due, subs in self.router.advance(at):
-            aid, _, n = occ.rpartition(".")
-            a = self.book.alarms.get(aid)
-            if a is None or str(a.occurrence) != n or a.state != "active-unacknowledged":
-                continue  # the router stops on ack and clear: a snapshot of an older build
-            stats = self.stats.setdefault(a.subscriber or "", Counter())
-            stats["escalations"] += 1
-            if self.muted(a.labels(), due):
-                stats["silenced"] += 1
-                continue
-            notice = Notice(
-                "escalation", a.id, a.occurrence, step, due, a.state, a.severity, a.count,
-                a.first_seen, a.last_seen, a.labels(),
-            )  # fmt: skip
-            for sub in subs:
-                self._queue(notice, sub, due)
-        return Effects()
-
     def _timer(self, kind: int, key: str, at: float | None) -> None:
         if at is not None:
             heapq.heappush(self._heap, (at, kind, key))
@@ -475,3 +433,52 @@ class AlarmRules:
             return g is not None and g.flush_at == at and bool(g.pending)
         o = self.dispatch.outlets.get(key)
         return o is not None and o.digest_at == at
+
+
+def _load(rules: AlarmRules, snap: Mapping[str, Any]) -> None:
+    """`AlarmRules.restore`'s state: the snapshot's alarms, silences, queues, counts and
+    carried effects, and the timers they hold."""
+    rules.clock = snap["clock"]
+    rules.book.seq = snap["seq"]
+    rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
+    rules.book.gone = dict(snap.get("gone", {}))
+    rules.book.reindex()
+    rules.silence_seq = snap["silence_seq"]
+    rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
+    rules.dispatch.load(snap["dispatch"])
+    rules.stats = {k: Counter(v) for k, v in snap["stats"].items()}
+    carry = snap.get("carry", {})
+    rules._carry = Effects(
+        [Transition.from_json(t) for t in carry.get("transitions", [])],
+        [Message.from_json(m) for m in carry.get("messages", [])],
+    )
+    for a in rules.book.alarms.values():
+        rules._timer(CLEAR, a.id, a.clear_due)
+        rules._timer(UNSILENCE, a.id, a.unsilence_at)
+    for k, g in rules.dispatch.groups.items():
+        rules._timer(FLUSH, k, g.flush_at)
+    for s, o in rules.dispatch.outlets.items():
+        rules._timer(DIGEST, s, o.digest_at)
+
+
+def _escalate(rules: AlarmRules, at: float) -> Effects:
+    """The router's steps due at ``at``: a notice to each subscriber they reach, for an
+    alarm still active and unacknowledged and not silenced (then counted, not sent)."""
+    assert rules.router is not None
+    for step, occ, due, subs in rules.router.advance(at):
+        aid, _, n = occ.rpartition(".")
+        a = rules.book.alarms.get(aid)
+        if a is None or str(a.occurrence) != n or a.state != "active-unacknowledged":
+            continue  # the router stops on ack and clear: a snapshot of an older build
+        stats = rules.stats.setdefault(a.subscriber or "", Counter())
+        stats["escalations"] += 1
+        if rules.muted(a.labels(), due):
+            stats["silenced"] += 1
+            continue
+        notice = Notice(
+            "escalation", a.id, a.occurrence, step, due, a.state, a.severity, a.count,
+            a.first_seen, a.last_seen, a.labels(),
+        )  # fmt: skip
+        for sub in subs:
+            rules._queue(notice, sub, due)
+    return Effects()
