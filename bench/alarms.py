@@ -106,6 +106,40 @@ def redis_server() -> Iterator[str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@contextmanager
+def bench_worker(
+    url: str,
+    profiles: list[tuple[str, str, dict[str, Any] | None]],
+    events: list[dict[str, Any]],
+    per_entry: int = 100,
+    gateway: str = "g",
+) -> Iterator[tuple[Any, Any]]:
+    """An emptied database of the server at ``url`` with ``profiles`` (id, expression, alarm
+    block) stored and ``events`` waiting in the ingest stream (``per_entry`` a batch), and an
+    engine worker on it in event time with no reorder delay and no periodic snapshot; yields
+    (client, worker) with the worker not started yet (some benches time its start)."""
+    import redis
+
+    from adapters.service import redis_store as rs
+    from adapters.service.worker import EngineWorker, WorkerConfig
+
+    rb = redis.Redis.from_url(url)
+    try:
+        rb.flushdb()
+        for pid, expr, alarm in profiles:
+            rs.put_profile(rb, pid, expr, alarm=alarm)
+        with rb.pipeline(transaction=False) as p:
+            for i in range(0, len(events), per_entry):
+                p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(events[i : i + per_entry]),
+                                   rs.INGEST_GATEWAY: gateway})  # fmt: skip
+            p.execute()
+        cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
+                           snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
+        yield rb, EngineWorker(rb, cfg)
+    finally:
+        rb.close()
+
+
 def list_bench(n: int = 100_000, repeat: int = 3) -> dict[str, Any]:
     import redis
 
@@ -156,11 +190,6 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
     as a plain profile and as an alarm profile (clear on an event): events per second each.
     Every match of the plain profile is an outbox record; as an alarm, every match is a
     history entry and the raises and clears are messages."""
-    import redis
-
-    from adapters.service import redis_store as rs
-    from adapters.service.worker import EngineWorker, WorkerConfig
-
     rnd = random.Random(3)
     evs = [
         {"id": f"e{i}", "ts": 1_700_000_000.0 + i * 0.01, "kind": "window",
@@ -173,29 +202,18 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
     with redis_server() as url:
         for _ in range(repeat):
             for name, spec in (("off", None), ("on", alarm)):
-                rb = redis.Redis.from_url(url)
-                rb.flushdb()
-                rs.put_profile(rb, "win", expr, alarm=spec)
-                with rb.pipeline(transaction=False) as p:
-                    for i in range(0, events, 100):
-                        p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 100]),
-                                           rs.INGEST_GATEWAY: "g"})  # fmt: skip
-                    p.execute()
-                cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
-                                   snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
-                w = EngineWorker(rb, cfg)
-                w.start()
-                t0 = time.perf_counter()
-                while w.step(block=0):
-                    pass
-                w.snapshot()
-                rate = events / (time.perf_counter() - t0)
-                out[f"alarms_{name}_events_per_s"] = max(
-                    out.get(f"alarms_{name}_events_per_s", 0), round(rate)
-                )
-                if spec is not None:
-                    out["transitions"], out["history_entries"] = history_size(rb)
-                rb.close()
+                with bench_worker(url, [("win", expr, spec)], evs) as (rb, w):
+                    w.start()
+                    t0 = time.perf_counter()
+                    while w.step(block=0):
+                        pass
+                    w.snapshot()
+                    rate = events / (time.perf_counter() - t0)
+                    out[f"alarms_{name}_events_per_s"] = max(
+                        out.get(f"alarms_{name}_events_per_s", 0), round(rate)
+                    )
+                    if spec is not None:
+                        out["transitions"], out["history_entries"] = history_size(rb)
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     return out
 
@@ -209,31 +227,18 @@ def worker_mix(events: int = 30_000, repeat: int = 5) -> dict[str, Any]:
     second per run, the best of each mode, their ratio and the median of the runs' ratios."""
     import statistics
 
-    import redis
-
-    from adapters.service import redis_store as rs
-    from adapters.service.worker import EngineWorker, WorkerConfig
     from bench import service_load as sl
 
     gen = sl.Gen(7)
     evs = [gen.event() for _ in range(events)]
     for i, e in enumerate(evs):
         e["ts"] = 1_700_000_000.0 + i * 5e-5
+    pairs = [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]
     runs: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(repeat):
         for mode in ("off", "on"):
-            with redis_server() as url:
-                rb = redis.Redis.from_url(url)
-                for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]:
-                    rs.put_profile(rb, pid, expr, alarm=_alarm_of(pid) if mode == "on" else None)
-                with rb.pipeline(transaction=False) as p:
-                    for i in range(0, events, 500):
-                        p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 500]),
-                                           rs.INGEST_GATEWAY: "g"})  # fmt: skip
-                    p.execute()
-                cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
-                                   snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
-                w = EngineWorker(rb, cfg)
+            profiles = [(pid, x, _alarm_of(pid) if mode == "on" else None) for pid, x in pairs]
+            with redis_server() as url, bench_worker(url, profiles, evs, per_entry=500) as (_, w):
                 w.start()
                 t0 = time.process_time()
                 while w.step(block=0):
@@ -241,7 +246,6 @@ def worker_mix(events: int = 30_000, repeat: int = 5) -> dict[str, Any]:
                 if w.pending:
                     w.commit()
                 runs[mode].append(events / (time.process_time() - t0))
-                rb.close()
     ratios = [on / off for off, on in zip(runs["off"], runs["on"], strict=True)]
     return {
         "events": events,
@@ -289,7 +293,7 @@ def e2e(
     from bench import service_load as sl
 
     def alarm_of(pid: str) -> dict[str, Any] | None:
-        return WINDOW_ALARM if pid == "window-open" else None if window_only else _alarm_of(pid)
+        return None if window_only and pid != "window-open" else _alarm_of(pid)
 
     profs = [*sl.profiles(composites, filters), ("window-open", WINDOW_EXPR)]
     out: dict[str, Any] = {"events": events, "batch": batch, "clients": clients,
@@ -420,11 +424,7 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     machine disturb it less), ``redis`` the wall clock (it includes the server's work)."""
     import inspect
 
-    import redis
-
-    from adapters.service import redis_store as rs
     from adapters.service.alarm_worker import AlarmBatch, AlarmPart
-    from adapters.service.worker import EngineWorker, WorkerConfig
     from bench import service_load as sl
     from notifiers.alarms import AlarmRules
 
@@ -432,49 +432,40 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     evs = [gen.event() for _ in range(events)]
     for i, e in enumerate(evs):
         e["ts"] = 1_700_000_000.0 + i * 0.002
-    listed = "batches" in inspect.signature(AlarmPart._alarm_write).parameters
+    listed = "batches" in inspect.signature(AlarmPart.write).parameters
     best = {"rules": 1e9, "writer": 1e9, "redis": 1e9}
-    with redis_server() as url:
-        rb = redis.Redis.from_url(url)
-        for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]:
-            rs.put_profile(rb, pid, expr, alarm=_alarm_of(pid))
-        with rb.pipeline(transaction=False) as p:
-            for i in range(0, events, 500):
-                p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 500]),
-                                   rs.INGEST_GATEWAY: "g"})  # fmt: skip
-            p.execute()
-        cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
-                           snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
-        w = EngineWorker(rb, cfg)
+    profiles = [(pid, expr, _alarm_of(pid))
+                for pid, expr in [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]]  # fmt: skip
+    with redis_server() as url, bench_worker(url, profiles, evs, per_entry=500) as (rb, w):
         w.start()
         notes: list[Any] = []
-        feed = w._alarm_feed
+        feed = w.alarms._alarm_feed
 
         def capture(ns: list[Any]) -> Any:
             notes.extend(ns)
             return feed(ns)
 
-        w._alarm_feed = capture  # type: ignore[method-assign,assignment]
+        w.alarms._alarm_feed = capture  # type: ignore[method-assign,assignment]
         while w.step(block=0):
             pass
         if w.pending:
             w.commit()
-        end = w._alarm_now()
+        end = w.alarms._alarm_now()
         for _ in range(repeat):
-            w.rules = AlarmRules(dict(w.rules.specs), {}, w.cfg.alarm_policy, None)
+            w.alarms.rules = AlarmRules(dict(w.alarms.rules.specs), {}, w.cfg.alarm_policy, None)
             t0 = time.process_time()
             eff = feed(notes)
-            eff.extend(w.rules.advance(end))
+            eff.extend(w.alarms.rules.advance(end))
             t1 = time.process_time()
             batch = AlarmBatch({"ops": [], "t": end, "ctl": "0-0"}, eff)
             arg: Any = [batch] if listed else batch
             rec = _Recorder()
-            w._alarm_write(rec, arg, 86400 * 30)
+            w.alarms.write(rec, arg, 86400 * 30)
             t2 = time.process_time()
             rb.delete("ens:alarm:history", "ens:alarms", "ens:outbox")
             t2w = time.perf_counter()
             with rb.pipeline(transaction=True) as p:
-                w._alarm_write(p, arg, 86400 * 30)
+                w.alarms.write(p, arg, 86400 * 30)
                 p.execute()
             t3 = time.perf_counter()
             for k, v in (("rules", t1 - t0), ("writer", t2 - t1), ("redis", t3 - t2w)):
@@ -484,5 +475,4 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
         out.update(matches=len(notes), transitions=len(eff.transitions),
                    messages=len(eff.messages), commands=rec.n)  # fmt: skip
         out["transitions"], out["history_entries"] = len(eff.transitions), history_size(rb)[1]
-        rb.close()
     return out

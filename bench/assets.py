@@ -109,15 +109,12 @@ def detection(sensors: int = 10_000, silent: float = 0.01, repeat: int = 2) -> d
     """The engine worker on the same readings: ``plain`` (as the sensors send them, no
     registry), ``enriched`` (as the API stores them with a registry: five more attributes),
     ``faults`` (enriched, and the registry's fault profiles in the engine)."""
-    import redis
 
     from adapters.service import alarm_store as als
     from adapters.service import asset_store as ast
-    from adapters.service import redis_store as rs
     from adapters.service.assets import parse_registry
     from adapters.service.enrich import AssetCache
-    from adapters.service.worker import EngineWorker, WorkerConfig
-    from bench.alarms import redis_server
+    from bench.alarms import bench_worker, redis_server
 
     reg = parse_registry(_registry_csv(sensors), "bench", csv_format=True)
     cache = AssetCache()
@@ -130,39 +127,28 @@ def detection(sensors: int = 10_000, silent: float = 0.01, repeat: int = 2) -> d
     with redis_server() as url:
         for _ in range(repeat):
             for mode in modes:
-                rb = redis.Redis.from_url(url)
-                rb.flushdb()
-                rs.put_profile(rb, *PLAIN)
-                if mode == "faults":
-                    t0 = time.perf_counter()
-                    ast.import_registry(rb, reg)
-                    out["import_seconds"] = round(time.perf_counter() - t0, 2)
                 evs = plain if mode == "plain" else enriched
-                with rb.pipeline(transaction=False) as p:
-                    for i in range(0, len(evs), 100):
-                        p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs[i : i + 100]),
-                                           rs.INGEST_GATEWAY: "gw"})  # fmt: skip
-                    p.execute()
-                cfg = WorkerConfig(name="bench", clock="event", block=0, reorder_seconds=0.0,
-                                   snapshot_interval=1e9, max_skew=float("inf"))  # fmt: skip
-                w = EngineWorker(rb, cfg)
-                t0 = time.perf_counter()
-                w.start()
-                if mode == "faults":
-                    out["worker_start_seconds_with_faults"] = round(time.perf_counter() - t0, 2)
-                t0 = time.perf_counter()
-                while w.step(block=0):
-                    pass
-                rate = len(evs) / (time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                w.snapshot()  # a fixed cost (the engine's state), not one per event
-                out[f"{mode}_snapshot_seconds"] = round(time.perf_counter() - t0, 2)
-                k = f"{mode}_events_per_s"
-                out[k] = max(out.get(k, 0), round(rate))
-                if mode == "faults":
-                    raised = [a for a in als.list_alarms(rb) if a["profile"].startswith("comm")]
-                    out["comm_fault_alarms"] = len(raised)
-                rb.close()
+                with bench_worker(url, [(*PLAIN, None)], evs, gateway="gw") as (rb, w):
+                    if mode == "faults":
+                        t0 = time.perf_counter()
+                        ast.import_registry(rb, reg)
+                        out["import_seconds"] = round(time.perf_counter() - t0, 2)
+                    t0 = time.perf_counter()
+                    w.start()
+                    if mode == "faults":
+                        out["worker_start_seconds_with_faults"] = round(time.perf_counter() - t0, 2)
+                    t0 = time.perf_counter()
+                    while w.step(block=0):
+                        pass
+                    rate = len(evs) / (time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    w.snapshot()  # a fixed cost (the engine's state), not one per event
+                    out[f"{mode}_snapshot_seconds"] = round(time.perf_counter() - t0, 2)
+                    k = f"{mode}_events_per_s"
+                    out[k] = max(out.get(k, 0), round(rate))
+                    if mode == "faults":
+                        raised = [a for a in als.list_alarms(rb) if a["profile"].startswith("comm")]
+                        out["comm_fault_alarms"] = len(raised)
     us = {m: 1e6 / out[f"{m}_events_per_s"] for m in modes}
     out["enriched_vs_plain"] = round(us["plain"] / us["enriched"], 3)
     out["faults_vs_plain"] = round(us["plain"] / us["faults"], 3)

@@ -42,7 +42,7 @@ def run(r: redis.Redis, events: int, observe: bool) -> float:
     )  # fmt: skip
     w = EngineWorker(r, cfg)
     w.start()
-    w._set_def("p", 'seq(a: kind = "door", b: kind = "motion") within 5m per room', None)
+    w.control.set_def("p", 'seq(a: kind = "door", b: kind = "motion") within 5m per room', None)
     kinds = ("door", "motion", "temperature")
     with r.pipeline() as p:
         for i in range(0, events, 500):

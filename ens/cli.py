@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ens.commands.output import fail
 from ens.commands.store import DataDir, RedisUrl
 from ens.options import (
     PLAN_HELP,
@@ -61,12 +62,6 @@ def _options(
     ] = False,
 ) -> None:
     pass
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a user error (no traceback) and return the exit to raise."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def report_errors(err: ENSError) -> typer.Exit:

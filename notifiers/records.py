@@ -16,9 +16,12 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
+
+if TYPE_CHECKING:
+    from filters.notification import Notification
 
 VERSION_FIELD = "ver"
 OUTBOX_FIELD = "n"
@@ -70,6 +73,23 @@ def check_version(fields: Mapping[Any, Any], what: str, current: int) -> int:
             f"{what} version {ver} was written by a newer ENS (this one reads up to {current})"
         )
     return ver
+
+
+def outbox_notification(n: Notification, epoch: str, seq: object = None) -> dict[str, Any]:
+    """The notification an engine's detection puts in the outbox (`OutboxRecord`), written by
+    the service's worker and by `ens spark stream` alike.
+
+    Its id ``f"{profile}:{epoch}:{seq}"`` is unique and the same when the detection is made
+    again (a journal replay, a re-executed micro-batch), so a rewrite is recognised: ``epoch``
+    names the engine's run (the service's checkpoint epoch; Spark's query epoch and route),
+    ``seq`` is the engine's detection counter, or what the caller gives (Spark's bare
+    filters: the event key).
+    """
+    return {
+        "id": f"{n.profile}:{epoch}:{n.seq if seq is None else seq}",
+        **n.to_detail(),
+        "subscriber": n.subscriber,
+    }
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs ~2x (one per commit, notification)

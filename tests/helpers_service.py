@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from adapters.service import redis_store as rs
@@ -195,6 +196,16 @@ class Service:
             self.proc.kill()
             self.proc.wait(10)
 
+    def restarted(self, sig: int = signal.SIGKILL) -> Service:
+        """Stop it with ``sig`` (kill -9 by default: it must die of it) and start a process
+        like it on the same Redis and log; returns the new one."""
+        status = self.stop(sig)
+        if sig == signal.SIGKILL:
+            assert status == -signal.SIGKILL, status
+        twin = Service(self.redis_url, self.log, *self.args, data_dir=self.data_dir,
+                       http=self.http, engine=self.engine, env=self.env, nofile=self.nofile)  # fmt: skip
+        return twin.start()
+
     def healthy(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
@@ -282,3 +293,175 @@ def serving(d: Path, *args: str) -> Iterator[Service]:
             yield s
         finally:
             assert s.stop() == 0, (d / "serve.log").read_text()[-2000:]
+
+
+def service_fixtures(name: str, *args: str, gateway: str | None = None) -> tuple[Any, ...]:
+    """The module-scoped fixtures of a module whose tests share one `ens serve ARGS` (on a
+    redis-server of its own, `serving`): ``svc`` and `client_fixtures`' ``r``, ``admin`` and
+    ``gw`` (gateway ``gateway``, default ``gw-NAME``). A module takes them as
+    ``svc, r, admin, gw = service_fixtures("assets", "--reorder-seconds", "0.1")``."""
+
+    @pytest.fixture(scope="module", name="svc")
+    def svc_(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+        with serving(tmp_path_factory.mktemp(f"svc-{name}"), *args) as s:
+            yield s
+
+    return (svc_, *client_fixtures(gateway or f"gw-{name}"))
+
+
+def alarm_cli() -> Any:
+    """`ens`'s service and alarm command groups as one Typer app (for `CliRunner`); a module
+    takes it as a fixture: ``cli = pytest.fixture(scope="module", name="cli")(alarm_cli)``."""
+    import typer
+
+    from ens.commands.alarms import register as register_alarms
+    from ens.commands.service import register as register_service
+
+    app = typer.Typer()
+    register_service(app)
+    register_alarms(app)
+    return app
+
+
+def run_cli(app: Any, url: str | None, *args: str) -> Any:
+    """Invoke ``app`` with ``args``, the Redis at ``url`` given as ENS_REDIS_URL."""
+    from typer.testing import CliRunner
+
+    return CliRunner(env={rs.ENV_URL: url}).invoke(app, list(args))
+
+
+def client_fixtures(gateway: str | None = None) -> tuple[Any, ...]:
+    """Module-scoped clients of the module's ``svc`` fixture, however it is started: ``r``
+    (Redis, decoding responses), ``admin`` (HTTP with the admin token) and, given a
+    ``gateway``, ``gw`` (HTTP with the key of that new gateway):
+    ``r, admin, gw = client_fixtures("gw-console")``, ``r, admin = client_fixtures()``."""
+
+    @pytest.fixture(scope="module", name="r")
+    def r_(svc: Service) -> Iterator[redis.Redis]:
+        c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
+        yield c
+        c.close()
+
+    @pytest.fixture(scope="module", name="admin")
+    def admin_(svc: Service) -> Iterator[httpx.Client]:
+        with svc.client(admin=True) as c:
+            yield c
+
+    @pytest.fixture(scope="module", name="gw")
+    def gw_(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
+        with svc.client(rs.add_gateway(r, gateway)) as c:
+            yield c
+
+    return (r_, admin_, gw_) if gateway else (r_, admin_)
+
+
+# ----------------------------------------------------------------------------- kill -9 harness
+
+
+def post_batch(svc: Service, key: str, batch: list[dict[str, Any]], last_ts: float) -> float:
+    """Stamp the events with the current time (increasing) and post them; returns the last ts."""
+    body, last_ts = _stamped(batch, last_ts)
+    resp = httpx.post(
+        svc.url + "/v1/events",
+        content=body,
+        timeout=10,
+        headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
+    )
+    assert resp.status_code == 202, resp.text
+    return last_ts
+
+
+def post_resending(
+    svc: Service, key: str, batch: list[dict[str, Any]], last_ts: float
+) -> tuple[float, int]:
+    """`post_batch` as a gateway does it while Redis may be down: sent again until answered
+    202 (a 503 meanwhile, or no answer), for up to 30 s. Returns the last ts and how many of
+    the events the service already had (``duplicates``: an answer lost, the POST resent)."""
+    body, last_ts = _stamped(batch, last_ts)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            resp = httpx.post(
+                svc.url + "/v1/events",
+                content=body,
+                timeout=5,
+                headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
+            )
+            if resp.status_code == 202:
+                return last_ts, resp.json().get("duplicates", 0)
+            assert resp.status_code == 503, resp.text
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "no 202 within 30 s of a Redis restart"
+        time.sleep(0.1)
+
+
+def _stamped(batch: list[dict[str, Any]], last_ts: float) -> tuple[str, float]:
+    """The batch as NDJSON, its events stamped with increasing times from now; the last."""
+    for ev in batch:
+        last_ts = max(time.time(), last_ts + 0.0001)
+        ev["ts"] = round(last_ts, 4)
+    return "".join(json.dumps(ev) + "\n" for ev in batch), last_ts
+
+
+def settled(r: redis.Redis, n_events: int, backlog: bool = False) -> bool:
+    """The engine worker has processed ``n_events``, buffers none and has committed every
+    notification (and, with ``backlog``, no ingest entry waits)."""
+    st = rs.worker_status(r)
+    return bool(
+        st
+        and st["stats"].get("total_events") == n_events
+        and st["stats"].get("buffered") == 0
+        and st["stats"].get("pending_notifications") == 0
+        and (not backlog or rs.ingest_backlog(r)[0] == 0)
+    )
+
+
+class CrashRedis:
+    """A redis-server with an append-only file synced at every write (so a kill -9 loses
+    nothing it answered) on a private unix socket, killed with -9 and restarted on the same
+    files by `kill_and_restart`; ``r`` is a client (decoding responses) that outlives it."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.sockdir = Path(tempfile.mkdtemp(prefix="ens-crash-"))  # short: unix socket paths
+        self.sock = self.sockdir / "redis.sock"
+        self.url = f"unix://{self.sock}"
+        self.r = redis.Redis.from_url(self.url, decode_responses=True)
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            redis_command(self.sock, self.data, aof=True, fsync="always"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(lambda: _pings(self.r), 10, "redis-server up")
+        except BaseException:
+            proc.kill()
+            raise
+        return proc
+
+    def kill_and_restart(self, down: float = 0.3) -> None:
+        """kill -9; ``down`` seconds without Redis (the service meets it gone); start again."""
+        self.proc.kill()
+        self.proc.wait(10)
+        time.sleep(down)
+        self.proc = self._start()
+
+    def close(self) -> None:
+        self.r.close()
+        self.proc.kill()
+        self.proc.wait(10)
+        shutil.rmtree(self.sockdir, ignore_errors=True)
+
+
+@contextmanager
+def crash_redis(data: Path) -> Iterator[CrashRedis]:
+    """A `CrashRedis` on ``data``, killed and its socket directory removed at the end."""
+    server = CrashRedis(data)
+    try:
+        yield server
+    finally:
+        server.close()

@@ -4,16 +4,10 @@ delivered transition is in the outbox exactly once (docs/alarms.md, "Exactly onc
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import signal
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
@@ -24,8 +18,16 @@ from ens.replay import replay
 from profiles.alarm import AlarmSpec
 from profiles.events import event_from_obj
 from profiles.parser import parse_profile
-from tests.helpers_service import Service, outbox, redis_server, wait_for
-from tests.test_service_crash import _pings, _redis, post_batch
+from tests.helpers_service import (
+    Service,
+    crash_redis,
+    outbox,
+    post_batch,
+    post_resending,
+    redis_server,
+    settled,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -61,8 +63,7 @@ def test_kill_9_with_alarms_loses_and_doubles_no_transition(tmp_path: Path) -> N
             for k, i in enumerate(range(0, N_EVENTS, BATCH)):
                 last = post_batch(svc, key, evs[i : i + BATCH], last)
                 if k in (6, 13):  # mid-stream, and again soon after the recovery
-                    svc.stop(signal.SIGKILL)
-                    svc = Service(url, log, "--reorder-seconds", "0.05").start()
+                    svc = svc.restarted()
             post_batch(svc, key, [{"id": "end", "kind": "end"}], last)
             wait_for(lambda: [n for n in outbox(r) if n["profile"] == "end"], 30, "the end")
         finally:
@@ -90,14 +91,8 @@ def test_kill_9_of_redis_with_alarms_loses_and_doubles_no_transition(tmp_path: P
     files: the engine restarts from the checkpoint and the history is still exactly the
     offline replay's."""
     evs = events(random.Random(9))
-    sockdir = Path(tempfile.mkdtemp(prefix="ens-acrash-"))
-    sock = sockdir / "redis.sock"
-    url = f"unix://{sock}"
-    proc = _redis(sock, tmp_path)
-    r = redis.Redis.from_url(url, decode_responses=True)
-    svc = None
-    try:
-        wait_for(lambda: _pings(r), 10, "redis up")
+    with crash_redis(tmp_path) as server:
+        r = server.r
         rs.put_profile(
             r,
             "win",
@@ -105,52 +100,15 @@ def test_kill_9_of_redis_with_alarms_loses_and_doubles_no_transition(tmp_path: P
             alarm={"severity": "major", "clear": {"on": CLOSED}},
         )
         key = rs.add_gateway(r, "g")
-        svc = Service(url, tmp_path / "serve.log", "--reorder-seconds", "0.05").start()
-        last = 0.0
-        for k, i in enumerate(range(0, N_EVENTS, BATCH)):
-            batch = evs[i : i + BATCH]
-            for ev in batch:
-                last = max(time.time(), last + 0.0001)
-                ev["ts"] = round(last, 4)
-            body = "".join(json.dumps(ev) + "\n" for ev in batch)
-            deadline = time.monotonic() + 30
-            while True:  # as a gateway does: resend until answered 202
-                try:
-                    resp = httpx.post(
-                        svc.url + "/v1/events",
-                        content=body,
-                        timeout=5,
-                        headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
-                    )
-                    if resp.status_code == 202:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "no 202 within 30 s of a Redis restart"
-                time.sleep(0.1)
-            if k in (6, 13):
-                proc.kill()
-                proc.wait(10)
-                time.sleep(0.3)  # the service meets a Redis that is gone
-                proc = _redis(sock, tmp_path)
-                wait_for(lambda: _pings(r), 10, "redis back")
-
-        def settled() -> bool:
-            st = rs.worker_status(r)
-            return bool(
-                st
-                and st["stats"].get("total_events") == N_EVENTS
-                and st["stats"].get("buffered") == 0
-                and st["stats"].get("pending_notifications") == 0
-            )
-
-        wait_for(settled, 30, "every event processed and committed")
-        assert svc.stop() == 0
-        check_exactly_once(r, evs)
-    finally:
-        if svc is not None:
+        svc = Service(server.url, tmp_path / "serve.log", "--reorder-seconds", "0.05").start()
+        try:
+            last = 0.0
+            for k, i in enumerate(range(0, N_EVENTS, BATCH)):
+                last, _ = post_resending(svc, key, evs[i : i + BATCH], last)
+                if k in (6, 13):
+                    server.kill_and_restart()
+            wait_for(lambda: settled(r, N_EVENTS), 30, "every event processed and committed")
+            assert svc.stop() == 0
+        finally:
             svc.kill()
-        r.close()
-        proc.kill()
-        proc.wait(10)
-        shutil.rmtree(sockdir, ignore_errors=True)
+        check_exactly_once(r, evs)

@@ -167,12 +167,12 @@ def test_a_commit_of_held_steps_replays_step_by_step(tmp_path: Path) -> None:
             {("101", "raise"): 1, ("101", "repeat"): 1, ("101", "ack"): 1, ("102", "raise"): 1,
              ("102", "clear"): 1, ("103", "raise"): 1}
         ), hist  # fmt: skip
-        state, msgs = a.rules.snapshot(), outbox(rt)
+        state, msgs = a.alarms.rules.snapshot(), outbox(rt)
         rb.delete(rs.ENGINE_LOCK)  # kill -9
 
         b = EngineWorker(rb, worker_config(name="w2", reorder_seconds=0.0))
         b.start()
-        assert b.rules.snapshot() == state
+        assert b.alarms.rules.snapshot() == state
         assert als.history(rt) == hist and outbox(rt) == msgs
         rt.close()
         rb.close()

@@ -78,12 +78,12 @@ def test_closed_alarms_leave_the_index_after_the_retention(
     assert rec is not None and rec["occurrence"] == 2 and rec["state"] == "active-unacknowledged"
     hist = als.history(rt, alarm=ids["101"])
     assert len({t["id"] for t in hist}) == 4 and hist[-1]["reason"] == "re-arm"
-    state = a.rules.snapshot()
+    state = a.alarms.rules.snapshot()
     rb.delete(rs.ENGINE_LOCK)  # kill -9: the journal since the snapshot holds the prune
 
     b = EngineWorker(rb, config(name="w2", alarm_closed_retention=None))  # setting changed
     b.start()
-    assert b.rules.snapshot() == state
+    assert b.alarms.rules.snapshot() == state
     assert als.history(rt, alarm=ids["101"]) == hist
 
 

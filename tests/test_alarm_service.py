@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +15,21 @@ import httpx
 import pytest
 import redis
 import typer
-from typer.testing import CliRunner
 
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
-from ens.commands.alarms import register as register_alarms
-from ens.commands.service import register as register_service
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
+from tests.helpers_service import (
+    Service,
+    alarm_cli,
+    metric,
+    outbox,
+    redis_server,
+    run_cli,
+    service_fixtures,
+    wait_for,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -36,49 +41,10 @@ ALARM = {
 }
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    d = tmp_path_factory.mktemp("svc-alarms")
-    with serving(d, "--reorder-seconds", "0.1") as s:
-        yield s
+svc, r, admin, gw = service_fixtures("alarms", "--reorder-seconds", "0.1")
 
 
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def admin(svc: Service) -> Iterator[httpx.Client]:
-    with svc.client(admin=True) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def gw(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
-    with svc.client(rs.add_gateway(r, "gw-alarms")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register_service(app)
-    register_alarms(app)
-    return app
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    rec = Receiver().start()
-    yield rec
-    rec.stop()
-
-
-def run(app: typer.Typer, url: str | None, *args: str) -> Any:
-    return CliRunner(env={rs.ENV_URL: url}).invoke(app, list(args))
+cli = pytest.fixture(scope="module", name="cli")(alarm_cli)
 
 
 def post(gw: httpx.Client, *events: dict[str, Any]) -> None:
@@ -104,7 +70,7 @@ def setup_profile(
         json={"id": sub, "channels": [{"webhook": hook}], "secret": SECRET},
     )
     assert resp.status_code in (200, 201), resp.text
-    res = run(
+    res = run_cli(
         cli, svc.redis_url, "profile", "add", "--id", pid, "--subscriber", sub,
         "--expr", 'seq(w: kind = "window" and state = "open") per room',
         "--severity", "major", "--clear", 'kind = "window" and state = "closed"',
@@ -145,14 +111,14 @@ def test_raise_repeat_ack_clear_end_to_end(
     assert a["acknowledge"]["http"] == f"POST /v1/alarms/{aid}/ack"
     assert {"occurrence", "count", "first_seen", "last_seen"} <= set(a)
 
-    listed = run(cli, svc.redis_url, "alarms", "list", "--match", "room=101", "--json")
+    listed = run_cli(cli, svc.redis_url, "alarms", "list", "--match", "room=101", "--json")
     assert listed.exit_code == 0 and [x["id"] for x in json.loads(listed.output)] == [aid]
-    acked = run(cli, svc.redis_url, "alarms", "ack", aid, "--note", "on my way")
+    acked = run_cli(cli, svc.redis_url, "alarms", "ack", aid, "--note", "on my way")
     assert acked.exit_code == 0, acked.output
     again = admin.post(f"/v1/alarms/{aid}/ack", json={"note": "me too"})
     assert again.status_code == 409 and again.json()["state"] == "active-acknowledged"
     assert admin.post("/v1/alarms/anothing/ack").status_code == 404
-    cli_again = run(cli, svc.redis_url, "alarms", "ack", aid)
+    cli_again = run_cli(cli, svc.redis_url, "alarms", "ack", aid)
     assert cli_again.exit_code == 3 and "active-acknowledged" in cli_again.output
 
     post(gw, {"kind": "window", "state": "closed", "room": "101"})  # the companion clears it
@@ -188,12 +154,14 @@ def test_silence_holds_back_delivery_but_state_and_history_change(
     svc: Service, r: redis.Redis, admin: httpx.Client, gw: httpx.Client, cli: typer.Typer
 ) -> None:
     setup_profile(cli, svc, admin, "win2", "day", "http://127.0.0.1:9/hook")
-    bad = run(cli, svc.redis_url, "silence", "add", "--match", "room=~(", "--for", "1h")
+    bad = run_cli(cli, svc.redis_url, "silence", "add", "--match", "room=~(", "--for", "1h")
     assert bad.exit_code == 2 and "matchers" in bad.output
-    bad = run(cli, svc.redis_url, "silence", "add", "--match", "room=201", "--weekly", "Mon 7-9")
+    bad = run_cli(
+        cli, svc.redis_url, "silence", "add", "--match", "room=201", "--weekly", "Mon 7-9"
+    )
     assert bad.exit_code == 2 and "weekly" in bad.output
     assert als.list_silences(r) == []
-    res = run(
+    res = run_cli(
         cli, svc.redis_url, "silence", "add", "--match", "profile=win2", "--match", "room=201",
         "--for", "2h", "--comment", "contractor",
     )  # fmt: skip
@@ -219,9 +187,9 @@ def test_silence_holds_back_delivery_but_state_and_history_change(
         10,
         "the silenced deliveries counted",
     )
-    listed = json.loads(run(cli, svc.redis_url, "silence", "list", "--json").output)
+    listed = json.loads(run_cli(cli, svc.redis_url, "silence", "list", "--json").output)
     assert [(s["id"], s["comment"]) for s in listed] == [(sid, "contractor")]
-    assert run(cli, svc.redis_url, "silence", "expire", sid).exit_code == 0
+    assert run_cli(cli, svc.redis_url, "silence", "expire", sid).exit_code == 0
     assert admin.delete(f"/v1/silences/{sid}").status_code == 422  # expired already
     assert admin.delete("/v1/silences/s99").status_code == 404
 
@@ -230,7 +198,7 @@ def test_ack_token_lists_and_acknowledges_only(
     svc: Service, r: redis.Redis, admin: httpx.Client, gw: httpx.Client, cli: typer.Typer
 ) -> None:
     setup_profile(cli, svc, admin, "win3", "phone", "http://127.0.0.1:9/hook")
-    res = run(cli, svc.redis_url, "token", "add", "tech-phone", "--scope", "ack")
+    res = run_cli(cli, svc.redis_url, "token", "add", "tech-phone", "--scope", "ack")
     assert res.exit_code == 0, res.output
     token = res.output.rsplit(" ", 1)[1].strip()
     post(gw, {"kind": "window", "state": "open", "room": "301"})
@@ -245,7 +213,7 @@ def test_ack_token_lists_and_acknowledges_only(
         assert tech.post(f"/v1/alarms/{aid}/clear", json={"reason": "x"}).status_code == 403
         assert tech.post("/v1/profiles", json={"id": "p", "expr": "k = 1"}).status_code == 403
         assert tech.get("/v1/silences").status_code == 403
-    assert run(cli, svc.redis_url, "token", "revoke", "tech-phone").exit_code == 0
+    assert run_cli(cli, svc.redis_url, "token", "revoke", "tech-phone").exit_code == 0
     with svc.client(token) as tech:
         assert tech.get("/v1/alarms").status_code == 403
 
@@ -346,14 +314,14 @@ def test_http_silences_and_cli_show_and_history(
     post(gw, {"kind": "window", "state": "open", "room": "401"})
     wait_for(lambda: alarms_of(r, "win4"), 15, "the alarm")
     aid = alarms_of(r, "win4")[0]["id"]
-    shown = run(cli, svc.redis_url, "alarms", "show", aid)
+    shown = run_cli(cli, svc.redis_url, "alarms", "show", aid)
     assert shown.exit_code == 0, shown.output
     rec = json.loads(shown.output)
     assert rec["state"] == "active-unacknowledged" and [t["kind"] for t in rec["history"]] == [
         "raise"
     ]
-    assert run(cli, svc.redis_url, "alarms", "show", "anope").exit_code == 3
-    hist = run(
+    assert run_cli(cli, svc.redis_url, "alarms", "show", "anope").exit_code == 3
+    hist = run_cli(
         cli,
         svc.redis_url,
         "alarms",
@@ -365,9 +333,9 @@ def test_http_silences_and_cli_show_and_history(
         "--json",
     )
     assert hist.exit_code == 0 and [t["alarm"] for t in json.loads(hist.output)] == [aid]
-    bad_since = run(cli, svc.redis_url, "alarms", "history", "--since", "yesterday")
+    bad_since = run_cli(cli, svc.redis_url, "alarms", "history", "--since", "yesterday")
     assert bad_since.exit_code == 2 and "--since" in bad_since.output
-    listed = run(
+    listed = run_cli(
         cli,
         svc.redis_url,
         "alarms",
@@ -378,6 +346,6 @@ def test_http_silences_and_cli_show_and_history(
         "active-unacknowledged",
     )
     assert listed.exit_code == 0 and aid in listed.output
-    bad_state = run(cli, svc.redis_url, "alarms", "list", "--state", "open")
+    bad_state = run_cli(cli, svc.redis_url, "alarms", "list", "--state", "open")
     assert bad_state.exit_code == 2 and "--state" in bad_state.output
     assert admin.get("/v1/alarms", params={"match": "room=~("}).status_code == 422

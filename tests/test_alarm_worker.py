@@ -131,7 +131,7 @@ def test_crash_replays_alarm_steps_without_writing_twice(rb: redis.Redis, rt: re
     rb.delete(rs.ENGINE_LOCK)
     c = EngineWorker(rb, config(name="w3"))
     c.start()
-    assert c.rules.snapshot()["alarms"] == b.rules.snapshot()["alarms"]
+    assert c.alarms.rules.snapshot()["alarms"] == b.alarms.rules.snapshot()["alarms"]
 
 
 def test_clear_after_by_engine_time_and_silence(rb: redis.Redis, rt: redis.Redis) -> None:
@@ -210,8 +210,8 @@ def test_commands_without_a_worker_and_across_a_crash_apply_once(
     eid = als.post_command(rt, "ack", {"id": ids["102"], "actor": "bob"})
     stale = {"op": "clear", "at": time.time() - als.COMMAND_MAX_AGE - 60, "id": ids["101"]}
     old = rt.xadd(als.CONTROL, {"c": json.dumps({**stale, "reason": "x"})})
-    a._control()  # read, not committed: then kill -9
-    assert [c[0] for c in a.alarm_cmds] == [eid]
+    a.control.poll()  # read, not committed: then kill -9
+    assert [c[0] for c in a.alarms.alarm_cmds] == [eid]
     rb.delete(rs.ENGINE_LOCK)
     b = EngineWorker(rb, config(name="w2"))
     b.start()

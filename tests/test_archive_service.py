@@ -16,8 +16,8 @@ import redis
 
 from adapters.archive.layout import list_files, open_archive
 from adapters.service import redis_store as rs
-from tests.helpers_service import Service, metric, redis_command, redis_server, wait_for
-from tests.test_service_crash import BATCH, PROFILES, make_events, post_batch
+from tests.helpers_service import Service, metric, post_batch, redis_command, redis_server, wait_for
+from tests.test_service_crash import BATCH, PROFILES, make_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]  # kill -9 of real processes
 

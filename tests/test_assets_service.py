@@ -8,7 +8,6 @@ import itertools
 import json
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,7 +18,7 @@ from adapters.service import alarm_store as als
 from adapters.service import asset_store as ast
 from adapters.service import redis_store as rs
 from adapters.service.assets import parse_registry
-from tests.helpers_service import Service, metric, redis_server, serving, wait_for
+from tests.helpers_service import Service, metric, redis_server, service_fixtures, wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -27,30 +26,9 @@ _ids = itertools.count(1)
 HEADER = "id,kind,point,room,floor,building,tz,interval\n"
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    d = tmp_path_factory.mktemp("svc-assets")
-    with serving(d, "--reorder-seconds", "0.1", "--default-lateness", "0") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def admin(svc: Service) -> Iterator[httpx.Client]:
-    with svc.client(admin=True) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def gw(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
-    with svc.client(rs.add_gateway(r, "gw-assets")) as c:
-        yield c
+svc, r, admin, gw = service_fixtures(
+    "assets", "--reorder-seconds", "0.1", "--default-lateness", "0"
+)
 
 
 def _import(admin: httpx.Client, rows: str, **params: Any) -> httpx.Response:

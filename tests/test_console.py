@@ -17,7 +17,7 @@ import redis
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
 from adapters.service.console import session
-from tests.helpers_service import ADMIN_TOKEN, Service, metric, serving, wait_for
+from tests.helpers_service import ADMIN_TOKEN, Service, client_fixtures, metric, serving, wait_for
 
 pytestmark = pytest.mark.redis
 PROFILE = {
@@ -36,11 +36,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
+r, _admin = client_fixtures()
 
 
 def login_form(c: httpx.Client) -> str:

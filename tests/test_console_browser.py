@@ -17,9 +17,8 @@ import pytest
 import redis
 
 from adapters.service import alarm_store as als
-from adapters.service import redis_store as rs
 from tests.helpers_browser import chromium, need_chromium, screenshot
-from tests.helpers_service import ADMIN_TOKEN, Service, serving, wait_for
+from tests.helpers_service import ADMIN_TOKEN, Service, client_fixtures, serving, wait_for
 
 pytestmark = pytest.mark.redis
 WAIT = 15_000  # ms a page waits for what the test expects (a busy machine)
@@ -59,17 +58,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def gw(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
-    with svc.client(rs.add_gateway(r, "gw-console")) as c:
-        yield c
+r, _admin, gw = client_fixtures("gw-console")
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_the_sketch_counts_per_step_and_stays_bounded(rb: redis.Redis) -> None:
     post(rb, {"id": "b", "ts": T0 + 1, "kind": "y", "new": 1})
     w.step()
     assert "new" not in known_attrs.known(rb)  # within the interval: kept in memory
-    w._write_known(force=True)
+    w.intake.write_known(force=True)
     assert known_attrs.known(rb)["kind"]["count"] == 2
     # more names than the limit: those seen longest ago go (down to 90 %)
     seen = {f"a{i}": {"count": 1, "values": [i], "types": ["number"]} for i in range(12)}
@@ -198,7 +198,7 @@ def test_a_failed_write_of_the_attributes_does_not_stop_the_engine(
     rb.set(known_attrs.KEY, "not a hash")
     w = EngineWorker(rb, worker_config(reorder_seconds=0.0, commit_min_interval=0))
     w.start()
-    w._set_def("hot", "value > 30", None)
+    w.control.set_def("hot", "value > 30", None)
     post(rb, {"id": "h1", "ts": T0, "kind": "temperature", "value": 35})
     deadline = time.monotonic() + 10
     while not rb.xlen(store.OUTBOX) and time.monotonic() < deadline:

@@ -4,9 +4,6 @@
 
 from __future__ import annotations
 
-import shutil
-import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -15,8 +12,7 @@ import redis
 
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
-from tests.helpers_service import Service, outbox, redis_server, wait_for
-from tests.test_service_crash import _pings, _redis, post_batch
+from tests.helpers_service import Service, crash_redis, outbox, post_batch, redis_server, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -76,8 +72,7 @@ def test_kill_9_of_the_service_fires_each_escalation_step_once(tmp_path: Path) -
             wait_for(lambda: r.hlen(als.ESCALATIONS) == ROOMS, 15, "escalations pending")
             for _ in range(2):
                 time.sleep(0.7)  # into the ladder: another step each time
-                svc.stop(signal.SIGKILL)
-                svc = Service(url, log, *args).start()
+                svc = svc.restarted()
             check_each_step_once(r)
             assert svc.stop() == 0
         finally:
@@ -87,31 +82,16 @@ def test_kill_9_of_the_service_fires_each_escalation_step_once(tmp_path: Path) -
 
 
 def test_kill_9_of_redis_fires_each_escalation_step_once(tmp_path: Path) -> None:
-    sockdir = Path(tempfile.mkdtemp(prefix="ens-rcrash-"))
-    sock = sockdir / "redis.sock"
-    url = f"unix://{sock}"
-    proc = _redis(sock, tmp_path)
-    r = redis.Redis.from_url(url, decode_responses=True)
-    svc = None
-    try:
-        wait_for(lambda: _pings(r), 10, "redis up")
-        key, args = setup(r, tmp_path)
-        svc = Service(url, tmp_path / "serve.log", *args).start()
-        post_windows(svc, key)
-        wait_for(lambda: r.hlen(als.ESCALATIONS) == ROOMS, 15, "escalations pending")
-        for _ in range(2):
-            time.sleep(0.7)
-            proc.kill()
-            proc.wait(10)
-            time.sleep(0.3)  # the service meets a Redis that is gone
-            proc = _redis(sock, tmp_path)
-            wait_for(lambda: _pings(r), 10, "redis back")
-        check_each_step_once(r)
-        assert svc.stop() == 0
-    finally:
-        if svc is not None:
+    with crash_redis(tmp_path) as server:
+        key, args = setup(server.r, tmp_path)
+        svc = Service(server.url, tmp_path / "serve.log", *args).start()
+        try:
+            post_windows(svc, key)
+            wait_for(lambda: server.r.hlen(als.ESCALATIONS) == ROOMS, 15, "escalations pending")
+            for _ in range(2):
+                time.sleep(0.7)
+                server.kill_and_restart()
+            check_each_step_once(server.r)
+            assert svc.stop() == 0
+        finally:
             svc.kill()
-        r.close()
-        proc.kill()
-        proc.wait(10)
-        shutil.rmtree(sockdir, ignore_errors=True)

@@ -4,7 +4,6 @@ as timers of the rules, grouping per subscriber from the routing file, snapshot/
 from __future__ import annotations
 
 from datetime import datetime
-from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -12,38 +11,21 @@ from notifiers.alarms import AlarmRules, GroupPolicy
 from notifiers.routing import parse_routing
 from notifiers.routing.router import Router
 from profiles.alarm import AlarmSpec
+from tests.helpers_routing import BERLIN, CREW_ROUTING, at
 
-BERLIN = ZoneInfo("Europe/Berlin")
-ROUTING = """
-tz: Europe/Berlin
-schedules:
-  - id: crew
-    layers:
-      - {name: day, participants: [anna], rotation: 1d, handoff: "07:00", start: 2026-11-02,
-         restrict: Mon-Sun 07:00-19:00}
-      - {name: night, participants: [carla], rotation: 1d, handoff: "19:00", start: 2026-11-02,
-         restrict: Mon-Sun 19:00-07:00}
-escalation_policies:
-  - id: page
-    levels: [{receivers: [crew]}, {receivers: [boss], delay: 20m}]
-    repeat: 40m
+ROUTING = (
+    CREW_ROUTING
+    + """
 quiet_hours:
   - {subscriber: desk, windows: Mon-Sun 22:00-06:00, min_severity: major}
 grouping:
   - {subscriber: desk, group_by: [building], group_wait: 1m, group_interval: 5m}
-route:
-  receivers: [desk]
-  routes:
-    - {match: [severity=critical], escalation: page}
 """
+)
 SPECS = {
     "leak": AlarmSpec("critical", "manual", notify=("raise", "ack", "clear")),
     "temp": AlarmSpec("minor", "manual"),
 }
-
-
-def at(text: str) -> float:
-    return datetime.fromisoformat(text).replace(tzinfo=BERLIN).timestamp()
 
 
 def hm(ts: float) -> str:

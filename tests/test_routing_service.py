@@ -18,13 +18,21 @@ from typer.testing import CliRunner
 
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
-from ens.commands.alarms import register as register_alarms
-from ens.commands.service import register as register_service
 from notifiers import schedule_store
 from notifiers.worker import DeliveryWorker
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, metric, outbox, redis_server, serving, wait_for
-from tests.test_service_crash import post_batch
+from tests.helpers_service import (
+    Service,
+    alarm_cli,
+    client_fixtures,
+    metric,
+    outbox,
+    post_batch,
+    redis_server,
+    run_cli,
+    serving,
+    wait_for,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -64,23 +72,10 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
+r, _admin = client_fixtures()
 
 
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register_service(app)
-    register_alarms(app)
-    return app
-
-
-def run(app: typer.Typer, url: str | None, *args: str) -> Any:
-    return CliRunner(env={rs.ENV_URL: url}).invoke(app, list(args))
+cli = pytest.fixture(scope="module", name="cli")(alarm_cli)
 
 
 def alarm_messages(r: redis.Redis) -> list[dict[str, Any]]:
@@ -97,7 +92,7 @@ def test_routes_escalate_until_acknowledged_and_show_the_next_step(
                 json={"id": sub, "channels": [{"webhook": receiver.url}], "secret": SECRET},
             )
             assert resp.status_code in (200, 201), resp.text
-    res = run(
+    res = run_cli(
         cli, svc.redis_url, "profile", "add", "--id", "win", "--subscriber", "owner",
         "--expr", 'seq(w: kind = "window" and state = "open") per room',
         "--severity", "major", "--clear", "manual", "--notify", "raise,ack,clear",
@@ -117,7 +112,7 @@ def test_routes_escalate_until_acknowledged_and_show_the_next_step(
     wait_for(lambda: by("desk") and by("anna"), 15, "the raise to the desk and the crew")
     (a,) = als.list_alarms(r)
     occ = f"{a['id']}.{a['occurrence']}"
-    shown = run(cli, svc.redis_url, "alarms", "show", a["id"])
+    shown = run_cli(cli, svc.redis_url, "alarms", "show", a["id"])
     assert shown.exit_code == 0, shown.output
     esc = json.loads(shown.stdout)["escalation"]
     assert esc["policy"] == "page" and esc["occurrence"] == occ
@@ -156,7 +151,7 @@ def test_a_group_wait_ends_without_further_events(tmp_path: Path, cli: typer.Typ
         with svc.client(admin=True) as admin:
             sub = {"id": "owner", "channels": [{"webhook": "http://127.0.0.1:9/"}]}
             assert admin.post("/v1/subscribers", json=sub).status_code in (200, 201)
-        res = run(
+        res = run_cli(
             cli, svc.redis_url, "profile", "add", "--id", "g", "--subscriber", "owner",
             "--expr", 'seq(x: kind = "leak") per room', "--severity", "major", "--clear", "manual",
         )  # fmt: skip

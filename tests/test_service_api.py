@@ -24,7 +24,7 @@ from tests.helpers_service import (
     metric,
     outbox_for,
     replay_records,
-    serving,
+    service_fixtures,
     wait_for,
 )
 
@@ -35,30 +35,9 @@ MAX_BODY = 100_000
 _ids = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    d = tmp_path_factory.mktemp("svc-api")
-    with serving(d, "--reorder-seconds", str(REORDER), "--max-body", str(MAX_BODY)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def gw(svc: Service, r: redis.Redis) -> Iterator[httpx.Client]:
-    with svc.client(rs.add_gateway(r, "gw-api")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def admin(svc: Service) -> Iterator[httpx.Client]:
-    with svc.client(admin=True) as c:
-        yield c
+svc, r, admin, gw = service_fixtures(
+    "api", "--reorder-seconds", str(REORDER), "--max-body", str(MAX_BODY)
+)
 
 
 def uid(prefix: str) -> str:

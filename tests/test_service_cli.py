@@ -22,7 +22,15 @@ from typer.testing import CliRunner
 from adapters.service import redis_store as rs
 from ens.commands.service import register
 from notifiers import store
-from tests.helpers_service import ROOT, Service, free_port, outbox_for, redis_server, wait_for
+from tests.helpers_service import (
+    ROOT,
+    Service,
+    client_fixtures,
+    free_port,
+    outbox_for,
+    redis_server,
+    wait_for,
+)
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -67,11 +75,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             s.stop()
 
 
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
+r, _admin = client_fixtures()
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
@@ -33,10 +29,13 @@ from profiles.parser import parse_profile
 from tests.helpers_notifiers import SECRET, Receiver, notification
 from tests.helpers_service import (
     Service,
+    crash_redis,
     outbox,
-    redis_command,
+    post_batch,
+    post_resending,
     redis_server,
     replay_records,
+    settled,
     wait_for,
 )
 
@@ -63,22 +62,6 @@ def make_events(rnd: random.Random) -> list[dict[str, Any]]:
             ev["value"] = rnd.randrange(10, 90)
         out.append(ev)
     return out
-
-
-def post_batch(svc: Service, key: str, batch: list[dict[str, Any]], last_ts: float) -> float:
-    """Stamp the events with the current time (increasing) and post them; returns the last ts."""
-    for ev in batch:
-        last_ts = max(time.time(), last_ts + 0.0001)
-        ev["ts"] = round(last_ts, 4)
-    body = "".join(json.dumps(ev) + "\n" for ev in batch)
-    resp = httpx.post(
-        svc.url + "/v1/events",
-        content=body,
-        timeout=10,
-        headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
-    )
-    assert resp.status_code == 202, resp.text
-    return last_ts
 
 
 def test_kill_9_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
@@ -152,11 +135,8 @@ def run_with_kills(
                             10,
                             "the worker read the batch",
                         )
-                    assert svc.stop(signal.SIGKILL) == -signal.SIGKILL
+                    svc = svc.restarted()
                     kills += 1
-                    svc = {"together": Service(url, log, *args), "engine": engine(), "api": api()}[
-                        split
-                    ].start()
                     if split != "engine":
                         http = svc
                     if split == "together":
@@ -164,18 +144,11 @@ def run_with_kills(
                 else:
                     time.sleep(rnd.uniform(0, 0.03))
             assert kills == 2
-
-            def settled() -> bool:
-                st = rs.worker_status(r)
-                return bool(
-                    st
-                    and st["stats"].get("total_events") == N_EVENTS
-                    and st["stats"].get("buffered") == 0
-                    and st["stats"].get("pending_notifications") == 0
-                    and rs.ingest_backlog(r)[0] == 0
-                )
-
-            wait_for(settled, 20, "every event processed and committed")
+            wait_for(
+                lambda: settled(r, N_EVENTS, backlog=True),
+                20,
+                "every event processed and committed",
+            )
             got = outbox(r)
             assert svc.stop() == 0
             assert other.stop() == 0
@@ -197,16 +170,6 @@ def check_exactly_once(got: list[dict[str, Any]], events: list[dict[str, Any]]) 
     assert canon == Counter(json.dumps(n, sort_keys=True) for n in want)
 
 
-def _redis(sock: Path, data: Path) -> subprocess.Popen[bytes]:
-    """A redis-server with an append-only file synced at every write (so a kill -9 loses
-    nothing it answered), on a unix socket; restartable on the same files."""
-    return subprocess.Popen(
-        redis_command(sock, data, aof=True, fsync="always"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def test_kill_9_of_redis_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     """Issue 24.2: a Redis connection lost during an engine commit ended the engine process
     (exit 1). Redis is SIGKILLed twice under load and restarted on its files: the service
@@ -216,81 +179,30 @@ def test_kill_9_of_redis_mid_stream_loses_and_duplicates_nothing(tmp_path: Path)
     rnd = random.Random(11)
     events = make_events(rnd)
     batches = [events[i : i + BATCH] for i in range(0, N_EVENTS, BATCH)]
-    sockdir = Path(tempfile.mkdtemp(prefix="ens-crash-"))
-    sock = sockdir / "redis.sock"
-    url = f"unix://{sock}"
     log = tmp_path / "serve.log"
-    proc = _redis(sock, tmp_path)
-    r = redis.Redis.from_url(url, decode_responses=True)
-    svc = None
-    try:
-        wait_for(lambda: _pings(r), 10, "redis up")
+    with crash_redis(tmp_path) as server:
+        r = server.r
         for pid, expr in PROFILES.items():
             rs.put_profile(r, pid, expr)
         key = rs.add_gateway(r, "crash-gw")
-        svc = Service(url, log, "--reorder-seconds", "0.3").start()
-        last, kills, resent = 0.0, 0, 0
-        for i, batch in enumerate(batches):
-            for ev in batch:
-                last = max(time.time(), last + 0.0001)
-                ev["ts"] = round(last, 4)
-            body = "".join(json.dumps(ev) + "\n" for ev in batch)
-            deadline = time.monotonic() + 30
-            while True:  # as a gateway does: resend until answered 202
-                try:
-                    resp = httpx.post(
-                        svc.url + "/v1/events",
-                        content=body,
-                        timeout=5,
-                        headers={"X-API-Key": key, "Content-Type": "application/x-ndjson"},
-                    )
-                    if resp.status_code == 202:
-                        resent += resp.json().get("duplicates", 0)
-                        break
-                    assert resp.status_code == 503, resp.text
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "no 202 within 30 s of a Redis restart"
-                time.sleep(0.1)
-            if i in (len(batches) // 3, 2 * len(batches) // 3):
-                time.sleep(rnd.uniform(0, 0.05))  # somewhere in the engine's commits
-                proc.kill()
-                proc.wait(10)
-                kills += 1
-                time.sleep(0.5)  # the service meets a Redis that is gone
-                proc = _redis(sock, tmp_path)
-                wait_for(lambda: _pings(r), 10, "redis back")
-            assert svc.proc is not None and svc.proc.poll() is None, log.read_text()[-3000:]
-        assert kills == 2
-
-        def settled() -> bool:
-            st = rs.worker_status(r)
-            return bool(
-                st
-                and st["stats"].get("total_events") == N_EVENTS
-                and st["stats"].get("buffered") == 0
-                and st["stats"].get("pending_notifications") == 0
-            )
-
-        wait_for(settled, 30, "every event processed and committed")
-        got = outbox(r)
-        assert svc.stop() == 0
-        check_exactly_once(got, events)
-        assert "restarting from the snapshot" in log.read_text()
-    finally:
-        if svc is not None:
+        svc = Service(server.url, log, "--reorder-seconds", "0.3").start()
+        try:
+            last, kills = 0.0, 0
+            for i, batch in enumerate(batches):
+                last, _ = post_resending(svc, key, batch, last)
+                if i in (len(batches) // 3, 2 * len(batches) // 3):
+                    time.sleep(rnd.uniform(0, 0.05))  # somewhere in the engine's commits
+                    server.kill_and_restart(down=0.5)
+                    kills += 1
+                assert svc.proc is not None and svc.proc.poll() is None, log.read_text()[-3000:]
+            assert kills == 2
+            wait_for(lambda: settled(r, N_EVENTS), 30, "every event processed and committed")
+            got = outbox(r)
+            assert svc.stop() == 0
+        finally:
             svc.kill()
-        r.close()
-        proc.kill()
-        proc.wait(10)
-        shutil.rmtree(sockdir, ignore_errors=True)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
+    check_exactly_once(got, events)
+    assert "restarting from the snapshot" in log.read_text()
 
 
 def test_kill_9_of_the_deliverer_mid_send_hands_its_deliveries_over_within_seconds(

@@ -127,7 +127,7 @@ def test_a_connection_lost_during_a_commit_is_a_redis_error_not_a_lost_lock(
         p.set("x", "1")
 
     with pytest.raises(redis.ConnectionError):
-        w._transaction(write)
+        w.lease.transaction(write)
     killer.close()
 
 

@@ -117,7 +117,7 @@ def test_a_snapshot_restores_the_engine_its_buffer_and_its_position(
     assert rb.xlen(rs.JOURNAL) == 0 and rb.xpending(rs.INGEST, rs.ENGINE_GROUP)["pending"] == 0
     again = EngineWorker(rb, config(reorder_seconds=100.0))
     w.lease.release()
-    assert again._load() is False
+    assert again.checkpointer.load() is False
     assert (again.epoch, again.last_id) == (w.epoch, w.last_id)
     assert sorted(again.defs) == ["p"] and len(again.buffer) == 2
     assert again.totals["read"] == 2
@@ -179,7 +179,7 @@ def test_profile_changes_reach_the_running_engine_and_those_made_while_down_too(
     rs.put_profile(rt, "new", 'kind = "n"')  # while running: the control stream
     w.step(now=T0)
     assert sorted(w.defs) == ["gone", "keep", "new"]
-    assert w.inputs and w.inputs[-1][:2] == ["c", "new"]  # journalled as a profile change
+    assert w.inputs.ops and w.inputs.ops[-1][:2] == ["c", "new"]  # journalled as a profile change
     w.snapshot()
     w.lease.release()
     rs.delete_profile(rt, "gone")  # while down: reconciled at the next start
@@ -190,7 +190,7 @@ def test_profile_changes_reach_the_running_engine_and_those_made_while_down_too(
     rs.add_gateway(rt, "gw-late", 1.5)
     rs.set_gateway_lateness(rt, "gw-late", 2.5)
     again.step(now=T0)
-    assert again.wm.sources["gw-late"].lateness == 2.5
+    assert again.intake.wm.sources["gw-late"].lateness == 2.5
 
 
 # ----------------------------------------------------------------------------- intake

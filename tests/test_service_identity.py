@@ -13,7 +13,6 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +31,14 @@ from notifiers.worker import DeliveryWorker
 from profiles.events import read_events
 from profiles.parser import parse_profile
 from tests.helpers_notifiers import SECRET, Receiver, drive, fast_config
-from tests.helpers_service import Service, outbox_for, serving, wait_for
+from tests.helpers_service import Service, outbox_for, service_fixtures, wait_for
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
 PW, TOKEN = "pw-9f3Kq2", "tok-7Zx2Lm"  # what must never be shown
 
 
-@pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    d = tmp_path_factory.mktemp("svc-identity")
-    with serving(d, "--reorder-seconds", "0.2") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def admin(svc: Service) -> Iterator[httpx.Client]:
-    with svc.client(admin=True) as c:
-        yield c
+svc, r, admin, _gw = service_fixtures("identity", "--reorder-seconds", "0.2")
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +46,6 @@ def cli() -> typer.Typer:
     app = typer.Typer()
     register(app)
     return app
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    rec = Receiver().start()
-    yield rec
-    rec.stop()
 
 
 def run(app: typer.Typer, svc: Service, *args: str) -> Any:

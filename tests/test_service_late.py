@@ -147,7 +147,7 @@ def test_a_late_record_is_written_exactly_once_across_a_crash(
         {"id": "b2", "ts": t + 0.9, "kind": "B", "room": "r2"},  # on time, same entry
     )
     w.step(block=0, now=t + 1.1)  # b1 late; b2 held (the wall clock is 0.5 s behind)
-    assert [r.key for r in w.late_out] and w.buffer
+    assert [r.key for r in w.intake.late_out] and w.buffer
     if crash_after == "commit":
         w.commit()
         assert rt.xlen(LATE) == 1

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.helpers_notifiers import SECRET, Receiver
-from tests.helpers_service import Service, redis_server, wait_for
+from tests.helpers_service import Service, client_fixtures, redis_server, wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -53,10 +53,7 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             s.stop()
 
 
-@pytest.fixture(scope="module")
-def admin(svc: Service) -> Iterator[httpx.Client]:
-    with svc.client(admin=True) as c:
-        yield c
+_r, admin = client_fixtures()
 
 
 def samples(svc: Service) -> dict[str, float]:

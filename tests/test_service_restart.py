@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -36,6 +38,7 @@ from tests.helpers_service import (
 pytestmark = pytest.mark.redis
 
 W = 'seq(a: kind = "A", b: kind = "C") within 10s per room'
+ARGS = ("--reorder-seconds", "0")
 
 
 def ens(url: str, *args: str) -> None:
@@ -71,6 +74,31 @@ def probe(svc: Service, r: redis.Redis, key: str, n: int) -> None:
     )
 
 
+@contextmanager
+def probed_service(tmp_path: Path) -> Iterator[tuple[str, redis.Redis, str]]:
+    """A redis-server (append-only) with gateway ``gw`` and profile ``probe``: (url, a
+    client decoding responses, the gateway's key)."""
+    with redis_server(tmp_path, aof=True) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        try:
+            key = rs.add_gateway(r, "gw")
+            rs.put_profile(r, "probe", 'kind = "probe"')
+            yield url, r, key
+        finally:
+            r.close()
+
+
+def start_twice(url: str, log: Path, r: redis.Redis, key: str) -> None:
+    """Start the service again, twice: each start comes up and processes a fresh event."""
+    for n in range(2):
+        svc = Service(url, log, *ARGS).start()
+        try:
+            probe(svc, r, key, n)
+            assert svc.stop() == 0
+        finally:
+            svc.kill()
+
+
 @pytest.mark.parametrize(
     "stop",
     [signal.SIGTERM, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],
@@ -80,12 +108,8 @@ def test_the_service_starts_again_after_a_profile_with_state_was_removed(
     tmp_path: Path, stop: signal.Signals
 ) -> None:
     log = tmp_path / "serve.log"
-    with redis_server(tmp_path, aof=True) as url:
-        r = redis.Redis.from_url(url, decode_responses=True)
-        key = rs.add_gateway(r, "gw")
-        rs.put_profile(r, "probe", 'kind = "probe"')
-        args = ("--reorder-seconds", "0")
-        svc = Service(url, log, *args).start()
+    with probed_service(tmp_path) as (url, r, key):
+        svc = Service(url, log, *ARGS).start()
         try:
             ens(url, "profile", "add", "--id", "w", "--expr", W)
             wait_for(lambda: "profile w added" in log.read_text(), 20, "w active in the engine")
@@ -97,13 +121,9 @@ def test_the_service_starts_again_after_a_profile_with_state_was_removed(
             ens(url, "profile", "rm", "w")
             wait_for(lambda: "profile w removed" in log.read_text(), 20, "w removed")
             assert svc.stop(stop) == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
-            for n in range(2):
-                svc = Service(url, log, *args).start()
-                probe(svc, r, key, n)
-                assert svc.stop() == 0
+            start_twice(url, log, r, key)
         finally:
             svc.kill()
-            r.close()
     text = log.read_text()
     assert "StateError" not in text and "Traceback" not in text, text[-3000:]
 
@@ -114,12 +134,8 @@ def test_the_service_starts_again_after_profile_churn_with_events_in_flight(
     """20 adds and 20 removes in two seconds of profiles that match (and so leave terminators)
     while events are posted; then SIGTERM and two starts."""
     log = tmp_path / "serve.log"
-    with redis_server(tmp_path, aof=True) as url:
-        r = redis.Redis.from_url(url, decode_responses=True)
-        key = rs.add_gateway(r, "gw")
-        rs.put_profile(r, "probe", 'kind = "probe"')
-        args = ("--reorder-seconds", "0")
-        svc = Service(url, log, *args).start()
+    with probed_service(tmp_path) as (url, r, key):
+        svc = Service(url, log, *ARGS).start()
         done = threading.Event()
 
         def traffic() -> None:  # events in flight all along
@@ -158,14 +174,10 @@ def test_the_service_starts_again_after_profile_churn_with_events_in_flight(
             matched = {x["profile"] for x in outbox(r) if x["profile"] != "probe"}
             assert len(matched) >= 10, matched  # the removed profiles held state
             assert svc.stop() == 0
-            for n in range(2):
-                svc = Service(url, log, *args).start()
-                probe(svc, r, key, n)
-                assert svc.stop() == 0
+            start_twice(url, log, r, key)
         finally:
             done.set()
             svc.kill()
-            r.close()
     text = log.read_text()
     assert "StateError" not in text and "Traceback" not in text, text[-3000:]
 
@@ -174,20 +186,16 @@ def test_the_service_starts_on_a_checkpoint_it_cannot_restore(tmp_path: Path) ->
     """A damaged checkpoint is renamed aside (ERROR in the log), counted on /metrics, and the
     service comes up on a new engine state with the checkpoint's profiles."""
     log = tmp_path / "serve.log"
-    with redis_server(tmp_path, aof=True) as url:
-        r = redis.Redis.from_url(url, decode_responses=True)
+    with probed_service(tmp_path) as (url, r, key):
         rb = redis.Redis.from_url(url)
-        key = rs.add_gateway(r, "gw")
-        rs.put_profile(r, "probe", 'kind = "probe"')
-        args = ("--reorder-seconds", "0")
-        svc = Service(url, log, *args).start()
+        svc = Service(url, log, *ARGS).start()
         try:
             probe(svc, r, key, 0)
             assert svc.stop() == 0
             engine = rb.hget(rs.CHECKPOINT, "engine")
             assert engine is not None
             rb.hset(rs.CHECKPOINT, "engine", engine[: len(engine) // 2])
-            svc = Service(url, log, *args).start()
+            svc = Service(url, log, *ARGS).start()
             probe(svc, r, key, 1)
             text = httpx.get(svc.url + "/metrics", timeout=5).text
             assert metric(text, "ens_checkpoints_set_aside_total") == 1, text
@@ -195,7 +203,6 @@ def test_the_service_starts_on_a_checkpoint_it_cannot_restore(tmp_path: Path) ->
             assert svc.stop() == 0
         finally:
             svc.kill()
-            r.close()
             rb.close()
     text = log.read_text()
     assert "ERROR ens.service.worker: the engine checkpoint cannot be restored" in text, text

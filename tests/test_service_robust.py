@@ -19,7 +19,16 @@ from typer.testing import CliRunner
 
 from adapters.service import redis_store as rs
 from adapters.service.late import list_late
-from tests.helpers_service import ROOT, Service, metric, outbox_for, redis_server, serving, wait_for
+from tests.helpers_service import (
+    ROOT,
+    Service,
+    client_fixtures,
+    metric,
+    outbox_for,
+    redis_server,
+    serving,
+    wait_for,
+)
 
 pytestmark = pytest.mark.redis  # real redis-server processes (tests/helpers_*.py)
 
@@ -35,22 +44,12 @@ def svc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def r(svc: Service) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(svc.redis_url or "", decode_responses=True)
-    yield client
-    client.close()
+r, admin = client_fixtures()
 
 
 @pytest.fixture(scope="module")
 def key(r: redis.Redis) -> str:
     return rs.add_gateway(r, "gw-robust")
-
-
-@pytest.fixture(scope="module")
-def admin(svc: Service) -> Iterator[httpx.Client]:
-    with svc.client(admin=True) as c:
-        yield c
 
 
 def add_profile(admin: httpx.Client, pid: str, expr: str) -> None:

@@ -189,7 +189,7 @@ def test_exactly_once_across_crashes(
         elif step % commit_every == commit_every - 1 and a.pending:
             a.commit()
     if commit_every > 1:
-        assert a.inputs  # decided but uncommitted: lost in the crash, decided again
+        assert a.inputs.ops  # decided but uncommitted: lost in the crash, decided again
     # kill -9: no final snapshot; the lock expires.
     rb.delete(rs.ENGINE_LOCK)
     if snapshot_at is None:  # only the initial snapshot of the empty engine
@@ -373,7 +373,10 @@ def test_watermarks_per_gateway_give_the_ts_sorted_replay(
     w.start()
     rs.set_gateway_lateness(rt, "g3", 1.0)
     w.step(block=0, now=1000.0)
-    assert w.wm.lateness("g3") == 1.0 and w.wm.lateness("g1") == w.wm.lateness("g2") == 0.0
+    assert (
+        w.intake.wm.lateness("g3") == 1.0
+        and w.intake.wm.lateness("g1") == w.intake.wm.lateness("g2") == 0.0
+    )
 
     rnd = random.Random(3)
     t0 = 1_700_000_000.0

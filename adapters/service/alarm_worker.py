@@ -42,11 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import redis
 
 from adapters.service import alarm_store as als
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.engine_state import EngineState
+from adapters.service.engine_state import LiveEngine, WorkerConfig
+from filters.engine import Engine
 from filters.notification import Notification
 from notifiers import store
 from notifiers.alarms import (
@@ -82,14 +84,32 @@ class AlarmBatch:
     pruned: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (id, labels)
 
 
-class AlarmPart(EngineState):
-    """The alarm part of `EngineWorker`."""
+class AlarmPart:
+    """The alarm part of `EngineWorker`: `set_alarm` (with the profile's definition),
+    `read_commands`, the step of each commit (`split`, `step`, `entry`, `write`,
+    `published`) and its `replay`, the rules' checkpoint (`state`, `load`), `gauges`."""
 
-    rules: AlarmRules
-    alarm_specs: dict[str, dict[str, Any]]  # profile id -> its `alarm:` as stored (JSON)
-    alarm_cmds: list[tuple[str, dict[str, Any]]]  # read from ens:alarm:control, not applied
-    alarm_control_id: str
-    alarm_counted: float
+    def __init__(self, r: redis.Redis, cfg: WorkerConfig, live: LiveEngine) -> None:
+        self.r = r
+        self.cfg = cfg
+        self.live = live  # companion profiles go into its engine and definitions
+        self.reset()
+
+    @property
+    def engine(self) -> Engine:
+        return self.live.engine
+
+    @property
+    def defs(self) -> dict[str, Profile]:
+        return self.live.defs
+
+    @property
+    def dirty(self) -> set[str]:
+        return self.live.dirty
+
+    @property
+    def epoch(self) -> str:
+        return self.live.epoch
 
     def _alarm_router(self) -> tuple[dict[str, GroupPolicy], GroupPolicy, Router | None]:
         """Grouping per subscriber, the default, and the router (``--routing``)."""
@@ -100,12 +120,12 @@ class AlarmPart(EngineState):
         default = policies.pop("*", self.cfg.alarm_policy)
         return policies, default, Router(routing)
 
-    def _alarm_reset(self) -> None:
+    def reset(self) -> None:
         policies, default, router = self._alarm_router()
         self.router = router
         self.rules = AlarmRules({}, policies, default, router)
-        self.alarm_specs = {}
-        self.alarm_cmds = []
+        self.alarm_specs: dict[str, dict[str, Any]] = {}  # profile id -> its `alarm:` (JSON)
+        self.alarm_cmds: list[tuple[str, dict[str, Any]]] = []  # read, not applied yet
         self.alarm_control_id = "0-0"
         self.alarm_counted = 0.0  # monotonic time the counts were last made
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
@@ -118,7 +138,7 @@ class AlarmPart(EngineState):
     def _is_alarm(self, pid: str) -> bool:
         return pid in self.alarm_specs or pid.endswith(CLEAR_SUFFIX)
 
-    def _set_alarm(self, pid: str, profile: Profile | None, alarm: dict[str, Any] | None) -> None:
+    def set_alarm(self, pid: str, profile: Profile | None, alarm: dict[str, Any] | None) -> None:
         """Make ``alarm`` the `alarm:` of profile ``pid`` (None: not an alarm, or removed),
         with its companion profile in the engine."""
         comp_id = pid + CLEAR_SUFFIX
@@ -146,7 +166,7 @@ class AlarmPart(EngineState):
             self.dirty.add(comp_id)
 
     # ------------------------------------------------------------------ state
-    def _alarm_load(self) -> None:
+    def load(self) -> None:
         """The rules as of the checkpoint (none: a new state)."""
         raw: Any = self.r.hget(rs.CHECKPOINT, CHECKPOINT_FIELD)
         if raw is None:
@@ -176,7 +196,7 @@ class AlarmPart(EngineState):
                 ", ".join(router.escalator.dropped[:10]),
             )
         self.alarm_control_id = data["ctl"]
-        self._alarm_gauges(force=True)
+        self.gauges(force=True)
         log.info(
             "restored alarm state: %d alarms, %d silences, command stream at %s",
             len(self.rules.book.alarms),
@@ -184,7 +204,7 @@ class AlarmPart(EngineState):
             self.alarm_control_id,
         )
 
-    def _alarm_state(self) -> str:
+    def state(self) -> str:
         return json.dumps(
             {
                 "specs": self.alarm_specs,
@@ -194,7 +214,7 @@ class AlarmPart(EngineState):
         )
 
     # ------------------------------------------------------------------ commands
-    def _alarm_control(self) -> None:
+    def read_commands(self) -> None:
         """Read operator commands (applied by the next commit, in order)."""
         for eid, cmd in als.read_commands(self.r, self.alarm_control_id):
             self.alarm_control_id = eid
@@ -203,7 +223,7 @@ class AlarmPart(EngineState):
                 continue
             self.alarm_cmds.append((eid, cmd))
 
-    def _alarm_wants_commit(self) -> bool:
+    def wants_commit(self) -> bool:
         if self.alarm_cmds or self.escalations_gone or self.alarm_held:
             return True
         due = self.rules.due()
@@ -249,7 +269,7 @@ class AlarmPart(EngineState):
         return eff, reply
 
     # ------------------------------------------------------------------ the step
-    def _alarm_split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
+    def split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
         """(notifications for the outbox, those of alarm profiles)."""
         if not self.alarm_specs and not self.rules.book.alarms:
             return notes, []
@@ -263,7 +283,7 @@ class AlarmPart(EngineState):
         now = self.engine.now
         return time.time() if now is None else now
 
-    def _alarm_step(self, notes: list[Notification]) -> list[AlarmBatch]:
+    def step(self, notes: list[Notification]) -> list[AlarmBatch]:
         """The steps a commit writes: those held from refused commits, then (if there is
         anything to do) a new one for the alarm notifications ``notes`` none of them fed."""
         new = notes[self.alarm_fed :]
@@ -276,7 +296,7 @@ class AlarmPart(EngineState):
         return self.alarm_held
 
     @staticmethod
-    def _alarm_entry(batches: list[AlarmBatch]) -> dict[str, Any] | None:
+    def entry(batches: list[AlarmBatch]) -> dict[str, Any] | None:
         """The journal entry's ``al``: one step as it was (version 3), several in a list."""
         if not batches:
             return None
@@ -286,7 +306,7 @@ class AlarmPart(EngineState):
 
     def _alarm_new_step(self, notes: list[Notification]) -> AlarmBatch | None:
         """Feed the batch's alarm notifications, then the commands, then advance."""
-        if not notes and not self._alarm_wants_commit():
+        if not notes and not self.wants_commit():
             return None
         t = self._alarm_now()
         eff = self._alarm_feed(notes)
@@ -328,9 +348,9 @@ class AlarmPart(EngineState):
             for n in notes
         )
 
-    def _alarm_replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
+    def replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
         """Re-run a journalled step onto the restored rules (its effects were written)."""
-        _, notes = self._alarm_split(redone)
+        _, notes = self.split(redone)
         if entry is None:
             if notes:  # a journal written before alarms: the same notifications, no time
                 self._alarm_feed(notes)
@@ -348,7 +368,7 @@ class AlarmPart(EngineState):
             self.alarm_control_id = step["ctl"]
 
     # ------------------------------------------------------------------ writing
-    def _alarm_write(self, p: Any, batches: list[AlarmBatch], retention: float) -> None:
+    def write(self, p: Any, batches: list[AlarmBatch], retention: float) -> None:
         """Everything the steps produced, in the caller's transaction."""
         for batch in batches:
             self._alarm_write_step(p, batch, retention)
@@ -387,7 +407,7 @@ class AlarmPart(EngineState):
                 p.zadd(als.ESCALATION_DUE, {key: step["due_at"]})
                 p.hset(als.ESCALATIONS, key, orjson.dumps(step))
 
-    def _alarm_published(self, batches: list[AlarmBatch]) -> None:
+    def published(self, batches: list[AlarmBatch]) -> None:
         """The steps are committed: count what they wrote (Prometheus), hold them no more."""
         for batch in batches:
             self._alarm_count(batch)
@@ -419,7 +439,7 @@ class AlarmPart(EngineState):
             m.ALARMS_PRUNED.inc(len(batch.pruned))
             log.debug("pruned %d closed alarms from ens:alarms", len(batch.pruned))
 
-    def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
+    def gauges(self, force: bool = False) -> dict[str, int]:
         """Alarms by severity and state, for the heartbeat's stats (`/metrics` reads them:
         `ens_alarms`): counted over the book after a change, at most once a second."""
         mono = time.monotonic()

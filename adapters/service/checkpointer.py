@@ -18,7 +18,7 @@ import logging
 import pickle
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -26,10 +26,14 @@ import redis
 from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.alarm_worker import AlarmPart
 from adapters.service.archive_feed import FEED
-from adapters.service.engine_state import EngineState, Item
+from adapters.service.control import Control
+from adapters.service.engine_state import InputLog, LiveEngine, Progress, WorkerConfig
+from adapters.service.intake import Intake
+from adapters.service.journal import Journal
+from adapters.service.lease import EngineLease
 from adapters.service.records import CheckpointMeta, HeldRow
-from adapters.service.watermarks import Held
 from filters import state as state_format
 from filters.engine import Engine
 from filters.partitions import (
@@ -42,7 +46,6 @@ from filters.partitions import (
 )
 from filters.restore import Skipped
 from notifiers import store
-from profiles.events import Event, event_from_obj
 
 log = logging.getLogger("ens.service.worker")
 
@@ -50,67 +53,79 @@ CHECKPOINT_PARTS = "ens:checkpoint:parts"  # partition id (`encode_id`) -> its r
 _CHUNK = 10_000  # fields per HSET/HDEL of a snapshot
 
 
-class Checkpointer(EngineState):
-    """The snapshot part of `EngineWorker`."""
+class Checkpointer:
+    """The snapshot part of `EngineWorker`: `load` at a start, `snapshot` when due. It keeps
+    which partitions ``ens:checkpoint:parts`` holds (`stored`), and whether the engine state
+    is a new one because the checkpoint could not be restored (`lost_state`).
 
-    _tracked: PartitionedEngine | None = None
+    ``reset`` is the worker's (`EngineWorker.reset_state`): every part starts again.
+    """
 
-    # ------------------------------------------------ the engine, by partition
-    def _reset_parts(self) -> None:
-        self._tracked = None
-        self.stored = {}
+    def __init__(
+        self,
+        r: redis.Redis,
+        cfg: WorkerConfig,
+        lease: EngineLease,
+        live: LiveEngine,
+        inputs: InputLog,
+        progress: Progress,
+        intake: Intake,
+        control: Control,
+        journal: Journal,
+        alarms: AlarmPart,
+        reset: Callable[[], None],
+    ) -> None:
+        self.r = r
+        self.cfg = cfg
+        self.lease = lease
+        self.live = live
+        self.inputs = inputs
+        self.progress = progress
+        self.intake = intake
+        self.control = control
+        self.journal = journal
+        self.alarms = alarms
+        self._reset_all = reset
+        self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
+        self.reset()
+
+    def reset(self) -> None:
+        # incremental checkpoints: profile id -> its partitions' keys in ens:checkpoint:parts,
+        # and whether the next snapshot rewrites them all (the hash does not hold this
+        # engine's state: a new engine, a whole-engine snapshot restored, plans converted)
+        self.stored: dict[str, set[str]] = {}
         self.parts_full = True
-
-    def _tracker(self) -> PartitionedEngine | None:
-        """The engine's partition tracker (None: it re-plans online, snapshots are whole)."""
-        t = self._tracked
-        if t is None or t.engine is not self.engine:
-            if self.engine.replan_every:
-                return None
-            t = self._tracked = PartitionedEngine(self.engine)
-        return t
-
-    def _engine_process(self, ev: Event) -> None:
-        t = self._tracker()
-        if t is None:
-            self.engine.process(ev)
-        else:
-            t.process(ev)
-
-    def _engine_advance(self, at: float) -> None:
-        t = self._tracker()
-        if t is None:
-            self.engine.advance(at)
-        else:
-            t.advance(at)
+        self.lost_state = False  # the checkpoint could not be restored (`_set_aside`)
+        self.last_snapshot = time.monotonic()
 
     def _meta(self) -> CheckpointMeta:
+        intake = self.intake
         return CheckpointMeta(
-            epoch=self.epoch,
-            last_id=self.last_id,
-            control_id=self.control_id,
+            epoch=self.live.epoch,
+            last_id=intake.last_id,
+            control_id=self.control.control_id,
             buffer=[
                 HeldRow(h.item.entry, h.seq, h.wall, h.item.event.to_json(), h.source)
-                for h in self.buffer
+                for h in intake.buffer
             ],
-            watermarks=self.wm.state(),
-            totals=dict(self.totals),
-            late_by_gateway=dict(self.late_by_gateway),
+            watermarks=intake.wm.state(),
+            totals=dict(self.progress.totals),
+            late_by_gateway=dict(self.progress.late_by_gateway),
             written_at=time.time(),
         )
 
-    def _load(self) -> bool:
+    def load(self) -> bool:
         """Restore the snapshot; True if there was none (a new engine), or it could not be
         restored: it is then kept aside and the engine starts from what can be recovered
         (`_set_aside`), so that no checkpoint can keep the service from starting."""
-        self._reset_state()
+        self._reset_all()
         try:
             cp = rs.load_checkpoint(self.r)
             if cp is None:
-                log.info("no snapshot: starting a new engine (epoch %s)", self.epoch)
+                log.info("no snapshot: starting a new engine (epoch %s)", self.live.epoch)
                 return True
             self._restore(cp[0], CheckpointMeta.from_dict(cp[1]))
-            self._alarm_load()
+            self.alarms.load()
             return False
         except (redis.RedisError, MemoryError):
             # Redis away (`run_forever` starts again from Redis), or short of memory: not
@@ -121,14 +136,15 @@ class Checkpointer(EngineState):
             return True
 
     def _restore(self, snap: bytes, meta: CheckpointMeta) -> None:
+        live = self.live
         if meta.profiles is None and state_format.header(snap).get("record") == "header":
             stored: Any = self.r.hgetall(rs.CHECKPOINT_PROFILES)
-            self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
+            live.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
             self._restore_parts(snap)
         elif meta.profiles is None:  # version 3 on: a whole-engine snapshot
             stored = self.r.hgetall(rs.CHECKPOINT_PROFILES)
-            self.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
-            self.engine, skipped = Engine.restore_reporting(snap, self.defs)
+            live.defs = {rs.text(k): pickle.loads(v) for k, v in stored.items()}  # noqa: S301
+            live.engine, skipped = Engine.restore_reporting(snap, live.defs)
             if skipped:
                 # state of profiles removed before the snapshot (written by releases that
                 # kept it, issue 41.1): it can produce nothing, so it is left out
@@ -139,24 +155,24 @@ class Checkpointer(EngineState):
                 m.RESTORE_SKIPPED.labels("removed_profile").inc(len(skipped.removed))
                 m.RESTORE_SKIPPED.labels("inactive_runtime").inc(len(skipped.inactive))
         else:  # a checkpoint with the profiles inside: the next snapshot moves them out
-            self.engine = Engine.restore(snap)
-            active = {p.id: p for p in self.engine.profiles}
+            live.engine = Engine.restore(snap)
+            active = {p.id: p for p in live.engine.profiles}
             for pid, (expr, sub) in meta.profiles.items():
-                self.defs[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
-            self.dirty = set(self.defs)
+                live.defs[pid] = active.get(pid) or rs.validate_profile(None, pid, expr, sub)
+            live.dirty = set(live.defs)
         cfg = self.cfg  # this run's plan options apply to the restored state (same output)
-        if self.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift):
+        if live.engine.configure_plans(cfg.plan, cfg.rates, cfg.replan_every, cfg.drift):
             self.parts_full = True  # converted partitions: their records change kind
-        self.engine.set_caps(cfg.caps)  # configuration, not state (`filters.caps`)
-        self.epoch = meta.epoch
+        live.engine.set_caps(cfg.caps)  # configuration, not state (`filters.caps`)
+        live.epoch = meta.epoch
         self._restore_position(meta)
         log.info(
             "restored snapshot: epoch %s, last ingest id %s, %d profiles, %d buffered, %s",
-            self.epoch,
-            self.last_id,
-            len(self.defs),
-            len(self.buffer),
-            self.engine.stats(),
+            live.epoch,
+            self.intake.last_id,
+            len(live.defs),
+            len(self.intake.buffer),
+            live.engine.stats(),
         )
 
     def _restore_parts(self, header: bytes) -> None:
@@ -164,13 +180,14 @@ class Checkpointer(EngineState):
         from the profiles in the header's order (the order of one event's notifications), each
         record loaded; records of profiles no longer active are left out (and deleted by the
         next snapshot)."""
-        eng = self._new_engine()
+        live = self.live
+        eng = live.new_engine()
         for pid in PartitionedEngine.profile_order(header):
-            prof = self.defs.get(pid)
+            prof = live.defs.get(pid)
             if prof is not None:
                 eng.add_profile(prof)
-        self.engine = eng
-        t = self._tracker()
+        live.engine = eng
+        t = live.tracker()
         if t is None:
             raise state_format.StateError(
                 "this checkpoint holds the engine by partition, which an engine that re-plans "
@@ -186,7 +203,7 @@ class Checkpointer(EngineState):
                 stored.setdefault(part[0], set()).add(key)
                 yield part, data
                 if not n & 1023:
-                    self._keepalive()
+                    self.lease.keepalive()
 
         skipped = Skipped()
         for part in t.load_all(records()):  # of profiles gone: deleted by the next snapshot
@@ -209,17 +226,13 @@ class Checkpointer(EngineState):
     def _restore_position(self, meta: CheckpointMeta) -> None:
         """Where the checkpoint stands in the streams: ingest and control ids, totals, the
         reorder buffer and watermarks."""
-        self.last_id = meta.last_id
-        self.control_id = meta.control_id
-        self.totals.update(meta.totals)
-        self.late_by_gateway.update(meta.late_by_gateway)
+        self.control.control_id = meta.control_id
+        totals = self.progress.totals
+        totals.update(meta.totals)
+        self.progress.late_by_gateway.update(meta.late_by_gateway)
         if not meta.counted_reads:  # a checkpoint from before the count existed
-            self.totals["read"] = int(self.r.get(rs.INGEST_IN) or 0)
-        held = []
-        for row in meta.buffer:  # version < 4: gateway "?" (its events wait for the others)
-            ev = event_from_obj(row.event, row.event["id"])
-            held.append(Held(ev.ts, row.seq, row.gateway, row.wall, Item(row.entry, ev)))
-        self.wm.restore(meta.watermarks, held)
+            totals["read"] = int(self.r.get(rs.INGEST_IN) or 0)
+        self.intake.restore(meta.last_id, meta.buffer, meta.watermarks)
 
     def _set_aside(self, exc: Exception) -> None:
         """The checkpoint cannot be restored: rename it (and its profiles) aside, and start a
@@ -231,7 +244,8 @@ class Checkpointer(EngineState):
         "Crash recovery".
         """
         reason = f"{type(exc).__name__}: {exc}"
-        self._reset_state()
+        live = self.live
+        self._reset_all()
         self.lost_state = True
         kept = []
         meta: CheckpointMeta | None = None
@@ -245,23 +259,23 @@ class Checkpointer(EngineState):
             raise
         except Exception as meta_exc:  # noqa: BLE001 - any unreadable meta is left behind
             log.error("the checkpoint's meta cannot be read either: %s", meta_exc)
-            self._reset_state()
+            self._reset_all()
             self.lost_state = True
             meta = None
         for source in ("the checkpoint", "ens:profiles"):
             try:
-                self.defs = self._profiles_of(source, meta)
-                for prof in self.defs.values():
-                    self.engine.add_profile(prof)
-                kept.append(f"{len(self.defs)} profiles of {source}")
+                live.defs = self._profiles_of(source, meta)
+                for prof in live.defs.values():
+                    live.engine.add_profile(prof)
+                kept.append(f"{len(live.defs)} profiles of {source}")
                 break
             except redis.RedisError:
                 raise
             except Exception as prof_exc:  # noqa: BLE001 - then the next source
                 log.error("the profiles of %s cannot be read either: %s", source, prof_exc)
-                self.defs = {}
-                self.engine = self._new_engine()
-        self.dirty = set(self.defs)  # its profiles hash goes aside: the next snapshot rewrites it
+                live.defs = {}
+                live.engine = live.new_engine()
+        live.dirty = set(live.defs)  # its profiles hash goes aside: the next snapshot rewrites it
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{secrets.token_hex(2)}"
         aside = f"{rs.CHECKPOINT_ASIDE}{stamp}"
         has_profiles = bool(self.r.exists(rs.CHECKPOINT_PROFILES))
@@ -274,7 +288,7 @@ class Checkpointer(EngineState):
             if has_parts:
                 p.rename(CHECKPOINT_PARTS, aside + ":parts")
 
-        self._transaction(write)
+        self.lease.transaction(write)
         m.CHECKPOINTS_SET_ASIDE.inc()
         log.error(
             "the engine checkpoint cannot be restored (%s); kept aside as %s%s; starting a new "
@@ -284,7 +298,7 @@ class Checkpointer(EngineState):
             aside,
             (f" and {aside}:profiles" if has_profiles else "")
             + (f" and {aside}:parts" if has_parts else ""),
-            self.epoch,
+            live.epoch,
             " and ".join(kept) or "nothing of it",
         )
 
@@ -308,19 +322,18 @@ class Checkpointer(EngineState):
         """Engine + buffer + pending notifications and late events; empties the journal, acks
         and trims ingest."""
         t0 = time.perf_counter()
-        self.pending.extend(self.engine.take_notifications())
-        plain, alarm_notes = self._alarm_split(self.pending)
-        records = [self.record(n) for n in plain]
-        alarm = self._alarm_step(alarm_notes)
-        alarm_state = self._alarm_state()  # after the step: what the journal no longer holds
+        live, intake, journal, alarms = self.live, self.intake, self.journal, self.alarms
+        records, alarm = journal.outputs()
+        alarm_state = alarms.state()  # after the step: what the journal no longer holds
         snap, parts_write, parts_delete, full = self._engine_records()
-        changed = {pid: self.defs.get(pid) for pid in self.dirty}
+        changed = {pid: live.defs.get(pid) for pid in live.dirty}
         meta_obj = self._meta()
         meta_obj.totals["notifications"] += len(records)  # written by this transaction
         meta = meta_obj.to_json()
-        unacked = list(self.unacked)
-        archived = self.archive_rows.fields() if len(self.archive_rows) else None
-        late_out = self.late_out
+        unacked = list(intake.unacked)
+        last_id = intake.last_id
+        archived = intake.archive_entry()
+        late_out = intake.late_out
 
         def write(p: Any) -> None:
             for rec in records:
@@ -329,7 +342,7 @@ class Checkpointer(EngineState):
                 p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # sent since the last commit
             if alarm:
-                self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
+                alarms.write(p, alarm, self.cfg.alarm_history_retention)
             for pid, prof in changed.items():  # only what changed: 10^6 profiles are not rewritten
                 if prof is None:
                     p.hdel(rs.CHECKPOINT_PROFILES, pid)
@@ -346,21 +359,19 @@ class Checkpointer(EngineState):
             p.delete(rs.JOURNAL)
             for i in range(0, len(unacked), 10_000):
                 p.xack(rs.INGEST, rs.ENGINE_GROUP, *unacked[i : i + 10_000])
-            if self.last_id != "0-0":
-                p.xtrim(rs.INGEST, minid=rs.next_id(self.last_id), approximate=False)
+            if last_id != "0-0":
+                p.xtrim(rs.INGEST, minid=rs.next_id(last_id), approximate=False)
 
-        self._transaction(write)
+        self.lease.transaction(write)
         self._parts_written(parts_write, parts_delete, full)
-        self._alarm_published(alarm)
-        self._published(records)
-        self.inputs.clear()
-        self.archive_rows.clear()
-        self.unacked.clear()
-        self.dirty.clear()
-        self.since_snapshot = 0
-        self.journal_len = 0
-        self.changed = False
-        self.last_commit = self.last_snapshot = time.monotonic()
+        alarms.published(alarm)
+        journal.published(records)
+        intake.acknowledged()
+        live.dirty.clear()
+        self.inputs.snapshotted()
+        self.last_snapshot = time.monotonic()
+        journal.compacted(self.last_snapshot)
+        self.progress.changed = False
         m.SNAPSHOTS.observe(time.perf_counter() - t0)
         size = len(snap) + sum(map(len, parts_write.values()))
         m.SNAPSHOT_BYTES.set(size)
@@ -369,11 +380,11 @@ class Checkpointer(EngineState):
     def _engine_records(self) -> tuple[bytes, dict[str, bytes], list[str], bool]:
         """What a snapshot writes of the engine: the ``engine`` field, the partition records to
         write and the keys to delete, and whether the hash is rewritten whole."""
-        t = self._tracker()
+        t = self.live.tracker()
         if t is None:  # re-plans online: the whole engine, and no partitions
             self.parts_full = True
-            return self.engine.snapshot(profiles_apart=True), {}, [], True
-        eng = self.engine
+            return self.live.engine.snapshot(profiles_apart=True), {}, [], True
+        eng = self.live.engine
         full = self.parts_full
         if full:
             t.changed()
@@ -395,7 +406,7 @@ class Checkpointer(EngineState):
         if not full:  # partitions of profiles removed, replaced or retired (`once`) since
             active = {p.id for p in eng.profiles}
             for pid, keys in held.items():
-                if pid not in active or pid in self.dirty:
+                if pid not in active or pid in self.live.dirty:
                     delete += [k for k in keys if k not in write]
         return t.header(), write, delete, full
 
@@ -413,7 +424,7 @@ class Checkpointer(EngineState):
                     del stored[pid]
         for key in write:
             stored.setdefault(decode_id(key)[0], set()).add(key)
-        self.parts_full = self._tracker() is None
+        self.parts_full = self.live.tracker() is None
         if write:
             m.CHECKPOINT_PARTITIONS.labels("written").inc(len(write))
         if delete:

@@ -13,11 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
+
+import redis
 
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
-from adapters.service.engine_state import EngineState
+from adapters.service.alarm_worker import AlarmPart
+from adapters.service.engine_state import InputLog, LiveEngine, Progress, WorkerConfig
+from adapters.service.intake import Intake
 from adapters.service.records import op_profile
 from notifiers import schedule_store
 from notifiers.routing import RoutingError
@@ -27,10 +32,44 @@ from profiles.errors import ProfileError
 log = logging.getLogger("ens.service.worker")
 
 
-class Control(EngineState):
-    """The control part of `EngineWorker`: what the engine matches, and the gateways' lateness."""
+class Control:
+    """The control part of `EngineWorker`: what the engine matches (`reconcile` at a start,
+    `poll` each step, `set_def` in a replay), and the gateways' lateness (`gateways`)."""
 
-    def _reconcile(self, why: str = "made while the engine was down", move: bool = True) -> bool:
+    def __init__(
+        self,
+        r: redis.Redis,
+        cfg: WorkerConfig,
+        live: LiveEngine,
+        inputs: InputLog,
+        progress: Progress,
+        intake: Intake,
+        alarms: AlarmPart,
+        keepalive: Callable[[], None],
+    ) -> None:
+        self.r = r
+        self.cfg = cfg
+        self.live = live
+        self.inputs = inputs
+        self.progress = progress
+        self.intake = intake  # its reorder buffer takes the gateways' lateness
+        self.alarms = alarms
+        self._keepalive = keepalive
+        self.reset()
+
+    def reset(self) -> None:
+        self.control_id = "0-0"  # the last entry of ens:control applied
+        self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
+
+    def use_index(self) -> None:
+        """During a start: the index's profiles are used unparsed (`WorkerConfig.index`);
+        None: the index was imported before and is loaded only if a profile needs it."""
+        self._preparsed = self._import_index() if self.cfg.index else {}
+
+    def forget_index(self) -> None:
+        self._preparsed = {}
+
+    def reconcile(self, why: str = "made while the engine was down", move: bool = True) -> bool:
         """Make the engine's profiles those of ``ens:profiles`` (changes made while down, or
         an asset registry change: its generated profiles, `asset_store`).
 
@@ -42,7 +81,7 @@ class Control(EngineState):
         want = {p["id"]: p for p in stored}
         quiet = len(stored) > 100  # one summary line instead of a line per profile
         changed = 0
-        for pid in list(self.defs):
+        for pid in list(self.live.defs):
             if pid not in want and CLEAR_SUFFIX not in pid:  # a companion goes with its profile
                 self._apply(pid, None, quiet)
                 changed += 1
@@ -51,7 +90,7 @@ class Control(EngineState):
         if changed:
             log.info(
                 "profiles: %d active after %d change(s) %s",
-                len(self.defs),
+                len(self.live.defs),
                 changed,
                 why,
             )
@@ -115,13 +154,13 @@ class Control(EngineState):
         sub = rec.get("subscriber") if rec else None
         alarm = rec.get("alarm") if rec else None
         self._keepalive()  # a start on many profiles parses for a while
-        if self._set_def(pid, expr, sub, quiet, alarm):
-            self._input(op_profile(pid, expr, sub, alarm))
-            self.changed = True
+        if self.set_def(pid, expr, sub, quiet, alarm):
+            self.inputs.add(op_profile(pid, expr, sub, alarm))
+            self.progress.changed = True
             return True
         return False
 
-    def _set_def(
+    def set_def(
         self,
         pid: str,
         expr: str | None,
@@ -132,17 +171,18 @@ class Control(EngineState):
         """Make `pid` the stored definition (with its `alarm:`); `quiet` logs it at DEBUG
         (bulk starts)."""
         level = logging.DEBUG if quiet else logging.INFO
-        have = self.defs.get(pid)
+        live = self.live
+        have = live.defs.get(pid)
         if expr is None:
             if have is None:
                 return False
-            self._remove(pid)
-            self._set_alarm(pid, None, None)
-            del self.defs[pid]
-            self.dirty.add(pid)
+            live.remove(pid)
+            self.alarms.set_alarm(pid, None, None)
+            del live.defs[pid]
+            live.dirty.add(pid)
             log.log(level, "profile %s removed", pid)
             return True
-        same_alarm = self.alarm_specs.get(pid) == alarm
+        same_alarm = self.alarms.alarm_specs.get(pid) == alarm
         if have is not None and have.source == expr and have.subscriber == sub and same_alarm:
             return False
         if self._preparsed is None:  # an index imported earlier: needed after all
@@ -155,36 +195,31 @@ class Control(EngineState):
                 log.error("ignoring invalid stored profile %s: %s", pid, exc)
                 return False
         if have is not None:
-            self._remove(pid)
-        self.engine.add_profile(profile)
-        self.defs[pid] = profile
-        self.dirty.add(pid)
-        self._set_alarm(pid, profile, alarm)
+            live.remove(pid)
+        live.engine.add_profile(profile)
+        live.defs[pid] = profile
+        live.dirty.add(pid)
+        self.alarms.set_alarm(pid, profile, alarm)
         log.log(level, "profile %s %s: %s", pid, "replaced" if have else "added", expr.strip())
         return True
 
-    def _remove(self, pid: str) -> None:
-        try:
-            self.engine.remove_profile(pid)
-        except KeyError:  # a `once` profile that fired has removed itself
-            pass
-
-    def _gateways(self, name: str | None = None) -> None:
+    def gateways(self, name: str | None = None) -> None:
         """Take the gateways' own latenesses from ``ens:gateways`` (one, or all)."""
         for gw, lateness in rs.gateway_lateness(self.r, name).items():
-            src = self.wm.sources.get(gw)
+            src = self.intake.wm.sources.get(gw)
             if (src.lateness if src is not None else None) != lateness:
                 log.info(
                     "gateway %s: lateness %s",
                     gw,
                     "default" if lateness is None else f"{lateness:g} s",
                 )
-            self.wm.set_lateness(gw, lateness)
+            self.intake.wm.set_lateness(gw, lateness)
 
-    def _schedules(self) -> None:
+    def schedules(self) -> None:
         """Give the router (``--routing``) the stored schedules as they are now; one that
         cannot be read is left out (logged), the others apply."""
-        if self.router is None:
+        router = self.alarms.router
+        if router is None:
             return
         stored = {}
         raw: Any = self.r.hgetall(schedule_store.SCHEDULES)
@@ -194,7 +229,7 @@ class Control(EngineState):
                 stored[sid] = schedule_store.decode(sid, raw[k])
             except RoutingError as exc:
                 log.error("ignoring a stored schedule: %s", exc)
-        shadowed = self.router.use_schedules(stored)
+        shadowed = router.use_schedules(stored)
         in_use = [s for s in stored if s not in shadowed]
         log.info(
             "routing: %d stored schedule(s) in use%s",
@@ -208,22 +243,23 @@ class Control(EngineState):
             )
         m.ROUTING_SCHEDULE_LOADS.inc()
 
-    def _control(self) -> None:
+    def poll(self) -> None:
+        """Apply the control stream's changes since the last step; read operator commands."""
         resp: Any = self.r.xread({rs.CONTROL: self.control_id}, count=100)
         for eid, fields in resp[0][1] if resp else []:
             if fields.get(b"op") == b"assets":  # the registry's fault profiles: all at once
                 self.control_id = rs.text(eid)
-                self._reconcile("by an asset registry change", move=False)
-                self.changed = True
+                self.reconcile("by an asset registry change", move=False)
+                self.progress.changed = True
                 continue
             pid = rs.text(fields.get(b"id", b""))
             if pid:
                 self._apply(pid, rs.get_profile(self.r, pid))
             gw = rs.text(fields.get(b"gw", b""))
             if gw:  # a gateway's lateness changed: only release decisions (journalled) change
-                self._gateways(gw)
+                self.gateways(gw)
             if fields.get(b"op") == b"schedules":
-                self._schedules()
+                self.schedules()
             self.control_id = rs.text(eid)
-            self.changed = True
-        self._alarm_control()
+            self.progress.changed = True
+        self.alarms.read_commands()

@@ -1,31 +1,28 @@
-"""What the parts of the engine worker share: its configuration view and its state.
+"""What the parts of the engine worker share: its configuration view (`WorkerConfig`), the
+engine as it runs (`LiveEngine`), the journal's input log (`InputLog`) and the counts
+(`Progress`).
 
-`EngineWorker` (`adapters.service.worker`) is assembled from parts that each keep one concern
-in a module of its own: `lease` (the engine lock), `checkpointer` (snapshots and their
-migrations), `journal` (commits and their replay after a crash), `control` (profile and
-gateway changes), `intake` (ingest -> reorder buffer -> engine), `liveness` (heartbeat and
-stats) and the loop in `worker`. They work on one state, declared here
-(`EngineState`) so that each part can be read, and type-checked, alone.
+`EngineWorker` (`adapters.service.worker`) composes parts that each keep one concern, with
+its own fields, in a module of its own: `lease` (the engine lock), `checkpointer` (snapshots
+and their migrations), `journal` (commits and their replay after a crash), `control`
+(profile and gateway changes), `intake` (ingest -> reorder buffer -> engine), `alarm_worker`
+(the alarm rules), `liveness` (heartbeat and the status line), `pressure` (Redis' limits)
+and the loop in `worker`. Each part is given the objects here and the parts it calls as
+arguments, and calls only their public methods and fields.
 """
 
 from __future__ import annotations
 
+import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import redis
-
-from adapters.service.archive_feed import FeedBuffer
-from adapters.service.known_attrs import Sketch
-from adapters.service.late import LateRecord
-from adapters.service.lease import EngineLease
 from adapters.service.settings import DEFAULTS, ServiceSettings
-from adapters.service.watermarks import Held, Watermarks
 from filters.caps import Caps
 from filters.engine import Engine
-from filters.notification import Notification
+from filters.partitions import PartitionedEngine
 from notifiers.alarms import GroupPolicy
 from notifiers.routing import Routing
 from profiles.ast import Profile
@@ -145,149 +142,109 @@ class Item(NamedTuple):
     event: Event
 
 
-class EngineState:
-    """The engine worker's state; `EngineWorker.__init__` and `_reset_state` set it.
+class Progress:
+    """What the parts count for the loop, the heartbeat and the checkpoint.
 
-    The methods below are the ones a part calls on another; each is defined by its part.
+    ``totals`` and ``late_by_gateway`` belong to the engine state (in the checkpoint) and
+    ``changed`` says that something awaits a snapshot: `reset` clears them with the state. The
+    status line's ``interval`` and the events not yet added to ``ens_events_processed``
+    (``unpublished``) outlive a restart from the snapshot.
     """
 
-    r: redis.Redis
-    cfg: WorkerConfig
-    lease: EngineLease
-    engine: Engine
-    epoch: str
-    # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
-    # kept after a `once` profile fired, so that it is not activated again
-    defs: dict[str, Profile]
-    dirty: set[str]  # ids whose definition changed since the last snapshot
-    last_id: str  # last ingest entry read into engine or buffer
-    control_id: str
-    wm: Watermarks
-    late_by_gateway: dict[str, int]
-    late_out: list[LateRecord]  # sent to the late output, not committed yet
-    capped: dict[str, list[int]]  # profile id -> [partial matches, notifications] the caps took
-    unacked: list[str]  # read, to be XACKed by the next snapshot
-    inputs: list[list[Any]]  # the input log since the last commit
-    pending: list[Notification]  # detected, not committed
-    archive_rows: FeedBuffer  # fed, for ens:archive:feed with the next commit (cfg.archive)
-    since_snapshot: int  # inputs since the last snapshot
-    journal_len: int  # commits in ens:engine:journal (since the last snapshot)
-    totals: dict[str, int]
-    changed: bool  # anything to snapshot
-    last_commit: float
-    last_snapshot: float
-    snapshot_bytes: int
-    holder: str  # the lease's holder name (``name|host|pid|token``)
-    skewed: list[str]  # gateways whose clocks run ahead (logged when they start)
-    last_heartbeat: float
-    last_status: float
-    _preparsed: dict[str, Any] | None  # index profiles by id, during start only
-    _interval: dict[str, int]
-    known: Sketch  # attribute names of the events read since ens:attrs was last written
-    last_known: float  # monotonic time ens:attrs was last written
-    unpublished: int  # events fed since the step last added them to ens_events_processed
-    lost_state: bool  # the checkpoint could not be restored: a new engine state (`_set_aside`)
-    # incremental checkpoints (`checkpointer`): profile id -> its partitions' keys in
-    # ens:checkpoint:parts, and whether the next snapshot rewrites them all (the hash does not
-    # hold this engine's state: a new engine, a whole-engine snapshot restored, plans converted)
-    stored: dict[str, set[str]]
-    parts_full: bool
+    def __init__(self) -> None:
+        self.interval = {"events": 0, "late": 0, "notifications": 0}
+        self.unpublished = 0  # events fed since the step last added them to the metric
+        self.reset()
 
-    @property
-    def buffer(self) -> list[Held]:
-        """The held events (a heap; ``h.item`` is an `Item`)."""
-        return self.wm.heap
+    def reset(self) -> None:
+        # read: events taken from ens:ingest (the API's ens:ingest:in minus it is the backlog)
+        self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0, "read": 0}
+        self.late_by_gateway: dict[str, int] = {}
+        self.changed = False  # anything to snapshot
 
-    def _reset_state(self) -> None:
-        raise NotImplementedError
+    def count_late(self, gw: str) -> None:
+        self.totals["late"] += 1
+        self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
 
-    def _new_engine(self) -> Engine:
-        raise NotImplementedError
 
-    # the engine fed through the checkpointer, which marks the partitions a step changes
-    def _engine_process(self, ev: Event) -> None:
-        raise NotImplementedError
+class InputLog:
+    """The journal's input log: what was fed since the last commit (events, ``advance(t)``,
+    profile changes), which the next commit journals; and how many since the last snapshot."""
 
-    def _engine_advance(self, t: float) -> None:
-        raise NotImplementedError
+    def __init__(self, keepalive: Callable[[], None]) -> None:
+        self._keepalive = keepalive  # the lease's: a long replay or start renews it
+        self.reset()
 
-    def _reset_parts(self) -> None:
-        raise NotImplementedError
+    def reset(self) -> None:
+        self.ops: list[list[Any]] = []
+        self.since_snapshot = 0
 
-    def _keepalive(self) -> None:
-        raise NotImplementedError
+    def snapshotted(self) -> None:
+        self.since_snapshot = 0
 
-    def _transaction(self, write: Callable[[Any], None]) -> None:
-        raise NotImplementedError
+    def add(self, op: list[Any]) -> None:
+        self.ops.append(op)
+        self.since_snapshot += 1
+        if not self.since_snapshot & 63:
+            self._keepalive()
 
-    def _input(self, op: list[Any]) -> None:
-        raise NotImplementedError
 
-    def _set_def(
-        self,
-        pid: str,
-        expr: str | None,
-        sub: str | None,
-        quiet: bool = False,
-        alarm: dict[str, Any] | None = None,
-    ) -> bool:
-        raise NotImplementedError
+class LiveEngine:
+    """The engine as it runs, and what identifies its state: the ``epoch`` of notification ids
+    (drawn when a state is first created), the profiles as applied and which of them changed
+    since the last snapshot. The parts feed it through `process` and `advance`, which mark the
+    partitions a step changes (`filters.partitions`) for the incremental checkpoint."""
 
-    # the alarm part (`adapters.service.alarm_worker`)
-    alarm_specs: dict[str, dict[str, Any]]
-    router: Any  # notifiers.routing.router.Router | None
-    rules: Any  # notifiers.alarms.AlarmRules
-    alarm_counts: dict[str, int]
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.reset()
 
-    def _alarm_gauges(self, force: bool = False) -> dict[str, int]:
-        raise NotImplementedError
+    def reset(self) -> None:
+        """A new engine state."""
+        self.engine = self.new_engine()
+        self._tracked: PartitionedEngine | None = None
+        self.epoch = secrets.token_hex(4)
+        # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
+        # kept after a `once` profile fired, so that it is not activated again
+        self.defs: dict[str, Profile] = {}
+        self.dirty: set[str] = set()  # ids whose definition changed since the last snapshot
 
-    def _set_alarm(self, pid: str, profile: Profile | None, alarm: dict[str, Any] | None) -> None:
-        raise NotImplementedError
+    def new_engine(self) -> Engine:
+        cfg = self.cfg
+        return Engine(
+            tz=cfg.tz,
+            plan=cfg.plan,
+            rates=cfg.rates,
+            replan_every=cfg.replan_every,
+            drift=cfg.drift,
+            caps=cfg.caps,
+        )
 
-    def _alarm_control(self) -> None:
-        raise NotImplementedError
+    def tracker(self) -> PartitionedEngine | None:
+        """The engine's partition tracker (None: it re-plans online, snapshots are whole)."""
+        t = self._tracked
+        if t is None or t.engine is not self.engine:
+            if self.engine.replan_every:
+                return None
+            t = self._tracked = PartitionedEngine(self.engine)
+        return t
 
-    def _alarm_reset(self) -> None:
-        raise NotImplementedError
+    def process(self, ev: Event) -> None:
+        t = self.tracker()
+        if t is None:
+            self.engine.process(ev)
+        else:
+            t.process(ev)
 
-    def _alarm_load(self) -> None:
-        raise NotImplementedError
+    def advance(self, at: float) -> None:
+        t = self.tracker()
+        if t is None:
+            self.engine.advance(at)
+        else:
+            t.advance(at)
 
-    def _alarm_state(self) -> str:
-        raise NotImplementedError
-
-    def _alarm_split(self, notes: list[Notification]) -> tuple[list[Notification], list[Any]]:
-        raise NotImplementedError
-
-    def _alarm_step(self, notes: list[Notification]) -> list[Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def _alarm_entry(batches: list[Any]) -> dict[str, Any] | None:
-        raise NotImplementedError
-
-    def _alarm_replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
-        raise NotImplementedError
-
-    def _alarm_write(self, p: Any, batches: list[Any], retention: float) -> None:
-        raise NotImplementedError
-
-    def _alarm_published(self, batches: list[Any]) -> None:
-        raise NotImplementedError
-
-    @staticmethod
-    def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
-        raise NotImplementedError
-
-    def _parse(self, key: str, gw: str, obj: Any, normalized: bool = False) -> Event | None:
-        raise NotImplementedError
-
-    def _process(self, ev: Event, gw: str, replay: bool = False) -> None:
-        raise NotImplementedError
-
-    def record(self, n: Notification) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _published(self, records: list[dict[str, Any]]) -> None:
-        raise NotImplementedError
+    def remove(self, pid: str) -> None:
+        try:
+            self.engine.remove_profile(pid)
+        except KeyError:  # a `once` profile that fired has removed itself
+            pass

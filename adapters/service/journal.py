@@ -11,28 +11,58 @@ import logging
 import time
 from typing import Any
 
+import redis
+
 from adapters.service import late
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
+from adapters.service.alarm_worker import AlarmBatch, AlarmPart
 from adapters.service.archive_feed import FEED
-from adapters.service.engine_state import EngineState
+from adapters.service.control import Control
+from adapters.service.engine_state import InputLog, LiveEngine, Progress, WorkerConfig
+from adapters.service.intake import Intake, decode
+from adapters.service.lease import EngineLease
 from adapters.service.records import Advanced, JournalEntry, LateSent, ProfileChanged
 from filters.notification import Notification
 from notifiers import store
+from notifiers.records import outbox_notification
 
 log = logging.getLogger("ens.service.worker")
 
 
-class Journal(EngineState):
-    """The journal part of `EngineWorker`: commits, and their replay at a start."""
+class Journal:
+    """The journal part of `EngineWorker`: `commit`, and `replay` at a start. It holds the
+    notifications detected and not committed yet (`pending`)."""
 
-    def _input(self, op: list[Any]) -> None:
-        self.inputs.append(op)
-        self.since_snapshot += 1
-        if not self.since_snapshot & 63:
-            self._keepalive()
+    def __init__(
+        self,
+        r: redis.Redis,
+        cfg: WorkerConfig,
+        lease: EngineLease,
+        live: LiveEngine,
+        inputs: InputLog,
+        progress: Progress,
+        intake: Intake,
+        control: Control,
+        alarms: AlarmPart,
+    ) -> None:
+        self.r = r
+        self.cfg = cfg
+        self.lease = lease
+        self.live = live
+        self.inputs = inputs
+        self.progress = progress
+        self.intake = intake
+        self.control = control
+        self.alarms = alarms
+        self.reset()
 
-    def _pending_entries(self) -> list[tuple[str, Any]]:
+    def reset(self) -> None:
+        self.pending: list[Notification] = []  # detected, not committed
+        self.journal_len = 0  # commits in ens:engine:journal (since the last snapshot)
+        self.last_commit = 0.0  # monotonic
+
+    def pending_entries(self) -> list[tuple[str, Any]]:
         """Every ingest entry read by the engine group and not yet acknowledged, in order."""
         start = "0-0"
         while True:  # entries another consumer name had pending (renamed worker)
@@ -54,14 +84,16 @@ class Journal(EngineState):
             out.extend((rs.text(eid), fields) for eid, fields in entries)
             cursor = out[-1][0]
 
-    def _replay(self, pel: list[tuple[str, Any]]) -> set[str]:
-        """Re-apply the journal to the restored engine; returns the event keys it fed."""
+    def replay(self, pel: list[tuple[str, Any]], lost_state: bool) -> set[str]:
+        """Re-apply the journal to the restored engine (``lost_state``: a new engine state,
+        `Checkpointer.lost_state`); returns the event keys it fed."""
         by_key = {
             key: (gw, obj, rs.entry_normalized(fields))
             for eid, fields in pel
-            for key, gw, obj in self._decode(eid, fields)
+            for key, gw, obj in decode(eid, fields)
         }
-        held = {h.item.entry: h for h in self.buffer}
+        intake, live = self.intake, self.live
+        held = {h.item.entry: h for h in intake.buffer}
         fed: set[str] = set()
         lost = 0  # committed notifications the replay did not give again
         entries: Any = self.r.xrange(rs.JOURNAL)
@@ -70,13 +102,12 @@ class Journal(EngineState):
             entry = JournalEntry.read(f)
             for op in entry.operations():
                 if isinstance(op, ProfileChanged):
-                    self._set_def(op.id, op.expr, op.subscriber, alarm=op.alarm)
+                    self.control.set_def(op.id, op.expr, op.subscriber, alarm=op.alarm)
                 elif isinstance(op, Advanced):
-                    self._engine_advance(op.t)
+                    live.advance(op.t)
                 elif isinstance(op, LateSent):  # its record was committed with this entry
                     gw = by_key.get(op.key, ("?", None, False))[0]
-                    self.totals["late"] += 1
-                    self.late_by_gateway[gw] = self.late_by_gateway.get(gw, 0) + 1
+                    self.progress.count_late(gw)
                     fed.add(op.key)
                 else:
                     key = op.key
@@ -85,32 +116,32 @@ class Journal(EngineState):
                         ev, gw = h.item.event, h.source
                     else:
                         gw, obj, normalized = by_key.get(key, ("?", None, False))
-                        ev = self._parse(key, gw, obj, normalized)
+                        ev = intake.parse(key, gw, obj, normalized)
                     if ev is not None:
-                        self._process(ev, gw, replay=True)
+                        intake.process(ev, gw, replay=True)
                     fed.add(key)
                     if not len(fed) & 255:
-                        self._keepalive()
-            redone = self.engine.take_notifications()
-            self._alarm_replay(entry.alarm, redone)
+                        self.lease.keepalive()
+            redone = live.engine.take_notifications()
+            self.alarms.replay(entry.alarm, redone)
             lost += max(entry.notifications - len(redone), 0)
-            if len(redone) != entry.notifications and not self.lost_state:
+            if len(redone) != entry.notifications and not lost_state:
                 log.error(
                     "journal replay gave %d notifications where %s were committed: "
                     "the engine is not deterministic",
                     len(redone),
                     entry.notifications,
                 )
-            self.totals["notifications"] += len(redone)
-            self.control_id = entry.control_id
+            self.progress.totals["notifications"] += len(redone)
+            self.control.control_id = entry.control_id
         if fed:
-            self.wm.discard(lambda h: h.item.entry in fed)
+            intake.wm.discard(lambda h: h.item.entry in fed)
         if entries:
-            self.changed = True
+            self.progress.changed = True
             log.info(
                 "replayed %d journal entries (%d events) after the snapshot", len(entries), len(fed)
             )
-            if self.lost_state:  # onto a new engine state: it need not give what was published
+            if lost_state:  # onto a new engine state: it need not give what was published
                 log.warning(
                     "the journal was replayed onto a new engine state (the checkpoint was set "
                     "aside): its notifications were published already and are not written "
@@ -121,29 +152,34 @@ class Journal(EngineState):
 
     def record(self, n: Notification) -> dict[str, Any]:
         """The outbox record of a notification (`notifiers.store.enqueue`'s contract)."""
-        return {
-            "id": f"{n.profile}:{self.epoch}:{n.seq}",
-            **n.to_detail(),
-            "subscriber": n.subscriber,
-        }
+        return outbox_notification(n, self.live.epoch)
+
+    def collect(self) -> None:
+        """Take what the engine detected: pending until a commit or snapshot writes it."""
+        self.pending.extend(self.live.engine.take_notifications())
+
+    def outputs(self) -> tuple[list[dict[str, Any]], list[AlarmBatch]]:
+        """What the pending notifications write: the outbox records of the plain ones, and
+        the alarm steps (alarm profiles: their messages, not themselves)."""
+        self.collect()
+        plain, alarm_notes = self.alarms.split(self.pending)
+        return [self.record(n) for n in plain], self.alarms.step(alarm_notes)
 
     def commit(self) -> None:
         """Journal the inputs since the last commit together with the notifications they made
         and the events they sent to the late output."""
         t0 = time.perf_counter()
-        self.pending.extend(self.engine.take_notifications())
-        plain, alarm_notes = self._alarm_split(self.pending)
-        records = [self.record(n) for n in plain]
-        alarm = self._alarm_step(alarm_notes)  # alarm profiles: their messages, not themselves
-        late_out = self.late_out
+        alarms = self.alarms
+        records, alarm = self.outputs()
+        late_out = self.intake.late_out
         entry = JournalEntry(
-            self.inputs,
+            self.inputs.ops,
             len(self.pending),
-            self.control_id,
+            self.control.control_id,
             bool(late_out),
-            self._alarm_entry(alarm),
+            alarms.entry(alarm),
         ).fields()
-        archived = self._archive_entry()
+        archived = self.intake.archive_entry()
 
         def write(p: Any) -> None:
             p.xadd(rs.JOURNAL, entry)
@@ -153,35 +189,28 @@ class Journal(EngineState):
                 p.xadd(FEED, archived)
             late.add(p, late_out, self.cfg.late_max)  # with the OP_LATE inputs that sent them
             if alarm:  # with the notifications and commands that made them
-                self._alarm_write(p, alarm, self.cfg.alarm_history_retention)
+                alarms.write(p, alarm, self.cfg.alarm_history_retention)
 
-        self._transaction(write)
-        self._alarm_published(alarm)
-        self._published(records)
-        self.inputs.clear()
-        self.archive_rows.clear()
+        self.lease.transaction(write)
+        alarms.published(alarm)
+        self.published(records)
         self.journal_len += 1
-        self.changed = True  # the journal holds something a snapshot would compact
+        self.progress.changed = True  # the journal holds something a snapshot would compact
         self.last_commit = time.monotonic()
         m.COMMITS.observe(time.perf_counter() - t0)
 
-    def _archive_entry(self) -> dict[str, str] | None:
-        """The ``ens:archive:feed`` entry of the events fed since the last commit, if any."""
-        return self.archive_rows.fields() if len(self.archive_rows) else None
-
-    def _published(self, records: list[dict[str, Any]]) -> None:
+    def published(self, records: list[dict[str, Any]]) -> None:
+        """A commit or snapshot wrote ``records`` and the inputs, late records and archive
+        rows since the last one: count them, and start the next."""
         for rec in records:
             m.count_notification(rec["profile"], rec.get("subscriber"))
-        self.totals["notifications"] += len(records)
-        self._interval["notifications"] += len(records)
+        self.progress.totals["notifications"] += len(records)
+        self.progress.interval["notifications"] += len(records)
         self.pending.clear()
-        self.late_out.clear()
+        self.intake.committed()
+        self.inputs.ops.clear()
 
-    @staticmethod
-    def _decode(eid: str, fields: Any) -> list[tuple[str, str, Any]]:
-        """`rs.decode_entry`, with an unreadable entry logged and read as no events."""
-        try:
-            return rs.decode_entry(eid, fields) if fields else []
-        except (TypeError, ValueError) as exc:
-            log.error("unreadable ingest entry %s skipped: %s", eid, exc)
-            return []
+    def compacted(self, mono: float) -> None:
+        """A snapshot emptied ``ens:engine:journal`` at monotonic time ``mono``."""
+        self.journal_len = 0
+        self.last_commit = mono

@@ -1,43 +1,54 @@
 """Liveness of the engine worker: its heartbeat in ``ens:engine:status`` (which renews the
-lease, and which `/healthz`, `/metrics` and the ingest backlog bound read), its stats and the
-periodic summary line of the log.
+lease, and which `/healthz`, `/metrics` and the ingest backlog bound read), with the worker's
+stats, and the periodic summary line of the log.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from adapters.service import redis_store as rs
-from adapters.service.engine_state import EngineState
+from adapters.service.engine_state import LiveEngine, Progress, WorkerConfig
+from adapters.service.intake import Intake
+from adapters.service.lease import EngineLease
 
 log = logging.getLogger("ens.service.worker")
 
 
-class Liveness(EngineState):
-    """The heartbeat and status part of `EngineWorker`."""
+class Liveness:
+    """The heartbeat and status part of `EngineWorker`: `heartbeat` and `status` each step,
+    `lag`. ``stats`` is the worker's (`EngineWorker.stats`): what every part reports."""
 
-    def stats(self) -> dict[str, Any]:
-        now = time.time()
-        return {
-            **self.engine.stats(),
-            "buffered": len(self.buffer),
-            "oldest_buffered_age": max((now - h.wall for h in self.buffer), default=0.0),
-            "late_by_gateway": dict(self.late_by_gateway),
-            "capped_by_profile": {pid: list(n) for pid, n in self.capped.items()},
-            "pending_notifications": len(self.pending),
-            "engine_time": self.engine.now,
-            "last_id": self.last_id,
-            "epoch": self.epoch,
-            "snapshot_bytes": self.snapshot_bytes,
-            "skewed_gateways": self.wm.skewed(now),
-            "alarms": self._alarm_gauges(),  # "severity|state" -> alarms
-            "escalations": len(self.router.escalator.pending) if self.router else 0,
-            **{f"total_{k}": v for k, v in self.totals.items()},
-        }
+    def __init__(
+        self,
+        r: redis.Redis,
+        cfg: WorkerConfig,
+        lease: EngineLease,
+        live: LiveEngine,
+        intake: Intake,
+        progress: Progress,
+        stats: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.r = r
+        self.cfg = cfg
+        self.lease = lease
+        self.live = live
+        self.intake = intake
+        self.progress = progress
+        self.stats = stats
+        self.reset()
 
-    def _heartbeat(self, force: bool = False) -> None:
+    def reset(self) -> None:
+        self.skewed: list[str] = []  # gateways whose clocks run ahead (logged when they start)
+        self.last_heartbeat = 0.0
+        self.last_status = time.monotonic()
+
+    def heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self.last_heartbeat < self.cfg.heartbeat_interval:
             return
@@ -57,10 +68,10 @@ class Liveness(EngineState):
             rs.ENGINE_STATUS,
             mapping={
                 "ts": repr(time.time()),
-                "holder": self.holder,
+                "holder": self.lease.holder,
                 "stats": rs.dumps(stats),
-                "read": self.totals["read"],
-                "buffered": len(self.buffer),
+                "read": self.progress.totals["read"],
+                "buffered": len(self.intake.buffer),
             },
         )
         self.last_heartbeat = self.lease.last_renew = now
@@ -68,19 +79,20 @@ class Liveness(EngineState):
     def lag(self) -> float:
         """Age (s) of the oldest event not yet fed: unread ingest entries or the buffer."""
         now = time.time()
-        ages = [now - h.wall for h in self.buffer]
-        nxt = self.r.xrange(rs.INGEST, min=f"({self.last_id}", count=1)
+        ages = [now - h.wall for h in self.intake.buffer]
+        nxt = self.r.xrange(rs.INGEST, min=f"({self.intake.last_id}", count=1)
         if nxt:
             ages.append(now - rs.stream_ms(rs.text(nxt[0][0])))
         return max(max(ages, default=0.0), 0.0)
 
-    def _status(self) -> None:
+    def status(self) -> None:
         now = time.monotonic()
         if now - self.last_status < self.cfg.status_interval:
             return
-        iv = self._interval
-        if iv["events"] or iv["notifications"] or self.buffer:
-            st = self.engine.stats()
+        iv = self.progress.interval
+        buffered = len(self.intake.buffer)
+        if iv["events"] or iv["notifications"] or buffered:
+            st = self.live.engine.stats()
             log.info(
                 "worker: %d events (%d late), %d notifications, lag %.1f s, "
                 "%d partial matches, %d buffered",
@@ -89,7 +101,7 @@ class Liveness(EngineState):
                 iv["notifications"],
                 self.lag(),
                 st["partial_matches"],
-                len(self.buffer),
+                buffered,
             )
-        self._interval = {"events": 0, "late": 0, "notifications": 0}
+        self.progress.interval = {"events": 0, "late": 0, "notifications": 0}
         self.last_status = now

@@ -22,7 +22,7 @@ import redis
 
 from adapters.errors import EvictingRedis
 from adapters.service import metrics as m
-from adapters.service.engine_state import EngineState
+from adapters.service.engine_state import WorkerConfig
 from adapters.service.redis_limits import check_policy, memory_state
 
 log = logging.getLogger("ens.service.worker")
@@ -30,15 +30,19 @@ log = logging.getLogger("ens.service.worker")
 POLICY_RETRY = 5.0  # s between checks of a Redis refused for its eviction policy
 
 
-class Pressure(EngineState):
-    """The Redis-limits part of `EngineWorker`."""
+class Pressure:
+    """The Redis-limits part of `EngineWorker`: `check_policy` at each (re)start, then
+    `refused_policy`, `out_of_memory` and `memory_ok` from the loop."""
 
-    oom_since: float | None = None  # monotonic time of the first refusal of this episode
-    oom_refused = 0  # refusals in this episode
-    oom_logged = 0.0
-    oom_delay = 0.0
-    policy_seen: str | None = None  # the last policy checked (logged again when it changes)
-    policy_logged = 0.0
+    def __init__(self, r: redis.Redis, cfg: WorkerConfig) -> None:
+        self.r = r
+        self.cfg = cfg
+        self.oom_since: float | None = None  # monotonic time of the episode's first refusal
+        self.oom_refused = 0  # refusals in this episode
+        self.oom_logged = 0.0
+        self.oom_delay = 0.0
+        self.policy_seen: str | None = None  # the last policy checked (logged when it changes)
+        self.policy_logged = 0.0
 
     def check_policy(self) -> None:
         """Redis' eviction policy, at every (re)start: `EvictingRedis` if it evicts and that

@@ -12,12 +12,16 @@ progress. A source whose last event arrived more than ``idle_timeout`` (wall tim
 **idle** and does not hold the others back (Flink's ``withIdleness``); when every source is
 idle, everything held is released. Ties in ``ts`` go in arrival order, so for sources that keep
 their promise the release order is the ``ts``-sorted stream (ties in arrival order).
+
+`ens spark stream` applies the same rule (`Watermarks.bound`) to the gateways' progress its
+tasks report (`Watermarks.from_progress`), in whole milliseconds: Spark's watermark unit.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -33,6 +37,18 @@ class Held(NamedTuple):
     source: str
     wall: float  # arrival wall time
     item: Any  # the caller's payload
+
+
+def whole(t: float, newest: float, per_second: int) -> float:
+    """`t` in whole units of ``1 / per_second`` s (a clock that counts in units: Spark keeps
+    its watermark in ms): rounded down, never past what a source promised, or up when it is
+    at least the `newest` ts of all (every source idle: everything is released, and an event
+    stamped with digits below the unit must not stay held for the lack of a fraction)."""
+    if not math.isfinite(t):
+        return t
+    n = round(t * per_second, 3)  # float noise of a value already whole
+    up = newest > _NEG_INF and t >= newest
+    return (math.ceil(n) if up else math.floor(n)) / per_second
 
 
 @dataclass
@@ -117,6 +133,20 @@ class Watermarks:
                     wm = w
         return wm
 
+    def bound(
+        self, now_wall: float, floor: float = _NEG_INF, per_second: int | None = None
+    ) -> float:
+        """How far held events may be released: the watermark, at least ``floor`` (the wall
+        clock's engine time). With `per_second` (a clock in whole units, `whole`) it is finite:
+        when every source is idle, the newest ts of all instead of +inf (-inf before any)."""
+        wm = self.watermark(now_wall)
+        if per_second is None:
+            return max(wm, floor)
+        newest = max((s.newest for s in self.sources.values()), default=_NEG_INF)
+        if wm == _INF:
+            wm = newest
+        return whole(max(wm, floor), newest, per_second)
+
     def max_active_lateness(self, now_wall: float) -> float:
         """The largest lateness of the active sources, at least the default."""
         limit = now_wall - self.idle_timeout
@@ -155,7 +185,7 @@ class Watermarks:
         heap = self.heap
         if not heap:
             return []
-        bound = max(self.watermark(now_wall), floor)
+        bound = self.bound(now_wall, floor)
         out: list[Held] = []
         early_until = now_wall - self.default_lateness  # an early event waits for the wall clock
         skew = self.max_skew
@@ -186,6 +216,27 @@ class Watermarks:
                 for n, s in self.sources.items()
             },
         }
+
+    def progress(self) -> dict[str, list[float]]:
+        """Per-source [newest ts, wall time of its last event], of the sources that sent one
+        (`ens spark stream` carries it from its tasks to the driver, ``ens:spark:gateways``)."""
+        return {n: [s.newest, s.last_wall] for n, s in self.sources.items() if s.newest > _NEG_INF}
+
+    @classmethod
+    def from_progress(
+        cls,
+        progress: Mapping[str, Sequence[float]],
+        lateness: Mapping[str, float | None],
+        default_lateness: float,
+        idle_timeout: float,
+    ) -> Watermarks:
+        """The watermarks of sources known by their progress (`progress`) and own lateness."""
+        w = cls(default_lateness, idle_timeout, 0)
+        for name, lat in lateness.items():
+            w.set_lateness(name, None if lat is None else float(lat))
+        for name, (newest, last_wall) in progress.items():
+            w.observe(name, newest, last_wall)
+        return w
 
     def restore(self, state: dict[str, Any], held: Iterable[Held]) -> None:
         """Undo `state` (keeping configured latenesses) and put `held` back."""

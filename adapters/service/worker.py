@@ -39,22 +39,22 @@ stream, held events up to ``now - L`` are fed and the engine advances to ``now -
 backlog is being worked off, only event time moves, so a slow worker does not turn the
 backlog late).
 
-The parts: `adapters.service.lease` (the engine lock), `checkpointer` (snapshots),
-`journal` (commits and replay), `control` (profile and gateway changes), `alarm_worker`
-(alarm profiles' notifications and operator commands through the alarm rules, written by the
-same commits), `intake` (ingest entries -> reorder buffer -> engine), `liveness` (heartbeat,
-stats), and here the loop that drives them: start and recovery, read, feed, commit or
-snapshot.
+The parts, each an object with its own fields that `EngineWorker` builds and gives what it
+needs: `adapters.service.lease` (the engine lock), `checkpointer` (snapshots), `journal`
+(commits and replay), `control` (profile and gateway changes), `alarm_worker` (alarm
+profiles' notifications and operator commands through the alarm rules, written by the same
+commits), `intake` (ingest entries -> reorder buffer -> engine), `liveness` (heartbeat, the
+status line), `pressure` (Redis' limits); what they share is in `engine_state` (the engine as
+it runs, the input log, the counts). Here is the loop that drives them: start and recovery,
+read, feed, commit or snapshot.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import secrets
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -64,19 +64,17 @@ from adapters.errors import LockLost as LockLost  # its old import path
 from adapters.service import metrics as m
 from adapters.service import redis_store as rs
 from adapters.service.alarm_worker import AlarmPart
-from adapters.service.archive_feed import FeedBuffer
 from adapters.service.checkpointer import Checkpointer
 from adapters.service.control import Control
+from adapters.service.engine_state import InputLog, LiveEngine, Progress
 from adapters.service.engine_state import WorkerConfig as WorkerConfig  # its view of the settings
 from adapters.service.intake import Intake
 from adapters.service.journal import Journal
-from adapters.service.known_attrs import Sketch
-from adapters.service.late import LateRecord
 from adapters.service.lease import EngineLease
 from adapters.service.liveness import Liveness
 from adapters.service.pressure import Pressure
 from adapters.service.redis_limits import is_oom
-from adapters.service.watermarks import Watermarks
+from adapters.service.watermarks import Held
 from filters.engine import Engine
 from filters.notification import Notification
 from notifiers.stream_wait import read_by
@@ -85,73 +83,134 @@ from profiles.ast import Profile
 log = logging.getLogger("ens.service.worker")
 
 
-class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, Pressure):
+class EngineWorker:
     """One engine over the whole ingest stream; at most one runs at a time (``ens:engine:lock``)."""
 
     def __init__(self, r: redis.Redis, config: WorkerConfig | None = None) -> None:
         if r.connection_pool.connection_kwargs.get("decode_responses"):
             raise ValueError("the engine worker needs a client without decode_responses")
         self.r = r
-        self.cfg = config or WorkerConfig()
-        self.lease = EngineLease(r, self.cfg.name, self.cfg.lock_ttl)
-        self.holder = self.lease.holder
-        self._release = self.lease._release  # the script (tests release a lock by hand)
+        self.cfg = cfg = config or WorkerConfig()
+        self.lease = lease = EngineLease(r, cfg.name, cfg.lock_ttl)
+        self.holder = lease.holder
+        self._release = lease._release  # the script (tests release a lock by hand)
         self.started = False
-        self._reset_state()
-        self._interval = {"events": 0, "late": 0, "notifications": 0}
-        self.unpublished = 0
-        self.known = Sketch()  # outlives a restart from the snapshot: it is advisory
-        self.last_known = float("-inf")  # the first events are written at once
-        self.snapshot_bytes = 0  # of the last snapshot (in the heartbeat, for /metrics)
-
-    def _reset_state(self) -> None:
-        self._preparsed: dict[str, Any] | None = {}  # index profiles by id, during start only
-        self.engine = self._new_engine()
-        self._reset_parts()  # incremental checkpoints start again (`checkpointer`)
-        self.lost_state = False  # the checkpoint could not be restored (`_set_aside`)
-        self.epoch = secrets.token_hex(4)
-        # id -> the profile as applied (its `source` and `subscriber` are the stored definition);
-        # kept after a `once` profile fired, so that it is not activated again
-        self.defs: dict[str, Profile] = {}
-        self.dirty: set[str] = set()  # ids whose definition changed since the last snapshot
-        self.last_id = "0-0"  # last ingest entry read into engine or buffer
-        self.control_id = "0-0"
-        cfg = self.cfg
-        self.wm = Watermarks(
-            cfg.reorder_seconds, cfg.idle_timeout, cfg.reorder_max_events, cfg.max_skew
+        keepalive = lease.keepalive  # a long replay or step renews the lock lease
+        self.live = live = LiveEngine(cfg)
+        self.progress = progress = Progress()
+        self.inputs = inputs = InputLog(keepalive)
+        self.pressure = Pressure(r, cfg)
+        self.alarms = alarms = AlarmPart(r, cfg, live)
+        self.intake = intake = Intake(r, cfg, live, inputs, progress, alarms, keepalive)
+        self.control = control = Control(r, cfg, live, inputs, progress, intake, alarms, keepalive)
+        self.journal = journal = Journal(
+            r, cfg, lease, live, inputs, progress, intake, control, alarms
         )
-        self.skewed: list[str] = []  # gateways whose clocks run ahead (logged when they start)
-        self.late_by_gateway: dict[str, int] = {}
-        self.late_out: list[LateRecord] = []  # sent to the late output, not committed yet
-        self.unacked: list[str] = []  # read, to be XACKed by the next snapshot
-        self.inputs: list[list[Any]] = []  # the input log since the last commit
-        self.pending: list[Notification] = []  # detected, not committed
-        self.archive_rows = FeedBuffer()  # fed, for ens:archive:feed with the next commit
-        self.since_snapshot = 0  # inputs since the last snapshot
-        self.journal_len = 0  # commits in ens:engine:journal (since the last snapshot)
+        self.checkpointer = Checkpointer(
+            r,
+            cfg,
+            lease,
+            live,
+            inputs,
+            progress,
+            intake,
+            control,
+            journal,
+            alarms,
+            reset=self.reset_state,
+        )
+        self.liveness = Liveness(r, cfg, lease, live, intake, progress, self.stats)
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        """A new engine state: every part starts again (then `Checkpointer.load` restores)."""
+        self.control.reset()
+        self.live.reset()
+        self.checkpointer.reset()
+        self.intake.reset()
+        self.liveness.reset()
+        self.inputs.reset()
+        self.journal.reset()
         self.lease.last_renew = time.monotonic()
         # entries read from ens:ingest but not taken yet (a step takes about step_events
         # events); still pending in the group, so a recovery reads them again
         self.queued: list[tuple[Any, Any]] = []
         self.read_full = False  # the last read was a full batch: more is waiting
-        # read: events taken from ens:ingest (the API's ens:ingest:in minus it is the backlog)
-        self.totals = {"events": 0, "late": 0, "notifications": 0, "invalid": 0, "read": 0}
-        self.changed = False  # anything to snapshot
-        self.last_commit = 0.0
-        self.last_snapshot = time.monotonic()
-        self.last_heartbeat = 0.0
-        self.last_status = time.monotonic()
+        self.progress.reset()
         # profile id -> [partial matches dropped, notifications dropped] by the caps, since
         # this worker started (heartbeat stats; the Prometheus counters count in this process)
         self.capped: dict[str, list[int]] = {}
         self.cap_warned: dict[str, tuple[float, int, int]] = {}  # id -> (when, pms, notes) logged
-        self._alarm_reset()
+        self.alarms.reset()
+
+    # ------------------------------------------------------------------ what tests and benches read
+    @property
+    def engine(self) -> Engine:
+        return self.live.engine
+
+    @property
+    def epoch(self) -> str:
+        return self.live.epoch
+
+    @property
+    def defs(self) -> dict[str, Profile]:
+        return self.live.defs
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return self.progress.totals
+
+    @property
+    def late_by_gateway(self) -> dict[str, int]:
+        return self.progress.late_by_gateway
+
+    @property
+    def last_id(self) -> str:
+        return self.intake.last_id
+
+    @property
+    def buffer(self) -> list[Held]:
+        """The held events (a heap; ``h.item`` is an `Item`)."""
+        return self.intake.buffer
+
+    @property
+    def pending(self) -> list[Notification]:
+        return self.journal.pending
+
+    def stats(self) -> dict[str, Any]:
+        """What the heartbeat publishes (`/healthz`, `/metrics`): every part's figures."""
+        now = time.time()
+        engine, buffer, router = self.live.engine, self.intake.buffer, self.alarms.router
+        return {
+            **engine.stats(),
+            "buffered": len(buffer),
+            "oldest_buffered_age": max((now - h.wall for h in buffer), default=0.0),
+            "late_by_gateway": dict(self.progress.late_by_gateway),
+            "capped_by_profile": {pid: list(n) for pid, n in self.capped.items()},
+            "pending_notifications": len(self.journal.pending),
+            "engine_time": engine.now,
+            "last_id": self.intake.last_id,
+            "epoch": self.live.epoch,
+            "snapshot_bytes": self.checkpointer.snapshot_bytes,
+            "skewed_gateways": self.intake.wm.skewed(now),
+            "alarms": self.alarms.gauges(),  # "severity|state" -> alarms
+            "escalations": len(router.escalator.pending) if router else 0,
+            **{f"total_{k}": v for k, v in self.progress.totals.items()},
+        }
+
+    def commit(self) -> None:
+        """`Journal.commit`: the inputs since the last commit with what they produced."""
+        self.journal.commit()
+
+    def snapshot(self) -> None:
+        """`Checkpointer.snapshot`."""
+        self.checkpointer.snapshot()
 
     def _cap_hits(self, mono: float) -> None:
         """Count what the engine's caps took (`filters.caps`) per profile, and log a WARNING
         naming the profile, at most once per profile per `cap_warn_interval`."""
         caps = self.cfg.caps
-        for pid, hits in self.engine.take_cap_hits().items():
+        for pid, hits in self.live.engine.take_cap_hits().items():
             total = self.capped.setdefault(pid, [0, 0])
             total[0] += hits.partial_matches
             total[1] += hits.notifications
@@ -177,68 +236,51 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
                 pid,
             )
 
-    def _new_engine(self) -> Engine:
-        cfg = self.cfg
-        return Engine(
-            tz=cfg.tz,
-            plan=cfg.plan,
-            rates=cfg.rates,
-            replan_every=cfg.replan_every,
-            drift=cfg.drift,
-            caps=cfg.caps,
-        )
-
-    def _keepalive(self) -> None:
-        """Renew the lock lease while working (a long replay or step): `EngineLease.keepalive`."""
-        self.lease.keepalive()
-
-    def _transaction(self, write: Callable[[Any], None]) -> None:
-        """Run ``write(pipe)`` in MULTI/EXEC, only if this worker still holds the lock."""
-        self.lease.transaction(write)
-
     def start(self, stop: threading.Event | None = None) -> None:
         """Take the lock, load the snapshot, replay the journal, re-read pending ingest entries."""
         gc.unfreeze()  # a restart: the previous engine must be collectable
-        self.check_policy()  # again at every reconnect: Redis may have restarted reconfigured
+        self.pressure.check_policy()  # at every reconnect: Redis may have restarted reconfigured
         self.lease.acquire(stop)
-        fresh = self._load()
-        self._gateways()
-        self._schedules()  # --routing: the stored schedules, before the journal's replay
+        fresh = self.checkpointer.load()
+        control, intake = self.control, self.intake
+        control.gateways()
+        control.schedules()  # --routing: the stored schedules, before the journal's replay
         if fresh and not self.r.exists(rs.JOURNAL):
             self.snapshot()  # fixes the epoch: every later state descends from this one
         try:
             self.r.xgroup_create(
                 rs.INGEST,
                 rs.ENGINE_GROUP,
-                id=self.last_id if self.last_id != "0-0" else "0",
+                id=intake.last_id if intake.last_id != "0-0" else "0",
                 mkstream=True,
             )
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        pel = self._pending_entries()
-        # None: the index is loaded when a profile needs it (an index imported before, whose
+        pel = self.journal.pending_entries()
+        # the index is loaded when a profile needs it (an index imported before, whose
         # profiles the checkpoint usually holds already, costs nothing at a restart)
-        self._preparsed = self._import_index() if self.cfg.index else {}
-        fed = self._replay(pel)  # journalled profile changes use the index too
-        bulk = self._reconcile()
-        self._preparsed = {}
+        control.use_index()
+        # journalled profile changes use the index too
+        fed = self.journal.replay(pel, self.checkpointer.lost_state)
+        bulk = control.reconcile()
+        control.forget_index()
         now = time.time()
         reread = 0
         for eid, fields in pel:  # a batch entry may be fed in part: the rest is taken again
-            reread += self._take(eid, fields, now, skip=fed)
-            self._keepalive()
+            reread += intake.take(eid, fields, now, skip=fed)
+            self.lease.keepalive()
         if reread:
             log.info("re-read %d pending ingest events after the journal", reread)
-        if bulk or self.journal_len or reread:
+        if bulk or self.journal.journal_len or reread:
             # many profiles changed, or a recovery: snapshot now, so that an engine restarted
             # more often than --snapshot-interval does not replay an ever longer journal
             self.snapshot()
-        self.engine.take_cap_hits()  # a replay redoes work whose hits were counted before
+        self.live.engine.take_cap_hits()  # a replay redoes work whose hits were counted before
         gc.collect()  # the loaded engine lives on: keep the collector from rescanning it
         gc.freeze()
         self.started = True
-        self._heartbeat(force=True)
+        self.liveness.heartbeat(force=True)
 
     def run_forever(self, stop: threading.Event) -> None:
         """Step until ``stop``; on a Redis error restart from Redis; finally snapshot.
@@ -253,10 +295,10 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
                 if not self.started:
                     self.start(stop)
                 self.step()
-                self.memory_ok()
+                self.pressure.memory_ok()
             except EvictingRedis as exc:
                 self.started = False
-                self.refused_policy(exc, stop)
+                self.pressure.refused_policy(exc, stop)
             except LockLost as exc:
                 if stop.is_set():
                     break
@@ -267,7 +309,7 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
                 stop.wait(1.0)
             except redis.RedisError as exc:
                 if is_oom(exc):  # refused before it ran: a started worker keeps its state
-                    self.out_of_memory(exc, stop)
+                    self.pressure.out_of_memory(exc, stop)
                     continue
                 log.error("redis error (%s); restarting from the snapshot in 1 s", exc)
                 self.started = False
@@ -276,16 +318,17 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
             try:
                 self.snapshot()
                 self.lease.release()
-                log.info("engine worker stopped: %s", self.totals)
+                log.info("engine worker stopped: %s", self.progress.totals)
             except (redis.RedisError, LockLost) as exc:
                 log.error("final snapshot failed (%s); the next start redoes the work", exc)
 
     def _archive_due(self, mono: float) -> bool:
         """Fed events wait for the archive: commit them although nothing matched (the
         archive's lag stays about ``archive_commit`` behind the engine)."""
-        rows = len(self.archive_rows)
+        rows = len(self.intake.archive_rows)
         return bool(rows) and (
-            rows >= self.cfg.archive_rows or mono - self.last_commit >= self.cfg.archive_commit
+            rows >= self.cfg.archive_rows
+            or mono - self.journal.last_commit >= self.cfg.archive_commit
         )
 
     def _read(self, block: float) -> list[tuple[Any, Any]]:
@@ -309,51 +352,56 @@ class EngineWorker(Intake, Control, AlarmPart, Journal, Checkpointer, Liveness, 
 
         ``now`` is the wall clock (tests pass their own). Returns how many entries were read.
         """
+        journal, intake, wm = self.journal, self.intake, self.intake.wm
         if block is None:
             block = self.cfg.block
-            if self.pending:
-                wait = self.cfg.commit_min_interval - (time.monotonic() - self.last_commit)
+            if journal.pending:
+                wait = self.cfg.commit_min_interval - (time.monotonic() - journal.last_commit)
                 block = min(block, max(wait, 0.0))
-            if self.wm.heap:  # wake when the oldest held event falls due, not a tick later
+            if wm.heap:  # wake when the oldest held event falls due, not a tick later
                 t = time.time()
-                lag = self.wm.max_active_lateness(t) if self.cfg.clock == "wall" else None
-                due = self.wm.next_due(t, lag)
+                lag = wm.max_active_lateness(t) if self.cfg.clock == "wall" else None
+                due = wm.next_due(t, lag)
                 if due is not None:
                     block = min(block, max(due - t, 0.001))
         if not self.queued:
             self.queued = self._read(block)
             self.read_full = len(self.queued) >= self.cfg.batch
         now = time.time() if now is None else now
-        self._control()  # first: a profile added before an event was posted sees that event
+        self.control.poll()  # first: a profile added before an event was posted sees that event
         # a step takes about step_events events (an entry holds one request's), so that it
         # ends, commits and renews the lock lease soon whatever the backlog
         entries = taken = 0
         while self.queued and taken < self.cfg.step_events:
             eid, fields = self.queued.pop()
-            taken += self._take(rs.text(eid), fields, now)
+            taken += intake.take(rs.text(eid), fields, now)
             entries += 1
         # More waiting (a full batch, or entries not taken yet): the wall clock must not
         # overtake events that were accepted but not read yet (they would all turn late), so
         # only event time moves.
-        self._release_due(now, caught_up=not (self.read_full or self.queued))
-        self.pending.extend(self.engine.take_notifications())
-        if self.engine.cap_hits:
+        intake.release_due(now, caught_up=not (self.read_full or self.queued))
+        journal.collect()
+        if self.live.engine.cap_hits:
             self._cap_hits(mono=time.monotonic())
-        if self.unpublished:
-            m.EVENTS_PROCESSED.inc(self.unpublished)
-            self.unpublished = 0
+        progress = self.progress
+        if progress.unpublished:
+            m.EVENTS_PROCESSED.inc(progress.unpublished)
+            progress.unpublished = 0
         mono = time.monotonic()
-        if self.changed and (
-            mono - self.last_snapshot >= self.cfg.snapshot_interval
-            or self.since_snapshot >= self.cfg.snapshot_inputs
-            or self.journal_len >= self.cfg.snapshot_journal
+        if progress.changed and (
+            mono - self.checkpointer.last_snapshot >= self.cfg.snapshot_interval
+            or self.inputs.since_snapshot >= self.cfg.snapshot_inputs
+            or journal.journal_len >= self.cfg.snapshot_journal
         ):
             self.snapshot()
-        elif mono - self.last_commit >= self.cfg.commit_min_interval and (
-            self.pending or self.late_out or self._archive_due(mono) or self._alarm_wants_commit()
+        elif mono - journal.last_commit >= self.cfg.commit_min_interval and (
+            journal.pending
+            or intake.late_out
+            or self._archive_due(mono)
+            or self.alarms.wants_commit()
         ):
             self.commit()
-        self._write_known()
-        self._heartbeat()
-        self._status()
+        intake.write_known()
+        self.liveness.heartbeat()
+        self.liveness.status()
         return entries

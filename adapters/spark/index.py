@@ -359,10 +359,6 @@ def index_job(
     are small and are summed on the driver with Arrow, which saves a Spark job
     per table.
     """
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
-
     t0 = time.perf_counter()
     records, ids, fmt, subs = read_records(spark, source)
     target = Path(out)
@@ -370,67 +366,19 @@ def index_job(
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".ens-index-", dir=parent))
     try:
-        dups: dict[str, int] | None = None
-        if records.rdd.getNumPartitions() > 1:
-            # a repeated id: the first record keeps it, later ones are errors (as in `ens check`)
-            agg = (
-                ids.where("id is not null")
-                .groupBy("id")
-                .agg(F.count("*").alias("n"), F.min("record").alias("r"))
-            )
-            dups = {r["id"]: r["r"] for r in agg.where("n > 1").collect()}
-        task = _parse_task(fmt == "jsonl", dups, [x["id"] for x in subs] or None)
         parsed = work / "parsed"
-        records.mapInArrow(task, PARSED_DDL).write.partitionBy("kind").parquet(str(parsed))
+        _parse(records, ids, fmt, subs, parsed)
         t1 = time.perf_counter()
         log(f"parsed in Spark ({t1 - t0:.1f}s)")
 
         snap = work / "snapshot"
         snap.mkdir()
-        chunks = _sorted_table(parsed / "kind=chunk", ["record", "count", "blob"], [], ["record"])
-        chunks = chunks.rename_columns(["first", "count", "blob"])
-        (snap / "profiles").mkdir()
-        pq.write_table(chunks, snap / "profiles" / "part-0.parquet")
-        tables = {
-            "filters": _sorted_table(parsed / "kind=filter", ["key"], ["uses"], ["key"]),
-            "predicates": _sorted_table(
-                parsed / "kind=predicate", ["key", "attr"], ["uses"], ["attr", "key"]
-            ),
-            "boundaries": _sorted_table(
-                parsed / "kind=bound",
-                ["attr", "op", "num", "str", "bool"],
-                ["uses"],
-                ["attr", "op", "num", "str", "bool"],
-            ),
-        }
-        for name, table in tables.items():
-            (snap / name).mkdir()
-            pq.write_table(table, snap / name / "part-0.parquet")
+        chunks, tables = _write_tables(parsed, snap)
         err_path = parsed / "kind=error"
-        errs = pq.read_table(err_path).sort_by("record").to_pylist() if err_path.exists() else []
-
-        n_profiles, n_errors = sum(chunks.column("count").to_pylist()), len(errs)
-        preds = tables["predicates"]
-        manifest: dict[str, Any] = {
-            "version": VERSION,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "source": str(Path(source).resolve()),
-            "format": fmt,
-            "chunk_size": CHUNK,
-            "counts": {
-                "records": n_profiles + n_errors,
-                "profiles": n_profiles,
-                "errors": n_errors,
-                "chunks": chunks.num_rows,
-                "filters": tables["filters"].num_rows,
-                "filter_uses": pc.sum(tables["filters"].column("uses")).as_py() or 0,
-                "predicates": preds.num_rows,
-                "predicate_uses": pc.sum(preds.column("uses")).as_py() or 0,
-                "attributes": len(set(preds.column("attr").to_pylist())),
-                "boundaries": tables["boundaries"].num_rows,
-            },
-        }
-        log(f"{n_profiles + n_errors} records: {n_profiles} profiles, {n_errors} errors")
+        errs = _read_errors(err_path)
+        manifest = _manifest(source, fmt, chunks, tables, len(errs))
+        c = manifest["counts"]
+        log(f"{c['records']} records: {c['profiles']} profiles, {c['errors']} errors")
         if subs:
             (snap / "subscribers.json").write_text(json.dumps(subs, indent=1))
         (snap / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -439,15 +387,91 @@ def index_job(
         if target.exists():
             shutil.rmtree(target)
         snap.rename(target)
-        c = manifest["counts"]
         log(
-            f"index {out}: {n_profiles} profiles in {c['chunks']} chunk(s), {c['filters']} distinct filters "
+            f"index {out}: {c['profiles']} profiles in {c['chunks']} chunk(s), {c['filters']} distinct filters "
             f"({c['filter_uses']} uses), {c['predicates']} predicates on {c['attributes']} attributes "
             f"({time.perf_counter() - t1:.1f}s)"
         )
         return manifest
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _parse(records: Any, ids: Any, fmt: str, subs: list[Any], parsed: Path) -> None:
+    """Parse the records in Spark into `parsed` (Parquet, partitioned by row kind)."""
+    from pyspark.sql import functions as F
+
+    dups: dict[str, int] | None = None
+    if records.rdd.getNumPartitions() > 1:
+        # a repeated id: the first record keeps it, later ones are errors (as in `ens check`)
+        agg = (
+            ids.where("id is not null")
+            .groupBy("id")
+            .agg(F.count("*").alias("n"), F.min("record").alias("r"))
+        )
+        dups = {r["id"]: r["r"] for r in agg.where("n > 1").collect()}
+    task = _parse_task(fmt == "jsonl", dups, [x["id"] for x in subs] or None)
+    records.mapInArrow(task, PARSED_DDL).write.partitionBy("kind").parquet(str(parsed))
+
+
+def _write_tables(parsed: Path, snap: Path) -> tuple[Any, dict[str, Any]]:
+    """The snapshot's tables, summed on the driver: the profile chunks and the counts."""
+    import pyarrow.parquet as pq
+
+    chunks = _sorted_table(parsed / "kind=chunk", ["record", "count", "blob"], [], ["record"])
+    chunks = chunks.rename_columns(["first", "count", "blob"])
+    (snap / "profiles").mkdir()
+    pq.write_table(chunks, snap / "profiles" / "part-0.parquet")
+    tables = {
+        "filters": _sorted_table(parsed / "kind=filter", ["key"], ["uses"], ["key"]),
+        "predicates": _sorted_table(
+            parsed / "kind=predicate", ["key", "attr"], ["uses"], ["attr", "key"]
+        ),
+        "boundaries": _sorted_table(
+            parsed / "kind=bound",
+            ["attr", "op", "num", "str", "bool"],
+            ["uses"],
+            ["attr", "op", "num", "str", "bool"],
+        ),
+    }
+    for name, table in tables.items():
+        (snap / name).mkdir()
+        pq.write_table(table, snap / name / "part-0.parquet")
+    return chunks, tables
+
+
+def _read_errors(path: Path) -> list[Any]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).sort_by("record").to_pylist() if path.exists() else []
+
+
+def _manifest(
+    source: str, fmt: str, chunks: Any, tables: dict[str, Any], n_errors: int
+) -> dict[str, Any]:
+    import pyarrow.compute as pc
+
+    n_profiles = sum(chunks.column("count").to_pylist())
+    preds = tables["predicates"]
+    return {
+        "version": VERSION,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "source": str(Path(source).resolve()),
+        "format": fmt,
+        "chunk_size": CHUNK,
+        "counts": {
+            "records": n_profiles + n_errors,
+            "profiles": n_profiles,
+            "errors": n_errors,
+            "chunks": chunks.num_rows,
+            "filters": tables["filters"].num_rows,
+            "filter_uses": pc.sum(tables["filters"].column("uses")).as_py() or 0,
+            "predicates": preds.num_rows,
+            "predicate_uses": pc.sum(preds.column("uses")).as_py() or 0,
+            "attributes": len(set(preds.column("attr").to_pylist())),
+            "boundaries": tables["boundaries"].num_rows,
+        },
+    }
 
 
 def _write_errors(rows: list[Any], path: Path) -> None:

@@ -1,20 +1,18 @@
-"""What one `ens spark stream` task does, on plain Python values (tests need no Spark).
+"""What one `ens spark stream` task does with a route's events, on plain Python values (tests
+need no Spark).
 
-Three pieces, all deterministic given their inputs, because Spark re-executes a micro-batch
+`KeyEngine` is one ENS engine per route (a key value, a value of another `per` attribute, a
+shard of the unpartitioned profiles; `adapters.spark.routes`) whose state is kept in pieces in
+Spark's per-key state (`adapters.spark.keyed`): a header, the reorder buffer, the engine header
+and one record per profile partition; the compiled profiles are the Python worker's
+(`compiled`). It is deterministic given its inputs, because Spark re-executes a micro-batch
 after a crash from the offsets and state it checkpointed, and the re-execution must decide
-exactly what the first one did:
+exactly what the first one did. `stateless` runs the bare filters for the source.
 
-- `ProfileLog`: the profile set as a log (``ens:spark:plog``). The driver appends the changes
-  announced on ``ens:control`` (`sync`); a micro-batch's offset names a log entry, so every
-  task of that batch, and any re-execution of it, sees the same profiles (`Versions.at`);
-- `KeyEngine`: one ENS engine per route (a key value, a value of another `per` attribute,
-  a shard of the unpartitioned profiles) whose state is kept in pieces in Spark's per-key
-  state (`adapters.spark.keyed`): a header, the reorder buffer, the engine header and one
-  record per profile partition; the compiled profiles are the Python worker's (`compiled`);
-- `Outbox`: idempotent writes: one Lua script per batch XADDs a notification only if its id
-  was never written (a marker key with a TTL), so a re-executed batch writes nothing twice;
-  `LateOutput` does the same for late events (``ens:late``, the service's late output,
-  one record per ingest event key).
+The other parts of a task are modules of their own: the profile log and the profile versions
+(`adapters.spark.profile_log`, `adapters.spark.versions`), the idempotent writes to the
+outbox and ``ens:late`` (`adapters.spark.sinks`), reading ingest entries
+(`adapters.spark.ingest`) and the gateways' watermark (`adapters.spark.watermark`).
 
 Notification ids keep the worker's form ``f"{profile}:{epoch}:{seq}"``: ``seq`` is the
 detection counter of the engine that found it (part of its state), ``epoch`` is the
@@ -27,370 +25,38 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import logging
 import math
 import pickle
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from adapters.service import redis_store as rs
-from adapters.service.late import LATE, LateRecord
+from adapters.service.feeding import log_late
+from adapters.service.late import LateRecord
+
+# the names keyed.py, bench/spark_tasks.py and the tests take from here
+from adapters.spark.clients import client as client
+from adapters.spark.profile_log import ProfileLog as ProfileLog
+from adapters.spark.routes import ROUTES as ROUTES
+from adapters.spark.routes import TICK as TICK
+from adapters.spark.routes import class_of_route
+from adapters.spark.sinks import LateOutput as LateOutput
+from adapters.spark.sinks import Outbox as Outbox
+from adapters.spark.versions import Version, Versions
+from adapters.spark.versions import versions as versions
+from adapters.spark.watermark import gateway_watermark as gateway_watermark
+from adapters.spark.watermark import merge_progress as merge_progress
+from adapters.spark.watermark import whole_ms as whole_ms
 from filters.engine import Engine
 from filters.notification import Notification
 from filters.partitions import PartId, PartitionedEngine, encode_id
 from filters.restore import Skipped
-from notifiers import store
-from profiles.ast import Profile
-from profiles.errors import ProfileError
-from profiles.events import Event, event_from_obj
+from notifiers.records import outbox_notification
+from profiles.events import Event
 
 log = logging.getLogger("ens.spark.stream")
-
-PLOG = "ens:spark:plog"  # profile log: {"ctl": control id covered, "d": {pid: [expr, sub] | null}}
-WRITTEN = "ens:spark:written:"  # + notification id: written to the outbox (TTL)
-LATE_WRITTEN = "ens:spark:late:"  # + event key: its late record written to ens:late (TTL)
-INVALID = "ens:spark:invalid"  # event key -> why it was skipped
-STATUS = "ens:spark:status"
-ROUTES = "ens:spark:routes"  # the keyed routes that have an engine (profile changes reach all)
-PARSED = "ens:spark:ast:"  # + sha1 of (code, id, expr, subscriber): the parsed profile (TTL)
-GLOBAL = "g"  # the route of the global profiles' one engine
-TICK = "~"  # the route of per-partition bookkeeping rows (no engine)
-
-_WRITE = """
-local n = 0
-for i = 2, #ARGV, 2 do
-  if redis.call('SET', KEYS[1] .. ARGV[i], '1', 'NX', 'EX', ARGV[1]) then
-    redis.call('XADD', KEYS[2], '*', 'n', ARGV[i + 1])
-    n = n + 1
-  end
-end
-return n
-"""
-
-# ARGV: ttl, maxlen, then per record: event key, number of field/value items, the items
-_WRITE_LATE = """
-local n = 0
-local i = 3
-while i <= #ARGV do
-  local k = tonumber(ARGV[i + 1])
-  if redis.call('SET', KEYS[1] .. ARGV[i], '1', 'NX', 'EX', ARGV[1]) then
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, i + 2, i + 1 + k))
-    n = n + 1
-  end
-  i = i + 2 + k
-end
-return n
-"""
-
-
-GSHARDS = 8  # the routes of the profiles without a partition (never change it: state by route)
-
-
-def profile_class(p: Profile, key: str) -> str:
-    """Where a profile runs (`adapters.spark.plan.make_plan`'s rule): 's', 'k' or 'g'."""
-    if p.is_filter and not p.once:
-        return "s"
-    if key in p.per and not p.once:
-        return "k"
-    return GLOBAL
-
-
-def route_class(p: Profile, key: str) -> str:
-    """The routes a profile runs in: 's' (stateless, no route), 'k' (one per value of `key`),
-    'a' + attribute (one per value of the first of its own `per` attributes, when `key` is
-    not among them), or 'g0'..'g7' (no partition, or `once`: sharded by profile id, each
-    shard one route over the whole stream)."""
-    c = profile_class(p, key)
-    if c != GLOBAL:
-        return c
-    if p.per and not p.once:
-        return "a" + min(p.per)
-    return f"g{zlib.crc32(p.id.encode()) % GSHARDS}"
-
-
-def class_of_route(route: str) -> str:
-    """The route class (`route_class`) of a route: 'k' + value, 'a' + attr + '|' + value, 'g0'..,
-    or `GLOBAL` (every global profile in one engine: the tests' and older states' route)."""
-    if route.startswith("a") and "|" in route:
-        return route.split("|", 1)[0]
-    if route[:1] == "g" and route[1:].isdigit():
-        return route
-    return GLOBAL if route == GLOBAL else "k"
-
-
-# ------------------------------------------------------------------ per process
-
-_clients: dict[str, Any] = {}
-
-
-def client(url: str) -> Any:
-    """One binary Redis client per URL and process (tasks of a Python worker share it)."""
-    import redis
-
-    r = _clients.get(url)
-    if r is None:
-        r = _clients[url] = redis.Redis.from_url(url)
-    return r
-
-
-_versions: dict[tuple[str, str], Versions] = {}
-
-
-def versions(url: str, key: str) -> Versions:
-    """The process's `Versions` of a Redis and `--key`."""
-    v = _versions.get((url, key))
-    if v is None:
-        v = _versions[(url, key)] = Versions(client(url), key)
-    return v
-
-
-# ------------------------------------------------------------------ profiles
-
-
-class ProfileLog:
-    """The driver's side: fold ``ens:control`` into ``ens:spark:plog``; returns the head id."""
-
-    def __init__(self, r: Any) -> None:
-        self.r = r
-        self.reconciled = False
-
-    def defs(self, upto: str = "+") -> dict[str, list[Any]]:
-        """The profile definitions (pid -> [expr, sub]) as of log entry `upto`."""
-        out: dict[str, list[Any]] = {}
-        for _eid, f in self.r.xrange(PLOG, max=upto):
-            for pid, d in json.loads(f[b"d"]).items():
-                if d is None:
-                    out.pop(pid, None)
-                else:
-                    out[pid] = d
-        return out
-
-    def sync(self) -> str:
-        """Append what changed since the log's last entry; the first call reconciles in full
-        (changes made while no query ran, or trimmed from ``ens:control``)."""
-        last = self.r.xrevrange(PLOG, count=1)
-        ctl = rs.text(last[0][1][b"ctl"]) if last else "0-0"
-        if not self.reconciled:
-            head = self.r.xrevrange(rs.CONTROL, count=1)
-            top = rs.text(head[0][0]) if head else "0-0"
-            have = self.defs() if last else {}
-            want = {p["id"]: [p["expr"], p.get("subscriber")] for p in rs.list_profiles(self.r)}
-            diff: dict[str, Any] = {pid: d for pid, d in want.items() if have.get(pid) != d}
-            diff.update({pid: None for pid in have if pid not in want})
-            if diff or not last or rs.parse_id(top) > rs.parse_id(ctl):
-                self.r.xadd(
-                    PLOG,
-                    {
-                        "ctl": top if rs.parse_id(top) > rs.parse_id(ctl) else ctl,
-                        "d": json.dumps(diff),
-                    },
-                )
-                if diff:
-                    log.info(
-                        "profiles: %d change(s) since the last run (%d active)",
-                        len(diff),
-                        len(want),
-                    )
-            self.reconciled = True
-        else:
-            entries = self.r.xrange(rs.CONTROL, min=f"({ctl}")
-            if entries:
-                diff = {}
-                for _eid, f in entries:
-                    pid = rs.text(f.get(b"id", b""))
-                    if pid:
-                        rec = rs.get_profile(self.r, pid)
-                        diff[pid] = [rec["expr"], rec.get("subscriber")] if rec else None
-                self.r.xadd(PLOG, {"ctl": rs.text(entries[-1][0]), "d": json.dumps(diff)})
-                for pid, d in diff.items():
-                    log.info("profile %s %s", pid, "removed" if d is None else "set")
-        last = self.r.xrevrange(PLOG, count=1)
-        return rs.text(last[0][0])
-
-
-@dataclass
-class Version:
-    """The profiles of one log entry, parsed, by class."""
-
-    log_id: str
-    profiles: dict[str, Profile]  # all of them (restore resolves snapshot references here)
-    by_class: dict[str, dict[str, Profile]]  # 's', 'k', GLOBAL (all others) and route classes
-    sigs: dict[str, tuple[str, str | None]]  # pid -> (expr, subscriber)
-
-    def of(self, cls: str) -> dict[str, Profile]:
-        return self.by_class.get(cls, {})
-
-
-_ast_tag: list[str] = []
-
-
-def _ast_version() -> str:
-    """A digest of the code that defines parsed profiles: pickles of another version of it
-    (a rolling upgrade, a checkout with other AST classes) are never read."""
-    if not _ast_tag:
-        import profiles
-
-        root = Path(profiles.__file__).parent
-        h = hashlib.sha1()
-        for f in sorted(p for p in root.iterdir() if p.suffix in (".py", ".lark")):
-            h.update(f.read_bytes())
-        _ast_tag.append(h.hexdigest()[:12])
-    return _ast_tag[0]
-
-
-class Versions:
-    """The executors' side: profile sets by log id, parsed once per process (a small cache)."""
-
-    def __init__(self, r: Any, key: str) -> None:
-        self.r = r
-        self.key = key
-        self.parsed: dict[tuple[str, str, str | None], Profile | None] = {}
-        self.cache: dict[str, Version] = {}
-
-    def _parse(self, pid: str, expr: str, sub: str | None) -> Profile | None:
-        k = (pid, expr, sub)
-        if k not in self.parsed:
-            try:  # the API validated it; a hand-edited hash is logged and left out
-                self.parsed[k] = rs.validate_profile(None, pid, expr, sub)
-            except ProfileError as exc:
-                log.error("ignoring invalid stored profile %s: %s", pid, exc)
-                self.parsed[k] = None
-        return self.parsed[k]
-
-    def _load(self, sigs: dict[str, tuple[str, str | None]], ttl: int = 7 * 86400) -> None:
-        """Fill `parsed` for `sigs` from ``ens:spark:ast:*`` and store what had to be parsed.
-
-        Every Python worker needs the parsed profiles, and Spark starts workers as tasks need
-        them (and stops them after a minute idle): parsing 10^4 profiles is 2 s per worker,
-        loading their pickles 0.3 s. A definition's AST is a pure function of it, so a stale or
-        concurrent write stores the same thing.
-        """
-        todo = [
-            k for k in ((pid, e, sub) for pid, (e, sub) in sigs.items()) if k not in self.parsed
-        ]
-        if not todo:
-            return
-        names = [
-            PARSED + hashlib.sha1(json.dumps([_ast_version(), *k]).encode()).hexdigest()
-            for k in todo
-        ]
-        fresh = {}
-        for i in range(0, len(todo), 5000):
-            for k, name, raw in zip(
-                todo[i : i + 5000],
-                names[i : i + 5000],
-                self.r.mget(names[i : i + 5000]),
-                strict=True,
-            ):
-                try:
-                    p = pickle.loads(raw) if raw is not None else None  # noqa: S301 - ours
-                except Exception:  # noqa: BLE001 - written by another version: parse again
-                    p = None
-                if isinstance(p, Profile) and p.id == k[0]:
-                    self.parsed[k] = p
-                elif self._parse(*k) is not None:
-                    fresh[name] = pickle.dumps(self.parsed[k], pickle.HIGHEST_PROTOCOL)
-        if fresh:
-            with self.r.pipeline(transaction=False) as p:
-                for name, blob in fresh.items():
-                    p.set(name, blob, ex=ttl)
-                p.execute()
-
-    def at(self, log_id: str) -> Version:
-        v = self.cache.get(log_id)
-        if v is not None:
-            return v
-        base = max(
-            (c for c in self.cache.values() if rs.parse_id(c.log_id) < rs.parse_id(log_id)),
-            key=lambda c: rs.parse_id(c.log_id),
-            default=None,
-        )
-        sigs = dict(base.sigs) if base else {}
-        lo = f"({base.log_id}" if base else "-"
-        for _eid, f in self.r.xrange(PLOG, min=lo, max=log_id):
-            for pid, d in json.loads(f[b"d"]).items():
-                if d is None:
-                    sigs.pop(pid, None)
-                else:
-                    sigs[pid] = (d[0], d[1])
-        profiles: dict[str, Profile] = {}
-        by_class: dict[str, dict[str, Profile]] = {"s": {}, "k": {}, GLOBAL: {}}
-        self._load(sigs)
-        for pid, (expr, sub) in sigs.items():
-            p = self._parse(pid, expr, sub)
-            if p is not None:
-                profiles[pid] = p
-                by_class[profile_class(p, self.key)][pid] = p
-                rc = route_class(p, self.key)
-                if rc not in by_class:
-                    by_class[rc] = {}
-                if rc not in ("s", "k"):
-                    by_class[rc][pid] = p
-        v = Version(log_id, profiles, by_class, sigs)
-        if len(self.cache) >= 4:
-            self.cache.pop(min(self.cache, key=rs.parse_id))
-        self.cache[log_id] = v
-        return v
-
-
-# ------------------------------------------------------------------ event time
-
-_UNKNOWN = "?"  # a header of an older state, without the engine time: the engine is loaded
-GATEWAYS = "ens:spark:gateways"  # gateway -> [newest ts, wall time of its last entry] (JSON)
-
-
-def gateway_watermark(
-    progress: dict[str, tuple[float, float]],
-    lateness: dict[str, float | None],
-    default: float,
-    idle: float,
-    now: float | None,
-) -> tuple[float | None, float]:
-    """The service's watermark (`adapters.service.watermarks.Watermarks`) over gateway progress.
-
-    The smallest ``newest - lateness`` of the gateways whose last entry is within `idle` s of
-    `now` (their own lateness, else `default`); when every gateway is idle, the newest ts of
-    all (the worker then releases everything it holds and its engine time is that ts). Also
-    the largest lateness of the active gateways, at least `default` (the wall clock's lag).
-    Returns (None, default) before any event.
-    """
-    if not progress:
-        return None, default
-    lim = -math.inf if now is None else now - idle
-    active = [g for g, (_ts, wall) in progress.items() if wall > lim]
-    if not active:
-        return max(ts for ts, _wall in progress.values()), default
-    lat = {g: default if lateness.get(g) is None else float(lateness[g]) for g in active}  # type: ignore[arg-type]
-    return min(progress[g][0] - lat[g] for g in active), max(default, *lat.values())
-
-
-def whole_ms(wm: float | None, newest: float | None) -> float | None:
-    """The watermark as a whole millisecond, the unit of Spark's own watermark, through which
-    a route invoked by its timeout alone gets it: rounded down, or up when it is the newest
-    ``ts`` of all (every gateway idle: everything is released, and an event stamped with
-    sub-ms digits must not stay held for the lack of a fraction of a ms)."""
-    if wm is None or not math.isfinite(wm):
-        return wm
-    ms = round(wm * 1000, 3)  # float noise of a value already whole
-    up = newest is not None and wm >= newest
-    return (math.ceil(ms) if up else math.floor(ms)) / 1000
-
-
-def merge_progress(
-    old: dict[str, list[float]], new: dict[str, list[float]]
-) -> dict[str, list[float]]:
-    """Gateway progress of two sets of entries together (a max per field: re-merging the same
-    batch changes nothing, so a re-executed batch may write it again)."""
-    out = dict(old)
-    for g, (ts, wall) in new.items():
-        o = out.get(g)
-        out[g] = [ts, wall] if o is None else [max(o[0], ts), max(o[1], wall)]
-    return out
-
 
 # ------------------------------------------------------------------ engines
 
@@ -403,12 +69,8 @@ def arrival(event_key: str) -> tuple[int, int, int]:
 
 
 def record(n: Notification, epoch: str, seq: Any = None) -> dict[str, Any]:
-    """The outbox record (the worker's `EngineWorker.record`)."""
-    return {
-        "id": f"{n.profile}:{epoch}:{n.seq if seq is None else seq}",
-        **n.to_detail(),
-        "subscriber": n.subscriber,
-    }
+    """The outbox record, as the service's worker writes it (`outbox_notification`)."""
+    return outbox_notification(n, epoch, seq)
 
 
 def route_epoch(epoch: str, route: str) -> str:
@@ -864,14 +526,7 @@ class KeyEngine:
 
 
 def _log_late(now: float, ev: Event, gw: str, what: str) -> None:
-    log.warning(
-        "late event %s from gateway %s: ts %.3f is %.3f s behind engine time; %s",
-        ev.id,
-        gw,
-        ev.ts,
-        now - ev.ts,
-        what,
-    )
+    log_late(log, now, ev, gw, what)  # the service's line
 
 
 # `stateless`'s engines by (profile version, tz), with the `Versions` they were built from
@@ -902,64 +557,3 @@ def stateless(
         for n in engine.take_notifications():
             out.append(record(n, epoch + "s", key))
     return out
-
-
-class Outbox:
-    """Idempotent outbox writes: an id already written (within `ttl` s) is not written again."""
-
-    def __init__(self, r: Any, ttl: int = 7 * 86400) -> None:
-        self.script = r.register_script(_WRITE)
-        self.ttl = ttl
-
-    def write(self, records: list[dict[str, Any]], chunk: int = 500) -> int:
-        n = 0
-        for i in range(0, len(records), chunk):
-            args: list[Any] = [self.ttl]
-            for rec in records[i : i + chunk]:
-                args += [rec["id"], store.dumps(rec)]
-            n += int(self.script(keys=[WRITTEN, store.OUTBOX], args=args))
-        return n
-
-
-class LateOutput:
-    """Idempotent writes of late records to ``ens:late`` (the service's late output, trimmed
-    to about `maxlen`): an event key whose record was written (within `ttl` s) is not written
-    again, so a micro-batch re-executed after a crash, or an event late for both its key's
-    engine and the global engine, gives one record."""
-
-    def __init__(self, r: Any, ttl: int = 7 * 86400, maxlen: int = 10_000) -> None:
-        self.script = r.register_script(_WRITE_LATE)
-        self.ttl = ttl
-        self.maxlen = maxlen
-
-    def write(self, records: list[LateRecord], chunk: int = 500) -> int:
-        n = 0
-        for i in range(0, len(records), chunk):
-            args: list[Any] = [self.ttl, self.maxlen]
-            for rec in records[i : i + chunk]:
-                items = [x for kv in rec.fields().items() for x in kv]
-                args += [rec.key, len(items), *items]
-            n += int(self.script(keys=[LATE_WRITTEN, LATE], args=args))
-        return n
-
-
-def decode(eid: str, fields: Any, r: Any | None = None) -> list[tuple[str, str, Any]]:
-    """`rs.decode_entry`, with an unreadable entry recorded in ``ens:spark:invalid``."""
-    try:
-        return rs.decode_entry(eid, fields) if fields else []
-    except (TypeError, ValueError) as exc:
-        log.error("unreadable ingest entry %s skipped: %s", eid, exc)
-        if r is not None:
-            r.hset(INVALID, eid, str(exc))
-        return []
-
-
-def parse(key: str, gw: str, obj: Any, r: Any | None = None) -> Event | None:
-    """The event of one ingest item, or None (logged, recorded in ``ens:spark:invalid``)."""
-    try:
-        return event_from_obj(obj, key)
-    except (TypeError, ValueError) as exc:
-        log.error("unreadable ingest event %s from %s skipped: %s", key, gw, exc)
-        if r is not None:
-            r.hset(INVALID, key, str(exc))
-        return None

@@ -8,28 +8,28 @@ offset is ``{"ingest": last entry id, "plog": profile-log id, "epoch": ..., "n":
 API accepted up to it}``; a micro-batch's id range is split by time into partitions, each
 read with XRANGE. The reader parses each event (bad ones are logged, recorded in
 ``ens:spark:invalid`` and skipped), evaluates bare filters on the spot and routes the rest
-by route class (`live.route_class`): profiles `per --key` by its value, profiles `per`
+by route class (`routes.route_class`): profiles `per --key` by its value, profiles `per`
 other attributes by the first of theirs, the others to 8 shards by profile id.
 
 Engines. `keyed.processor` runs `live.KeyEngine` per route with its state in Spark's per-key
 state (RocksDB). Event time: the service's per-gateway watermark
-(`live.gateway_watermark`: own latenesses, the idle rule), computed by the driver in
+(`watermark.offset_watermark`: own latenesses, the idle rule), computed by the driver in
 `latestOffset` from the gateways' progress the status sink merged (``ens:spark:gateways``)
 and carried in the offset (checkpointed, so re-executions agree), releases held events in
 (ts, ingest) order and advances the engine, which fires trailing negations, ``absent`` and
 ``within`` expiries (engine time moves to the watermark only when a timer falls due before
 it); an event older than its engine's time is late: written to the service's late output
-``ens:late`` (`live.LateOutput`, idempotent like the outbox; ``--late-events feed``: fed at
+``ens:late`` (`sinks.LateOutput`, idempotent like the outbox; ``--late-events feed``: fed at
 once), logged, counted once per event (the sink unions the engines' late keys). ``--clock
 wall`` also raises the offset's watermark to the wall clock minus the largest active
 lateness. A route with something due has one Spark event-time timer at that time (Spark's
 watermark is the offsets' watermark, one batch later); a route with nothing due is never
 invoked.
 
-Output. Notifications are written by the tasks themselves, idempotently (`live.Outbox`),
+Output. Notifications are written by the tasks themselves, idempotently (`sinks.Outbox`),
 with deterministic ids: a micro-batch re-executed after a crash restores the same state,
 reads the same range and profile version, and so gives the same ids, which are skipped.
-Late records likewise (`live.LateOutput`, one per ingest event key).
+Late records likewise (`sinks.LateOutput`, one per ingest event key).
 """
 
 from __future__ import annotations
@@ -46,8 +46,16 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+import adapters.spark.ingest as ingest
+import adapters.spark.live as live
+import adapters.spark.profile_log as profile_log
+import adapters.spark.routes as routes
+import adapters.spark.sinks as sinks
+import adapters.spark.watermark as watermark
 from adapters.service import redis_store as rs
-from adapters.spark.live import _clients, _versions, client, versions  # noqa: F401 - tests
+from adapters.service.watermarks import Watermarks
+from adapters.spark.clients import _clients, client  # noqa: F401 - tests
+from adapters.spark.versions import _versions, versions  # noqa: F401 - tests
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -117,87 +125,21 @@ def _source_classes() -> tuple[type, type]:
             self._plog: Any = None
 
         def initialOffset(self) -> dict[str, Any]:
-            # a new query (no checkpoint): a new epoch, so its ids never meet an older query's
-            return {
-                "ingest": "0-0",
-                "plog": "0-0",
-                "epoch": secrets.token_hex(4),
-                "n": 0,
-                "t": None,
-                "wm": None,
-            }
+            return initial_offset()
 
         def latestOffset(
             self, start: dict[str, Any] | None = None, limit: Any = None
         ) -> dict[str, Any]:
-            from adapters.spark import live
-
             r = client(self.url)
             if self._plog is None:
-                self._plog = live.ProfileLog(r)
-            plog = self._plog.sync()
-            with r.pipeline(transaction=True) as p:
-                p.xrevrange(rs.INGEST, count=1)
-                p.get(rs.INGEST_IN)
-                p.time()  # Redis's clock, as the entry ids: the idle rule compares the two
-                p.hgetall(live.GATEWAYS)
-                p.hgetall(rs.GATEWAYS)
-                # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
-                p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
-                last, n, (sec, usec), prog, gws, _ = p.execute()
+                self._plog = profile_log.ProfileLog(r)
             if start is None:  # Spark < 4.2 calls latestOffset() without the start
                 start = self._last if hasattr(self, "_last") else self.initialOffset()
-            top = rs.text(last[0][0]) if last else "0-0"
-            if rs.parse_id(top) < rs.parse_id(start["ingest"]):
-                top = start["ingest"]  # trimmed or reset: never go back
-            now = sec + usec / 1e6
-            # ens:spark:gateways holds the progress of every entry up to start["ingest"]
-            # (the previous batch committed): as of start["t"], or of now if none came since
-            same = top == start["ingest"]
-            progress = {rs.text(g): json.loads(v) for g, v in prog.items()}
-            wm, lag = live.gateway_watermark(
-                progress,
-                {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
-                self.lateness,
-                self.idle,
-                now if same else start.get("t"),
-            )
-            if self.clock == "wall":  # timers fire by the wall clock minus the largest lateness
-                wm = now - lag if wm is None else max(wm, now - lag)
-            newest = max((p[0] for p in progress.values()), default=None)
-            wm = live.whole_ms(wm, newest)
-            off = {
-                "ingest": top,
-                "plog": plog,
-                "epoch": start["epoch"],
-                "n": max(int(n or 0), int(start["n"])),
-                "t": now,
-                "wm": wm,
-            }
-            if same and all(off[k] == start.get(k) for k in ("plog", "n", "wm")):
-                off = start  # nothing new: no micro-batch
-            self._last = off
-            return off
+            self._last = latest_offset(r, self._plog, start, self.lateness, self.idle, self.clock)
+            return self._last
 
         def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any]:
-            lo, hi = start["ingest"], end["ingest"]
-            if lo == hi:
-                return [Range(lo, hi, {**end, "ctl": self._changed(start, end)}, True)]
-            lo_ms, hi_ms = rs.parse_id(lo)[0], rs.parse_id(hi)[0]
-            k = max(1, min(self.parts, hi_ms - lo_ms + 1))
-            cuts = [lo_ms + (hi_ms - lo_ms + 1) * i // k for i in range(1, k)]
-            bounds = [lo] + [f"{c - 1}-18446744073709551615" for c in cuts] + [hi]
-            bounds = [
-                b
-                for i, b in enumerate(bounds)
-                if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])
-            ]
-            end = {**end, "ctl": self._changed(start, end)}
-            return [Range(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
-
-        def _changed(self, start: dict[str, Any], end: dict[str, Any]) -> str | None:
-            """The profile version before this batch's, if it changed (None: unchanged)."""
-            return start.get("plog") if start.get("plog") != end.get("plog") else None
+            return [Range(*x) for x in ranges(start, end, self.parts)]
 
         def read(self, partition: Any) -> Iterator[Any]:
             yield from read_range(
@@ -228,6 +170,135 @@ def _source_classes() -> tuple[type, type]:
     return IngestSource, IngestReader
 
 
+def initial_offset() -> dict[str, Any]:
+    """A new query's offset (no checkpoint): a new epoch, so its ids never meet an older
+    query's."""
+    return {
+        "ingest": "0-0",
+        "plog": "0-0",
+        "epoch": secrets.token_hex(4),
+        "n": 0,
+        "t": None,
+        "wm": None,
+    }
+
+
+def latest_offset(
+    r: Any, plog_log: Any, start: dict[str, Any], lateness: float, idle: float, clock: str
+) -> dict[str, Any]:
+    """The driver's next offset after `start`: the newest ingest entry, the profile log's head
+    (`plog_log.sync()`), the events the API accepted and the watermark; `start` itself when
+    nothing changed (no micro-batch)."""
+    plog = plog_log.sync()
+    with r.pipeline(transaction=True) as p:
+        p.xrevrange(rs.INGEST, count=1)
+        p.get(rs.INGEST_IN)
+        p.time()  # Redis's clock, as the entry ids: the idle rule compares the two
+        p.hgetall(watermark.GATEWAYS)
+        p.hgetall(rs.GATEWAYS)
+        # the heartbeat `/healthz` checks: Spark asks for new offsets every trigger
+        p.hset(rs.ENGINE_STATUS, mapping={"ts": repr(time.time()), "holder": HOLDER})
+        last, n, (sec, usec), prog, gws, _ = p.execute()
+    top = rs.text(last[0][0]) if last else "0-0"
+    if rs.parse_id(top) < rs.parse_id(start["ingest"]):
+        top = start["ingest"]  # trimmed or reset: never go back
+    now = sec + usec / 1e6
+    # ens:spark:gateways holds the progress of every entry up to start["ingest"]
+    # (the previous batch committed): as of start["t"], or of now if none came since
+    same = top == start["ingest"]
+    wm = watermark.offset_watermark(
+        {rs.text(g): json.loads(v) for g, v in prog.items()},
+        {rs.text(g): json.loads(v).get("lateness") for g, v in gws.items()},
+        lateness,
+        idle,
+        now if same else start.get("t"),
+        now if clock == "wall" else None,
+    )
+    off = {
+        "ingest": top,
+        "plog": plog,
+        "epoch": start["epoch"],
+        "n": max(int(n or 0), int(start["n"])),
+        "t": now,
+        "wm": wm,
+    }
+    if same and all(off[k] == start.get(k) for k in ("plog", "n", "wm")):
+        return start  # nothing new: no micro-batch
+    return off
+
+
+def ranges(
+    start: dict[str, Any], end: dict[str, Any], parts: int
+) -> list[tuple[str, str, dict[str, Any], bool]]:
+    """A micro-batch's id range split by time into at most `parts` source partitions:
+    (lo, hi, offset, first); the offset carries the profile version before this batch's
+    (``ctl``) if it changed."""
+    lo, hi = start["ingest"], end["ingest"]
+    ctl = start.get("plog") if start.get("plog") != end.get("plog") else None
+    end = {**end, "ctl": ctl}
+    if lo == hi:
+        return [(lo, hi, end, True)]
+    lo_ms, hi_ms = rs.parse_id(lo)[0], rs.parse_id(hi)[0]
+    k = max(1, min(parts, hi_ms - lo_ms + 1))
+    cuts = [lo_ms + (hi_ms - lo_ms + 1) * i // k for i in range(1, k)]
+    bounds = [lo] + [f"{c - 1}-18446744073709551615" for c in cuts] + [hi]
+    bounds = [
+        b for i, b in enumerate(bounds) if i == 0 or rs.parse_id(b) > rs.parse_id(bounds[i - 1])
+    ]
+    return [(a, b, end, i == 0) for i, (a, b) in enumerate(pairwise(bounds))]
+
+
+class _Rows:
+    """The columns of the source's rows (`ROW_DDL`), one Arrow batch per partition read."""
+
+    TYPES = (
+        "string string string float64 timestamp binary string string int64 float64 float64 bool_"
+    )
+
+    def __init__(self, plog: str, epoch: str, nin: int, wm: float | None) -> None:
+        self.plog, self.epoch, self.nin, self.wm = plog, epoch, nin, wm
+        self.cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
+
+    def add(
+        self,
+        route: str,
+        k: str | None,
+        gw: str,
+        ts: float | None,
+        ev: bytes | None,
+        evtime: float | None = None,
+        wall: float | None = None,
+        counted: bool = True,
+    ) -> None:
+        cols = self.cols
+        cols["route"].append(route)
+        cols["key"].append(k)
+        cols["gw"].append(gw)
+        cols["ts"].append(ts)
+        cols["evtime"].append(  # a whole ms (`watermark.PER_SECOND`): Spark's watermark keeps it
+            round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
+        )
+        cols["ev"].append(ev)
+        cols["plog"].append(self.plog)
+        cols["epoch"].append(self.epoch)
+        cols["nin"].append(self.nin)
+        cols["wm"].append(self.wm)
+        cols["wall"].append(wall)
+        cols["counted"].append(counted)
+
+    def batch(self) -> Any:
+        import pyarrow as pa
+
+        types = [
+            pa.timestamp("us", tz="UTC") if t == "timestamp" else getattr(pa, t)()
+            for t in self.TYPES.split()
+        ]
+        names = list(self.cols)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(self.cols[n], t) for n, t in zip(names, types, strict=True)], names=names
+        )
+
+
 def read_range(
     url: str,
     key: str,
@@ -239,137 +310,100 @@ def read_range(
     ttl: int = 7 * 86400,
 ) -> Iterator[Any]:
     """The rows of ingest entries in (lo, hi]: routed events, plus bookkeeping rows."""
-    import pyarrow as pa
-
-    from adapters.spark import live
-    from adapters.spark.plan import route_key
-
     r = client(url)
-    plog, epoch, nin, wm = offset["plog"], offset["epoch"], int(offset["n"]), offset.get("wm")
+    plog, epoch, wm = offset["plog"], offset["epoch"], offset.get("wm")
     route_of = routers(url, key, plog)
-    cols: dict[str, list[Any]] = {c.split()[0]: [] for c in ROW_DDL.split(", ")}
-
-    def row(
-        route: str,
-        k: str | None,
-        gw: str,
-        ts: float | None,
-        ev: bytes | None,
-        evtime: float | None = None,
-        wall: float | None = None,
-        counted: bool = True,
-    ) -> None:
-        cols["route"].append(route)
-        cols["key"].append(k)
-        cols["gw"].append(gw)
-        cols["ts"].append(ts)
-        cols["evtime"].append(  # a whole ms (`live.whole_ms`): Spark's watermark keeps it
-            round(evtime * 1e6) if evtime is not None and math.isfinite(evtime) else None
-        )
-        cols["ev"].append(ev)
-        cols["plog"].append(plog)
-        cols["epoch"].append(epoch)
-        cols["nin"].append(nin)
-        cols["wm"].append(wm)
-        cols["wall"].append(wall)
-        cols["counted"].append(counted)
-
+    rows = _Rows(plog, epoch, int(offset["n"]), wm)
+    seen = Watermarks(0.0, 0.0, 0)  # the gateways' progress in this range (`observe`)
     first_ts = None
-    progress: dict[str, list[float]] = {}  # gateway -> [newest ts, wall time of its last entry]
     cursor = f"({lo}"
     while lo != hi:
         page = r.xrange(rs.INGEST, min=cursor, max=hi, count=PAGE)
         if not page:
             break
-        plain: list[tuple[str, Any]] = []
-        for eid, fields in page:
-            eid = rs.text(eid)
-            wall = rs.stream_ms(eid)
-            for k, gw, obj in live.decode(eid, fields, r):
-                ev = live.parse(k, gw, obj, r)
-                if ev is None:
-                    continue
-                first_ts = ev.ts if first_ts is None else min(first_ts, ev.ts)
-                pg = progress.get(gw)
-                if pg is None:
-                    progress[gw] = [ev.ts, wall]
-                else:
-                    pg[0], pg[1] = max(pg[0], ev.ts), wall
-                plain.append((k, ev))
-                blob = None
-                for cls, attr, relevant in route_of:  # counted in `events` by one engine only
-                    if attr is None:
-                        route = cls
-                    else:
-                        rk = route_key(ev.attrs.get(attr))
-                        if rk is None:
-                            continue
-                        route = "k" + rk if cls == "k" else f"{cls}|{rk}"
-                    if relevant(ev.attrs):
-                        if blob is None:
-                            blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
-                            row(route, k, gw, ev.ts, blob)
-                        else:
-                            row(route, k, gw, ev.ts, blob, counted=False)
+        plain = _route_page(r, page, route_of, rows, seen)
+        stamps = [ev.ts for _k, ev in plain] + ([] if first_ts is None else [first_ts])
+        first_ts = min(stamps, default=None)
         notes = live.stateless(versions(url, key), plog, epoch, plain, tz)
         if notes:
-            live.Outbox(r, ttl).write(notes)
+            sinks.Outbox(r, ttl).write(notes)
         cursor = f"({rs.text(page[-1][0])}"
         if len(page) < PAGE:
             break
     if first and offset.get("ctl"):  # profiles changed: the engines they concern apply them
         for route in changed_routes(r, versions(url, key), offset["ctl"], plog):  # now
-            row(route, None, "", None, None)
+            rows.add(route, None, "", None, None)
     # the gateways' progress reaches the driver (the sink), which computes the next batches'
-    # watermark from it (`live.gateway_watermark`), also when no engine wanted the events;
+    # watermark from it (`watermark.offset_watermark`), also when no engine wanted the events;
     # the first partition's row carries `nin` to the status, and this batch's watermark into
     # Spark's (the next batch's `getCurrentWatermarkMs`: what a timer sees without rows)
     if first:
-        row(live.TICK, None, "", None, None, evtime=wm)
-    for gw, (ts, wall) in progress.items():
-        row(live.TICK, None, gw, ts, None, wall=wall)
+        rows.add(routes.TICK, None, "", None, None, evtime=wm)
+    for gw, (ts, wall) in seen.progress().items():
+        rows.add(routes.TICK, None, gw, ts, None, wall=wall)
     for cls, attr, _rel in route_of:  # the unpartitioned engines' start time and version
         if attr is None:
-            row(cls, None, "", first_ts, None)
+            rows.add(cls, None, "", first_ts, None)
     live.settle_garbage()
-    names = list(cols)
-    types = [
-        pa.string(),
-        pa.string(),
-        pa.string(),
-        pa.float64(),
-        pa.timestamp("us", tz="UTC"),
-        pa.binary(),
-        pa.string(),
-        pa.string(),
-        pa.int64(),
-        pa.float64(),
-        pa.float64(),
-        pa.bool_(),
-    ]
-    yield pa.RecordBatch.from_arrays(
-        [pa.array(cols[n], t) for n, t in zip(names, types, strict=True)], names=names
-    )
+    yield rows.batch()
+
+
+def _route_page(
+    r: Any,
+    page: list[Any],
+    route_of: list[tuple[str, str | None, Any]],
+    rows: _Rows,
+    seen: Watermarks,
+) -> list[tuple[str, Any]]:
+    """Parse a page of ingest entries, note the gateways' progress and add each event's rows
+    (one per route class that wants it; counted by the first); returns the events (for the
+    bare filters)."""
+    from adapters.spark.plan import route_key
+
+    plain: list[tuple[str, Any]] = []
+    for eid, fields in page:
+        eid = rs.text(eid)
+        wall = rs.stream_ms(eid)
+        for k, gw, obj in ingest.decode(eid, fields, r):
+            ev = ingest.parse(k, gw, obj, r)
+            if ev is None:
+                continue
+            seen.observe(gw, ev.ts, wall)
+            plain.append((k, ev))
+            blob = None
+            for cls, attr, relevant in route_of:  # counted in `events` by one engine only
+                if attr is None:
+                    route = cls
+                else:
+                    rk = route_key(ev.attrs.get(attr))
+                    if rk is None:
+                        continue
+                    route = "k" + rk if cls == "k" else f"{cls}|{rk}"
+                if relevant(ev.attrs):
+                    if blob is None:
+                        blob = pickle.dumps(ev, pickle.HIGHEST_PROTOCOL)
+                        rows.add(route, k, gw, ev.ts, blob)
+                    else:
+                        rows.add(route, k, gw, ev.ts, blob, counted=False)
+    return plain
 
 
 def changed_routes(r: Any, versions: Any, before: Any, now: str) -> list[str]:
     """The routes whose engines a profile change concerns: those of the route classes of the
     profiles that changed between versions `before` and `now` (every route if `before` is
     not a version: a checkpoint's offset of an older release)."""
-    from adapters.spark import live
-
-    routes = sorted(rs.text(x) for x in r.smembers(live.ROUTES))
+    names = sorted(rs.text(x) for x in r.smembers(routes.ROUTES))
     if not isinstance(before, str):
-        return routes
+        return names
     old, new = versions.at(before), versions.at(now)
     pids = {p for p in old.sigs.keys() | new.sigs.keys() if old.sigs.get(p) != new.sigs.get(p)}
     classes = {
-        live.route_class(v.profiles[p], versions.key)
+        routes.route_class(v.profiles[p], versions.key)
         for v in (old, new)
         for p in pids
         if p in v.profiles
     }
-    return [x for x in routes if live.class_of_route(x) in classes]
+    return [x for x in names if routes.class_of_route(x) in classes]
 
 
 def register(spark: SparkSession) -> None:
@@ -422,7 +456,6 @@ def _sink_classes() -> type:
             self.url = options["url"]
 
         def write(self, iterator: Iterator[Any]) -> Totals:
-            from adapters.spark import live
             from adapters.spark.keyed import COUNTERS
 
             counts = {"events": 0, "notes": 0}
@@ -432,10 +465,10 @@ def _sink_classes() -> type:
             gws: dict[str, list[float]] = {}
             nin = None
             for x in iterator:
-                if x["route"] == live.TICK:  # a source partition's bookkeeping row
+                if x["route"] == routes.TICK:  # a source partition's bookkeeping row
                     nin = max(nin or 0, int(x["nin"]))
                     if x["gw"] and x["ts"] is not None and x["wall"] is not None:
-                        gws = live.merge_progress(gws, {x["gw"]: [x["ts"], x["wall"]]})
+                        gws = watermark.merge_progress(gws, {x["gw"]: [x["ts"], x["wall"]]})
                     continue
                 for f in counts:
                     counts[f] += int(x[f])
@@ -463,18 +496,16 @@ def _sink_classes() -> type:
 def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
     """Totals into ``ens:spark:status`` and ``ens:engine:status`` (the API's back-pressure
     reads ``total_read`` there), counted once per batch id (a re-executed batch is not)."""
-    from adapters.spark import live
-
     done = int(rs.text(r.hget(STATUS_KEY, "batch") or b"-1"))
     tot = json.loads(r.hget(STATUS_KEY, "totals") or b"{}")
     held = {k: v for m in messages for k, v in m.held.items()}
     gws: dict[str, list[float]] = {}
     for m in messages:
-        gws = live.merge_progress(gws, m.gws)
+        gws = watermark.merge_progress(gws, m.gws)
     if gws:  # a max per gateway: written again by a re-executed batch, it changes nothing
-        old = {rs.text(g): json.loads(v) for g, v in r.hgetall(live.GATEWAYS).items()}
-        merged = live.merge_progress(old, gws)
-        r.hset(live.GATEWAYS, mapping={g: json.dumps(v) for g, v in merged.items()})
+        old = {rs.text(g): json.loads(v) for g, v in r.hgetall(watermark.GATEWAYS).items()}
+        merged = watermark.merge_progress(old, gws)
+        r.hset(watermark.GATEWAYS, mapping={g: json.dumps(v) for g, v in merged.items()})
     if batch_id > done:
         work: dict[str, float] = {}
         for m in messages:
@@ -503,7 +534,7 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
         if held:
             p.hset(HELD_KEY, mapping=held)
         p.hvals(HELD_KEY)
-        p.hlen(live.INVALID)
+        p.hlen(ingest.INVALID)
         res = p.execute()
     buffered, invalid = sum(int(v) for v in res[-2]), res[-1]
     stats = {
@@ -544,7 +575,7 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
     Raises ValueError for a checkpoint of the earlier operator (`keyed.check_checkpoint`)."""
     from pyspark.sql import functions as F
 
-    from adapters.spark import keyed, live
+    from adapters.spark import keyed
 
     why = keyed.check_checkpoint(cfg.checkpoint)
     if why:
@@ -568,12 +599,12 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
         .withWatermark("evtime", "0 milliseconds")  # evtime: the offsets' watermark
     )
     routed = (
-        src.filter(F.col("route") != live.TICK)
+        src.filter(F.col("route") != routes.TICK)
         .groupBy("route")
         .transformWithStateInPandas(keyed.processor(cfg), out_ddl(), "Append", "EventTime")
     )
     zero = F.lit(0).cast("long")
-    ticks = src.filter(F.col("route") == live.TICK).select(  # no group: merged in the sink
+    ticks = src.filter(F.col("route") == routes.TICK).select(  # no group: merged in the sink
         "route",
         *(zero.alias(c) for c in ("events", "late", "notes", "held")),
         "nin",

@@ -11,7 +11,6 @@ unknown or already in that state, 2 for bad input, 1 if no engine worker answere
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -40,24 +39,13 @@ Match = Annotated[
 Wait = Annotated[float, typer.Option(help="Seconds to wait for the engine worker's answer.")]
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def _when(ts: float | None) -> str:
-    if not ts:
-        return "-"
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _matchers(match: list[str] | None) -> list[Any]:
     from notifiers.alarms import SilenceError
 
     try:
         return list(als.parse_matchers(match or []))
     except SilenceError as exc:
-        raise _fail(f"--match: {exc}") from None
+        raise output.fail(f"--match: {exc}") from None
 
 
 def _send(st: Store, op: str, args: dict[str, Any], wait: float) -> dict[str, Any]:
@@ -65,14 +53,14 @@ def _send(st: Store, op: str, args: dict[str, Any], wait: float) -> dict[str, An
     try:
         reply: dict[str, Any] = als.send_command(st.r, op, args, wait)
     except als.WorkerUnavailable as exc:
-        raise _fail(str(exc), 1) from None
+        raise output.fail(str(exc), 1) from None
     status = reply.get("status")
     if status == 409:
-        raise _fail(f"{reply['error']} (state: {reply['state']})", 3)
+        raise output.fail(f"{reply['error']} (state: {reply['state']})", 3)
     if status == 404:
-        raise _fail(reply["error"], 3)
+        raise output.fail(reply["error"], 3)
     if status != 200:
-        raise _fail(reply.get("error", f"refused ({status})"))
+        raise output.fail(reply.get("error", f"refused ({status})"))
     for w in reply.get("warnings", []):
         typer.echo(f"warning: {w}", err=True)
     return reply
@@ -113,9 +101,9 @@ def alarms_list(
     from profiles.alarm import SEVERITIES
 
     if state is not None and state not in STATES:
-        raise _fail(f"--state: {state!r} is not one of {', '.join(STATES)}")
+        raise output.fail(f"--state: {state!r} is not one of {', '.join(STATES)}")
     if severity is not None and severity not in SEVERITIES:
-        raise _fail(f"--severity: {severity!r} is not one of {', '.join(SEVERITIES)}")
+        raise output.fail(f"--severity: {severity!r} is not one of {', '.join(SEVERITIES)}")
     matchers = _matchers(match)
     st = Store(redis_url, data_dir)
     rows = als.list_alarms(st.r, state, severity, matchers)
@@ -130,7 +118,7 @@ def alarms_list(
     for a in rows:
         table.add_row(
             f"{a['id']}.{a['occurrence']}", a["profile"], _labels(a), a["severity"], a["state"],
-            str(a["count"]), _when(a["last_seen"]),
+            str(a["count"]), output.when(a["last_seen"]),
         )  # fmt: skip
     output.console().print(table)
 
@@ -145,7 +133,7 @@ def alarms_show(
     st = Store(redis_url, data_dir)
     rec = als.get_alarm(st.r, aid)
     if rec is None:
-        raise _fail(f"no alarm {aid!r}", 3)
+        raise output.fail(f"no alarm {aid!r}", 3)
     rec["escalation"] = als.next_escalation(st.r, rec)
     rec["history"] = als.history(st.r, alarm=rec["id"])
     typer.echo(json.dumps(rec, indent=2, ensure_ascii=False))
@@ -153,7 +141,7 @@ def alarms_show(
         e = rec["escalation"]
         typer.echo(
             f"next escalation: {e['policy']} level {e['level']}/{e['levels']} to "
-            f"{', '.join(e['receivers'])} at {_when(e['due_at'])}",
+            f"{', '.join(e['receivers'])} at {output.when(e['due_at'])}",
             err=True,
         )
 
@@ -184,7 +172,7 @@ def alarms_clear(
 ) -> None:
     """Clear an active alarm by hand (exit 3: unknown, or cleared already)."""
     if not reason.strip():
-        raise _fail("--reason: give a reason")
+        raise output.fail("--reason: give a reason")
     st = Store(redis_url, data_dir)
     reply = _send(st, "clear", {"id": aid, "actor": actor, "reason": reason}, wait)
     typer.echo(f"alarm {aid} cleared: {reply['alarm']['state']}")
@@ -206,7 +194,7 @@ def alarms_history(
     try:
         start = als.parse_since(since)
     except ValueError as exc:
-        raise _fail(f"--since: {exc}") from None
+        raise output.fail(f"--since: {exc}") from None
     st = Store(redis_url, data_dir)
     rows = als.history(st.r, matchers, start, alarm)
     if as_json:
@@ -219,7 +207,7 @@ def alarms_history(
         table.add_column(col)
     for t in rows:
         table.add_row(
-            _when(t["ts"]), t["id"], _kind(t), t["actor"], t["reason"], t["after"],
+            output.when(t["ts"]), t["id"], _kind(t), t["actor"], t["reason"], t["after"],
             _labels(t), t["delivery"],
         )  # fmt: skip
     output.console().print(table)
@@ -255,7 +243,7 @@ def silence_add(
     """Hold back deliveries of the alarms every --match matches, for a range or a weekly
     window. A bad field is an error naming it; nothing is stored."""
     if not match:
-        raise _fail("--match: give at least one matcher (e.g. --match building=A)")
+        raise output.fail("--match: give at least one matcher (e.g. --match building=A)")
     _matchers(match)
     data: dict[str, Any] = {"matchers": match, "comment": comment, "creator": creator}
     data["notify_after"] = notify_after
@@ -293,11 +281,11 @@ def silence_list(
         when = (
             f"{s['weekly']} {s.get('tz', 'UTC')}"
             if s.get("weekly")
-            else f"{_when(s['starts_at'])} - {_when(s.get('ends_at'))}"
+            else f"{output.when(s['starts_at'])} - {output.when(s.get('ends_at'))}"
         )
         table.add_row(
             s["id"], ", ".join(s["matchers"]), when, s.get("creator", ""), s.get("comment", ""),
-            _when(s.get("expired_at")),
+            output.when(s.get("expired_at")),
         )  # fmt: skip
     output.console().print(table)
 
@@ -332,7 +320,7 @@ def token_add(
     try:
         token = als.add_token(st.r, name, scope)
     except ENSError as exc:
-        raise _fail(f"--scope: {exc}") from None
+        raise output.fail(f"--scope: {exc}") from None
     typer.echo(f"token {name} (scope {scope}; shown once, keep it): {token}")
 
 
@@ -345,7 +333,7 @@ def token_list(redis_url: RedisUrl = None, data_dir: DataDir = None, as_json: Js
         output.print_json(rows)
         return
     for t in rows:
-        typer.echo(f"{t['name']}\t{t['scope']}\t{_when(t['created'])}")
+        typer.echo(f"{t['name']}\t{t['scope']}\t{output.when(t['created'])}")
 
 
 @token_app.command("revoke")
@@ -357,7 +345,7 @@ def token_revoke(
     """Revoke a scoped token (its requests get 403 from now on)."""
     st = Store(redis_url, data_dir)
     if not als.revoke_token(st.r, name):
-        raise _fail(f"no token {name!r}")
+        raise output.fail(f"no token {name!r}")
     typer.echo(f"token {name} revoked")
 
 

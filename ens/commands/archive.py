@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ens.archive_time import archive_uri, parse_when
+from ens.commands import output
 from ens.commands.output import Json, console, print_json
 from profiles.errors import ENSError
 
@@ -35,11 +36,6 @@ FromOpt = Annotated[
 ToOpt = Annotated[str | None, typer.Option("--to", help="End (exclusive); default now.")]
 
 
-def _fail(e: ENSError) -> typer.Exit:
-    typer.echo(f"error: {e}", err=True)
-    return typer.Exit(2)
-
-
 def warn(msg: str) -> None:
     typer.echo(msg, err=True)
 
@@ -59,7 +55,7 @@ def list_cmd(archive: ArchiveOpt = None, as_json: Json = False) -> None:
     try:
         s = summary(open_uri(archive))
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail(e) from None
     if as_json:
         print_json([s])
         return
@@ -116,9 +112,9 @@ def export(
                 for r in got:
                     fh.write(r["event"] + "\n")
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail(e) from None
     except OSError as e:
-        raise _fail(ENSError(f"cannot write --out {out}: {e.strerror or e}")) from None
+        raise output.fail(ENSError(f"cannot write --out {out}: {e.strerror or e}")) from None
     skipped = f", {len(sc.skipped)} corrupt files skipped" if sc.skipped else ""
     typer.echo(f"{out}: {len(got)} events from {len(sc.files)} files{skipped}", err=True)
 
@@ -191,11 +187,11 @@ def import_cmd(
         finally:
             prog.stop()
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail(e) from None
     except UnicodeDecodeError:
-        raise _fail(ENSError(f"{events}: not UTF-8 text (events are JSON lines)")) from None
+        raise output.fail(ENSError(f"{events}: not UTF-8 text (events are JSON lines)")) from None
     except OSError as e:
-        raise _fail(ENSError(f"cannot import {events}: {e.strerror or e}")) from None
+        raise output.fail(ENSError(f"cannot import {events}: {e.strerror or e}")) from None
     late = f", {res.late} out of ts order (late)" if res.late else ""
     typer.echo(
         f"{arc.uri}: imported {res.events} events (seq {res.first_seq}..{res.first_seq + res.events - 1})"

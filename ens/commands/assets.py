@@ -16,7 +16,7 @@ from ens.commands import output
 from ens.commands.output import Json
 from ens.commands.store import DataDir, RedisUrl, Store
 from ens.options import lazy_module
-from profiles.errors import ENSError, ManyErrors
+from profiles.errors import ENSError
 
 ast = lazy_module("adapters.service.asset_store")  # redis: only when a command runs
 
@@ -27,15 +27,7 @@ app = typer.Typer(
 )
 
 KindOpt = Annotated[str | None, typer.Option("--kind", help="sensor or gateway (default: either).")]
-
-
-def _fail(err: ENSError | str) -> typer.Exit:
-    errors = err.errors if isinstance(err, ManyErrors) else [err]
-    for e in errors:
-        typer.echo(f"error: {e}", err=True)
-    if len(errors) > 1:
-        typer.echo(f"{len(errors)} problems; nothing stored", err=True)
-    return typer.Exit(2)
+NOTHING_STORED = "problems; nothing stored"  # the count line after several errors
 
 
 @app.command("import")
@@ -68,18 +60,18 @@ def import_cmd(
     from profiles.alarm import SEVERITIES
 
     if fault_severity is not None and fault_severity not in SEVERITIES:
-        raise _fail(f"--fault-severity {fault_severity!r}: one of {', '.join(SEVERITIES)}")
+        raise output.fail(f"--fault-severity {fault_severity!r}: one of {', '.join(SEVERITIES)}")
     try:
         reg = read_registry(file)
     except ENSError as exc:
-        raise _fail(exc) from None
+        raise output.fail_all(exc, NOTHING_STORED) from None
     st = Store(redis_url, data_dir, create=True)
     try:
         res = ast.import_registry(
             st.r, reg, replace=replace, severity=fault_severity, subscriber=fault_subscriber
         )
     except ENSError as exc:
-        raise _fail(exc) from None
+        raise output.fail_all(exc, NOTHING_STORED) from None
     typer.echo(
         f"{file}: {len(reg.assets)} assets: {res.added} added, {res.changed} changed, "
         f"{res.unchanged} unchanged, {res.removed} removed; {res.faults} with a sensor-silent "
@@ -97,7 +89,7 @@ def check_cmd(
     try:
         reg = read_registry(file)
     except ENSError as exc:
-        raise _fail(exc) from None
+        raise output.fail_all(exc, NOTHING_STORED) from None
     faults = sum(1 for a in reg.assets if a.interval is not None)
     typer.echo(f"{file}: {len(reg.assets)} assets, {faults} with an expected interval")
 
@@ -143,7 +135,7 @@ def show_cmd(
     st = Store(redis_url, data_dir)
     found = ast.get_asset(st.r, asset_id, kind)
     if not found:
-        raise _fail(f"no asset {asset_id!r}")
+        raise output.fail(f"no asset {asset_id!r}")
     output.print_json(found)
 
 
@@ -158,7 +150,7 @@ def rm_cmd(
     st = Store(redis_url, data_dir)
     missing = [a for a in asset_ids if not ast.get_asset(st.r, a, kind)]
     if missing:
-        raise _fail(f"no {kind} {', '.join(map(repr, missing))} (nothing removed)")
+        raise output.fail(f"no {kind} {', '.join(map(repr, missing))} (nothing removed)")
     res = ast.remove_assets(st.r, [ast.key(kind, a) for a in asset_ids])
     typer.echo(f"{res.removed} removed ({res.profiles_deleted} fault profiles deleted)")
 

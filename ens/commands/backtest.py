@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from ens.archive_time import archive_uri, parse_when
-from ens.commands.archive import ArchiveOpt, _fail, warn
-from ens.commands.output import console
+from ens.commands.archive import ArchiveOpt, warn
+from ens.commands.output import console, fail
 from profiles.errors import ENSError
 
 SPARK_THRESHOLD = 256 << 20  # bytes of archive files: Spark above this with --spark auto
@@ -271,7 +271,7 @@ def backtest(
     """Replay the archive's events of a range through PROFILES: per profile its matches and
     the messages each subscriber would have received, a table and a timeline plot."""
     if spark not in ("auto", "on", "off"):
-        raise _fail(ENSError(f"--spark must be auto, on or off, not {spark!r}"))
+        raise fail(f"--spark must be auto, on or off, not {spark!r}")
     t_start = time.perf_counter()
     prog = Progress(as_json)
     try:
@@ -284,7 +284,7 @@ def backtest(
         )
     except ENSError as e:
         prog.stop()
-        raise _fail(e) from None
+        raise fail(e) from None
     except BaseException:
         prog.stop()
         raise

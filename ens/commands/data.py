@@ -28,12 +28,6 @@ app = typer.Typer(
 BATCH = 4096  # events per write and per progress update
 
 
-def _fail(message: str) -> typer.Exit:
-    """One-line error on stderr; the caller raises the returned exit (status 2, no traceback)."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
 @app.command("list")
 def list_cmd(as_json: Json = False) -> None:
     """The data sets `convert` knows, with the folder they are stored in."""
@@ -166,7 +160,7 @@ def convert(
             if limit is not None:
                 total = limit if total is None else min(total, limit)
     except DatasetError as e:
-        raise _fail(str(e)) from None
+        raise output.fail(str(e)) from None
     start = time.perf_counter()
     try:
         if out == "-":
@@ -174,9 +168,9 @@ def convert(
             return
         n = _write_file(events, out, total)
     except DatasetError as e:
-        raise _fail(str(e)) from None
+        raise output.fail(str(e)) from None
     except OSError as e:
-        raise _fail(f"cannot write {out}: {e.strerror or e}") from None
+        raise output.fail(f"cannot write {out}: {e.strerror or e}") from None
     secs = time.perf_counter() - start
     typer.echo(f"wrote {n} events to {out} in {secs:.1f} s", err=True)
 
@@ -197,7 +191,7 @@ def excerpt_cmd(
     try:
         written = make_excerpts(src, out)
     except (DatasetError, OSError) as e:
-        raise _fail(str(e)) from None
+        raise output.fail(str(e)) from None
     total = 0
     for p in written:
         size = p.stat().st_size

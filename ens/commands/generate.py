@@ -19,6 +19,7 @@ import typer
 
 from adapters.files import atomic_text
 from adapters.generate.facility import INCIDENT_TYPES, generate_facility
+from ens.commands import output
 
 app = typer.Typer(
     help="Synthetic event feeds with injected incidents and their ground truth.",
@@ -34,11 +35,6 @@ BATCH = 4096  # lines per write and per progress update
 def _group() -> None:
     """Synthetic event feeds with injected incidents and their ground truth."""
     # A callback keeps `generate` a group even with one command (`ens generate facility`).
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def _blocks(records: list[dict]) -> Iterator[tuple[str, int]]:
@@ -117,13 +113,13 @@ def facility(
             incidents=incidents,
         )
     except ValueError as e:
-        raise _fail(str(e)) from None
+        raise output.fail(str(e)) from None
     try:
         write_jsonl(events, out, progress=True)
         if truth is not None:
             write_jsonl(records, truth)
     except OSError as e:
-        raise _fail(f"cannot write: {e}") from None
+        raise output.fail(f"cannot write: {e}") from None
     by_type = Counter(r["incident"] for r in records)
     kinds = ", ".join(f"{k} {by_type[k]}" for k in INCIDENT_TYPES if by_type[k])
     where = "" if out == "-" else f" to {out}"

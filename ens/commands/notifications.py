@@ -18,7 +18,7 @@ import typer
 
 from ens.commands import output
 from ens.commands.output import Json
-from ens.commands.store import DataDir, RedisUrl, Store
+from ens.commands.store import DataDir, NotifierConfig, RedisUrl, Store
 from ens.options import lazy_module
 
 if TYPE_CHECKING:
@@ -158,16 +158,7 @@ def dead_letter_retry(
 def deliver(
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            envvar="ENS_NOTIFIERS_CONFIG",
-            exists=True,
-            dir_okay=False,
-            help="YAML/JSON notifier config; ENS_SMTP_* etc. env vars override it.",
-        ),
-    ] = None,
+    config: NotifierConfig = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     log_format: Annotated[
         str,

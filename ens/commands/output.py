@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from profiles.errors import ENSError, ManyErrors
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -33,11 +35,22 @@ def print_json(rows: list[dict[str, Any]]) -> None:
     typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
 
 
-def fail(message: str, code: int = 2) -> typer.Exit:
+def fail(message: str | ENSError, code: int = 2) -> typer.Exit:
     """Print ``error: message`` on stderr; the caller raises the returned exit (status 2: the
     input was refused)."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
+
+
+def fail_all(err: ENSError | str, summary: str = "problems") -> typer.Exit:
+    """`fail` with each error of a `ManyErrors` on a line of its own, then how many there
+    were (``N SUMMARY``) when more than one."""
+    errors = err.errors if isinstance(err, ManyErrors) else [err]
+    for e in errors:
+        typer.echo(f"error: {e}", err=True)
+    if len(errors) > 1:
+        typer.echo(f"{len(errors)} {summary}", err=True)
+    return typer.Exit(2)
 
 
 def when(ts: float | None) -> str:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ens.commands import output
 from ens.commands.store import DataDir, RedisUrl
-from profiles.errors import ENSError, ManyErrors
+from profiles.errors import ENSError
 
 if TYPE_CHECKING:
     from notifiers.routing import Decision, Routing, Schedule
@@ -40,15 +41,6 @@ AtOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-
-
-def _fail(err: ENSError) -> typer.Exit:
-    errors = err.errors if isinstance(err, ManyErrors) else [err]
-    for e in errors:
-        typer.echo(f"error: {e}", err=True)
-    if len(errors) > 1:
-        typer.echo(f"{len(errors)} problems", err=True)
-    return typer.Exit(2)
 
 
 def _at(routing: Routing, text: str | None, option: str = "--at") -> float:
@@ -115,7 +107,7 @@ def schedule_who(
             )
         t = _at(Routing(routing.root, tz=s.tz), at)
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail_all(e) from None
     shift = on_call(s, t)
     if as_json:
         out: dict[str, Any] = {"schedule": s.id, "at": t, "who": [], "source": None}
@@ -176,7 +168,7 @@ def schedule_add(
             _stored(redis_url, data_dir, create=True).r, routing.schedules.values(), replace
         )
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail_all(e) from None
     for sid, change in changes:
         typer.echo(f"{change}: schedule {sid}")
 
@@ -194,7 +186,7 @@ def schedule_list(
     try:
         items = all_schedules(_stored(redis_url, data_dir).r)
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail_all(e) from None
     now = time.time()
     rows: list[dict[str, Any]] = [
         {
@@ -229,7 +221,7 @@ def schedule_show(
 
     d = schedule_definition(_stored(redis_url, data_dir).r, schedule)
     if d is None:
-        raise _fail(ENSError(f"no schedule {schedule!r} stored (ens schedule list)"))
+        raise output.fail_all(ENSError(f"no schedule {schedule!r} stored (ens schedule list)"))
     typer.echo(json.dumps(d, indent=2))
 
 
@@ -243,7 +235,7 @@ def schedule_rm(
     from notifiers.schedule_store import remove_schedule
 
     if not remove_schedule(_stored(redis_url, data_dir).r, schedule):
-        raise _fail(ENSError(f"no schedule {schedule!r} stored (ens schedule list)"))
+        raise output.fail_all(ENSError(f"no schedule {schedule!r} stored (ens schedule list)"))
     typer.echo(f"removed: schedule {schedule}")
 
 
@@ -294,7 +286,7 @@ def route_test(
             raise RoutingError(f"--transition: {transition!r} (one of {', '.join(TRANSITIONS)})")
         t = _at(routing, at)
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail_all(e) from None
     d = explain(routing, got, transition, t)
     if as_json:
         typer.echo(
@@ -377,7 +369,7 @@ def route_check(
     try:
         routing = load_routing(file)
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail_all(e) from None
     from notifiers.routing.schedules import uncovered
 
     for s in routing.schedules.values():
@@ -447,9 +439,9 @@ def route_replay(
                         "expected the JSON lines of `ens replay --alarms`"
                     ) from None
     except OSError as e:
-        raise _fail(ENSError(f"cannot read {transitions}: {e.strerror}")) from None
+        raise output.fail_all(ENSError(f"cannot read {transitions}: {e.strerror}")) from None
     except ENSError as e:
-        raise _fail(e) from None
+        raise output.fail_all(e) from None
     items.sort(key=lambda t: (t.ts, t.seq))
     rows, esc = replay_routing(routing, items, end)
     if as_json:

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from ens.commands import output
 from ens.options import lazy_module
 
 rs = lazy_module("adapters.service.redis_store")  # redis: only when a command runs
@@ -33,11 +34,16 @@ DataDir = Annotated[
         "--data-dir", envvar="ENS_DATA_DIR", help="Embedded Redis data directory [~/.ens]."
     ),
 ]
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
+NotifierConfig = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="ENS_NOTIFIERS_CONFIG",
+        exists=True,
+        dir_okay=False,
+        help="YAML/JSON notifier config (SMTP relay, ...); ENS_SMTP_* etc. env vars override it.",
+    ),
+]
 
 
 def _at_command_end(fn: Callable[[], None]) -> None:
@@ -69,16 +75,16 @@ class Store:
         try:
             self.conn = rs.connect(redis_url, data_dir, create=create)
         except rs.StoreMissing as exc:
-            raise _fail(str(exc)) from None
+            raise output.fail(str(exc)) from None
         except (EmbeddedError, OSError) as exc:
-            raise _fail(f"cannot start the embedded Redis: {exc}") from None
+            raise output.fail(f"cannot start the embedded Redis: {exc}") from None
         _at_command_end(self.close)
         try:
             self.r = self.conn.text()
             self.r.ping()
         except Exception as exc:  # noqa: BLE001 - any connection problem is a user error here
             self.close()
-            raise _fail(f"cannot reach Redis: {exc}") from None
+            raise output.fail(f"cannot reach Redis: {exc}") from None
         if self.conn.created and self.conn.embedded is not None:
             typer.echo(f"note: created a new ENS store in {self.conn.embedded.dir}", err=True)
 

@@ -14,7 +14,7 @@ import typer
 
 from ens.commands import output
 from ens.commands.output import Json, fail
-from ens.commands.store import DataDir, RedisUrl, Store
+from ens.commands.store import DataDir, NotifierConfig, RedisUrl, Store
 from ens.options import lazy_module, parse_duration
 from profiles.errors import ENSError, ProfileError
 
@@ -359,16 +359,7 @@ def subscriber_test(
     deadline: Annotated[
         float, typer.Option("--deadline", min=0.1, max=60, help="Seconds each send may take.")
     ] = 10.0,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            envvar="ENS_NOTIFIERS_CONFIG",
-            exists=True,
-            dir_okay=False,
-            help="YAML/JSON notifier config (SMTP relay, ...); ENS_SMTP_* etc. override it.",
-        ),
-    ] = None,
+    config: NotifierConfig = None,
     redis_url: RedisUrl = None,
     data_dir: DataDir = None,
     as_json: Json = False,

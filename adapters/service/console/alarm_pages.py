@@ -8,7 +8,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, Response
@@ -17,7 +17,7 @@ import adapters.service.console.evidence as evidence
 import adapters.service.console.web as web
 from adapters.service import alarm_store as als
 from adapters.service import redis_store as rs
-from adapters.service.console.web import AdminUser, Csrf, R, User
+from adapters.service.console.web import Csrf, R, User
 from adapters.service.routes import alarms as api
 from notifiers.alarms import SilenceError
 from profiles.alarm import SEVERITIES
@@ -147,36 +147,28 @@ def _after_action(
     return web.back(request, f"/console/alarms/{aid}")
 
 
-@router.post("/console/alarms/{aid}/ack", dependencies=[Csrf])
-def ack(
+@router.post("/console/alarms/{aid}/{action}", dependencies=[Csrf])
+def act(
     request: Request,
     aid: str,
+    action: Literal["ack", "clear"],
     u: User,
     r: R,
     note: Annotated[str, Form()] = "",
+    reason: Annotated[str, Form()] = "",
     labels: Labels = "",
     state: State = OPEN,
     page: Page = 1,
 ) -> Response:
-    """Acknowledge (an ack token may): `POST /v1/alarms/{id}/ack`'s function."""
-    resp = api.ack_alarm(aid, u.who, r, api.AckIn(note=note))
-    return _after_action(request, r, aid, f"{aid} acknowledged", resp, (labels, state, page))
-
-
-@router.post("/console/alarms/{aid}/clear", dependencies=[Csrf])
-def clear(
-    request: Request,
-    aid: str,
-    _u: AdminUser,
-    r: R,
-    reason: Annotated[str, Form()] = "cleared in the console",
-    labels: Labels = "",
-    state: State = OPEN,
-    page: Page = 1,
-) -> Response:
-    """Clear by hand (management only): `POST /v1/alarms/{id}/clear`'s function."""
-    resp = api.clear_alarm(aid, api.ClearIn(reason=reason or "cleared in the console"), None, r)
-    return _after_action(request, r, aid, f"{aid} cleared", resp, (labels, state, page))
+    """Acknowledge (an ack token may) or clear by hand (management only): the function of
+    `POST /v1/alarms/{id}/ack` or `/clear`."""
+    if action == "ack":
+        resp = api.ack_alarm(aid, u.who, r, api.AckIn(note=note))
+    else:
+        web.admin_user(u)
+        resp = api.clear_alarm(aid, api.ClearIn(reason=reason or "cleared in the console"), None, r)
+    done = f"{aid} {'acknowledged' if action == 'ack' else 'cleared'}"
+    return _after_action(request, r, aid, done, resp, (labels, state, page))
 
 
 @router.get("/console/alarms/{aid}", response_class=HTMLResponse)
