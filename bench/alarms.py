@@ -10,6 +10,7 @@
 3. **Throughput**: the engine worker in-process, one profile plain vs as an alarm.
 4. **End to end** (`e2e`): `ens serve` driven over HTTP as `bench/service_load.py` does, a
    facility's profile set without and with `alarm:` blocks, in the same run; the on/off ratio.
+   `worker_mix`: the same profile set and events through the engine worker alone (CPU time).
 """
 
 from __future__ import annotations
@@ -217,6 +218,44 @@ def throughput(events: int = 20_000, rooms: int = 200, repeat: int = 2) -> dict[
     return out
 
 
+def worker_mix(events: int = 30_000, repeat: int = 5) -> dict[str, Any]:
+    """The engine worker alone (in-process, real redis-server) on `e2e`'s profile set and
+    event mix, every profile plain ("off") and with its `alarm:` ("on"), alternating
+    ``repeat`` times: CPU seconds (`time.process_time`, which other jobs on the machine
+    disturb less than the wall clock) of working off ``events`` events posted as `e2e` posts
+    them (entries of 500), in commits as large as the worker makes them. Events per CPU
+    second per run, the best of each mode, their ratio and the median of the runs' ratios."""
+    import statistics
+
+    from bench import service_load as sl
+
+    gen = sl.Gen(7)
+    evs = [gen.event() for _ in range(events)]
+    for i, e in enumerate(evs):
+        e["ts"] = 1_700_000_000.0 + i * 5e-5
+    pairs = [*sl.profiles(200, 200), ("window-open", WINDOW_EXPR)]
+    runs: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(repeat):
+        for mode in ("off", "on"):
+            profiles = [(pid, x, _alarm_of(pid) if mode == "on" else None) for pid, x in pairs]
+            with redis_server() as url, bench_worker(url, profiles, evs, per_entry=500) as (_, w):
+                w.start()
+                t0 = time.process_time()
+                while w.step(block=0):
+                    pass
+                if w.pending:
+                    w.commit()
+                runs[mode].append(events / (time.process_time() - t0))
+    ratios = [on / off for off, on in zip(runs["off"], runs["on"], strict=True)]
+    return {
+        "events": events,
+        "off_events_per_cpu_s": [round(x) for x in runs["off"]],
+        "on_events_per_cpu_s": [round(x) for x in runs["on"]],
+        "best_on_vs_off": round(max(runs["on"]) / max(runs["off"]), 3),
+        "median_on_vs_off": round(statistics.median(ratios), 3),
+    }
+
+
 WINDOW_EXPR = 'seq(w: kind = "window" and state = "open") per room'
 WINDOW_ALARM = {"severity": "major", "clear": {"on": 'kind = "window" and state = "closed"'}}
 
@@ -241,6 +280,9 @@ def e2e(
     ``events`` events POSTed in batches of ``batch`` by ``clients`` gateways over HTTP, then a
     final probe; events/s is ``events`` over the time from the first POST to the probe's
     notification in the outbox. The modes alternate ``repeat`` times; the best of each counts.
+    Beside it, the service process's CPU per event in each run (``..._serve_cpu_us_per_event``)
+    and ``cpu_off_vs_on`` (best off over best on): the ratio the rate would have where the
+    service alone bounds it, which other jobs on the machine disturb much less.
     ``root``: the source tree the service runs from (another checkout: a before/after);
     ``window_only``: "on" gives only ``window-open`` an `alarm:` (the others stay plain).
     """
@@ -272,12 +314,17 @@ def e2e(
                     with sl.service(url, port, 2.0, log, root=root or sl.ROOT) as base:
                         gen = sl.Gen(7)
                         sent: dict[str, float] = {}
+                        cpu0 = _serve_cpu(str(port))
                         t0 = time.perf_counter()
                         sl.run_phase(base, keys, gen, events, batch, clients, batch, sent)
                         _final_probe(r, base, keys[0], gen)
                         rate = events / (time.perf_counter() - t0)
+                        cpu = _serve_cpu(str(port)) - cpu0
                     k = f"alarms_{mode}_events_per_s"
                     out.setdefault(f"alarms_{mode}_runs", []).append(round(rate))
+                    out.setdefault(f"alarms_{mode}_serve_cpu_us_per_event", []).append(
+                        round(cpu * 1e6 / events, 1)
+                    )
                     out[k] = max(out.get(k, 0), round(rate))
                     if mode == "on":
                         out["transitions"], out["history_entries"] = history_size(r)
@@ -286,7 +333,27 @@ def e2e(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
+    cpu_off = min(out["alarms_off_serve_cpu_us_per_event"])
+    out["cpu_off_vs_on"] = round(cpu_off / min(out["alarms_on_serve_cpu_us_per_event"]), 3)
     return out
+
+
+def _serve_cpu(port: str) -> float:
+    """CPU seconds (user + system) so far of the `ens serve` child listening on ``port`` and
+    its children: the API and the engine worker share its GIL, so its CPU per event is what
+    bounds the events/s of a busy machine, where the wall-clock rate varies with other jobs."""
+    import psutil
+
+    total = 0.0
+    for p in psutil.Process().children():
+        try:
+            if "serve" in p.cmdline() and port in p.cmdline():
+                for q in [p, *p.children(recursive=True)]:
+                    t = q.cpu_times()
+                    total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def history_size(r: Any) -> tuple[int, int]:
@@ -299,15 +366,27 @@ def history_size(r: Any) -> tuple[int, int]:
 
 
 def _final_probe(r: Any, base: str, key: str, gen: Any, timeout: float = 300.0) -> None:
-    """Post a final probe and wait until its notification is in the outbox (all of the
-    outbox: alarm messages written after it, e.g. by group deadlines, may be many)."""
+    """Post a final probe and wait until its notification is in the outbox. Each poll reads
+    only the entries written since the last one (the whole outbox each 50 ms cost the run
+    itself CPU, in this process and in Redis, and more with alarms on: an alarm message is
+    about four times the size of a plain notification)."""
     from bench import service_load as sl
+    from notifiers import store
 
+    last: Any = r.xrevrange(store.OUTBOX, count=1)
+    start = "(" + last[0][0] if last else "-"
     ev = gen.event(probe=True)
     with sl.warm_client(base, key) as c:
         c.post("/v1/events", json=ev).raise_for_status()
     deadline = time.monotonic() + timeout
-    while ev["id"] not in sl.probe_times(r):
+    while True:
+        entries: Any = r.xrange(store.OUTBOX, min=start)
+        for _eid, f in entries:
+            n = json.loads(f[store.OUTBOX_FIELD])
+            if n["profile"] == "probe" and n["events"]["e"]["id"] == ev["id"]:
+                return
+        if entries:
+            start = "(" + entries[-1][0]
         if time.monotonic() > deadline:
             raise RuntimeError(f"the final probe was not notified within {timeout:g} s")
         time.sleep(0.05)
@@ -340,7 +419,9 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
     notifications of `e2e`'s profile set (every profile an alarm) over ``events`` events,
     captured once from an in-process worker on a real redis-server, then fed to fresh rules
     (``rules``: `AlarmPart._alarm_feed` + ``advance``), written into a recording pipeline
-    (``writer``: the commands built) and into a real MULTI/EXEC (``redis``)."""
+    (``writer``: the commands built) and into a real MULTI/EXEC (``redis``, which builds them
+    again). ``rules`` and ``writer`` are CPU time (`time.process_time`: other jobs on the
+    machine disturb it less), ``redis`` the wall clock (it includes the server's work)."""
     import inspect
 
     from adapters.service.alarm_worker import AlarmBatch, AlarmPart
@@ -372,21 +453,22 @@ def alarm_step(events: int = 20_000, repeat: int = 5) -> dict[str, Any]:
         end = w.alarms._alarm_now()
         for _ in range(repeat):
             w.alarms.rules = AlarmRules(dict(w.alarms.rules.specs), {}, w.cfg.alarm_policy, None)
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             eff = feed(notes)
             eff.extend(w.alarms.rules.advance(end))
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             batch = AlarmBatch({"ops": [], "t": end, "ctl": "0-0"}, eff)
             arg: Any = [batch] if listed else batch
             rec = _Recorder()
             w.alarms.write(rec, arg, 86400 * 30)
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             rb.delete("ens:alarm:history", "ens:alarms", "ens:outbox")
+            t2w = time.perf_counter()
             with rb.pipeline(transaction=True) as p:
                 w.alarms.write(p, arg, 86400 * 30)
                 p.execute()
             t3 = time.perf_counter()
-            for k, v in (("rules", t1 - t0), ("writer", t2 - t1), ("redis", t3 - t2)):
+            for k, v in (("rules", t1 - t0), ("writer", t2 - t1), ("redis", t3 - t2w)):
                 best[k] = min(best[k], v)
         out = {f"{k}_us_per_match": round(v * 1e6 / len(notes), 1) for k, v in best.items()}
         out["total_us_per_match"] = round(sum(best.values()) * 1e6 / len(notes), 1)

@@ -319,3 +319,36 @@ def test_weekly_silence_and_a_bad_filter(svc: Service, r: redis.Redis) -> None:
         assert resp.status_code == 422
         assert re.search(r'id="labels-error"[^>]*>[^<]*room', resp.text), resp.text
         assert 'value="room=~(("' in resp.text
+
+
+def test_coalesced_repeats_show_their_number_in_the_timeline(svc: Service, r: redis.Redis) -> None:
+    """Repeats of one commit are one history entry (`repeats`, `since`): the timeline says
+    `repeat ×N`, as `ens alarms history` says `repeat xN`, so every match is accounted for."""
+    gw = svc.client(rs.add_gateway(r, "gw-repeats"))
+    now = time.time()
+    batch = [
+        {"id": f"rep{i}", "ts": now, "kind": "door", "state": "open",
+         "building": "RB", "floor": "1", "room": "rep-1"}
+        for i in range(6)
+    ]  # fmt: skip
+    assert gw.post("/v1/events", json=batch).status_code == 202  # one request: one commit
+    gw.close()
+
+    def alarm() -> dict[str, object] | None:
+        found = als.list_alarms(r, matchers=als.parse_matchers(["room=rep-1"]))
+        return found[0] if found and found[0]["count"] == 6 else None
+
+    rec = wait_for(alarm, 30, "the alarm with 6 matches")
+    entries = als.history(r, alarm=str(rec["id"]))
+    coalesced = [int(e["repeats"]) for e in entries if e.get("repeats", 1) > 1]
+    assert coalesced, entries  # 5 repeats in one commit: one entry (at most a few)
+    assert sum(len(als.transition_ids(e)) for e in entries) == 6
+    c, _csrf = logged_in(svc)
+    with closing(c):
+        page = c.get(f"/console/alarms/{rec['id']}")
+    assert page.status_code == 200
+    shown = [int(n) for n in re.findall(r'data-repeats="(\d+)"', page.text)]
+    assert sorted(shown) == sorted(coalesced)
+    for k in coalesced:
+        assert f"repeat ×{k}</strong>" in page.text
+        assert f"{k} repeats since" in page.text

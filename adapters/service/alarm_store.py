@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -32,7 +33,7 @@ import orjson
 import redis
 
 from adapters.errors import WorkerUnavailable as WorkerUnavailable  # its old import path
-from notifiers.alarms import Alarm, Matcher, SilenceError, Transition
+from notifiers.alarms import Alarm, Matcher, Notice, SilenceError, Transition
 from notifiers.alarms.silences import parse_time
 from notifiers.records import text
 from profiles.errors import ENSError
@@ -56,13 +57,15 @@ _ALARM_FIELDS = tuple(
     f.name for f in dataclasses.fields(Alarm) if f.name not in ("events", "transitions")
 )
 _TRANSITION_FIELDS = tuple(f.name for f in dataclasses.fields(Transition))
+_alarm_values = operator.attrgetter(*_ALARM_FIELDS)  # the values in one C call
 
 
-def index_record(a: Alarm) -> dict[str, Any]:
+def index_record(a: Alarm, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """What ``ens:alarms`` keeps of an alarm: its record without the last match's events.
-    (A shallow copy: `dataclasses.asdict` deep-copies, and this runs per transition.)"""
-    rec = {name: getattr(a, name) for name in _ALARM_FIELDS}
-    rec["labels"] = a.labels()
+    (A shallow copy: `dataclasses.asdict` deep-copies, and this runs per transition.)
+    ``labels``: ``a.labels()`` if the caller has them made already."""
+    rec = dict(zip(_ALARM_FIELDS, _alarm_values(a), strict=True))
+    rec["labels"] = a.labels() if labels is None else labels
     return rec
 
 
@@ -156,7 +159,9 @@ def index_many(p: Any, raised: Iterable[tuple[str, Mapping[str, str]]]) -> None:
 
 # XADD each ARGV[2..] (a transition's JSON) as field "t", trimming to MINID ARGV[1]: one
 # command for a step's history instead of one per transition (each queued command of a
-# MULTI costs a round of parsing on both sides)
+# MULTI costs a round of parsing on both sides). Sent whole (EVAL, which Redis caches by its
+# SHA1): a registered script in a pipeline costs a SCRIPT EXISTS round trip per commit, and
+# an EVALSHA of a script Redis has forgotten (a restart) would fail inside the transaction.
 HISTORY_SCRIPT = """
 for i = 2, #ARGV do
   redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 't', ARGV[i])
@@ -166,11 +171,11 @@ return #ARGV - 1
 HISTORY_CHUNK = 1000  # transitions per script call
 
 
-def add_history(p: Any, script: Any, entries: Sequence[bytes], minid: str) -> None:
+def add_history(p: Any, entries: Sequence[bytes], minid: str) -> None:
     """Append transitions (`history_json`) to ``ens:alarm:history`` in the caller's
-    transaction, in order, through ``script`` (`HISTORY_SCRIPT` registered on a client)."""
+    transaction, in order (`HISTORY_SCRIPT`)."""
     for lo in range(0, len(entries), HISTORY_CHUNK):
-        script(keys=[HISTORY], args=[minid, *entries[lo : lo + HISTORY_CHUNK]], client=p)
+        p.eval(HISTORY_SCRIPT, 1, HISTORY, minid, *entries[lo : lo + HISTORY_CHUNK])
 
 
 def unindex(p: Any, aid: str, labels: Mapping[str, str]) -> None:
@@ -292,7 +297,23 @@ def history_fields(tr: Transition) -> dict[str, bytes]:
 
 
 def history_json(tr: Transition, **extra: Any) -> bytes:
+    """The transition's fields in order (orjson writes the dataclass itself: no dict), then
+    ``extra``."""
+    if not extra:
+        return orjson.dumps(tr)
     return orjson.dumps({**{name: getattr(tr, name) for name in _TRANSITION_FIELDS}, **extra})
+
+
+def notice_json(n: Notice) -> dict[str, Any]:
+    """A notice as an alarm message lists it: `Notice.to_json` with ``kind`` as
+    ``transition_kind`` (last) and how to acknowledge the alarm. Built in one literal, in that
+    key order (it runs per message); the labels are shared, to be serialised at once."""
+    return {
+        "alarm": n.alarm, "occurrence": n.occurrence, "transition": n.transition, "ts": n.ts,
+        "state": n.state, "severity": n.severity, "count": n.count, "first_seen": n.first_seen,
+        "last_seen": n.last_seen, "labels": n.labels, "transition_kind": n.kind,
+        "acknowledge": ack_hint(n.alarm),
+    }  # fmt: skip
 
 
 def history_entries(trs: Sequence[Transition]) -> list[bytes]:

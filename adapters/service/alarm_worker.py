@@ -131,7 +131,6 @@ class AlarmPart:
         self.alarm_counts: dict[str, int] = {}  # "severity|state" -> alarms (heartbeat stats)
         self.alarm_dirty = False  # transitions since the last count
         self.escalations_gone: list[str] = []  # pending steps of a run with --routing, dropped
-        self.history_script = self.r.register_script(als.HISTORY_SCRIPT)
         self.alarm_held: list[AlarmBatch] = []  # steps applied to the rules, not committed yet
         self.alarm_fed = 0  # alarm notifications of the pending ones that held steps fed
 
@@ -334,14 +333,20 @@ class AlarmPart:
         return batch
 
     def _alarm_feed(self, notes: list[Notification]) -> Effects:
-        eff = Effects()
-        for n in notes:
-            base = n.profile.split("#", 1)[0]
-            prof = self.defs.get(base)
-            events = {name: ev.id for name, ev in n.events.items()}
-            sub = prof.subscriber if prof is not None else n.subscriber
-            eff.extend(self.rules.on_match(n.profile, n.ts, n.partition, events, sub))
-        return eff
+        defs = self.defs
+        subs: dict[str, str | None] = {}  # profile -> its subscriber (once per profile)
+
+        def sub_of(n: Notification) -> str | None:
+            sub = subs.get(n.profile, "")
+            if sub == "":
+                prof = defs.get(n.profile.split("#", 1)[0])
+                sub = subs[n.profile] = prof.subscriber if prof is not None else n.subscriber
+            return sub
+
+        return self.rules.on_matches(
+            (n.profile, n.ts, n.partition, {k: ev.id for k, ev in n.events.items()}, sub_of(n))
+            for n in notes
+        )
 
     def replay(self, entry: dict[str, Any] | None, redone: list[Notification]) -> None:
         """Re-run a journalled step onto the restored rules (its effects were written)."""
@@ -372,22 +377,25 @@ class AlarmPart:
         eff = batch.effects
         minid = f"{max(int((time.time() - retention) * 1000), 0)}-0"
         trs = eff.transitions
-        als.add_history(p, self.history_script, als.history_entries(trs), minid)
+        als.add_history(p, als.history_entries(trs), minid)
         # labels are the key's: indexed once per occurrence
         als.index_many(p, ((tr.alarm, tr.labels) for tr in trs if tr.kind == "raise"))
-        book = self.rules.book.alarms
-        touched = {tr.alarm for tr in eff.transitions if tr.alarm in book}  # else: pruned since
+        book = self.rules.book
+        alarms = book.alarms
+        touched = {tr.alarm for tr in eff.transitions if tr.alarm in alarms}  # else: pruned since
         if touched:
             p.hset(
                 als.ALARMS,
-                mapping={aid: orjson.dumps(als.index_record(book[aid])) for aid in touched},
+                mapping={
+                    a.id: orjson.dumps(als.index_record(a, book.labels(a)))
+                    for a in map(alarms.__getitem__, touched)
+                },
             )
         for aid, labels in batch.pruned:
             als.unindex(p, aid, labels)
         for s in batch.silences:
             p.hset(als.SILENCES, s["id"], json.dumps(s))
-        for msg in eff.messages:
-            store.enqueue(p, self._alarm_record(msg))
+        store.enqueue_many(p, [self._alarm_record(msg) for msg in eff.messages])
         for eid, reply in batch.replies:
             p.rpush(als.REPLY + eid, json.dumps(reply))
             p.expire(als.REPLY + eid, als.REPLY_TTL)
@@ -407,20 +415,24 @@ class AlarmPart:
         self.alarm_fed = 0
 
     def _alarm_count(self, batch: AlarmBatch) -> None:
-        for tr in batch.effects.transitions:
-            m.ALARM_TRANSITIONS.labels(kind=tr.kind).inc()
-            if tr.delivery == "silenced":
-                m.ALARM_SILENCED.inc()
+        trs = batch.effects.transitions
+        for kind, k in Counter(tr.kind for tr in trs).items():  # a labels() lookup per kind
+            m.ALARM_TRANSITIONS.labels(kind=kind).inc(k)
+        silenced = sum(tr.delivery == "silenced" for tr in trs)
+        if silenced:
+            m.ALARM_SILENCED.inc(silenced)
         if self.router is not None:
             if self.router.steps:
                 m.ESCALATION_STEPS.inc(self.router.steps)
             if self.router.held:
                 m.ROUTING_HELD.inc(self.router.held)
             self.router.steps = self.router.held = 0
-        for msg in batch.effects.messages:
-            m.ALARM_MESSAGES.labels(kind=msg.kind).inc()
-            if msg.overflow:
-                m.ALARM_OVERFLOW.inc(msg.overflow)
+        msgs = batch.effects.messages
+        for mkind, k in Counter(msg.kind for msg in msgs).items():
+            m.ALARM_MESSAGES.labels(kind=mkind).inc(k)
+        overflow = sum(msg.overflow for msg in msgs)
+        if overflow:
+            m.ALARM_OVERFLOW.inc(overflow)
         if batch.effects.transitions or batch.pruned:
             self.alarm_dirty = True
         if batch.pruned:
@@ -442,12 +454,7 @@ class AlarmPart:
         """The outbox record of a message: alarm fields and how to acknowledge each alarm.
         Its id (the webhook Idempotency-Key) is the transition's id for a message of one
         transition, else the message's."""
-        notices = []
-        for n in msg.notices:
-            d = n.to_json()
-            d["transition_kind"] = d.pop("kind")
-            d["acknowledge"] = als.ack_hint(n.alarm)
-            notices.append(d)
+        notices = [als.notice_json(n) for n in msg.notices]
         first = msg.notices[0] if msg.notices else None
         if msg.kind == "single" and first is not None and first.transition:
             nid = first.transition  # routed to another subscriber too: a key of its own

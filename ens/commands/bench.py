@@ -275,7 +275,8 @@ def alarms_cmd(
     e2e_events: int = typer.Option(
         30_000,
         help="End to end: events POSTed to `ens serve` (a subprocess) over HTTP, alarms off "
-        "and on, in the same run (0: skip).",
+        "and on, in the same run; then the same events through the engine worker alone "
+        "(CPU time) (0: skip both).",
     ),
     assets: int = typer.Option(
         10_000,
@@ -290,12 +291,13 @@ def alarms_cmd(
     without a registry (docs/benchmarks.md)."""
     import json
 
-    from bench.alarms import e2e, list_bench, storm, throughput
+    from bench.alarms import e2e, list_bench, storm, throughput, worker_mix
 
     typer.echo(json.dumps({"storm": storm(matches, rooms, buildings, span)}))
     typer.echo(json.dumps({"throughput": throughput(events)}))
     if e2e_events:
         typer.echo(json.dumps({"e2e": e2e(e2e_events)}))
+        typer.echo(json.dumps({"worker_mix": worker_mix(e2e_events, repeat=3)}))
     typer.echo(json.dumps({"list": list_bench(open_alarms)}))
     if assets:
         from bench.assets import run as assets_run

@@ -104,6 +104,13 @@ class Dispatcher:
         g.pending.append(notice)
         return key
 
+    def single(self, notice: Notice, subscriber: str, now: float) -> Message | None:
+        """`add` then `flush` of a notice for a subscriber without grouping whose group would
+        be flushed at once: the same message (or overflow), numbered the same, without the
+        group."""
+        self.singles += 1
+        return self._send(subscriber, now, "single", {}, [notice])
+
     def _n(self) -> int:
         self.messages += 1
         return self.messages
@@ -131,14 +138,17 @@ class Dispatcher:
     def _send(
         self, subscriber: str, now: float, kind: str, labels: dict[str, str], notices: list[Notice]
     ) -> Message | None:
-        out = self.outlets.setdefault(subscriber, Outlet())
-        self._prune(out, now, self.policy(subscriber).cap_window)
-        cap = self.policy(subscriber).cap_per_hour
+        out = self.outlets.get(subscriber)
+        if out is None:
+            out = self.outlets[subscriber] = Outlet()
+        pol = self.policy(subscriber)
+        self._prune(out, now, pol.cap_window)
+        cap = pol.cap_per_hour
         if cap is not None and (out.overflow or len(out.sent) >= cap):
             out.overflow.extend(notices)  # in order, behind what is already held back
             if out.digest_at is None:
                 full = len(out.sent) >= cap
-                out.digest_at = out.sent[0] + self.policy(subscriber).cap_window if full else now
+                out.digest_at = out.sent[0] + pol.cap_window if full else now
             return None
         out.sent.append(now)
         return Message(f"m{self._n()}", subscriber, now, kind, dict(labels), tuple(notices))

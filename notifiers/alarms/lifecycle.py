@@ -97,10 +97,11 @@ class AlarmBook:
             a.last_seen = ts
             a.events = dict(events)
             a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
-            fixed = dict(spec.labels)
-            if fixed != a.fixed:  # a registry change moves the labels with the next match
-                a.fixed = fixed
-                self._labels.pop(aid, None)
+            if spec.labels or a.fixed:  # a registry change moves the labels with the next match
+                fixed = dict(spec.labels)
+                if fixed != a.fixed:
+                    a.fixed = fixed
+                    self._labels.pop(aid, None)
             return self._record(a, "repeat", ts, RULE, "match", before)
         occurrence = a.occurrence + 1 if a is not None else self.gone.pop(aid, 0) + 1
         a = Alarm(
@@ -157,18 +158,24 @@ class AlarmBook:
         self._closing(a)
         return self._record(a, "clear", ts, actor, reason, before)
 
+    def labels(self, a: Alarm) -> dict[str, str]:
+        """``a.labels()``, made once per occurrence (read-only: shared by its transitions)."""
+        labels = self._labels.get(a.id)
+        if labels is None:  # restored from a snapshot
+            labels = self._labels[a.id] = a.labels()
+        return labels
+
     def _record(
         self, a: Alarm, kind: Kind, ts: float, actor: str, reason: str, before: State | None
     ) -> Transition:
         self.seq += 1
         a.transitions += 1
-        labels = self._labels.get(a.id)
-        if labels is None:  # restored from a snapshot
-            labels = self._labels[a.id] = a.labels()
+        labels = self.labels(a)
+        # the alarm's events are replaced, never changed, on a match: shared, read-only
         return Transition(
-            f"{a.occurrence_id}.{a.transitions}", self.seq, kind, a.id, a.occurrence, ts, actor,
-            reason, before, a.state, a.severity, a.count, a.first_seen, a.last_seen, labels,
-            dict(a.events),
+            f"{a.id}.{a.occurrence}.{a.transitions}", self.seq, kind, a.id, a.occurrence, ts,
+            actor, reason, before, a.state, a.severity, a.count, a.first_seen, a.last_seen,
+            labels, a.events,
         )  # fmt: skip
 
 

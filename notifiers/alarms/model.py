@@ -104,9 +104,11 @@ class Alarm:
         return cls(**d)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Transition:
-    """One change of an alarm, as history keeps it (never changed afterwards).
+    """One change of an alarm, as history keeps it (never changed afterwards: not frozen
+    only because a frozen dataclass's constructor costs four times as much, and the rules
+    make one per match).
 
     ``id`` (``ALARM.OCCURRENCE.N``) is per transition: the idempotency key of what it
     delivers. ``delivery``: "sent" (handed to grouping), "silenced", or "none" (not in the
@@ -139,10 +141,10 @@ class Transition:
         return cls(**d)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Notice:
     """One line of a message: a transition, or an alarm still active when its silence ended
-    (kind "unsilenced")."""
+    (kind "unsilenced"). Never changed once made (not frozen: see `Transition`)."""
 
     kind: str
     alarm: str
@@ -175,7 +177,7 @@ def delivered(tr: Transition, how: str) -> Transition:
     """``tr`` with its delivery decided. Only for a transition just made and not handed out
     yet (the rules' own): set in place, as `dataclasses.replace` costs a new object per
     transition for nothing."""
-    object.__setattr__(tr, "delivery", how)
+    tr.delivery = how
     return tr
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from filters.errors import StateError
@@ -32,6 +32,8 @@ from profiles.alarm import CLEAR_SUFFIX, AlarmSpec
 
 VERSION = 1
 CLEAR, UNSILENCE, ESCALATE, FLUSH, DIGEST = 0, 1, 2, 3, 4  # timer kinds, in tie order
+# one match of `AlarmRules.on_matches`: profile, ts, partition, events, subscriber
+Match = tuple[str, float, dict[str, Any] | None, dict[str, str], str | None]
 
 
 class AlarmRules:
@@ -55,6 +57,9 @@ class AlarmRules:
         self.stats: dict[str, Counter[str]] = {}  # per subscriber ("" for none)
         self._heap: list[tuple[float, int, str]] = []
         self._carry = Effects()  # effects of a refused call's advance, returned by the next call
+        # notices an input call queued for subscribers without grouping (None: not in a call);
+        # see `_op`: one of them with nothing else due is sent without a group and a timer
+        self._instant: list[tuple[Notice, str]] | None = None
 
     # ------------------------------------------------------------------ inputs
     def on_match(
@@ -70,6 +75,14 @@ class AlarmRules:
         if profile.endswith(CLEAR_SUFFIX) and self._idle_clear(profile, ts, partition):
             return Effects()
         return self._op(ts, lambda t: self._match(profile, t, partition, events or {}, subscriber))
+
+    def on_matches(self, matches: Iterable[Match]) -> Effects:
+        """`on_match` of each ``(profile, ts, partition, events, subscriber)`` in order, as
+        one `Effects` (the engine worker's commit): the same transitions and messages."""
+        eff = Effects()
+        for profile, ts, partition, events, subscriber in matches:
+            eff.extend(self.on_match(profile, ts, partition, events, subscriber))
+        return eff
 
     def acknowledge(self, ref: str, now: float, actor: str, note: str = "") -> Effects:
         """Raises AlarmNotFound / AlarmStateConflict (already acknowledged)."""
@@ -185,27 +198,7 @@ class AlarmRules:
         rules = cls(alarms, policies, default, router)
         if router is not None and "router" in snap:
             router.load(snap["router"])
-        rules.clock = snap["clock"]
-        rules.book.seq = snap["seq"]
-        rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
-        rules.book.gone = dict(snap.get("gone", {}))
-        rules.book.reindex()
-        rules.silence_seq = snap["silence_seq"]
-        rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
-        rules.dispatch.load(snap["dispatch"])
-        rules.stats = {k: Counter(v) for k, v in snap["stats"].items()}
-        carry = snap.get("carry", {})
-        rules._carry = Effects(
-            [Transition.from_json(t) for t in carry.get("transitions", [])],
-            [Message.from_json(m) for m in carry.get("messages", [])],
-        )
-        for a in rules.book.alarms.values():
-            rules._timer(CLEAR, a.id, a.clear_due)
-            rules._timer(UNSILENCE, a.id, a.unsilence_at)
-        for k, g in rules.dispatch.groups.items():
-            rules._timer(FLUSH, k, g.flush_at)
-        for s, o in rules.dispatch.outlets.items():
-            rules._timer(DIGEST, s, o.digest_at)
+        _load(rules, snap)
         return rules
 
     def _unmatched(self, silence: Silence) -> list[str]:
@@ -243,14 +236,47 @@ class AlarmRules:
         return now if self.clock is None else max(now, self.clock)
 
     def _op(self, now: float, act: Callable[[float], Effects]) -> Effects:
-        eff = self._advance(now, inclusive=False)
+        """Fire what is due before ``now``, act at ``now``, fire what is due at ``now``.
+
+        The common call has nothing due and queues at most one notice for a subscriber
+        without grouping: that notice is sent at once (`Dispatcher.single`), as its group
+        would be by the advance (the same message, number and counts) without a group, a
+        timer and a heap round. With several, or anything else due, they go the general way."""
+        carry = self._carry
+        if carry.transitions or carry.messages or carry.warnings or self._due_by(now, False):
+            eff = self._advance(now, inclusive=False)
+        else:  # `_advance` with nothing to fire: time moves to now
+            eff = Effects()
+            self.clock = self._now(now)
         t = self._now(now)
+        self._instant = []
         try:
             eff.extend(act(t))
         except Exception:  # a refusal: time still passes to t; its effects come with the next call
+            self._queue_instants(t)
             self._carry = eff.extend(self._advance(t, inclusive=True))
             raise
-        return eff.extend(self.advance(t))
+        if len(self._instant) == 1 and not self._due_by(t, True):
+            notice, sub = self._instant[0]
+            self._instant = None
+            eff.extend(self._sent(self.dispatch.single(notice, sub, t), sub))
+        else:
+            self._queue_instants(t)
+        if self._due_by(t, True):
+            eff.extend(self.advance(t))
+        return eff
+
+    def _due_by(self, t: float, inclusive: bool) -> bool:
+        """Whether a deadline falls before ``t`` (or at it, ``inclusive``)."""
+        nxt = self._next()
+        return nxt is not None and (nxt[0] < t or (inclusive and nxt[0] == t))
+
+    def _queue_instants(self, t: float) -> None:
+        """The notices queued in a call, to their groups (in order, as `_queue` would)."""
+        instant, self._instant = self._instant or [], None
+        for notice, sub in instant:
+            key = self.dispatch.add(notice, sub, t)
+            self._timer(FLUSH, key, self.dispatch.groups[key].flush_at)
 
     def _match(
         self,
@@ -316,7 +342,13 @@ class AlarmRules:
         return Effects([delivered(tr, "sent")])
 
     def _queue(self, notice: Notice, sub: str, t: float) -> None:
-        self.stats.setdefault(sub, Counter())["notices"] += 1
+        stats = self.stats.get(sub)
+        if stats is None:
+            stats = self.stats[sub] = Counter()
+        stats["notices"] += 1
+        if self._instant is not None and self.dispatch.policy(sub).group_by is None:
+            self._instant.append((notice, sub))  # `_op` sends or queues it after the act
+            return
         key = self.dispatch.add(notice, sub, t)
         self._timer(FLUSH, key, self.dispatch.groups[key].flush_at)
 
@@ -334,7 +366,7 @@ class AlarmRules:
         if kind == UNSILENCE:
             return self._unsilence(self.book.alarms[key], at)
         if kind == ESCALATE:
-            return self._escalate(at)
+            return _escalate(self, at)
         if kind == FLUSH:
             sub = self.dispatch.groups[key].subscriber
             msg = self.dispatch.flush(key, at)
@@ -348,7 +380,9 @@ class AlarmRules:
         self._timer(DIGEST, sub, self.dispatch.outlets[sub].digest_at)
         if msg is None:
             return Effects()
-        stats = self.stats.setdefault(msg.subscriber, Counter())
+        stats = self.stats.get(msg.subscriber)
+        if stats is None:
+            stats = self.stats[msg.subscriber] = Counter()
         stats["messages"] += 1
         if msg.kind == "digest":
             stats["digests"] += 1
@@ -383,28 +417,6 @@ class AlarmRules:
             self._queue(notice, s, at)
         return Effects()
 
-    def _escalate(self, at: float) -> Effects:
-        """The router's steps due at ``at``: a notice to each subscriber they reach, for an
-        alarm still active and unacknowledged and not silenced (then counted, not sent)."""
-        assert self.router is not None
-        for step, occ, due, subs in self.router.advance(at):
-            aid, _, n = occ.rpartition(".")
-            a = self.book.alarms.get(aid)
-            if a is None or str(a.occurrence) != n or a.state != "active-unacknowledged":
-                continue  # the router stops on ack and clear: a snapshot of an older build
-            stats = self.stats.setdefault(a.subscriber or "", Counter())
-            stats["escalations"] += 1
-            if self.muted(a.labels(), due):
-                stats["silenced"] += 1
-                continue
-            notice = Notice(
-                "escalation", a.id, a.occurrence, step, due, a.state, a.severity, a.count,
-                a.first_seen, a.last_seen, a.labels(),
-            )  # fmt: skip
-            for sub in subs:
-                self._queue(notice, sub, due)
-        return Effects()
-
     def _timer(self, kind: int, key: str, at: float | None) -> None:
         if at is not None:
             heapq.heappush(self._heap, (at, kind, key))
@@ -421,3 +433,52 @@ class AlarmRules:
             return g is not None and g.flush_at == at and bool(g.pending)
         o = self.dispatch.outlets.get(key)
         return o is not None and o.digest_at == at
+
+
+def _load(rules: AlarmRules, snap: Mapping[str, Any]) -> None:
+    """`AlarmRules.restore`'s state: the snapshot's alarms, silences, queues, counts and
+    carried effects, and the timers they hold."""
+    rules.clock = snap["clock"]
+    rules.book.seq = snap["seq"]
+    rules.book.alarms = {k: Alarm.from_json(a) for k, a in snap["alarms"].items()}
+    rules.book.gone = dict(snap.get("gone", {}))
+    rules.book.reindex()
+    rules.silence_seq = snap["silence_seq"]
+    rules.silences = {s["id"]: Silence.from_json(s) for s in snap["silences"]}
+    rules.dispatch.load(snap["dispatch"])
+    rules.stats = {k: Counter(v) for k, v in snap["stats"].items()}
+    carry = snap.get("carry", {})
+    rules._carry = Effects(
+        [Transition.from_json(t) for t in carry.get("transitions", [])],
+        [Message.from_json(m) for m in carry.get("messages", [])],
+    )
+    for a in rules.book.alarms.values():
+        rules._timer(CLEAR, a.id, a.clear_due)
+        rules._timer(UNSILENCE, a.id, a.unsilence_at)
+    for k, g in rules.dispatch.groups.items():
+        rules._timer(FLUSH, k, g.flush_at)
+    for s, o in rules.dispatch.outlets.items():
+        rules._timer(DIGEST, s, o.digest_at)
+
+
+def _escalate(rules: AlarmRules, at: float) -> Effects:
+    """The router's steps due at ``at``: a notice to each subscriber they reach, for an
+    alarm still active and unacknowledged and not silenced (then counted, not sent)."""
+    assert rules.router is not None
+    for step, occ, due, subs in rules.router.advance(at):
+        aid, _, n = occ.rpartition(".")
+        a = rules.book.alarms.get(aid)
+        if a is None or str(a.occurrence) != n or a.state != "active-unacknowledged":
+            continue  # the router stops on ack and clear: a snapshot of an older build
+        stats = rules.stats.setdefault(a.subscriber or "", Counter())
+        stats["escalations"] += 1
+        if rules.muted(a.labels(), due):
+            stats["silenced"] += 1
+            continue
+        notice = Notice(
+            "escalation", a.id, a.occurrence, step, due, a.state, a.severity, a.count,
+            a.first_seen, a.last_seen, a.labels(),
+        )  # fmt: skip
+        for sub in subs:
+            rules._queue(notice, sub, due)
+    return Effects()
