@@ -18,6 +18,7 @@ PACKAGES = ("ens", "adapters", "notifiers", "filters", "profiles", "bench")
 MAX_FUNCTION = 80
 MAX_CLASS = 400
 
+
 def _too_long() -> list[str]:
     found: list[str] = []
 
