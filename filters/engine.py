@@ -257,8 +257,6 @@ class Engine(PlanSwitching, TimeDriven, NotificationOutput, CapCounts, Partition
         if isinstance(rt, CompositeRuntime) and rt.clock_leaves:
             _drop_clock_user(self, rt)
 
-    _deactivate = deactivate  # (the name `filters.partstate` calls it by)
-
     @property
     def profiles(self) -> list[Profile]:
         return [rt.profile for rt in self._rts.values()]

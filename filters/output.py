@@ -8,6 +8,7 @@ out notifications the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from filters.notification import Notification
@@ -47,3 +48,19 @@ class NotificationOutput:
     def pending(self) -> int:
         """Notifications produced and not taken yet."""
         return len(self._out)
+
+    def output_state(self) -> tuple[int, list[Notification]]:
+        """The detection counter and (a copy of) the notifications not taken yet: what a
+        stored engine keeps of its output (`filters.partrecords`' header record)."""
+        return self._nseq, list(self._out)
+
+    def restore_output(self, counter: int, pending: Iterable[Notification]) -> None:
+        """The output an `output_state` described: the counter set, `pending` appended."""
+        self._nseq = counter
+        self._out.extend(pending)
+
+    def reset_output(self) -> None:
+        """No detection yet, nothing pending (the list emptied in place: one `collect_into`
+        gave stays the caller's)."""
+        self._nseq = 0
+        self._out.clear()

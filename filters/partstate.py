@@ -6,7 +6,8 @@ matches, bindings, counters, auxiliary registrations and timers) is a *record*
 (`filters.state.dump_record`, kind "partition") that can be loaded into such an engine,
 changed by events and stored again, alone. The engine-level counters (time, arrival and
 notification numbers, the timers' tie number, clocks, PM counts per profile, profiles a `once`
-retired) are the *header* record. Storing every partition and the header and loading them into
+retired) are the *header* record. Writing and reading both records is
+`filters.partrecords.PartitionRecords`, the base of `PartitionState` (the bookkeeping here). Storing every partition and the header and loading them into
 a fresh engine is a whole-engine snapshot and restore (same semantics: dormant auxiliary
 profiles are not stored, `Engine.__setstate__`).
 
@@ -23,27 +24,18 @@ import json
 from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any
 
-from filters import state as state_format
 from filters.eager.composite import CompositeRuntime
-from filters.eager.matches import PartialMatch, Partition
+from filters.eager.matches import PartialMatch
 from filters.localclock import LocalClock
-from filters.notification import Notification
+from filters.partrecords import KINDS, PartitionRecords, stateful, timer_part
+from filters.partrecords import PartId as PartId
+from filters.partrecords import part_counts as part_counts
 from filters.pool.primitive import PrimitivePool
 from filters.rarefirst.lazy import LazySeqRuntime
-from filters.rarefirst.lazy_base import LazyPartition
 from filters.runtime import AbsentRuntime, Handle, PartKey, Runtime
 from filters.temporal import CLOCK, TIMER, TemporalPool
 from profiles.ast import Absent, Clock, Profile
 from profiles.events import Event
-
-PartId = tuple[str, PartKey]  # (profile id, partition key: its `per` values, normalised)
-
-_KINDS: dict[type, str] = {
-    CompositeRuntime: "composite",
-    LazySeqRuntime: "lazy",
-    AbsentRuntime: "absent",
-}
-
 
 # profile set shapes by digest (`PartitionState.shape`): the order and rare-first drivers a
 # compact header names; every shape this process computed, the latest kept
@@ -57,12 +49,9 @@ def known_order(digest: str) -> list[str] | None:
     return list(got[0]) if got is not None else None
 
 
-def _stateful(rt: Runtime) -> bool:
-    return rt.__class__ in _KINDS
-
-
-class PartitionState:
-    """Partition records of the engine (mixed into `Engine`; see the module docstring)."""
+class PartitionState(PartitionRecords):
+    """Partitions of the engine: what an event reaches, which exist, unload and reset (mixed
+    into `Engine`; see the module docstring). Their records: `PartitionRecords`."""
 
     now: float | None
     timers: TemporalPool
@@ -70,16 +59,11 @@ class PartitionState:
     _rts: dict[int, Runtime]
     _by_id: dict[str, Runtime]
     _seq: int
-    _nseq: int
-    _out: list[Notification]
     _clocks: dict[Clock, Handle | None]
     _clock_users: dict[Clock, dict[int, CompositeRuntime]]
     _local: LocalClock | None
 
     def add_profile(self, profile: Profile) -> None:
-        raise NotImplementedError
-
-    def _deactivate(self, rt: Runtime) -> None:
         raise NotImplementedError
 
     def _runtime(self, profile: Profile, idx: int) -> Runtime:
@@ -111,7 +95,7 @@ class PartitionState:
             for idx, rt in base.items():
                 for f in _leaf_filters(rt):
                     reach.add(f, idx)
-                if _stateful(rt):
+                if stateful(rt):
                     pers[rt.per] = None
             self.__dict__["_reach"] = reach
             self.__dict__["_pers"] = pers
@@ -183,7 +167,7 @@ class PartitionState:
             reach: PrimitivePool = self.__dict__["_reach"]
             for f in _leaf_filters(rt):
                 reach.add(f, rt.idx)
-            if _stateful(rt):
+            if stateful(rt):
                 self.__dict__["_pers"][rt.per] = None
 
     def profile_removed(self, rt: Runtime) -> None:
@@ -261,7 +245,7 @@ class PartitionState:
                         if not rt.per:
                             out[(rt.pid, ())] = None
                 continue
-            got = _timer_part(h)
+            got = timer_part(h)
             if got is not None:
                 out[(got[0].pid, got[1])] = None
         return list(out)
@@ -281,7 +265,7 @@ class PartitionState:
         """Every partition the engine holds."""
         out: list[PartId] = []
         for rt in self._rts.values():
-            if _stateful(rt):
+            if stateful(rt):
                 parts: dict[PartKey, Any] = rt.parts  # type: ignore[attr-defined]
                 out += [(rt.pid, k) for k in parts]
         return out
@@ -295,7 +279,7 @@ class PartitionState:
     def _compiled_now(self) -> dict[int, Runtime]:
         """`compiled`, runtimes a plan change replaced (`_swap`) taken as their successors
         (looked for only when the runtimes changed). An inactive runtime is one `_rts` no
-        longer holds (`_deactivate`; `_swap` replaces it)."""
+        longer holds (`deactivate`; `_swap` replaces it)."""
         base = self.compiled()
         rts = self._rts
         cur = tuple(rts.values())
@@ -306,73 +290,12 @@ class PartitionState:
             self.__dict__["_seen"] = cur
         return base
 
-    # -------------------------------------------------------------- records
-    def store_parts(self, ids: Iterable[PartId]) -> dict[PartId, tuple[bytes, float | None] | None]:
-        """Each partition as (record, its next due time), or None: it holds nothing (its
-        stored record goes)."""
-        want = list(ids)
-        wanted = set(want)
-        timers: dict[PartId, list[Handle]] = {i: [] for i in want}
-        if wanted:
-            for h in self.timers.handles():
-                got = _timer_part(h)
-                if got is not None:
-                    pid = (got[0].pid, got[1])
-                    if pid in wanted:
-                        timers[pid].append(h)
-        out: dict[PartId, tuple[bytes, float | None] | None] = {}
-        for part_id in want:
-            rt = self._by_id.get(part_id[0])
-            st = None
-            if rt is not None and rt.active and _stateful(rt):
-                st = rt.parts.get(part_id[1])  # type: ignore[attr-defined]
-            if st is None:
-                out[part_id] = None
-                continue
-            hs = sorted(timers[part_id], key=lambda h: (h[0], h[1], h[2]))
-            due = hs[0][0] if hs else None
-            body = {
-                "profile": part_id[0],
-                "key": part_id[1],
-                "kind": _KINDS[rt.__class__],  # type: ignore[union-attr]
-                "state": st,
-                "timers": hs,
-                "due": due,
-            }
-            out[part_id] = (state_format.dump_record("partition", body, {id(rt): "runtime"}), due)
-        return out
-
-    def load_part(self, part_id: PartId, data: bytes) -> bool:
-        """A stored partition into the engine; False (nothing loaded) if its profile is not
-        active here (removed, or retired by `once`): its record can go."""
-        self.compiled()
-        rt = self._by_id.get(part_id[0])
-        if rt is None or not rt.active or not _stateful(rt):
-            return False
-        body = state_format.load_record(data, "partition", refs={"runtime": rt})
-        if body["profile"] != part_id[0] or body["key"] != part_id[1]:
-            raise state_format.StateError(
-                f"the record of partition {body['key']!r} of profile {body['profile']!r} was "
-                f"given as that of {part_id[1]!r} of {part_id[0]!r}"
-            )
-        kind = _KINDS[rt.__class__]
-        if body["kind"] != kind:
-            raise state_format.StateError(
-                f"the record of profile {part_id[0]!r} holds {body['kind']} state, but the "
-                f"profile runs {kind} here (its plan changed): the record cannot be loaded"
-            )
-        rt.load_partition(part_id[1], body["state"])  # type: ignore[attr-defined]
-        put = self.timers.put
-        for h in body["timers"]:
-            put(h)
-        return True
-
     def unload_parts(self, ids: Iterable[PartId]) -> None:
         """The partitions leave the engine (store them first: their PMs end here)."""
         objs: set[int] = set()
         for pid, key in ids:
             rt = self._by_id.get(pid)
-            if rt is None or not _stateful(rt):
+            if rt is None or not stateful(rt):
                 continue
             st = rt.parts.get(key)  # type: ignore[attr-defined]
             if st is not None:
@@ -384,100 +307,6 @@ class PartitionState:
                     h[1] == TIMER and h[3][1].__class__ is PartialMatch and id(h[3][1].part) in objs
                 )
             )
-
-    def store_header(self, compact: bool = False, touched: Collection[str] | None = None) -> bytes:
-        """The engine-level state (`filters.state.RECORDS["header"]`).
-
-        `compact` (an engine of compiled profiles shared by many routes, `Engine(profiles)`
-        built alike wherever the header is read): while the profile set's shape (order,
-        rare-first drivers) is the one it was compiled with, the header holds the shape's
-        digest instead of the list of every profile. `touched` (the profiles the step loaded
-        or changed partitions of, `PartitionedEngine`): only their PM counts are looked at,
-        the others are those `load_header` read."""
-        base = self._compiled_now()
-        pm_counts: dict[str, int]
-        sweeps: dict[str, float] = {}
-        digest, order, lazy = self.shape()
-        inf = float("-inf")
-        if touched is None:
-            pm_counts = {}
-            for rt in self._rts.values():
-                if isinstance(rt, CompositeRuntime) and rt.pm_count:
-                    pm_counts[rt.pid] = rt.pm_count
-                elif isinstance(rt, LazySeqRuntime) and rt.sweep_at != inf:
-                    sweeps[rt.pid] = rt.sweep_at
-        else:
-            pm_counts = dict(self.__dict__.get("_pm_read", {}))
-            by_id = self._by_id
-            for pid in touched:
-                comp = by_id.get(pid)
-                if isinstance(comp, CompositeRuntime) and comp.pm_count:
-                    pm_counts[pid] = comp.pm_count
-                else:
-                    pm_counts.pop(pid, None)
-            for pid in lazy:  # (rare-first runtimes: few, and a sweep may touch any)
-                lz = by_id[pid]
-                if lz.sweep_at != inf:  # type: ignore[attr-defined]
-                    sweeps[pid] = lz.sweep_at  # type: ignore[attr-defined]
-        gone = base.keys() - self._rts.keys()
-        pristine = compact and digest == self.__dict__.get("_pristine")
-        body = {
-            "now": self.now,
-            "seq": self._seq,
-            "nseq": self._nseq,
-            "tie": self.timers.tie,
-            "clocks": dict(self._clocks),
-            "inactive": sorted(base[i].pid for i in gone),
-            "pm_counts": pm_counts,
-            "sweeps": sweeps,
-            "out": list(self._out),
-            "order": digest if pristine else order,
-            "lazy": lazy,
-        }
-        return state_format.dump_record("header", body)
-
-    def load_header(self, data: bytes) -> None:
-        """The engine-level state of a `store_header` into an engine holding none
-        (`reset_state`), before its partitions are loaded."""
-        body = state_format.load_record(data, "header")
-        base = self._compiled_now()
-        lazy: dict[str, int] = body["lazy"]
-        same = lazy == self.shape()[2]  # (no profile's plan to change: no loop over them)
-        for idx, rt in list(base.items()) if not same else ():
-            if not rt.active or not isinstance(rt, (CompositeRuntime, LazySeqRuntime)):
-                continue  # (each profile's plan as stored: its records' kind)
-            k = lazy.get(rt.pid)  # type: ignore[union-attr]
-            if isinstance(rt, LazySeqRuntime) != (k is not None) or (
-                isinstance(rt, LazySeqRuntime) and rt.k != k
-            ):
-                if isinstance(rt, LazySeqRuntime) and k is not None:  # another driver
-                    self._swap(idx, rt, False)
-                    rt = self._rts[idx]
-                self._swap(idx, rt, k is not None, k)
-                base[idx] = self._rts[idx]
-        for pid in body["inactive"]:
-            gone = self._by_id.get(pid)
-            if gone is not None:
-                self._deactivate(gone)
-        self.now = body["now"]
-        self._seq = body["seq"]
-        self._nseq = body["nseq"]
-        self.timers.tie = body["tie"]
-        for clock, h in body["clocks"].items():
-            if clock in self._clocks:
-                self._clocks[clock] = h
-                if h is not None:
-                    self.timers.put(h)
-        for pid, n in body["pm_counts"].items():
-            comp = self._by_id.get(pid)
-            if isinstance(comp, CompositeRuntime):
-                comp.pm_count = n
-        self.__dict__["_pm_read"] = body["pm_counts"]
-        for pid, t in body["sweeps"].items():
-            lz = self._by_id.get(pid)
-            if isinstance(lz, LazySeqRuntime):
-                lz.sweep_at = t
-        self._out.extend(body["out"])
 
     def reset_state(self, touched: Collection[str] | None = None) -> None:
         """Back to the compiled profiles holding no state (as `Engine(profiles)` built them):
@@ -505,7 +334,7 @@ class PartitionState:
             rts = [(rt.idx, rt) for rt in (by_id.get(p) for p in pids) if rt is not None]
         for idx, rt in rts:  # (a loop per step: kept lean)
             cls = rt.__class__
-            if cls not in _KINDS or idx in fresh_idx:
+            if cls not in KINDS or idx in fresh_idx:
                 continue
             parts = rt.parts  # type: ignore[attr-defined]
             if parts:
@@ -526,22 +355,8 @@ class PartitionState:
         for clock in self._clock_users:
             self._clocks.setdefault(clock, None)
         self.now = None
-        self._seq = self._nseq = 0
-        self._out.clear()
-
-
-def part_counts(data: bytes) -> dict[str, int]:
-    """What a partition record holds ("partial_matches", "partitions", "timers", as
-    `filters.restore.Skipped` counts it), read without an engine (its runtime is None)."""
-    body = state_format.load_record(data, "partition", refs={"runtime": None})
-    st = body["state"]
-    if isinstance(st, Partition):
-        pms = sum(1 for pm in st.pms if pm.alive)
-    elif isinstance(st, LazyPartition):
-        pms = st.size()
-    else:  # `absent`: its silence timer
-        pms = 1
-    return {"partial_matches": pms, "partitions": 1, "timers": len(body["timers"])}
+        self._seq = 0
+        self.reset_output()
 
 
 def _key_of(per: tuple[str, ...], attrs: dict[str, Any]) -> PartKey | None:
@@ -564,21 +379,3 @@ def _leaf_filters(rt: Runtime) -> list[Any]:
         assert isinstance(expr, Absent)
         return [expr.filter]
     return []
-
-
-def _timer_part(h: Handle) -> tuple[Runtime, PartKey] | None:
-    """The runtime and partition a timer belongs to, if that partition is the runtime's
-    current one (a finished PM's terminator of a partition since dropped fires as a no-op)."""
-    if h[1] != TIMER:
-        return None
-    rt, x = h[3]
-    if not rt.active:
-        return None
-    cls = x.__class__
-    if cls is PartialMatch:
-        part = x.part
-        return (rt, part.key) if rt.parts.get(part.key) is part else None
-    if cls is Partition:
-        return (rt, x.key) if rt.parts.get(x.key) is x else None
-    st = rt.parts.get(x)  # `absent`: its key
-    return (rt, x) if st is not None and st[1] is h else None

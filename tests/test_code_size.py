@@ -18,22 +18,6 @@ PACKAGES = ("ens", "adapters", "notifiers", "filters", "profiles", "bench")
 MAX_FUNCTION = 80
 MAX_CLASS = 400
 
-# Files (or a file's class, ``path::Class``) another branch is rewriting now (the same files
-# are in ruff's per-file-ignores for C901): measured again when it is merged. No other exception.
-PENDING = {
-    "adapters/spark/live.py::KeyEngine": "issue 39: after spark-perf2",
-    "adapters/spark/keyed.py": "issue 39: after spark-perf2",
-    "filters/partitions.py": "issue 39: after spark-perf2",
-    "filters/partstate.py": "issue 39: after spark-perf2",
-}
-
-
-def _pending(rel: str, name: str = "") -> bool:
-    """Whether file `rel` (or its top-level definition `name`) is pending."""
-    return any(
-        rel == p or rel.startswith(p + "/") or (name and p == f"{rel}::{name}") for p in PENDING
-    )
-
 
 def _too_long() -> list[str]:
     found: list[str] = []
@@ -41,8 +25,6 @@ def _too_long() -> list[str]:
     def visit(node: ast.AST, rel: str, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                if not prefix and _pending(rel, child.name):
-                    continue
                 name = f"{prefix}{child.name}"
                 size = (child.end_lineno or child.lineno) - child.lineno + 1
                 limit = MAX_CLASS if isinstance(child, ast.ClassDef) else MAX_FUNCTION
@@ -55,8 +37,7 @@ def _too_long() -> list[str]:
     for pkg in PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if not _pending(rel):
-                visit(ast.parse(path.read_text(encoding="utf-8")), rel, "")
+            visit(ast.parse(path.read_text(encoding="utf-8")), rel, "")
     return found
 
 

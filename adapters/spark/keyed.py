@@ -73,7 +73,7 @@ class RouteCache:
     step finds another token and reads the state store again. None: not known here."""
 
     tok: str
-    eng: tuple[bytes, dict[str, Any]] | None  # the engine header and its meta (`live.Known`)
+    eng: tuple[bytes | None, dict[str, Any]] | None  # engine header and meta (`live.Known`)
     held: list[tuple[float, str, str, bytes]] | None  # the held list's rows
     parts: dict[str, bytes | None]  # map records read or written (None: not in the map)
 
@@ -148,59 +148,280 @@ def _held_row(h: Any) -> tuple[float, str, str, bytes]:
     return (h[0], h[2], h[3], pickle.dumps((ev.id, ev.ts, ev.attrs), pickle.HIGHEST_PROTOCOL))
 
 
+@dataclass(frozen=True)
+class StepSettings:
+    """What a route's step takes from the query's `stream.StreamConfig`: only these travel
+    with the processor Spark ships to each task."""
+
+    url: str
+    key: str
+    tz: str
+    ttl: int
+    plan: tuple[str, Any]  # (plan, rates): the engines' evaluation plan
+    late_events: str
+    late_max: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> StepSettings:
+        return cls(
+            cfg.redis_url,
+            cfg.key,
+            cfg.tz,
+            cfg.dedup_ttl,
+            (cfg.plan, cfg.rates),
+            cfg.late_events,
+            cfg.late_max,
+        )
+
+
+@dataclass
+class RouteState:
+    """A route's pieces of Spark's per-key state (`StatefulProcessor.init`'s handles)."""
+
+    handle: Any  # the StatefulProcessorHandle: timers
+    hdr: Any  # ValueState: the route header
+    held: Any  # ListState: the held events
+    eng: Any  # ValueState: the engine header and its meta
+    parts: Any  # MapState: the larger partition records
+
+    @classmethod
+    def of(cls, handle: Any) -> RouteState:
+        return cls(
+            handle,
+            handle.getValueState("hdr", HDR_DDL),
+            handle.getListState("held", HELD_DDL),
+            handle.getValueState("eng", ENG_DDL),
+            handle.getMapState("parts", PART_KEY_DDL, PART_DDL),
+        )
+
+
+def batch_rows(frames: list[pd.DataFrame], wm: float | None) -> tuple[list[Any], float | None]:
+    """The `live.Row`s of a key's input frames, and the watermark: Spark's, or the batch's
+    (the offset's, on every row) if later."""
+    from adapters.spark.live import Row
+
+    batch: list[Any] = []
+    for pdf in frames:
+        rw = pdf["wm"].max()
+        if rw == rw:  # (not NaN)
+            wm = float(rw) if wm is None else max(wm, float(rw))
+        batch += [
+            Row(
+                k if isinstance(k, str) else None,
+                gw,
+                None if ts != ts else ts,
+                ev,
+                plog,
+                ep,
+                bool(c),
+            )
+            for k, gw, ts, ev, plog, ep, c in zip(
+                pdf["key"],
+                pdf["gw"],
+                pdf["ts"],
+                pdf["ev"],
+                pdf["plog"],
+                pdf["epoch"],
+                pdf["counted"],
+                strict=True,
+            )
+        ]
+    return batch, wm
+
+
+class RouteStep:
+    """One invocation of a route on its state (`step_route`): each piece read at most once
+    and only if the engine needs it, answered by this worker's cache (`RouteCache`) when it
+    can; each piece written only if it changed. Every state call is counted (`count`)."""
+
+    def __init__(self, st: RouteState, count: dict[str, float], hit: RouteCache | None) -> None:
+        self.st = st
+        self.count = count
+        self.eng: tuple[bytes | None, dict[str, Any]] | None = hit.eng if hit else None
+        self.rows: list[tuple[float, str, str, bytes]] | None = hit.held if hit else None
+        self.recs = MapRecords(st.parts, count, hit.parts if hit else None)
+
+    def held(self) -> list[Any]:
+        """The held events (`KeyEngine.run`'s `load_held`)."""
+        from adapters.spark.live import Event, arrival
+
+        count = self.count
+        rows = self.rows
+        if rows is None:
+            rows = self.rows = [tuple(x) for x in self.st.held.get()]
+            count["calls"] += 1
+            count["bytes_read"] += sum(len(x[3]) + 32 for x in rows)
+        else:
+            count["cached"] += 1
+        return [
+            (ts, arrival(k), k, gw, Event(*pickle.loads(ev)))  # noqa: S301 - our own state
+            for ts, k, gw, ev in rows
+        ]
+
+    def eng_state(self) -> tuple[bytes | None, dict[str, Any]]:
+        """The engine header and its meta (`KeyEngine.run`'s `load_eng`)."""
+        if self.eng is not None:
+            self.count["cached"] += 1
+            return self.eng
+        v = self.st.eng.get()
+        self.count["calls"] += 1
+        if v is None:
+            return None, {}
+        self.count["bytes_read"] += len(v[0]) + len(v[1])
+        self.eng = (bytes(v[0]), pickle.loads(v[1]))  # noqa: S301 - our own state
+        return self.eng
+
+    def write_eng(self, got: tuple[bytes, dict[str, Any]]) -> None:
+        eh, dues = got
+        d = pickle.dumps(dues, pickle.HIGHEST_PROTOCOL)
+        self.st.eng.update((eh, d))
+        self.count["calls"] += 1
+        self.count["bytes_written"] += len(eh) + len(d)
+        self.eng = (eh, pickle.loads(d))  # noqa: S301 - (a copy: `run` keeps none)
+
+    def write_held(self, out: Any, hdr: dict[str, Any] | None) -> None:
+        """The held list as `run` left it: stored whole (it was read), appended to, or
+        (a new route) known empty."""
+        count = self.count
+        if out.held_list is not None:
+            rows = [_held_row(h) for h in out.held_list]
+            if rows:
+                self.st.held.put(rows)
+                count["calls"] += 1
+                count["bytes_written"] += sum(len(x[3]) for x in rows)
+            elif hdr is not None and hdr["nheld"]:
+                self.st.held.clear()
+                count["calls"] += 1
+            self.rows = rows
+        elif out.append:
+            rows = [_held_row(h) for h in out.append]
+            self.st.held.appendList(rows)
+            count["calls"] += 1
+            count["bytes_written"] += sum(len(x[3]) for x in rows)
+            if self.rows is not None:
+                self.rows = self.rows + rows
+        elif hdr is None:
+            self.rows = []
+
+    def set_timer(
+        self, old: int | None, want: int | None, wm_ms: int, fired: int | None
+    ) -> int | None:
+        """The route's one Spark timer moved from `old` to `want` (never in the past: it would
+        fire again at once); the timer it has now."""
+        if want is not None and want <= wm_ms:
+            want = wm_ms + 1
+        if want != old:
+            if old is not None and old != fired:
+                self.st.handle.deleteTimer(old)
+                self.count["calls"] += 1
+            if want is not None:
+                self.st.handle.registerTimer(want)
+                self.count["calls"] += 1
+        return want
+
+    def write_hdr(self, raw: Any, new: dict[str, Any]) -> None:
+        blob = pickle.dumps(new, pickle.HIGHEST_PROTOCOL)
+        if raw is None or blob != raw[0]:
+            self.st.hdr.update((blob,))
+            self.count["calls"] += 1
+            self.count["bytes_written"] += len(blob)
+
+
+def step_route(
+    st: RouteState,
+    cfg: StepSettings,
+    route: str,
+    rows: list[Any],
+    wm: float | None,
+    wm_ms: int,
+    fired: int | None,
+) -> dict[str, Any] | None:
+    """One invocation of a route (its input rows, or its timer `fired`): `KeyEngine.run` on
+    the route's state, the notifications and late events out to Redis, the state written
+    back. The route's status row (None: a profile change for a route without an engine)."""
+    from adapters.spark import live
+
+    t0 = time.process_time()
+    count: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+    count["routes"] = 1
+    count["timers"] = fired is not None
+    raw = st.hdr.get()
+    count["calls"] += 1
+    hdr = None
+    if raw is not None:
+        count["bytes_read"] += len(raw[0])
+        hdr = pickle.loads(raw[0])  # noqa: S301 - our own state store
+    if hdr is None and all(r.key is None and r.ts is None for r in rows):
+        return None  # a profile change for a route without an engine: nothing to apply
+    eng = live.KeyEngine(route, live.versions(cfg.url, cfg.key), cfg.tz, cfg.plan, cfg.late_events)
+    # (this module's cache: Spark ships the processor, a class defined in `processor`, to each
+    # task by cloudpickle, which copies module-level objects such a class names; this
+    # module-level function is shipped by reference)
+    step = RouteStep(st, count, cache_take(route, hdr.get("tok") if hdr is not None else None))
+    out = eng.run(hdr, rows, wm, step.held, step.eng_state, step.recs)
+    count["restores"] += out.restores
+    count["parts_read"] += out.parts_read
+    count["parts_written"] += out.parts_written
+    r = live.client(cfg.url)
+    if hdr is None:
+        r.sadd(live.ROUTES, route)
+    if out.records:
+        live.Outbox(r, cfg.ttl).write(out.records)
+    if out.late_records:  # before the state: a re-execution writes them again, skipped
+        live.LateOutput(r, cfg.ttl, cfg.late_max).write(out.late_records)
+    wrote = count["calls"]
+    if out.eng is not None:
+        step.write_eng(out.eng)
+    step.write_held(out, hdr)
+    if hdr is None:
+        step.eng = step.eng or (None, {})
+    assert out.hdr is not None
+    new = out.hdr
+    new["tms"] = step.set_timer(
+        hdr.get("tms") if hdr is not None else None, out.timer_ms, wm_ms, fired
+    )
+    changed = count["calls"] != wrote or step.recs.writes
+    # a new token whenever the route's state is written: caches of it elsewhere lapse
+    new["tok"] = secrets.token_hex(8) if changed or hdr is None else hdr.get("tok")
+    step.write_hdr(raw, new)
+    if new["tok"] is not None:
+        cache_put(route, RouteCache(new["tok"], step.eng, step.rows, step.recs.known))
+    live.settle_garbage(eng.dropped)
+    stats: dict[str, Any] = dict.fromkeys(STATS_COLS)
+    stats.update(
+        route=route,
+        events=out.events,
+        late=out.late,
+        notes=len(out.records),
+        held=out.held,
+        nin=0,
+        late_keys=json.dumps(out.late_keys) if out.late_keys else "",
+        **{c: int(count[c]) for c in COUNTERS},
+        cpu=time.process_time() - t0,
+    )
+    return stats
+
+
 def processor(cfg: Any) -> Any:
     """The StatefulProcessor instance of a query, for `cfg` (a `stream.StreamConfig`; pyspark
-    is imported only here)."""
+    is imported only here). Its methods hand the route's rows to `step_route`."""
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from adapters.spark import keyed, live
-    from adapters.spark.live import client, versions
-
-    url, key, tz, ttl = cfg.redis_url, cfg.key, cfg.tz, cfg.dedup_ttl
-    plan = (cfg.plan, cfg.rates)
-    late_events, late_max = cfg.late_events, cfg.late_max
+    settings = StepSettings.of(cfg)
 
     class RouteProcessor(StatefulProcessor):  # type: ignore[misc]
         def init(self, handle: Any) -> None:
             self.handle = handle
-            self.hdr = handle.getValueState("hdr", HDR_DDL)
-            self.held = handle.getListState("held", HELD_DDL)
-            self.eng = handle.getValueState("eng", ENG_DDL)
-            self.parts = handle.getMapState("parts", PART_KEY_DDL, PART_DDL)
+            self.state = RouteState.of(handle)
 
         def handleInputRows(
             self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
         ) -> Iterator[pd.DataFrame]:
-            frames = [p for p in rows if len(p)]
             wm_ms = timerValues.getCurrentWatermarkInMs()
-            wm = wm_ms / 1000.0 if wm_ms > 0 else None
-            batch: list[Any] = []
-            for pdf in frames:
-                rw = pdf["wm"].max()
-                if rw == rw:  # this batch's watermark (the offset's, on every row)
-                    wm = float(rw) if wm is None else max(wm, float(rw))
-                batch += [
-                    live.Row(
-                        k if isinstance(k, str) else None,
-                        gw,
-                        None if ts != ts else ts,
-                        ev,
-                        plog,
-                        ep,
-                        bool(c),
-                    )
-                    for k, gw, ts, ev, plog, ep, c in zip(
-                        pdf["key"],
-                        pdf["gw"],
-                        pdf["ts"],
-                        pdf["ev"],
-                        pdf["plog"],
-                        pdf["epoch"],
-                        pdf["counted"],
-                        strict=True,
-                    )
-                ]
+            batch, wm = batch_rows(
+                [p for p in rows if len(p)], wm_ms / 1000.0 if wm_ms > 0 else None
+            )
             yield from self._step(key[0], batch, wm, wm_ms, None)
 
         def handleExpiredTimer(
@@ -214,133 +435,9 @@ def processor(cfg: Any) -> Any:
         def _step(
             self, route: str, rows: list[Any], wm: float | None, wm_ms: int, fired: int | None
         ) -> Iterator[pd.DataFrame]:
-            t0 = time.process_time()
-            count: dict[str, float] = dict.fromkeys(COUNTERS, 0)
-            count["routes"] = 1
-            count["timers"] = fired is not None
-            raw = self.hdr.get()
-            count["calls"] += 1
-            hdr = None
-            if raw is not None:
-                count["bytes_read"] += len(raw[0])
-                hdr = pickle.loads(raw[0])  # noqa: S301 - our own state store
-            stats: dict[str, Any] = dict.fromkeys(STATS_COLS)
-            stats.update(route=route, events=0, late=0, notes=0, held=0, nin=0, late_keys="")
-            if hdr is None and all(r.key is None and r.ts is None for r in rows):
-                return  # a profile change for a route without an engine: nothing to apply
-            eng = live.KeyEngine(route, versions(url, key), tz, plan, late_events)
-            # (the module's cache, reached through the module: Spark ships this class to each
-            # task by cloudpickle, which would copy a module-level dict named here)
-            hit = keyed.cache_take(route, hdr.get("tok") if hdr is not None else None)
-            seen: dict[str, Any] = {
-                "eng": hit.eng if hit else None,
-                "held": hit.held if hit else None,
-            }
-
-            def held() -> list[Any]:
-                rows_ = seen["held"]
-                if rows_ is None:
-                    rows_ = seen["held"] = [tuple(x) for x in self.held.get()]
-                    count["calls"] += 1
-                    count["bytes_read"] += sum(len(x[3]) + 32 for x in rows_)
-                else:
-                    count["cached"] += 1
-                return [
-                    (ts, live.arrival(k), k, gw, live.Event(*pickle.loads(ev)))  # noqa: S301
-                    for ts, k, gw, ev in rows_
-                ]
-
-            def eng_state() -> tuple[bytes | None, dict[str, float]]:
-                if seen["eng"] is not None:
-                    count["cached"] += 1
-                    return seen["eng"]  # type: ignore[no-any-return]
-                v = self.eng.get()
-                count["calls"] += 1
-                if v is None:
-                    return None, {}
-                count["bytes_read"] += len(v[0]) + len(v[1])
-                got = seen["eng"] = (bytes(v[0]), pickle.loads(v[1]))  # noqa: S301 - ours
-                return got  # type: ignore[no-any-return]
-
-            recs = MapRecords(self.parts, count, hit.parts if hit else None)
-            out = eng.run(hdr, rows, wm, held, eng_state, recs)
-            count["restores"] += out.restores
-            count["parts_read"] += out.parts_read
-            count["parts_written"] += out.parts_written
-            r = client(url)
-            if hdr is None:
-                r.sadd(live.ROUTES, route)
-            if out.records:
-                live.Outbox(r, ttl).write(out.records)
-            if out.late_records:  # before the state: a re-execution writes them again, skipped
-                live.LateOutput(r, ttl, late_max).write(out.late_records)
-            wrote = count["calls"]
-            if out.eng is not None:
-                eh, dues = out.eng
-                d = pickle.dumps(dues, pickle.HIGHEST_PROTOCOL)
-                self.eng.update((eh, d))
-                count["calls"] += 1
-                count["bytes_written"] += len(eh) + len(d)
-                seen["eng"] = (eh, pickle.loads(d))  # noqa: S301 - (a copy: `run` keeps none)
-            if out.held_list is not None:
-                rows_ = [_held_row(h) for h in out.held_list]
-                if rows_:
-                    self.held.put(rows_)
-                    count["bytes_written"] += sum(len(x[3]) for x in rows_)
-                elif hdr is not None and hdr["nheld"]:
-                    self.held.clear()
-                else:
-                    count["calls"] -= 1
-                count["calls"] += 1
-                seen["held"] = rows_
-            elif out.append:
-                rows_ = [_held_row(h) for h in out.append]
-                self.held.appendList(rows_)
-                count["calls"] += 1
-                count["bytes_written"] += sum(len(x[3]) for x in rows_)
-                if seen["held"] is not None:
-                    seen["held"] = seen["held"] + rows_
-            elif hdr is None:
-                seen["held"] = []
-            if hdr is None:
-                seen["eng"] = seen["eng"] or (None, {})
-            assert out.hdr is not None
-            new = out.hdr
-            old_t = hdr.get("tms") if hdr is not None else None
-            want = out.timer_ms
-            if want is not None and want <= wm_ms:
-                want = wm_ms + 1  # never in the past: it would fire again at once
-            if want != old_t:
-                if old_t is not None and old_t != fired:
-                    self.handle.deleteTimer(old_t)
-                    count["calls"] += 1
-                if want is not None:
-                    self.handle.registerTimer(want)
-                    count["calls"] += 1
-            new["tms"] = want
-            changed = count["calls"] != wrote or recs.writes
-            # a new token whenever the route's state is written: caches of it elsewhere lapse
-            new["tok"] = secrets.token_hex(8) if changed or hdr is None else hdr.get("tok")
-            blob = pickle.dumps(new, pickle.HIGHEST_PROTOCOL)
-            if raw is None or blob != raw[0]:
-                self.hdr.update((blob,))
-                count["calls"] += 1
-                count["bytes_written"] += len(blob)
-            if new["tok"] is not None:
-                keyed.cache_put(
-                    route, RouteCache(new["tok"], seen["eng"], seen["held"], recs.known)
-                )
-            live.settle_garbage(eng.dropped)
-            stats.update(
-                events=out.events,
-                late=out.late,
-                notes=len(out.records),
-                held=out.held,
-                late_keys=json.dumps(out.late_keys) if out.late_keys else "",
-                **{c: int(count[c]) for c in COUNTERS},
-                cpu=time.process_time() - t0,
-            )
-            yield pd.DataFrame([stats])
+            stats = step_route(self.state, settings, route, rows, wm, wm_ms, fired)
+            if stats is not None:
+                yield pd.DataFrame([stats])
 
         def close(self) -> None:
             pass

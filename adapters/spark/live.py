@@ -337,17 +337,7 @@ class KeyEngine:
         out = Stepped(None, float("inf"))
         new_route = hdr is None
         if hdr is None:
-            epoch = next((r.epoch for r in rows), "")
-            hdr = {
-                "ver": None,
-                "epoch": route_epoch(epoch, self.route),
-                "now": None,
-                "timer": math.inf,
-                "nheld": 0,
-                "held_min": math.inf,
-                "copies": set(),
-                "late": 0,
-            }
+            hdr = self._new_header(rows)
         else:
             hdr = dict(hdr)
             hdr["copies"] = set(hdr.get("copies", ()))
@@ -355,24 +345,8 @@ class KeyEngine:
         starts = [r.ts for r in rows if r.ts is not None]
         first = self.starts_at_first and hdr["now"] is None and bool(starts)
         must = new_route or first or (ver is not None and ver != hdr["ver"])
-        now = hdr["now"]
-        new: list[Held] = []
-        fed_late: list[tuple[Event, str, str]] = []
         copies = {r.key for r in rows if not r.counted}
-        for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
-            ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
-            if is_late(now, ev.ts):
-                out.late += 1
-                out.late_keys[r.key] = r.gw  # type: ignore[index]
-                if self.late_events == "feed":
-                    fed_late.append((ev, r.key, r.gw))  # type: ignore[arg-type]
-                    out.events += r.key not in copies
-                else:
-                    out.late_records.append(LateRecord.of(ev, r.key, r.gw, now))  # type: ignore[arg-type]
-                    if out.late <= 10:
-                        _log_late(now, ev, r.gw, "sent to the late output (not matched)")
-            else:
-                new.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
+        new, fed_late = self._arrived(rows, hdr["now"], copies, out)
         held_min = min(hdr["held_min"], min((h[0] for h in new), default=math.inf))
         copies = copies & {h[2] for h in new} | hdr["copies"]
         due = wm is not None and (held_min <= wm or hdr["timer"] < wm)
@@ -400,6 +374,45 @@ class KeyEngine:
         out.due = min(hdr["held_min"], hdr["timer"])
         out.timer_ms = timer_ms(hdr["timer"], hdr["held_min"])
         return out
+
+    def _new_header(self, rows: list[Row]) -> dict[str, Any]:
+        """The header of a route's first step (its epoch: the query's, from its rows)."""
+        epoch = next((r.epoch for r in rows), "")
+        return {
+            "ver": None,
+            "epoch": route_epoch(epoch, self.route),
+            "now": None,
+            "timer": math.inf,
+            "nheld": 0,
+            "held_min": math.inf,
+            "copies": set(),
+            "late": 0,
+        }
+
+    def _arrived(
+        self, rows: list[Row], now: float | None, copies: set[str | None], out: Stepped
+    ) -> tuple[list[Held], list[tuple[Event, str, str]]]:
+        """The rows' events in ingest order, split at the engine's time `now`: those to hold
+        (not late), and the late ones to feed at once (``late_events="feed"``; otherwise
+        they go to `out.late_records`). Late events are counted in `out`."""
+        new: list[Held] = []
+        fed_late: list[tuple[Event, str, str]] = []
+        for r in sorted((r for r in rows if r.key is not None), key=lambda r: arrival(r.key)):  # type: ignore[arg-type]
+            ev = pickle.loads(r.ev)  # type: ignore[arg-type]  # noqa: S301 - the reader's
+            if is_late(now, ev.ts):
+                out.late += 1
+                out.late_keys[r.key] = r.gw  # type: ignore[index]
+                if self.late_events == "feed":
+                    fed_late.append((ev, r.key, r.gw))  # type: ignore[arg-type]
+                    out.events += r.key not in copies
+                else:
+                    out.late_records.append(LateRecord.of(ev, r.key, r.gw, now))  # type: ignore[arg-type]
+                    if out.late <= 10:
+                        assert now is not None  # (late: behind the engine's time)
+                        _log_late(now, ev, r.gw, "sent to the late output (not matched)")
+            else:
+                new.append((ev.ts, arrival(r.key), r.key, r.gw, ev))  # type: ignore[arg-type]
+        return new, fed_late
 
     def _run(
         self,
