@@ -30,7 +30,6 @@ from zoneinfo import ZoneInfo
 from filters.caps import CapCounts, Caps
 from filters.compile import norm
 from filters.localclock import LocalClock
-from filters.notification import Notification
 from filters.output import NotificationOutput
 from filters.pool.primitive import PrimitivePool, owners_by_profile
 from filters.temporal import Handle, TemporalPool, TimeDriven
@@ -135,10 +134,7 @@ class _Runtime:
 
     def report(self, ts: float, events: dict[str, Event], partition: dict[str, Any] | None) -> None:
         eng = self.engine
-        eng._nseq += 1
-        eng._out.append(
-            Notification(self.profile.id, ts, events, partition, eng._nseq, self.profile.subscriber)
-        )
+        eng.emit(self.profile.id, ts, events, partition, self.profile.subscriber)
         if self.profile.once:
             eng._deactivate(self)
 
