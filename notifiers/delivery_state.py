@@ -11,7 +11,6 @@ each part can be read, and type-checked, alone.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ from notifiers.attempt import Attempt
 from notifiers.config import NotifierConfig
 from notifiers.destinations import DestinationGate, Grant
 from notifiers.email import SmtpSender
+from notifiers.leases import Leases
 from notifiers.store import Subscriber
 from notifiers.webhook import WebhookSender
 
@@ -77,25 +77,13 @@ class DeliveryState:
     _smtp: SmtpSender
     _gate: DestinationGate
     _smtp_dest: str  # the relay, gated as a webhook origin is
-    _lease: Any  # the registered scripts
-    _renew: Any
+    leases: Leases
     _take_script: Any
     _digest_done: Any
-    # (schedule, member) -> the lease end this worker set, while its send runs
-    _held: dict[tuple[str, str], float]
-    _held_lock: threading.Lock
-    _closed: threading.Event
-    _renewer: threading.Thread | None
     _started: bool
     _unsubscribed: set[str]  # profiles whose missing subscriber was logged
     _last_claim: float
     _last_trim: float
-
-    def _done(self, schedule: str, member: str) -> None:
-        raise NotImplementedError
-
-    def _next_due(self) -> float:
-        raise NotImplementedError
 
     def _take(self, eid: str, fields: Mapping[Any, Any], counts: Counts) -> None:
         raise NotImplementedError

@@ -75,7 +75,7 @@ class Digests(DeliveryState):
         except Exception:
             log.exception("digest for %s failed unexpectedly; it will be retried", address)
         finally:
-            self._done(DIGESTS, address)
+            self.leases.done(DIGESTS, address)
         return counts
 
     def _drop_unbuildable(

@@ -77,7 +77,7 @@ class OutboxIntake(DeliveryState):
         if w.outbox_retention and now - self._last_trim >= 60:
             self._last_trim = now
             store.trim_outbox(self.r, w.outbox_retention)
-        if block > 0 and self._next_due() > now:
+        if block > 0 and self.leases.next_due() > now:
             entries = read_by(self._read, block, nap)
         else:
             entries = self._read(None)

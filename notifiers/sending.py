@@ -57,7 +57,7 @@ class Sending(DeliveryState):
         except Exception:  # a bug or a Redis hiccup: the lease brings the delivery back later
             log.exception("delivery %s failed unexpectedly; it will be retried", dkey)
         finally:
-            self._done(RETRY, dkey)
+            self.leases.done(RETRY, dkey)
         return counts
 
     def _deliver_one(self, dkey: str, counts: Counts) -> None:

@@ -39,7 +39,7 @@ from notifiers.delivery_state import Counts as Counts  # what a round did
 from notifiers.destinations import DestinationGate
 from notifiers.digests import DIGEST_DONE, Digests
 from notifiers.email import SmtpSender
-from notifiers.leases import LEASE, RENEW, Leases
+from notifiers.leases import Leases
 from notifiers.metrics import CIRCUITS_OPEN
 from notifiers.outbox_intake import TAKE, OutboxIntake
 from notifiers.sending import Sending
@@ -52,7 +52,7 @@ from notifiers.webhook import WebhookSender
 log = logging.getLogger("ens.notifiers")
 
 
-class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
+class DeliveryWorker(OutboxIntake, Sending, Digests):
     """Delivers the outbox. Several workers (threads or processes) may share one Redis."""
 
     def __init__(
@@ -80,13 +80,7 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         )
         smtp = self.config.smtp  # the relay is one destination, gated as a webhook origin is
         self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
-        self._lease = self.r.register_script(LEASE)
-        self._renew = self.r.register_script(RENEW)
-        # (schedule, member) -> the lease end this worker set, while its send runs
-        self._held: dict[tuple[str, str], float] = {}
-        self._held_lock = threading.Lock()
-        self._closed = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self.leases = Leases(self.r, self.config)
         self._take_script = self.r.register_script(TAKE)
         self._digest_done = self.r.register_script(DIGEST_DONE)
         self._started = False
@@ -96,7 +90,7 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
     def close(self) -> None:
         self.abandon()  # run_forever left nothing in flight; run_once's callers may have
         self._pool.shutdown(wait=True)
-        self._closed.set()
+        self.leases.close()
         self._webhook.close()
         CIRCUITS_OPEN.dec(self._gate.open_count())  # the gauge sums the live workers' circuits
 
@@ -115,9 +109,9 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         counts = Counts()
         self._intake(counts, block)
         batch = self.config.worker.batch
-        for outcome in self._pool.map(self._deliver, self._lease_due(RETRY, batch)):
+        for outcome in self._pool.map(self._deliver, self.leases.lease_due(RETRY, batch)):
             counts.merge(outcome)
-        for outcome in self._pool.map(self._flush_digest, self._lease_due(DIGESTS, batch)):
+        for outcome in self._pool.map(self._flush_digest, self.leases.lease_due(DIGESTS, batch)):
             counts.merge(outcome)
         return counts
 
@@ -137,15 +131,17 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
                 if free <= 0:
                     futures.wait(inflight, timeout=w.poll, return_when=futures.FIRST_COMPLETED)
                     continue
-                block = self._idle_wait()
+                block = self.leases.idle_wait()
                 if inflight:  # a finished send ends the pause at once: its slot is free
                     self._intake(total, min(block, 0.05), partial(_first_done, inflight))
                 else:
                     self._intake(total, block)
-                for key in self._lease_due(RETRY, min(free, w.batch)):
+                for key in self.leases.lease_due(RETRY, min(free, w.batch)):
                     inflight.add(self._pool.submit(self._deliver, key))
                 free = w.concurrency - len(inflight)
-                for address in self._lease_due(DIGESTS, min(free, w.batch)) if free > 0 else []:
+                for address in (
+                    self.leases.lease_due(DIGESTS, min(free, w.batch)) if free > 0 else []
+                ):
                     inflight.add(self._pool.submit(self._flush_digest, address))
             except redis.RedisError as exc:  # keep the worker alive through a Redis restart
                 log.error("redis error (%s); retrying in %.1fs", exc, w.poll)
