@@ -109,8 +109,5 @@ class DeliveryState:
     def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
         raise NotImplementedError
 
-    def _dead_letter(self, *args: Any, **kw: Any) -> None:
-        raise NotImplementedError
-
     def _finish_dead(self, *args: Any, **kw: Any) -> None:
         raise NotImplementedError

@@ -22,6 +22,7 @@ from notifiers.metrics import (
     count_delivery,
     count_profile,
 )
+from notifiers.sending import dead_letter
 from notifiers.store import (
     DIGEST_ATTEMPTS,
     DIGEST_WINDOW,
@@ -113,7 +114,8 @@ class Digests(DeliveryState):
         ttl = self.config.worker.delivered_ttl
         for dkey, st, why in parked:
             nid, ch = split_delivery_key(dkey)
-            self._dead_letter(
+            dead_letter(
+                pipe,
                 st["n"],
                 {"email": address},
                 ch,
@@ -121,7 +123,6 @@ class Digests(DeliveryState):
                 st.get("entry", ""),
                 why,
                 attempts,
-                pipe=pipe,
             )
             pipe.set(dead_key(nid, ch), "1", ex=ttl)
             pipe.hdel(STATE, dkey)

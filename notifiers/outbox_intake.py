@@ -17,6 +17,7 @@ from notifiers import store
 from notifiers.delivery_state import Counts, DeliveryState
 from notifiers.metrics import UNSUBSCRIBED, count_delivery
 from notifiers.records import OutboxRecord
+from notifiers.sending import dead_letter
 from notifiers.store import (
     GROUP,
     OUTBOX,
@@ -135,7 +136,7 @@ class OutboxIntake(DeliveryState):
         except ValueError as exc:
             raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
             log.error("outbox entry %s is malformed (%s); dead-lettered", eid, exc)
-            self._dead_letter({"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
+            dead_letter(self.r, {"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
             count_delivery("none", "dead", {})
             counts.dead += 1
             self._ack(eid, counts)
@@ -152,7 +153,7 @@ class OutboxIntake(DeliveryState):
         if sub is None or not sub.channels:
             error = error or f"subscriber {sid!r} has no channels"
             log.warning("notification %s: %s; dead-lettered", nid, error)
-            self._dead_letter(n, {}, -1, 0, eid, error, 0)
+            dead_letter(self.r, n, {}, -1, 0, eid, error, 0)
             count_delivery("none", "dead", n)
             counts.dead += 1
             self._ack(eid, counts)

@@ -47,6 +47,23 @@ from notifiers.webhook import destination
 log = logging.getLogger("ens.notifiers")
 
 
+def dead_letter(
+    client: Any,
+    n: Mapping[str, Any],
+    chan: Mapping[str, Any],
+    ch: int,
+    nch: int,
+    entry: str,
+    error: str,
+    attempts: int,
+) -> None:
+    """Write a dead letter and the subscriber's status through ``client`` (Redis or a
+    pipeline)."""
+    fields: Any = store.dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
+    client.xadd(DEADLETTER, fields)
+    status.note(client, str(n.get("subscriber")), "dead", error)
+
+
 class Sending(DeliveryState):
     """The sending part of `DeliveryWorker`."""
 
@@ -208,21 +225,6 @@ class Sending(DeliveryState):
         counts.delivered += 1
         self._maybe_ack(st, counts)
 
-    def _dead_letter(
-        self,
-        n: Mapping[str, Any],
-        chan: Mapping[str, Any],
-        ch: int,
-        nch: int,
-        entry: str,
-        error: str,
-        attempts: int,
-        pipe: Any = None,
-    ) -> None:
-        fields: Any = store.dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
-        (pipe or self.r).xadd(DEADLETTER, fields)
-        status.note(pipe or self.r, str(n.get("subscriber")), "dead", error)
-
     def _finish_dead(
         self,
         dkey: str,
@@ -235,8 +237,8 @@ class Sending(DeliveryState):
         nid, ch = split_delivery_key(dkey)
         attempts = int(st.get("attempts", 0))
         with self.r.pipeline(transaction=True) as p:
-            self._dead_letter(
-                st["n"], chan, ch, st.get("nch", 0), st.get("entry", ""), error, attempts, pipe=p
+            dead_letter(
+                p, st["n"], chan, ch, st.get("nch", 0), st.get("entry", ""), error, attempts
             )
             p.set(dead_key(nid, ch), "1", ex=self.config.worker.delivered_ttl)
             p.zrem(RETRY, dkey)
