@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -22,9 +22,11 @@ from notifiers.attempt import Attempt
 from notifiers.config import NotifierConfig
 from notifiers.destinations import DestinationGate, Grant
 from notifiers.email import SmtpSender
-from notifiers.leases import Leases
-from notifiers.store import Subscriber
 from notifiers.webhook import WebhookSender
+
+if TYPE_CHECKING:
+    from notifiers.leases import Leases
+    from notifiers.outbox_intake import OutboxIntake
 
 
 @dataclass(slots=True)
@@ -71,31 +73,14 @@ class DeliveryState:
 
     r: redis.Redis
     config: NotifierConfig
-    consumer: str
     _rng: random.Random
     _webhook: WebhookSender
     _smtp: SmtpSender
     _gate: DestinationGate
     _smtp_dest: str  # the relay, gated as a webhook origin is
     leases: Leases
-    _take_script: Any
+    intake: OutboxIntake
     _digest_done: Any
-    _started: bool
-    _unsubscribed: set[str]  # profiles whose missing subscriber was logged
-    _last_claim: float
-    _last_trim: float
-
-    def _take(self, eid: str, fields: Mapping[Any, Any], counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _ack(self, eid: str | None, counts: Counts | None = None) -> None:
-        raise NotImplementedError
-
-    def _maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
-        raise NotImplementedError
 
     def _park(self, dkey: str, address: str, window: float) -> None:
         raise NotImplementedError

@@ -131,14 +131,14 @@ class Digests(DeliveryState):
         for st in states:
             count_delivery("email", "dead", st["n"])
             counts.dead += 1
-            self._maybe_ack(st, counts)
+            self.intake.maybe_ack(st, counts)
 
     def _templates_of(self, ns: list[dict[str, Any]]) -> dict[str, Any]:
         """Subscriber id -> its templates (None: the defaults), for the notifications of a
         digest (one address may serve several subscribers)."""
         out: dict[str, Any] = {}
         for sid in {str(n.get("subscriber")) for n in ns}:
-            sub, _ = self._subscriber(sid)
+            sub, _ = self.intake.subscriber(sid)
             out[sid] = sub.templates if sub is not None else None
         return out
 

@@ -14,7 +14,9 @@ from typing import Any
 import redis
 
 from notifiers import store
-from notifiers.delivery_state import Counts, DeliveryState
+from notifiers.config import NotifierConfig
+from notifiers.delivery_state import Counts
+from notifiers.leases import Leases
 from notifiers.metrics import UNSUBSCRIBED, count_delivery
 from notifiers.records import OutboxRecord
 from notifiers.sending import dead_letter
@@ -57,10 +59,22 @@ return open
 """
 
 
-class OutboxIntake(DeliveryState):
-    """The outbox intake part of `DeliveryWorker`."""
+class OutboxIntake:
+    """The outbox intake part of `DeliveryWorker`: it reads the outbox as ``consumer`` of the
+    group, takes entries into the schedule and acks them; `leases` tells when a delivery is due
+    (a read blocks only until then)."""
 
-    def _intake(
+    def __init__(self, r: redis.Redis, config: NotifierConfig, leases: Leases) -> None:
+        self.r = r
+        self.config = config
+        self.consumer = config.worker.consumer
+        self.leases = leases
+        self._take_script = r.register_script(TAKE)
+        self._started = False
+        self._unsubscribed: set[str] = set()  # profiles whose missing subscriber was logged
+        self._last_claim = self._last_trim = float("-inf")
+
+    def poll(
         self, counts: Counts, block: float, nap: Callable[[float], object] = time.sleep
     ) -> None:
         """Re-claim, take over, trim, and take new outbox entries into the schedule, waiting
@@ -149,7 +163,7 @@ class OutboxIntake(DeliveryState):
             counts.skipped += 1
             self._ack(eid, counts)
             return
-        sub, error = self._subscriber(sid)
+        sub, error = self.subscriber(sid)
         if sub is None or not sub.channels:
             error = error or f"subscriber {sid!r} has no channels"
             log.warning("notification %s: %s; dead-lettered", nid, error)
@@ -187,7 +201,7 @@ class OutboxIntake(DeliveryState):
         if eid and self.r.xack(OUTBOX, GROUP, eid) and counts is not None:
             counts.acked += 1
 
-    def _maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
+    def maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
         """Ack the outbox entry once no delivery of its notification is left open.
 
         Each finisher deletes its own state *before* looking, so of two deliveries finishing
@@ -197,7 +211,7 @@ class OutboxIntake(DeliveryState):
         if nch and not any(self.r.hmget(STATE, [delivery_key(nid, i) for i in range(nch)])):
             self._ack(st.get("entry"), counts)
 
-    def _subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
+    def subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
         raw = self.r.hget(SUBSCRIBERS, sid)
         if raw is None:
             return None, f"unknown subscriber {sid!r}"

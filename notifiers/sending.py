@@ -91,9 +91,9 @@ class Sending(DeliveryState):
                 p.hdel(STATE, dkey)
                 p.execute()
             counts.skipped += 1
-            self._maybe_ack(st, counts)
+            self.intake.maybe_ack(st, counts)
             return
-        sub, error = self._subscriber(str(n.get("subscriber")))
+        sub, error = self.intake.subscriber(str(n.get("subscriber")))
         if sub is not None and ch >= len(sub.channels):
             error = f"subscriber {sub.id!r} has no channel #{ch} any more"
         if sub is None or error:
@@ -223,7 +223,7 @@ class Sending(DeliveryState):
         if age is not None:
             LATENCY.labels(kind).observe(age)
         counts.delivered += 1
-        self._maybe_ack(st, counts)
+        self.intake.maybe_ack(st, counts)
 
     def _finish_dead(
         self,
@@ -254,4 +254,4 @@ class Sending(DeliveryState):
         )
         count_delivery(kind, "dead", st["n"])
         counts.dead += 1
-        self._maybe_ack(st, counts)
+        self.intake.maybe_ack(st, counts)

@@ -41,7 +41,7 @@ from notifiers.digests import DIGEST_DONE, Digests
 from notifiers.email import SmtpSender
 from notifiers.leases import Leases
 from notifiers.metrics import CIRCUITS_OPEN
-from notifiers.outbox_intake import TAKE, OutboxIntake
+from notifiers.outbox_intake import OutboxIntake
 from notifiers.sending import Sending
 from notifiers.store import (
     DIGESTS,
@@ -52,7 +52,7 @@ from notifiers.webhook import WebhookSender
 log = logging.getLogger("ens.notifiers")
 
 
-class DeliveryWorker(OutboxIntake, Sending, Digests):
+class DeliveryWorker(Sending, Digests):
     """Delivers the outbox. Several workers (threads or processes) may share one Redis."""
 
     def __init__(
@@ -64,7 +64,6 @@ class DeliveryWorker(OutboxIntake, Sending, Digests):
     ) -> None:
         self.r = redis_client
         self.config = config or NotifierConfig.load()
-        self.consumer = self.config.worker.consumer
         self._rng = rng or random.Random()
         self._webhook = WebhookSender(self.config.webhook)
         self._smtp = SmtpSender(self.config.smtp)
@@ -81,11 +80,8 @@ class DeliveryWorker(OutboxIntake, Sending, Digests):
         smtp = self.config.smtp  # the relay is one destination, gated as a webhook origin is
         self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
         self.leases = Leases(self.r, self.config)
-        self._take_script = self.r.register_script(TAKE)
+        self.intake = OutboxIntake(self.r, self.config, self.leases)
         self._digest_done = self.r.register_script(DIGEST_DONE)
-        self._started = False
-        self._unsubscribed: set[str] = set()
-        self._last_claim = self._last_trim = float("-inf")
 
     def close(self) -> None:
         self.abandon()  # run_forever left nothing in flight; run_once's callers may have
@@ -107,7 +103,7 @@ class DeliveryWorker(OutboxIntake, Sending, Digests):
         Returns when this round's deliveries are finished (`run_forever` does not wait so).
         """
         counts = Counts()
-        self._intake(counts, block)
+        self.intake.poll(counts, block)
         batch = self.config.worker.batch
         for outcome in self._pool.map(self._deliver, self.leases.lease_due(RETRY, batch)):
             counts.merge(outcome)
@@ -133,9 +129,9 @@ class DeliveryWorker(OutboxIntake, Sending, Digests):
                     continue
                 block = self.leases.idle_wait()
                 if inflight:  # a finished send ends the pause at once: its slot is free
-                    self._intake(total, min(block, 0.05), partial(_first_done, inflight))
+                    self.intake.poll(total, min(block, 0.05), partial(_first_done, inflight))
                 else:
-                    self._intake(total, block)
+                    self.intake.poll(total, block)
                 for key in self.leases.lease_due(RETRY, min(free, w.batch)):
                     inflight.add(self._pool.submit(self._deliver, key))
                 free = w.concurrency - len(inflight)

@@ -40,7 +40,7 @@ def test_intake_schedules_every_channel_and_acks_what_has_nothing_to_deliver(
     r.xadd(store.OUTBOX, {store.OUTBOX_FIELD: "{not json"})
     with worker(r) as w:
         counts = Counts()
-        w._intake(counts, 0)
+        w.intake.poll(counts, 0)
     assert (counts.read, counts.skipped, counts.dead, counts.acked) == (3, 1, 1, 2)
     assert sorted(r.hkeys(store.STATE)) == [
         store.delivery_key("n1", 0),
@@ -86,7 +86,7 @@ def test_a_delivery_sent_is_remembered_and_its_outbox_entry_acked(
     store.put_subscriber(r, {"id": "s1", "channels": [{"webhook": receiver.url}], "secret": SECRET})
     store.enqueue(r, notification("n1"))
     with worker(r) as w:
-        w._intake(Counts(), 0)
+        w.intake.poll(Counts(), 0)
         (dkey,) = w.leases.lease_due(store.RETRY, 10)
         counts = w._deliver(dkey)
     assert (counts.delivered, counts.acked) == (1, 1)
@@ -102,7 +102,7 @@ def test_a_failed_delivery_is_rescheduled_then_dead_lettered(
     store.put_subscriber(r, {"id": "s1", "channels": [{"webhook": receiver.url}], "secret": SECRET})
     store.enqueue(r, notification("n1"))
     with DeliveryWorker(r, fast_config(max_attempts=2)) as w:
-        w._intake(Counts(), 0)
+        w.intake.poll(Counts(), 0)
         (dkey,) = w.leases.lease_due(store.RETRY, 10)
         assert w._deliver(dkey).retried == 1
         assert r.zscore(store.RETRY, dkey) is not None  # back in the schedule, with backoff
@@ -121,7 +121,7 @@ def test_a_digest_delivery_is_parked_until_its_window_ends(r: redis.Redis) -> No
     store.enqueue(r, notification("n1"))
     store.enqueue(r, notification("n2"))
     with worker(r) as w:
-        w._intake(Counts(), 0)
+        w.intake.poll(Counts(), 0)
         counts = Counts()
         for dkey in w.leases.lease_due(store.RETRY, 10):
             counts.merge(w._deliver(dkey))

@@ -633,7 +633,7 @@ def test_a_delivery_abandoned_mid_send_is_taken_over_within_seconds(r, receiver)
     cfg = fast_config(consumer="dead")
     cfg.worker.lease = WorkerConfig().lease  # the default, as a real deployment runs it
     dead = DeliveryWorker(r, cfg)
-    dead._intake(Counts(), 0)
+    dead.intake.poll(Counts(), 0)
     assert dead.leases.lease_due(store.RETRY, 10) == ["n-abandoned:0"]  # ... and it dies here:
     dead.close()  # its threads (the lease renewer too) end with it
     t0 = time.monotonic()
@@ -657,7 +657,7 @@ def test_a_slow_send_keeps_its_lease_and_is_not_sent_twice(r, receiver):
     other_cfg = fast_config(consumer="other")
     other_cfg.worker.lease = 1.0
     with DeliveryWorker(r, cfg) as slow, DeliveryWorker(r, other_cfg) as other:
-        slow._intake(Counts(), 0)
+        slow.intake.poll(Counts(), 0)
         assert slow.leases.lease_due(store.RETRY, 10) == ["n-slow:0"]
         sending = threading.Thread(target=slow._deliver, args=("n-slow:0",))
         sending.start()
