@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from notifiers.attempt import Attempt
 from notifiers.config import NotifierConfig
-from notifiers.destinations import DestinationGate, Grant
+from notifiers.destinations import DestinationGate
 from notifiers.email import SmtpSender
-from notifiers.webhook import WebhookSender
 
 if TYPE_CHECKING:
     from notifiers.leases import Leases
     from notifiers.outbox_intake import OutboxIntake
+    from notifiers.sending import Sending
 
 
 @dataclass(slots=True)
@@ -74,25 +72,10 @@ class DeliveryState:
     r: redis.Redis
     config: NotifierConfig
     _rng: random.Random
-    _webhook: WebhookSender
     _smtp: SmtpSender
     _gate: DestinationGate
     _smtp_dest: str  # the relay, gated as a webhook origin is
     leases: Leases
     intake: OutboxIntake
+    sending: Sending
     _digest_done: Any
-
-    def _park(self, dkey: str, address: str, window: float) -> None:
-        raise NotImplementedError
-
-    def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
-        raise NotImplementedError
-
-    def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _finish_dead(self, *args: Any, **kw: Any) -> None:
-        raise NotImplementedError

@@ -27,7 +27,6 @@ from notifiers.store import (
     DIGEST_ATTEMPTS,
     DIGEST_WINDOW,
     DIGESTS,
-    RETRY,
     STATE,
     dead_key,
     delivered_key,
@@ -59,15 +58,6 @@ return 1
 
 class Digests(DeliveryState):
     """The digest part of `DeliveryWorker`."""
-
-    def _park(self, dkey: str, address: str, window: float) -> None:
-        now = time.time()
-        with self.r.pipeline(transaction=True) as p:
-            p.zadd(digest_key(address), {dkey: now}, nx=True)
-            p.zadd(DIGESTS, {address: now + window}, nx=True)
-            p.hset(DIGEST_WINDOW, address, repr(window))
-            p.zrem(RETRY, dkey)
-            p.execute()
 
     def _flush_digest(self, address: str) -> Counts:
         counts = Counts()
@@ -196,7 +186,7 @@ class Digests(DeliveryState):
         try:
             result = self._smtp.send(msg)
         finally:
-            self._release(self._smtp_dest, grant, time.monotonic() - started, result)
+            self.sending.release(self._smtp_dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
         if result.abandoned:  # the worker stops: its lease on the digest brings it back
             log.info("abandoned digest to %s after %.1fs: %s", address, elapsed, result.error)
@@ -222,7 +212,7 @@ class Digests(DeliveryState):
                 elapsed,
             )
             for _, st in states:
-                self._delivered("email", st, counts)
+                self.sending.delivered("email", st, counts)
         elif result.retryable and attempts < self.config.retry.max_attempts:
             delay = self.config.retry.delay(attempts, result.retry_after, self._rng)
             with self.r.pipeline(transaction=False) as p:

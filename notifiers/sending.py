@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from notifiers import status, store
 from notifiers.attempt import Attempt
-from notifiers.delivery_state import Counts, DeliveryState, entry_age
-from notifiers.destinations import CLOSED, OPENED, Grant
-from notifiers.email import compose
+from notifiers.config import NotifierConfig
+from notifiers.delivery_state import Counts, entry_age
+from notifiers.destinations import CLOSED, OPENED, DestinationGate, Grant
+from notifiers.email import SmtpSender, compose
+from notifiers.leases import Leases
 from notifiers.metrics import (
     ABANDONED,
     ATTEMPT_SECONDS,
@@ -42,7 +45,10 @@ from notifiers.store import (
     text,
 )
 from notifiers.templates import email_message, webhook_body
-from notifiers.webhook import destination
+from notifiers.webhook import WebhookSender, destination
+
+if TYPE_CHECKING:
+    from notifiers.outbox_intake import OutboxIntake
 
 log = logging.getLogger("ens.notifiers")
 
@@ -64,10 +70,34 @@ def dead_letter(
     status.note(client, str(n.get("subscriber")), "dead", error)
 
 
-class Sending(DeliveryState):
-    """The sending part of `DeliveryWorker`."""
+class Sending:
+    """The sending part of `DeliveryWorker`: one delivery through the worker's senders and
+    destination gate; `intake` reads subscribers and acks what is done, `leases` is told when
+    a send is over. `release` and `delivered` are what a digest's send shares with it."""
 
-    def _deliver(self, dkey: str) -> Counts:
+    def __init__(
+        self,
+        r: redis.Redis,
+        config: NotifierConfig,
+        rng: random.Random,
+        leases: Leases,
+        intake: OutboxIntake,
+        webhook: WebhookSender,
+        smtp: SmtpSender,
+        gate: DestinationGate,
+        smtp_dest: str,
+    ) -> None:
+        self.r = r
+        self.config = config
+        self.leases = leases
+        self.intake = intake
+        self._rng = rng
+        self._webhook = webhook
+        self._smtp = smtp
+        self._gate = gate
+        self._smtp_dest = smtp_dest  # the relay, gated as a webhook origin is
+
+    def deliver(self, dkey: str) -> Counts:
         counts = Counts()
         try:
             self._deliver_one(dkey, counts)
@@ -118,7 +148,7 @@ class Sending(DeliveryState):
         try:
             result = self._send(sub, channel, n, dkey)
         finally:  # the slot is given back whatever happened
-            self._release(dest, grant, time.monotonic() - started, result)
+            self.release(dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
         ATTEMPT_SECONDS.labels(kind).observe(elapsed)
 
@@ -134,7 +164,7 @@ class Sending(DeliveryState):
                 p.hdel(STATE, dkey)
                 p.execute()
             log.info("delivered %s (%s, %.3fs)", where, result.detail, elapsed)
-            self._delivered(kind, st, counts)
+            self.delivered(kind, st, counts)
         elif result.retryable and st["attempts"] < self.config.retry.max_attempts:
             delay = self.config.retry.delay(st["attempts"], result.retry_after, self._rng)
             st["error"] = result.error
@@ -158,7 +188,7 @@ class Sending(DeliveryState):
         window = next(w for w in (channel.digest, sub.digest, self.config.digest) if w is not None)
         if window <= 0:
             return False
-        self._park(dkey, channel.email, window)
+        store.park_digest(self.r, dkey, channel.email, window)
         nid, ch = split_delivery_key(dkey)
         log.info("parked nid=%s ch=%d for the digest of %s", nid, ch, channel.email)
         count_delivery("email", "digested", n)
@@ -186,7 +216,7 @@ class Sending(DeliveryState):
         DEFERRED.labels(kind, grant.reason).inc()
         counts.deferred += 1
 
-    def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
+    def release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
         # an answered 4xx shows the server alive; an abandoned send says nothing about it
         failed = not result.ok and result.retryable and not result.abandoned
         change = self._gate.release(dest, grant, time.time(), elapsed, failed)
@@ -213,7 +243,7 @@ class Sending(DeliveryState):
             CIRCUITS_OPEN.dec()
             log.info("circuit closed for %s: it answers again", dest)
 
-    def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
+    def delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
         try:
             status.note(self.r, str(st["n"].get("subscriber")), "delivered")
         except redis.RedisError as exc:  # the status only: the delivery is recorded

@@ -52,7 +52,7 @@ from notifiers.webhook import WebhookSender
 log = logging.getLogger("ens.notifiers")
 
 
-class DeliveryWorker(Sending, Digests):
+class DeliveryWorker(Digests):
     """Delivers the outbox. Several workers (threads or processes) may share one Redis."""
 
     def __init__(
@@ -81,6 +81,17 @@ class DeliveryWorker(Sending, Digests):
         self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
         self.leases = Leases(self.r, self.config)
         self.intake = OutboxIntake(self.r, self.config, self.leases)
+        self.sending = Sending(
+            self.r,
+            self.config,
+            self._rng,
+            self.leases,
+            self.intake,
+            self._webhook,
+            self._smtp,
+            self._gate,
+            self._smtp_dest,
+        )
         self._digest_done = self.r.register_script(DIGEST_DONE)
 
     def close(self) -> None:
@@ -105,7 +116,7 @@ class DeliveryWorker(Sending, Digests):
         counts = Counts()
         self.intake.poll(counts, block)
         batch = self.config.worker.batch
-        for outcome in self._pool.map(self._deliver, self.leases.lease_due(RETRY, batch)):
+        for outcome in self._pool.map(self.sending.deliver, self.leases.lease_due(RETRY, batch)):
             counts.merge(outcome)
         for outcome in self._pool.map(self._flush_digest, self.leases.lease_due(DIGESTS, batch)):
             counts.merge(outcome)
@@ -133,7 +144,7 @@ class DeliveryWorker(Sending, Digests):
                 else:
                     self.intake.poll(total, block)
                 for key in self.leases.lease_due(RETRY, min(free, w.batch)):
-                    inflight.add(self._pool.submit(self._deliver, key))
+                    inflight.add(self._pool.submit(self.sending.deliver, key))
                 free = w.concurrency - len(inflight)
                 for address in (
                     self.leases.lease_due(DIGESTS, min(free, w.batch)) if free > 0 else []
@@ -172,7 +183,7 @@ class DeliveryWorker(Sending, Digests):
     def _harvest(inflight: set[Future[Counts]], total: Counts) -> None:
         done = {f for f in inflight if f.done()}
         for f in done:
-            total.merge(f.result())  # _deliver/_flush_digest never raise
+            total.merge(f.result())  # deliver/_flush_digest never raise
         inflight -= done
 
 

@@ -88,7 +88,7 @@ def test_a_delivery_sent_is_remembered_and_its_outbox_entry_acked(
     with worker(r) as w:
         w.intake.poll(Counts(), 0)
         (dkey,) = w.leases.lease_due(store.RETRY, 10)
-        counts = w._deliver(dkey)
+        counts = w.sending.deliver(dkey)
     assert (counts.delivered, counts.acked) == (1, 1)
     assert list(receiver.accepted) and r.exists(store.delivered_key("n1", 0))
     assert not r.hlen(store.STATE) and not r.zcard(store.RETRY)
@@ -104,11 +104,11 @@ def test_a_failed_delivery_is_rescheduled_then_dead_lettered(
     with DeliveryWorker(r, fast_config(max_attempts=2)) as w:
         w.intake.poll(Counts(), 0)
         (dkey,) = w.leases.lease_due(store.RETRY, 10)
-        assert w._deliver(dkey).retried == 1
+        assert w.sending.deliver(dkey).retried == 1
         assert r.zscore(store.RETRY, dkey) is not None  # back in the schedule, with backoff
         time.sleep(0.2)  # fast_config's backoff is at most 0.1 s
         (again,) = w.leases.lease_due(store.RETRY, 10)
-        assert w._deliver(again).dead == 1
+        assert w.sending.deliver(again).dead == 1
     assert r.xlen(store.DEADLETTER) == 1 and r.exists(store.dead_key("n1", 0))
     assert r.xpending(store.OUTBOX, store.GROUP)["pending"] == 0
 
@@ -124,7 +124,7 @@ def test_a_digest_delivery_is_parked_until_its_window_ends(r: redis.Redis) -> No
         w.intake.poll(Counts(), 0)
         counts = Counts()
         for dkey in w.leases.lease_due(store.RETRY, 10):
-            counts.merge(w._deliver(dkey))
+            counts.merge(w.sending.deliver(dkey))
         assert counts.digested == 2
         assert r.zcard(store.digest_key("ops@example.org")) == 2 and not r.zcard(store.RETRY)
         due = r.zscore(store.DIGESTS, "ops@example.org")

@@ -659,7 +659,7 @@ def test_a_slow_send_keeps_its_lease_and_is_not_sent_twice(r, receiver):
     with DeliveryWorker(r, cfg) as slow, DeliveryWorker(r, other_cfg) as other:
         slow.intake.poll(Counts(), 0)
         assert slow.leases.lease_due(store.RETRY, 10) == ["n-slow:0"]
-        sending = threading.Thread(target=slow._deliver, args=("n-slow:0",))
+        sending = threading.Thread(target=slow.sending.deliver, args=("n-slow:0",))
         sending.start()
         while sending.is_alive():
             other.run_once()
