@@ -1,30 +1,17 @@
-"""What the parts of the delivery worker share: its counts and its state.
+"""What the parts of the delivery worker share: the counts of a round.
 
-`DeliveryWorker` (`notifiers.worker`) is assembled from parts that each keep one concern in
-a module of its own: `outbox_intake` (outbox entries taken into the schedule, acknowledged
-when done), `leases` (deliveries leased from the schedules, leases renewed while a send
-runs), `sending` (one delivery: webhook or e-mail, retry, dead letter) and `digests` (e-mails
-parked and sent as one). They work on one state, declared here (`DeliveryState`), so that
-each part can be read, and type-checked, alone.
+`DeliveryWorker` (`notifiers.worker`) builds its parts, each an object with its own fields in
+a module of its own, and gives each the others it calls: `leases.Leases` (deliveries leased
+from the schedules, leases renewed while a send runs), `outbox_intake.OutboxIntake` (outbox
+entries taken into the schedule, acknowledged when done), `sending.Sending` (one delivery:
+webhook or e-mail, retry, dead letter) and `digests.Digests` (e-mails parked and sent as one).
+Each part adds what it did to a `Counts`.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
-
-import redis
-
-from notifiers.config import NotifierConfig
-from notifiers.destinations import DestinationGate
-from notifiers.email import SmtpSender
-
-if TYPE_CHECKING:
-    from notifiers.leases import Leases
-    from notifiers.outbox_intake import OutboxIntake
-    from notifiers.sending import Sending
 
 
 @dataclass(slots=True)
@@ -61,21 +48,3 @@ def entry_age(entry: str | None) -> float | None:
         return max(time.time() - int(str(entry).split("-")[0]) / 1000, 0.0)
     except ValueError:
         return None
-
-
-class DeliveryState:
-    """The delivery worker's state; `DeliveryWorker.__init__` sets it.
-
-    The methods below are the ones a part calls on another; each is defined by its part.
-    """
-
-    r: redis.Redis
-    config: NotifierConfig
-    _rng: random.Random
-    _smtp: SmtpSender
-    _gate: DestinationGate
-    _smtp_dest: str  # the relay, gated as a webhook origin is
-    leases: Leases
-    intake: OutboxIntake
-    sending: Sending
-    _digest_done: Any

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from typing import Any
 
+import redis
+
 from notifiers import status
 from notifiers.attempt import Attempt
-from notifiers.delivery_state import Counts, DeliveryState
-from notifiers.email import build_message, compose
+from notifiers.config import NotifierConfig
+from notifiers.delivery_state import Counts
+from notifiers.destinations import DestinationGate
+from notifiers.email import SmtpSender, build_message, compose
+from notifiers.leases import Leases
 from notifiers.metrics import (
     ABANDONED,
     ATTEMPT_SECONDS,
@@ -22,7 +28,8 @@ from notifiers.metrics import (
     count_delivery,
     count_profile,
 )
-from notifiers.sending import dead_letter
+from notifiers.outbox_intake import OutboxIntake
+from notifiers.sending import Sending, dead_letter
 from notifiers.store import (
     DIGEST_ATTEMPTS,
     DIGEST_WINDOW,
@@ -56,10 +63,34 @@ return 1
 """
 
 
-class Digests(DeliveryState):
-    """The digest part of `DeliveryWorker`."""
+class Digests:
+    """The digest part of `DeliveryWorker`: one digest mail through the relay's slot at the
+    worker's gate, its outcome recorded as `sending`'s (`Sending.release`, `delivered`)."""
 
-    def _flush_digest(self, address: str) -> Counts:
+    def __init__(
+        self,
+        r: redis.Redis,
+        config: NotifierConfig,
+        rng: random.Random,
+        leases: Leases,
+        intake: OutboxIntake,
+        sending: Sending,
+        smtp: SmtpSender,
+        gate: DestinationGate,
+        smtp_dest: str,
+    ) -> None:
+        self.r = r
+        self.config = config
+        self.leases = leases
+        self.intake = intake
+        self.sending = sending
+        self._rng = rng
+        self._smtp = smtp
+        self._gate = gate
+        self._smtp_dest = smtp_dest  # the relay, gated as a webhook origin is
+        self._digest_done = r.register_script(DIGEST_DONE)
+
+    def flush(self, address: str) -> Counts:
         counts = Counts()
         try:
             self._flush_digest_one(address, counts)

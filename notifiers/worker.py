@@ -19,8 +19,13 @@ re-takes it — harmlessly, since taking is idempotent and delivered channels ar
 Digest: an e-mail delivery with a digest window is *parked* in ``ens:digest:<addr>``; when the
 oldest parked one is ``window`` seconds old the whole batch goes out as one mail.
 
-The parts: `notifiers.outbox_intake`, `leases`, `sending` and `digests`, on the state of
-`notifiers.delivery_state`; here the loop that drives them.
+The parts, each an object with its own fields that `DeliveryWorker` builds and gives what it
+needs: `notifiers.leases` (`Leases`: the scripts, the leases held and their renewer),
+`outbox_intake` (`OutboxIntake`: the consumer's reads, takes and acks; the subscribers),
+`sending` (`Sending`: one delivery through the senders and the destination gate, which the
+worker owns and passes in) and `digests` (`Digests`: one digest mail, its outcome recorded
+through `Sending`); `notifiers.delivery_state` has the `Counts` they fill. Here is the loop
+that drives them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import redis
 from notifiers.config import NotifierConfig
 from notifiers.delivery_state import Counts as Counts  # what a round did
 from notifiers.destinations import DestinationGate
-from notifiers.digests import DIGEST_DONE, Digests
+from notifiers.digests import Digests
 from notifiers.email import SmtpSender
 from notifiers.leases import Leases
 from notifiers.metrics import CIRCUITS_OPEN
@@ -52,7 +57,7 @@ from notifiers.webhook import WebhookSender
 log = logging.getLogger("ens.notifiers")
 
 
-class DeliveryWorker(Digests):
+class DeliveryWorker:
     """Delivers the outbox. Several workers (threads or processes) may share one Redis."""
 
     def __init__(
@@ -92,7 +97,17 @@ class DeliveryWorker(Digests):
             self._gate,
             self._smtp_dest,
         )
-        self._digest_done = self.r.register_script(DIGEST_DONE)
+        self.digests = Digests(
+            self.r,
+            self.config,
+            self._rng,
+            self.leases,
+            self.intake,
+            self.sending,
+            self._smtp,
+            self._gate,
+            self._smtp_dest,
+        )
 
     def close(self) -> None:
         self.abandon()  # run_forever left nothing in flight; run_once's callers may have
@@ -118,7 +133,7 @@ class DeliveryWorker(Digests):
         batch = self.config.worker.batch
         for outcome in self._pool.map(self.sending.deliver, self.leases.lease_due(RETRY, batch)):
             counts.merge(outcome)
-        for outcome in self._pool.map(self._flush_digest, self.leases.lease_due(DIGESTS, batch)):
+        for outcome in self._pool.map(self.digests.flush, self.leases.lease_due(DIGESTS, batch)):
             counts.merge(outcome)
         return counts
 
@@ -149,7 +164,7 @@ class DeliveryWorker(Digests):
                 for address in (
                     self.leases.lease_due(DIGESTS, min(free, w.batch)) if free > 0 else []
                 ):
-                    inflight.add(self._pool.submit(self._flush_digest, address))
+                    inflight.add(self._pool.submit(self.digests.flush, address))
             except redis.RedisError as exc:  # keep the worker alive through a Redis restart
                 log.error("redis error (%s); retrying in %.1fs", exc, w.poll)
                 stop.wait(w.poll)
@@ -183,7 +198,7 @@ class DeliveryWorker(Digests):
     def _harvest(inflight: set[Future[Counts]], total: Counts) -> None:
         done = {f for f in inflight if f.done()}
         for f in done:
-            total.merge(f.result())  # deliver/_flush_digest never raise
+            total.merge(f.result())  # deliver/flush never raise
         inflight -= done
 
 
