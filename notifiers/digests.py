@@ -29,7 +29,7 @@ from notifiers.metrics import (
     count_profile,
 )
 from notifiers.outbox_intake import OutboxIntake
-from notifiers.sending import Sending, dead_letter
+from notifiers.sending import Sending
 from notifiers.store import (
     DIGEST_ATTEMPTS,
     DIGEST_WINDOW,
@@ -135,7 +135,7 @@ class Digests:
         ttl = self.config.worker.delivered_ttl
         for dkey, st, why in parked:
             nid, ch = split_delivery_key(dkey)
-            dead_letter(
+            status.dead_letter(
                 pipe,
                 st["n"],
                 {"email": address},

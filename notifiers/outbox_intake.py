@@ -13,13 +13,12 @@ from typing import Any
 
 import redis
 
-from notifiers import store
+from notifiers import status, store
 from notifiers.config import NotifierConfig
 from notifiers.delivery_state import Counts
 from notifiers.leases import Leases
 from notifiers.metrics import UNSUBSCRIBED, count_delivery
 from notifiers.records import OutboxRecord
-from notifiers.sending import dead_letter
 from notifiers.store import (
     GROUP,
     OUTBOX,
@@ -150,7 +149,9 @@ class OutboxIntake:
         except ValueError as exc:
             raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
             log.error("outbox entry %s is malformed (%s); dead-lettered", eid, exc)
-            dead_letter(self.r, {"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
+            status.dead_letter(
+                self.r, {"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0
+            )
             count_delivery("none", "dead", {})
             counts.dead += 1
             self._ack(eid, counts)
@@ -167,7 +168,7 @@ class OutboxIntake:
         if sub is None or not sub.channels:
             error = error or f"subscriber {sid!r} has no channels"
             log.warning("notification %s: %s; dead-lettered", nid, error)
-            dead_letter(self.r, n, {}, -1, 0, eid, error, 0)
+            status.dead_letter(self.r, n, {}, -1, 0, eid, error, 0)
             count_delivery("none", "dead", n)
             counts.dead += 1
             self._ack(eid, counts)

@@ -31,7 +31,6 @@ from notifiers.metrics import (
     count_delivery,
 )
 from notifiers.store import (
-    DEADLETTER,
     RETRY,
     STATE,
     EmailChannel,
@@ -51,23 +50,6 @@ if TYPE_CHECKING:
     from notifiers.outbox_intake import OutboxIntake
 
 log = logging.getLogger("ens.notifiers")
-
-
-def dead_letter(
-    client: Any,
-    n: Mapping[str, Any],
-    chan: Mapping[str, Any],
-    ch: int,
-    nch: int,
-    entry: str,
-    error: str,
-    attempts: int,
-) -> None:
-    """Write a dead letter and the subscriber's status through ``client`` (Redis or a
-    pipeline)."""
-    fields: Any = store.dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
-    client.xadd(DEADLETTER, fields)
-    status.note(client, str(n.get("subscriber")), "dead", error)
 
 
 class Sending:
@@ -267,7 +249,7 @@ class Sending:
         nid, ch = split_delivery_key(dkey)
         attempts = int(st.get("attempts", 0))
         with self.r.pipeline(transaction=True) as p:
-            dead_letter(
+            status.dead_letter(
                 p, st["n"], chan, ch, st.get("nch", 0), st.get("entry", ""), error, attempts
             )
             p.set(dead_key(nid, ch), "1", ex=self.config.worker.delivered_ttl)
