@@ -411,6 +411,10 @@ def test_restarted_consumer_reclaims_its_own_pending_entries(r, receiver):
 class DiesBeforeAck(DeliveryWorker):
     """Delivers, then 'crashes' before every XACK."""
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.intake._ack = self._ack  # the outbox intake's XACK
+
     def _ack(self, eid, counts=None):
         pass
 
