@@ -1,6 +1,6 @@
 """Digests of the delivery worker: an e-mail delivery with a digest window is parked in
-``ens:digest:<addr>``; when the oldest parked one is ``window`` seconds old the whole batch
-goes out as one mail.
+``ens:digest:<addr>`` (by `Sending`, through `notifiers.store.park_digest`); when the oldest
+parked one is ``window`` seconds old the whole batch goes out as one mail (`Digests.flush`).
 """
 
 from __future__ import annotations
