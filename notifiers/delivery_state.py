@@ -1,30 +1,17 @@
-"""What the parts of the delivery worker share: its counts and its state.
+"""What the parts of the delivery worker share: the counts of a round.
 
-`DeliveryWorker` (`notifiers.worker`) is assembled from parts that each keep one concern in
-a module of its own: `outbox_intake` (outbox entries taken into the schedule, acknowledged
-when done), `leases` (deliveries leased from the schedules, leases renewed while a send
-runs), `sending` (one delivery: webhook or e-mail, retry, dead letter) and `digests` (e-mails
-parked and sent as one). They work on one state, declared here (`DeliveryState`), so that
-each part can be read, and type-checked, alone.
+`DeliveryWorker` (`notifiers.worker`) builds its parts, each an object with its own fields in
+a module of its own, and gives each the others it calls: `leases.Leases` (deliveries leased
+from the schedules, leases renewed while a send runs), `outbox_intake.OutboxIntake` (outbox
+entries taken into the schedule, acknowledged when done), `sending.Sending` (one delivery:
+webhook or e-mail, retry, dead letter) and `digests.Digests` (e-mails parked and sent as one).
+Each part adds what it did to a `Counts`.
 """
 
 from __future__ import annotations
 
-import random
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import redis
-
-from notifiers.attempt import Attempt
-from notifiers.config import NotifierConfig
-from notifiers.destinations import DestinationGate, Grant
-from notifiers.email import SmtpSender
-from notifiers.store import Subscriber
-from notifiers.webhook import WebhookSender
 
 
 @dataclass(slots=True)
@@ -61,68 +48,3 @@ def entry_age(entry: str | None) -> float | None:
         return max(time.time() - int(str(entry).split("-")[0]) / 1000, 0.0)
     except ValueError:
         return None
-
-
-class DeliveryState:
-    """The delivery worker's state; `DeliveryWorker.__init__` sets it.
-
-    The methods below are the ones a part calls on another; each is defined by its part.
-    """
-
-    r: redis.Redis
-    config: NotifierConfig
-    consumer: str
-    _rng: random.Random
-    _webhook: WebhookSender
-    _smtp: SmtpSender
-    _gate: DestinationGate
-    _smtp_dest: str  # the relay, gated as a webhook origin is
-    _lease: Any  # the registered scripts
-    _renew: Any
-    _take_script: Any
-    _digest_done: Any
-    # (schedule, member) -> the lease end this worker set, while its send runs
-    _held: dict[tuple[str, str], float]
-    _held_lock: threading.Lock
-    _closed: threading.Event
-    _renewer: threading.Thread | None
-    _started: bool
-    _unsubscribed: set[str]  # profiles whose missing subscriber was logged
-    _last_claim: float
-    _last_trim: float
-
-    def _done(self, schedule: str, member: str) -> None:
-        raise NotImplementedError
-
-    def _next_due(self) -> float:
-        raise NotImplementedError
-
-    def _take(self, eid: str, fields: Mapping[Any, Any], counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _ack(self, eid: str | None, counts: Counts | None = None) -> None:
-        raise NotImplementedError
-
-    def _maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
-        raise NotImplementedError
-
-    def _park(self, dkey: str, address: str, window: float) -> None:
-        raise NotImplementedError
-
-    def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
-        raise NotImplementedError
-
-    def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
-        raise NotImplementedError
-
-    def _dead_letter(self, *args: Any, **kw: Any) -> None:
-        raise NotImplementedError
-
-    def _finish_dead(self, *args: Any, **kw: Any) -> None:
-        raise NotImplementedError

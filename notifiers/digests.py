@@ -1,19 +1,25 @@
 """Digests of the delivery worker: an e-mail delivery with a digest window is parked in
-``ens:digest:<addr>``; when the oldest parked one is ``window`` seconds old the whole batch
-goes out as one mail.
+``ens:digest:<addr>`` (by `Sending`, through `notifiers.store.park_digest`); when the oldest
+parked one is ``window`` seconds old the whole batch goes out as one mail (`Digests.flush`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from typing import Any
 
+import redis
+
 from notifiers import status
 from notifiers.attempt import Attempt
-from notifiers.delivery_state import Counts, DeliveryState
-from notifiers.email import build_message, compose
+from notifiers.config import NotifierConfig
+from notifiers.delivery_state import Counts
+from notifiers.destinations import DestinationGate
+from notifiers.email import SmtpSender, build_message, compose
+from notifiers.leases import Leases
 from notifiers.metrics import (
     ABANDONED,
     ATTEMPT_SECONDS,
@@ -22,11 +28,12 @@ from notifiers.metrics import (
     count_delivery,
     count_profile,
 )
+from notifiers.outbox_intake import OutboxIntake
+from notifiers.sending import Sending
 from notifiers.store import (
     DIGEST_ATTEMPTS,
     DIGEST_WINDOW,
     DIGESTS,
-    RETRY,
     STATE,
     dead_key,
     delivered_key,
@@ -56,26 +63,41 @@ return 1
 """
 
 
-class Digests(DeliveryState):
-    """The digest part of `DeliveryWorker`."""
+class Digests:
+    """The digest part of `DeliveryWorker`: one digest mail through the relay's slot at the
+    worker's gate, its outcome recorded as `sending`'s (`Sending.release`, `delivered`)."""
 
-    def _park(self, dkey: str, address: str, window: float) -> None:
-        now = time.time()
-        with self.r.pipeline(transaction=True) as p:
-            p.zadd(digest_key(address), {dkey: now}, nx=True)
-            p.zadd(DIGESTS, {address: now + window}, nx=True)
-            p.hset(DIGEST_WINDOW, address, repr(window))
-            p.zrem(RETRY, dkey)
-            p.execute()
+    def __init__(
+        self,
+        r: redis.Redis,
+        config: NotifierConfig,
+        rng: random.Random,
+        leases: Leases,
+        intake: OutboxIntake,
+        sending: Sending,
+        smtp: SmtpSender,
+        gate: DestinationGate,
+        smtp_dest: str,
+    ) -> None:
+        self.r = r
+        self.config = config
+        self.leases = leases
+        self.intake = intake
+        self.sending = sending
+        self._rng = rng
+        self._smtp = smtp
+        self._gate = gate
+        self._smtp_dest = smtp_dest  # the relay, gated as a webhook origin is
+        self._digest_done = r.register_script(DIGEST_DONE)
 
-    def _flush_digest(self, address: str) -> Counts:
+    def flush(self, address: str) -> Counts:
         counts = Counts()
         try:
             self._flush_digest_one(address, counts)
         except Exception:
             log.exception("digest for %s failed unexpectedly; it will be retried", address)
         finally:
-            self._done(DIGESTS, address)
+            self.leases.done(DIGESTS, address)
         return counts
 
     def _drop_unbuildable(
@@ -113,7 +135,8 @@ class Digests(DeliveryState):
         ttl = self.config.worker.delivered_ttl
         for dkey, st, why in parked:
             nid, ch = split_delivery_key(dkey)
-            self._dead_letter(
+            status.dead_letter(
+                pipe,
                 st["n"],
                 {"email": address},
                 ch,
@@ -121,7 +144,6 @@ class Digests(DeliveryState):
                 st.get("entry", ""),
                 why,
                 attempts,
-                pipe=pipe,
             )
             pipe.set(dead_key(nid, ch), "1", ex=ttl)
             pipe.hdel(STATE, dkey)
@@ -130,14 +152,14 @@ class Digests(DeliveryState):
         for st in states:
             count_delivery("email", "dead", st["n"])
             counts.dead += 1
-            self._maybe_ack(st, counts)
+            self.intake.maybe_ack(st, counts)
 
     def _templates_of(self, ns: list[dict[str, Any]]) -> dict[str, Any]:
         """Subscriber id -> its templates (None: the defaults), for the notifications of a
         digest (one address may serve several subscribers)."""
         out: dict[str, Any] = {}
         for sid in {str(n.get("subscriber")) for n in ns}:
-            sub, _ = self._subscriber(sid)
+            sub, _ = self.intake.subscriber(sid)
             out[sid] = sub.templates if sub is not None else None
         return out
 
@@ -195,7 +217,7 @@ class Digests(DeliveryState):
         try:
             result = self._smtp.send(msg)
         finally:
-            self._release(self._smtp_dest, grant, time.monotonic() - started, result)
+            self.sending.release(self._smtp_dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
         if result.abandoned:  # the worker stops: its lease on the digest brings it back
             log.info("abandoned digest to %s after %.1fs: %s", address, elapsed, result.error)
@@ -221,7 +243,7 @@ class Digests(DeliveryState):
                 elapsed,
             )
             for _, st in states:
-                self._delivered("email", st, counts)
+                self.sending.delivered("email", st, counts)
         elif result.retryable and attempts < self.config.retry.max_attempts:
             delay = self.config.retry.delay(attempts, result.retry_after, self._rng)
             with self.r.pipeline(transaction=False) as p:

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from notifiers.delivery_state import DeliveryState
+from notifiers.config import NotifierConfig
 from notifiers.store import (
     DIGESTS,
     RETRY,
@@ -45,10 +45,26 @@ return n
 """
 
 
-class Leases(DeliveryState):
-    """The lease part of `DeliveryWorker`."""
+class Leases:
+    """The lease part of `DeliveryWorker`: it owns the lease scripts, the leases this worker
+    holds and the thread that renews them."""
 
-    def _lease_due(self, schedule: str, limit: int) -> list[str]:
+    def __init__(self, r: redis.Redis, config: NotifierConfig) -> None:
+        self.r = r
+        self.config = config
+        self._lease = r.register_script(LEASE)
+        self._renew = r.register_script(RENEW)
+        # (schedule, member) -> the lease end this worker set, while its send runs
+        self._held: dict[tuple[str, str], float] = {}
+        self._held_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def close(self) -> None:
+        """Stop renewing: the leases still held run out (`DeliveryWorker.close`)."""
+        self._closed.set()
+
+    def lease_due(self, schedule: str, limit: int) -> list[str]:
         now = time.time()
         lease_end = now + self.config.worker.lease
         taken = [text(m) for m in self._lease(keys=[schedule], args=[now, lease_end, limit])]
@@ -63,7 +79,7 @@ class Leases(DeliveryState):
                 self._renewer.start()
         return taken
 
-    def _done(self, schedule: str, member: str) -> None:
+    def done(self, schedule: str, member: str) -> None:
         """The send of ``member`` is over (whatever its outcome): stop renewing its lease."""
         with self._held_lock:
             self._held.pop((schedule, member), None)
@@ -91,11 +107,11 @@ class Leases(DeliveryState):
                         if s == schedule and self._held.get((s, member)) == old:
                             self._held[s, member] = end
 
-    def _idle_wait(self) -> float:
-        wait = min(self.config.worker.poll, self._next_due() - time.time())
+    def idle_wait(self) -> float:
+        wait = min(self.config.worker.poll, self.next_due() - time.time())
         return max(wait, 0.0)
 
-    def _next_due(self) -> float:
+    def next_due(self) -> float:
         """The earliest due time over the retry and digest schedules (inf if both are empty)."""
         due = float("inf")
         for key in (RETRY, DIGESTS):

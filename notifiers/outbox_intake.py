@@ -13,8 +13,10 @@ from typing import Any
 
 import redis
 
-from notifiers import store
-from notifiers.delivery_state import Counts, DeliveryState
+from notifiers import status, store
+from notifiers.config import NotifierConfig
+from notifiers.delivery_state import Counts
+from notifiers.leases import Leases
 from notifiers.metrics import UNSUBSCRIBED, count_delivery
 from notifiers.records import OutboxRecord
 from notifiers.store import (
@@ -56,10 +58,22 @@ return open
 """
 
 
-class OutboxIntake(DeliveryState):
-    """The outbox intake part of `DeliveryWorker`."""
+class OutboxIntake:
+    """The outbox intake part of `DeliveryWorker`: it reads the outbox as ``consumer`` of the
+    group, takes entries into the schedule and acks them; `leases` tells when a delivery is due
+    (a read blocks only until then)."""
 
-    def _intake(
+    def __init__(self, r: redis.Redis, config: NotifierConfig, leases: Leases) -> None:
+        self.r = r
+        self.config = config
+        self.consumer = config.worker.consumer
+        self.leases = leases
+        self._take_script = r.register_script(TAKE)
+        self._started = False
+        self._unsubscribed: set[str] = set()  # profiles whose missing subscriber was logged
+        self._last_claim = self._last_trim = float("-inf")
+
+    def poll(
         self, counts: Counts, block: float, nap: Callable[[float], object] = time.sleep
     ) -> None:
         """Re-claim, take over, trim, and take new outbox entries into the schedule, waiting
@@ -77,7 +91,7 @@ class OutboxIntake(DeliveryState):
         if w.outbox_retention and now - self._last_trim >= 60:
             self._last_trim = now
             store.trim_outbox(self.r, w.outbox_retention)
-        if block > 0 and self._next_due() > now:
+        if block > 0 and self.leases.next_due() > now:
             entries = read_by(self._read, block, nap)
         else:
             entries = self._read(None)
@@ -135,7 +149,9 @@ class OutboxIntake(DeliveryState):
         except ValueError as exc:
             raw = text(fields.get(OUTBOX_FIELD) or fields.get(OUTBOX_FIELD.encode()))
             log.error("outbox entry %s is malformed (%s); dead-lettered", eid, exc)
-            self._dead_letter({"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0)
+            status.dead_letter(
+                self.r, {"raw": raw}, {}, -1, 0, eid, f"malformed outbox entry: {exc}", 0
+            )
             count_delivery("none", "dead", {})
             counts.dead += 1
             self._ack(eid, counts)
@@ -148,11 +164,11 @@ class OutboxIntake(DeliveryState):
             counts.skipped += 1
             self._ack(eid, counts)
             return
-        sub, error = self._subscriber(sid)
+        sub, error = self.subscriber(sid)
         if sub is None or not sub.channels:
             error = error or f"subscriber {sid!r} has no channels"
             log.warning("notification %s: %s; dead-lettered", nid, error)
-            self._dead_letter(n, {}, -1, 0, eid, error, 0)
+            status.dead_letter(self.r, n, {}, -1, 0, eid, error, 0)
             count_delivery("none", "dead", n)
             counts.dead += 1
             self._ack(eid, counts)
@@ -186,7 +202,7 @@ class OutboxIntake(DeliveryState):
         if eid and self.r.xack(OUTBOX, GROUP, eid) and counts is not None:
             counts.acked += 1
 
-    def _maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
+    def maybe_ack(self, st: Mapping[str, Any], counts: Counts) -> None:
         """Ack the outbox entry once no delivery of its notification is left open.
 
         Each finisher deletes its own state *before* looking, so of two deliveries finishing
@@ -196,7 +212,7 @@ class OutboxIntake(DeliveryState):
         if nch and not any(self.r.hmget(STATE, [delivery_key(nid, i) for i in range(nch)])):
             self._ack(st.get("entry"), counts)
 
-    def _subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
+    def subscriber(self, sid: str) -> tuple[Subscriber | None, str]:
         raw = self.r.hget(SUBSCRIBERS, sid)
         if raw is None:
             return None, f"unknown subscriber {sid!r}"

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from notifiers import status, store
 from notifiers.attempt import Attempt
-from notifiers.delivery_state import Counts, DeliveryState, entry_age
-from notifiers.destinations import CLOSED, OPENED, Grant
-from notifiers.email import compose
+from notifiers.config import NotifierConfig
+from notifiers.delivery_state import Counts, entry_age
+from notifiers.destinations import CLOSED, OPENED, DestinationGate, Grant
+from notifiers.email import SmtpSender, compose
+from notifiers.leases import Leases
 from notifiers.metrics import (
     ABANDONED,
     ATTEMPT_SECONDS,
@@ -28,7 +31,6 @@ from notifiers.metrics import (
     count_delivery,
 )
 from notifiers.store import (
-    DEADLETTER,
     RETRY,
     STATE,
     EmailChannel,
@@ -42,22 +44,49 @@ from notifiers.store import (
     text,
 )
 from notifiers.templates import email_message, webhook_body
-from notifiers.webhook import destination
+from notifiers.webhook import WebhookSender, destination
+
+if TYPE_CHECKING:
+    from notifiers.outbox_intake import OutboxIntake
 
 log = logging.getLogger("ens.notifiers")
 
 
-class Sending(DeliveryState):
-    """The sending part of `DeliveryWorker`."""
+class Sending:
+    """The sending part of `DeliveryWorker`: one delivery through the worker's senders and
+    destination gate; `intake` reads subscribers and acks what is done, `leases` is told when
+    a send is over. `release` and `delivered` are what a digest's send shares with it."""
 
-    def _deliver(self, dkey: str) -> Counts:
+    def __init__(
+        self,
+        r: redis.Redis,
+        config: NotifierConfig,
+        rng: random.Random,
+        leases: Leases,
+        intake: OutboxIntake,
+        webhook: WebhookSender,
+        smtp: SmtpSender,
+        gate: DestinationGate,
+        smtp_dest: str,
+    ) -> None:
+        self.r = r
+        self.config = config
+        self.leases = leases
+        self.intake = intake
+        self._rng = rng
+        self._webhook = webhook
+        self._smtp = smtp
+        self._gate = gate
+        self._smtp_dest = smtp_dest  # the relay, gated as a webhook origin is
+
+    def deliver(self, dkey: str) -> Counts:
         counts = Counts()
         try:
             self._deliver_one(dkey, counts)
         except Exception:  # a bug or a Redis hiccup: the lease brings the delivery back later
             log.exception("delivery %s failed unexpectedly; it will be retried", dkey)
         finally:
-            self._done(RETRY, dkey)
+            self.leases.done(RETRY, dkey)
         return counts
 
     def _deliver_one(self, dkey: str, counts: Counts) -> None:
@@ -74,9 +103,9 @@ class Sending(DeliveryState):
                 p.hdel(STATE, dkey)
                 p.execute()
             counts.skipped += 1
-            self._maybe_ack(st, counts)
+            self.intake.maybe_ack(st, counts)
             return
-        sub, error = self._subscriber(str(n.get("subscriber")))
+        sub, error = self.intake.subscriber(str(n.get("subscriber")))
         if sub is not None and ch >= len(sub.channels):
             error = f"subscriber {sub.id!r} has no channel #{ch} any more"
         if sub is None or error:
@@ -101,7 +130,7 @@ class Sending(DeliveryState):
         try:
             result = self._send(sub, channel, n, dkey)
         finally:  # the slot is given back whatever happened
-            self._release(dest, grant, time.monotonic() - started, result)
+            self.release(dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
         ATTEMPT_SECONDS.labels(kind).observe(elapsed)
 
@@ -117,7 +146,7 @@ class Sending(DeliveryState):
                 p.hdel(STATE, dkey)
                 p.execute()
             log.info("delivered %s (%s, %.3fs)", where, result.detail, elapsed)
-            self._delivered(kind, st, counts)
+            self.delivered(kind, st, counts)
         elif result.retryable and st["attempts"] < self.config.retry.max_attempts:
             delay = self.config.retry.delay(st["attempts"], result.retry_after, self._rng)
             st["error"] = result.error
@@ -141,7 +170,7 @@ class Sending(DeliveryState):
         window = next(w for w in (channel.digest, sub.digest, self.config.digest) if w is not None)
         if window <= 0:
             return False
-        self._park(dkey, channel.email, window)
+        store.park_digest(self.r, dkey, channel.email, window)
         nid, ch = split_delivery_key(dkey)
         log.info("parked nid=%s ch=%d for the digest of %s", nid, ch, channel.email)
         count_delivery("email", "digested", n)
@@ -169,7 +198,7 @@ class Sending(DeliveryState):
         DEFERRED.labels(kind, grant.reason).inc()
         counts.deferred += 1
 
-    def _release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
+    def release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
         # an answered 4xx shows the server alive; an abandoned send says nothing about it
         failed = not result.ok and result.retryable and not result.abandoned
         change = self._gate.release(dest, grant, time.time(), elapsed, failed)
@@ -196,7 +225,7 @@ class Sending(DeliveryState):
             CIRCUITS_OPEN.dec()
             log.info("circuit closed for %s: it answers again", dest)
 
-    def _delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
+    def delivered(self, kind: str, st: Mapping[str, Any], counts: Counts) -> None:
         try:
             status.note(self.r, str(st["n"].get("subscriber")), "delivered")
         except redis.RedisError as exc:  # the status only: the delivery is recorded
@@ -206,22 +235,7 @@ class Sending(DeliveryState):
         if age is not None:
             LATENCY.labels(kind).observe(age)
         counts.delivered += 1
-        self._maybe_ack(st, counts)
-
-    def _dead_letter(
-        self,
-        n: Mapping[str, Any],
-        chan: Mapping[str, Any],
-        ch: int,
-        nch: int,
-        entry: str,
-        error: str,
-        attempts: int,
-        pipe: Any = None,
-    ) -> None:
-        fields: Any = store.dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
-        (pipe or self.r).xadd(DEADLETTER, fields)
-        status.note(pipe or self.r, str(n.get("subscriber")), "dead", error)
+        self.intake.maybe_ack(st, counts)
 
     def _finish_dead(
         self,
@@ -235,8 +249,8 @@ class Sending(DeliveryState):
         nid, ch = split_delivery_key(dkey)
         attempts = int(st.get("attempts", 0))
         with self.r.pipeline(transaction=True) as p:
-            self._dead_letter(
-                st["n"], chan, ch, st.get("nch", 0), st.get("entry", ""), error, attempts, pipe=p
+            status.dead_letter(
+                p, st["n"], chan, ch, st.get("nch", 0), st.get("entry", ""), error, attempts
             )
             p.set(dead_key(nid, ch), "1", ex=self.config.worker.delivered_ttl)
             p.zrem(RETRY, dkey)
@@ -252,4 +266,4 @@ class Sending(DeliveryState):
         )
         count_delivery(kind, "dead", st["n"])
         counts.dead += 1
-        self._maybe_ack(st, counts)
+        self.intake.maybe_ack(st, counts)

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from notifiers.store import DEADLETTER, STATE, Subscriber, dumps, text
+from notifiers.store import DEADLETTER, STATE, Subscriber, dead_letter_fields, dumps, text
 from notifiers.webhook import destination
 
 SUBSTAT_PREFIX = "ens:substat:"
@@ -36,6 +36,23 @@ def note(target: Any, sid: str, outcome: str, error: str = "", now: float | None
         target.hset(key, "last_success", repr(now))
     else:
         target.hset(key, mapping={"last_error": error[:500], "last_error_at": repr(now)})
+
+
+def dead_letter(
+    client: Any,
+    n: Mapping[str, Any],
+    chan: Mapping[str, Any],
+    ch: int,
+    nch: int,
+    entry: str,
+    error: str,
+    attempts: int,
+) -> None:
+    """Write a dead letter and the subscriber's status through ``client`` (Redis or a
+    pipeline)."""
+    fields: Any = dead_letter_fields(n, chan, ch, nch, entry, error, attempts)
+    client.xadd(DEADLETTER, fields)
+    note(client, str(n.get("subscriber")), "dead", error)
 
 
 def note_breaker(

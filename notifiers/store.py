@@ -272,6 +272,18 @@ def enqueue_many(p: Any, records: Iterable[Mapping[str, Any]]) -> None:
         p.eval(OUTBOX_SCRIPT, 1, OUTBOX, *blobs[lo : lo + OUTBOX_CHUNK])
 
 
+def park_digest(r: redis.Redis, dkey: str, address: str, window: float) -> None:
+    """Move a delivery from the retry schedule into the digest of ``address``; the digest is
+    due ``window`` seconds after its first parked delivery (`notifiers.digests`)."""
+    now = time.time()
+    with r.pipeline(transaction=True) as p:
+        p.zadd(digest_key(address), {dkey: now}, nx=True)
+        p.zadd(DIGESTS, {address: now + window}, nx=True)
+        p.hset(DIGEST_WINDOW, address, repr(window))
+        p.zrem(RETRY, dkey)
+        p.execute()
+
+
 def ensure_group(r: redis.Redis) -> None:
     """Create the consumer group (and the stream); from id 0 so nothing written earlier is missed."""
     try:

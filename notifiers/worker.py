@@ -19,8 +19,13 @@ re-takes it — harmlessly, since taking is idempotent and delivered channels ar
 Digest: an e-mail delivery with a digest window is *parked* in ``ens:digest:<addr>``; when the
 oldest parked one is ``window`` seconds old the whole batch goes out as one mail.
 
-The parts: `notifiers.outbox_intake`, `leases`, `sending` and `digests`, on the state of
-`notifiers.delivery_state`; here the loop that drives them.
+The parts, each an object with its own fields that `DeliveryWorker` builds and gives what it
+needs: `notifiers.leases` (`Leases`: the scripts, the leases held and their renewer),
+`outbox_intake` (`OutboxIntake`: the consumer's reads, takes and acks; the subscribers),
+`sending` (`Sending`: one delivery through the senders and the destination gate, which the
+worker owns and passes in) and `digests` (`Digests`: one digest mail, its outcome recorded
+through `Sending`); `notifiers.delivery_state` has the `Counts` they fill. Here is the loop
+that drives them.
 """
 
 from __future__ import annotations
@@ -37,11 +42,11 @@ import redis
 from notifiers.config import NotifierConfig
 from notifiers.delivery_state import Counts as Counts  # what a round did
 from notifiers.destinations import DestinationGate
-from notifiers.digests import DIGEST_DONE, Digests
+from notifiers.digests import Digests
 from notifiers.email import SmtpSender
-from notifiers.leases import LEASE, RENEW, Leases
+from notifiers.leases import Leases
 from notifiers.metrics import CIRCUITS_OPEN
-from notifiers.outbox_intake import TAKE, OutboxIntake
+from notifiers.outbox_intake import OutboxIntake
 from notifiers.sending import Sending
 from notifiers.store import (
     DIGESTS,
@@ -52,7 +57,7 @@ from notifiers.webhook import WebhookSender
 log = logging.getLogger("ens.notifiers")
 
 
-class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
+class DeliveryWorker:
     """Delivers the outbox. Several workers (threads or processes) may share one Redis."""
 
     def __init__(
@@ -64,7 +69,6 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
     ) -> None:
         self.r = redis_client
         self.config = config or NotifierConfig.load()
-        self.consumer = self.config.worker.consumer
         self._rng = rng or random.Random()
         self._webhook = WebhookSender(self.config.webhook)
         self._smtp = SmtpSender(self.config.smtp)
@@ -80,23 +84,35 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         )
         smtp = self.config.smtp  # the relay is one destination, gated as a webhook origin is
         self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
-        self._lease = self.r.register_script(LEASE)
-        self._renew = self.r.register_script(RENEW)
-        # (schedule, member) -> the lease end this worker set, while its send runs
-        self._held: dict[tuple[str, str], float] = {}
-        self._held_lock = threading.Lock()
-        self._closed = threading.Event()
-        self._renewer: threading.Thread | None = None
-        self._take_script = self.r.register_script(TAKE)
-        self._digest_done = self.r.register_script(DIGEST_DONE)
-        self._started = False
-        self._unsubscribed: set[str] = set()
-        self._last_claim = self._last_trim = float("-inf")
+        self.leases = Leases(self.r, self.config)
+        self.intake = OutboxIntake(self.r, self.config, self.leases)
+        self.sending = Sending(
+            self.r,
+            self.config,
+            self._rng,
+            self.leases,
+            self.intake,
+            self._webhook,
+            self._smtp,
+            self._gate,
+            self._smtp_dest,
+        )
+        self.digests = Digests(
+            self.r,
+            self.config,
+            self._rng,
+            self.leases,
+            self.intake,
+            self.sending,
+            self._smtp,
+            self._gate,
+            self._smtp_dest,
+        )
 
     def close(self) -> None:
         self.abandon()  # run_forever left nothing in flight; run_once's callers may have
         self._pool.shutdown(wait=True)
-        self._closed.set()
+        self.leases.close()
         self._webhook.close()
         CIRCUITS_OPEN.dec(self._gate.open_count())  # the gauge sums the live workers' circuits
 
@@ -113,11 +129,11 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
         Returns when this round's deliveries are finished (`run_forever` does not wait so).
         """
         counts = Counts()
-        self._intake(counts, block)
+        self.intake.poll(counts, block)
         batch = self.config.worker.batch
-        for outcome in self._pool.map(self._deliver, self._lease_due(RETRY, batch)):
+        for outcome in self._pool.map(self.sending.deliver, self.leases.lease_due(RETRY, batch)):
             counts.merge(outcome)
-        for outcome in self._pool.map(self._flush_digest, self._lease_due(DIGESTS, batch)):
+        for outcome in self._pool.map(self.digests.flush, self.leases.lease_due(DIGESTS, batch)):
             counts.merge(outcome)
         return counts
 
@@ -137,16 +153,18 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
                 if free <= 0:
                     futures.wait(inflight, timeout=w.poll, return_when=futures.FIRST_COMPLETED)
                     continue
-                block = self._idle_wait()
+                block = self.leases.idle_wait()
                 if inflight:  # a finished send ends the pause at once: its slot is free
-                    self._intake(total, min(block, 0.05), partial(_first_done, inflight))
+                    self.intake.poll(total, min(block, 0.05), partial(_first_done, inflight))
                 else:
-                    self._intake(total, block)
-                for key in self._lease_due(RETRY, min(free, w.batch)):
-                    inflight.add(self._pool.submit(self._deliver, key))
+                    self.intake.poll(total, block)
+                for key in self.leases.lease_due(RETRY, min(free, w.batch)):
+                    inflight.add(self._pool.submit(self.sending.deliver, key))
                 free = w.concurrency - len(inflight)
-                for address in self._lease_due(DIGESTS, min(free, w.batch)) if free > 0 else []:
-                    inflight.add(self._pool.submit(self._flush_digest, address))
+                for address in (
+                    self.leases.lease_due(DIGESTS, min(free, w.batch)) if free > 0 else []
+                ):
+                    inflight.add(self._pool.submit(self.digests.flush, address))
             except redis.RedisError as exc:  # keep the worker alive through a Redis restart
                 log.error("redis error (%s); retrying in %.1fs", exc, w.poll)
                 stop.wait(w.poll)
@@ -180,7 +198,7 @@ class DeliveryWorker(OutboxIntake, Leases, Sending, Digests):
     def _harvest(inflight: set[Future[Counts]], total: Counts) -> None:
         done = {f for f in inflight if f.done()}
         for f in done:
-            total.merge(f.result())  # _deliver/_flush_digest never raise
+            total.merge(f.result())  # deliver/flush never raise
         inflight -= done
 
 

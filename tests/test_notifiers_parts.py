@@ -40,7 +40,7 @@ def test_intake_schedules_every_channel_and_acks_what_has_nothing_to_deliver(
     r.xadd(store.OUTBOX, {store.OUTBOX_FIELD: "{not json"})
     with worker(r) as w:
         counts = Counts()
-        w._intake(counts, 0)
+        w.intake.poll(counts, 0)
     assert (counts.read, counts.skipped, counts.dead, counts.acked) == (3, 1, 1, 2)
     assert sorted(r.hkeys(store.STATE)) == [
         store.delivery_key("n1", 0),
@@ -61,20 +61,20 @@ def test_a_due_delivery_is_leased_to_one_worker_and_its_lease_renewed_while_held
     cfg = fast_config()
     cfg.worker.lease = 0.3
     with DeliveryWorker(r, cfg) as a, worker(r, "w2") as b:
-        assert a._lease_due(store.RETRY, 10) == ["d1"]
-        assert b._lease_due(store.RETRY, 10) == []  # its due time is now the lease end
+        assert a.leases.lease_due(store.RETRY, 10) == ["d1"]
+        assert b.leases.lease_due(store.RETRY, 10) == []  # its due time is now the lease end
         first_end = r.zscore(store.RETRY, "d1")
         assert first_end is not None and first_end > time.time()
         deadline = time.monotonic() + 10
         while r.zscore(store.RETRY, "d1") == first_end:  # renewed every third of the lease
             assert time.monotonic() < deadline, "the lease was not renewed"
             time.sleep(0.02)
-        a._done(store.RETRY, "d1")  # the send is over: no more renewals
+        a.leases.done(store.RETRY, "d1")  # the send is over: no more renewals
         end = r.zscore(store.RETRY, "d1")
         time.sleep(0.5)
         assert r.zscore(store.RETRY, "d1") == end
-        assert b._lease_due(store.RETRY, 10) == ["d1"]  # the lease ran out: anyone takes it
-    assert a._next_due() > time.time()
+        assert b.leases.lease_due(store.RETRY, 10) == ["d1"]  # the lease ran out: anyone takes it
+    assert a.leases.next_due() > time.time()
 
 
 # ----------------------------------------------------------------------------- sending
@@ -86,9 +86,9 @@ def test_a_delivery_sent_is_remembered_and_its_outbox_entry_acked(
     store.put_subscriber(r, {"id": "s1", "channels": [{"webhook": receiver.url}], "secret": SECRET})
     store.enqueue(r, notification("n1"))
     with worker(r) as w:
-        w._intake(Counts(), 0)
-        (dkey,) = w._lease_due(store.RETRY, 10)
-        counts = w._deliver(dkey)
+        w.intake.poll(Counts(), 0)
+        (dkey,) = w.leases.lease_due(store.RETRY, 10)
+        counts = w.sending.deliver(dkey)
     assert (counts.delivered, counts.acked) == (1, 1)
     assert list(receiver.accepted) and r.exists(store.delivered_key("n1", 0))
     assert not r.hlen(store.STATE) and not r.zcard(store.RETRY)
@@ -102,13 +102,13 @@ def test_a_failed_delivery_is_rescheduled_then_dead_lettered(
     store.put_subscriber(r, {"id": "s1", "channels": [{"webhook": receiver.url}], "secret": SECRET})
     store.enqueue(r, notification("n1"))
     with DeliveryWorker(r, fast_config(max_attempts=2)) as w:
-        w._intake(Counts(), 0)
-        (dkey,) = w._lease_due(store.RETRY, 10)
-        assert w._deliver(dkey).retried == 1
+        w.intake.poll(Counts(), 0)
+        (dkey,) = w.leases.lease_due(store.RETRY, 10)
+        assert w.sending.deliver(dkey).retried == 1
         assert r.zscore(store.RETRY, dkey) is not None  # back in the schedule, with backoff
         time.sleep(0.2)  # fast_config's backoff is at most 0.1 s
-        (again,) = w._lease_due(store.RETRY, 10)
-        assert w._deliver(again).dead == 1
+        (again,) = w.leases.lease_due(store.RETRY, 10)
+        assert w.sending.deliver(again).dead == 1
     assert r.xlen(store.DEADLETTER) == 1 and r.exists(store.dead_key("n1", 0))
     assert r.xpending(store.OUTBOX, store.GROUP)["pending"] == 0
 
@@ -121,15 +121,15 @@ def test_a_digest_delivery_is_parked_until_its_window_ends(r: redis.Redis) -> No
     store.enqueue(r, notification("n1"))
     store.enqueue(r, notification("n2"))
     with worker(r) as w:
-        w._intake(Counts(), 0)
+        w.intake.poll(Counts(), 0)
         counts = Counts()
-        for dkey in w._lease_due(store.RETRY, 10):
-            counts.merge(w._deliver(dkey))
+        for dkey in w.leases.lease_due(store.RETRY, 10):
+            counts.merge(w.sending.deliver(dkey))
         assert counts.digested == 2
         assert r.zcard(store.digest_key("ops@example.org")) == 2 and not r.zcard(store.RETRY)
         due = r.zscore(store.DIGESTS, "ops@example.org")
         assert due is not None and 55 < due - time.time() <= 60
-        assert w._lease_due(store.DIGESTS, 10) == []  # not before the window ends
+        assert w.leases.lease_due(store.DIGESTS, 10) == []  # not before the window ends
 
 
 def _after_a_tick(c: redis.Redis) -> None:

@@ -411,6 +411,10 @@ def test_restarted_consumer_reclaims_its_own_pending_entries(r, receiver):
 class DiesBeforeAck(DeliveryWorker):
     """Delivers, then 'crashes' before every XACK."""
 
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.intake._ack = self._ack  # the outbox intake's XACK
+
     def _ack(self, eid, counts=None):
         pass
 
@@ -633,8 +637,8 @@ def test_a_delivery_abandoned_mid_send_is_taken_over_within_seconds(r, receiver)
     cfg = fast_config(consumer="dead")
     cfg.worker.lease = WorkerConfig().lease  # the default, as a real deployment runs it
     dead = DeliveryWorker(r, cfg)
-    dead._intake(Counts(), 0)
-    assert dead._lease_due(store.RETRY, 10) == ["n-abandoned:0"]  # ... and it dies here:
+    dead.intake.poll(Counts(), 0)
+    assert dead.leases.lease_due(store.RETRY, 10) == ["n-abandoned:0"]  # ... and it dies here:
     dead.close()  # its threads (the lease renewer too) end with it
     t0 = time.monotonic()
     cfg_b = fast_config(consumer="alive")
@@ -657,9 +661,9 @@ def test_a_slow_send_keeps_its_lease_and_is_not_sent_twice(r, receiver):
     other_cfg = fast_config(consumer="other")
     other_cfg.worker.lease = 1.0
     with DeliveryWorker(r, cfg) as slow, DeliveryWorker(r, other_cfg) as other:
-        slow._intake(Counts(), 0)
-        assert slow._lease_due(store.RETRY, 10) == ["n-slow:0"]
-        sending = threading.Thread(target=slow._deliver, args=("n-slow:0",))
+        slow.intake.poll(Counts(), 0)
+        assert slow.leases.lease_due(store.RETRY, 10) == ["n-slow:0"]
+        sending = threading.Thread(target=slow.sending.deliver, args=("n-slow:0",))
         sending.start()
         while sending.is_alive():
             other.run_once()
