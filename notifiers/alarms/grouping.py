@@ -11,6 +11,7 @@ exceeds it into one digest, sent as soon as the hour allows: counted, never drop
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -63,9 +64,12 @@ class Group:
 
 @dataclass(slots=True)
 class Outlet:
-    """A subscriber's side of the cap: the times of its messages this hour, and the overflow."""
+    """A subscriber's side of the cap: the times of its messages this hour, and the overflow.
 
-    sent: list[float] = field(default_factory=list)
+    ``sent`` is a deque: each message forgets the times that left the hour from its front,
+    which a list does by moving all the rest (3.6 M times after an hour at 1,000/s)."""
+
+    sent: deque[float] = field(default_factory=deque)
     overflow: list[Notice] = field(default_factory=list)
     digest_at: float | None = None
 
@@ -156,7 +160,7 @@ class Dispatcher:
     @staticmethod
     def _prune(out: Outlet, now: float, window: float) -> None:
         while out.sent and out.sent[0] <= now - window:
-            out.sent.pop(0)
+            out.sent.popleft()
 
     # ------------------------------------------------------------------ snapshot
     def to_json(self) -> dict[str, Any]:
@@ -175,7 +179,7 @@ class Dispatcher:
             },
             "outlets": {
                 s: {
-                    "sent": o.sent,
+                    "sent": list(o.sent),
                     "overflow": [n.to_json() for n in o.overflow],
                     "digest_at": o.digest_at,
                 }
@@ -196,6 +200,8 @@ class Dispatcher:
             for k, g in d["groups"].items()
         }
         self.outlets = {
-            s: Outlet(list(o["sent"]), [Notice.from_json(n) for n in o["overflow"]], o["digest_at"])
+            s: Outlet(
+                deque(o["sent"]), [Notice.from_json(n) for n in o["overflow"]], o["digest_at"]
+            )
             for s, o in d["outlets"].items()
         }
