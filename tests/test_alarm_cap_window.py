@@ -46,7 +46,7 @@ def _per_message(held: int, sends: int = 3000) -> float:
 def test_a_full_hour_costs_no_more_per_message_than_an_empty_one() -> None:
     small = _per_message(1_000)
     full = _per_message(1_000_000)
-    # a list moved ~1 M floats per message (~100x); a deque forgets in O(1)
+    # a list moved ~1 M floats per message (~100x); `Times` forgets in O(1)
     assert full < 10 * small + 20e-6, (small, full)
 
 
