@@ -135,6 +135,19 @@ class OutboxRecord:
             self.check()
         return {OUTBOX_FIELD: dumps(dict(self.notification)), VERSION_FIELD: str(self.VERSION)}
 
+    def blob(self) -> bytes | str:
+        """The checked entry's ``n`` field as `fields` writes it, as UTF-8 bytes when orjson
+        writes it (the same bytes Redis stores: no dict copy, no str to decode and encode
+        again, ~5 µs of a 1 KB alarm message)."""
+        self.check()
+        n = self.notification
+        if n.__class__ is dict:
+            try:
+                return orjson.dumps(n)
+            except TypeError:  # beyond orjson (a huge integer, a non-string key)
+                pass
+        return dumps(dict(n))
+
     @classmethod
     def read(cls, fields: Mapping[Any, Any]) -> OutboxRecord:
         """The record of a stream entry; ValueError when it cannot be delivered.

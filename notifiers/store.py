@@ -267,7 +267,7 @@ OUTBOX_CHUNK = 1000  # records per script call
 def enqueue_many(p: Any, records: Iterable[Mapping[str, Any]]) -> None:
     """`enqueue` each record, in order, in the caller's transaction ``p`` (`OUTBOX_SCRIPT`):
     the same entries, checked the same way."""
-    blobs = [OutboxRecord(rec).fields()[OUTBOX_FIELD] for rec in records]
+    blobs = [OutboxRecord(rec).blob() for rec in records]
     for lo in range(0, len(blobs), OUTBOX_CHUNK):
         p.eval(OUTBOX_SCRIPT, 1, OUTBOX, *blobs[lo : lo + OUTBOX_CHUNK])
 

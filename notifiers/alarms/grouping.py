@@ -11,6 +11,8 @@ exceeds it into one digest, sent as soon as the hour allows: counted, never drop
 from __future__ import annotations
 
 import json
+from array import array
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,11 +63,55 @@ class Group:
     last_flush: float | None = None
 
 
+class Times:
+    """Message times in the order sent: append at the end, forget from the front, both O(1).
+
+    An array of doubles with a start index (the forgotten front is dropped once it is half
+    the array): a list moved all the rest on each forget (~0.8 ms per message after an hour
+    at 1,000 messages/s, 3.6 M times), and a deque of float objects is walked by every full
+    garbage collection; an array holds no objects."""
+
+    __slots__ = ("_a", "_head")
+
+    def __init__(self, values: Iterable[float] = ()) -> None:
+        self._a = array("d", values)
+        self._head = 0
+
+    def append(self, t: float) -> None:
+        self._a.append(t)
+
+    def extend(self, ts: Iterable[float]) -> None:
+        self._a.extend(ts)
+
+    def first(self) -> float:
+        return self._a[self._head]
+
+    def popleft(self) -> float:
+        t = self._a[self._head]
+        self._head += 1
+        if self._head >= 1024 and 2 * self._head >= len(self._a):
+            del self._a[: self._head]
+            self._head = 0
+        return t
+
+    def __len__(self) -> int:
+        return len(self._a) - self._head
+
+    def tolist(self) -> list[float]:
+        return self._a[self._head :].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Times) and self.tolist() == other.tolist()
+
+    def __repr__(self) -> str:
+        return f"Times({self.tolist()!r})"
+
+
 @dataclass(slots=True)
 class Outlet:
     """A subscriber's side of the cap: the times of its messages this hour, and the overflow."""
 
-    sent: list[float] = field(default_factory=list)
+    sent: Times = field(default_factory=Times)
     overflow: list[Notice] = field(default_factory=list)
     digest_at: float | None = None
 
@@ -129,7 +175,7 @@ class Dispatcher:
         self._prune(out, now, self.policy(subscriber).cap_window)
         cap = self.policy(subscriber).cap_per_hour
         if cap is not None and len(out.sent) >= cap:  # not yet: the hour is still full
-            out.digest_at = out.sent[0] + self.policy(subscriber).cap_window
+            out.digest_at = out.sent.first() + self.policy(subscriber).cap_window
             return None
         notices, out.overflow, out.digest_at = out.overflow, [], None
         out.sent.append(now)
@@ -148,15 +194,15 @@ class Dispatcher:
             out.overflow.extend(notices)  # in order, behind what is already held back
             if out.digest_at is None:
                 full = len(out.sent) >= cap
-                out.digest_at = out.sent[0] + pol.cap_window if full else now
+                out.digest_at = out.sent.first() + pol.cap_window if full else now
             return None
         out.sent.append(now)
         return Message(f"m{self._n()}", subscriber, now, kind, dict(labels), tuple(notices))
 
     @staticmethod
     def _prune(out: Outlet, now: float, window: float) -> None:
-        while out.sent and out.sent[0] <= now - window:
-            out.sent.pop(0)
+        while len(out.sent) and out.sent.first() <= now - window:
+            out.sent.popleft()
 
     # ------------------------------------------------------------------ snapshot
     def to_json(self) -> dict[str, Any]:
@@ -175,7 +221,7 @@ class Dispatcher:
             },
             "outlets": {
                 s: {
-                    "sent": o.sent,
+                    "sent": o.sent.tolist(),
                     "overflow": [n.to_json() for n in o.overflow],
                     "digest_at": o.digest_at,
                 }
@@ -196,6 +242,8 @@ class Dispatcher:
             for k, g in d["groups"].items()
         }
         self.outlets = {
-            s: Outlet(list(o["sent"]), [Notice.from_json(n) for n in o["overflow"]], o["digest_at"])
+            s: Outlet(
+                Times(o["sent"]), [Notice.from_json(n) for n in o["overflow"]], o["digest_at"]
+            )
             for s, o in d["outlets"].items()
         }
