@@ -229,6 +229,26 @@ def batch_rows(frames: list[pd.DataFrame], wm: float | None) -> tuple[list[Any],
     return batch, wm
 
 
+def batch_of_rows(rows: Iterator[Any], wm: float | None) -> tuple[list[Any], float | None]:
+    """`batch_rows` for the Row API (``transformWithState``): the key's input `Row`s (the
+    columns of `stream.ROW_DDL`, nulls as None) as `live.Row`s, and the watermark."""
+    from adapters.spark.live import Row
+
+    batch: list[Any] = []
+    at: tuple[int, ...] | None = None
+    for x in rows:
+        if at is None:
+            f = x.__fields__
+            at = tuple(f.index(c) for c in ("key", "gw", "ts", "ev", "plog", "epoch", "counted"))
+            iw = f.index("wm")
+        rw = x[iw]
+        if rw is not None and rw == rw:
+            wm = float(rw) if wm is None else max(wm, float(rw))
+        k, gw, ts, ev, plog, ep, c = (x[i] for i in at)
+        batch.append(Row(k, gw, None if ts != ts else ts, ev, plog, ep, bool(c)))
+    return batch, wm
+
+
 class RouteStep:
     """One invocation of a route on its state (`step_route`): each piece read at most once
     and only if the engine needs it, answered by this worker's cache (`RouteCache`) when it
@@ -404,29 +424,44 @@ def step_route(
 
 def processor(cfg: Any) -> Any:
     """The StatefulProcessor instance of a query, for `cfg` (a `stream.StreamConfig`; pyspark
-    is imported only here). Its methods hand the route's rows to `step_route`."""
-    import pandas as pd
+    is imported only here): for ``transformWithStateInPandas`` (`cfg.state_api` "pandas":
+    input and output as pandas frames) or ``transformWithState`` ("rows": `Row`s; no pandas
+    frame per route group or status row). Its methods hand the route's rows to `step_route`."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     settings = StepSettings.of(cfg)
+    rows_api = getattr(cfg, "state_api", "pandas") == "rows"
+    if rows_api:
+        from pyspark.sql import Row as SparkRow
+
+        def batch_of(rows: Iterator[Any], wm: float | None) -> tuple[list[Any], float | None]:
+            return batch_of_rows(rows, wm)
+
+        def emit(stats: dict[str, Any]) -> Any:
+            return SparkRow(**stats)
+
+    else:
+        import pandas as pd
+
+        def batch_of(rows: Iterator[Any], wm: float | None) -> tuple[list[Any], float | None]:
+            return batch_rows([p for p in rows if len(p)], wm)
+
+        def emit(stats: dict[str, Any]) -> Any:
+            return pd.DataFrame([stats])
 
     class RouteProcessor(StatefulProcessor):  # type: ignore[misc]
         def init(self, handle: Any) -> None:
             self.handle = handle
             self.state = RouteState.of(handle)
 
-        def handleInputRows(
-            self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
-        ) -> Iterator[pd.DataFrame]:
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             wm_ms = timerValues.getCurrentWatermarkInMs()
-            batch, wm = batch_rows(
-                [p for p in rows if len(p)], wm_ms / 1000.0 if wm_ms > 0 else None
-            )
+            batch, wm = batch_of(rows, wm_ms / 1000.0 if wm_ms > 0 else None)
             yield from self._step(key[0], batch, wm, wm_ms, None)
 
         def handleExpiredTimer(
             self, key: Any, timerValues: Any, expiredTimerInfo: Any
-        ) -> Iterator[pd.DataFrame]:
+        ) -> Iterator[Any]:
             wm_ms = timerValues.getCurrentWatermarkInMs()
             yield from self._step(
                 key[0], [], wm_ms / 1000.0, wm_ms, expiredTimerInfo.getExpiryTimeInMs()
@@ -434,10 +469,10 @@ def processor(cfg: Any) -> Any:
 
         def _step(
             self, route: str, rows: list[Any], wm: float | None, wm_ms: int, fired: int | None
-        ) -> Iterator[pd.DataFrame]:
+        ) -> Iterator[Any]:
             stats = step_route(self.state, settings, route, rows, wm, wm_ms, fired)
             if stats is not None:
-                yield pd.DataFrame([stats])
+                yield emit(stats)
 
         def close(self) -> None:
             pass

@@ -430,6 +430,7 @@ class StreamConfig:
     rates: Any = None  # `filters.plans.choose.Rates` from --stats, for plan auto
     late_events: str = "output"  # late events: "output" (ens:late) or "feed" (fed at once)
     late_max: int = 10_000  # about this many entries kept in ens:late
+    state_api: str = "pandas"  # the operator: "pandas" (transformWithStateInPandas) or "rows"
 
 
 def out_ddl() -> str:
@@ -598,10 +599,13 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
         .load()
         .withWatermark("evtime", "0 milliseconds")  # evtime: the offsets' watermark
     )
-    routed = (
-        src.filter(F.col("route") != routes.TICK)
-        .groupBy("route")
-        .transformWithStateInPandas(keyed.processor(cfg), out_ddl(), "Append", "EventTime")
+    grouped = src.filter(F.col("route") != routes.TICK).groupBy("route")
+    routed = (  # the same processor and state schemas on either API (`keyed.processor`)
+        grouped.transformWithState(keyed.processor(cfg), out_ddl(), "Append", "EventTime")
+        if cfg.state_api == "rows"
+        else grouped.transformWithStateInPandas(
+            keyed.processor(cfg), out_ddl(), "Append", "EventTime"
+        )
     )
     zero = F.lit(0).cast("long")
     ticks = src.filter(F.col("route") == routes.TICK).select(  # no group: merged in the sink
