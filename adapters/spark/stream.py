@@ -37,12 +37,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import pickle
 import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -414,6 +415,15 @@ def register(spark: SparkSession) -> None:
 # ------------------------------------------------------------------ engines
 
 
+STATE_APIS = ("pandas", "rows")  # transformWithStateInPandas, transformWithState (Row)
+STATE_API_ENV = "ENS_SPARK_STATE_API"
+
+
+def default_state_api() -> str:
+    """The operator's API unless the query says (``ENS_SPARK_STATE_API``, else pandas)."""
+    return os.environ.get(STATE_API_ENV) or "pandas"
+
+
 @dataclass
 class StreamConfig:
     redis_url: str
@@ -430,7 +440,7 @@ class StreamConfig:
     rates: Any = None  # `filters.plans.choose.Rates` from --stats, for plan auto
     late_events: str = "output"  # late events: "output" (ens:late) or "feed" (fed at once)
     late_max: int = 10_000  # about this many entries kept in ens:late
-    state_api: str = "pandas"  # the operator: "pandas" (transformWithStateInPandas) or "rows"
+    state_api: str = field(default_factory=default_state_api)  # `STATE_APIS`
 
 
 def out_ddl() -> str:
