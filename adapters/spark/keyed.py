@@ -1,8 +1,9 @@
 """The per-route operator of `ens spark stream` on Spark's per-key state API.
 
-A `StatefulProcessor` (``transformWithStateInPandas``, time mode EventTime, RocksDB state
-store with changelog checkpointing) keeps, per route (a value of ``--key``, a value of
-another `per` attribute, or a shard of the profiles without a partition):
+A `StatefulProcessor` (``transformWithState``, the Row API, or ``transformWithStateInPandas``:
+`processor`; time mode EventTime, RocksDB state store with changelog checkpointing) keeps,
+per route (a value of ``--key``, a value of another `per` attribute, or a shard of the
+profiles without a partition):
 
 - ``hdr`` (ValueState): a small header: profile version applied, engine time, next due
   time, held-event count and earliest ts, the Spark timer registered (`KeyEngine.run`);
@@ -430,7 +431,7 @@ def processor(cfg: Any) -> Any:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     settings = StepSettings.of(cfg)
-    rows_api = getattr(cfg, "state_api", "pandas") == "rows"
+    rows_api = getattr(cfg, "state_api", "rows") == "rows"
     if rows_api:
         from pyspark.sql import Row as SparkRow
 

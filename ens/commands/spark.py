@@ -470,7 +470,7 @@ _StreamStateApi = Annotated[
         envvar="ENS_SPARK_STATE_API",
         help="Advanced: the per-route operator's PySpark API, pandas "
         "(transformWithStateInPandas) or rows (transformWithState); same state, same "
-        "output (docs/spark.md). Default: pandas.",
+        "output (docs/spark.md). Default: rows.",
     ),
 ]
 
