@@ -63,7 +63,12 @@ COUNTERS = (
 )
 COUNTERS_DDL = ", ".join(f"{c} long" for c in COUNTERS) + ", cpu double"
 MARKER = "ens-operator.json"  # in the checkpoint: which operator wrote its state
-OPERATOR = {"operator": "transformWithStateInPandas", "layout": 2}
+OPERATORS = {  # the marker of each API's operator (same state layout; Spark refuses to resume
+    # a checkpoint under the other: STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA)
+    "pandas": {"operator": "transformWithStateInPandas", "layout": 2},
+    "rows": {"operator": "transformWithState", "layout": 2},
+}
+OPERATOR = OPERATORS["pandas"]  # (what a checkpoint of the pandas operator already holds)
 
 
 @dataclass
@@ -490,6 +495,19 @@ def local_dir(checkpoint: str) -> Path | None:
     return Path(checkpoint)
 
 
+def checkpoint_api(checkpoint: str) -> str | None:
+    """The state API (`OPERATORS`) whose operator wrote `checkpoint` (None: unknown or new)."""
+    d = local_dir(checkpoint)
+    mark = None if d is None else d / MARKER
+    if mark is None or not mark.exists():
+        return None
+    try:
+        got = json.loads(mark.read_text())
+    except ValueError:
+        return None
+    return next((api for api, op in OPERATORS.items() if op == got), None)
+
+
 def check_checkpoint(checkpoint: str) -> str | None:
     """Why this release cannot run on `checkpoint` (None: it can): a checkpoint of the
     earlier operator (applyInPandasWithState, one pickled engine per route) has no state this
@@ -503,7 +521,7 @@ def check_checkpoint(checkpoint: str) -> str | None:
             got = json.loads(mark.read_text())
         except ValueError:
             got = None
-        if got == OPERATOR:
+        if got in OPERATORS.values():
             return None
     return (
         f"checkpoint {checkpoint} holds the state of an earlier `ens spark stream` "
@@ -516,9 +534,10 @@ def check_checkpoint(checkpoint: str) -> str | None:
     )
 
 
-def mark_checkpoint(checkpoint: str) -> None:
-    """Record in the checkpoint which operator writes its state (`check_checkpoint`)."""
+def mark_checkpoint(checkpoint: str, api: str = "pandas") -> None:
+    """Record in the checkpoint which operator writes its state (`check_checkpoint`,
+    `checkpoint_api`)."""
     d = local_dir(checkpoint)
     if d is not None:
         d.mkdir(parents=True, exist_ok=True)
-        (d / MARKER).write_text(json.dumps(OPERATOR))
+        (d / MARKER).write_text(json.dumps(OPERATORS[api]))

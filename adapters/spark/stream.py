@@ -43,7 +43,7 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -578,6 +578,27 @@ def write_status(r: Any, messages: list[Any], batch_id: int) -> None:
         log.info("batch %d: %s", batch_id, stats)
 
 
+def resume_api(cfg: StreamConfig) -> str:
+    """The state API the query runs on: the checkpoint's, when it has one (Spark cannot resume
+    a checkpoint under another stateful operator), else `cfg.state_api`."""
+    from adapters.spark import keyed
+
+    if cfg.state_api not in STATE_APIS:
+        raise ValueError(f"state_api must be one of {', '.join(STATE_APIS)}, not {cfg.state_api!r}")
+    had = keyed.checkpoint_api(cfg.checkpoint)
+    if had is not None and had != cfg.state_api:
+        log.warning(
+            "checkpoint %s was written by the %s operator: the query continues on it "
+            "(--state-api %s); Spark cannot move a query's state to another stateful operator, "
+            "so a new --checkpoint is the way to switch",
+            cfg.checkpoint,
+            had,
+            had,
+        )
+        return had
+    return cfg.state_api
+
+
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -592,6 +613,8 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
     why = keyed.check_checkpoint(cfg.checkpoint)
     if why:
         raise ValueError(why)
+    api = resume_api(cfg)
+    cfg = replace(cfg, state_api=api)
     register(spark)
     spark.dataSource.register(_sink_classes())
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
@@ -613,7 +636,7 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
     grouped = src.filter(F.col("route") != routes.TICK).groupBy("route")
     routed = (  # the same processor and state schemas on either API (`keyed.processor`)
         grouped.transformWithState(keyed.processor(cfg), out_ddl(), "Append", "EventTime")
-        if cfg.state_api == "rows"
+        if api == "rows"
         else grouped.transformWithStateInPandas(
             keyed.processor(cfg), out_ddl(), "Append", "EventTime"
         )
@@ -631,7 +654,7 @@ def start_query(spark: SparkSession, cfg: StreamConfig) -> StreamingQuery:
         F.lit(0.0).alias("cpu"),
     )
     out = routed.unionByName(ticks)
-    keyed.mark_checkpoint(cfg.checkpoint)
+    keyed.mark_checkpoint(cfg.checkpoint, api)
     return (
         out.writeStream.outputMode("append")
         .format(SINK)
