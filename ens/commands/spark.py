@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -540,8 +541,9 @@ def stream(
             rates=rates,
             late_events=late_events,
             late_max=late_max,
-            **({"state_api": state_api} if state_api else {}),
         )
+        if state_api:
+            cfg = replace(cfg, state_api=state_api)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
