@@ -15,7 +15,9 @@ sensor` global, filters stateless) are stored, then:
 Engines (``--engines``): the worker (`EngineWorker`, event clock, lateness 2 s), then the
 query (`adapters.spark.stream.start_query`, what `ens spark stream` runs) on each Spark
 master given: local[1], local[2], local-cluster[2,1,2048] (two executor JVMs of one core;
-a new SparkSession each; trigger ``--trigger``). Ratios are of the one run. Results as JSON
+a new SparkSession each; trigger ``--trigger``); a master suffixed ``@rows`` or ``@pandas``
+runs on that state API (`keyed.processor`), the others on ``--state-api`` (here pandas
+unless given, so earlier commands compare as before). Ratios are of the one run. Results as JSON
 lines in ``--out``; a table on stdout.
 
 State work (Spark engines): the operator's counters per micro-batch (`adapters.spark.keyed`:
