@@ -15,7 +15,9 @@ sensor` global, filters stateless) are stored, then:
 Engines (``--engines``): the worker (`EngineWorker`, event clock, lateness 2 s), then the
 query (`adapters.spark.stream.start_query`, what `ens spark stream` runs) on each Spark
 master given: local[1], local[2], local-cluster[2,1,2048] (two executor JVMs of one core;
-a new SparkSession each; trigger ``--trigger``). Ratios are of the one run. Results as JSON
+a new SparkSession each; trigger ``--trigger``); a master suffixed ``@rows`` or ``@pandas``
+runs on that state API (`keyed.processor`), the others on ``--state-api`` (here pandas
+unless given, so earlier commands compare as before). Ratios are of the one run. Results as JSON
 lines in ``--out``; a table on stdout.
 
 State work (Spark engines): the operator's counters per micro-batch (`adapters.spark.keyed`:
@@ -217,13 +219,21 @@ def run_spark(
     from adapters.spark.session import get_spark
     from adapters.spark.stream import StreamConfig, start_query
 
+    master, _, api = master.partition("@")  # local[2]@rows: the Row API (`--state-api`)
+    api = api or args.state_api
     t = time.perf_counter()
     spark = get_spark(master, app=f"ens-bench-{master}")
-    cp = work / f"cp-{master}"
+    cp = work / f"cp-{master}-{api}"
     q = start_query(
         spark,
         StreamConfig(
-            url, key="room", checkpoint=str(cp), trigger=args.trigger, lateness=2.0, clock="event"
+            url,
+            key="room",
+            checkpoint=str(cp),
+            trigger=args.trigger,
+            lateness=2.0,
+            clock="event",
+            state_api=api,
         ),
     )
     try:
@@ -261,7 +271,8 @@ def run_spark(
         secs = time.perf_counter() - t0
         cpu = meter.totals()
         row = {
-            "engine": f"spark {master}",
+            "engine": f"spark {master}" + (f" {api}" if api != "pandas" else ""),
+            "state_api": api,
             "events": n,
             "seconds": round(secs, 2),
             "events_per_s": round(n / secs),
@@ -454,6 +465,12 @@ def main() -> None:
         default="worker,local[1],local[2],local-cluster[2,1,2048]",
         help="worker and Spark masters, comma-separated",
     )
+    ap.add_argument(
+        "--state-api",
+        default="pandas",
+        choices=("pandas", "rows"),
+        help="the operator's API (a master may name its own: local[2]@rows)",
+    )
     ap.add_argument("--out", default="docs/results/spark_stream.jsonl")
     ap.add_argument(
         "--idle-keys", default="", help="e.g. 50,5000: the idle-keys runs (see the docstring)"
@@ -476,7 +493,7 @@ def main() -> None:
                 row.update(profiles=args.profiles, rooms=args.rooms)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 rows.append(row)
-            sparks = [e for e in engines if e != "worker"]
+            sparks = [e.partition("@")[0] for e in engines if e != "worker"]
             for n in [int(x) for x in args.idle_keys.split(",") if x] if sparks else []:
                 print(f"-- idle keys {n} on {sparks[0]}", file=sys.stderr, flush=True)
                 row = idle_keys(r, url, sparks[0], n, args, work)
@@ -488,8 +505,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     by = {x["engine"]: x for x in rows if "idle_keys" not in x}
     w = by.get("worker")
-    for x in by.values():  # CPU per event against the in-process worker's, same run
-        if w is not None and x is not w and x.get("events"):
+    for x in rows:  # CPU per event against the in-process worker's, same run
+        if w is not None and x is not w and x.get("events") and "cpu_s" in x:
             wcpu = w["cpu_s"]["driver"] / w["events"]
             cpu = x["cpu_s"]
             job = cpu["driver"] + cpu["jvm"] + cpu["python workers"]

@@ -603,6 +603,48 @@ def test_wall_clock_fires_timers_without_events(spark: Any, tmp_path: Path) -> N
     assert fired >= now + 2.5  # not before the wall clock passed deadline + lateness
 
 
+def test_a_checkpoint_keeps_the_state_api_it_was_started_with(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark will not resume a checkpoint under another stateful operator
+    (STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA): a checkpoint the pandas
+    operator wrote goes on under it when the query asks for the Row API (the default), with a
+    warning; the A held in its state matches a B sent after the restart."""
+    from adapters.spark.keyed import checkpoint_api
+    from adapters.spark.stream import StreamConfig, start_query
+
+    caplog.set_level("WARNING", "ens.spark.stream")
+    with redis_server(tmp_path) as url:
+        r = redis.Redis.from_url(url, decode_responses=True)
+        provision(r, {"ab": SEQ_2H})
+        cp = str(tmp_path / "cp")
+        settings: dict[str, Any] = {"key": "room", "trigger": "300 milliseconds", "clock": "event"}
+        evs = [{"id": "a1", "ts": 1000.0, "kind": "A", "room": "r1"}]
+        for n, api in enumerate(("pandas", "rows")):
+            q = start_query(spark, StreamConfig(url, checkpoint=cp, state_api=api, **settings))
+            try:
+                r.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs), rs.INGEST_GATEWAY: "gw"})
+                r.incrby(rs.INGEST_IN, 1)
+                wait_for(
+                    lambda n=n, q=q: (
+                        stream_stats(r).get("total_read") == n + 1
+                        and stream_stats(r).get("buffered") == 0
+                        or q.exception()
+                    ),
+                    90,
+                    "the batch",
+                )
+                assert q.exception() is None
+            finally:
+                q.stop()
+            evs = [{"id": "b1", "ts": 1010.0, "kind": "B", "room": "r1"}]
+        assert checkpoint_api(cp) == "pandas"
+        got = outbox(r)
+        r.close()
+    assert [(n["profile"], n["events"]["b"]["id"]) for n in got] == [("ab", "b1")]
+    assert "was written by the pandas operator" in caplog.text
+
+
 CASES = sorted((ROOT / "tests" / "conformance").glob("*.yaml")) + sorted(
     (ROOT / "tests" / "cases").glob("*.yaml")
 )
@@ -1047,7 +1089,7 @@ class _FakeState:
         return Map()
 
 
-def _fake_processor(url: str, state: _FakeState) -> Any:
+def _fake_processor(url: str, state: _FakeState, api: str = "pandas") -> Any:
     from types import SimpleNamespace
 
     from adapters.spark import keyed
@@ -1061,6 +1103,7 @@ def _fake_processor(url: str, state: _FakeState) -> Any:
         rates=None,
         late_events="output",
         late_max=1000,
+        state_api=api,
     )
     proc = keyed.processor(cfg)
     handle = SimpleNamespace(
@@ -1174,3 +1217,78 @@ def test_the_route_cache_outlives_a_task_as_spark_ships_the_processor(
         stats.append(out[0].iloc[0].to_dict())
     assert "kr1" in keyed._cache
     assert stats[1]["cached"] >= 1
+
+
+def test_the_row_api_processor_gives_what_the_pandas_one_gives(
+    rb: redis.Redis, rt: redis.Redis, redis_url: str
+) -> None:
+    """`--state-api rows` (``transformWithState``: input and status as Spark `Row`s, nulls
+    as None) and pandas (``transformWithStateInPandas``: frames, NaN for a null ts) run the
+    same step on the same state: equal status rows, stored state and notifications."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from pyspark.sql import Row as SparkRow
+
+    from adapters.spark import keyed
+    from adapters.spark.stream import ROW_DDL
+
+    seq = 'seq(a: kind = "A", b: kind = "B") within 2h per room, sensor'
+    cols = [c.split()[0] for c in ROW_DDL.split(", ")]
+
+    def inputs(plog: str, i: int) -> list[dict[str, Any]]:
+        evs = [
+            {"id": f"e{i}.{j}", "ts": 1000.0 + 100 * i + j, "kind": "AB"[(i + j) % 2]}
+            for j in range(4)
+        ]
+        out = []
+        for j, ev in enumerate(evs):
+            x = _row(plog, f"{i + 1}-0.{j}", {**ev, "room": "r1", "sensor": f"s{j % 2}"})
+            out.append(
+                dict(
+                    zip(
+                        cols,
+                        (
+                            "kr1",
+                            x.key,
+                            x.gw,
+                            x.ts,
+                            None,
+                            x.ev,
+                            x.plog,
+                            x.epoch,
+                            0,
+                            1000.0 + 100 * i + 50,
+                            0.0,
+                            x.counted,
+                        ),
+                        strict=True,
+                    )
+                )
+            )
+        out.append({**out[0], "key": None, "ts": None, "ev": None, "counted": False})  # a tick
+        return out
+
+    runs: dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[str]]] = {}
+    for api in ("pandas", "rows"):
+        rt.flushall()
+        plog, _versions = _task_setup(rb, rt, {"ab": seq})
+        keyed._cache.clear()
+        st = _FakeState()
+        proc = _fake_processor(redis_url, st, api)
+        stats = []
+        for i in range(4):
+            rows = inputs(plog, i)
+            given: Any = (
+                iter([pd.DataFrame(rows, columns=cols)])
+                if api == "pandas"
+                else iter(SparkRow(**x) for x in rows)
+            )
+            tv = SimpleNamespace(getCurrentWatermarkInMs=lambda i=i: (1000 + 100 * i) * 1000)
+            for out in proc.handleInputRows(("kr1",), given, tv):
+                got = out.iloc[0].to_dict() if api == "pandas" else out.asDict()
+                assert set(got) == {*keyed.STATS_COLS, *keyed.COUNTERS}
+                stats.append({k: v for k, v in got.items() if k not in ("cpu", "ts", "wall", "gw")})
+        runs[api] = (stats, {k: v for k, v in st.store.items() if k != "hdr"}, _outbox_ids(rt))
+    assert runs["pandas"][2]  # the B's matched
+    assert runs["rows"] == runs["pandas"]

@@ -1,8 +1,9 @@
 """The per-route operator of `ens spark stream` on Spark's per-key state API.
 
-A `StatefulProcessor` (``transformWithStateInPandas``, time mode EventTime, RocksDB state
-store with changelog checkpointing) keeps, per route (a value of ``--key``, a value of
-another `per` attribute, or a shard of the profiles without a partition):
+A `StatefulProcessor` (``transformWithState``, the Row API, or ``transformWithStateInPandas``:
+`processor`; time mode EventTime, RocksDB state store with changelog checkpointing) keeps,
+per route (a value of ``--key``, a value of another `per` attribute, or a shard of the
+profiles without a partition):
 
 - ``hdr`` (ValueState): a small header: profile version applied, engine time, next due
   time, held-event count and earliest ts, the Spark timer registered (`KeyEngine.run`);
@@ -62,7 +63,12 @@ COUNTERS = (
 )
 COUNTERS_DDL = ", ".join(f"{c} long" for c in COUNTERS) + ", cpu double"
 MARKER = "ens-operator.json"  # in the checkpoint: which operator wrote its state
-OPERATOR = {"operator": "transformWithStateInPandas", "layout": 2}
+OPERATORS = {  # the marker of each API's operator (same state layout; Spark refuses to resume
+    # a checkpoint under the other: STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA)
+    "pandas": {"operator": "transformWithStateInPandas", "layout": 2},
+    "rows": {"operator": "transformWithState", "layout": 2},
+}
+OPERATOR = OPERATORS["pandas"]  # (what a checkpoint of the pandas operator already holds)
 
 
 @dataclass
@@ -226,6 +232,26 @@ def batch_rows(frames: list[pd.DataFrame], wm: float | None) -> tuple[list[Any],
                 strict=True,
             )
         ]
+    return batch, wm
+
+
+def batch_of_rows(rows: Iterator[Any], wm: float | None) -> tuple[list[Any], float | None]:
+    """`batch_rows` for the Row API (``transformWithState``): the key's input `Row`s (the
+    columns of `stream.ROW_DDL`, nulls as None) as `live.Row`s, and the watermark."""
+    from adapters.spark.live import Row
+
+    batch: list[Any] = []
+    at: tuple[int, ...] | None = None
+    for x in rows:
+        if at is None:
+            f = x.__fields__
+            at = tuple(f.index(c) for c in ("key", "gw", "ts", "ev", "plog", "epoch", "counted"))
+            iw = f.index("wm")
+        rw = x[iw]
+        if rw is not None and rw == rw:
+            wm = float(rw) if wm is None else max(wm, float(rw))
+        k, gw, ts, ev, plog, ep, c = (x[i] for i in at)
+        batch.append(Row(k, gw, None if ts != ts else ts, ev, plog, ep, bool(c)))
     return batch, wm
 
 
@@ -404,29 +430,44 @@ def step_route(
 
 def processor(cfg: Any) -> Any:
     """The StatefulProcessor instance of a query, for `cfg` (a `stream.StreamConfig`; pyspark
-    is imported only here). Its methods hand the route's rows to `step_route`."""
-    import pandas as pd
+    is imported only here): for ``transformWithStateInPandas`` (`cfg.state_api` "pandas":
+    input and output as pandas frames) or ``transformWithState`` ("rows": `Row`s; no pandas
+    frame per route group or status row). Its methods hand the route's rows to `step_route`."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     settings = StepSettings.of(cfg)
+    rows_api = getattr(cfg, "state_api", "rows") == "rows"
+    if rows_api:
+        from pyspark.sql import Row as SparkRow
+
+        def batch_of(rows: Iterator[Any], wm: float | None) -> tuple[list[Any], float | None]:
+            return batch_of_rows(rows, wm)
+
+        def emit(stats: dict[str, Any]) -> Any:
+            return SparkRow(**stats)
+
+    else:
+        import pandas as pd
+
+        def batch_of(rows: Iterator[Any], wm: float | None) -> tuple[list[Any], float | None]:
+            return batch_rows([p for p in rows if len(p)], wm)
+
+        def emit(stats: dict[str, Any]) -> Any:
+            return pd.DataFrame([stats])
 
     class RouteProcessor(StatefulProcessor):  # type: ignore[misc]
         def init(self, handle: Any) -> None:
             self.handle = handle
             self.state = RouteState.of(handle)
 
-        def handleInputRows(
-            self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
-        ) -> Iterator[pd.DataFrame]:
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             wm_ms = timerValues.getCurrentWatermarkInMs()
-            batch, wm = batch_rows(
-                [p for p in rows if len(p)], wm_ms / 1000.0 if wm_ms > 0 else None
-            )
+            batch, wm = batch_of(rows, wm_ms / 1000.0 if wm_ms > 0 else None)
             yield from self._step(key[0], batch, wm, wm_ms, None)
 
         def handleExpiredTimer(
             self, key: Any, timerValues: Any, expiredTimerInfo: Any
-        ) -> Iterator[pd.DataFrame]:
+        ) -> Iterator[Any]:
             wm_ms = timerValues.getCurrentWatermarkInMs()
             yield from self._step(
                 key[0], [], wm_ms / 1000.0, wm_ms, expiredTimerInfo.getExpiryTimeInMs()
@@ -434,10 +475,10 @@ def processor(cfg: Any) -> Any:
 
         def _step(
             self, route: str, rows: list[Any], wm: float | None, wm_ms: int, fired: int | None
-        ) -> Iterator[pd.DataFrame]:
+        ) -> Iterator[Any]:
             stats = step_route(self.state, settings, route, rows, wm, wm_ms, fired)
             if stats is not None:
-                yield pd.DataFrame([stats])
+                yield emit(stats)
 
         def close(self) -> None:
             pass
@@ -454,6 +495,19 @@ def local_dir(checkpoint: str) -> Path | None:
     return Path(checkpoint)
 
 
+def checkpoint_api(checkpoint: str) -> str | None:
+    """The state API (`OPERATORS`) whose operator wrote `checkpoint` (None: unknown or new)."""
+    d = local_dir(checkpoint)
+    mark = None if d is None else d / MARKER
+    if mark is None or not mark.exists():
+        return None
+    try:
+        got = json.loads(mark.read_text())
+    except ValueError:
+        return None
+    return next((api for api, op in OPERATORS.items() if op == got), None)
+
+
 def check_checkpoint(checkpoint: str) -> str | None:
     """Why this release cannot run on `checkpoint` (None: it can): a checkpoint of the
     earlier operator (applyInPandasWithState, one pickled engine per route) has no state this
@@ -467,7 +521,7 @@ def check_checkpoint(checkpoint: str) -> str | None:
             got = json.loads(mark.read_text())
         except ValueError:
             got = None
-        if got == OPERATOR:
+        if got in OPERATORS.values():
             return None
     return (
         f"checkpoint {checkpoint} holds the state of an earlier `ens spark stream` "
@@ -480,9 +534,10 @@ def check_checkpoint(checkpoint: str) -> str | None:
     )
 
 
-def mark_checkpoint(checkpoint: str) -> None:
-    """Record in the checkpoint which operator writes its state (`check_checkpoint`)."""
+def mark_checkpoint(checkpoint: str, api: str = "pandas") -> None:
+    """Record in the checkpoint which operator writes its state (`check_checkpoint`,
+    `checkpoint_api`)."""
     d = local_dir(checkpoint)
     if d is not None:
         d.mkdir(parents=True, exist_ok=True)
-        (d / MARKER).write_text(json.dumps(OPERATOR))
+        (d / MARKER).write_text(json.dumps(OPERATORS[api]))

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -363,7 +364,9 @@ def _interval(flag: str, text: str) -> float:
     return parse_duration(flag, text)
 
 
-def _check_stream_options(clock: str, partitions: int, late_events: str, late_max: int) -> None:
+def _check_stream_options(
+    clock: str, partitions: int, late_events: str, late_max: int, state_api: str | None = None
+) -> None:
     if clock not in ("wall", "event"):
         raise ENSError(f"--clock must be wall or event, not {clock!r}")
     if partitions < 0:
@@ -372,6 +375,8 @@ def _check_stream_options(clock: str, partitions: int, late_events: str, late_ma
         raise ENSError(f"--late-events must be output or feed, not {late_events!r}")
     if late_max < 1:
         raise ENSError(f"--late-max must be >= 1, not {late_max}")
+    if state_api is not None and state_api not in ("pandas", "rows"):
+        raise ENSError(f"--state-api must be pandas or rows, not {state_api!r}")
 
 
 def _reach_redis(redis_url: str) -> str:
@@ -459,6 +464,16 @@ _StreamLateMax = Annotated[
         "go first; `ens serve --late-max`).",
     ),
 ]
+_StreamStateApi = Annotated[
+    str | None,
+    typer.Option(
+        "--state-api",
+        envvar="ENS_SPARK_STATE_API",
+        help="Advanced: the per-route operator's PySpark API, pandas "
+        "(transformWithStateInPandas) or rows (transformWithState); same state, same "
+        "output (docs/spark.md). Default: rows.",
+    ),
+]
 
 
 @app.command()
@@ -476,6 +491,7 @@ def stream(
     run_for: _StreamRunFor = None,
     late_events: _StreamLateEvents = "output",
     late_max: _StreamLateMax = 10_000,
+    state_api: _StreamStateApi = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     plan: PlanOpt = "eager",
     stats_file: StatsOpt = None,
@@ -496,7 +512,7 @@ def stream(
         rates = load_stats(stats_file)
         if not redis_url:
             raise ENSError("--redis-url (or ENS_REDIS_URL) is required: executors connect to it")
-        _check_stream_options(clock, partitions, late_events, late_max)
+        _check_stream_options(clock, partitions, late_events, late_max, state_api)
         trig = _interval("--trigger", trigger)
         late = _interval("--lateness", lateness)
         idle = _interval("--idle-timeout", idle_timeout)
@@ -526,6 +542,8 @@ def stream(
             late_events=late_events,
             late_max=late_max,
         )
+        if state_api:
+            cfg = replace(cfg, state_api=state_api)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
