@@ -8,6 +8,7 @@ without leaving partial output.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -500,9 +501,6 @@ def stream(
 
     Run the service with `ens serve --engine spark` (API and delivery, no engine thread).
     """
-    import signal
-    import threading
-
     from ens.plans import check_plan, load_stats
 
     log = _logger()
@@ -544,19 +542,32 @@ def stream(
         )
         if state_api:
             cfg = replace(cfg, state_api=state_api)
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        stop = _stop_on_signals()
         with _session(master) as spark:
             q = start_query(spark, cfg)
             log(f"streaming {shown} by {key} on {master}, checkpoint {checkpoint}")
-            deadline = None if run_for is None else time.monotonic() + run_for
-            while not stop.is_set() and q.isActive:
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                stop.wait(0.5)
-            err = q.exception()
-            q.stop()
-            if err is not None:
-                raise RuntimeError(f"the streaming query failed: {err}")
+            _run_until_stopped(q, stop, run_for)
             log("stopped")
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set (a graceful stop from then on, the JVM's start too)."""
+    import signal
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _run_until_stopped(q: Any, stop: threading.Event, run_for: float | None) -> None:
+    """Wait for `stop`, `run_for` seconds or the query's end; stop the query; raise its error."""
+    deadline = None if run_for is None else time.monotonic() + run_for
+    while not stop.is_set() and q.isActive:
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        stop.wait(0.5)
+    err = q.exception()
+    q.stop()
+    if err is not None:
+        raise RuntimeError(f"the streaming query failed: {err}")
