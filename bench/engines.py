@@ -275,7 +275,11 @@ class Runner:
 
     def measure(self, cell: str, engine: str) -> tuple[float, int]:
         from filters.engine import Engine
-        from filters.twostep.engine import TwoStepEngine
+
+        try:
+            from filters.twostep.engine import TwoStepEngine
+        except ModuleNotFoundError:  # a tree from before filters/ became subpackages
+            from filters.twostep import TwoStepEngine  # type: ignore[attr-defined,no-redef]
 
         c = self.cells[cell]
         if cell not in self._built:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from typing import Any
 
@@ -17,8 +16,7 @@ from notifiers import status
 from notifiers.attempt import Attempt
 from notifiers.config import NotifierConfig
 from notifiers.delivery_state import Counts
-from notifiers.destinations import DestinationGate
-from notifiers.email import SmtpSender, build_message, compose
+from notifiers.email import build_message, compose
 from notifiers.leases import Leases
 from notifiers.metrics import (
     ABANDONED,
@@ -71,23 +69,16 @@ class Digests:
         self,
         r: redis.Redis,
         config: NotifierConfig,
-        rng: random.Random,
         leases: Leases,
         intake: OutboxIntake,
         sending: Sending,
-        smtp: SmtpSender,
-        gate: DestinationGate,
-        smtp_dest: str,
     ) -> None:
         self.r = r
         self.config = config
         self.leases = leases
         self.intake = intake
         self.sending = sending
-        self._rng = rng
-        self._smtp = smtp
-        self._gate = gate
-        self._smtp_dest = smtp_dest  # the relay, gated as a webhook origin is
+        self.senders = sending.senders
         self._digest_done = r.register_script(DIGEST_DONE)
 
     def flush(self, address: str) -> Counts:
@@ -206,7 +197,7 @@ class Digests:
             self._digest_done(keys=keys, args=args)
             return
         msg = self._digest_message(address, states, sender)
-        grant = self._gate.acquire(self._smtp_dest, time.time())
+        grant = self.senders.gate.acquire(self.senders.smtp_dest, time.time())
         if not grant.ok:  # the relay is busy or its circuit open: the digest comes back then
             self.r.zadd(DIGESTS, {address: grant.retry_at})
             DEFERRED.labels("email", grant.reason).inc()
@@ -215,9 +206,9 @@ class Digests:
         started = time.monotonic()
         result = Attempt.fatal("not sent")
         try:
-            result = self._smtp.send(msg)
+            result = self.senders.smtp.send(msg)
         finally:
-            self.sending.release(self._smtp_dest, grant, time.monotonic() - started, result)
+            self.sending.release(self.senders.smtp_dest, grant, time.monotonic() - started, result)
         elapsed = time.monotonic() - started
         if result.abandoned:  # the worker stops: its lease on the digest brings it back
             log.info("abandoned digest to %s after %.1fs: %s", address, elapsed, result.error)
@@ -245,7 +236,7 @@ class Digests:
             for _, st in states:
                 self.sending.delivered("email", st, counts)
         elif result.retryable and attempts < self.config.retry.max_attempts:
-            delay = self.config.retry.delay(attempts, result.retry_after, self._rng)
+            delay = self.config.retry.delay(attempts, result.retry_after, self.senders.rng)
             with self.r.pipeline(transaction=False) as p:
                 p.zadd(DIGESTS, {address: time.time() + delay})
                 for _, st in states:

@@ -10,6 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -52,6 +53,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("ens.notifiers")
 
 
+@dataclass(frozen=True, slots=True)
+class Senders:
+    """What a send goes through, shared by `Sending` and `Digests`: the webhook and SMTP
+    senders, the destination gate (in-flight limit, circuit breaker) where the relay is one
+    destination (``smtp_dest``), gated as a webhook origin is, and the backoff's jitter."""
+
+    webhook: WebhookSender
+    smtp: SmtpSender
+    gate: DestinationGate
+    smtp_dest: str
+    rng: random.Random
+
+
 class Sending:
     """The sending part of `DeliveryWorker`: one delivery through the worker's senders and
     destination gate; `intake` reads subscribers and acks what is done, `leases` is told when
@@ -61,23 +75,15 @@ class Sending:
         self,
         r: redis.Redis,
         config: NotifierConfig,
-        rng: random.Random,
         leases: Leases,
         intake: OutboxIntake,
-        webhook: WebhookSender,
-        smtp: SmtpSender,
-        gate: DestinationGate,
-        smtp_dest: str,
+        senders: Senders,
     ) -> None:
         self.r = r
         self.config = config
         self.leases = leases
         self.intake = intake
-        self._rng = rng
-        self._webhook = webhook
-        self._smtp = smtp
-        self._gate = gate
-        self._smtp_dest = smtp_dest  # the relay, gated as a webhook origin is
+        self.senders = senders
 
     def deliver(self, dkey: str) -> Counts:
         counts = Counts()
@@ -118,9 +124,11 @@ class Sending:
             return
 
         dest = (
-            destination(channel.webhook) if isinstance(channel, WebhookChannel) else self._smtp_dest
+            destination(channel.webhook)
+            if isinstance(channel, WebhookChannel)
+            else self.senders.smtp_dest
         )
-        grant = self._gate.acquire(dest, time.time())
+        grant = self.senders.gate.acquire(dest, time.time())
         if not grant.ok:
             self._defer(dkey, dest, grant, kind, counts)
             return
@@ -148,7 +156,7 @@ class Sending:
             log.info("delivered %s (%s, %.3fs)", where, result.detail, elapsed)
             self.delivered(kind, st, counts)
         elif result.retryable and st["attempts"] < self.config.retry.max_attempts:
-            delay = self.config.retry.delay(st["attempts"], result.retry_after, self._rng)
+            delay = self.config.retry.delay(st["attempts"], result.retry_after, self.senders.rng)
             st["error"] = result.error
             with self.r.pipeline(transaction=True) as p:
                 p.hset(STATE, dkey, dumps(st))
@@ -184,10 +192,10 @@ class Sending:
             if not secret:
                 return Attempt.fatal("no signing secret for this webhook")
             body = webhook_body(sub.id, channel, sub.templates, n)
-            return self._webhook.send(channel.webhook, secret, n, body)
+            return self.senders.webhook.send(channel.webhook, secret, n, body)
         sender, to = self.config.smtp.sender, channel.email
         msg = compose(email_message, sub.id, sub.templates, n, sender, to, key=dkey)
-        return msg if isinstance(msg, Attempt) else self._smtp.send(msg)
+        return msg if isinstance(msg, Attempt) else self.senders.smtp.send(msg)
 
     def _defer(self, dkey: str, dest: str, grant: Grant, kind: str, counts: Counts) -> None:
         """Put a delivery back on the schedule at the gate's time, without an attempt."""
@@ -201,11 +209,11 @@ class Sending:
     def release(self, dest: str, grant: Grant, elapsed: float, result: Attempt) -> None:
         # an answered 4xx shows the server alive; an abandoned send says nothing about it
         failed = not result.ok and result.retryable and not result.abandoned
-        change = self._gate.release(dest, grant, time.time(), elapsed, failed)
+        change = self.senders.gate.release(dest, grant, time.time(), elapsed, failed)
         if change is not None:
             try:
                 opened = change == OPENED
-                until = time.time() + self._gate.cooldown
+                until = time.time() + self.senders.gate.cooldown
                 status.note_breaker(self.r, dest, opened, until, result.error)
             except redis.RedisError as exc:  # the status only; the breaker itself is in memory
                 log.warning("could not record the circuit of %s: %s", dest, exc)
@@ -219,7 +227,7 @@ class Sending:
                     "circuit open for %s (%s): nothing is sent there for %gs",
                     dest,
                     result.error,
-                    self._gate.cooldown,
+                    self.senders.gate.cooldown,
                 )
         elif change == CLOSED:
             CIRCUITS_OPEN.dec()

@@ -47,7 +47,7 @@ from notifiers.email import SmtpSender
 from notifiers.leases import Leases
 from notifiers.metrics import CIRCUITS_OPEN
 from notifiers.outbox_intake import OutboxIntake
-from notifiers.sending import Sending
+from notifiers.sending import Senders, Sending
 from notifiers.store import (
     DIGESTS,
     RETRY,
@@ -69,52 +69,36 @@ class DeliveryWorker:
     ) -> None:
         self.r = redis_client
         self.config = config or NotifierConfig.load()
-        self._rng = rng or random.Random()
-        self._webhook = WebhookSender(self.config.webhook)
-        self._smtp = SmtpSender(self.config.smtp)
+        rng = rng or random.Random()
         self._pool = ThreadPoolExecutor(
             self.config.worker.concurrency, thread_name_prefix="ens-delivery"
         )
-        hook = self.config.webhook
-        self._gate = DestinationGate(
-            hook.per_destination or max(self.config.worker.concurrency // 4, 1),
-            hook.breaker_failures,
-            hook.breaker_cooldown,
-            rng=self._rng,
+        hook, smtp = self.config.webhook, self.config.smtp
+        self.senders = Senders(
+            WebhookSender(hook),
+            SmtpSender(smtp),
+            DestinationGate(
+                hook.per_destination or max(self.config.worker.concurrency // 4, 1),
+                hook.breaker_failures,
+                hook.breaker_cooldown,
+                rng=rng,
+            ),
+            f"smtp://{smtp.host.lower()}:{smtp.effective_port}",
+            rng,
         )
-        smtp = self.config.smtp  # the relay is one destination, gated as a webhook origin is
-        self._smtp_dest = f"smtp://{smtp.host.lower()}:{smtp.effective_port}"
         self.leases = Leases(self.r, self.config)
         self.intake = OutboxIntake(self.r, self.config, self.leases)
-        self.sending = Sending(
-            self.r,
-            self.config,
-            self._rng,
-            self.leases,
-            self.intake,
-            self._webhook,
-            self._smtp,
-            self._gate,
-            self._smtp_dest,
-        )
-        self.digests = Digests(
-            self.r,
-            self.config,
-            self._rng,
-            self.leases,
-            self.intake,
-            self.sending,
-            self._smtp,
-            self._gate,
-            self._smtp_dest,
-        )
+        self.sending = Sending(self.r, self.config, self.leases, self.intake, self.senders)
+        self.digests = Digests(self.r, self.config, self.leases, self.intake, self.sending)
 
     def close(self) -> None:
         self.abandon()  # run_forever left nothing in flight; run_once's callers may have
         self._pool.shutdown(wait=True)
         self.leases.close()
-        self._webhook.close()
-        CIRCUITS_OPEN.dec(self._gate.open_count())  # the gauge sums the live workers' circuits
+        self.senders.webhook.close()
+        CIRCUITS_OPEN.dec(
+            self.senders.gate.open_count()
+        )  # the gauge sums the live workers' circuits
 
     def __enter__(self) -> DeliveryWorker:
         return self
@@ -191,8 +175,8 @@ class DeliveryWorker:
 
     def abandon(self) -> None:
         """Cut every send in flight short (webhook connections and SMTP sessions are shut)."""
-        self._webhook.abort()
-        self._smtp.abort()
+        self.senders.webhook.abort()
+        self.senders.smtp.abort()
 
     @staticmethod
     def _harvest(inflight: set[Future[Counts]], total: Counts) -> None:

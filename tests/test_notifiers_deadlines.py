@@ -112,7 +112,7 @@ def test_trickling_receivers_are_cut_off_and_tripped_while_a_healthy_one_keeps_f
                 )
                 assert cut - deadlines >= 2 * cfg.webhook.breaker_failures
                 # a slow host never held more than its share of the 8 threads at once
-                assert w._gate.limit == 2
+                assert w.senders.gate.limit == 2
             finally:
                 stopped = time.monotonic()
                 stop.set()
