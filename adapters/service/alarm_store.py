@@ -36,7 +36,7 @@ import redis
 from adapters.errors import WorkerUnavailable as WorkerUnavailable  # its old import path
 from notifiers.alarms import Alarm, Matcher, Notice, SilenceError, Transition
 from notifiers.alarms.silences import parse_time
-from notifiers.records import text
+from notifiers.records import owned, text
 from profiles.errors import ENSError
 
 ALARMS = "ens:alarms"
@@ -331,8 +331,10 @@ def history_json(tr: Transition, **extra: Any) -> bytes:
     """The transition's fields in order (orjson writes the dataclass itself: no dict), then
     ``extra``."""
     if not extra:
-        return orjson.dumps(tr)
-    return orjson.dumps({**{name: getattr(tr, name) for name in _TRANSITION_FIELDS}, **extra})
+        return owned(orjson.dumps(tr))  # kept until the commit: `owned`
+    return owned(
+        orjson.dumps({**{name: getattr(tr, name) for name in _TRANSITION_FIELDS}, **extra})
+    )
 
 
 @functools.lru_cache(maxsize=1 << 16)

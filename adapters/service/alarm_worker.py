@@ -60,6 +60,7 @@ from notifiers.alarms import (
     Message,
     SilenceError,
 )
+from notifiers.records import owned
 from notifiers.routing.router import Router
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec, clear_companion
 from profiles.ast import Profile
@@ -387,7 +388,7 @@ class AlarmPart:
             p.hset(
                 als.ALARMS,
                 mapping={
-                    a.id: orjson.dumps(als.index_record(a, book.labels(a)))
+                    a.id: owned(orjson.dumps(als.index_record(a, book.labels(a))))
                     for a in map(alarms.__getitem__, touched)
                 },
             )
