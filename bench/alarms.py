@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -230,8 +232,6 @@ def worker_mix(events: int = 30_000, repeat: int = 5, hour_rate: int = 1000) -> 
     "hour": "on" once the subscriber has had an hour of ``hour_rate`` messages/s under a cap
     it never reaches (its outlet holds their times, as a service that has run that long has
     it): the steady state, which a run of seconds never reaches."""
-    import statistics
-
     from bench import service_load as sl
 
     gen = sl.Gen(7)
@@ -294,10 +294,14 @@ def e2e(
     `clear: manual`. Each run: a fresh redis-server database, the service as a subprocess,
     ``events`` events POSTed in batches of ``batch`` by ``clients`` gateways over HTTP, then a
     final probe; events/s is ``events`` over the time from the first POST to the probe's
-    notification in the outbox. The modes alternate ``repeat`` times; the best of each counts.
-    Beside it, the service process's CPU per event in each run (``..._serve_cpu_us_per_event``)
-    and ``cpu_off_vs_on`` (best off over best on): the ratio the rate would have where the
-    service alone bounds it, which other jobs on the machine disturb much less.
+    notification in the outbox. The modes alternate ``repeat`` times (rounds: off, then on);
+    the best of each counts (``on_vs_off``), and the median of the rounds' own ratios
+    (``median_on_vs_off``, with ``rounds_on_vs_off``): a single round varies much with other
+    jobs on the machine. Beside it, the service process's CPU per event in each run
+    (``..._serve_cpu_us_per_event``) and ``cpu_off_vs_on`` (best off over best on; per round:
+    ``median_cpu_off_vs_on``): the ratio the rate would have where the service alone bounds
+    it, which other jobs on the machine disturb much less. ``load``: the machine's load
+    average (1 min) at the start and the end.
     ``root``: the source tree the service runs from (another checkout: a before/after);
     ``window_only``: "on" gives only ``window-open`` an `alarm:` (the others stay plain).
     """
@@ -313,6 +317,7 @@ def e2e(
     profs = [*sl.profiles(composites, filters), ("window-open", WINDOW_EXPR)]
     out: dict[str, Any] = {"events": events, "batch": batch, "clients": clients,
                            "profiles": len(profs)}  # fmt: skip
+    load0 = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="ens-bench-alarms-e2e-"))
     # a redis-server per run: the service of a run never sees the keys of another
     try:
@@ -350,6 +355,16 @@ def e2e(
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     cpu_off = min(out["alarms_off_serve_cpu_us_per_event"])
     out["cpu_off_vs_on"] = round(cpu_off / min(out["alarms_on_serve_cpu_us_per_event"]), 3)
+    pairs = list(zip(out["alarms_off_runs"], out["alarms_on_runs"], strict=True))
+    out["rounds_on_vs_off"] = [round(on / off, 3) for off, on in pairs]
+    out["median_on_vs_off"] = round(statistics.median(on / off for off, on in pairs), 3)
+    cpus = zip(
+        out["alarms_off_serve_cpu_us_per_event"],
+        out["alarms_on_serve_cpu_us_per_event"],
+        strict=True,
+    )
+    out["median_cpu_off_vs_on"] = round(statistics.median(off / on for off, on in cpus), 3)
+    out["load"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     return out
 
 
