@@ -219,3 +219,20 @@ def test_a_steps_label_sets_are_those_of_each_alarm(rt: Any) -> None:
     want = {k: rt.smembers(k) for k in rt.keys(als.BY_LABEL + "*")}
     assert got == want
     assert len(got[als.label_key("building", "B")]) == len(raised)
+
+
+@pytest.mark.fast
+def test_message_times_of_an_older_snapshot_count_only_under_a_cap() -> None:
+    """A snapshot of a build that kept the times without a cap: restored without a cap they
+    are dropped (nothing would ever read or forget them); under a cap they count."""
+    spec = {"p": AlarmSpec("major", "manual", None, None, ("raise", "clear"))}
+    rules = AlarmRules(spec)
+    rules.on_match("p", 100.0, {"room": "1"}, {}, "night")
+    snap = rules.snapshot()
+    snap["dispatch"]["outlets"]["night"]["sent"] = [98.0, 99.0, 100.0]
+    free = AlarmRules.restore(snap, spec)
+    assert free.snapshot()["dispatch"]["outlets"]["night"]["sent"] == []
+    capped = AlarmRules.restore(snap, spec, default=GroupPolicy(None, cap_per_hour=4))
+    assert capped.snapshot()["dispatch"]["outlets"]["night"]["sent"] == [98.0, 99.0, 100.0]
+    assert len(capped.on_match("p", 101.0, {"room": "2"}, {}, "night").messages) == 1
+    assert capped.on_match("p", 102.0, {"room": "3"}, {}, "night").messages == []

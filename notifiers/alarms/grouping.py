@@ -175,8 +175,9 @@ class Dispatcher:
 
     def digest(self, subscriber: str, now: float) -> Message | None:
         out = self.outlets[subscriber]
-        self._prune(out, now, self.policy(subscriber).cap_window)
         cap = self.policy(subscriber).cap_per_hour
+        if cap is not None:
+            self._prune(out, now, self.policy(subscriber).cap_window)
         if cap is not None and len(out.sent) >= cap:  # not yet: the hour is still full
             out.digest_at = out.sent.first() + self.policy(subscriber).cap_window
             return None
@@ -192,8 +193,9 @@ class Dispatcher:
         if out is None:
             out = self.outlets[subscriber] = Outlet()
         pol = self.policy(subscriber)
-        self._prune(out, now, pol.cap_window)
         cap = pol.cap_per_hour
+        if cap is not None:  # without one no time is kept (`Outlet`)
+            self._prune(out, now, pol.cap_window)
         if cap is not None and (out.overflow or len(out.sent) >= cap):
             out.overflow.extend(notices)  # in order, behind what is already held back
             if out.digest_at is None:
@@ -248,7 +250,10 @@ class Dispatcher:
         }
         self.outlets = {
             s: Outlet(
-                Times(o["sent"]), [Notice.from_json(n) for n in o["overflow"]], o["digest_at"]
+                # the times count only under a cap (one set since counts from then)
+                Times(o["sent"] if self.policy(s).cap_per_hour is not None else ()),
+                [Notice.from_json(n) for n in o["overflow"]],
+                o["digest_at"],
             )
             for s, o in d["outlets"].items()
         }

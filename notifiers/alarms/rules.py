@@ -84,10 +84,13 @@ class AlarmRules:
         one `Effects` (the engine worker's commit): the same transitions and messages, each
         call's appended to one list (no `Effects` per match)."""
         eff = Effects()
-        op, match, idle = self._op, self._match, self._idle_clear
+        op, match, idle, repeat = self._op, self._match, self._idle_clear, self._quiet_repeat
         for profile, ts, partition, events, subscriber in matches:
-            if profile.endswith(CLEAR_SUFFIX) and idle(profile, ts, partition):
-                continue  # the common clear condition: its alarm is not active
+            if profile.endswith(CLEAR_SUFFIX):
+                if idle(profile, ts, partition):
+                    continue  # the common clear condition: its alarm is not active
+            elif repeat(profile, ts, partition, events, eff):
+                continue  # the common match: a repeat of an open alarm, not delivered
             op(ts, match, profile, partition, events or {}, subscriber, into=eff)
         return eff
 
@@ -244,6 +247,42 @@ class AlarmRules:
         if a is not None and is_active(a.state):
             return False
         self.clock = t
+        return True
+
+    def _quiet_repeat(
+        self,
+        profile: str,
+        ts: float,
+        partition: dict[str, Any] | None,
+        events: dict[str, str],
+        eff: Effects,
+    ) -> bool:
+        """`_op` of `_match` for a further match of an active alarm whose repeats are not
+        delivered, when nothing is due up to ``ts`` (nor the alarm's next `clear: after`) and
+        no refused call left effects: the repeat (into ``eff``), its timer and its counts,
+        without the general call's rounds. False (nothing done): take the general way."""
+        carry = self._carry
+        if carry.transitions or carry.messages or carry.warnings or self.router is not None:
+            return False
+        t = self._now(ts)
+        spec = self.specs.get(profile)
+        if self._lo <= t or spec is None or "repeat" in spec.notify or spec.labels:
+            return False
+        if spec.clear_after is not None and spec.clear_after <= 0:
+            return False  # its clear would be due at t
+        a = self.book.alarms.get(alarm_id(profile, partition))
+        if a is None or not is_active(a.state) or a.fixed:
+            return False
+        self.clock = t
+        tr = self.book.repeat(a, spec, t, events or {})
+        self._timer(CLEAR, a.id, a.clear_due)
+        sub = a.subscriber or ""
+        stats = self.stats.get(sub)
+        if stats is None:
+            stats = self.stats[sub] = Counter()
+        stats["transitions"] += 1
+        stats["repeat"] += 1
+        eff.transitions.append(tr)
         return True
 
     def _now(self, now: float) -> float:
