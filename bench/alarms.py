@@ -352,6 +352,11 @@ def e2e(
                     r.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return _e2e_summary(out, load0)
+
+
+def _e2e_summary(out: dict[str, Any], load0: float) -> dict[str, Any]:
+    """`e2e`'s ratios: of the best runs, and the medians of the rounds' own."""
     out["on_vs_off"] = round(out["alarms_on_events_per_s"] / out["alarms_off_events_per_s"], 3)
     cpu_off = min(out["alarms_off_serve_cpu_us_per_event"])
     out["cpu_off_vs_on"] = round(cpu_off / min(out["alarms_on_serve_cpu_us_per_event"]), 3)

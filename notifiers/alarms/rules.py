@@ -84,12 +84,12 @@ class AlarmRules:
         one `Effects` (the engine worker's commit): the same transitions and messages, each
         call's appended to one list (no `Effects` per match)."""
         eff = Effects()
-        op, match, idle, repeat = self._op, self._match, self._idle_clear, self._quiet_repeat
+        op, match, idle = self._op, self._match, self._idle_clear
         for profile, ts, partition, events, subscriber in matches:
             if profile.endswith(CLEAR_SUFFIX):
                 if idle(profile, ts, partition):
                     continue  # the common clear condition: its alarm is not active
-            elif repeat(profile, ts, partition, events, eff):
+            elif _quiet_repeat(self, profile, ts, partition, events, eff):
                 continue  # the common match: a repeat of an open alarm, not delivered
             op(ts, match, profile, partition, events or {}, subscriber, into=eff)
         return eff
@@ -144,7 +144,7 @@ class AlarmRules:
         return None if nxt is None else nxt[0]
 
     def _next(self) -> tuple[float, int, str] | None:
-        while self._heap and not self._valid(*self._heap[0]):
+        while self._heap and not _valid(self, *self._heap[0]):
             heapq.heappop(self._heap)
         top = self._heap[0] if self._heap else None
         self._lo = math.inf if top is None else top[0]
@@ -247,42 +247,6 @@ class AlarmRules:
         if a is not None and is_active(a.state):
             return False
         self.clock = t
-        return True
-
-    def _quiet_repeat(
-        self,
-        profile: str,
-        ts: float,
-        partition: dict[str, Any] | None,
-        events: dict[str, str],
-        eff: Effects,
-    ) -> bool:
-        """`_op` of `_match` for a further match of an active alarm whose repeats are not
-        delivered, when nothing is due up to ``ts`` (nor the alarm's next `clear: after`) and
-        no refused call left effects: the repeat (into ``eff``), its timer and its counts,
-        without the general call's rounds. False (nothing done): take the general way."""
-        carry = self._carry
-        if carry.transitions or carry.messages or carry.warnings or self.router is not None:
-            return False
-        t = self._now(ts)
-        spec = self.specs.get(profile)
-        if self._lo <= t or spec is None or "repeat" in spec.notify or spec.labels:
-            return False
-        if spec.clear_after is not None and spec.clear_after <= 0:
-            return False  # its clear would be due at t
-        a = self.book.alarms.get(alarm_id(profile, partition))
-        if a is None or not is_active(a.state) or a.fixed:
-            return False
-        self.clock = t
-        tr = self.book.repeat(a, spec, t, events or {})
-        self._timer(CLEAR, a.id, a.clear_due)
-        sub = a.subscriber or ""
-        stats = self.stats.get(sub)
-        if stats is None:
-            stats = self.stats[sub] = Counter()
-        stats["transitions"] += 1
-        stats["repeat"] += 1
-        eff.transitions.append(tr)
         return True
 
     def _now(self, now: float) -> float:
@@ -433,7 +397,7 @@ class AlarmRules:
             if tr is not None:
                 self._deliver(tr, at, eff)
         elif kind == UNSILENCE:
-            self._unsilence(self.book.alarms[key], at)
+            _unsilence(self, self.book.alarms[key], at)
         elif kind == ESCALATE:
             _escalate(self, at)
         elif kind == FLUSH:
@@ -458,52 +422,11 @@ class AlarmRules:
             stats["overflow"] += msg.overflow
         eff.messages.append(msg)
 
-    def _unsilence(self, a: Alarm, at: float) -> Effects:
-        a.unsilence_at = None
-        muting = self.muted(a.labels(), at)
-        if muting:
-            self._set_unsilence(a, min(s.end_after(at) for s in muting))
-            return Effects()
-        if not is_active(a.state):
-            return Effects()
-        sub = a.subscriber or ""
-        self.stats.setdefault(sub, Counter())["unsilenced"] += 1
-        notice = Notice(
-            "unsilenced", a.id, a.occurrence, None, at, a.state, a.severity, a.count,
-            a.first_seen, a.last_seen, a.labels(),
-        )  # fmt: skip
-        subs = (
-            [sub]
-            if self.router is None
-            else self.router.route(
-                "raise" if a.state == "active-unacknowledged" else "ack",
-                a.labels(),
-                at,
-                a.occurrence_id,
-            )
-        )
-        for s in subs:
-            self._queue(notice, s, at)
-        return Effects()
-
     def _timer(self, kind: int, key: str, at: float | None) -> None:
         if at is not None:
             heapq.heappush(self._heap, (at, kind, key))
             if at < self._lo:
                 self._lo = at
-
-    def _valid(self, at: float, kind: int, key: str) -> bool:
-        """A heap entry is current if the state still holds that deadline (lazy deletion)."""
-        if kind == CLEAR or kind == UNSILENCE:
-            a = self.book.alarms.get(key)
-            if a is None:
-                return False
-            return (a.clear_due if kind == CLEAR else a.unsilence_at) == at
-        if kind == FLUSH:
-            g = self.dispatch.groups.get(key)
-            return g is not None and g.flush_at == at and bool(g.pending)
-        o = self.dispatch.outlets.get(key)
-        return o is not None and o.digest_at == at
 
 
 def _load(rules: AlarmRules, snap: Mapping[str, Any]) -> None:
@@ -553,3 +476,83 @@ def _escalate(rules: AlarmRules, at: float) -> Effects:
         for sub in subs:
             rules._queue(notice, sub, due)
     return Effects()
+
+
+def _quiet_repeat(
+    rules: AlarmRules,
+    profile: str,
+    ts: float,
+    partition: dict[str, Any] | None,
+    events: dict[str, str],
+    eff: Effects,
+) -> bool:
+    """`_op` of `_match` for a further match of an active alarm whose repeats are not
+    delivered, when nothing is due up to ``ts`` (nor the alarm's next `clear: after`) and
+    no refused call left effects: the repeat (into ``eff``), its timer and its counts,
+    without the general call's rounds. False (nothing done): take the general way."""
+    carry = rules._carry
+    if carry.transitions or carry.messages or carry.warnings or rules.router is not None:
+        return False
+    t = rules._now(ts)
+    spec = rules.specs.get(profile)
+    if rules._lo <= t or spec is None or "repeat" in spec.notify or spec.labels:
+        return False
+    if spec.clear_after is not None and spec.clear_after <= 0:
+        return False  # its clear would be due at t
+    a = rules.book.alarms.get(alarm_id(profile, partition))
+    if a is None or not is_active(a.state) or a.fixed:
+        return False
+    rules.clock = t
+    tr = rules.book.repeat(a, spec, t, events or {})
+    rules._timer(CLEAR, a.id, a.clear_due)
+    sub = a.subscriber or ""
+    stats = rules.stats.get(sub)
+    if stats is None:
+        stats = rules.stats[sub] = Counter()
+    stats["transitions"] += 1
+    stats["repeat"] += 1
+    eff.transitions.append(tr)
+    return True
+
+
+def _unsilence(rules: AlarmRules, a: Alarm, at: float) -> Effects:
+    a.unsilence_at = None
+    muting = rules.muted(a.labels(), at)
+    if muting:
+        rules._set_unsilence(a, min(s.end_after(at) for s in muting))
+        return Effects()
+    if not is_active(a.state):
+        return Effects()
+    sub = a.subscriber or ""
+    rules.stats.setdefault(sub, Counter())["unsilenced"] += 1
+    notice = Notice(
+        "unsilenced", a.id, a.occurrence, None, at, a.state, a.severity, a.count,
+        a.first_seen, a.last_seen, a.labels(),
+    )  # fmt: skip
+    subs = (
+        [sub]
+        if rules.router is None
+        else rules.router.route(
+            "raise" if a.state == "active-unacknowledged" else "ack",
+            a.labels(),
+            at,
+            a.occurrence_id,
+        )
+    )
+    for s in subs:
+        rules._queue(notice, s, at)
+    return Effects()
+
+
+def _valid(rules: AlarmRules, at: float, kind: int, key: str) -> bool:
+    """A heap entry is current if the state still holds that deadline (lazy deletion)."""
+    if kind == CLEAR or kind == UNSILENCE:
+        a = rules.book.alarms.get(key)
+        if a is None:
+            return False
+        return (a.clear_due if kind == CLEAR else a.unsilence_at) == at
+    if kind == FLUSH:
+        g = rules.dispatch.groups.get(key)
+        return g is not None and g.flush_at == at and bool(g.pending)
+    o = rules.dispatch.outlets.get(key)
+    return o is not None and o.digest_at == at
