@@ -102,11 +102,20 @@ def test_the_due_bound_answers_as_the_heap_does(seed: int, cap: int | None) -> N
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("setting", ["capped", "grouped", "silenced"])
 @pytest.mark.parametrize("seed", range(6))
-def test_on_matches_with_the_bound_is_on_match_of_each_the_exact_way(seed: int) -> None:
-    """A commit's matches in one call (the idle clears dropped first) against each alone."""
-    policy = GroupPolicy(None, cap_per_hour=3, cap_window=60)
-    many, each = AlarmRules(SPECS, default=policy), Exact(SPECS, default=policy)
+def test_on_matches_is_on_match_of_each_the_exact_way(seed: int, setting: str) -> None:
+    """A commit's matches in one call (idle clears dropped, raises, repeats and clears the
+    short way where they can go it) against each alone, the exact way."""
+    if setting == "grouped":
+        policies = {"day": GroupPolicy(("room",), 0 if seed % 2 else 10, 20)}
+        default = GroupPolicy(None, cap_per_hour=3, cap_window=60)
+    else:
+        policies, default = {}, GroupPolicy(None, cap_per_hour=3, cap_window=60)
+    many, each = AlarmRules(SPECS, policies, default), Exact(SPECS, policies, default)
+    if setting == "silenced":
+        for rules in (many, each):
+            rules.add_silence({"matchers": ["room=1"], "for": "40s", "comment": "c"}, 0.0)
     ops = _ops(seed)
     for lo in range(0, len(ops), 25):
         matches = [
@@ -121,6 +130,7 @@ def test_on_matches_with_the_bound_is_on_match_of_each_the_exact_way(seed: int) 
         assert many.snapshot() == each.snapshot()
         end = ops[min(lo + 25, len(ops) - 1)][1]
         assert _effects(many.advance(end)) == _effects(each.advance(end))
+    assert many.stats["night"]["messages"] > 5
 
 
 def _messages(seed: int) -> list[Any]:

@@ -86,12 +86,10 @@ class AlarmRules:
         eff = Effects()
         op, match, idle = self._op, self._match, self._idle_clear
         for profile, ts, partition, events, subscriber in matches:
-            if profile.endswith(CLEAR_SUFFIX):
-                if idle(profile, ts, partition):
-                    continue  # the common clear condition: its alarm is not active
-            elif _quiet_repeat(self, profile, ts, partition, events, eff):
-                continue  # the common match: a repeat of an open alarm, not delivered
-            op(ts, match, profile, partition, events or {}, subscriber, into=eff)
+            if profile.endswith(CLEAR_SUFFIX) and idle(profile, ts, partition):
+                continue  # the common clear condition: its alarm is not active
+            if not _quick(self, profile, ts, partition, events or {}, subscriber, eff):
+                op(ts, match, profile, partition, events or {}, subscriber, into=eff)
         return eff
 
     def acknowledge(self, ref: str, now: float, actor: str, note: str = "") -> Effects:
@@ -478,41 +476,90 @@ def _escalate(rules: AlarmRules, at: float) -> Effects:
     return Effects()
 
 
-def _quiet_repeat(
+def _quick(
     rules: AlarmRules,
     profile: str,
     ts: float,
     partition: dict[str, Any] | None,
     events: dict[str, str],
+    subscriber: str | None,
     eff: Effects,
 ) -> bool:
-    """`_op` of `_match` for a further match of an active alarm whose repeats are not
-    delivered, when nothing is due up to ``ts`` (nor the alarm's next `clear: after`) and
-    no refused call left effects: the repeat (into ``eff``), its timer and its counts,
-    without the general call's rounds. False (nothing done): take the general way."""
+    """`_op` of `_match` the short way for the common matches — a raise, a repeat, a clear
+    condition of an active alarm — when nothing is due up to ``ts``, no refused call left
+    effects, there is no router, and the transition is not delivered or is delivered alone
+    at once (no silence exists, its subscriber has no grouping): the same transition, timer,
+    counts and message (into ``eff``) without the general call's rounds. False (nothing
+    done): take the general way."""
     carry = rules._carry
     if carry.transitions or carry.messages or carry.warnings or rules.router is not None:
         return False
     t = rules._now(ts)
-    spec = rules.specs.get(profile)
-    if rules._lo <= t or spec is None or "repeat" in spec.notify or spec.labels:
+    if rules._lo <= t:
         return False
-    if spec.clear_after is not None and spec.clear_after <= 0:
-        return False  # its clear would be due at t
-    a = rules.book.alarms.get(alarm_id(profile, partition))
-    if a is None or not is_active(a.state) or a.fixed:
-        return False
-    rules.clock = t
-    tr = rules.book.repeat(a, spec, t, events or {})
-    rules._timer(CLEAR, a.id, a.clear_due)
+    book = rules.book
+    if profile.endswith(CLEAR_SUFFIX):
+        spec = rules.specs.get(profile[: -len(CLEAR_SUFFIX)])
+        if spec is None:
+            return False
+        a = book.alarms.get(alarm_id(profile[: -len(CLEAR_SUFFIX)], partition))
+        if a is None or not is_active(a.state) or not _alone(rules, spec, "clear", a.subscriber):
+            return False
+        if spec.clear == "after":  # as `_match`
+            why = f"no match for {spec.clear_after:g}s"
+        else:
+            why = "clear condition: event " + ", ".join(events.values())
+        rules.clock = t
+        tr = book.rule_clear(a.id, t, why)
+        assert tr is not None  # the alarm is active
+    else:
+        spec = rules.specs.get(profile)
+        if spec is None or (spec.clear_after is not None and spec.clear_after <= 0):
+            return False  # (its clear would be due at t)
+        a = book.alarms.get(alarm_id(profile, partition))
+        if a is not None and is_active(a.state):
+            if not _alone(rules, spec, "repeat", a.subscriber):
+                return False
+            rules.clock = t
+            tr = book.repeat(a, spec, t, events)
+        else:
+            if not _alone(rules, spec, "raise", subscriber):
+                return False
+            rules.clock = t
+            tr = book.match(profile, spec, t, partition, events, subscriber)
+            a = book.alarms[tr.alarm]
+        rules._timer(CLEAR, a.id, a.clear_due)
+    _quick_decide(rules, tr, a, spec, t, eff)
+    return True
+
+
+def _alone(rules: AlarmRules, spec: AlarmSpec, kind: str, subscriber: str | None) -> bool:
+    """Whether a ``kind`` transition is not delivered, or delivered alone at once."""
+    if kind not in spec.notify:
+        return True
+    return not rules.silences and rules.dispatch.policy(subscriber or "").group_by is None
+
+
+def _quick_decide(
+    rules: AlarmRules, tr: Transition, a: Alarm, spec: AlarmSpec, t: float, eff: Effects
+) -> None:
+    """`_decide`, then `_op`'s message, for `_quick`'s transition (no silence, no grouping)."""
     sub = a.subscriber or ""
     stats = rules.stats.get(sub)
     if stats is None:
         stats = rules.stats[sub] = Counter()
     stats["transitions"] += 1
-    stats["repeat"] += 1
+    stats[tr.kind] += 1
     eff.transitions.append(tr)
-    return True
+    if tr.kind not in spec.notify:
+        return
+    stats["to_notify"] += 1
+    a.unsilence_at = None
+    stats["notices"] += 1  # `_queue`'s
+    tr.delivery = "sent"
+    rules._sent(rules.dispatch.single(Notice.of(tr), sub, t), sub, eff)
+    if rules._lo <= t and rules._due_by(t, True):  # a digest the cap set for now
+        eff.extend(rules.advance(t))
 
 
 def _unsilence(rules: AlarmRules, a: Alarm, at: float) -> Effects:
