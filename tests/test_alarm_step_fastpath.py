@@ -59,7 +59,7 @@ def _apply(rules: AlarmRules, op: tuple[Any, ...]) -> Effects:
         if kind == "match":
             return rules.on_match(prof, t, {"room": room}, {"e": f"e{i}"}, SUBS[prof])
         if kind == "clearing":
-            return rules.on_match("q#clear", t, {"room": room}, {"e": f"e{i}"}, "day")
+            return rules.on_match(f"{prof}#clear", t, {"room": room}, {"e": f"e{i}"}, SUBS[prof])
         if kind == "ack":
             return rules.acknowledge(alarm_id(prof, {"room": room}), t, "ana")
         if kind == "clear":
@@ -119,7 +119,13 @@ def test_on_matches_is_on_match_of_each_the_exact_way(seed: int, setting: str) -
     ops = _ops(seed)
     for lo in range(0, len(ops), 25):
         matches = [
-            (prof if kind == "match" else "q#clear", t, {"room": room}, {"e": f"e{i}"}, SUBS[prof])
+            (
+                prof if kind == "match" else f"{prof}#clear",
+                t,
+                {"room": room},
+                {"e": f"e{i}"},
+                SUBS[prof],
+            )
             for kind, t, prof, room, i in ops[lo : lo + 25]
             if kind in ("match", "clearing")
         ]
