@@ -35,6 +35,17 @@ def text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def owned(b: bytes) -> bytes:
+    """An exact-size copy of orjson's output, for output kept by the thousands (a commit's
+    alarm messages, history entries, index records). orjson writes into a 1 KB buffer it then
+    shrinks in place: kept, each leaves the rest of its 1 KB unused, so such a commit grows the
+    heap by ~1 KB per entry, which is given back and faulted in again at every commit; on a
+    VM whose freed pages go back to the host (a Firecracker guest with free page reporting,
+    where this was measured) that was ~5 µs per entry, 3-4 times the serialising. The copy
+    lets orjson's buffer go at once, to be reused by the next entry."""
+    return bytes(memoryview(b))
+
+
 def dumps(obj: Any) -> str:
     """Compact JSON, the one encoding used for every value this contract stores."""
     return encode(obj)[0]
@@ -143,7 +154,7 @@ class OutboxRecord:
         n = self.notification
         if n.__class__ is dict:
             try:
-                return orjson.dumps(n)
+                return owned(orjson.dumps(n))  # kept until the commit: `owned`
             except TypeError:  # beyond orjson (a huge integer, a non-string key)
                 pass
         return dumps(dict(n))

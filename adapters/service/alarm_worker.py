@@ -60,6 +60,7 @@ from notifiers.alarms import (
     Message,
     SilenceError,
 )
+from notifiers.records import owned
 from notifiers.routing.router import Router
 from profiles.alarm import CLEAR_SUFFIX, AlarmSpec, clear_companion
 from profiles.ast import Profile
@@ -387,7 +388,7 @@ class AlarmPart:
             p.hset(
                 als.ALARMS,
                 mapping={
-                    a.id: orjson.dumps(als.index_record(a, book.labels(a)))
+                    a.id: owned(orjson.dumps(als.index_record(a, book.labels(a))))
                     for a in map(alarms.__getitem__, touched)
                 },
             )
@@ -395,7 +396,7 @@ class AlarmPart:
             als.unindex(p, aid, labels)
         for s in batch.silences:
             p.hset(als.SILENCES, s["id"], json.dumps(s))
-        store.enqueue_many(p, [self._alarm_record(msg) for msg in eff.messages])
+        store.enqueue_many(p, [self._alarm_message(msg) for msg in eff.messages])
         for eid, reply in batch.replies:
             p.rpush(als.REPLY + eid, json.dumps(reply))
             p.expire(als.REPLY + eid, als.REPLY_TTL)
@@ -455,21 +456,44 @@ class AlarmPart:
         Its id (the webhook Idempotency-Key) is the transition's id for a message of one
         transition, else the message's."""
         notices = [als.notice_json(n) for n in msg.notices]
-        first = msg.notices[0] if msg.notices else None
-        if msg.kind == "single" and first is not None and first.transition:
-            nid = first.transition  # routed to another subscriber too: a key of its own
-            if msg.subscriber != first.labels.get("subscriber", ""):
-                nid += f"@{msg.subscriber}"
-        else:
-            nid = f"msg:{self.epoch}:{msg.id}"
         alarm: dict[str, Any] = dict(notices[0]) if notices else {}
         alarm.update(message=msg.id, message_kind=msg.kind, group=msg.group, overflow=msg.overflow)
         alarm["notices"] = notices
-        return {
-            "id": nid,
-            "profile": first.labels.get("profile", "") if first is not None else "",
-            "subscriber": msg.subscriber or None,
-            "ts": msg.ts,
-            "events": {},
-            "alarm": alarm,
-        }
+        return _envelope(msg, alarm, self.epoch)
+
+    def _alarm_message(self, msg: Message) -> dict[str, Any]:
+        """`_alarm_record` with its ``alarm`` as the bytes orjson would write for it
+        (`orjson.Fragment`): each notice written once (it is at the top and in ``notices``),
+        no dict copied. The outbox entry is the same, byte for byte."""
+        try:
+            blobs = [als.notice_bytes(n) for n in msg.notices]
+            tail = orjson.dumps(
+                {"message": msg.id, "message_kind": msg.kind, "group": msg.group,
+                 "overflow": msg.overflow}
+            )  # fmt: skip
+        except TypeError:  # beyond orjson: the record as a dict (`OutboxRecord.blob`)
+            return self._alarm_record(msg)
+        head = blobs[0][:-1] + b"," if blobs else b"{"
+        body = head + tail[1:-1] + b',"notices":[' + b",".join(blobs) + b"]}"
+        return _envelope(msg, orjson.Fragment(body), self.epoch)
+
+
+def _envelope(msg: Message, alarm: Any, epoch: str) -> dict[str, Any]:
+    """The outbox record of a message around its ``alarm``: its id (the webhook
+    Idempotency-Key) is the transition's id for a message of one transition, else the
+    message's."""
+    first = msg.notices[0] if msg.notices else None
+    if msg.kind == "single" and first is not None and first.transition:
+        nid = first.transition  # routed to another subscriber too: a key of its own
+        if msg.subscriber != first.labels.get("subscriber", ""):
+            nid += f"@{msg.subscriber}"
+    else:
+        nid = f"msg:{epoch}:{msg.id}"
+    return {
+        "id": nid,
+        "profile": first.labels.get("profile", "") if first is not None else "",
+        "subscriber": msg.subscriber or None,
+        "ts": msg.ts,
+        "events": {},
+        "alarm": alarm,
+    }

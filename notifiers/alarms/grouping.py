@@ -5,7 +5,9 @@ first notice waits ``group_wait`` and then sends one message listing everything 
 later notices wait until ``group_interval`` after the group's last message. A group that stayed
 quiet for ``group_interval`` starts again with ``group_wait``. ``group_by=None`` sends each
 notice alone, at once. The cap (messages per subscriber in any hour) holds back whatever
-exceeds it into one digest, sent as soon as the hour allows: counted, never dropped.
+exceeds it into one digest, sent as soon as the hour allows: counted, never dropped. A
+subscriber's message times are kept only while a cap applies to it (a cap set later counts
+from then): without one, nothing reads them.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ class Times:
 
 @dataclass(slots=True)
 class Outlet:
-    """A subscriber's side of the cap: the times of its messages this hour, and the overflow."""
+    """A subscriber's side of the cap: the times of its messages this hour (kept only under a
+    cap), and the overflow."""
 
     sent: Times = field(default_factory=Times)
     overflow: list[Notice] = field(default_factory=list)
@@ -172,13 +175,15 @@ class Dispatcher:
 
     def digest(self, subscriber: str, now: float) -> Message | None:
         out = self.outlets[subscriber]
-        self._prune(out, now, self.policy(subscriber).cap_window)
         cap = self.policy(subscriber).cap_per_hour
+        if cap is not None:
+            self._prune(out, now, self.policy(subscriber).cap_window)
         if cap is not None and len(out.sent) >= cap:  # not yet: the hour is still full
             out.digest_at = out.sent.first() + self.policy(subscriber).cap_window
             return None
         notices, out.overflow, out.digest_at = out.overflow, [], None
-        out.sent.append(now)
+        if cap is not None:
+            out.sent.append(now)
         return Message(f"m{self._n()}", subscriber, now, "digest", {}, tuple(notices), len(notices))
 
     def _send(
@@ -188,15 +193,17 @@ class Dispatcher:
         if out is None:
             out = self.outlets[subscriber] = Outlet()
         pol = self.policy(subscriber)
-        self._prune(out, now, pol.cap_window)
         cap = pol.cap_per_hour
+        if cap is not None:  # without one no time is kept (`Outlet`)
+            self._prune(out, now, pol.cap_window)
         if cap is not None and (out.overflow or len(out.sent) >= cap):
             out.overflow.extend(notices)  # in order, behind what is already held back
             if out.digest_at is None:
                 full = len(out.sent) >= cap
                 out.digest_at = out.sent.first() + pol.cap_window if full else now
             return None
-        out.sent.append(now)
+        if cap is not None:  # only the cap reads them
+            out.sent.append(now)
         return Message(f"m{self._n()}", subscriber, now, kind, dict(labels), tuple(notices))
 
     @staticmethod
@@ -243,7 +250,10 @@ class Dispatcher:
         }
         self.outlets = {
             s: Outlet(
-                Times(o["sent"]), [Notice.from_json(n) for n in o["overflow"]], o["digest_at"]
+                # the times count only under a cap (one set since counts from then)
+                Times(o["sent"] if self.policy(s).cap_per_hour is not None else ()),
+                [Notice.from_json(n) for n in o["overflow"]],
+                o["digest_at"],
             )
             for s, o in d["outlets"].items()
         }

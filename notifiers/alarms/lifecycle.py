@@ -92,17 +92,7 @@ class AlarmBook:
         aid = alarm_id(profile, partition)
         a = self.alarms.get(aid)
         if a is not None and is_active(a.state):
-            before = a.state
-            a.count += 1
-            a.last_seen = ts
-            a.events = dict(events)
-            a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
-            if spec.labels or a.fixed:  # a registry change moves the labels with the next match
-                fixed = dict(spec.labels)
-                if fixed != a.fixed:
-                    a.fixed = fixed
-                    self._labels.pop(aid, None)
-            return self._record(a, "repeat", ts, RULE, "match", before)
+            return self.repeat(a, spec, ts, events)
         occurrence = a.occurrence + 1 if a is not None else self.gone.pop(aid, 0) + 1
         a = Alarm(
             aid, profile, dict(partition or {}), spec.severity, subscriber, occurrence,
@@ -114,6 +104,20 @@ class AlarmBook:
         self.alarms[aid] = a
         self._labels[aid] = a.labels()
         return self._record(a, "raise", ts, RULE, "match" if occurrence == 1 else "re-arm", None)
+
+    def repeat(self, a: Alarm, spec: AlarmSpec, ts: float, events: dict[str, str]) -> Transition:
+        """A further match of the active alarm ``a`` (`match` when it finds one)."""
+        before = a.state
+        a.count += 1
+        a.last_seen = ts
+        a.events = dict(events)
+        a.clear_due = ts + spec.clear_after if spec.clear_after is not None else None
+        if spec.labels or a.fixed:  # a registry change moves the labels with the next match
+            fixed = dict(spec.labels)
+            if fixed != a.fixed:
+                a.fixed = fixed
+                self._labels.pop(a.id, None)
+        return self._record(a, "repeat", ts, RULE, "match", before)
 
     def rule_clear(self, aid: str, ts: float, reason: str) -> Transition | None:
         """The clear condition held (an event, or no match for T): clears an active alarm only."""

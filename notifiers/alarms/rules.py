@@ -17,6 +17,7 @@ the rules' own; without one, everything goes to the profile's subscriber.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -56,6 +57,7 @@ class AlarmRules:
         self.clock: float | None = None
         self.stats: dict[str, Counter[str]] = {}  # per subscriber ("" for none)
         self._heap: list[tuple[float, int, str]] = []
+        self._lo = math.inf  # at most the earliest current deadline of the heap (`_due_by`)
         self._carry = Effects()  # effects of a refused call's advance, returned by the next call
         # notices an input call queued for subscribers without grouping (None: not in a call);
         # see `_op`: one of them with nothing else due is sent without a group and a timer
@@ -72,42 +74,53 @@ class AlarmRules:
     ) -> Effects:
         """A profile's match (an engine notification). ``P#clear`` matches clear P's alarm of
         the same partition; profiles without an alarm are ignored (no effects)."""
-        if profile.endswith(CLEAR_SUFFIX) and self._idle_clear(profile, ts, partition):
-            return Effects()
-        return self._op(ts, lambda t: self._match(profile, t, partition, events or {}, subscriber))
+        eff = Effects()
+        if not (profile.endswith(CLEAR_SUFFIX) and self._idle_clear(profile, ts, partition)):
+            self._op(ts, self._match, profile, partition, events or {}, subscriber, into=eff)
+        return eff
 
     def on_matches(self, matches: Iterable[Match]) -> Effects:
         """`on_match` of each ``(profile, ts, partition, events, subscriber)`` in order, as
-        one `Effects` (the engine worker's commit): the same transitions and messages."""
+        one `Effects` (the engine worker's commit): the same transitions and messages, each
+        call's appended to one list (no `Effects` per match)."""
         eff = Effects()
+        op, match, idle = self._op, self._match, self._idle_clear
         for profile, ts, partition, events, subscriber in matches:
-            eff.extend(self.on_match(profile, ts, partition, events, subscriber))
+            if profile.endswith(CLEAR_SUFFIX) and idle(profile, ts, partition):
+                continue  # the common clear condition: its alarm is not active
+            if not _quick(self, profile, ts, partition, events or {}, subscriber, eff):
+                op(ts, match, profile, partition, events or {}, subscriber, into=eff)
         return eff
 
     def acknowledge(self, ref: str, now: float, actor: str, note: str = "") -> Effects:
         """Raises AlarmNotFound / AlarmStateConflict (already acknowledged)."""
-        return self._op(now, lambda t: self._deliver(self.book.acknowledge(ref, t, actor, note), t))
+        return self._op(
+            now, lambda t, eff: self._deliver(self.book.acknowledge(ref, t, actor, note), t, eff)
+        )
 
     def clear(self, ref: str, now: float, actor: str, reason: str) -> Effects:
         """A manual clear. Raises AlarmNotFound / AlarmStateConflict (already cleared)."""
-        return self._op(now, lambda t: self._deliver(self.book.clear(ref, t, actor, reason), t))
+        return self._op(
+            now, lambda t, eff: self._deliver(self.book.clear(ref, t, actor, reason), t, eff)
+        )
 
     def add_silence(self, data: Mapping[str, Any], now: float) -> Effects:
         """Validate and store a silence (``Effects.silence``); raises SilenceError naming the
         field. It holds back deliveries from then on."""
 
-        def add(t: float) -> Effects:
+        def add(t: float, eff: Effects) -> None:
             silence = parse_silence(data, f"s{self.silence_seq + 1}", t)  # raises: none stored
             self.silence_seq += 1
             self.silences[silence.id] = silence
-            return Effects(silence=silence, warnings=self._unmatched(silence))
+            eff.silence = silence
+            eff.warnings.extend(self._unmatched(silence))
 
         return self._op(now, add)
 
     def expire_silence(self, sid: str, now: float) -> Effects:
         """End a silence now (it stays, expired, for history); what it held back is due."""
 
-        def expire(t: float) -> Effects:
+        def expire(t: float, eff: Effects) -> None:
             s = self.silences.get(sid)
             if s is None:
                 raise SilenceNotFound(sid)
@@ -117,7 +130,7 @@ class AlarmRules:
             for a in self.book.alarms.values():
                 if a.unsilence_at is not None and a.unsilence_at > t:
                     self._set_unsilence(a, t)
-            return Effects(silence=self.silences[sid])
+            eff.silence = self.silences[sid]
 
         return self._op(now, expire)
 
@@ -129,9 +142,10 @@ class AlarmRules:
         return None if nxt is None else nxt[0]
 
     def _next(self) -> tuple[float, int, str] | None:
-        while self._heap and not self._valid(*self._heap[0]):
+        while self._heap and not _valid(self, *self._heap[0]):
             heapq.heappop(self._heap)
         top = self._heap[0] if self._heap else None
+        self._lo = math.inf if top is None else top[0]
         esc = self.router.due() if self.router is not None else None
         if esc is not None and (top is None or (esc, ESCALATE) < top[:2]):
             return (esc, ESCALATE, "")
@@ -219,47 +233,54 @@ class AlarmRules:
     def _idle_clear(self, profile: str, ts: float, partition: dict[str, Any] | None) -> bool:
         """A clear condition that can change nothing (its alarm is not active, nothing is due
         up to ``ts``): time moves to ``ts``, as the full call would. Every event of a
-        registered sensor is one (its `comm-fault` clear, docs/assets.md): this keeps them cheap."""
+        registered sensor is one (its `comm-fault` clear, docs/assets.md), and most closed
+        windows of a `clear: {on: ...}` alarm: this keeps them cheap."""
         carry = self._carry
         if carry.transitions or carry.messages or carry.warnings:
             return False  # a refused call's effects: the full call returns them
-        due = self.due()
-        if due is not None and due <= self._now(ts):
+        t = self._now(ts)
+        if self._due_by(t, True):
             return False
         a = self.book.alarms.get(alarm_id(profile[: -len(CLEAR_SUFFIX)], partition))
         if a is not None and is_active(a.state):
             return False
-        self.clock = self._now(ts)
+        self.clock = t
         return True
 
     def _now(self, now: float) -> float:
         return now if self.clock is None else max(now, self.clock)
 
-    def _op(self, now: float, act: Callable[[float], Effects]) -> Effects:
-        """Fire what is due before ``now``, act at ``now``, fire what is due at ``now``.
+    def _op(
+        self, now: float, act: Callable[..., None], *args: Any, into: Effects | None = None
+    ) -> Effects:
+        """Fire what is due before ``now``, act at ``now`` (``act(t, effects, *args)`` adds
+        to the effects), fire what is due at ``now``; the effects, added to ``into`` if given.
 
         The common call has nothing due and queues at most one notice for a subscriber
         without grouping: that notice is sent at once (`Dispatcher.single`), as its group
         would be by the advance (the same message, number and counts) without a group, a
         timer and a heap round. With several, or anything else due, they go the general way."""
+        eff = Effects() if into is None else into
+        n_tr, n_msg = len(eff.transitions), len(eff.messages)
         carry = self._carry
         if carry.transitions or carry.messages or carry.warnings or self._due_by(now, False):
-            eff = self._advance(now, inclusive=False)
+            eff.extend(self._advance(now, inclusive=False))
         else:  # `_advance` with nothing to fire: time moves to now
-            eff = Effects()
             self.clock = self._now(now)
         t = self._now(now)
         self._instant = []
         try:
-            eff.extend(act(t))
+            act(t, eff, *args)
         except Exception:  # a refusal: time still passes to t; its effects come with the next call
             self._queue_instants(t)
-            self._carry = eff.extend(self._advance(t, inclusive=True))
+            mine = Effects(eff.transitions[n_tr:], eff.messages[n_msg:])  # this call's
+            del eff.transitions[n_tr:], eff.messages[n_msg:]
+            self._carry = mine.extend(self._advance(t, inclusive=True))
             raise
         if len(self._instant) == 1 and not self._due_by(t, True):
             notice, sub = self._instant[0]
             self._instant = None
-            eff.extend(self._sent(self.dispatch.single(notice, sub, t), sub))
+            self._sent(self.dispatch.single(notice, sub, t), sub, eff)
         else:
             self._queue_instants(t)
         if self._due_by(t, True):
@@ -267,7 +288,10 @@ class AlarmRules:
         return eff
 
     def _due_by(self, t: float, inclusive: bool) -> bool:
-        """Whether a deadline falls before ``t`` (or at it, ``inclusive``)."""
+        """Whether a deadline falls before ``t`` (or at it, ``inclusive``). ``_lo`` (at most
+        the heap's earliest current deadline) answers the common "no" without the heap."""
+        if self._lo > t and self.router is None:
+            return False
         nxt = self._next()
         return nxt is not None and (nxt[0] < t or (inclusive and nxt[0] == t))
 
@@ -280,45 +304,49 @@ class AlarmRules:
 
     def _match(
         self,
-        profile: str,
         t: float,
+        eff: Effects,
+        profile: str,
         partition: dict[str, Any] | None,
         events: dict[str, str],
         subscriber: str | None,
-    ) -> Effects:
+    ) -> None:
         if profile.endswith(CLEAR_SUFFIX):
             base = profile[: -len(CLEAR_SUFFIX)]
             spec = self.specs.get(base)
             if spec is None:
-                return Effects()
+                return
             if spec.clear == "after":  # the temporal pool's `absent` terminator
                 why = f"no match for {spec.clear_after:g}s"
             else:
                 why = "clear condition: event " + ", ".join(events.values())
             tr = self.book.rule_clear(alarm_id(base, partition), t, why)
-            return self._deliver(tr, t) if tr is not None else Effects()
+            if tr is not None:
+                self._deliver(tr, t, eff)
+            return
         spec = self.specs.get(profile)
         if spec is None:
-            return Effects()
+            return
         tr = self.book.match(profile, spec, t, partition, events, subscriber)
         self._timer(CLEAR, tr.alarm, self.book.alarms[tr.alarm].clear_due)
-        return self._deliver(tr, t)
+        self._deliver(tr, t, eff)
 
-    def _deliver(self, tr: Transition, t: float) -> Effects:
-        """Record the transition; hand it to grouping unless a silence holds it back (to the
-        router's subscribers with a router)."""
-        eff = self._decide(tr, t)
+    def _deliver(self, tr: Transition, t: float, eff: Effects) -> None:
+        """Record the transition (in ``eff``); hand it to grouping unless a silence holds it
+        back (to the router's subscribers with a router)."""
+        self._decide(tr, t)
+        eff.transitions.append(tr)
         if self.router is None:
-            return eff
-        done = eff.transitions[-1]
-        subs = self.router.transition(done)
-        if done.delivery == "sent":
-            notice = Notice.of(done)
+            return
+        subs = self.router.transition(tr)
+        if tr.delivery == "sent":
+            notice = Notice.of(tr)
             for sub in subs:
                 self._queue(notice, sub, t)
-        return eff
 
-    def _decide(self, tr: Transition, t: float) -> Effects:
+    def _decide(self, tr: Transition, t: float) -> None:
+        """Count the transition and set its delivery (queued to its subscriber without a
+        router)."""
         a = self.book.alarms[tr.alarm]
         sub = a.subscriber or ""
         stats = self.stats.get(sub)
@@ -328,18 +356,19 @@ class AlarmRules:
         stats[tr.kind] += 1
         spec = self.specs.get(a.profile)
         if spec is None or tr.kind not in spec.notify:
-            return Effects([tr])
+            return
         stats["to_notify"] += 1
-        muting = self.muted(tr.labels, t)
+        muting = self.muted(tr.labels, t) if self.silences else None
         if muting:
             stats["silenced"] += 1
             if any(s.notify_after for s in muting):
                 self._set_unsilence(a, min(s.end_after(t) for s in muting))
-            return Effects([delivered(tr, "silenced")])
+            delivered(tr, "silenced")
+            return
         a.unsilence_at = None  # delivered now: nothing left to deliver when a silence ends
         if self.router is None:
             self._queue(Notice.of(tr), sub, t)
-        return Effects([delivered(tr, "sent")])
+        delivered(tr, "sent")
 
     def _queue(self, notice: Notice, sub: str, t: float) -> None:
         stats = self.stats.get(sub)
@@ -357,29 +386,31 @@ class AlarmRules:
         self._timer(UNSILENCE, a.id, at)
 
     def _fire(self, kind: int, key: str, at: float) -> Effects:
+        eff = Effects()
         if kind == CLEAR:
             a = self.book.alarms[key]
             spec = self.specs.get(a.profile)
             after = f"{spec.clear_after:g}s" if spec and spec.clear_after else "T"
             tr = self.book.rule_clear(key, at, f"no match for {after}")
-            return self._deliver(tr, at) if tr is not None else Effects()
-        if kind == UNSILENCE:
-            return self._unsilence(self.book.alarms[key], at)
-        if kind == ESCALATE:
-            return _escalate(self, at)
-        if kind == FLUSH:
+            if tr is not None:
+                self._deliver(tr, at, eff)
+        elif kind == UNSILENCE:
+            _unsilence(self, self.book.alarms[key], at)
+        elif kind == ESCALATE:
+            _escalate(self, at)
+        elif kind == FLUSH:
             sub = self.dispatch.groups[key].subscriber
-            msg = self.dispatch.flush(key, at)
+            self._sent(self.dispatch.flush(key, at), sub, eff)
         else:
-            sub = key
-            msg = self.dispatch.digest(key, at)
-        return self._sent(msg, sub)
+            self._sent(self.dispatch.digest(key, at), key, eff)
+        return eff
 
-    def _sent(self, msg: Message | None, sub: str) -> Effects:
-        """Count a message; a flush the cap held back (or a digest put off) sets the digest."""
+    def _sent(self, msg: Message | None, sub: str, eff: Effects) -> None:
+        """Count a message (into ``eff``); a flush the cap held back (or a digest put off)
+        sets the digest."""
         self._timer(DIGEST, sub, self.dispatch.outlets[sub].digest_at)
         if msg is None:
-            return Effects()
+            return
         stats = self.stats.get(msg.subscriber)
         if stats is None:
             stats = self.stats[msg.subscriber] = Counter()
@@ -387,52 +418,13 @@ class AlarmRules:
         if msg.kind == "digest":
             stats["digests"] += 1
             stats["overflow"] += msg.overflow
-        return Effects(messages=[msg])
-
-    def _unsilence(self, a: Alarm, at: float) -> Effects:
-        a.unsilence_at = None
-        muting = self.muted(a.labels(), at)
-        if muting:
-            self._set_unsilence(a, min(s.end_after(at) for s in muting))
-            return Effects()
-        if not is_active(a.state):
-            return Effects()
-        sub = a.subscriber or ""
-        self.stats.setdefault(sub, Counter())["unsilenced"] += 1
-        notice = Notice(
-            "unsilenced", a.id, a.occurrence, None, at, a.state, a.severity, a.count,
-            a.first_seen, a.last_seen, a.labels(),
-        )  # fmt: skip
-        subs = (
-            [sub]
-            if self.router is None
-            else self.router.route(
-                "raise" if a.state == "active-unacknowledged" else "ack",
-                a.labels(),
-                at,
-                a.occurrence_id,
-            )
-        )
-        for s in subs:
-            self._queue(notice, s, at)
-        return Effects()
+        eff.messages.append(msg)
 
     def _timer(self, kind: int, key: str, at: float | None) -> None:
         if at is not None:
             heapq.heappush(self._heap, (at, kind, key))
-
-    def _valid(self, at: float, kind: int, key: str) -> bool:
-        """A heap entry is current if the state still holds that deadline (lazy deletion)."""
-        if kind == CLEAR or kind == UNSILENCE:
-            a = self.book.alarms.get(key)
-            if a is None:
-                return False
-            return (a.clear_due if kind == CLEAR else a.unsilence_at) == at
-        if kind == FLUSH:
-            g = self.dispatch.groups.get(key)
-            return g is not None and g.flush_at == at and bool(g.pending)
-        o = self.dispatch.outlets.get(key)
-        return o is not None and o.digest_at == at
+            if at < self._lo:
+                self._lo = at
 
 
 def _load(rules: AlarmRules, snap: Mapping[str, Any]) -> None:
@@ -482,3 +474,132 @@ def _escalate(rules: AlarmRules, at: float) -> Effects:
         for sub in subs:
             rules._queue(notice, sub, due)
     return Effects()
+
+
+def _quick(
+    rules: AlarmRules,
+    profile: str,
+    ts: float,
+    partition: dict[str, Any] | None,
+    events: dict[str, str],
+    subscriber: str | None,
+    eff: Effects,
+) -> bool:
+    """`_op` of `_match` the short way for the common matches — a raise, a repeat, a clear
+    condition of an active alarm — when nothing is due up to ``ts``, no refused call left
+    effects, there is no router, and the transition is not delivered or is delivered alone
+    at once (no silence exists, its subscriber has no grouping): the same transition, timer,
+    counts and message (into ``eff``) without the general call's rounds. False (nothing
+    done): take the general way."""
+    carry = rules._carry
+    if carry.transitions or carry.messages or carry.warnings or rules.router is not None:
+        return False
+    t = rules._now(ts)
+    if rules._lo <= t:
+        return False
+    book = rules.book
+    if profile.endswith(CLEAR_SUFFIX):
+        spec = rules.specs.get(profile[: -len(CLEAR_SUFFIX)])
+        if spec is None:
+            return False
+        a = book.alarms.get(alarm_id(profile[: -len(CLEAR_SUFFIX)], partition))
+        if a is None or not is_active(a.state) or not _alone(rules, spec, "clear", a.subscriber):
+            return False
+        if spec.clear == "after":  # as `_match`
+            why = f"no match for {spec.clear_after:g}s"
+        else:
+            why = "clear condition: event " + ", ".join(events.values())
+        rules.clock = t
+        tr = book.rule_clear(a.id, t, why)
+        assert tr is not None  # the alarm is active
+    else:
+        spec = rules.specs.get(profile)
+        if spec is None or (spec.clear_after is not None and spec.clear_after <= 0):
+            return False  # (its clear would be due at t)
+        a = book.alarms.get(alarm_id(profile, partition))
+        if a is not None and is_active(a.state):
+            if not _alone(rules, spec, "repeat", a.subscriber):
+                return False
+            rules.clock = t
+            tr = book.repeat(a, spec, t, events)
+        else:
+            if not _alone(rules, spec, "raise", subscriber):
+                return False
+            rules.clock = t
+            tr = book.match(profile, spec, t, partition, events, subscriber)
+            a = book.alarms[tr.alarm]
+        rules._timer(CLEAR, a.id, a.clear_due)
+    _quick_decide(rules, tr, a, spec, t, eff)
+    return True
+
+
+def _alone(rules: AlarmRules, spec: AlarmSpec, kind: str, subscriber: str | None) -> bool:
+    """Whether a ``kind`` transition is not delivered, or delivered alone at once."""
+    if kind not in spec.notify:
+        return True
+    return not rules.silences and rules.dispatch.policy(subscriber or "").group_by is None
+
+
+def _quick_decide(
+    rules: AlarmRules, tr: Transition, a: Alarm, spec: AlarmSpec, t: float, eff: Effects
+) -> None:
+    """`_decide`, then `_op`'s message, for `_quick`'s transition (no silence, no grouping)."""
+    sub = a.subscriber or ""
+    stats = rules.stats.get(sub)
+    if stats is None:
+        stats = rules.stats[sub] = Counter()
+    stats["transitions"] += 1
+    stats[tr.kind] += 1
+    eff.transitions.append(tr)
+    if tr.kind not in spec.notify:
+        return
+    stats["to_notify"] += 1
+    a.unsilence_at = None
+    stats["notices"] += 1  # `_queue`'s
+    tr.delivery = "sent"
+    rules._sent(rules.dispatch.single(Notice.of(tr), sub, t), sub, eff)
+    if rules._lo <= t and rules._due_by(t, True):  # a digest the cap set for now
+        eff.extend(rules.advance(t))
+
+
+def _unsilence(rules: AlarmRules, a: Alarm, at: float) -> Effects:
+    a.unsilence_at = None
+    muting = rules.muted(a.labels(), at)
+    if muting:
+        rules._set_unsilence(a, min(s.end_after(at) for s in muting))
+        return Effects()
+    if not is_active(a.state):
+        return Effects()
+    sub = a.subscriber or ""
+    rules.stats.setdefault(sub, Counter())["unsilenced"] += 1
+    notice = Notice(
+        "unsilenced", a.id, a.occurrence, None, at, a.state, a.severity, a.count,
+        a.first_seen, a.last_seen, a.labels(),
+    )  # fmt: skip
+    subs = (
+        [sub]
+        if rules.router is None
+        else rules.router.route(
+            "raise" if a.state == "active-unacknowledged" else "ack",
+            a.labels(),
+            at,
+            a.occurrence_id,
+        )
+    )
+    for s in subs:
+        rules._queue(notice, s, at)
+    return Effects()
+
+
+def _valid(rules: AlarmRules, at: float, kind: int, key: str) -> bool:
+    """A heap entry is current if the state still holds that deadline (lazy deletion)."""
+    if kind == CLEAR or kind == UNSILENCE:
+        a = rules.book.alarms.get(key)
+        if a is None:
+            return False
+        return (a.clear_due if kind == CLEAR else a.unsilence_at) == at
+    if kind == FLUSH:
+        g = rules.dispatch.groups.get(key)
+        return g is not None and g.flush_at == at and bool(g.pending)
+    o = rules.dispatch.outlets.get(key)
+    return o is not None and o.digest_at == at
