@@ -16,9 +16,13 @@ Engines (``--engines``): the worker (`EngineWorker`, event clock, lateness 2 s),
 query (`adapters.spark.stream.start_query`, what `ens spark stream` runs) on each Spark
 master given: local[1], local[2], local-cluster[2,1,2048] (two executor JVMs of one core;
 a new SparkSession each; trigger ``--trigger``); a master suffixed ``@rows`` or ``@pandas``
-runs on that state API (`keyed.processor`), the others on ``--state-api`` (here pandas
-unless given, so earlier commands compare as before). Ratios are of the one run. Results as JSON
-lines in ``--out``; a table on stdout.
+runs on that state API (`keyed.processor`), the others on ``--state-api`` (rows unless
+given: what `ens spark stream` runs; rows before 2026-11-28 without a state API in the
+engine name were pandas). ``<master>@floor``: the same query with a processor that does no
+engine work and keeps no state (`floor_processor`): Spark's own cost. Engine ``source``: the
+query's source code alone, in this process (`run_source`). CPU per event against the
+worker's, same run: ``python_workers_cpu_x``, ``jvm_cpu_x``, ``job_cpu_x`` (driver + JVM +
+Python workers), ``source_cpu_x``. Results as JSON lines in ``--out``; a table on stdout.
 
 State work (Spark engines): the operator's counters per micro-batch (`adapters.spark.keyed`:
 whole-engine restores, engine records and state bytes read and written, state calls, timers
@@ -216,26 +220,34 @@ def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
 def run_spark(
     r: redis.Redis, url: str, master: str, n: int, rooms: int, args: Any, work: Path
 ) -> dict[str, Any]:
+    from adapters.spark import keyed
     from adapters.spark.session import get_spark
     from adapters.spark.stream import StreamConfig, start_query
 
     master, _, api = master.partition("@")  # local[2]@rows: the Row API (`--state-api`)
     api = api or args.state_api
+    floor = api == "floor"  # Spark's own cost: the same query, a processor doing nothing
     t = time.perf_counter()
     spark = get_spark(master, app=f"ens-bench-{master}")
     cp = work / f"cp-{master}-{api}"
-    q = start_query(
-        spark,
-        StreamConfig(
-            url,
-            key="room",
-            checkpoint=str(cp),
-            trigger=args.trigger,
-            lateness=2.0,
-            clock="event",
-            state_api=api,
-        ),
-    )
+    real = keyed.processor
+    if floor:
+        keyed.processor = floor_processor  # (start_query builds the operator through it)
+    try:
+        q = start_query(
+            spark,
+            StreamConfig(
+                url,
+                key="room",
+                checkpoint=str(cp),
+                trigger=args.trigger,
+                lateness=2.0,
+                clock="event",
+                state_api="rows" if floor else api,
+            ),
+        )
+    finally:
+        keyed.processor = real
     try:
         # warm: one event through every Python worker (profiles parsed, engines built)
         r.xadd(
@@ -271,7 +283,7 @@ def run_spark(
         secs = time.perf_counter() - t0
         cpu = meter.totals()
         row = {
-            "engine": f"spark {master}" + (f" {api}" if api != "pandas" else ""),
+            "engine": f"spark {master} {api}",
             "state_api": api,
             "events": n,
             "seconds": round(secs, 2),
@@ -291,6 +303,66 @@ def run_spark(
         q.stop()
         spark.stop()
         shutil.rmtree(cp, ignore_errors=True)
+
+
+def run_source(r: redis.Redis, url: str, n: int, rooms: int, parts: int = 4) -> dict[str, Any]:
+    """Engine ``source``: the query's source code alone (`stream.read_range`: XRANGE, parse,
+    bare filters, routing, the Arrow batch), in this process on the same events split into
+    `parts` ranges as a micro-batch's partitions are (local[2]: 4): our part of the Python
+    workers' CPU that is not the operator."""
+    from adapters.spark import profile_log
+    from adapters.spark.stream import initial_offset, ranges, read_range
+
+    plog = profile_log.ProfileLog(r).sync()
+    off = {**initial_offset(), "plog": plog, "n": n + 1}
+    list(read_range(url, "room", "UTC", "0-0", "0-0", off, True))  # profiles compiled
+    preload(r, n, rooms)
+    top = rs.text(r.xrevrange(rs.INGEST, count=1)[0][0])
+    c0, t0 = time.process_time(), time.perf_counter()
+    rows = 0
+    for lo, hi, o, first in ranges({**off, "ingest": "0-0"}, {**off, "ingest": top}, parts):
+        rows += sum(b.num_rows for b in read_range(url, "room", "UTC", lo, hi, o, first))
+    cpu = time.process_time() - c0
+    return {
+        "engine": "source",
+        "events": n,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "rows": rows,
+        "cpu_s": {"driver": round(cpu, 2)},
+    }
+
+
+def floor_processor(cfg: Any) -> Any:
+    """The floor (engine ``<master>@floor``): a Row-API `StatefulProcessor` in the query's
+    place (`start_query`: same source, groupBy(route), transformWithState in event time, same
+    status sink) that does no engine work and keeps no state: it reads its rows and writes the
+    status row the bench waits for (events counted, nothing held). What Spark costs whatever
+    the operator does. (Defined in the bench: cloudpickle ships it to the workers by value.)"""
+    from pyspark.sql import Row as SparkRow
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    from adapters.spark.keyed import COUNTERS, STATS_COLS
+
+    class FloorProcessor(StatefulProcessor):  # type: ignore[misc]
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            t0 = time.process_time()
+            timerValues.getCurrentWatermarkInMs()
+            n = sum(1 for x in rows if x["key"] is not None and x["counted"])
+            stats: dict[str, Any] = dict.fromkeys(STATS_COLS)
+            stats.update(route=key[0], events=n, late=0, notes=0, held=0, nin=0, late_keys="")
+            stats.update(dict.fromkeys(COUNTERS, 0), routes=1, cpu=time.process_time() - t0)
+            yield SparkRow(**stats)
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
+            return iter(())
+
+        def close(self) -> None:
+            pass
+
+    return FloorProcessor()
 
 
 def batches(q: Any, first: int, since: float = 0.0) -> dict[str, Any]:
@@ -467,7 +539,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--state-api",
-        default="pandas",
+        default="rows",
         choices=("pandas", "rows"),
         help="the operator's API (a master may name its own: local[2]@rows)",
     )
@@ -488,6 +560,8 @@ def main() -> None:
                 print(f"-- {eng}", file=sys.stderr, flush=True)
                 if eng == "worker":
                     row = run_worker(r, args.events, args.rooms)
+                elif eng == "source":
+                    row = run_source(r, url, args.events, args.rooms)
                 else:
                     row = run_spark(r, url, eng, args.events, args.rooms, args, work)
                 row.update(profiles=args.profiles, rooms=args.rooms)
@@ -509,11 +583,16 @@ def main() -> None:
         if w is not None and x is not w and x.get("events") and "cpu_s" in x:
             wcpu = w["cpu_s"]["driver"] / w["events"]
             cpu = x["cpu_s"]
+            if x["engine"] == "source":
+                x["source_cpu_x"] = round(cpu["driver"] / x["events"] / wcpu, 2)
+                continue
             job = cpu["driver"] + cpu["jvm"] + cpu["python workers"]
             x["python_workers_cpu_x"] = round(cpu["python workers"] / x["events"] / wcpu, 2)
             x["job_cpu_x"] = round(job / x["events"] / wcpu, 2)
-    if "spark local[1]" in by and "spark local[2]" in by:
-        ratio = by["spark local[2]"]["events_per_s"] / by["spark local[1]"]["events_per_s"]
+            x["jvm_cpu_x"] = round(cpu["jvm"] / x["events"] / wcpu, 2)
+    one, two = (f"spark local[{c}] {args.state_api}" for c in (1, 2))
+    if one in by and two in by:
+        ratio = by[two]["events_per_s"] / by[one]["events_per_s"]
         print(f"scaling local[2]/local[1]: {ratio:.2f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as fh:
