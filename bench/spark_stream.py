@@ -98,17 +98,21 @@ def setup(r: redis.Redis, n_profiles: int, rooms: int) -> None:
     rs.put_profile(rt, "probe", 'kind = "probe"')
 
 
-def preload(r: redis.Redis, n: int, rooms: int, base: float = T0) -> float:
-    """Append n events (100 per entry) and a flush event; returns the wall time it took."""
+def preload(r: redis.Redis, n: int, rooms: int, base: float = T0, k: int = 0) -> float:
+    """Append n events (100 per entry) and a flush event; returns the wall time it took.
+    `k`: the how-many-th interval (`--intervals`): new event ids, times after interval k-1's."""
     rnd = random.Random(1)
     t = time.perf_counter()
+    base += k * (n * 0.01 + 200)
     with r.pipeline(transaction=False) as p:
         for lo in range(0, n, 100):
-            evs = [event(rnd, i, base + i * 0.01, rooms) for i in range(lo, min(n, lo + 100))]
+            evs = [
+                event(rnd, k * n + i, base + i * 0.01, rooms) for i in range(lo, min(n, lo + 100))
+            ]
             p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs), rs.INGEST_GATEWAY: "bench"})
             if len(p) >= 200:
                 p.execute()
-        flush = {"id": "flush", "ts": base + n * 0.01 + 100, "kind": "none"}
+        flush = {"id": f"flush{k or ''}", "ts": base + n * 0.01 + 100, "kind": "none"}
         p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([flush]), rs.INGEST_GATEWAY: "bench"})
         p.incrby(rs.INGEST_IN, n + 1)
         p.execute()
@@ -129,6 +133,8 @@ class CpuMeter:
         self.first: dict[int, float] = {}
         self.last: dict[int, tuple[str, float]] = {}
         self.sys0 = psutil.cpu_times()
+        self.threads0: dict[tuple[int, int], tuple[str, float]] = {}
+        self.threads: dict[tuple[int, int], tuple[str, float]] = {}
         self.sample(initial=True)
 
     def kind(self, p: Any) -> str:
@@ -156,8 +162,13 @@ class CpuMeter:
             if p.pid not in self.last:
                 self.first[p.pid] = cpu if initial else 0.0
             self.last[p.pid] = (self.last.get(p.pid, (self.kind(p), 0.0))[0], cpu)
+            if self.last[p.pid][0] == "jvm":
+                for tid, name, tcpu in jvm_threads(p.pid):
+                    if (p.pid, tid) not in self.threads:
+                        self.threads0[(p.pid, tid)] = (name, tcpu if initial else 0.0)
+                    self.threads[(p.pid, tid)] = (name, tcpu)
 
-    def totals(self) -> dict[str, float]:
+    def totals(self) -> dict[str, Any]:
         import psutil
 
         self.sample()
@@ -170,7 +181,32 @@ class CpuMeter:
             for f in ("user", "system", "nice", "irq", "softirq")
         )
         out["machine"] = busy  # every process of the machine (the other engineer's jobs too)
-        return {k: round(v, 2) for k, v in out.items()}
+        got = {k: round(v, 2) for k, v in out.items()}
+        by: dict[str, float] = {}
+        for key, (name, tcpu) in self.threads.items():
+            by[name] = by.get(name, 0.0) + tcpu - self.threads0[key][1]
+        top = sorted(by.items(), key=lambda kv: -kv[1])
+        return {**got, "jvm_threads": {k: round(v, 2) for k, v in top if v >= 0.05}}
+
+
+def jvm_threads(pid: int) -> list[tuple[int, str, float]]:
+    """A JVM's threads (Linux /proc): id, name without its number (JIT compiler, GC, task
+    threads, the stream's thread...) and CPU seconds."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = []
+    for d in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            raw = (d / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        f = raw[raw.rindex(")") + 2 :].split()
+        out.append(
+            (int(d.name), re.sub(r"[#-]?\d+", "", name).strip(), (int(f[11]) + int(f[12])) / tick)
+        )
+    return out
 
 
 def status(r: redis.Redis) -> dict[str, Any]:
@@ -178,7 +214,7 @@ def status(r: redis.Redis) -> dict[str, Any]:
     return st["stats"] if st else {}
 
 
-def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
+def run_worker(r: redis.Redis, n: int, rooms: int, intervals: int = 1) -> dict[str, Any]:
     from adapters.service.worker import EngineWorker, WorkerConfig
 
     w = EngineWorker(
@@ -197,23 +233,31 @@ def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
     t = time.perf_counter()
     w.start()
     ready = time.perf_counter() - t
-    meter = CpuMeter()
-    t0 = time.perf_counter()
-    preload(r, n, rooms)
-    while w.totals["read"] < n + 1 or len(w.buffer) > 1:
-        w.step(block=0.01)
-    w.commit()
-    secs = time.perf_counter() - t0
-    cpu = meter.totals()
+    ivs = []
+    for k in range(intervals):
+        meter = CpuMeter()
+        t0, before = time.perf_counter(), r.xlen(store.OUTBOX)
+        preload(r, n, rooms, k=k)
+        while w.totals["read"] < (k + 1) * (n + 1) or len(w.buffer) > 1:
+            w.step(block=0.01)
+        w.commit()
+        secs = time.perf_counter() - t0
+        cpu = meter.totals()
+        ivs.append(
+            {
+                "seconds": round(secs, 2),
+                "events_per_s": round(n / secs),
+                "notifications": r.xlen(store.OUTBOX) - before,
+                "cpu_s": cpu,
+                "cores_busy": round(cpu["machine"] / secs, 2),
+            }
+        )
     return {
         "engine": "worker",
         "events": n,
-        "seconds": round(secs, 2),
-        "events_per_s": round(n / secs),
+        **ivs[0],
         "start_s": round(ready, 1),
-        "notifications": r.xlen(store.OUTBOX),
-        "cpu_s": cpu,
-        "cores_busy": round(cpu["machine"] / secs, 2),
+        **({"intervals": ivs} if intervals > 1 else {}),
     }
 
 
@@ -264,37 +308,14 @@ def run_spark(
         while status(r).get("total_read") != 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         ready = time.perf_counter() - t
-        before = r.xlen(store.OUTBOX)
-        first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
-        meter = CpuMeter()
-        t0, since = time.perf_counter(), time.time()
-        preload(r, n, rooms)
-        polls = 0
-        while time.monotonic() < deadline:
-            st = status(r)
-            if st.get("total_read") == n + 2 and st.get("buffered") == 0:
-                break
-            if q.exception() is not None:
-                raise RuntimeError(str(q.exception()))
-            time.sleep(0.1)
-            polls += 1
-            if polls % 10 == 0:
-                meter.sample()
-        secs = time.perf_counter() - t0
-        cpu = meter.totals()
+        ivs = [timed(r, q, n, rooms, k, deadline) for k in range(args.intervals)]
         row = {
             "engine": f"spark {master} {api}",
             "state_api": api,
             "events": n,
-            "seconds": round(secs, 2),
-            "events_per_s": round(n / secs),
+            **ivs[0],
             "start_s": round(ready, 1),
-            "notifications": r.xlen(store.OUTBOX) - before,
-            "cpu_s": cpu,
-            "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
-            "cores_busy": round(cpu["machine"] / secs, 2),
-            **batches(q, first_batch, since),
-            **state_work(r, first_batch),
+            **({"intervals": ivs} if args.intervals > 1 else {}),
         }
         if args.paced:
             row.update(paced(r, args.rate, args.paced, rooms))
@@ -303,6 +324,42 @@ def run_spark(
         q.stop()
         spark.stop()
         shutil.rmtree(cp, ignore_errors=True)
+
+
+def timed(r: redis.Redis, q: Any, n: int, rooms: int, k: int, deadline: float) -> dict[str, Any]:
+    """The k-th timed interval of a Spark engine: n events preloaded (`preload`), until the
+    query has read them all (and the warm-up's and earlier intervals') and holds none."""
+    before = r.xlen(store.OUTBOX)
+    first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
+    meter = CpuMeter()
+    t0, since = time.perf_counter(), time.time()
+    preload(r, n, rooms, k=k)
+    polls = 0
+    while time.monotonic() < deadline:
+        st = status(r)
+        if st.get("total_read") == 1 + (k + 1) * (n + 1) and st.get("buffered") == 0:
+            break
+        if q.exception() is not None:
+            raise RuntimeError(str(q.exception()))
+        time.sleep(0.1)
+        polls += 1
+        if polls % 10 == 0:
+            meter.sample()
+    secs = time.perf_counter() - t0
+    cpu = meter.totals()
+    last = status(r).get("batch", -1)
+    while (q.lastProgress or {}).get("batchId", -1) < last and time.monotonic() < deadline:
+        time.sleep(0.1)  # (the progress of the last batch comes after its sink's commit)
+    return {
+        "seconds": round(secs, 2),
+        "events_per_s": round(n / secs),
+        "notifications": r.xlen(store.OUTBOX) - before,
+        "cpu_s": cpu,
+        "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
+        "cores_busy": round(cpu["machine"] / secs, 2),
+        **batches(q, first_batch, since),
+        **state_work(r, first_batch),
+    }
 
 
 def run_source(r: redis.Redis, url: str, n: int, rooms: int, parts: int = 4) -> dict[str, Any]:
@@ -524,6 +581,17 @@ def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, 
     }
 
 
+def cpu_x(cpu: dict[str, float], n: int, wcpu: float) -> dict[str, float]:
+    """CPU per event (`n` events) against the worker's (`wcpu` s per event): the Python
+    workers', the JVM's and the whole job's (driver + JVM + Python workers)."""
+    job = cpu["driver"] + cpu["jvm"] + cpu["python workers"]
+    return {
+        "python_workers_cpu_x": round(cpu["python workers"] / n / wcpu, 2),
+        "jvm_cpu_x": round(cpu["jvm"] / n / wcpu, 2),
+        "job_cpu_x": round(job / n / wcpu, 2),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=50_000)
@@ -548,6 +616,14 @@ def main() -> None:
         "--idle-keys", default="", help="e.g. 50,5000: the idle-keys runs (see the docstring)"
     )
     ap.add_argument("--idle-seconds", type=float, default=20.0)
+    ap.add_argument(
+        "--intervals",
+        type=int,
+        default=1,
+        help="timed intervals of --events each, one after the other on the same engine: "
+        "the first holds the fixed costs (first real batch: JIT, codegen), the others the "
+        "steady state (`intervals` and `steady_*_cpu_x` in the row)",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ens-bench-stream-"))
     rows = []
@@ -559,7 +635,7 @@ def main() -> None:
                 setup(r, args.profiles, args.rooms)
                 print(f"-- {eng}", file=sys.stderr, flush=True)
                 if eng == "worker":
-                    row = run_worker(r, args.events, args.rooms)
+                    row = run_worker(r, args.events, args.rooms, args.intervals)
                 elif eng == "source":
                     row = run_source(r, url, args.events, args.rooms)
                 else:
@@ -582,14 +658,18 @@ def main() -> None:
     for x in rows:  # CPU per event against the in-process worker's, same run
         if w is not None and x is not w and x.get("events") and "cpu_s" in x:
             wcpu = w["cpu_s"]["driver"] / w["events"]
-            cpu = x["cpu_s"]
             if x["engine"] == "source":
-                x["source_cpu_x"] = round(cpu["driver"] / x["events"] / wcpu, 2)
+                x["source_cpu_x"] = round(x["cpu_s"]["driver"] / x["events"] / wcpu, 2)
                 continue
-            job = cpu["driver"] + cpu["jvm"] + cpu["python workers"]
-            x["python_workers_cpu_x"] = round(cpu["python workers"] / x["events"] / wcpu, 2)
-            x["job_cpu_x"] = round(job / x["events"] / wcpu, 2)
-            x["jvm_cpu_x"] = round(cpu["jvm"] / x["events"] / wcpu, 2)
+            x.update(cpu_x(x["cpu_s"], x["events"], wcpu))
+            if "intervals" in x and "intervals" in w:  # after the first: per event at steady
+                wst = sum(i["cpu_s"]["driver"] for i in w["intervals"][1:])
+                mine = {
+                    k: sum(i["cpu_s"][k] for i in x["intervals"][1:])
+                    for k in ("driver", "jvm", "python workers")
+                }
+                st = cpu_x(mine, 1, wst)
+                x.update({f"steady_{k}": v for k, v in st.items()})
     one, two = (f"spark local[{c}] {args.state_api}" for c in (1, 2))
     if one in by and two in by:
         ratio = by[two]["events_per_s"] / by[one]["events_per_s"]
