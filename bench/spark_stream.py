@@ -204,7 +204,7 @@ def jvm_threads(pid: int) -> list[tuple[int, str, float]]:
         name = raw[raw.index("(") + 1 : raw.rindex(")")]
         f = raw[raw.rindex(")") + 2 :].split()
         out.append(
-            (int(d.name), re.sub(r"[#-]?\d+", "", name).strip(), (int(f[11]) + int(f[12])) / tick)
+            (int(d.name), re.sub(r"[#-]?\d+$", "", name).strip(), (int(f[11]) + int(f[12])) / tick)
         )
     return out
 
