@@ -265,18 +265,20 @@ def run_spark(
     r: redis.Redis, url: str, master: str, n: int, rooms: int, args: Any, work: Path
 ) -> dict[str, Any]:
     from adapters.spark import keyed
-    from adapters.spark.session import get_spark
+    from adapters.spark.session import get_spark, local_cores
     from adapters.spark.stream import StreamConfig, start_query
 
     master, _, api = master.partition("@")  # local[2]@rows: the Row API (`--state-api`)
     api = api or args.state_api
-    floor = api == "floor"  # Spark's own cost: the same query, a processor doing nothing
+    floor = api.startswith("floor")  # Spark's own cost: the query, a processor doing nothing
     t = time.perf_counter()
     spark = get_spark(master, app=f"ens-bench-{master}")
     cp = work / f"cp-{master}-{api}"
-    real = keyed.processor
+    real, group_by = keyed.processor, None
     if floor:
         keyed.processor = floor_processor  # (start_query builds the operator through it)
+    if api == "floor-shard":  # fewer groups: 2 x cores keys, many routes each
+        group_by = shard_groups(2 * local_cores(master))
     try:
         q = start_query(
             spark,
@@ -292,6 +294,8 @@ def run_spark(
         )
     finally:
         keyed.processor = real
+        if group_by is not None:
+            group_by()
     try:
         # warm: one event through every Python worker (profiles parsed, engines built)
         r.xadd(
@@ -389,6 +393,29 @@ def run_source(r: redis.Redis, url: str, n: int, rooms: int, parts: int = 4) -> 
     }
 
 
+def shard_groups(shards: int) -> Any:
+    """Engine ``<master>@floor-shard``: `start_query`'s ``groupBy("route")`` becomes a group
+    per shard of the route space (``hash(route) % shards``) while the
+    query starts; returns what undoes it."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    real = DataFrame.groupBy
+
+    def by_shard(self: Any, *cols: Any) -> Any:
+        if cols == ("route",):
+            shard = F.concat(F.lit("shard"), F.pmod(F.hash("route"), F.lit(shards)).cast("string"))
+            return real(self, shard.alias("shard"))
+        return real(self, *cols)
+
+    DataFrame.groupBy = by_shard  # type: ignore[method-assign]
+
+    def undo() -> None:
+        DataFrame.groupBy = real  # type: ignore[method-assign]
+
+    return undo
+
+
 def floor_processor(cfg: Any) -> Any:
     """The floor (engine ``<master>@floor``): a Row-API `StatefulProcessor` in the query's
     place (`start_query`: same source, groupBy(route), transformWithState in event time, same
@@ -407,10 +434,16 @@ def floor_processor(cfg: Any) -> Any:
         def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
             t0 = time.process_time()
             timerValues.getCurrentWatermarkInMs()
-            n = sum(1 for x in rows if x["key"] is not None and x["counted"])
+            routes: dict[str, int] = {}  # (a shard's rows by route, as a real one would)
+            for x in rows:
+                n = routes.get(x["route"], 0)
+                routes[x["route"]] = n + (x["key"] is not None and x["counted"])
+            n = sum(routes.values())
             stats: dict[str, Any] = dict.fromkeys(STATS_COLS)
             stats.update(route=key[0], events=n, late=0, notes=0, held=0, nin=0, late_keys="")
-            stats.update(dict.fromkeys(COUNTERS, 0), routes=1, cpu=time.process_time() - t0)
+            stats.update(
+                dict.fromkeys(COUNTERS, 0), routes=len(routes), cpu=time.process_time() - t0
+            )
             yield SparkRow(**stats)
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
