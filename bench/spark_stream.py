@@ -272,7 +272,7 @@ def run_spark(
     api = api or args.state_api
     floor = api.startswith("floor")  # Spark's own cost: the query, a processor doing nothing
     t = time.perf_counter()
-    spark = get_spark(master, app=f"ens-bench-{master}")
+    spark = get_spark(master, app=f"ens-bench-{master}", jit=args.jit)
     cp = work / f"cp-{master}-{api}"
     real, group_by = keyed.processor, None
     if floor:
@@ -529,7 +529,7 @@ def idle_keys(
     from adapters.spark.stream import StreamConfig, start_query
 
     setup(r, args.profiles, 50)
-    spark = get_spark(master, app=f"ens-bench-idle-{keys}")
+    spark = get_spark(master, app=f"ens-bench-idle-{keys}", jit=args.jit)
     cp = work / f"cp-idle-{keys}"
     q = start_query(
         spark,
@@ -649,6 +649,13 @@ def main() -> None:
         "--idle-keys", default="", help="e.g. 50,5000: the idle-keys runs (see the docstring)"
     )
     ap.add_argument("--idle-seconds", type=float, default=20.0)
+    ap.add_argument(
+        "--jit",
+        default="c1",
+        choices=("c1", "full"),
+        help="the JVM's JIT compilers (`session.JIT_MODES`; c1: what `ens spark stream` "
+        "runs; fixed by the first Spark engine of the run: one JVM per process)",
+    )
     ap.add_argument(
         "--intervals",
         type=int,
