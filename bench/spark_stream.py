@@ -19,10 +19,13 @@ a new SparkSession each; trigger ``--trigger``); a master suffixed ``@rows`` or 
 runs on that state API (`keyed.processor`), the others on ``--state-api`` (rows unless
 given: what `ens spark stream` runs; rows before 2026-11-28 without a state API in the
 engine name were pandas). ``<master>@floor``: the same query with a processor that does no
-engine work and keeps no state (`floor_processor`): Spark's own cost. Engine ``source``: the
+engine work and keeps no state (`floor_processor`): Spark's own cost; ``<master>@floor-shard``:
+that with one group per shard of routes (`shard_groups`). Engine ``source``: the
 query's source code alone, in this process (`run_source`). CPU per event against the
 worker's, same run: ``python_workers_cpu_x``, ``jvm_cpu_x``, ``job_cpu_x`` (driver + JVM +
-Python workers), ``source_cpu_x``. Results as JSON lines in ``--out``; a table on stdout.
+Python workers), ``source_cpu_x``; with ``--intervals K`` also ``steady_*_cpu_x`` (intervals
+2..K: the marginal cost once the query is warm). ``--jit``: the JVM's JIT (`session.JIT_MODES`).
+Results as JSON lines in ``--out``; a table on stdout.
 
 State work (Spark engines): the operator's counters per micro-batch (`adapters.spark.keyed`:
 whole-engine restores, engine records and state bytes read and written, state calls, timers
