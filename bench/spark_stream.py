@@ -16,9 +16,16 @@ Engines (``--engines``): the worker (`EngineWorker`, event clock, lateness 2 s),
 query (`adapters.spark.stream.start_query`, what `ens spark stream` runs) on each Spark
 master given: local[1], local[2], local-cluster[2,1,2048] (two executor JVMs of one core;
 a new SparkSession each; trigger ``--trigger``); a master suffixed ``@rows`` or ``@pandas``
-runs on that state API (`keyed.processor`), the others on ``--state-api`` (here pandas
-unless given, so earlier commands compare as before). Ratios are of the one run. Results as JSON
-lines in ``--out``; a table on stdout.
+runs on that state API (`keyed.processor`), the others on ``--state-api`` (rows unless
+given: what `ens spark stream` runs; rows before 2026-11-28 without a state API in the
+engine name were pandas). ``<master>@floor``: the same query with a processor that does no
+engine work and keeps no state (`floor_processor`): Spark's own cost; ``<master>@floor-shard``:
+that with one group per shard of routes (`shard_groups`). Engine ``source``: the
+query's source code alone, in this process (`run_source`). CPU per event against the
+worker's, same run: ``python_workers_cpu_x``, ``jvm_cpu_x``, ``job_cpu_x`` (driver + JVM +
+Python workers), ``source_cpu_x``; with ``--intervals K`` also ``steady_*_cpu_x`` (intervals
+2..K: the marginal cost once the query is warm). ``--jit``: the JVM's JIT (`session.JIT_MODES`).
+Results as JSON lines in ``--out``; a table on stdout.
 
 State work (Spark engines): the operator's counters per micro-batch (`adapters.spark.keyed`:
 whole-engine restores, engine records and state bytes read and written, state calls, timers
@@ -94,17 +101,21 @@ def setup(r: redis.Redis, n_profiles: int, rooms: int) -> None:
     rs.put_profile(rt, "probe", 'kind = "probe"')
 
 
-def preload(r: redis.Redis, n: int, rooms: int, base: float = T0) -> float:
-    """Append n events (100 per entry) and a flush event; returns the wall time it took."""
+def preload(r: redis.Redis, n: int, rooms: int, base: float = T0, k: int = 0) -> float:
+    """Append n events (100 per entry) and a flush event; returns the wall time it took.
+    `k`: the how-many-th interval (`--intervals`): new event ids, times after interval k-1's."""
     rnd = random.Random(1)
     t = time.perf_counter()
+    base += k * (n * 0.01 + 200)
     with r.pipeline(transaction=False) as p:
         for lo in range(0, n, 100):
-            evs = [event(rnd, i, base + i * 0.01, rooms) for i in range(lo, min(n, lo + 100))]
+            evs = [
+                event(rnd, k * n + i, base + i * 0.01, rooms) for i in range(lo, min(n, lo + 100))
+            ]
             p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps(evs), rs.INGEST_GATEWAY: "bench"})
             if len(p) >= 200:
                 p.execute()
-        flush = {"id": "flush", "ts": base + n * 0.01 + 100, "kind": "none"}
+        flush = {"id": f"flush{k or ''}", "ts": base + n * 0.01 + 100, "kind": "none"}
         p.xadd(rs.INGEST, {rs.INGEST_BATCH: json.dumps([flush]), rs.INGEST_GATEWAY: "bench"})
         p.incrby(rs.INGEST_IN, n + 1)
         p.execute()
@@ -125,6 +136,8 @@ class CpuMeter:
         self.first: dict[int, float] = {}
         self.last: dict[int, tuple[str, float]] = {}
         self.sys0 = psutil.cpu_times()
+        self.threads0: dict[tuple[int, int], tuple[str, float]] = {}
+        self.threads: dict[tuple[int, int], tuple[str, float]] = {}
         self.sample(initial=True)
 
     def kind(self, p: Any) -> str:
@@ -152,8 +165,13 @@ class CpuMeter:
             if p.pid not in self.last:
                 self.first[p.pid] = cpu if initial else 0.0
             self.last[p.pid] = (self.last.get(p.pid, (self.kind(p), 0.0))[0], cpu)
+            if self.last[p.pid][0] == "jvm":
+                for tid, name, tcpu in jvm_threads(p.pid):
+                    if (p.pid, tid) not in self.threads:
+                        self.threads0[(p.pid, tid)] = (name, tcpu if initial else 0.0)
+                    self.threads[(p.pid, tid)] = (name, tcpu)
 
-    def totals(self) -> dict[str, float]:
+    def totals(self) -> dict[str, Any]:
         import psutil
 
         self.sample()
@@ -166,7 +184,32 @@ class CpuMeter:
             for f in ("user", "system", "nice", "irq", "softirq")
         )
         out["machine"] = busy  # every process of the machine (the other engineer's jobs too)
-        return {k: round(v, 2) for k, v in out.items()}
+        got = {k: round(v, 2) for k, v in out.items()}
+        by: dict[str, float] = {}
+        for key, (name, tcpu) in self.threads.items():
+            by[name] = by.get(name, 0.0) + tcpu - self.threads0[key][1]
+        top = sorted(by.items(), key=lambda kv: -kv[1])
+        return {**got, "jvm_threads": {k: round(v, 2) for k, v in top if v >= 0.05}}
+
+
+def jvm_threads(pid: int) -> list[tuple[int, str, float]]:
+    """A JVM's threads (Linux /proc): id, name without its number (JIT compiler, GC, task
+    threads, the stream's thread...) and CPU seconds."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = []
+    for d in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            raw = (d / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        f = raw[raw.rindex(")") + 2 :].split()
+        out.append(
+            (int(d.name), re.sub(r"[#-]?\d+$", "", name).strip(), (int(f[11]) + int(f[12])) / tick)
+        )
+    return out
 
 
 def status(r: redis.Redis) -> dict[str, Any]:
@@ -174,7 +217,7 @@ def status(r: redis.Redis) -> dict[str, Any]:
     return st["stats"] if st else {}
 
 
-def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
+def run_worker(r: redis.Redis, n: int, rooms: int, intervals: int = 1) -> dict[str, Any]:
     from adapters.service.worker import EngineWorker, WorkerConfig
 
     w = EngineWorker(
@@ -193,49 +236,69 @@ def run_worker(r: redis.Redis, n: int, rooms: int) -> dict[str, Any]:
     t = time.perf_counter()
     w.start()
     ready = time.perf_counter() - t
-    meter = CpuMeter()
-    t0 = time.perf_counter()
-    preload(r, n, rooms)
-    while w.totals["read"] < n + 1 or len(w.buffer) > 1:
-        w.step(block=0.01)
-    w.commit()
-    secs = time.perf_counter() - t0
-    cpu = meter.totals()
+    ivs = []
+    for k in range(intervals):
+        meter = CpuMeter()
+        t0, before = time.perf_counter(), r.xlen(store.OUTBOX)
+        preload(r, n, rooms, k=k)
+        while w.totals["read"] < (k + 1) * (n + 1) or len(w.buffer) > 1:
+            w.step(block=0.01)
+        w.commit()
+        secs = time.perf_counter() - t0
+        cpu = meter.totals()
+        ivs.append(
+            {
+                "seconds": round(secs, 2),
+                "events_per_s": round(n / secs),
+                "notifications": r.xlen(store.OUTBOX) - before,
+                "cpu_s": cpu,
+                "cores_busy": round(cpu["machine"] / secs, 2),
+            }
+        )
     return {
         "engine": "worker",
         "events": n,
-        "seconds": round(secs, 2),
-        "events_per_s": round(n / secs),
+        **ivs[0],
         "start_s": round(ready, 1),
-        "notifications": r.xlen(store.OUTBOX),
-        "cpu_s": cpu,
-        "cores_busy": round(cpu["machine"] / secs, 2),
+        **({"intervals": ivs} if intervals > 1 else {}),
     }
 
 
 def run_spark(
     r: redis.Redis, url: str, master: str, n: int, rooms: int, args: Any, work: Path
 ) -> dict[str, Any]:
-    from adapters.spark.session import get_spark
+    from adapters.spark import keyed
+    from adapters.spark.session import get_spark, local_cores
     from adapters.spark.stream import StreamConfig, start_query
 
     master, _, api = master.partition("@")  # local[2]@rows: the Row API (`--state-api`)
     api = api or args.state_api
+    floor = api.startswith("floor")  # Spark's own cost: the query, a processor doing nothing
     t = time.perf_counter()
-    spark = get_spark(master, app=f"ens-bench-{master}")
+    spark = get_spark(master, app=f"ens-bench-{master}", jit=args.jit)
     cp = work / f"cp-{master}-{api}"
-    q = start_query(
-        spark,
-        StreamConfig(
-            url,
-            key="room",
-            checkpoint=str(cp),
-            trigger=args.trigger,
-            lateness=2.0,
-            clock="event",
-            state_api=api,
-        ),
-    )
+    real, group_by = keyed.processor, None
+    if floor:
+        keyed.processor = floor_processor  # (start_query builds the operator through it)
+    if api == "floor-shard":  # fewer groups: 2 x cores keys, many routes each
+        group_by = shard_groups(2 * local_cores(master))
+    try:
+        q = start_query(
+            spark,
+            StreamConfig(
+                url,
+                key="room",
+                checkpoint=str(cp),
+                trigger=args.trigger,
+                lateness=2.0,
+                clock="event",
+                state_api="rows" if floor else api,
+            ),
+        )
+    finally:
+        keyed.processor = real
+        if group_by is not None:
+            group_by()
     try:
         # warm: one event through every Python worker (profiles parsed, engines built)
         r.xadd(
@@ -252,37 +315,14 @@ def run_spark(
         while status(r).get("total_read") != 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         ready = time.perf_counter() - t
-        before = r.xlen(store.OUTBOX)
-        first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
-        meter = CpuMeter()
-        t0, since = time.perf_counter(), time.time()
-        preload(r, n, rooms)
-        polls = 0
-        while time.monotonic() < deadline:
-            st = status(r)
-            if st.get("total_read") == n + 2 and st.get("buffered") == 0:
-                break
-            if q.exception() is not None:
-                raise RuntimeError(str(q.exception()))
-            time.sleep(0.1)
-            polls += 1
-            if polls % 10 == 0:
-                meter.sample()
-        secs = time.perf_counter() - t0
-        cpu = meter.totals()
+        ivs = [timed(r, q, n, rooms, k, deadline) for k in range(args.intervals)]
         row = {
-            "engine": f"spark {master}" + (f" {api}" if api != "pandas" else ""),
+            "engine": f"spark {master} {api}",
             "state_api": api,
             "events": n,
-            "seconds": round(secs, 2),
-            "events_per_s": round(n / secs),
+            **ivs[0],
             "start_s": round(ready, 1),
-            "notifications": r.xlen(store.OUTBOX) - before,
-            "cpu_s": cpu,
-            "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
-            "cores_busy": round(cpu["machine"] / secs, 2),
-            **batches(q, first_batch, since),
-            **state_work(r, first_batch),
+            **({"intervals": ivs} if args.intervals > 1 else {}),
         }
         if args.paced:
             row.update(paced(r, args.rate, args.paced, rooms))
@@ -291,6 +331,131 @@ def run_spark(
         q.stop()
         spark.stop()
         shutil.rmtree(cp, ignore_errors=True)
+
+
+def timed(r: redis.Redis, q: Any, n: int, rooms: int, k: int, deadline: float) -> dict[str, Any]:
+    """The k-th timed interval of a Spark engine: n events preloaded (`preload`), until the
+    query has read them all (and the warm-up's and earlier intervals') and holds none."""
+    before = r.xlen(store.OUTBOX)
+    first_batch = (q.lastProgress or {}).get("batchId", -1) + 1
+    meter = CpuMeter()
+    t0, since = time.perf_counter(), time.time()
+    preload(r, n, rooms, k=k)
+    polls = 0
+    while time.monotonic() < deadline:
+        st = status(r)
+        if st.get("total_read") == 1 + (k + 1) * (n + 1) and st.get("buffered") == 0:
+            break
+        if q.exception() is not None:
+            raise RuntimeError(str(q.exception()))
+        time.sleep(0.1)
+        polls += 1
+        if polls % 10 == 0:
+            meter.sample()
+    secs = time.perf_counter() - t0
+    cpu = meter.totals()
+    last = status(r).get("batch", -1)
+    while (q.lastProgress or {}).get("batchId", -1) < last and time.monotonic() < deadline:
+        time.sleep(0.1)  # (the progress of the last batch comes after its sink's commit)
+    return {
+        "seconds": round(secs, 2),
+        "events_per_s": round(n / secs),
+        "notifications": r.xlen(store.OUTBOX) - before,
+        "cpu_s": cpu,
+        "worker_cpu_ms_per_event": round(1000 * cpu["python workers"] / n, 3),
+        "cores_busy": round(cpu["machine"] / secs, 2),
+        **batches(q, first_batch, since),
+        **state_work(r, first_batch),
+    }
+
+
+def run_source(r: redis.Redis, url: str, n: int, rooms: int, parts: int = 4) -> dict[str, Any]:
+    """Engine ``source``: the query's source code alone (`stream.read_range`: XRANGE, parse,
+    bare filters, routing, the Arrow batch), in this process on the same events split into
+    `parts` ranges as a micro-batch's partitions are (local[2]: 4): our part of the Python
+    workers' CPU that is not the operator."""
+    from adapters.spark import profile_log
+    from adapters.spark.stream import initial_offset, ranges, read_range
+
+    plog = profile_log.ProfileLog(r).sync()
+    off = {**initial_offset(), "plog": plog, "n": n + 1}
+    list(read_range(url, "room", "UTC", "0-0", "0-0", off, True))  # profiles compiled
+    preload(r, n, rooms)
+    top = rs.text(r.xrevrange(rs.INGEST, count=1)[0][0])
+    c0, t0 = time.process_time(), time.perf_counter()
+    rows = 0
+    for lo, hi, o, first in ranges({**off, "ingest": "0-0"}, {**off, "ingest": top}, parts):
+        rows += sum(b.num_rows for b in read_range(url, "room", "UTC", lo, hi, o, first))
+    cpu = time.process_time() - c0
+    return {
+        "engine": "source",
+        "events": n,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "rows": rows,
+        "cpu_s": {"driver": round(cpu, 2)},
+    }
+
+
+def shard_groups(shards: int) -> Any:
+    """Engine ``<master>@floor-shard``: `start_query`'s ``groupBy("route")`` becomes a group
+    per shard of the route space (``hash(route) % shards``) while the
+    query starts; returns what undoes it."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    real = DataFrame.groupBy
+
+    def by_shard(self: Any, *cols: Any) -> Any:
+        if cols == ("route",):
+            shard = F.concat(F.lit("shard"), F.pmod(F.hash("route"), F.lit(shards)).cast("string"))
+            return real(self, shard.alias("shard"))
+        return real(self, *cols)
+
+    DataFrame.groupBy = by_shard  # type: ignore[method-assign]
+
+    def undo() -> None:
+        DataFrame.groupBy = real  # type: ignore[method-assign]
+
+    return undo
+
+
+def floor_processor(cfg: Any) -> Any:
+    """The floor (engine ``<master>@floor``): a Row-API `StatefulProcessor` in the query's
+    place (`start_query`: same source, groupBy(route), transformWithState in event time, same
+    status sink) that does no engine work and keeps no state: it reads its rows and writes the
+    status row the bench waits for (events counted, nothing held). What Spark costs whatever
+    the operator does. (Defined in the bench: cloudpickle ships it to the workers by value.)"""
+    from pyspark.sql import Row as SparkRow
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    from adapters.spark.keyed import COUNTERS, STATS_COLS
+
+    class FloorProcessor(StatefulProcessor):  # type: ignore[misc]
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            t0 = time.process_time()
+            timerValues.getCurrentWatermarkInMs()
+            routes: dict[str, int] = {}  # (a shard's rows by route, as a real one would)
+            for x in rows:
+                n = routes.get(x["route"], 0)
+                routes[x["route"]] = n + (x["key"] is not None and x["counted"])
+            n = sum(routes.values())
+            stats: dict[str, Any] = dict.fromkeys(STATS_COLS)
+            stats.update(route=key[0], events=n, late=0, notes=0, held=0, nin=0, late_keys="")
+            stats.update(
+                dict.fromkeys(COUNTERS, 0), routes=len(routes), cpu=time.process_time() - t0
+            )
+            yield SparkRow(**stats)
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:
+            return iter(())
+
+        def close(self) -> None:
+            pass
+
+    return FloorProcessor()
 
 
 def batches(q: Any, first: int, since: float = 0.0) -> dict[str, Any]:
@@ -367,7 +532,7 @@ def idle_keys(
     from adapters.spark.stream import StreamConfig, start_query
 
     setup(r, args.profiles, 50)
-    spark = get_spark(master, app=f"ens-bench-idle-{keys}")
+    spark = get_spark(master, app=f"ens-bench-idle-{keys}", jit=args.jit)
     cp = work / f"cp-idle-{keys}"
     q = start_query(
         spark,
@@ -452,6 +617,17 @@ def paced(r: redis.Redis, rate: float, seconds: float, rooms: int) -> dict[str, 
     }
 
 
+def cpu_x(cpu: dict[str, float], n: int, wcpu: float) -> dict[str, float]:
+    """CPU per event (`n` events) against the worker's (`wcpu` s per event): the Python
+    workers', the JVM's and the whole job's (driver + JVM + Python workers)."""
+    job = cpu["driver"] + cpu["jvm"] + cpu["python workers"]
+    return {
+        "python_workers_cpu_x": round(cpu["python workers"] / n / wcpu, 2),
+        "jvm_cpu_x": round(cpu["jvm"] / n / wcpu, 2),
+        "job_cpu_x": round(job / n / wcpu, 2),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=50_000)
@@ -467,7 +643,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--state-api",
-        default="pandas",
+        default="rows",
         choices=("pandas", "rows"),
         help="the operator's API (a master may name its own: local[2]@rows)",
     )
@@ -476,6 +652,21 @@ def main() -> None:
         "--idle-keys", default="", help="e.g. 50,5000: the idle-keys runs (see the docstring)"
     )
     ap.add_argument("--idle-seconds", type=float, default=20.0)
+    ap.add_argument(
+        "--jit",
+        default="c1",
+        choices=("c1", "full"),
+        help="the JVM's JIT compilers (`session.JIT_MODES`; c1: what `ens spark stream` "
+        "runs; fixed by the first Spark engine of the run: one JVM per process)",
+    )
+    ap.add_argument(
+        "--intervals",
+        type=int,
+        default=1,
+        help="timed intervals of --events each, one after the other on the same engine: "
+        "the first holds the fixed costs (first real batch: JIT, codegen), the others the "
+        "steady state (`intervals` and `steady_*_cpu_x` in the row)",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ens-bench-stream-"))
     rows = []
@@ -487,7 +678,9 @@ def main() -> None:
                 setup(r, args.profiles, args.rooms)
                 print(f"-- {eng}", file=sys.stderr, flush=True)
                 if eng == "worker":
-                    row = run_worker(r, args.events, args.rooms)
+                    row = run_worker(r, args.events, args.rooms, args.intervals)
+                elif eng == "source":
+                    row = run_source(r, url, args.events, args.rooms)
                 else:
                     row = run_spark(r, url, eng, args.events, args.rooms, args, work)
                 row.update(profiles=args.profiles, rooms=args.rooms)
@@ -508,12 +701,21 @@ def main() -> None:
     for x in rows:  # CPU per event against the in-process worker's, same run
         if w is not None and x is not w and x.get("events") and "cpu_s" in x:
             wcpu = w["cpu_s"]["driver"] / w["events"]
-            cpu = x["cpu_s"]
-            job = cpu["driver"] + cpu["jvm"] + cpu["python workers"]
-            x["python_workers_cpu_x"] = round(cpu["python workers"] / x["events"] / wcpu, 2)
-            x["job_cpu_x"] = round(job / x["events"] / wcpu, 2)
-    if "spark local[1]" in by and "spark local[2]" in by:
-        ratio = by["spark local[2]"]["events_per_s"] / by["spark local[1]"]["events_per_s"]
+            if x["engine"] == "source":
+                x["source_cpu_x"] = round(x["cpu_s"]["driver"] / x["events"] / wcpu, 2)
+                continue
+            x.update(cpu_x(x["cpu_s"], x["events"], wcpu))
+            if "intervals" in x and "intervals" in w:  # after the first: per event at steady
+                wst = sum(i["cpu_s"]["driver"] for i in w["intervals"][1:])
+                mine = {
+                    k: sum(i["cpu_s"][k] for i in x["intervals"][1:])
+                    for k in ("driver", "jvm", "python workers")
+                }
+                st = cpu_x(mine, 1, wst)
+                x.update({f"steady_{k}": v for k, v in st.items()})
+    one, two = (f"spark local[{c}] {args.state_api}" for c in (1, 2))
+    if one in by and two in by:
+        ratio = by[two]["events_per_s"] / by[one]["events_per_s"]
         print(f"scaling local[2]/local[1]: {ratio:.2f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as fh:

@@ -354,6 +354,8 @@ def test_spark_stream_reports_bad_options_in_one_line() -> None:
     assert res.exit_code == 2 and "--clock must be wall or event" in res.output
     res = run("--redis-url", "redis://127.0.0.1:1/0", "--state-api", "arrow")
     assert res.exit_code == 2 and "--state-api must be pandas or rows, not 'arrow'" in res.output
+    res = run("--redis-url", "redis://127.0.0.1:1/0", "--jit", "c3")
+    assert res.exit_code == 2 and "--jit must be c1 or full, not 'c3'" in res.output
     res = run("--redis-url", "redis://127.0.0.1:1/0")
     assert res.exit_code == 2 and "cannot reach Redis at redis://127.0.0.1:1/0" in res.output
     assert "Traceback" not in res.output

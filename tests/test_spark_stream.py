@@ -1292,3 +1292,32 @@ def test_the_row_api_processor_gives_what_the_pandas_one_gives(
         runs[api] = (stats, {k: v for k, v in st.store.items() if k != "hdr"}, _outbox_ids(rt))
     assert runs["pandas"][2]  # the B's matched
     assert runs["rows"] == runs["pandas"]
+
+
+@pytest.mark.spark
+def test_the_jit_setting_reaches_the_jvm() -> None:
+    """`get_spark(jit="c1")` (what `ens spark stream` runs by default) starts the JVM with C1
+    only; a bad value is refused before a JVM starts."""
+    from adapters.spark.session import check_jit
+
+    with pytest.raises(ValueError, match="jit must be one of full, c1, not 'c3'"):
+        check_jit("c3")
+    code = (
+        "from adapters.spark.session import get_spark\n"
+        "s = get_spark('local[1]', jit='c1')\n"
+        "mx = s.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()\n"
+        "print('ARGS', mx.getInputArguments().toString())\n"
+        "s.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ENS_SPARK_JIT"}
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    args = next(x for x in res.stdout.splitlines() if x.startswith("ARGS"))
+    assert "-XX:TieredStopAtLevel=1" in args and "-Xss16m" in args, args

@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_MASTER = "local[2]"
+JIT_ENV = "ENS_SPARK_JIT"
+JIT_MODES = {  # the JVMs' JIT compilers (`get_spark`'s `jit`)
+    "full": "",  # C1 then C2: the JVM's default; best code after minutes of warm-up
+    # C1 only: a fraction of the compile CPU, somewhat slower code. On the stream's small
+    # micro-batches C2 kept compiling for minutes: 1-6 of the JVM's 2-12 CPU-s per 20,000
+    # events (docs/spark.md, "Where the CPU target stands")
+    "c1": "-XX:TieredStopAtLevel=1",
+}
 
 
 def local_cores(master: str) -> int:
@@ -33,15 +41,27 @@ def local_cores(master: str) -> int:
     return 8
 
 
-def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -> SparkSession:
+def check_jit(jit: str) -> str:
+    """`jit` if it names a `JIT_MODES` entry (ValueError naming the choices otherwise)."""
+    if jit not in JIT_MODES:
+        raise ValueError(f"jit must be one of {', '.join(JIT_MODES)}, not {jit!r}")
+    return jit
+
+
+def get_spark(
+    master: str | None = None, app: str = "ens", memory: str = "4g", jit: str | None = None
+) -> SparkSession:
     """Return the process's SparkSession, creating it on first use.
 
     Shuffle partitions = 2 x cores: enough to balance skewed keys, few enough
     that per-task overhead (a Python worker round trip) does not dominate.
     Python workers use this interpreter so the editable `ens` packages import.
+    `jit` (`JIT_MODES`; default ``ENS_SPARK_JIT``, else full): the JVMs' JIT compilers, set
+    when this process starts its JVM (a later session in the process keeps the first's).
     """
     from pyspark.sql import SparkSession
 
+    jit_opts = JIT_MODES[check_jit(jit or os.environ.get(JIT_ENV) or "full")]
     master = master or os.environ.get("ENS_SPARK_MASTER") or DEFAULT_MASTER
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -57,9 +77,11 @@ def get_spark(master: str | None = None, app: str = "ens", memory: str = "4g") -
     java_opts = (  # -Xss16m: query.stop() of a transformWithState query overflowed the stack
         f"-Dlog4j2.configurationFile=file:{log_conf} -Dlog4j.configurationFile=file:{log_conf} "
         "-Xss16m"
-    )
+    ) + (f" {jit_opts}" if jit_opts else "")
     parts = str(2 * local_cores(master))
     builder = SparkSession.builder
+    if jit_opts:  # (executor JVMs of a cluster; in local mode the driver's JVM runs the tasks)
+        builder = builder.config("spark.executor.extraJavaOptions", jit_opts)
     if master.startswith("local-cluster"):  # executor JVMs on this machine: same code, same venv
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]).config(
             "spark.pyspark.python", sys.executable

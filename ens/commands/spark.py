@@ -94,14 +94,14 @@ def _errors() -> Iterator[None]:
 
 
 @contextmanager
-def _session(master: str) -> Iterator[Any]:
+def _session(master: str, jit: str | None = None) -> Iterator[Any]:
     """The active session (tests share one), or a new one that is stopped afterwards."""
     from pyspark.sql import SparkSession
 
     from adapters.spark.session import get_spark
 
     existing = SparkSession.getActiveSession()
-    spark = existing or get_spark(master)
+    spark = existing or get_spark(master, jit=jit)
     try:
         yield spark
     finally:
@@ -366,7 +366,12 @@ def _interval(flag: str, text: str) -> float:
 
 
 def _check_stream_options(
-    clock: str, partitions: int, late_events: str, late_max: int, state_api: str | None = None
+    clock: str,
+    partitions: int,
+    late_events: str,
+    late_max: int,
+    state_api: str | None = None,
+    jit: str = "c1",
 ) -> None:
     if clock not in ("wall", "event"):
         raise ENSError(f"--clock must be wall or event, not {clock!r}")
@@ -378,6 +383,8 @@ def _check_stream_options(
         raise ENSError(f"--late-max must be >= 1, not {late_max}")
     if state_api is not None and state_api not in ("pandas", "rows"):
         raise ENSError(f"--state-api must be pandas or rows, not {state_api!r}")
+    if jit not in ("c1", "full"):
+        raise ENSError(f"--jit must be c1 or full, not {jit!r}")
 
 
 def _reach_redis(redis_url: str) -> str:
@@ -475,6 +482,16 @@ _StreamStateApi = Annotated[
         "output (docs/spark.md). Default: rows.",
     ),
 ]
+_StreamJit = Annotated[
+    str,
+    typer.Option(
+        "--jit",
+        envvar="ENS_SPARK_JIT",
+        help="Advanced: the JVM's JIT compilers, c1 (C1 only: far less compile CPU on "
+        "small micro-batches) or full (C1 then C2, the JVM's default: faster code after "
+        "minutes of warm-up); docs/spark.md.",
+    ),
+]
 
 
 @app.command()
@@ -493,6 +510,7 @@ def stream(
     late_events: _StreamLateEvents = "output",
     late_max: _StreamLateMax = 10_000,
     state_api: _StreamStateApi = None,
+    jit: _StreamJit = "c1",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ...")] = "INFO",
     plan: PlanOpt = "eager",
     stats_file: StatsOpt = None,
@@ -510,7 +528,7 @@ def stream(
         rates = load_stats(stats_file)
         if not redis_url:
             raise ENSError("--redis-url (or ENS_REDIS_URL) is required: executors connect to it")
-        _check_stream_options(clock, partitions, late_events, late_max, state_api)
+        _check_stream_options(clock, partitions, late_events, late_max, state_api, jit)
         trig = _interval("--trigger", trigger)
         late = _interval("--lateness", lateness)
         idle = _interval("--idle-timeout", idle_timeout)
@@ -543,7 +561,7 @@ def stream(
         if state_api:
             cfg = replace(cfg, state_api=state_api)
         stop = _stop_on_signals()
-        with _session(master) as spark:
+        with _session(master, jit) as spark:
             q = start_query(spark, cfg)
             log(f"streaming {shown} by {key} on {master}, checkpoint {checkpoint}")
             _run_until_stopped(q, stop, run_for)
