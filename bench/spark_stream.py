@@ -628,7 +628,7 @@ def cpu_x(cpu: dict[str, float], n: int, wcpu: float) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=50_000)
     ap.add_argument("--profiles", type=int, default=10_000)
@@ -667,7 +667,30 @@ def main() -> None:
         "the first holds the fixed costs (first real batch: JIT, codegen), the others the "
         "steady state (`intervals` and `steady_*_cpu_x` in the row)",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def _against_worker(rows: list[dict[str, Any]], w: dict[str, Any]) -> None:
+    """Each row's CPU per event against the in-process worker's of the same run (in place)."""
+    for x in rows:
+        if x is not w and x.get("events") and "cpu_s" in x:
+            wcpu = w["cpu_s"]["driver"] / w["events"]
+            if x["engine"] == "source":
+                x["source_cpu_x"] = round(x["cpu_s"]["driver"] / x["events"] / wcpu, 2)
+                continue
+            x.update(cpu_x(x["cpu_s"], x["events"], wcpu))
+            if "intervals" in x and "intervals" in w:  # after the first: per event at steady
+                wst = sum(i["cpu_s"]["driver"] for i in w["intervals"][1:])
+                mine = {
+                    k: sum(i["cpu_s"][k] for i in x["intervals"][1:])
+                    for k in ("driver", "jvm", "python workers")
+                }
+                st = cpu_x(mine, 1, wst)
+                x.update({f"steady_{k}": v for k, v in st.items()})
+
+
+def main() -> None:
+    args = _parser().parse_args()
     work = Path(tempfile.mkdtemp(prefix="ens-bench-stream-"))
     rows = []
     try:
@@ -698,21 +721,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     by = {x["engine"]: x for x in rows if "idle_keys" not in x}
     w = by.get("worker")
-    for x in rows:  # CPU per event against the in-process worker's, same run
-        if w is not None and x is not w and x.get("events") and "cpu_s" in x:
-            wcpu = w["cpu_s"]["driver"] / w["events"]
-            if x["engine"] == "source":
-                x["source_cpu_x"] = round(x["cpu_s"]["driver"] / x["events"] / wcpu, 2)
-                continue
-            x.update(cpu_x(x["cpu_s"], x["events"], wcpu))
-            if "intervals" in x and "intervals" in w:  # after the first: per event at steady
-                wst = sum(i["cpu_s"]["driver"] for i in w["intervals"][1:])
-                mine = {
-                    k: sum(i["cpu_s"][k] for i in x["intervals"][1:])
-                    for k in ("driver", "jvm", "python workers")
-                }
-                st = cpu_x(mine, 1, wst)
-                x.update({f"steady_{k}": v for k, v in st.items()})
+    if w is not None:
+        _against_worker(rows, w)
     one, two = (f"spark local[{c}] {args.state_api}" for c in (1, 2))
     if one in by and two in by:
         ratio = by[two]["events_per_s"] / by[one]["events_per_s"]
