@@ -10,14 +10,10 @@ import logging
 import time
 from typing import Any
 
-import redis
-
 from notifiers import status
 from notifiers.attempt import Attempt
-from notifiers.config import NotifierConfig
 from notifiers.delivery_state import Counts
 from notifiers.email import build_message, compose
-from notifiers.leases import Leases
 from notifiers.metrics import (
     ABANDONED,
     ATTEMPT_SECONDS,
@@ -26,7 +22,6 @@ from notifiers.metrics import (
     count_delivery,
     count_profile,
 )
-from notifiers.outbox_intake import OutboxIntake
 from notifiers.sending import Sending
 from notifiers.store import (
     DIGEST_ATTEMPTS,
@@ -65,21 +60,14 @@ class Digests:
     """The digest part of `DeliveryWorker`: one digest mail through the relay's slot at the
     worker's gate, its outcome recorded as `sending`'s (`Sending.release`, `delivered`)."""
 
-    def __init__(
-        self,
-        r: redis.Redis,
-        config: NotifierConfig,
-        leases: Leases,
-        intake: OutboxIntake,
-        sending: Sending,
-    ) -> None:
-        self.r = r
-        self.config = config
-        self.leases = leases
-        self.intake = intake
-        self.sending = sending
+    def __init__(self, sending: Sending) -> None:
+        self.sending = sending  # its Redis, configuration, leases, intake and senders
+        self.r = sending.r
+        self.config = sending.config
+        self.leases = sending.leases
+        self.intake = sending.intake
         self.senders = sending.senders
-        self._digest_done = r.register_script(DIGEST_DONE)
+        self._digest_done = self.r.register_script(DIGEST_DONE)
 
     def flush(self, address: str) -> Counts:
         counts = Counts()

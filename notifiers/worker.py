@@ -89,7 +89,7 @@ class DeliveryWorker:
         self.leases = Leases(self.r, self.config)
         self.intake = OutboxIntake(self.r, self.config, self.leases)
         self.sending = Sending(self.r, self.config, self.leases, self.intake, self.senders)
-        self.digests = Digests(self.r, self.config, self.leases, self.intake, self.sending)
+        self.digests = Digests(self.sending)
 
     def close(self) -> None:
         self.abandon()  # run_forever left nothing in flight; run_once's callers may have
