@@ -345,33 +345,24 @@ def _ack_fragment(aid: str) -> orjson.Fragment:
 
 def notice_bytes(n: Notice) -> bytes:
     """`notice_json` as orjson writes it (TypeError beyond orjson, as `orjson.dumps`)."""
-    return orjson.dumps(
-        {
-            "alarm": n.alarm,
-            "occurrence": n.occurrence,
-            "transition": n.transition,
-            "ts": n.ts,
-            "state": n.state,
-            "severity": n.severity,
-            "count": n.count,
-            "first_seen": n.first_seen,
-            "last_seen": n.last_seen,
-            "labels": n.labels,
-            "transition_kind": n.kind,
-            "acknowledge": _ack_fragment(n.alarm),
-        }  # fmt: skip
-    )
+    return orjson.dumps(_notice_fields(n, _ack_fragment(n.alarm)))
 
 
 def notice_json(n: Notice) -> dict[str, Any]:
     """A notice as an alarm message lists it: `Notice.to_json` with ``kind`` as
-    ``transition_kind`` (last) and how to acknowledge the alarm. Built in one literal, in that
-    key order (it runs per message); the labels are shared, to be serialised at once."""
+    ``transition_kind`` (last) and how to acknowledge the alarm."""
+    return _notice_fields(n, ack_hint(n.alarm))
+
+
+def _notice_fields(n: Notice, acknowledge: Any) -> dict[str, Any]:
+    """`notice_json`'s dict with ``acknowledge`` as given (`notice_bytes` gives it as bytes
+    made once per alarm). Built in one literal, in that key order (it runs per message); the
+    labels are shared, to be serialised at once."""
     return {
         "alarm": n.alarm, "occurrence": n.occurrence, "transition": n.transition, "ts": n.ts,
         "state": n.state, "severity": n.severity, "count": n.count, "first_seen": n.first_seen,
         "last_seen": n.last_seen, "labels": n.labels, "transition_kind": n.kind,
-        "acknowledge": ack_hint(n.alarm),
+        "acknowledge": acknowledge,
     }  # fmt: skip
 
 
