@@ -316,11 +316,7 @@ class AlarmRules:
             spec = self.specs.get(base)
             if spec is None:
                 return
-            if spec.clear == "after":  # the temporal pool's `absent` terminator
-                why = f"no match for {spec.clear_after:g}s"
-            else:
-                why = "clear condition: event " + ", ".join(events.values())
-            tr = self.book.rule_clear(alarm_id(base, partition), t, why)
+            tr = self.book.rule_clear(alarm_id(base, partition), t, _clear_reason(spec, events))
             if tr is not None:
                 self._deliver(tr, t, eff)
             return
@@ -505,12 +501,8 @@ def _quick(
         a = book.alarms.get(alarm_id(profile[: -len(CLEAR_SUFFIX)], partition))
         if a is None or not is_active(a.state) or not _alone(rules, spec, "clear", a.subscriber):
             return False
-        if spec.clear == "after":  # as `_match`
-            why = f"no match for {spec.clear_after:g}s"
-        else:
-            why = "clear condition: event " + ", ".join(events.values())
         rules.clock = t
-        tr = book.rule_clear(a.id, t, why)
+        tr = book.rule_clear(a.id, t, _clear_reason(spec, events))
         assert tr is not None  # the alarm is active
     else:
         spec = rules.specs.get(profile)
@@ -531,6 +523,13 @@ def _quick(
         rules._timer(CLEAR, a.id, a.clear_due)
     _quick_decide(rules, tr, a, spec, t, eff)
     return True
+
+
+def _clear_reason(spec: AlarmSpec, events: Mapping[str, str]) -> str:
+    """Why a `P#clear` match cleared P's alarm (history's reason)."""
+    if spec.clear == "after":  # the temporal pool's `absent` terminator
+        return f"no match for {spec.clear_after:g}s"
+    return "clear condition: event " + ", ".join(events.values())
 
 
 def _alone(rules: AlarmRules, spec: AlarmSpec, kind: str, subscriber: str | None) -> bool:
