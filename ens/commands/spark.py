@@ -383,8 +383,10 @@ def _check_stream_options(
         raise ENSError(f"--late-max must be >= 1, not {late_max}")
     if state_api is not None and state_api not in ("pandas", "rows"):
         raise ENSError(f"--state-api must be pandas or rows, not {state_api!r}")
-    if jit not in ("c1", "full"):
-        raise ENSError(f"--jit must be c1 or full, not {jit!r}")
+    from adapters.spark.session import JIT_MODES
+
+    if jit not in JIT_MODES:
+        raise ENSError(f"--jit must be {' or '.join(sorted(JIT_MODES))}, not {jit!r}")
 
 
 def _reach_redis(redis_url: str) -> str:
